@@ -1,0 +1,200 @@
+//! Operands: references to values and the Python literals Thunder prints inline.
+
+use crate::types::{DType, Device};
+use crate::value::ValueId;
+use serde::{Deserialize, Serialize};
+
+/// How a dtype literal was spelled (`dtypes.float32` or `torch.float32`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DTypeSpelling {
+    Thunder,
+    Torch,
+}
+
+/// How a device literal was spelled (`devices.Device("cuda:0")` or `torch.device("cuda:0")`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeviceSpelling {
+    Thunder,
+    Torch,
+}
+
+/// An object Thunder prints as `_<TypeName>[_<MEMBER>]_<counter>`, such as a process group
+/// (`_torch_distributed_distributed_c10d_ProcessGroup_1`) or an enum member
+/// (`_DistributedReduceOps_SUM_0`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Opaque {
+    pub type_name: String,
+    pub member: Option<String>,
+    pub counter: u32,
+}
+
+impl Opaque {
+    /// Recovers type and member from a printed name; `None` if it is not of that shape.
+    pub fn from_name(name: &str) -> Option<Opaque> {
+        let body = name.strip_prefix('_')?;
+        let (rest, counter) = body.rsplit_once('_')?;
+        let counter = counter.parse::<u32>().ok()?;
+        if rest.is_empty() {
+            return None;
+        }
+        if let Some((type_name, member)) = rest.rsplit_once('_') {
+            let is_member = !type_name.is_empty()
+                && member.chars().any(|c| c.is_ascii_uppercase())
+                && member
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            if is_member {
+                return Some(Opaque {
+                    type_name: type_name.to_string(),
+                    member: Some(member.to_string()),
+                    counter,
+                });
+            }
+        }
+        Some(Opaque {
+            type_name: rest.to_string(),
+            member: None,
+            counter,
+        })
+    }
+    pub fn printed_name(&self) -> String {
+        match &self.member {
+            Some(m) => format!("_{}_{}_{}", self.type_name, m, self.counter),
+            None => format!("_{}_{}", self.type_name, self.counter),
+        }
+    }
+}
+
+/// A positional or keyword operand of a node, or the return structure of a trace.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Arg {
+    Value(ValueId),
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Tuple(Vec<Arg>),
+    List(Vec<Arg>),
+    Dict(Vec<(Arg, Arg)>),
+    DType(DType, DTypeSpelling),
+    Device(Device, DeviceSpelling),
+    Opaque(Opaque),
+}
+
+impl PartialEq for Arg {
+    fn eq(&self, other: &Self) -> bool {
+        use Arg::*;
+        match (self, other) {
+            (Value(a), Value(b)) => a == b,
+            (None, None) => true,
+            (Bool(a), Bool(b)) => a == b,
+            (Int(a), Int(b)) => a == b,
+            (Float(a), Float(b)) => a.to_bits() == b.to_bits(),
+            (Str(a), Str(b)) => a == b,
+            (Tuple(a), Tuple(b)) | (List(a), List(b)) => a == b,
+            (Dict(a), Dict(b)) => a == b,
+            (DType(a, x), DType(b, y)) => a == b && x == y,
+            (Device(a, x), Device(b, y)) => a == b && x == y,
+            (Opaque(a), Opaque(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Arg {
+    /// Calls `f` on every value referenced, depth first, in printed order.
+    pub fn for_each_value(&self, f: &mut impl FnMut(ValueId)) {
+        match self {
+            Arg::Value(v) => f(*v),
+            Arg::Tuple(items) | Arg::List(items) => items.iter().for_each(|a| a.for_each_value(f)),
+            Arg::Dict(items) => items.iter().for_each(|(k, v)| {
+                k.for_each_value(f);
+                v.for_each_value(f);
+            }),
+            _ => {}
+        }
+    }
+    /// Rewrites every value reference in place.
+    pub fn map_values(&mut self, f: &mut impl FnMut(ValueId) -> ValueId) {
+        match self {
+            Arg::Value(v) => *v = f(*v),
+            Arg::Tuple(items) | Arg::List(items) => {
+                items.iter_mut().for_each(|a| a.map_values(f))
+            }
+            Arg::Dict(items) => items.iter_mut().for_each(|(k, v)| {
+                k.map_values(f);
+                v.map_values(f);
+            }),
+            _ => {}
+        }
+    }
+    pub fn as_value(&self) -> Option<ValueId> {
+        match self {
+            Arg::Value(v) => Some(*v),
+            _ => Option::None,
+        }
+    }
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Arg::Int(v) => Some(*v),
+            Arg::Bool(b) => Some(*b as i64),
+            _ => Option::None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Arg::Float(v) => Some(*v),
+            Arg::Int(v) => Some(*v as f64),
+            Arg::Bool(b) => Some(*b as i64 as f64),
+            _ => Option::None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Arg::Str(s) => Some(s),
+            _ => Option::None,
+        }
+    }
+    /// Items of a tuple or list.
+    pub fn as_seq(&self) -> Option<&[Arg]> {
+        match self {
+            Arg::Tuple(a) | Arg::List(a) => Some(a),
+            _ => Option::None,
+        }
+    }
+    /// A tuple/list of ints, or a single int, as a list.
+    pub fn as_int_list(&self) -> Option<Vec<i64>> {
+        match self {
+            Arg::Int(v) => Some(vec![*v]),
+            Arg::Tuple(a) | Arg::List(a) => a.iter().map(Arg::as_int).collect(),
+            _ => Option::None,
+        }
+    }
+    /// A tuple of ints, the form shapes and dims take.
+    pub fn int_tuple(v: impl IntoIterator<Item = i64>) -> Arg {
+        Arg::Tuple(v.into_iter().map(Arg::Int).collect())
+    }
+    pub fn values(values: impl IntoIterator<Item = ValueId>) -> Vec<Arg> {
+        values.into_iter().map(Arg::Value).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opaque_names() {
+        let o = Opaque::from_name("_DistributedReduceOps_SUM_0").unwrap();
+        assert_eq!(o.type_name, "DistributedReduceOps");
+        assert_eq!(o.member.as_deref(), Some("SUM"));
+        let g = Opaque::from_name("_torch_distributed_distributed_c10d_ProcessGroup_1").unwrap();
+        assert_eq!(g.type_name, "torch_distributed_distributed_c10d_ProcessGroup");
+        assert_eq!(g.member, None);
+        assert_eq!(g.counter, 1);
+        assert_eq!(g.printed_name(), "_torch_distributed_distributed_c10d_ProcessGroup_1");
+        assert!(Opaque::from_name("_x").is_none());
+        assert!(Opaque::from_name("t_l1_weight").is_none());
+    }
+}

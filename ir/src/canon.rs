@@ -1,0 +1,81 @@
+//! Canonical renumbering: the form snapshot tests compare, free of numbering noise.
+
+use crate::arg::Arg;
+use crate::trace::Trace;
+use std::collections::HashMap;
+
+/// True for names the tools generate (`t12`, `ft3`, `C0`, `i4`): these get renumbered.
+fn is_generated(name: &str) -> bool {
+    ["t", "ft", "C", "i", "f", "b", "s", "o"].iter().any(|p| {
+        name.strip_prefix(p)
+            .is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit()))
+    })
+}
+
+/// Renames generated value names in definition order (arguments first, then the schedule) to
+/// `t0, t1, ...`, `ft0, ...`, `C0, ...`; renumbers opaque counters per type in order of first
+/// appearance; drops provenance timings. Names a user chose (`x`, `t_l1_weight`) stay.
+pub fn canonicalize(t: &mut Trace) {
+    let mut order = t.args().to_vec();
+    for (_, n) in t.nodes() {
+        order.extend(n.outputs.iter().copied());
+    }
+    let mut counters: HashMap<&'static str, usize> = HashMap::new();
+    for id in order {
+        let Some(v) = t.value_mut(id) else { continue };
+        if !is_generated(&v.name) {
+            continue;
+        }
+        let prefix = v.ty.name_prefix();
+        let n = counters.entry(prefix).or_insert(0);
+        v.name = format!("{prefix}{n}");
+        *n += 1;
+    }
+    let mut opaque: HashMap<(String, Option<String>, u32), u32> = HashMap::new();
+    let mut per_type: HashMap<String, u32> = HashMap::new();
+    let mut fix = |a: &mut Arg| renumber_opaque(a, &mut opaque, &mut per_type);
+    let schedule = t.schedule().to_vec();
+    for idx in schedule {
+        if let Some(n) = t.node_mut(idx) {
+            n.args.iter_mut().for_each(&mut fix);
+            n.kwargs.iter_mut().for_each(|(_, a)| fix(a));
+        }
+    }
+    fix(&mut t.ret);
+    for p in &mut t.provenance {
+        p.millis = None;
+    }
+}
+
+fn renumber_opaque(
+    a: &mut Arg,
+    seen: &mut HashMap<(String, Option<String>, u32), u32>,
+    per_type: &mut HashMap<String, u32>,
+) {
+    match a {
+        Arg::Opaque(o) => {
+            let key = (o.type_name.clone(), o.member.clone(), o.counter);
+            let c = *seen.entry(key).or_insert_with(|| {
+                let n = per_type.entry(o.type_name.clone()).or_insert(0);
+                *n += 1;
+                *n - 1
+            });
+            o.counter = c;
+        }
+        Arg::Tuple(items) | Arg::List(items) => {
+            items.iter_mut().for_each(|x| renumber_opaque(x, seen, per_type))
+        }
+        Arg::Dict(items) => items.iter_mut().for_each(|(k, v)| {
+            renumber_opaque(k, seen, per_type);
+            renumber_opaque(v, seen, per_type);
+        }),
+        _ => {}
+    }
+}
+
+/// A canonical copy, printed without decompositions, source comments or `del`s.
+pub fn canonical_text(t: &Trace) -> String {
+    let mut c = t.clone();
+    canonicalize(&mut c);
+    crate::print::print_trace_with(&c, crate::print::PrintOptions::bare())
+}

@@ -1,0 +1,100 @@
+//! The binary format: a fixed header (magic, format version, payload length, CRC-32) in front of
+//! a bincode 2 payload of the serde form. The codec is this one module, so swapping bincode for
+//! another serde format touches nothing else.
+
+use crate::program::Module;
+
+/// First bytes of every `.tpb` file.
+pub const MAGIC: [u8; 8] = *b"TRACEPB\0";
+/// Version of the payload layout; bump on any incompatible change of the serde form.
+pub const FORMAT_VERSION: u32 = 1;
+/// magic (8) + version (4) + crc32 (4) + payload length (8).
+pub const HEADER_LEN: usize = 24;
+/// Upper bound on what a decoder will allocate from length prefixes.
+const DECODE_LIMIT: usize = 1 << 34;
+
+/// Everything that can be wrong with a binary file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("not a tracepass binary file: expected magic {expected:?}, found {found:?}")]
+    BadMagic { expected: String, found: String },
+    #[error("unsupported format version {found} (this build reads version {supported})")]
+    UnsupportedVersion { found: u32, supported: u32 },
+    #[error("truncated: the header says {expected} payload bytes, the file has {found}")]
+    Truncated { expected: u64, found: u64 },
+    #[error("file too short for the {HEADER_LEN}-byte header ({found} bytes)")]
+    ShortHeader { found: usize },
+    #[error("{extra} bytes after the payload the header announces")]
+    TrailingBytes { extra: u64 },
+    #[error("checksum mismatch: header says {stored:#010x}, payload has {computed:#010x} (the file is corrupt)")]
+    ChecksumMismatch { stored: u32, computed: u32 },
+    #[error("payload does not decode: {0}")]
+    Decode(String),
+    #[error("cannot encode: {0}")]
+    Encode(String),
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<DECODE_LIMIT>()
+}
+
+/// Header + payload.
+pub fn encode(m: &Module) -> Result<Vec<u8>, CodecError> {
+    let payload =
+        bincode::serde::encode_to_vec(m, config()).map_err(|e| CodecError::Encode(e.to_string()))?;
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Checks the header, then decodes. Never panics on bad input.
+pub fn decode(bytes: &[u8]) -> Result<Module, CodecError> {
+    if bytes.len() < MAGIC.len() || bytes[..MAGIC.len()] != MAGIC {
+        let n = bytes.len().min(MAGIC.len());
+        return Err(CodecError::BadMagic {
+            expected: String::from_utf8_lossy(&MAGIC).into_owned(),
+            found: String::from_utf8_lossy(&bytes[..n]).into_owned(),
+        });
+    }
+    if bytes.len() < HEADER_LEN {
+        return Err(CodecError::ShortHeader { found: bytes.len() });
+    }
+    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let version = word(8);
+    if version != FORMAT_VERSION {
+        return Err(CodecError::UnsupportedVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let stored = word(12);
+    let len = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+    let have = (bytes.len() - HEADER_LEN) as u64;
+    if have < len {
+        return Err(CodecError::Truncated {
+            expected: len,
+            found: have,
+        });
+    }
+    if have > len {
+        return Err(CodecError::TrailingBytes { extra: have - len });
+    }
+    let payload = &bytes[HEADER_LEN..];
+    let computed = crc32fast::hash(payload);
+    if computed != stored {
+        return Err(CodecError::ChecksumMismatch { stored, computed });
+    }
+    let (m, used): (Module, usize) = bincode::serde::decode_from_slice(payload, config())
+        .map_err(|e| CodecError::Decode(e.to_string()))?;
+    if used != payload.len() {
+        return Err(CodecError::Decode(format!(
+            "payload has {} unread bytes",
+            payload.len() - used
+        )));
+    }
+    Ok(m)
+}

@@ -1,0 +1,151 @@
+//! Reading and writing trace files by extension; every write is atomic.
+
+use crate::codec;
+use crate::error::FileError;
+use crate::parse::parse_trace_with;
+use crate::print::print_trace;
+use crate::program::Module;
+use crate::registry::OpRegistry;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// File formats, chosen by extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `.trace`: Thunder's printed form.
+    Text,
+    /// `.tpb`: header + bincode.
+    Binary,
+    /// `.json`: serde_json, for tooling.
+    Json,
+}
+
+impl Format {
+    pub fn from_path(path: &Path) -> Result<Format, FileError> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("trace") | Some("py") => Ok(Format::Text),
+            Some("tpb") => Ok(Format::Binary),
+            Some("json") => Ok(Format::Json),
+            _ => Err(FileError::UnknownFormat {
+                path: path.to_path_buf(),
+            }),
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
+    move |source| FileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, rename,
+/// fsync of the folder. A crash leaves either the old file or the new one, never a mix.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| FileError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"),
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = dir.join(format!(
+        ".{file_name}.tmp-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)?;
+        if let Ok(d) = fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(io_err(path))
+}
+
+/// Loads a trace or program with the built-in registry.
+pub fn load(path: &Path) -> Result<Module, FileError> {
+    load_with(path, OpRegistry::builtin())
+}
+
+pub fn load_with(path: &Path, reg: &OpRegistry) -> Result<Module, FileError> {
+    let format = Format::from_path(path)?;
+    let bytes = fs::read(path).map_err(io_err(path))?;
+    decode_as(path, format, &bytes, reg)
+}
+
+/// Decodes file contents in a given format; `path` is only for messages.
+pub fn decode_as(
+    path: &Path,
+    format: Format,
+    bytes: &[u8],
+    reg: &OpRegistry,
+) -> Result<Module, FileError> {
+    match format {
+        Format::Text => {
+            let text = std::str::from_utf8(bytes).map_err(|e| FileError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8: {e}")),
+            })?;
+            parse_trace_with(text, reg)
+                .map(Module::Trace)
+                .map_err(|source| FileError::Parse {
+                    path: path.to_path_buf(),
+                    source,
+                })
+        }
+        Format::Binary => codec::decode(bytes).map_err(|source| FileError::Codec {
+            path: path.to_path_buf(),
+            source,
+        }),
+        Format::Json => serde_json::from_slice(bytes).map_err(|e| FileError::Json {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// The bytes a module takes in a format.
+pub fn encode_as(path: &Path, format: Format, m: &Module) -> Result<Vec<u8>, FileError> {
+    match (format, m) {
+        (Format::Text, Module::Trace(t)) => Ok(print_trace(t).into_bytes()),
+        (Format::Text, Module::Program(_)) => Err(FileError::ProgramAsText {
+            path: path.to_path_buf(),
+        }),
+        (Format::Binary, m) => codec::encode(m).map_err(|source| FileError::Codec {
+            path: path.to_path_buf(),
+            source,
+        }),
+        (Format::Json, m) => serde_json::to_vec_pretty(m).map_err(|e| FileError::Json {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// Saves atomically in the format the extension names.
+pub fn save(path: &Path, m: &Module) -> Result<(), FileError> {
+    let format = Format::from_path(path)?;
+    let bytes = encode_as(path, format, m)?;
+    write_atomic(path, &bytes)
+}

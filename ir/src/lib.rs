@@ -1,0 +1,42 @@
+//! tracepass-ir: Lightning Thunder's training traces as a petgraph DAG with a schedule.
+//!
+//! - [`Trace`]: nodes in a `StableDiGraph` (data and order edges), the schedule, the value table.
+//! - [`Program`]: forward + backward + parameters.
+//! - [`OpRegistry`]: ops, their effects and meta functions, Thunder's spellings of them.
+//! - [`verify`], [`print_trace`], [`parse_trace`], [`codec`], [`fsio`]: checking and formats.
+
+pub mod arg;
+pub mod builder;
+pub mod canon;
+pub mod codec;
+pub mod dot;
+pub mod error;
+pub mod fsio;
+mod meta;
+pub mod node;
+pub mod parse;
+pub mod print;
+pub mod program;
+pub mod pyfloat;
+pub mod registry;
+pub mod synth;
+pub mod trace;
+pub mod types;
+pub mod value;
+pub mod verify;
+
+pub use arg::{Arg, DTypeSpelling, DeviceSpelling, Opaque};
+pub use builder::{BuildError, TraceBuilder};
+pub use canon::{canonical_text, canonicalize};
+pub use codec::CodecError;
+pub use error::FileError;
+pub use node::{Edge, Lhs, Node, SubSymbol};
+pub use parse::{parse_trace, parse_trace_with, ParseError};
+pub use petgraph::stable_graph::NodeIndex;
+pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
+pub use program::{Module, Param, Program, ProgramError};
+pub use registry::{ops, Effect, MetaCx, MetaOut, OpDef, OpRegistry};
+pub use trace::{NameGen, Provenance, Trace, TraceKind};
+pub use types::{DType, Device, DeviceKind, TensorType, Type};
+pub use value::{Def, Value, ValueId};
+pub use verify::{verify, verify_with, Diagnostic, VerifyError};

@@ -1,0 +1,787 @@
+//! Parses Thunder's text form (see TRACE_FORMAT.md) into a `Trace`. What cannot be represented is
+//! an error naming line and column; nothing is dropped silently except what the format calls
+//! derived (`del`, imports, blank lines).
+
+use crate::arg::{Arg, DTypeSpelling, DeviceSpelling, Opaque};
+use crate::node::{Lhs, Node, SubSymbol};
+use crate::pyfloat;
+use crate::registry::{ops, MetaOut, OpRegistry};
+use crate::trace::{Provenance, Trace, TraceKind};
+use crate::types::{DType, Device, Type};
+use crate::value::ValueId;
+use std::collections::HashMap;
+use std::fmt;
+
+/// A parse error: where, what, and the line as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ParseError {
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+    pub text: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "line {}, column {}: {}\n  | {}",
+            self.line, self.col, self.message, self.text
+        )
+    }
+}
+
+/// Parses with the built-in op registry.
+pub fn parse_trace(text: &str) -> Result<Trace, ParseError> {
+    parse_trace_with(text, OpRegistry::builtin())
+}
+
+/// Parses with a given op registry (for traces that use ops registered by the user).
+pub fn parse_trace_with(text: &str, registry: &OpRegistry) -> Result<Trace, ParseError> {
+    Parser::new(text, registry).run()
+}
+
+// ----- tokens -----
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok<'a> {
+    Name(&'a str),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Punct(char),
+    Comment(&'a str),
+}
+
+struct Lexed<'a> {
+    toks: Vec<(Tok<'a>, usize)>,
+}
+
+fn lex(line: &str) -> Result<Lexed<'_>, (usize, String)> {
+    let b = line.as_bytes();
+    let mut i = 0;
+    let mut toks = Vec::with_capacity(16);
+    while i < b.len() {
+        let c = b[i];
+        let start = i;
+        match c {
+            b' ' | b'\t' => i += 1,
+            b'#' => {
+                toks.push((Tok::Comment(line[i + 1..].trim_start()), start));
+                break;
+            }
+            b'a'..=b'z' | b'A'..=b'Z' | b'_' => {
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.')
+                {
+                    i += 1;
+                }
+                toks.push((Tok::Name(&line[start..i]), start));
+            }
+            b'0'..=b'9' => {
+                while i < b.len()
+                    && (b[i].is_ascii_alphanumeric() || b[i] == b'.' || b[i] == b'_'
+                        || ((b[i] == b'+' || b[i] == b'-')
+                            && matches!(b[i - 1], b'e' | b'E')))
+                {
+                    i += 1;
+                }
+                let s = line[start..i].replace('_', "");
+                let is_float = s.contains(['.', 'e', 'E']);
+                let tok = if is_float {
+                    s.parse::<f64>().map(Tok::Float).ok()
+                } else {
+                    s.parse::<i64>().map(Tok::Int).ok()
+                };
+                toks.push((
+                    tok.ok_or_else(|| (start, format!("bad number `{}`", &line[start..i])))?,
+                    start,
+                ));
+            }
+            b'\'' | b'"' => {
+                let q = c;
+                i += 1;
+                let mut s = String::new();
+                loop {
+                    let Some(&ch) = b.get(i) else {
+                        return Err((start, "unterminated string".into()));
+                    };
+                    if ch == q {
+                        i += 1;
+                        break;
+                    }
+                    if ch == b'\\' {
+                        let Some(&e) = b.get(i + 1) else {
+                            return Err((i, "unterminated escape".into()));
+                        };
+                        match e {
+                            b'n' => s.push('\n'),
+                            b't' => s.push('\t'),
+                            b'r' => s.push('\r'),
+                            b'\\' => s.push('\\'),
+                            b'\'' => s.push('\''),
+                            b'"' => s.push('"'),
+                            b'x' => {
+                                let hex = line.get(i + 2..i + 4).ok_or((i, "bad \\x escape".to_string()))?;
+                                let v = u8::from_str_radix(hex, 16)
+                                    .map_err(|_| (i, "bad \\x escape".to_string()))?;
+                                s.push(v as char);
+                                i += 2;
+                            }
+                            _ => return Err((i, format!("unsupported escape `\\{}`", e as char))),
+                        }
+                        i += 2;
+                        continue;
+                    }
+                    // copy one UTF-8 character
+                    let ch_len = line[i..].chars().next().map_or(1, char::len_utf8);
+                    s.push_str(&line[i..i + ch_len]);
+                    i += ch_len;
+                }
+                toks.push((Tok::Str(s), start));
+            }
+            b'(' | b')' | b'[' | b']' | b'{' | b'}' | b',' | b':' | b'=' | b'-' | b'*' => {
+                toks.push((Tok::Punct(c as char), start));
+                i += 1;
+            }
+            _ => {
+                let ch = line[i..].chars().next().unwrap_or('?');
+                return Err((start, format!("unexpected character `{ch}`")));
+            }
+        }
+    }
+    Ok(Lexed { toks })
+}
+
+// ----- the parser -----
+
+struct Parser<'a> {
+    lines: Vec<&'a str>,
+    reg: &'a OpRegistry,
+    trace: Trace,
+    names: HashMap<String, (ValueId, usize)>,
+    /// Values still waiting for a type, with the line that defined them.
+    untyped: Vec<(ValueId, usize)>,
+    node_lines: Vec<usize>,
+    last_node: Option<petgraph::stable_graph::NodeIndex>,
+    pending_source: Option<String>,
+}
+
+type PResult<T> = Result<T, ParseError>;
+
+impl<'a> Parser<'a> {
+    fn new(text: &'a str, reg: &'a OpRegistry) -> Self {
+        Parser {
+            lines: text.lines().collect(),
+            reg,
+            trace: Trace::new("", TraceKind::Computation),
+            names: HashMap::new(),
+            untyped: Vec::new(),
+            node_lines: Vec::new(),
+            last_node: None,
+            pending_source: None,
+        }
+    }
+
+    fn err(&self, line: usize, col: usize, msg: impl Into<String>) -> ParseError {
+        ParseError {
+            line: line + 1,
+            col: col + 1,
+            message: msg.into(),
+            text: self.lines.get(line).map(|s| s.to_string()).unwrap_or_default(),
+        }
+    }
+
+    fn run(mut self) -> PResult<Trace> {
+        let mut ln = 0;
+        let mut decorators = Vec::new();
+        let mut saw_def = false;
+        // header
+        while ln < self.lines.len() {
+            let raw = self.lines[ln];
+            let line = raw.trim_end();
+            if line.trim().is_empty() {
+                ln += 1;
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# Constructed by ") {
+                self.trace.provenance.push(parse_provenance(rest));
+            } else if line.starts_with("import ") || line.starts_with("from ") {
+            } else if let Some(d) = line.strip_prefix('@') {
+                decorators.push(d.trim().to_string());
+            } else if line.starts_with("def ") {
+                self.parse_signature(ln, line)?;
+                saw_def = true;
+                ln += 1;
+                break;
+            } else {
+                return Err(self.err(ln, 0, "expected a header line (`# Constructed by`, import, decorator or `def`)"));
+            }
+            ln += 1;
+        }
+        if !saw_def {
+            return Err(self.err(ln.saturating_sub(1), 0, "no `def` line: not a trace"));
+        }
+        self.trace.decorators = decorators;
+        let mut returned = false;
+        while ln < self.lines.len() {
+            let raw = self.lines[ln];
+            let line = raw.trim_end();
+            let body = line.trim_start_matches(' ');
+            let ind = line.len() - body.len();
+            if body.is_empty() {
+                ln += 1;
+                continue;
+            }
+            if ind < 2 {
+                return Err(self.err(ln, 0, "statement outside the function body"));
+            }
+            if returned {
+                if body.starts_with('#') {
+                    ln += 1;
+                    continue;
+                }
+                return Err(self.err(ln, ind, "statement after `return`"));
+            }
+            if let Some(c) = body.strip_prefix('#') {
+                let c = c.strip_prefix(' ').unwrap_or(c);
+                if ind >= 4 {
+                    self.attach_subsymbol(ln, ind, c)?;
+                } else if let Some((name, ty)) = type_comment(c) {
+                    self.apply_type_comment(ln, ind, name, ty)?;
+                } else {
+                    self.pending_source = Some(c.to_string());
+                }
+            } else if let Some(rest) = body.strip_prefix("del ") {
+                for name in rest.split(',') {
+                    let name = name.trim();
+                    if !name.is_empty() && !self.names.contains_key(name) {
+                        return Err(self.err(ln, ind + 4, format!("`del` of undefined name `{name}`")));
+                    }
+                }
+            } else if body == "return" || body.starts_with("return ") {
+                let lx = lex(body).map_err(|(c, m)| self.err(ln, ind + c, m))?;
+                let toks = strip_comment(&lx.toks);
+                self.trace.ret = if toks.len() <= 1 {
+                    Arg::None
+                } else {
+                    let mut p = ExprParser { toks, pos: 1, parser: &self, ln, ind };
+                    let e = p.parse_return()?;
+                    p.expect_end()?;
+                    e
+                };
+                returned = true;
+            } else {
+                self.parse_statement(ln, ind, body)?;
+            }
+            ln += 1;
+        }
+        if !returned {
+            return Err(self.err(self.lines.len().saturating_sub(1), 0, "trace has no `return`"));
+        }
+        self.resolve_untyped()?;
+        self.trace.kind = infer_kind(&self.trace);
+        Ok(self.trace)
+    }
+
+    fn parse_signature(&mut self, ln: usize, line: &str) -> PResult<()> {
+        let rest = &line[4..];
+        let open = rest
+            .find('(')
+            .ok_or_else(|| self.err(ln, 4, "expected `(` in `def`"))?;
+        let name = rest[..open].trim();
+        if name.is_empty() || !is_ident(name) {
+            return Err(self.err(ln, 4, format!("bad function name `{name}`")));
+        }
+        let close = rest
+            .rfind("):")
+            .ok_or_else(|| self.err(ln, line.len(), "expected `):` ending the `def` line"))?;
+        self.trace.name = name.to_string();
+        let mut col = 4 + open + 1;
+        for part in rest[open + 1..close].split(',') {
+            let arg = part.trim();
+            if !arg.is_empty() {
+                if !is_ident(arg) {
+                    return Err(self.err(ln, col, format!("unsupported parameter `{arg}`")));
+                }
+                if self.names.contains_key(arg) {
+                    return Err(self.err(ln, col, format!("parameter `{arg}` appears twice")));
+                }
+                let id = self.trace.push_arg(arg, Type::Any);
+                self.names.insert(arg.to_string(), (id, ln));
+                self.untyped.push((id, ln));
+            }
+            col += part.len() + 1;
+        }
+        Ok(())
+    }
+
+    fn apply_type_comment(&mut self, ln: usize, ind: usize, name: &str, ty: &str) -> PResult<()> {
+        let Some(&(id, _)) = self.names.get(name) else {
+            return Err(self.err(ln, ind + 2, format!("type comment for undefined name `{name}`")));
+        };
+        let parsed = Type::parse(ty)
+            .ok_or_else(|| self.err(ln, ind + 2 + name.len() + 3, format!("unknown type `{ty}`")))?;
+        if let Some(v) = self.trace.value_mut(id) {
+            v.ty = parsed;
+        }
+        self.untyped.retain(|(v, _)| *v != id);
+        Ok(())
+    }
+
+    fn attach_subsymbol(&mut self, ln: usize, ind: usize, text: &str) -> PResult<()> {
+        let Some(idx) = self.last_node else {
+            return Err(self.err(ln, ind, "decomposition comment before any statement"));
+        };
+        let depth = ind / 2 - 1; // 1 for the first level under a statement
+        let node = self.trace.node_mut(idx).expect("last node exists");
+        let mut level = &mut node.subsymbols;
+        for _ in 1..depth {
+            match level.last_mut() {
+                Some(s) => level = &mut s.children,
+                None => {
+                    return Err(self.err(ln, ind, "decomposition comment indented past its parent"))
+                }
+            }
+        }
+        level.push(SubSymbol {
+            text: text.to_string(),
+            children: Vec::new(),
+        });
+        Ok(())
+    }
+
+    fn define(&mut self, ln: usize, col: usize, name: &str) -> PResult<ValueId> {
+        if let Some((_, first)) = self.names.get(name) {
+            return Err(self.err(
+                ln,
+                col,
+                format!("`{name}` is defined twice (first on line {})", first + 1),
+            ));
+        }
+        let id = self.trace.new_value(name, Type::Any);
+        self.names.insert(name.to_string(), (id, ln));
+        self.untyped.push((id, ln));
+        Ok(id)
+    }
+
+    fn parse_statement(&mut self, ln: usize, ind: usize, body: &str) -> PResult<()> {
+        let lx = lex(body).map_err(|(c, m)| self.err(ln, ind + c, m))?;
+        let comment = match lx.toks.last() {
+            Some((Tok::Comment(c), _)) => Some(*c),
+            _ => None,
+        };
+        let toks = strip_comment(&lx.toks);
+        // find a top-level `=` that is not inside brackets (kwargs are inside the call)
+        let mut depth = 0i32;
+        let mut eq = None;
+        for (i, (t, _)) in toks.iter().enumerate() {
+            match t {
+                Tok::Punct('(' | '[' | '{') => depth += 1,
+                Tok::Punct(')' | ']' | '}') => depth -= 1,
+                Tok::Punct('=') if depth == 0 => {
+                    eq = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let (lhs_kind, lhs_names, rhs_start) = match eq {
+            None => (Lhs::None, Vec::new(), 0),
+            Some(e) => {
+                let lhs = &toks[..e];
+                let names: Vec<(&str, usize)> = lhs
+                    .iter()
+                    .filter_map(|(t, c)| match t {
+                        Tok::Name(n) => Some((*n, *c)),
+                        _ => None,
+                    })
+                    .collect();
+                let kind = match lhs.first() {
+                    Some((Tok::Punct('['), _)) => Lhs::List,
+                    Some((Tok::Name("_"), _)) if lhs.len() == 1 => Lhs::None,
+                    Some((Tok::Name(_), _)) if lhs.len() == 1 => Lhs::Single,
+                    Some((Tok::Name(_), _)) => Lhs::Unpack,
+                    _ => return Err(self.err(ln, ind, "cannot read the left-hand side")),
+                };
+                let expected_punct = lhs.iter().all(|(t, _)| {
+                    matches!(t, Tok::Name(_) | Tok::Punct(',' | '[' | ']'))
+                });
+                if !expected_punct {
+                    return Err(self.err(ln, ind, "cannot read the left-hand side"));
+                }
+                let names = if kind == Lhs::None { Vec::new() } else { names };
+                (kind, names, e + 1)
+            }
+        };
+        let rhs = &toks[rhs_start..];
+        let node = if lhs_kind == Lhs::Unpack {
+            // a, b, = source
+            let (Some((Tok::Name(src), c)), 1) = (rhs.first(), rhs.len()) else {
+                return Err(self.err(ln, ind, "sequence unpacking needs a single name on the right"));
+            };
+            let src_id = self.lookup(ln, ind + c, src)?;
+            let mut outs = Vec::new();
+            for (n, c) in &lhs_names {
+                outs.push(self.define(ln, ind + c, n)?);
+            }
+            let mut n = Node::new(ops::UNPACK_SEQUENCE, vec![Arg::Value(src_id)], outs);
+            n.lhs = Lhs::Unpack;
+            n
+        } else {
+            let (callee, ccol) = match rhs.first() {
+                Some((Tok::Name(n), c)) => (*n, *c),
+                _ => return Err(self.err(ln, ind, "expected a call")),
+            };
+            if !matches!(rhs.get(1), Some((Tok::Punct('('), _))) {
+                return Err(self.err(ln, ind + ccol + callee.len(), "expected `(` after the callee"));
+            }
+            let op = self
+                .reg
+                .resolve(callee)
+                .ok_or_else(|| self.err(ln, ind + ccol, format!("unknown op `{callee}`")))?
+                .to_string();
+            let mut p = ExprParser { toks: rhs, pos: 2, parser: self, ln, ind };
+            let (args, kwargs) = p.parse_call_args()?;
+            p.expect_end()?;
+            let mut outs = Vec::new();
+            for (n, c) in &lhs_names {
+                outs.push(self.define(ln, ind + c, n)?);
+            }
+            let mut n = Node::new(op.clone(), args, outs);
+            n.kwargs = kwargs;
+            n.lhs = lhs_kind;
+            if callee != op {
+                n.callee = Some(callee.to_string());
+            }
+            n
+        };
+        let outputs = node.outputs.clone();
+        let mut node = node;
+        node.source = self.pending_source.take();
+        let idx = self.trace.append(node);
+        self.node_lines.push(ln);
+        self.last_node = Some(idx);
+        if let Some(c) = comment {
+            match type_comment(c) {
+                Some((name, ty)) if outputs.len() == 1 && self.trace.name(outputs[0]) == name => {
+                    self.apply_type_comment(ln, ind, name, ty)?
+                }
+                Some((name, _)) => {
+                    return Err(self.err(ln, ind, format!("type comment names `{name}`, which this statement does not define")))
+                }
+                None => {
+                    return Err(self.err(ln, ind, format!("unexpected trailing comment `# {c}`")))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, ln: usize, col: usize, name: &str) -> PResult<ValueId> {
+        self.names
+            .get(name)
+            .map(|(v, _)| *v)
+            .ok_or_else(|| self.err(ln, col, format!("undefined name `{name}`")))
+    }
+
+    /// Fills in types the text did not give, from each op's meta, in schedule order.
+    fn resolve_untyped(&mut self) -> PResult<()> {
+        if self.untyped.is_empty() {
+            return Ok(());
+        }
+        let untyped: HashMap<ValueId, usize> = self.untyped.iter().copied().collect();
+        let order: Vec<_> = self.trace.schedule().to_vec();
+        for (pos, idx) in order.into_iter().enumerate() {
+            let node = self.trace.node(idx).expect("scheduled").clone();
+            if !node.outputs.iter().any(|o| untyped.contains_key(o)) {
+                continue;
+            }
+            let ln = self.node_lines[pos];
+            let out = self
+                .reg
+                .infer(&self.trace, &node.op, &node.args, &node.kwargs)
+                .map_err(|m| self.err(ln, 0, format!("cannot infer output types: {m}")))?;
+            match out {
+                MetaOut::Types(types) if types.len() == node.outputs.len() => {
+                    for (o, t) in node.outputs.iter().zip(types) {
+                        if untyped.contains_key(o) {
+                            if let Some(v) = self.trace.value_mut(*o) {
+                                v.ty = t;
+                            }
+                        }
+                    }
+                }
+                MetaOut::Types(types) => {
+                    return Err(self.err(ln, 0, format!("{} gives {} outputs, the statement binds {}", node.op, types.len(), node.outputs.len())))
+                }
+                MetaOut::Declared => {
+                    let o = node.outputs.iter().find(|o| untyped.contains_key(o)).copied();
+                    if let Some(o) = o {
+                        return Err(self.err(ln, 0, format!("no type comment for `{}`", self.trace.name(o))));
+                    }
+                }
+            }
+        }
+        // arguments without type comments stay `Any`
+        Ok(())
+    }
+}
+
+fn strip_comment<'t, 'a>(toks: &'t [(Tok<'a>, usize)]) -> &'t [(Tok<'a>, usize)] {
+    match toks.last() {
+        Some((Tok::Comment(_), _)) => &toks[..toks.len() - 1],
+        _ => toks,
+    }
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_')
+        && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+}
+
+/// `name: "type"` → (name, type).
+fn type_comment(c: &str) -> Option<(&str, &str)> {
+    let (name, rest) = c.split_once(": ")?;
+    if !is_ident(name) {
+        return None;
+    }
+    let ty = rest.trim().strip_prefix('"')?.strip_suffix('"')?;
+    Some((name, ty))
+}
+
+fn parse_provenance(rest: &str) -> Provenance {
+    if let Some((pass, tail)) = rest.rsplit_once(" (took ") {
+        if let Some(ms) = tail
+            .strip_suffix(" milliseconds)")
+            .and_then(|m| m.parse::<u64>().ok())
+        {
+            return Provenance {
+                pass: pass.to_string(),
+                millis: Some(ms),
+            };
+        }
+    }
+    Provenance {
+        pass: rest.to_string(),
+        millis: None,
+    }
+}
+
+/// Backward by name, joint when it asks for gradients, forward when it returns
+/// `(outputs, saved_for_backward)`, otherwise a plain computation.
+fn infer_kind(t: &Trace) -> TraceKind {
+    if t.name.starts_with("backward") {
+        return TraceKind::Backward;
+    }
+    if t.nodes().any(|(_, n)| n.op == "prims.get_grad") {
+        return TraceKind::Joint;
+    }
+    if let Arg::Tuple(items) = &t.ret {
+        if items.len() == 2 && matches!(items[0], Arg::Dict(_)) && matches!(items[1], Arg::Tuple(_)) {
+            return TraceKind::Forward;
+        }
+    }
+    TraceKind::Computation
+}
+
+struct ExprParser<'p, 't, 'a> {
+    toks: &'t [(Tok<'a>, usize)],
+    pos: usize,
+    parser: &'p Parser<'a>,
+    ln: usize,
+    ind: usize,
+}
+
+impl ExprParser<'_, '_, '_> {
+    fn col(&self) -> usize {
+        self.ind
+            + self
+                .toks
+                .get(self.pos)
+                .map_or_else(|| self.toks.last().map_or(0, |t| t.1 + 1), |t| t.1)
+    }
+    fn err(&self, msg: impl Into<String>) -> ParseError {
+        self.parser.err(self.ln, self.col(), msg)
+    }
+    fn peek(&self) -> Option<&Tok<'_>> {
+        self.toks.get(self.pos).map(|t| &t.0)
+    }
+    fn eat(&mut self, c: char) -> bool {
+        if self.peek() == Some(&Tok::Punct(c)) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn expect(&mut self, c: char) -> PResult<()> {
+        if self.eat(c) {
+            Ok(())
+        } else {
+            Err(self.err(format!("expected `{c}`")))
+        }
+    }
+    fn expect_end(&self) -> PResult<()> {
+        if self.pos < self.toks.len() {
+            return Err(self.err("unexpected text after the expression"));
+        }
+        Ok(())
+    }
+
+    /// After `callee(`: positional and keyword operands up to `)`.
+    fn parse_call_args(&mut self) -> PResult<(Vec<Arg>, Vec<(String, Arg)>)> {
+        let mut args = Vec::new();
+        let mut kwargs = Vec::new();
+        loop {
+            if self.eat(')') {
+                break;
+            }
+            if let (Some(Tok::Name(k)), Some((Tok::Punct('='), _))) =
+                (self.peek(), self.toks.get(self.pos + 1))
+            {
+                let k = k.to_string();
+                self.pos += 2;
+                let v = self.parse_expr()?;
+                kwargs.push((k, v));
+            } else {
+                if !kwargs.is_empty() {
+                    return Err(self.err("positional operand after a keyword operand"));
+                }
+                args.push(self.parse_expr()?);
+            }
+            if !self.eat(',') {
+                self.expect(')')?;
+                break;
+            }
+        }
+        Ok((args, kwargs))
+    }
+
+    /// `return a, b` (bare tuple) or `return expr`.
+    fn parse_return(&mut self) -> PResult<Arg> {
+        let first = self.parse_expr()?;
+        if self.peek() != Some(&Tok::Punct(',')) {
+            return Ok(first);
+        }
+        let mut items = vec![first];
+        while self.eat(',') {
+            if self.pos >= self.toks.len() {
+                break;
+            }
+            items.push(self.parse_expr()?);
+        }
+        Ok(Arg::Tuple(items))
+    }
+
+    fn parse_seq(&mut self, close: char) -> PResult<(Vec<Arg>, bool)> {
+        let mut items = Vec::new();
+        let mut trailing = false;
+        loop {
+            if self.eat(close) {
+                break;
+            }
+            items.push(self.parse_expr()?);
+            trailing = self.eat(',');
+            if !trailing {
+                self.expect(close)?;
+                break;
+            }
+        }
+        Ok((items, trailing))
+    }
+
+    fn parse_expr(&mut self) -> PResult<Arg> {
+        let col = self.col();
+        let Some((tok, _)) = self.toks.get(self.pos).cloned() else {
+            return Err(self.err("expected an operand"));
+        };
+        self.pos += 1;
+        match tok {
+            Tok::Int(v) => Ok(Arg::Int(v)),
+            Tok::Float(v) => Ok(Arg::Float(v)),
+            Tok::Str(s) => Ok(Arg::Str(s)),
+            Tok::Punct('-') => match self.parse_expr()? {
+                Arg::Int(v) => Ok(Arg::Int(-v)),
+                Arg::Float(v) => Ok(Arg::Float(-v)),
+                _ => Err(self.parser.err(self.ln, col, "`-` before something that is not a number")),
+            },
+            Tok::Punct('(') => {
+                let (items, trailing) = self.parse_seq(')')?;
+                if items.len() == 1 && !trailing {
+                    Ok(items.into_iter().next().expect("one item"))
+                } else {
+                    Ok(Arg::Tuple(items))
+                }
+            }
+            Tok::Punct('[') => Ok(Arg::List(self.parse_seq(']')?.0)),
+            Tok::Punct('{') => {
+                let mut items = Vec::new();
+                loop {
+                    if self.eat('}') {
+                        break;
+                    }
+                    let k = self.parse_expr()?;
+                    self.expect(':')?;
+                    let v = self.parse_expr()?;
+                    items.push((k, v));
+                    if !self.eat(',') {
+                        self.expect('}')?;
+                        break;
+                    }
+                }
+                Ok(Arg::Dict(items))
+            }
+            Tok::Name(name) => self.parse_name(name, col),
+            Tok::Punct(c) => Err(self.parser.err(self.ln, col, format!("unexpected `{c}`"))),
+            Tok::Comment(_) => Err(self.parser.err(self.ln, col, "unexpected comment")),
+        }
+    }
+
+    fn parse_name(&mut self, name: &str, col: usize) -> PResult<Arg> {
+        let (parser, ln) = (self.parser, self.ln);
+        let perr = move |m: String| parser.err(ln, col, m);
+        if self.peek() == Some(&Tok::Punct('(')) {
+            // the few calls Thunder prints inside operands: devices and special floats
+            self.pos += 1;
+            let (args, kwargs) = self.parse_call_args()?;
+            let single_str = match (args.as_slice(), kwargs.is_empty()) {
+                ([Arg::Str(s)], true) => Some(s.as_str()),
+                _ => None,
+            };
+            return match (name, single_str) {
+                ("devices.Device" | "thunder.devices.Device", Some(s)) => Device::parse(s)
+                    .map(|d| Arg::Device(d, DeviceSpelling::Thunder))
+                    .ok_or_else(|| perr(format!("unknown device `{s}`"))),
+                ("torch.device", Some(s)) => Device::parse(s)
+                    .map(|d| Arg::Device(d, DeviceSpelling::Torch))
+                    .ok_or_else(|| perr(format!("unknown device `{s}`"))),
+                ("float", Some(s)) => pyfloat::parse(s)
+                    .map(Arg::Float)
+                    .ok_or_else(|| perr(format!("bad float `{s}`"))),
+                _ => Err(perr(format!("call of `{name}` inside an operand is not supported"))),
+            };
+        }
+        match name {
+            "True" => return Ok(Arg::Bool(true)),
+            "False" => return Ok(Arg::Bool(false)),
+            "None" => return Ok(Arg::None),
+            "inf" | "math.inf" => return Ok(Arg::Float(f64::INFINITY)),
+            "nan" | "math.nan" => return Ok(Arg::Float(f64::NAN)),
+            _ => {}
+        }
+        if let Some(&(v, _)) = self.parser.names.get(name) {
+            return Ok(Arg::Value(v));
+        }
+        if let Some(d) = name.strip_prefix("dtypes.").and_then(DType::from_thunder) {
+            return Ok(Arg::DType(d, DTypeSpelling::Thunder));
+        }
+        if let Some(d) = name.strip_prefix("torch.").and_then(DType::from_torch) {
+            return Ok(Arg::DType(d, DTypeSpelling::Torch));
+        }
+        if let Some(o) = Opaque::from_name(name) {
+            return Ok(Arg::Opaque(o));
+        }
+        Err(perr(format!("undefined name `{name}`")))
+    }
+}

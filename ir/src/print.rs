@@ -1,0 +1,361 @@
+//! Prints traces in Thunder's text form (see TRACE_FORMAT.md).
+
+use crate::arg::{Arg, DTypeSpelling, DeviceSpelling};
+use crate::node::{Lhs, Node, SubSymbol};
+use crate::pyfloat;
+use crate::registry::ops;
+use crate::trace::Trace;
+use crate::value::ValueId;
+use petgraph::stable_graph::NodeIndex;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write;
+
+/// What to print besides the statements.
+#[derive(Clone, Copy, Debug)]
+pub struct PrintOptions {
+    /// Decompositions as indented comments.
+    pub subsymbols: bool,
+    /// `del` statements after each value's last use.
+    pub dels: bool,
+    /// Source-location comments.
+    pub source: bool,
+    /// `# Constructed by` lines.
+    pub provenance: bool,
+}
+
+impl Default for PrintOptions {
+    fn default() -> Self {
+        PrintOptions {
+            subsymbols: true,
+            dels: true,
+            source: true,
+            provenance: true,
+        }
+    }
+}
+
+impl PrintOptions {
+    /// Statements only: what snapshot tests compare.
+    pub fn bare() -> Self {
+        PrintOptions {
+            subsymbols: false,
+            dels: false,
+            source: false,
+            provenance: true,
+        }
+    }
+}
+
+/// Prints with the default options.
+pub fn print_trace(t: &Trace) -> String {
+    print_trace_with(t, PrintOptions::default())
+}
+
+pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
+    let mut out = String::with_capacity(64 * t.node_count() + 256);
+    if opts.provenance {
+        for p in &t.provenance {
+            match p.millis {
+                Some(ms) => {
+                    let _ = writeln!(out, "# Constructed by {} (took {ms} milliseconds)", p.pass);
+                }
+                None => {
+                    let _ = writeln!(out, "# Constructed by {}", p.pass);
+                }
+            }
+        }
+    }
+    for line in imports(t) {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out.push('\n');
+    for d in &t.decorators {
+        let _ = writeln!(out, "@{d}");
+    }
+    let _ = write!(out, "def {}(", t.name);
+    for (i, a) in t.args().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&t.name(*a));
+    }
+    out.push_str("):\n");
+    for a in t.args() {
+        write_type_comment(&mut out, t, *a, 1);
+    }
+    let last_use = if opts.dels { dels_by_position(t) } else { HashMap::new() };
+    for (pos, (idx, node)) in t.nodes().enumerate() {
+        if opts.source {
+            if let Some(src) = &node.source {
+                let _ = write!(out, "\n  # {src}\n");
+            }
+        }
+        write_statement(&mut out, t, idx, node, 1);
+        if opts.subsymbols {
+            for s in &node.subsymbols {
+                write_subsymbol(&mut out, s, 2);
+            }
+        }
+        if let Some(names) = last_use.get(&pos) {
+            out.push_str("  del ");
+            for (i, v) in names.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&t.name(*v));
+            }
+            out.push('\n');
+        }
+    }
+    out.push_str("  return ");
+    write_arg(&mut out, t, &t.ret);
+    out.push('\n');
+    out
+}
+
+/// One statement as printed, without its decomposition: used in diagnostics.
+pub fn print_node_line(t: &Trace, idx: NodeIndex) -> String {
+    let mut s = String::new();
+    if let Some(n) = t.node(idx) {
+        write_statement(&mut s, t, idx, n, 0);
+    }
+    s.trim_end().to_string()
+}
+
+fn imports(t: &Trace) -> Vec<String> {
+    let mut set = BTreeSet::new();
+    set.insert("import torch".to_string());
+    for (_, n) in t.nodes() {
+        let callee = n.callee_name();
+        if n.lhs == Lhs::Unpack {
+            continue;
+        }
+        let Some((module, _)) = callee.rsplit_once('.') else {
+            continue;
+        };
+        match module {
+            "ltorch" => {
+                set.insert("import thunder".into());
+                set.insert("import thunder.torch as ltorch".into());
+            }
+            "prims" => {
+                set.insert("import thunder".into());
+                set.insert("import thunder.core.prims as prims".into());
+            }
+            "dist" => {
+                set.insert("import tracepass.dist as dist".into());
+            }
+            "python" => {
+                set.insert("import tracepass.python as python".into());
+            }
+            m => {
+                set.insert(format!("import {m}"));
+            }
+        }
+    }
+    let mut v: Vec<String> = set.into_iter().collect();
+    if t.decorators.iter().any(|d| d == "no_autocast") {
+        v.push("from thunder.executors.torchex import no_autocast".into());
+    }
+    v
+}
+
+/// Schedule position -> values whose last use is there (in operand order).
+fn dels_by_position(t: &Trace) -> HashMap<usize, Vec<ValueId>> {
+    let last = t.last_uses();
+    let mut by_pos: HashMap<usize, Vec<ValueId>> = HashMap::new();
+    for (pos, (_, n)) in t.nodes().enumerate() {
+        let mut seen = Vec::new();
+        n.for_each_operand(&mut |v| {
+            if last.get(&v) == Some(&pos) && !seen.contains(&v) {
+                seen.push(v);
+            }
+        });
+        if !seen.is_empty() {
+            by_pos.insert(pos, seen);
+        }
+    }
+    by_pos
+}
+
+fn indent(out: &mut String, depth: usize) {
+    for _ in 0..depth {
+        out.push_str("  ");
+    }
+}
+
+fn write_type_comment(out: &mut String, t: &Trace, v: ValueId, depth: usize) {
+    indent(out, depth);
+    let ty = t.ty(v).map(|t| t.to_string()).unwrap_or_else(|| "Any".into());
+    let _ = writeln!(out, "# {}: \"{}\"", t.name(v), ty);
+}
+
+fn write_subsymbol(out: &mut String, s: &SubSymbol, depth: usize) {
+    indent(out, depth);
+    out.push_str("# ");
+    out.push_str(&s.text);
+    out.push('\n');
+    for c in &s.children {
+        write_subsymbol(out, c, depth + 1);
+    }
+}
+
+fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth: usize) {
+    indent(out, depth);
+    match n.lhs {
+        Lhs::Unpack if n.op == ops::UNPACK_SEQUENCE => {
+            for o in &n.outputs {
+                out.push_str(&t.name(*o));
+                out.push_str(", ");
+            }
+            out.push_str("= ");
+            if let Some(a) = n.args.first() {
+                write_arg(out, t, a);
+            }
+            out.push('\n');
+            for o in &n.outputs {
+                write_type_comment(out, t, *o, depth);
+            }
+            return;
+        }
+        Lhs::None => {}
+        Lhs::Single if n.outputs.len() == 1 => {
+            out.push_str(&t.name(n.outputs[0]));
+            out.push_str(" = ");
+        }
+        _ => {
+            out.push('[');
+            for (i, o) in n.outputs.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&t.name(*o));
+            }
+            out.push_str("] = ");
+        }
+    }
+    out.push_str(n.callee_name());
+    out.push('(');
+    let mut first = true;
+    for a in &n.args {
+        if !first {
+            out.push_str(", ");
+        }
+        first = false;
+        write_arg(out, t, a);
+    }
+    for (k, a) in &n.kwargs {
+        if !first {
+            out.push_str(", ");
+        }
+        first = false;
+        out.push_str(k);
+        out.push('=');
+        write_arg(out, t, a);
+    }
+    out.push(')');
+    if n.lhs == Lhs::Single && n.outputs.len() == 1 {
+        let o = n.outputs[0];
+        let ty = t.ty(o).map(|t| t.to_string()).unwrap_or_else(|| "Any".into());
+        let _ = write!(out, "  # {}: \"{}\"", t.name(o), ty);
+        out.push('\n');
+    } else {
+        out.push('\n');
+        if n.lhs != Lhs::None {
+            for o in &n.outputs {
+                write_type_comment(out, t, *o, depth);
+            }
+        }
+    }
+}
+
+/// Python repr of a string: single quotes unless the text holds one and no double quote.
+pub fn py_str(s: &str) -> String {
+    let q = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(q);
+    out
+}
+
+pub(crate) fn write_arg(out: &mut String, t: &Trace, a: &Arg) {
+    match a {
+        Arg::Value(v) => match t.value(*v) {
+            Some(val) => out.push_str(&val.name),
+            None => {
+                let _ = write!(out, "<undefined {v}>");
+            }
+        },
+        Arg::None => out.push_str("None"),
+        Arg::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
+        Arg::Int(i) => {
+            let _ = write!(out, "{i}");
+        }
+        Arg::Float(f) => out.push_str(&pyfloat::repr(*f)),
+        Arg::Str(s) => out.push_str(&py_str(s)),
+        Arg::Tuple(items) => {
+            out.push('(');
+            write_items(out, t, items);
+            if items.len() == 1 {
+                out.push(',');
+            }
+            out.push(')');
+        }
+        Arg::List(items) => {
+            out.push('[');
+            write_items(out, t, items);
+            out.push(']');
+        }
+        Arg::Dict(items) => {
+            out.push('{');
+            for (i, (k, v)) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_arg(out, t, k);
+                out.push_str(": ");
+                write_arg(out, t, v);
+            }
+            out.push('}');
+        }
+        Arg::DType(d, DTypeSpelling::Thunder) => {
+            let _ = write!(out, "dtypes.{}", d.thunder_name());
+        }
+        Arg::DType(d, DTypeSpelling::Torch) => {
+            let _ = write!(out, "torch.{}", d.torch_name());
+        }
+        Arg::Device(d, DeviceSpelling::Thunder) => {
+            let _ = write!(out, "devices.Device(\"{d}\")");
+        }
+        Arg::Device(d, DeviceSpelling::Torch) => {
+            let _ = write!(out, "torch.device(\"{d}\")");
+        }
+        Arg::Opaque(o) => out.push_str(&o.printed_name()),
+    }
+}
+
+fn write_items(out: &mut String, t: &Trace, items: &[Arg]) {
+    for (i, a) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        write_arg(out, t, a);
+    }
+}

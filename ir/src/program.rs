@@ -1,0 +1,197 @@
+//! A training step's program: forward, backward, parameters, and how they are linked.
+
+use crate::arg::Arg;
+use crate::node::Lhs;
+use crate::registry::ops;
+use crate::trace::{Trace, TraceKind};
+use crate::types::{DType, Device, Type};
+use crate::value::ValueId;
+use serde::{Deserialize, Serialize};
+
+/// A parameter of the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Param {
+    /// Fully qualified module path (`l1.weight`).
+    pub fqn: String,
+    /// Position among the forward trace's arguments.
+    pub forward_arg: usize,
+    /// Position of its gradient in the backward's return tuple (`None`: no gradient computed).
+    pub grad_output: Option<usize>,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub device: Device,
+    /// Frozen parameters get no gradient synchronization.
+    pub requires_grad: bool,
+    /// Another parameter's fqn when both are one tensor (tied weights): one all-reduce serves both.
+    pub tied_to: Option<String>,
+}
+
+/// What a training step needs: forward, backward, and their contract.
+///
+/// The contract is Thunder's: the forward returns `(outputs, (saved, ()))`; the backward takes
+/// `(saved_for_backward, cotangents)` and returns one gradient (or `None`) per forward argument.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Program {
+    pub forward: Trace,
+    pub backward: Trace,
+    pub params: Vec<Param>,
+    /// Rank whose parameters every rank takes before the first step (`None`: no broadcast).
+    pub broadcast_from: Option<usize>,
+}
+
+/// Why a forward and a backward do not make a program.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProgramError {
+    #[error("the backward trace must return a tuple of gradients, one per forward argument; it returns something else")]
+    BackwardReturnNotTuple,
+    #[error("the forward takes {forward} arguments but the backward returns {backward} gradients")]
+    GradientCount { forward: usize, backward: usize },
+    #[error("forward argument `{name}` is a parameter but has type {ty}, not a tensor")]
+    ParamNotTensor { name: String, ty: String },
+    #[error("the forward returns {forward} saved values but the backward unpacks {backward}")]
+    SavedCount { forward: usize, backward: usize },
+    #[error("gradient {index} (`{name}`) has type {ty} but parameter `{param}` is {param_ty}")]
+    GradientType {
+        index: usize,
+        name: String,
+        ty: String,
+        param: String,
+        param_ty: String,
+    },
+}
+
+/// Thunder names parameters `t_<fqn with . replaced by _>`; this reverses it as well as it can.
+pub fn fqn_from_arg_name(name: &str) -> Option<String> {
+    name.strip_prefix("t_").map(|s| s.replace('_', "."))
+}
+
+/// The form a module path takes in a Thunder argument name.
+pub fn arg_name_for_fqn(fqn: &str) -> String {
+    format!("t_{}", fqn.replace('.', "_"))
+}
+
+impl Program {
+    /// Pairs a forward and a backward in Thunder's convention: forward arguments named `t_<fqn>`
+    /// are parameters, the rest are inputs; the backward returns their gradients in argument order.
+    pub fn from_thunder(mut forward: Trace, mut backward: Trace) -> Result<Program, ProgramError> {
+        forward.kind = TraceKind::Forward;
+        backward.kind = TraceKind::Backward;
+        let grads = match &backward.ret {
+            Arg::Tuple(items) | Arg::List(items) => items.clone(),
+            _ => return Err(ProgramError::BackwardReturnNotTuple),
+        };
+        if grads.len() != forward.args().len() {
+            return Err(ProgramError::GradientCount {
+                forward: forward.args().len(),
+                backward: grads.len(),
+            });
+        }
+        let mut params = Vec::new();
+        for (i, a) in forward.args().iter().enumerate() {
+            let v = forward.value(*a).expect("forward args are in its value table");
+            let Some(fqn) = fqn_from_arg_name(&v.name) else {
+                continue;
+            };
+            let Type::Tensor(tt) = &v.ty else {
+                return Err(ProgramError::ParamNotTensor {
+                    name: v.name.clone(),
+                    ty: v.ty.to_string(),
+                });
+            };
+            let grad_output = match &grads[i] {
+                Arg::Value(g) => {
+                    if let Some(gt) = backward.ty(*g) {
+                        if gt.as_tensor().map(|g| &g.shape) != Some(&tt.shape) {
+                            return Err(ProgramError::GradientType {
+                                index: i,
+                                name: backward.name(*g),
+                                ty: gt.to_string(),
+                                param: fqn,
+                                param_ty: tt.to_string(),
+                            });
+                        }
+                    }
+                    Some(i)
+                }
+                _ => None,
+            };
+            params.push(Param {
+                fqn,
+                forward_arg: i,
+                grad_output,
+                shape: tt.shape.clone(),
+                dtype: tt.dtype,
+                device: tt.device,
+                requires_grad: grad_output.is_some(),
+                tied_to: None,
+            });
+        }
+        let p = Program {
+            forward,
+            backward,
+            params,
+            broadcast_from: None,
+        };
+        let (f, b) = (p.forward_saved().len(), p.backward_saved().len());
+        if f != b {
+            return Err(ProgramError::SavedCount {
+                forward: f,
+                backward: b,
+            });
+        }
+        Ok(p)
+    }
+
+    /// The values the forward saves for the backward (the first tuple of its second result).
+    pub fn forward_saved(&self) -> Vec<ValueId> {
+        let mut out = Vec::new();
+        if let Arg::Tuple(items) = &self.forward.ret {
+            if let Some(Arg::Tuple(saved)) = items.get(1) {
+                if let Some(first) = saved.first() {
+                    first.for_each_value(&mut |v| out.push(v));
+                }
+            }
+        }
+        out
+    }
+
+    /// The names the backward gives the saved values (unpacked from its first argument).
+    pub fn backward_saved(&self) -> Vec<ValueId> {
+        let b = &self.backward;
+        let Some(&saved_arg) = b.args().first() else {
+            return Vec::new();
+        };
+        let unpack_of = |src: ValueId| {
+            b.nodes()
+                .find(|(_, n)| {
+                    n.op == ops::UNPACK_SEQUENCE
+                        && n.lhs == Lhs::Unpack
+                        && n.args.first().and_then(Arg::as_value) == Some(src)
+                })
+                .map(|(_, n)| n.outputs.clone())
+        };
+        let Some(top) = unpack_of(saved_arg) else {
+            return Vec::new();
+        };
+        top.first().and_then(|c0| unpack_of(*c0)).unwrap_or_default()
+    }
+
+    /// The backward's gradient output values, one per forward argument (`None` where none).
+    pub fn gradient_values(&self) -> Vec<Option<ValueId>> {
+        match &self.backward.ret {
+            Arg::Tuple(items) | Arg::List(items) => items.iter().map(Arg::as_value).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn param(&self, fqn: &str) -> Option<&Param> {
+        self.params.iter().find(|p| p.fqn == fqn)
+    }
+}
+
+/// What a tracepass file holds: one trace, or a whole program.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Module {
+    Trace(Trace),
+    Program(Program),
+}

@@ -1,0 +1,583 @@
+//! The trace: an SSA program as a petgraph DAG plus the schedule that runs it.
+
+use crate::arg::Arg;
+use crate::node::{Edge, Lhs, Node};
+use crate::types::Type;
+use crate::value::{Def, Value, ValueId};
+use indexmap::IndexMap;
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
+use petgraph::Direction;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+
+/// Which pass of a training step a trace computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TraceKind {
+    Forward,
+    Backward,
+    Joint,
+    /// A trace before autodiff (`thunder.last_traces`' first entry), or one of unknown role.
+    Computation,
+}
+
+/// One `# Constructed by <pass> (took N milliseconds)` record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub pass: String,
+    pub millis: Option<u64>,
+}
+
+/// A straight-line SSA program. Nodes live in a `StableDiGraph` (indices survive removals) with
+/// data and order edges; `schedule` is the execution order, always a topological order of the graph.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    pub name: String,
+    pub kind: TraceKind,
+    pub(crate) args: Vec<ValueId>,
+    pub(crate) graph: StableDiGraph<Node, Edge>,
+    pub(crate) schedule: Vec<NodeIndex>,
+    pub(crate) values: IndexMap<ValueId, Value>,
+    pub(crate) next_value: u32,
+    /// The return structure (tuples, lists, dicts, `None`, values).
+    pub ret: Arg,
+    /// Decorators printed above `def` (without the `@`).
+    pub decorators: Vec<String>,
+    pub provenance: Vec<Provenance>,
+}
+
+/// Decorators Thunder puts on every trace it prints.
+pub fn default_decorators() -> Vec<String> {
+    vec!["torch.no_grad()".into(), "no_autocast".into()]
+}
+
+impl Trace {
+    pub fn new(name: impl Into<String>, kind: TraceKind) -> Trace {
+        Trace {
+            name: name.into(),
+            kind,
+            args: Vec::new(),
+            graph: StableDiGraph::new(),
+            schedule: Vec::new(),
+            values: IndexMap::new(),
+            next_value: 0,
+            ret: Arg::None,
+            decorators: default_decorators(),
+            provenance: Vec::new(),
+        }
+    }
+
+    // ----- values -----
+
+    /// Creates a value that is not yet defined; give it to a node's outputs or `push_arg`.
+    pub fn new_value(&mut self, name: impl Into<String>, ty: Type) -> ValueId {
+        let id = ValueId(self.next_value);
+        self.next_value += 1;
+        self.values.insert(
+            id,
+            Value {
+                name: name.into(),
+                ty,
+                def: Def::Undefined,
+            },
+        );
+        id
+    }
+    /// Appends a trace argument.
+    pub fn push_arg(&mut self, name: impl Into<String>, ty: Type) -> ValueId {
+        let id = self.new_value(name, ty);
+        self.push_existing_arg(id);
+        id
+    }
+    pub(crate) fn push_existing_arg(&mut self, id: ValueId) {
+        if let Some(v) = self.values.get_mut(&id) {
+            v.def = Def::Arg(self.args.len());
+        }
+        self.args.push(id);
+    }
+    pub fn args(&self) -> &[ValueId] {
+        &self.args
+    }
+    pub fn value(&self, id: ValueId) -> Option<&Value> {
+        self.values.get(&id)
+    }
+    pub fn value_mut(&mut self, id: ValueId) -> Option<&mut Value> {
+        self.values.get_mut(&id)
+    }
+    /// The name of a value, or `<undefined %N>` for a dangling handle.
+    pub fn name(&self, id: ValueId) -> String {
+        match self.values.get(&id) {
+            Some(v) => v.name.clone(),
+            None => format!("<undefined {id}>"),
+        }
+    }
+    pub fn ty(&self, id: ValueId) -> Option<&Type> {
+        self.values.get(&id).map(|v| &v.ty)
+    }
+    pub fn values(&self) -> impl Iterator<Item = (ValueId, &Value)> {
+        self.values.iter().map(|(k, v)| (*k, v))
+    }
+    pub fn value_count(&self) -> usize {
+        self.values.len()
+    }
+    /// Looks a value up by its printed name (linear scan; build a map for repeated lookups).
+    pub fn find_value(&self, name: &str) -> Option<ValueId> {
+        self.values
+            .iter()
+            .find(|(_, v)| v.name == name)
+            .map(|(k, _)| *k)
+    }
+    /// The node that defines `id`, if any.
+    pub fn producer(&self, id: ValueId) -> Option<NodeIndex> {
+        match self.values.get(&id)?.def {
+            Def::Node(n, _) => Some(n),
+            _ => None,
+        }
+    }
+    /// Removes values that nothing defines (left over after their producers were removed).
+    pub fn purge_undefined_values(&mut self) {
+        self.values.retain(|_, v| v.def != Def::Undefined);
+    }
+
+    // ----- nodes -----
+
+    /// Adds a node to the graph (not to the schedule), with data edges from the producers of
+    /// its operands, and makes it the definition of its outputs.
+    pub fn add_node(&mut self, node: Node) -> NodeIndex {
+        let outputs = node.outputs.clone();
+        let operands = node.operands();
+        let idx = self.graph.add_node(node);
+        for (i, out) in outputs.iter().enumerate() {
+            if let Some(v) = self.values.get_mut(out) {
+                v.def = Def::Node(idx, i as u32);
+            }
+        }
+        for v in operands {
+            if let Some(p) = self.producer(v) {
+                self.graph.add_edge(p, idx, Edge::Data { value: v });
+            }
+        }
+        idx
+    }
+    /// Adds a node and appends it to the schedule.
+    pub fn append(&mut self, node: Node) -> NodeIndex {
+        let idx = self.add_node(node);
+        self.schedule.push(idx);
+        idx
+    }
+    /// Adds an ordering constraint `before -> after`.
+    pub fn add_order_edge(&mut self, before: NodeIndex, after: NodeIndex) {
+        self.graph.add_edge(before, after, Edge::Order);
+    }
+    pub fn node(&self, idx: NodeIndex) -> Option<&Node> {
+        self.graph.node_weight(idx)
+    }
+    /// Mutable access to a node. Changing its operands or outputs needs `rewire_node` after.
+    pub fn node_mut(&mut self, idx: NodeIndex) -> Option<&mut Node> {
+        self.graph.node_weight_mut(idx)
+    }
+    /// Rebuilds the incoming data edges and output definitions of a node after an edit.
+    pub fn rewire_node(&mut self, idx: NodeIndex) {
+        let Some(node) = self.graph.node_weight(idx) else {
+            return;
+        };
+        let outputs = node.outputs.clone();
+        let operands = node.operands();
+        let incoming: Vec<_> = self
+            .graph
+            .edges_directed(idx, Direction::Incoming)
+            .filter(|e| matches!(e.weight(), Edge::Data { .. }))
+            .map(|e| e.id())
+            .collect();
+        for e in incoming {
+            self.graph.remove_edge(e);
+        }
+        for (i, out) in outputs.iter().enumerate() {
+            if let Some(v) = self.values.get_mut(out) {
+                v.def = Def::Node(idx, i as u32);
+            }
+        }
+        for v in operands {
+            if let Some(p) = self.producer(v) {
+                self.graph.add_edge(p, idx, Edge::Data { value: v });
+            }
+        }
+    }
+    /// Removes a node from the graph and the schedule; its outputs become undefined.
+    /// O(schedule) for the schedule update: batch removals with `retain_nodes` instead.
+    pub fn remove_node(&mut self, idx: NodeIndex) -> Option<Node> {
+        self.schedule.retain(|n| *n != idx);
+        self.detach_node(idx)
+    }
+    /// Removes every scheduled node for which `keep` is false, in one sweep.
+    pub fn retain_nodes(&mut self, mut keep: impl FnMut(&Trace, NodeIndex) -> bool) {
+        let schedule = std::mem::take(&mut self.schedule);
+        let mut kept = Vec::with_capacity(schedule.len());
+        for idx in schedule {
+            if keep(self, idx) {
+                kept.push(idx);
+            } else {
+                self.detach_node(idx);
+            }
+        }
+        self.schedule = kept;
+    }
+    fn detach_node(&mut self, idx: NodeIndex) -> Option<Node> {
+        let node = self.graph.remove_node(idx)?;
+        for out in &node.outputs {
+            if let Some(v) = self.values.get_mut(out) {
+                if v.def != Def::Undefined {
+                    v.def = Def::Undefined;
+                }
+            }
+        }
+        Some(node)
+    }
+    pub fn node_count(&self) -> usize {
+        self.graph.node_count()
+    }
+    pub fn graph(&self) -> &StableDiGraph<Node, Edge> {
+        &self.graph
+    }
+    /// The execution order.
+    pub fn schedule(&self) -> &[NodeIndex] {
+        &self.schedule
+    }
+    /// Replaces the execution order; the verifier checks that it is a topological order.
+    pub fn set_schedule(&mut self, schedule: Vec<NodeIndex>) {
+        self.schedule = schedule;
+    }
+    /// Nodes in schedule order.
+    pub fn nodes(&self) -> impl Iterator<Item = (NodeIndex, &Node)> {
+        self.schedule
+            .iter()
+            .filter_map(|i| self.graph.node_weight(*i).map(|n| (*i, n)))
+    }
+    /// Nodes reading `id`, deduplicated, in schedule order of their edges.
+    pub fn users(&self, id: ValueId) -> Vec<NodeIndex> {
+        let Some(p) = self.producer(id) else {
+            return self
+                .nodes()
+                .filter(|(_, n)| n.operands().contains(&id))
+                .map(|(i, _)| i)
+                .collect();
+        };
+        let mut seen = HashSet::new();
+        self.graph
+            .edges_directed(p, Direction::Outgoing)
+            .filter(|e| matches!(e.weight(), Edge::Data { value } if *value == id))
+            .map(|e| e.target())
+            .filter(|t| seen.insert(*t))
+            .collect()
+    }
+    /// Replaces every use of `old` by `new` in nodes and in the return structure.
+    pub fn replace_all_uses(&mut self, old: ValueId, new: ValueId) {
+        let users = self.users(old);
+        for u in users {
+            if let Some(n) = self.graph.node_weight_mut(u) {
+                n.map_operands(&mut |v| if v == old { new } else { v });
+            }
+            self.rewire_node(u);
+        }
+        self.ret.map_values(&mut |v| if v == old { new } else { v });
+    }
+    /// Values in the return structure, in printed order.
+    pub fn returned_values(&self) -> Vec<ValueId> {
+        let mut out = Vec::new();
+        self.ret.for_each_value(&mut |v| out.push(v));
+        out
+    }
+    /// For each value, the schedule position of its last use (`usize::MAX` when returned).
+    pub fn last_uses(&self) -> HashMap<ValueId, usize> {
+        let mut last = HashMap::new();
+        for (pos, (_, n)) in self.nodes().enumerate() {
+            n.for_each_operand(&mut |v| {
+                last.insert(v, pos);
+            });
+        }
+        for v in self.returned_values() {
+            last.insert(v, usize::MAX);
+        }
+        last
+    }
+    /// A generator of names not used in this trace.
+    pub fn name_gen(&self) -> NameGen {
+        NameGen::new(self)
+    }
+}
+
+/// Hands out fresh value names (`t17`, `ft3`) that do not collide with a trace's names.
+pub struct NameGen {
+    used: HashSet<String>,
+    next: HashMap<&'static str, u64>,
+}
+
+impl NameGen {
+    pub fn new(trace: &Trace) -> NameGen {
+        let used: HashSet<String> = trace.values.values().map(|v| v.name.clone()).collect();
+        let mut next: HashMap<&'static str, u64> = HashMap::new();
+        for name in &used {
+            for prefix in ["t", "ft", "C", "i", "f", "b", "s", "o"] {
+                if let Some(n) = name
+                    .strip_prefix(prefix)
+                    .and_then(|r| r.parse::<u64>().ok())
+                {
+                    let e = next.entry(prefix).or_insert(0);
+                    *e = (*e).max(n + 1);
+                }
+            }
+        }
+        NameGen { used, next }
+    }
+    /// A fresh name with the given prefix.
+    pub fn fresh(&mut self, prefix: &'static str) -> String {
+        loop {
+            let n = self.next.entry(prefix).or_insert(0);
+            let name = format!("{prefix}{n}");
+            *n += 1;
+            if self.used.insert(name.clone()) {
+                return name;
+            }
+        }
+    }
+    /// A fresh name for a value of type `ty`.
+    pub fn fresh_for(&mut self, ty: &Type) -> String {
+        self.fresh(ty.name_prefix())
+    }
+}
+
+// ----- serialized form: nodes in schedule order; edges except order edges are derived -----
+
+#[derive(Serialize, Deserialize)]
+struct ValueRepr {
+    id: ValueId,
+    name: String,
+    ty: Type,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct TraceRepr {
+    name: String,
+    kind: TraceKind,
+    args: Vec<ValueId>,
+    values: Vec<ValueRepr>,
+    nodes: Vec<Node>,
+    /// Order edges as (from, to) positions in `nodes`.
+    order_edges: Vec<(u32, u32)>,
+    ret: Arg,
+    decorators: Vec<String>,
+    provenance: Vec<Provenance>,
+}
+
+impl From<&Trace> for TraceRepr {
+    fn from(t: &Trace) -> TraceRepr {
+        let pos: HashMap<NodeIndex, u32> = t
+            .schedule
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (*n, i as u32))
+            .collect();
+        let order_edges = t
+            .graph
+            .edge_references()
+            .filter(|e| matches!(e.weight(), Edge::Order))
+            .filter_map(|e| Some((*pos.get(&e.source())?, *pos.get(&e.target())?)))
+            .collect();
+        TraceRepr {
+            name: t.name.clone(),
+            kind: t.kind,
+            args: t.args.clone(),
+            values: t
+                .values
+                .iter()
+                .map(|(id, v)| ValueRepr {
+                    id: *id,
+                    name: v.name.clone(),
+                    ty: v.ty.clone(),
+                })
+                .collect(),
+            nodes: t.nodes().map(|(_, n)| n.clone()).collect(),
+            order_edges,
+            ret: t.ret.clone(),
+            decorators: t.decorators.clone(),
+            provenance: t.provenance.clone(),
+        }
+    }
+}
+
+impl TryFrom<TraceRepr> for Trace {
+    type Error = String;
+    fn try_from(r: TraceRepr) -> Result<Trace, String> {
+        let mut t = Trace::new(r.name, r.kind);
+        t.decorators = r.decorators;
+        t.provenance = r.provenance;
+        t.values.reserve(r.values.len());
+        for v in r.values {
+            if t.values.contains_key(&v.id) {
+                return Err(format!("value {} is listed twice", v.id));
+            }
+            t.next_value = t.next_value.max(v.id.0.saturating_add(1));
+            t.values.insert(
+                v.id,
+                Value {
+                    name: v.name,
+                    ty: v.ty,
+                    def: Def::Undefined,
+                },
+            );
+        }
+        for a in r.args {
+            if !t.values.contains_key(&a) {
+                return Err(format!("argument {a} is not in the value table"));
+            }
+            t.push_existing_arg(a);
+        }
+        t.schedule.reserve(r.nodes.len());
+        for n in r.nodes {
+            let mut missing = None;
+            n.for_each_operand(&mut |v| {
+                if !t.values.contains_key(&v) {
+                    missing = Some(v);
+                }
+            });
+            if let Some(out) = n.outputs.iter().find(|o| !t.values.contains_key(*o)) {
+                missing = Some(*out);
+            }
+            if let Some(v) = missing {
+                return Err(format!("node `{}` refers to unknown value {v}", n.op));
+            }
+            t.append(n);
+        }
+        for (a, b) in r.order_edges {
+            let (Some(&x), Some(&y)) = (t.schedule.get(a as usize), t.schedule.get(b as usize))
+            else {
+                return Err(format!("order edge ({a}, {b}) points past the node list"));
+            };
+            t.add_order_edge(x, y);
+        }
+        let mut missing = None;
+        r.ret.for_each_value(&mut |v| {
+            if !t.values.contains_key(&v) {
+                missing = Some(v);
+            }
+        });
+        if let Some(v) = missing {
+            return Err(format!("return refers to unknown value {v}"));
+        }
+        t.ret = r.ret;
+        Ok(t)
+    }
+}
+
+impl Serialize for Trace {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        TraceRepr::from(self).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Trace {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let repr = TraceRepr::deserialize(d)?;
+        Trace::try_from(repr).map_err(serde::de::Error::custom)
+    }
+}
+
+// ----- equality: structural, by names (value handles and graph indices are not compared) -----
+
+impl PartialEq for Trace {
+    fn eq(&self, other: &Self) -> bool {
+        if self.name != other.name
+            || self.kind != other.kind
+            || self.decorators != other.decorators
+            || self.provenance != other.provenance
+            || self.args.len() != other.args.len()
+            || self.schedule.len() != other.schedule.len()
+        {
+            return false;
+        }
+        let vname = |t: &Trace, v: ValueId| t.values.get(&v).map(|x| x.name.clone());
+        let same_value = |a: ValueId, b: ValueId| {
+            match (self.values.get(&a), other.values.get(&b)) {
+                (Some(x), Some(y)) => x.name == y.name && x.ty == y.ty,
+                _ => false,
+            }
+        };
+        if !self
+            .args
+            .iter()
+            .zip(&other.args)
+            .all(|(a, b)| same_value(*a, *b))
+        {
+            return false;
+        }
+        let norm = |t: &Trace, a: &Arg| {
+            let mut a = a.clone();
+            let mut names = Vec::new();
+            a.for_each_value(&mut |v| names.push(vname(t, v)));
+            a.map_values(&mut |_| ValueId(0));
+            (a, names)
+        };
+        for ((_, n), (_, m)) in self.nodes().zip(other.nodes()) {
+            if n.op != m.op
+                || n.callee != m.callee
+                || n.lhs != m.lhs
+                || n.subsymbols != m.subsymbols
+                || n.source != m.source
+                || n.outputs.len() != m.outputs.len()
+                || n.args.len() != m.args.len()
+                || n.kwargs.len() != m.kwargs.len()
+            {
+                return false;
+            }
+            if !n
+                .outputs
+                .iter()
+                .zip(&m.outputs)
+                .all(|(a, b)| same_value(*a, *b))
+            {
+                return false;
+            }
+            if !n
+                .args
+                .iter()
+                .zip(&m.args)
+                .all(|(a, b)| norm(self, a) == norm(other, b))
+            {
+                return false;
+            }
+            if !n
+                .kwargs
+                .iter()
+                .zip(&m.kwargs)
+                .all(|((k1, a), (k2, b))| k1 == k2 && norm(self, a) == norm(other, b))
+            {
+                return false;
+            }
+        }
+        norm(self, &self.ret) == norm(other, &other.ret) && self.order_pairs() == other.order_pairs()
+    }
+}
+
+impl Trace {
+    /// Order edges as sorted schedule-position pairs (for comparison).
+    fn order_pairs(&self) -> Vec<(usize, usize)> {
+        let pos: HashMap<NodeIndex, usize> = self
+            .schedule
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (*n, i))
+            .collect();
+        let mut v: Vec<_> = self
+            .graph
+            .edge_references()
+            .filter(|e| matches!(e.weight(), Edge::Order))
+            .filter_map(|e| Some((*pos.get(&e.source())?, *pos.get(&e.target())?)))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+    /// True when the node binds its outputs with the sequence-unpack form.
+    pub fn is_unpack(&self, idx: NodeIndex) -> bool {
+        self.node(idx).is_some_and(|n| n.lhs == Lhs::Unpack)
+    }
+}

@@ -1,0 +1,433 @@
+//! Element types, devices and value types, with their Thunder spellings.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Element type of a tensor. Short names follow Thunder's printer (`f32`, `bf16`, `b8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    F64,
+    F32,
+    F16,
+    BF16,
+    F8E4M3,
+    F8E5M2,
+    F8E4M3Fnuz,
+    F8E5M2Fnuz,
+    I64,
+    I32,
+    I16,
+    I8,
+    U8,
+    Bool,
+}
+
+/// (dtype, short name, Thunder `dtypes.` name, torch name)
+const DTYPE_NAMES: &[(DType, &str, &str, &str)] = &[
+    (DType::F64, "f64", "float64", "float64"),
+    (DType::F32, "f32", "float32", "float32"),
+    (DType::F16, "f16", "float16", "float16"),
+    (DType::BF16, "bf16", "bfloat16", "bfloat16"),
+    (DType::F8E4M3, "f8_e4m3fn", "float8_e4m3fn", "float8_e4m3fn"),
+    (DType::F8E5M2, "f8_e5m2", "float8_e5m2", "float8_e5m2"),
+    (DType::F8E4M3Fnuz, "f8_e4m3fnuz", "float8_e4m3fnuz", "float8_e4m3fnuz"),
+    (DType::F8E5M2Fnuz, "f8_e5m2fnuz", "float8_e5m2fnuz", "float8_e5m2fnuz"),
+    (DType::I64, "i64", "int64", "int64"),
+    (DType::I32, "i32", "int32", "int32"),
+    (DType::I16, "i16", "int16", "int16"),
+    (DType::I8, "i8", "int8", "int8"),
+    (DType::U8, "u8", "uint8", "uint8"),
+    (DType::Bool, "b8", "bool8", "bool"),
+];
+
+impl DType {
+    fn entry(self) -> &'static (DType, &'static str, &'static str, &'static str) {
+        DTYPE_NAMES
+            .iter()
+            .find(|e| e.0 == self)
+            .expect("every dtype has a row in DTYPE_NAMES")
+    }
+    /// Thunder's short name in type strings: `f32`.
+    pub fn short_name(self) -> &'static str {
+        self.entry().1
+    }
+    /// Name after `dtypes.` in Thunder (`float32`).
+    pub fn thunder_name(self) -> &'static str {
+        self.entry().2
+    }
+    /// Name after `torch.` (`float32`).
+    pub fn torch_name(self) -> &'static str {
+        self.entry().3
+    }
+    pub fn from_short(s: &str) -> Option<DType> {
+        DTYPE_NAMES.iter().find(|e| e.1 == s).map(|e| e.0)
+    }
+    pub fn from_thunder(s: &str) -> Option<DType> {
+        DTYPE_NAMES
+            .iter()
+            .find(|e| e.2 == s || (s == "bool" && e.0 == DType::Bool))
+            .map(|e| e.0)
+    }
+    pub fn from_torch(s: &str) -> Option<DType> {
+        DTYPE_NAMES.iter().find(|e| e.3 == s).map(|e| e.0)
+    }
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
+            _ => 1,
+        }
+    }
+    pub fn is_float(self) -> bool {
+        matches!(
+            self,
+            DType::F64
+                | DType::F32
+                | DType::F16
+                | DType::BF16
+                | DType::F8E4M3
+                | DType::F8E5M2
+                | DType::F8E4M3Fnuz
+                | DType::F8E5M2Fnuz
+        )
+    }
+    /// Rank for type promotion between float types (higher wins).
+    pub(crate) fn promotion_rank(self) -> u8 {
+        match self {
+            DType::Bool => 0,
+            DType::U8 | DType::I8 => 1,
+            DType::I16 => 2,
+            DType::I32 => 3,
+            DType::I64 => 4,
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3Fnuz | DType::F8E5M2Fnuz => 5,
+            DType::F16 | DType::BF16 => 6,
+            DType::F32 => 7,
+            DType::F64 => 8,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.short_name())
+    }
+}
+
+/// Kind of device a tensor lives on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+    Meta,
+}
+
+/// A device: `cpu`, `cuda:0`, `meta`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Device {
+    pub kind: DeviceKind,
+    pub index: Option<u32>,
+}
+
+impl Device {
+    pub const CPU: Device = Device {
+        kind: DeviceKind::Cpu,
+        index: None,
+    };
+    pub fn cuda(index: u32) -> Device {
+        Device {
+            kind: DeviceKind::Cuda,
+            index: Some(index),
+        }
+    }
+    fn kind_name(self) -> &'static str {
+        match self.kind {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Meta => "meta",
+        }
+    }
+    /// Parses `cpu`, `cuda`, `cuda:3`, `meta`.
+    pub fn parse(s: &str) -> Option<Device> {
+        let (kind, index) = match s.split_once(':') {
+            Some((k, i)) => (k, Some(i.parse::<u32>().ok()?)),
+            None => (s, None),
+        };
+        let kind = match kind {
+            "cpu" => DeviceKind::Cpu,
+            "cuda" => DeviceKind::Cuda,
+            "meta" => DeviceKind::Meta,
+            _ => return None,
+        };
+        Some(Device { kind, index })
+    }
+    /// Thunder's repr inside a FUTURE type: `thunder.devices.Device(type='cuda', index=0)`.
+    pub fn thunder_repr(self) -> String {
+        match self.index {
+            Some(i) => format!(
+                "thunder.devices.Device(type='{}', index={i})",
+                self.kind_name()
+            ),
+            None => format!("thunder.devices.Device(type='{}')", self.kind_name()),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(i) => write!(f, "{}:{i}", self.kind_name()),
+            None => f.write_str(self.kind_name()),
+        }
+    }
+}
+
+/// Shape, dtype and device of a tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorType {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub device: Device,
+}
+
+impl TensorType {
+    pub fn new(shape: impl Into<Vec<usize>>, dtype: DType, device: Device) -> Self {
+        TensorType {
+            shape: shape.into(),
+            dtype,
+            device,
+        }
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size_bytes()
+    }
+    pub fn with_shape(&self, shape: Vec<usize>) -> TensorType {
+        TensorType {
+            shape,
+            dtype: self.dtype,
+            device: self.device,
+        }
+    }
+    fn write_dtype_shape(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.dtype)?;
+        for (i, d) in self.shape.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ", self.device)?;
+        self.write_dtype_shape(f)
+    }
+}
+
+/// The type of a value, as Thunder's type comments write it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Type {
+    Tensor(TensorType),
+    /// Result of an asynchronous collective; `dist.wait` turns it into the tensor.
+    Future(TensorType),
+    Int(Option<i64>),
+    Float(Option<f64>),
+    Bool(Option<bool>),
+    Str,
+    None,
+    Collection,
+    Any,
+    /// Process groups, enum members and other objects the IR carries but does not look into.
+    Opaque { type_name: String },
+}
+
+impl PartialEq for Type {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Type::Tensor(a), Type::Tensor(b)) | (Type::Future(a), Type::Future(b)) => a == b,
+            (Type::Int(a), Type::Int(b)) => a == b,
+            (Type::Float(a), Type::Float(b)) => a.map(f64::to_bits) == b.map(f64::to_bits),
+            (Type::Bool(a), Type::Bool(b)) => a == b,
+            (Type::Str, Type::Str)
+            | (Type::None, Type::None)
+            | (Type::Collection, Type::Collection)
+            | (Type::Any, Type::Any) => true,
+            (Type::Opaque { type_name: a }, Type::Opaque { type_name: b }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Type {
+    pub fn tensor(shape: impl Into<Vec<usize>>, dtype: DType, device: Device) -> Type {
+        Type::Tensor(TensorType::new(shape, dtype, device))
+    }
+    pub fn as_tensor(&self) -> Option<&TensorType> {
+        match self {
+            Type::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+    pub fn is_future(&self) -> bool {
+        matches!(self, Type::Future(_))
+    }
+    /// The canonical name prefix for values of this type (`t`, `ft`, `C`, `i`, `f`, `b`, `s`, `o`).
+    pub fn name_prefix(&self) -> &'static str {
+        match self {
+            Type::Tensor(_) => "t",
+            Type::Future(_) => "ft",
+            Type::Collection => "C",
+            Type::Int(_) => "i",
+            Type::Float(_) => "f",
+            Type::Bool(_) => "b",
+            Type::Str => "s",
+            Type::None | Type::Any | Type::Opaque { .. } => "o",
+        }
+    }
+    /// Parses the text inside a type comment's quotes.
+    pub fn parse(s: &str) -> Option<Type> {
+        let s = s.trim();
+        match s {
+            "Collection" => return Some(Type::Collection),
+            "Any" => return Some(Type::Any),
+            "str" => return Some(Type::Str),
+            "None" | "NoneType" => return Some(Type::None),
+            "int" => return Some(Type::Int(None)),
+            "float" => return Some(Type::Float(None)),
+            "bool" => return Some(Type::Bool(None)),
+            _ => {}
+        }
+        if let Some(rest) = s.strip_prefix("int ") {
+            return rest.trim().parse().ok().map(|v| Type::Int(Some(v)));
+        }
+        if let Some(rest) = s.strip_prefix("float ") {
+            return crate::pyfloat::parse(rest.trim()).map(|v| Type::Float(Some(v)));
+        }
+        if let Some(rest) = s.strip_prefix("bool ") {
+            return match rest.trim() {
+                "True" => Some(Type::Bool(Some(true))),
+                "False" => Some(Type::Bool(Some(false))),
+                _ => None,
+            };
+        }
+        if let Some(rest) = s.strip_prefix("FUTURE ") {
+            // FUTURE thunder.devices.Device(type='cpu') f32[4, 64]  or  FUTURE cpu f32[4]
+            let (dev_text, tensor_text) = match rest.find(") ") {
+                Some(pos) if rest.starts_with("thunder.devices.Device(") => {
+                    (&rest[..pos + 1], &rest[pos + 2..])
+                }
+                _ => rest.split_once(' ')?,
+            };
+            let device = parse_device_repr(dev_text)?;
+            let (dtype, shape) = parse_dtype_shape(tensor_text)?;
+            return Some(Type::Future(TensorType::new(shape, dtype, device)));
+        }
+        if let Some(rest) = s.strip_prefix("opaque ") {
+            return Some(Type::Opaque {
+                type_name: rest.trim().to_string(),
+            });
+        }
+        let (dev, rest) = s.split_once(' ')?;
+        let device = Device::parse(dev)?;
+        let (dtype, shape) = parse_dtype_shape(rest)?;
+        Some(Type::Tensor(TensorType::new(shape, dtype, device)))
+    }
+}
+
+/// `thunder.devices.Device(type='cuda', index=0)` or a plain `cuda:0`.
+fn parse_device_repr(s: &str) -> Option<Device> {
+    let Some(inner) = s
+        .strip_prefix("thunder.devices.Device(")
+        .and_then(|r| r.strip_suffix(')'))
+    else {
+        return Device::parse(s);
+    };
+    let mut kind = None;
+    let mut index = None;
+    for part in inner.split(',') {
+        let (k, v) = part.trim().split_once('=')?;
+        match k.trim() {
+            "type" => kind = Some(v.trim().trim_matches('\'').trim_matches('"').to_string()),
+            "index" => index = Some(v.trim().parse::<u32>().ok()?),
+            _ => return None,
+        }
+    }
+    let mut d = Device::parse(&kind?)?;
+    if index.is_some() {
+        d.index = index;
+    }
+    Some(d)
+}
+
+/// `f32[8, 64]` → (F32, [8, 64]).
+fn parse_dtype_shape(s: &str) -> Option<(DType, Vec<usize>)> {
+    let open = s.find('[')?;
+    let dtype = DType::from_short(&s[..open])?;
+    let inner = s[open + 1..].strip_suffix(']')?;
+    let shape = if inner.trim().is_empty() {
+        Vec::new()
+    } else {
+        inner
+            .split(',')
+            .map(|d| d.trim().parse::<usize>().ok())
+            .collect::<Option<Vec<_>>>()?
+    };
+    Some((dtype, shape))
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Type::Tensor(t) => write!(f, "{t}"),
+            Type::Future(t) => {
+                write!(f, "FUTURE {} ", t.device.thunder_repr())?;
+                t.write_dtype_shape(f)
+            }
+            Type::Int(None) => f.write_str("int"),
+            Type::Int(Some(v)) => write!(f, "int {v}"),
+            Type::Float(None) => f.write_str("float"),
+            Type::Float(Some(v)) => write!(f, "float {}", crate::pyfloat::repr(*v)),
+            Type::Bool(None) => f.write_str("bool"),
+            Type::Bool(Some(v)) => f.write_str(if *v { "bool True" } else { "bool False" }),
+            Type::Str => f.write_str("str"),
+            Type::None => f.write_str("None"),
+            Type::Collection => f.write_str("Collection"),
+            Type::Any => f.write_str("Any"),
+            Type::Opaque { type_name } => write!(f, "opaque {type_name}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_strings_round_trip() {
+        for s in [
+            "cpu f32[8, 64]",
+            "cuda:0 bf16[2]",
+            "cpu f32[]",
+            "cpu b8[4, 64]",
+            "FUTURE thunder.devices.Device(type='cpu') f32[4, 64]",
+            "FUTURE thunder.devices.Device(type='cuda', index=1) f16[3]",
+            "Collection",
+            "int 32",
+            "bool True",
+            "float 25.0",
+            "str",
+        ] {
+            let t = Type::parse(s).unwrap_or_else(|| panic!("parse {s}"));
+            assert_eq!(t.to_string(), s);
+        }
+        assert_eq!(Type::parse("cpu q7[1]"), None);
+        assert_eq!(Type::parse("gpu f32[1]"), None);
+    }
+}

@@ -1,0 +1,273 @@
+//! The verifier: checks every invariant of a trace and reports all violations at once, each
+//! with the statement as printed.
+
+use crate::node::Edge;
+use crate::print::print_node_line;
+use crate::registry::{ops, MetaOut, OpRegistry};
+use crate::trace::Trace;
+use crate::types::Type;
+use crate::value::{Def, ValueId};
+use petgraph::stable_graph::NodeIndex;
+use petgraph::visit::EdgeRef;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+/// One violated invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// The statement as printed, or a description of the place (`signature`, `return`).
+    pub line: String,
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}`: {}", self.line, self.message)
+    }
+}
+
+/// All the ways a trace failed verification.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct VerifyError {
+    pub trace: String,
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "trace `{}` failed verification ({} error{}):",
+            self.trace,
+            self.diagnostics.len(),
+            if self.diagnostics.len() == 1 { "" } else { "s" }
+        )?;
+        for d in &self.diagnostics {
+            write!(f, "\n  - {d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Verifies with the built-in op registry.
+pub fn verify(t: &Trace) -> Result<(), VerifyError> {
+    verify_with(t, OpRegistry::builtin())
+}
+
+pub fn verify_with(t: &Trace, reg: &OpRegistry) -> Result<(), VerifyError> {
+    let mut v = Verifier {
+        t,
+        diags: Vec::new(),
+    };
+    v.run(reg);
+    if v.diags.is_empty() {
+        Ok(())
+    } else {
+        Err(VerifyError {
+            trace: t.name.clone(),
+            diagnostics: v.diags,
+        })
+    }
+}
+
+struct Verifier<'a> {
+    t: &'a Trace,
+    diags: Vec<Diagnostic>,
+}
+
+impl Verifier<'_> {
+    fn at(&mut self, idx: NodeIndex, msg: String) {
+        self.diags.push(Diagnostic {
+            line: print_node_line(self.t, idx),
+            message: msg,
+        });
+    }
+    fn at_place(&mut self, place: &str, msg: String) {
+        self.diags.push(Diagnostic {
+            line: place.to_string(),
+            message: msg,
+        });
+    }
+
+    fn run(&mut self, reg: &OpRegistry) {
+        let t = self.t;
+        let n_ids = t.values().map(|(id, _)| id.0 as usize + 1).max().unwrap_or(0);
+        // unique names
+        let mut names: HashMap<&str, ValueId> = HashMap::with_capacity(t.value_count());
+        for (id, v) in t.values() {
+            if names.insert(v.name.as_str(), id).is_some() {
+                self.at_place("value table", format!("name `{}` is used by two values", v.name));
+            }
+        }
+        // schedule is a permutation of the graph's nodes
+        let mut pos: HashMap<NodeIndex, usize> = HashMap::with_capacity(t.schedule().len());
+        for (i, idx) in t.schedule().iter().enumerate() {
+            if t.node(*idx).is_none() {
+                self.at_place("schedule", format!("position {i} names a removed node"));
+            } else if pos.insert(*idx, i).is_some() {
+                self.at(*idx, "scheduled twice".into());
+            }
+        }
+        for idx in t.graph().node_indices() {
+            if !pos.contains_key(&idx) {
+                self.at(idx, "in the graph but not in the schedule".into());
+            }
+        }
+        // definitions
+        let mut defined = vec![false; n_ids];
+        for (i, a) in t.args().iter().enumerate() {
+            match t.value(*a) {
+                Some(v) if v.def == Def::Arg(i) => defined[a.0 as usize] = true,
+                Some(v) => self.at_place("signature", format!("argument `{}` is not defined as argument {i}", v.name)),
+                None => self.at_place("signature", format!("argument {i} is not in the value table")),
+            }
+        }
+        let mut future_waits: HashMap<ValueId, usize> = HashMap::new();
+        let mut reduced_buffers: HashMap<ValueId, NodeIndex> = HashMap::new();
+        for (i, &idx) in t.schedule().iter().enumerate() {
+            let Some(node) = t.node(idx) else { continue };
+            let mut problems = Vec::new();
+            node.for_each_operand(&mut |v| match t.value(v) {
+                None => problems.push(format!("uses {v}, which is not in the value table")),
+                Some(val) if !defined.get(v.0 as usize).copied().unwrap_or(false) => {
+                    problems.push(format!("uses `{}` before it is defined", val.name))
+                }
+                Some(val) => {
+                    if let Some(r) = reduced_buffers.get(&v) {
+                        if *r != idx {
+                            problems.push(format!(
+                                "uses `{}` after it was handed to {}",
+                                val.name,
+                                ops::ALL_REDUCE
+                            ));
+                        }
+                    }
+                    if val.ty.is_future() {
+                        if node.op == ops::WAIT {
+                            *future_waits.entry(v).or_insert(0) += 1;
+                        } else {
+                            problems.push(format!(
+                                "uses future `{}`; only {} may consume a future",
+                                val.name,
+                                ops::WAIT
+                            ));
+                        }
+                    }
+                }
+            });
+            for (k, o) in node.outputs.iter().enumerate() {
+                match t.value(*o) {
+                    None => problems.push(format!("defines {o}, which is not in the value table")),
+                    Some(val) => {
+                        if val.def != Def::Node(idx, k as u32) {
+                            problems.push(format!("`{}` has another definition", val.name));
+                        }
+                        if let Some(d) = defined.get_mut(o.0 as usize) {
+                            if *d {
+                                problems.push(format!("`{}` is defined twice", val.name));
+                            }
+                            *d = true;
+                        }
+                    }
+                }
+            }
+            if node.op == ops::ALL_REDUCE {
+                if let Some(b) = node.args.first().and_then(|a| a.as_value()) {
+                    reduced_buffers.insert(b, idx);
+                }
+            }
+            // edges point forward in the schedule
+            for e in t.graph().edges_directed(idx, petgraph::Direction::Outgoing) {
+                if let Some(&j) = pos.get(&e.target()) {
+                    if j <= i {
+                        let what = match e.weight() {
+                            Edge::Data { value } => format!("its output `{}`", t.name(*value)),
+                            Edge::Order => "an order edge".into(),
+                        };
+                        problems.push(format!(
+                            "schedule is not topological: {what} is needed by `{}`, scheduled earlier",
+                            print_node_line(t, e.target())
+                        ));
+                    }
+                }
+            }
+            // op and meta
+            match reg.get(&node.op) {
+                None => problems.push(format!("unknown op `{}`", node.op)),
+                Some(_) if problems.is_empty() => {
+                    match reg.infer(t, &node.op, &node.args, &node.kwargs) {
+                        Err(m) => problems.push(m),
+                        Ok(MetaOut::Declared) => {}
+                        Ok(MetaOut::Types(types)) => {
+                            if types.len() != node.outputs.len() {
+                                problems.push(format!(
+                                    "{} gives {} outputs, the statement binds {}",
+                                    node.op,
+                                    types.len(),
+                                    node.outputs.len()
+                                ));
+                            } else {
+                                for (o, want) in node.outputs.iter().zip(types) {
+                                    if let Some(have) = t.ty(*o) {
+                                        if !type_matches(have, &want) {
+                                            problems.push(format!(
+                                                "`{}` is declared \"{have}\" but {} gives \"{want}\"",
+                                                t.name(*o),
+                                                node.op
+                                            ));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+            for p in problems {
+                self.at(idx, p);
+            }
+        }
+        // the return
+        for v in t.returned_values() {
+            match t.value(v) {
+                None => self.at_place("return", format!("returns {v}, which is not in the value table")),
+                Some(val) if !defined.get(v.0 as usize).copied().unwrap_or(false) => {
+                    self.at_place("return", format!("returns `{}`, which is never defined", val.name))
+                }
+                Some(val) if val.ty.is_future() => self.at_place(
+                    "return",
+                    format!("returns future `{}` instead of waiting on it", val.name),
+                ),
+                _ => {}
+            }
+        }
+        // every future waited exactly once
+        let mut futures: Vec<(ValueId, &str)> = t
+            .values()
+            .filter(|(_, v)| v.ty.is_future() && v.def != Def::Undefined)
+            .map(|(id, v)| (id, v.name.as_str()))
+            .collect();
+        futures.sort_unstable();
+        let mut reported = HashSet::new();
+        for (id, name) in futures {
+            let n = future_waits.get(&id).copied().unwrap_or(0);
+            if n != 1 && reported.insert(id) {
+                let msg = format!("future `{name}` is waited {n} times (must be exactly once)");
+                match t.producer(id) {
+                    Some(p) => self.at(p, msg),
+                    None => self.at_place("signature", msg),
+                }
+            }
+        }
+    }
+}
+
+/// Declared types may leave scalar values unknown where the meta knows them, and vice versa.
+fn type_matches(have: &Type, want: &Type) -> bool {
+    match (have, want) {
+        (Type::Int(_), Type::Int(_)) | (Type::Float(_), Type::Float(_)) | (Type::Bool(_), Type::Bool(_)) => true,
+        (_, Type::Any) | (Type::Any, _) => true,
+        _ => have == want,
+    }
+}
