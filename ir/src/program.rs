@@ -184,6 +184,21 @@ impl Program {
         }
     }
 
+    /// A program around a lone trace (no forward, no parameter metadata): the trace sits in the
+    /// `backward` slot, which is the one passes rewrite.
+    pub fn lone(trace: Trace) -> Program {
+        Program {
+            forward: Trace::new("", TraceKind::Forward),
+            backward: trace,
+            params: Vec::new(),
+            broadcast_from: None,
+        }
+    }
+    /// True for a program made by `lone`.
+    pub fn is_lone(&self) -> bool {
+        self.forward.name.is_empty() && self.forward.node_count() == 0 && self.params.is_empty()
+    }
+
     pub fn param(&self, fqn: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.fqn == fqn)
     }

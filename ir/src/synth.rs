@@ -53,9 +53,9 @@ impl MlpSpec {
             device: Device::CPU,
         }
     }
-    /// A deep MLP whose backward has at least `nodes` nodes (about 19 per layer).
+    /// A deep MLP whose backward has at least `nodes` nodes (21 per layer).
     pub fn deep_with_backward_nodes(nodes: usize, width: usize) -> MlpSpec {
-        MlpSpec::deep(nodes.div_ceil(19).max(1), width, 8)
+        MlpSpec::deep(nodes.div_ceil(21).max(1), width, 8)
     }
     pub fn layers(&self) -> usize {
         self.dims.len() - 1
@@ -115,12 +115,13 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
     }
     let out = h;
     let mut saved_fwd = Vec::new();
+    // Thunder's order: backward use order, so a layer's GELU values come before its weight
     for s in saved_layers.iter().rev() {
-        saved_fwd.push(s.weight);
-        saved_fwd.push(s.input);
         if let Some(g) = s.gelu {
             saved_fwd.extend(g);
         }
+        saved_fwd.push(s.weight);
+        saved_fwd.push(s.input);
     }
     let flat_args: Vec<Arg> = f.trace().args().iter().map(|v| Arg::Value(*v)).collect();
     f.ret(Arg::Tuple(vec![
@@ -161,8 +162,6 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
     let mut it = saved_bwd.into_iter();
     let mut per_layer = Vec::new();
     for s in saved_layers.iter().rev() {
-        let w = it.next().expect("weight saved");
-        let inp = it.next().expect("input saved");
         let gl = s.gelu.map(|_| {
             [
                 it.next().expect("saved"),
@@ -171,6 +170,8 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
                 it.next().expect("saved"),
             ]
         });
+        let w = it.next().expect("weight saved");
+        let inp = it.next().expect("input saved");
         per_layer.push((w, inp, gl));
     }
     let mut grads: Vec<Option<(ValueId, ValueId)>> = vec![None; spec.layers()]; // (gb, gw)

@@ -1,1 +1,26 @@
+//! tracepass-passes: the Pass trait, the PassManager, and the DDP pass family.
+//!
+//! ```
+//! use tracepass_ir::{synth, OpRegistry};
+//! use tracepass_passes::PassManager;
+//! let mut program = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+//! let pm = PassManager::parse("ddp(world_size=4,bucket_mb=25),sort-waits,dce").unwrap();
+//! pm.run(&mut program, OpRegistry::builtin()).unwrap();
+//! ```
 
+pub mod api;
+pub mod catalog;
+pub mod cse;
+pub mod dce;
+pub mod ddp;
+pub mod manager;
+pub mod no_sync;
+pub mod pass;
+pub mod pipeline;
+pub mod sort_waits;
+
+pub use catalog::{build_pass, PASS_NAMES};
+pub use ddp::{Average, Bucket, Ddp, DdpOptions};
+pub use manager::{timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport};
+pub use pass::{Changed, Pass, PassContext, PassError, PassTiming};
+pub use pipeline::{parse_pipeline, print_pipeline, PassSpec};

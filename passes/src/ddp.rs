@@ -1,0 +1,364 @@
+//! Distributed Data Parallel: pre-average each parameter gradient, pack gradients into buckets
+//! in the order the backward produces them, all-reduce each bucket as soon as its last gradient
+//! is ready, and wait/unpack at the end (sort-waits then moves each wait to its first consumer).
+
+use crate::pass::{Changed, Pass, PassContext, PassError};
+use crate::pipeline::{Options, PassSpec};
+use petgraph::stable_graph::NodeIndex;
+use std::collections::HashMap;
+use tracepass_ir::{ops, Arg, DType, Device, Node, Program, Type, ValueId};
+
+/// Where the division by the world size happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Average {
+    /// Divide each gradient before the all-reduce (Thunder's and PyTorch's choice: no overflow in
+    /// low precision).
+    Pre,
+    /// Divide the reduced gradients after the wait.
+    Post,
+}
+
+/// Options of the ddp pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DdpOptions {
+    pub world_size: usize,
+    /// Bucket cap in MiB; `<= 0` means one all-reduce per gradient.
+    pub bucket_mb: f64,
+    /// Cap of the first bucket (PyTorch-style small first bucket, so communication starts early).
+    pub first_bucket_mb: Option<f64>,
+    pub average: Average,
+    /// Process group the collectives run on.
+    pub group: String,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        DdpOptions {
+            world_size: 1,
+            bucket_mb: 25.0,
+            first_bucket_mb: None,
+            average: Average::Pre,
+            group: "world".into(),
+        }
+    }
+}
+
+pub struct Ddp {
+    pub options: DdpOptions,
+}
+
+const VALID: &[&str] = &["world_size", "bucket_mb", "first_bucket_mb", "average", "group"];
+
+impl Ddp {
+    pub fn new(options: DdpOptions) -> Ddp {
+        Ddp { options }
+    }
+    pub fn from_spec(spec: &PassSpec) -> Result<Ddp, PassError> {
+        let o = Options::new(spec, VALID)?;
+        let world_size = o.require("world_size", o.usize("world_size")?)?;
+        o.check(world_size > 0, "world_size", "must be at least 1")?;
+        let bucket_mb = o.f64("bucket_mb")?.unwrap_or(25.0);
+        let first_bucket_mb = o.f64("first_bucket_mb")?;
+        o.check(
+            first_bucket_mb.is_none_or(|f| f > 0.0),
+            "first_bucket_mb",
+            "must be positive",
+        )?;
+        let average = match o.choice("average", &["pre", "post"])? {
+            Some("post") => Average::Post,
+            _ => Average::Pre,
+        };
+        let group = o.raw("group").unwrap_or("world").to_string();
+        Ok(Ddp::new(DdpOptions {
+            world_size,
+            bucket_mb,
+            first_bucket_mb,
+            average,
+            group,
+        }))
+    }
+}
+
+/// One bucket of the plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bucket {
+    pub id: String,
+    /// Gradient values, in production order.
+    pub members: Vec<ValueId>,
+    /// Element offset of each member in the flat buffer.
+    pub offsets: Vec<usize>,
+    pub numels: Vec<usize>,
+    pub shapes: Vec<Vec<usize>>,
+    pub nbytes: usize,
+    pub dtype: DType,
+    pub device: Device,
+}
+
+/// Groups gradients (given in production order) into buckets: per (group, dtype, device) a bucket
+/// closes once its bytes reach the cap; the gradient that crosses the cap stays in it.
+pub fn plan_buckets(
+    grads: &[(ValueId, Vec<usize>, DType, Device)],
+    opts: &DdpOptions,
+) -> Vec<Bucket> {
+    const MIB: f64 = (1u64 << 20) as f64;
+    let mut open: HashMap<(DType, Device), Bucket> = HashMap::new();
+    let mut opened_order: Vec<(DType, Device)> = Vec::new();
+    let mut closed: Vec<Bucket> = Vec::new();
+    let mut count_per_kind: HashMap<(DType, Device), usize> = HashMap::new();
+    for (v, shape, dtype, device) in grads {
+        let key = (*dtype, *device);
+        let numel: usize = shape.iter().product();
+        let b = open.entry(key).or_insert_with(|| {
+            opened_order.push(key);
+            Bucket {
+                id: String::new(),
+                members: Vec::new(),
+                offsets: Vec::new(),
+                numels: Vec::new(),
+                shapes: Vec::new(),
+                nbytes: 0,
+                dtype: *dtype,
+                device: *device,
+            }
+        });
+        let offset = b.offsets.last().zip(b.numels.last()).map_or(0, |(o, n)| o + n);
+        b.members.push(*v);
+        b.offsets.push(offset);
+        b.numels.push(numel);
+        b.shapes.push(shape.clone());
+        b.nbytes += numel * dtype.size_bytes();
+        let nth = count_per_kind.get(&key).copied().unwrap_or(0);
+        let cap_mb = match (nth, opts.first_bucket_mb) {
+            (0, Some(f)) => f,
+            _ => opts.bucket_mb,
+        };
+        if opts.bucket_mb <= 0.0 || b.nbytes as f64 >= cap_mb * MIB {
+            let mut done = open.remove(&key).expect("bucket just used");
+            opened_order.retain(|k| *k != key);
+            *count_per_kind.entry(key).or_insert(0) += 1;
+            done.id = format!("b{}", closed.len());
+            closed.push(done);
+        }
+    }
+    // the rest close after the backward, in the order their last gradient was produced
+    let mut rest: Vec<Bucket> = opened_order
+        .into_iter()
+        .filter_map(|k| open.remove(&k))
+        .collect();
+    let pos: HashMap<ValueId, usize> = grads.iter().enumerate().map(|(i, g)| (g.0, i)).collect();
+    rest.sort_by_key(|b| b.members.last().map(|m| pos[m]));
+    for mut b in rest {
+        b.id = format!("b{}", closed.len());
+        closed.push(b);
+    }
+    closed
+}
+
+/// Reads back the bucket plan recorded on `dist.bucket_pack` nodes, in schedule order.
+pub fn recorded_plan(t: &tracepass_ir::Trace) -> Vec<(String, Vec<ValueId>, usize)> {
+    t.nodes()
+        .filter(|(_, n)| n.op == ops::BUCKET_PACK)
+        .map(|(_, n)| {
+            let id = n.kwarg("bucket").and_then(Arg::as_str).unwrap_or("").to_string();
+            let members = n.args.first().and_then(Arg::as_seq).map_or_else(Vec::new, |s| {
+                s.iter().filter_map(Arg::as_value).collect()
+            });
+            let nbytes = n.kwarg("nbytes").and_then(Arg::as_int).unwrap_or(0) as usize;
+            (id, members, nbytes)
+        })
+        .collect()
+}
+
+fn has_sync(p: &Program) -> bool {
+    p.backward
+        .nodes()
+        .any(|(_, n)| n.op == ops::ALL_REDUCE || n.op == ops::BUCKET_PACK)
+}
+
+impl Pass for Ddp {
+    fn name(&self) -> &str {
+        "ddp"
+    }
+    fn spec(&self) -> String {
+        let o = &self.options;
+        let mut s = format!("ddp(world_size={},bucket_mb={}", o.world_size, o.bucket_mb);
+        if let Some(f) = o.first_bucket_mb {
+            s += &format!(",first_bucket_mb={f}");
+        }
+        if o.average == Average::Post {
+            s += ",average=post";
+        }
+        if o.group != "world" {
+            s += &format!(",group={}", o.group);
+        }
+        s + ")"
+    }
+
+    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let fail = |m: String| PassError::Failed {
+            pass: "ddp".into(),
+            message: m,
+        };
+        if p.params.is_empty() {
+            return Err(fail(
+                "no parameter metadata: give a program, or pair the backward with its forward (--forward FILE) so parameter gradients can be told from input gradients".into(),
+            ));
+        }
+        if has_sync(p) {
+            return Err(fail(
+                "the backward already synchronizes gradients; run `no-sync` first to re-bucket it".into(),
+            ));
+        }
+        let opts = &self.options;
+        let grads_out = p.gradient_values();
+        // 1. parameter gradients (frozen: none; tied: one)
+        let mut seen = std::collections::HashSet::new();
+        let mut grads: Vec<ValueId> = Vec::new();
+        for param in &p.params {
+            if !param.requires_grad || param.tied_to.is_some() {
+                continue;
+            }
+            let Some(Some(g)) = param.grad_output.and_then(|i| grads_out.get(i).copied()) else {
+                continue;
+            };
+            if seen.insert(g) {
+                grads.push(g);
+            }
+        }
+        let t = &mut p.backward;
+        // production order: schedule position of the producer (arguments first)
+        let pos: HashMap<NodeIndex, usize> = t
+            .schedule()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (*n, i))
+            .collect();
+        let ready_at = |v: ValueId| t.producer(v).and_then(|n| pos.get(&n).copied());
+        let mut ordered: Vec<(Option<usize>, usize, ValueId)> = grads
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (ready_at(*g), i, *g))
+            .collect();
+        ordered.sort();
+        let slot_of: HashMap<ValueId, Option<usize>> =
+            ordered.iter().map(|(slot, _, g)| (*g, *slot)).collect();
+        let mut described = Vec::with_capacity(ordered.len());
+        for (_, _, g) in &ordered {
+            match t.ty(*g) {
+                Some(Type::Tensor(tt)) => {
+                    described.push((*g, tt.shape.clone(), tt.dtype, tt.device))
+                }
+                other => {
+                    return Err(fail(format!(
+                        "gradient `{}` is not a tensor ({})",
+                        t.name(*g),
+                        other.map_or("undefined".into(), |t| t.to_string())
+                    )))
+                }
+            }
+        }
+        let buckets = plan_buckets(&described, opts);
+        cx.stat("ddp.gradients", described.len() as u64);
+        cx.stat("ddp.buckets", buckets.len() as u64);
+
+        // 2. rewrite: new nodes are spliced into the schedule after their trigger
+        let mut names = t.name_gen();
+        let ws = opts.world_size as f64;
+        let mut after: HashMap<Option<usize>, Vec<NodeIndex>> = HashMap::new();
+        let mut divided: HashMap<ValueId, ValueId> = HashMap::new();
+        let mut tail: Vec<NodeIndex> = Vec::new();
+        let mut replacement: HashMap<ValueId, ValueId> = HashMap::new();
+        let mut last_collective: Option<NodeIndex> = None;
+        let bucket_of_last: HashMap<ValueId, usize> = buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.members.last().map(|m| (*m, i)))
+            .collect();
+        for (g, shape, dtype, device) in &described {
+            let slot = slot_of[g];
+            if opts.average == Average::Pre {
+                let ty = Type::tensor(shape.clone(), *dtype, *device);
+                let out = t.new_value(names.fresh("t"), ty);
+                let idx = t.add_node(Node::new(ops::DIV, vec![Arg::Value(*g), Arg::Float(ws)], vec![out]));
+                after.entry(slot).or_default().push(idx);
+                divided.insert(*g, out);
+            } else {
+                divided.insert(*g, *g);
+            }
+            let Some(&bi) = bucket_of_last.get(g) else { continue };
+            let b = &buckets[bi];
+            // pack + all-reduce right after the bucket's last gradient
+            let total: usize = b.numels.iter().sum();
+            let buf_ty = Type::tensor(vec![total], b.dtype, b.device);
+            let buf = t.new_value(names.fresh("t"), buf_ty.clone());
+            let members: Vec<Arg> = b.members.iter().map(|m| Arg::Value(divided[m])).collect();
+            let pack = Node::new(ops::BUCKET_PACK, vec![Arg::List(members)], vec![buf])
+                .with_kwarg("bucket", Arg::Str(b.id.clone()))
+                .with_kwarg("offsets", Arg::int_tuple(b.offsets.iter().map(|o| *o as i64)))
+                .with_kwarg("nbytes", Arg::Int(b.nbytes as i64));
+            let pack_idx = t.add_node(pack);
+            let fut_ty = match &buf_ty {
+                Type::Tensor(tt) => Type::Future(tt.clone()),
+                _ => unreachable!("buffer is a tensor"),
+            };
+            let fut = t.new_value(names.fresh("ft"), fut_ty);
+            let ar = Node::new(
+                ops::ALL_REDUCE,
+                vec![Arg::Value(buf), Arg::Str("sum".into()), Arg::Str(opts.group.clone())],
+                vec![fut],
+            );
+            let ar_idx = t.add_node(ar);
+            if let Some(prev) = last_collective {
+                t.add_order_edge(prev, ar_idx);
+            }
+            last_collective = Some(ar_idx);
+            after.entry(slot).or_default().extend([pack_idx, ar_idx]);
+            // wait + unpack at the end
+            let reduced = t.new_value(names.fresh("t"), buf_ty);
+            let wait_idx = t.add_node(Node::new(ops::WAIT, vec![Arg::Value(fut)], vec![reduced]));
+            let outs: Vec<ValueId> = b
+                .members
+                .iter()
+                .zip(&b.shapes)
+                .map(|(_, s)| t.new_value(names.fresh("t"), Type::tensor(s.clone(), b.dtype, b.device)))
+                .collect();
+            let shapes = Arg::Tuple(
+                b.shapes
+                    .iter()
+                    .map(|s| Arg::int_tuple(s.iter().map(|d| *d as i64)))
+                    .collect(),
+            );
+            let unpack = Node::new(ops::UNPACK, vec![Arg::Value(reduced)], outs.clone())
+                .with_kwarg("bucket", Arg::Str(b.id.clone()))
+                .with_kwarg("offsets", Arg::int_tuple(b.offsets.iter().map(|o| *o as i64)))
+                .with_kwarg("shapes", shapes);
+            let unpack_idx = t.add_node(unpack);
+            tail.extend([wait_idx, unpack_idx]);
+            for (m, o) in b.members.iter().zip(&outs) {
+                let fin = if opts.average == Average::Post {
+                    let ty = t.ty(*o).cloned().expect("just made");
+                    let d = t.new_value(names.fresh("t"), ty);
+                    tail.push(t.add_node(Node::new(ops::DIV, vec![Arg::Value(*o), Arg::Float(ws)], vec![d])));
+                    d
+                } else {
+                    *o
+                };
+                replacement.insert(*m, fin);
+            }
+        }
+        // 3. splice the schedule and return the synchronized gradients
+        let old = t.schedule().to_vec();
+        let mut sched = Vec::with_capacity(old.len() + after.values().map(Vec::len).sum::<usize>() + tail.len());
+        sched.extend(after.remove(&None).unwrap_or_default());
+        for (i, n) in old.into_iter().enumerate() {
+            sched.push(n);
+            if let Some(extra) = after.remove(&Some(i)) {
+                sched.extend(extra);
+            }
+        }
+        sched.extend(tail);
+        t.set_schedule(sched);
+        t.ret.map_values(&mut |v| replacement.get(&v).copied().unwrap_or(v));
+        Ok(Changed::from(!buckets.is_empty()))
+    }
+}

@@ -1,0 +1,142 @@
+//! no-sync: removes gradient synchronization (division by the world size, pack, all-reduce, wait,
+//! unpack, bucket views) so a backward computes local gradients again: the step of gradient
+//! accumulation, or the first step of re-bucketing Thunder's own DDP output.
+
+use crate::pass::{Changed, Pass, PassContext, PassError};
+use std::collections::{HashMap, HashSet};
+use tracepass_ir::{ops, Arg, Program, Trace, ValueId};
+
+pub struct NoSync;
+
+const DIVS: &[&str] = &[ops::DIV, ops::TRUE_DIVIDE, "ltorch.div"];
+
+/// The local gradient behind a synchronized one: strips bucket views and divisions by a constant.
+fn strip(t: &Trace, mut v: ValueId, removable: &mut HashSet<tracepass_ir::NodeIndex>) -> ValueId {
+    loop {
+        let Some(p) = t.producer(v) else { return v };
+        let n = t.node(p).expect("producer");
+        let next = if n.op == ops::UPDATE_BUCKET_VIEW {
+            n.args.first().and_then(Arg::as_value)
+        } else if DIVS.contains(&n.op.as_str()) && n.args.get(1).and_then(Arg::as_f64).is_some() {
+            n.args.first().and_then(Arg::as_value)
+        } else {
+            None
+        };
+        match next {
+            Some(x) => {
+                removable.insert(p);
+                v = x;
+            }
+            None => return v,
+        }
+    }
+}
+
+/// Removes synchronization; returns the number of collectives removed.
+pub fn no_sync(t: &mut Trace) -> usize {
+    let mut removable = HashSet::new();
+    let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+    let reduces: Vec<_> = t
+        .nodes()
+        .filter(|(_, n)| n.op == ops::ALL_REDUCE)
+        .map(|(i, _)| i)
+        .collect();
+    for ar in &reduces {
+        removable.insert(*ar);
+        let ar_node = t.node(*ar).expect("all-reduce");
+        let (Some(buf), Some(fut)) = (
+            ar_node.args.first().and_then(Arg::as_value),
+            ar_node.outputs.first().copied(),
+        ) else {
+            continue;
+        };
+        // the local values going in
+        let pack = t.producer(buf).filter(|p| t.node(*p).is_some_and(|n| n.op == ops::BUCKET_PACK));
+        let members: Option<Vec<ValueId>> = pack.map(|p| {
+            removable.insert(p);
+            t.node(p)
+                .and_then(|n| n.args.first())
+                .and_then(Arg::as_seq)
+                .map_or_else(Vec::new, |s| s.iter().filter_map(Arg::as_value).collect())
+        });
+        // the synchronized values coming out
+        for w in t.users(fut) {
+            let wn = t.node(w).expect("wait");
+            if wn.op != ops::WAIT {
+                continue;
+            }
+            removable.insert(w);
+            let Some(&reduced) = wn.outputs.first() else { continue };
+            match &members {
+                None => {
+                    let local = strip(t, buf, &mut removable);
+                    replace.insert(reduced, local);
+                }
+                Some(ms) => {
+                    for u in t.users(reduced) {
+                        let un = t.node(u).expect("unpack");
+                        if un.op != ops::UNPACK {
+                            continue;
+                        }
+                        removable.insert(u);
+                        // Thunder's unpack names template tensors; ours follows the pack order
+                        let sources: Vec<ValueId> = match un.args.get(1).and_then(Arg::as_seq) {
+                            Some(tpl) => tpl.iter().filter_map(Arg::as_value).collect(),
+                            None => ms.clone(),
+                        };
+                        for (o, s) in un.outputs.clone().into_iter().zip(sources) {
+                            let local = strip(t, s, &mut removable);
+                            replace.insert(o, local);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(ms) = &members {
+            for m in ms {
+                strip(t, *m, &mut removable);
+            }
+        }
+    }
+    // post-averaging divisions of the synchronized values
+    let mut extra = HashMap::new();
+    for (&synced, &local) in &replace {
+        for u in t.users(synced) {
+            let n = t.node(u).expect("user");
+            if DIVS.contains(&n.op.as_str()) && n.args.get(1).and_then(Arg::as_f64).is_some() {
+                if let Some(&o) = n.outputs.first() {
+                    removable.insert(u);
+                    extra.insert(o, local);
+                }
+            }
+        }
+    }
+    replace.extend(extra);
+    for (old, new) in &replace {
+        t.replace_all_uses(*old, *new);
+    }
+    let n = reduces.len();
+    // remove the synchronization nodes whose outputs nothing else needs
+    let still_used = |t: &Trace, idx| {
+        t.node(idx).is_some_and(|n| {
+            n.outputs.iter().any(|o| {
+                t.users(*o).iter().any(|u| !removable.contains(u)) || t.returned_values().contains(o)
+            })
+        })
+    };
+    let keep: HashSet<_> = removable.iter().copied().filter(|i| still_used(t, *i)).collect();
+    t.retain_nodes(|_, idx| !removable.contains(&idx) || keep.contains(&idx));
+    t.purge_undefined_values();
+    n
+}
+
+impl Pass for NoSync {
+    fn name(&self) -> &str {
+        "no-sync"
+    }
+    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let n = no_sync(&mut p.backward);
+        cx.stat("no-sync.collectives_removed", n as u64);
+        Ok((n > 0).into())
+    }
+}
