@@ -119,9 +119,7 @@ impl Arg {
     pub fn map_values(&mut self, f: &mut impl FnMut(ValueId) -> ValueId) {
         match self {
             Arg::Value(v) => *v = f(*v),
-            Arg::Tuple(items) | Arg::List(items) => {
-                items.iter_mut().for_each(|a| a.map_values(f))
-            }
+            Arg::Tuple(items) | Arg::List(items) => items.iter_mut().for_each(|a| a.map_values(f)),
             Arg::Dict(items) => items.iter_mut().for_each(|(k, v)| {
                 k.map_values(f);
                 v.map_values(f);
@@ -190,10 +188,16 @@ mod tests {
         assert_eq!(o.type_name, "DistributedReduceOps");
         assert_eq!(o.member.as_deref(), Some("SUM"));
         let g = Opaque::from_name("_torch_distributed_distributed_c10d_ProcessGroup_1").unwrap();
-        assert_eq!(g.type_name, "torch_distributed_distributed_c10d_ProcessGroup");
+        assert_eq!(
+            g.type_name,
+            "torch_distributed_distributed_c10d_ProcessGroup"
+        );
         assert_eq!(g.member, None);
         assert_eq!(g.counter, 1);
-        assert_eq!(g.printed_name(), "_torch_distributed_distributed_c10d_ProcessGroup_1");
+        assert_eq!(
+            g.printed_name(),
+            "_torch_distributed_distributed_c10d_ProcessGroup_1"
+        );
         assert!(Opaque::from_name("_x").is_none());
         assert!(Opaque::from_name("t_l1_weight").is_none());
     }

@@ -108,7 +108,11 @@ impl<'r> TraceBuilder<'r> {
             op: op.into(),
             message,
         };
-        let types = match self.reg.infer(&self.trace, op, &args, &kwargs).map_err(err)? {
+        let types = match self
+            .reg
+            .infer(&self.trace, op, &args, &kwargs)
+            .map_err(err)?
+        {
             MetaOut::Types(t) => t,
             MetaOut::Declared => {
                 return Err(BuildError {
@@ -130,7 +134,13 @@ impl<'r> TraceBuilder<'r> {
         Ok(outs)
     }
     /// Adds an op whose outputs have given names and types.
-    pub fn op_declared(&mut self, node_op: &str, args: Vec<Arg>, outputs: Vec<(String, Type)>, lhs: Lhs) -> Vec<ValueId> {
+    pub fn op_declared(
+        &mut self,
+        node_op: &str,
+        args: Vec<Arg>,
+        outputs: Vec<(String, Type)>,
+        lhs: Lhs,
+    ) -> Vec<ValueId> {
         let outs: Vec<ValueId> = outputs
             .into_iter()
             .map(|(n, t)| self.trace.new_value(n, t))
@@ -142,7 +152,12 @@ impl<'r> TraceBuilder<'r> {
     }
     /// `a, b, = src` with declared names and types.
     pub fn unpack_sequence(&mut self, src: ValueId, outputs: Vec<(String, Type)>) -> Vec<ValueId> {
-        self.op_declared(ops::UNPACK_SEQUENCE, vec![Arg::Value(src)], outputs, Lhs::Unpack)
+        self.op_declared(
+            ops::UNPACK_SEQUENCE,
+            vec![Arg::Value(src)],
+            outputs,
+            Lhs::Unpack,
+        )
     }
     /// A side-effecting statement with no outputs.
     pub fn effect(&mut self, op: &str, args: Vec<Arg>) -> NodeIndex {

@@ -62,9 +62,9 @@ fn renumber_opaque(
             });
             o.counter = c;
         }
-        Arg::Tuple(items) | Arg::List(items) => {
-            items.iter_mut().for_each(|x| renumber_opaque(x, seen, per_type))
-        }
+        Arg::Tuple(items) | Arg::List(items) => items
+            .iter_mut()
+            .for_each(|x| renumber_opaque(x, seen, per_type)),
         Arg::Dict(items) => items.iter_mut().for_each(|(k, v)| {
             renumber_opaque(k, seen, per_type);
             renumber_opaque(v, seen, per_type);

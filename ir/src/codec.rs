@@ -40,8 +40,8 @@ fn config() -> impl bincode::config::Config {
 
 /// Header + payload.
 pub fn encode(m: &Module) -> Result<Vec<u8>, CodecError> {
-    let payload =
-        bincode::serde::encode_to_vec(m, config()).map_err(|e| CodecError::Encode(e.to_string()))?;
+    let payload = bincode::serde::encode_to_vec(m, config())
+        .map_err(|e| CodecError::Encode(e.to_string()))?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());

@@ -15,7 +15,11 @@ pub fn to_dot(t: &Trace) -> String {
     let _ = writeln!(out, "digraph \"{}\" {{", escape(&t.name));
     out.push_str("  node [shape=box, fontname=\"monospace\", fontsize=10];\n");
     for (i, a) in t.args().iter().enumerate() {
-        let _ = writeln!(out, "  arg{i} [shape=ellipse, label=\"{}\"];", escape(&t.name(*a)));
+        let _ = writeln!(
+            out,
+            "  arg{i} [shape=ellipse, label=\"{}\"];",
+            escape(&t.name(*a))
+        );
     }
     for (pos, idx) in t.schedule().iter().enumerate() {
         let _ = writeln!(

@@ -8,15 +8,15 @@ use std::path::PathBuf;
 /// A file could not be read or written; every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{path}: {source}")]
-    Parse { path: PathBuf, source: ParseError },
-    #[error("{path}: {source}")]
-    Codec { path: PathBuf, source: CodecError },
+    #[error("{path}: {error}")]
+    Parse { path: PathBuf, error: ParseError },
+    #[error("{path}: {error}")]
+    Codec { path: PathBuf, error: CodecError },
     #[error("{path}: invalid JSON trace: {message}")]
     Json { path: PathBuf, message: String },
     #[error("{path}: unknown file extension; use .trace (text), .tpb (binary) or .json")]

@@ -36,9 +36,9 @@ impl Format {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
-    move |source| FileError::Io {
+    move |error| FileError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -54,7 +54,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
         .file_name()
         .ok_or_else(|| FileError::Io {
             path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"),
         })?
         .to_string_lossy()
         .into_owned();
@@ -105,18 +105,21 @@ pub fn decode_as(
         Format::Text => {
             let text = std::str::from_utf8(bytes).map_err(|e| FileError::Io {
                 path: path.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8: {e}")),
+                error: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("not UTF-8: {e}"),
+                ),
             })?;
             parse_trace_with(text, reg)
                 .map(Module::Trace)
-                .map_err(|source| FileError::Parse {
+                .map_err(|error| FileError::Parse {
                     path: path.to_path_buf(),
-                    source,
+                    error,
                 })
         }
-        Format::Binary => codec::decode(bytes).map_err(|source| FileError::Codec {
+        Format::Binary => codec::decode(bytes).map_err(|error| FileError::Codec {
             path: path.to_path_buf(),
-            source,
+            error,
         }),
         Format::Json => serde_json::from_slice(bytes).map_err(|e| FileError::Json {
             path: path.to_path_buf(),
@@ -132,9 +135,9 @@ pub fn encode_as(path: &Path, format: Format, m: &Module) -> Result<Vec<u8>, Fil
         (Format::Text, Module::Program(_)) => Err(FileError::ProgramAsText {
             path: path.to_path_buf(),
         }),
-        (Format::Binary, m) => codec::encode(m).map_err(|source| FileError::Codec {
+        (Format::Binary, m) => codec::encode(m).map_err(|error| FileError::Codec {
             path: path.to_path_buf(),
-            source,
+            error,
         }),
         (Format::Json, m) => serde_json::to_vec_pretty(m).map_err(|e| FileError::Json {
             path: path.to_path_buf(),

@@ -81,8 +81,16 @@ fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let x = if i < n - a.len() { 1 } else { a[i - (n - a.len())] };
-        let y = if i < n - b.len() { 1 } else { b[i - (n - b.len())] };
+        let x = if i < n - a.len() {
+            1
+        } else {
+            a[i - (n - a.len())]
+        };
+        let y = if i < n - b.len() {
+            1
+        } else {
+            b[i - (n - b.len())]
+        };
         out[i] = if x == y || y == 1 {
             x
         } else if x == 1 {
@@ -167,7 +175,10 @@ fn shape_args(cx: &MetaCx, from: usize, key: &str) -> R<Vec<i64>> {
     } else if cx.args.len() > from + 1 {
         return cx.args[from..]
             .iter()
-            .map(|a| a.as_int().ok_or_else(|| format!("{}: bad dimension {a:?}", cx.op)))
+            .map(|a| {
+                a.as_int()
+                    .ok_or_else(|| format!("{}: bad dimension {a:?}", cx.op))
+            })
             .collect();
     } else if let Some(v) = cx.kwarg(key).and_then(Arg::as_int_list) {
         return Ok(v);
@@ -240,8 +251,16 @@ fn permute(cx: &MetaCx) -> R<MetaOut> {
 fn transpose2(cx: &MetaCx) -> R<MetaOut> {
     let t = cx.tensor(0)?;
     let rank = t.shape.len();
-    let a = norm_dim(cx.arg(1)?.as_int().ok_or("transpose: bad dim")?, rank, cx.op)?;
-    let b = norm_dim(cx.arg(2)?.as_int().ok_or("transpose: bad dim")?, rank, cx.op)?;
+    let a = norm_dim(
+        cx.arg(1)?.as_int().ok_or("transpose: bad dim")?,
+        rank,
+        cx.op,
+    )?;
+    let b = norm_dim(
+        cx.arg(2)?.as_int().ok_or("transpose: bad dim")?,
+        rank,
+        cx.op,
+    )?;
     let mut shape = t.shape.clone();
     shape.swap(a, b);
     Ok(MetaOut::Types(vec![Type::Tensor(t.with_shape(shape))]))
@@ -339,7 +358,12 @@ fn linear(cx: &MetaCx) -> R<MetaOut> {
     let x = cx.tensor(0)?;
     let w = cx.tensor(1)?;
     same_dtype_device(cx.op, &x, &w)?;
-    let err = || format!("{}: input {:?} and weight {:?} do not fit", cx.op, x.shape, w.shape);
+    let err = || {
+        format!(
+            "{}: input {:?} and weight {:?} do not fit",
+            cx.op, x.shape, w.shape
+        )
+    };
     let (inner, out) = match w.shape.len() {
         1 => (w.shape[0], None),
         2 => (w.shape[1], Some(w.shape[0])),
@@ -355,7 +379,10 @@ fn linear(cx: &MetaCx) -> R<MetaOut> {
             let b = cx.tensor_arg(bias, 2)?;
             same_dtype_device(cx.op, &x, &b)?;
             if broadcast(&shape, &b.shape).as_deref() != Some(&shape[..]) {
-                return Err(format!("{}: bias {:?} does not fit output {shape:?}", cx.op, b.shape));
+                return Err(format!(
+                    "{}: bias {:?} does not fit output {shape:?}",
+                    cx.op, b.shape
+                ));
             }
         }
     }
@@ -430,7 +457,11 @@ fn bucket_pack(cx: &MetaCx) -> R<MetaOut> {
     let members = tensor_list(cx, 0)?;
     let (dtype, device) = common_kind(cx.op, &members)?;
     let numel = members.iter().map(TensorType::numel).sum::<usize>();
-    Ok(MetaOut::Types(vec![Type::tensor(vec![numel], dtype, device)]))
+    Ok(MetaOut::Types(vec![Type::tensor(
+        vec![numel],
+        dtype,
+        device,
+    )]))
 }
 
 /// `dist.unpack(buf, shapes=((..), ..), ...)` (ours) or `(buf, [templates], key)` (Thunder's).
@@ -469,12 +500,40 @@ fn unpack(cx: &MetaCx) -> R<MetaOut> {
 pub(crate) fn register_builtins(r: &mut OpRegistry) {
     use Effect::*;
     let binaries = [
-        "add", "sub", "mul", "div", "true_divide", "pow", "maximum", "minimum", "atan2", "eq",
-        "ne", "lt", "le", "gt", "ge",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "true_divide",
+        "pow",
+        "maximum",
+        "minimum",
+        "atan2",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
     ];
     let unaries = [
-        "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqrt", "sigmoid", "relu", "erf", "sin",
-        "cos", "reciprocal", "sign", "log1p", "expm1", "gelu",
+        "tanh",
+        "exp",
+        "log",
+        "neg",
+        "abs",
+        "sqrt",
+        "rsqrt",
+        "sigmoid",
+        "relu",
+        "erf",
+        "sin",
+        "cos",
+        "reciprocal",
+        "sign",
+        "log1p",
+        "expm1",
+        "gelu",
     ];
     for ns in ["prims", "ltorch"] {
         for b in binaries {
@@ -513,8 +572,20 @@ pub(crate) fn register_builtins(r: &mut OpRegistry) {
 
     for b in binaries.iter().chain(unaries.iter()).chain(
         [
-            "reshape", "linear", "matmul", "sum", "mean", "amax", "where", "permute", "view",
-            "transpose", "contiguous", "to", "softmax", "log_softmax",
+            "reshape",
+            "linear",
+            "matmul",
+            "sum",
+            "mean",
+            "amax",
+            "where",
+            "permute",
+            "view",
+            "transpose",
+            "contiguous",
+            "to",
+            "softmax",
+            "log_softmax",
         ]
         .iter(),
     ) {

@@ -79,9 +79,10 @@ fn lex(line: &str) -> Result<Lexed<'_>, (usize, String)> {
             }
             b'0'..=b'9' => {
                 while i < b.len()
-                    && (b[i].is_ascii_alphanumeric() || b[i] == b'.' || b[i] == b'_'
-                        || ((b[i] == b'+' || b[i] == b'-')
-                            && matches!(b[i - 1], b'e' | b'E')))
+                    && (b[i].is_ascii_alphanumeric()
+                        || b[i] == b'.'
+                        || b[i] == b'_'
+                        || ((b[i] == b'+' || b[i] == b'-') && matches!(b[i - 1], b'e' | b'E')))
                 {
                     i += 1;
                 }
@@ -121,7 +122,9 @@ fn lex(line: &str) -> Result<Lexed<'_>, (usize, String)> {
                             b'\'' => s.push('\''),
                             b'"' => s.push('"'),
                             b'x' => {
-                                let hex = line.get(i + 2..i + 4).ok_or((i, "bad \\x escape".to_string()))?;
+                                let hex = line
+                                    .get(i + 2..i + 4)
+                                    .ok_or((i, "bad \\x escape".to_string()))?;
                                 let v = u8::from_str_radix(hex, 16)
                                     .map_err(|_| (i, "bad \\x escape".to_string()))?;
                                 s.push(v as char);
@@ -160,13 +163,15 @@ struct Parser<'a> {
     trace: Trace,
     names: HashMap<String, (ValueId, usize)>,
     /// Values still waiting for a type, with the line that defined them.
-    untyped: Vec<(ValueId, usize)>,
+    untyped: HashMap<ValueId, usize>,
     node_lines: Vec<usize>,
     last_node: Option<petgraph::stable_graph::NodeIndex>,
     pending_source: Option<String>,
 }
 
 type PResult<T> = Result<T, ParseError>;
+/// Positional and keyword operands of a call.
+type CallArgs = (Vec<Arg>, Vec<(String, Arg)>);
 
 impl<'a> Parser<'a> {
     fn new(text: &'a str, reg: &'a OpRegistry) -> Self {
@@ -175,7 +180,7 @@ impl<'a> Parser<'a> {
             reg,
             trace: Trace::new("", TraceKind::Computation),
             names: HashMap::new(),
-            untyped: Vec::new(),
+            untyped: HashMap::new(),
             node_lines: Vec::new(),
             last_node: None,
             pending_source: None,
@@ -187,7 +192,11 @@ impl<'a> Parser<'a> {
             line: line + 1,
             col: col + 1,
             message: msg.into(),
-            text: self.lines.get(line).map(|s| s.to_string()).unwrap_or_default(),
+            text: self
+                .lines
+                .get(line)
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
         }
     }
 
@@ -214,7 +223,11 @@ impl<'a> Parser<'a> {
                 ln += 1;
                 break;
             } else {
-                return Err(self.err(ln, 0, "expected a header line (`# Constructed by`, import, decorator or `def`)"));
+                return Err(self.err(
+                    ln,
+                    0,
+                    "expected a header line (`# Constructed by`, import, decorator or `def`)",
+                ));
             }
             ln += 1;
         }
@@ -255,7 +268,11 @@ impl<'a> Parser<'a> {
                 for name in rest.split(',') {
                     let name = name.trim();
                     if !name.is_empty() && !self.names.contains_key(name) {
-                        return Err(self.err(ln, ind + 4, format!("`del` of undefined name `{name}`")));
+                        return Err(self.err(
+                            ln,
+                            ind + 4,
+                            format!("`del` of undefined name `{name}`"),
+                        ));
                     }
                 }
             } else if body == "return" || body.starts_with("return ") {
@@ -264,7 +281,13 @@ impl<'a> Parser<'a> {
                 self.trace.ret = if toks.len() <= 1 {
                     Arg::None
                 } else {
-                    let mut p = ExprParser { toks, pos: 1, parser: &self, ln, ind };
+                    let mut p = ExprParser {
+                        toks,
+                        pos: 1,
+                        parser: &self,
+                        ln,
+                        ind,
+                    };
                     let e = p.parse_return()?;
                     p.expect_end()?;
                     e
@@ -276,7 +299,11 @@ impl<'a> Parser<'a> {
             ln += 1;
         }
         if !returned {
-            return Err(self.err(self.lines.len().saturating_sub(1), 0, "trace has no `return`"));
+            return Err(self.err(
+                self.lines.len().saturating_sub(1),
+                0,
+                "trace has no `return`",
+            ));
         }
         self.resolve_untyped()?;
         self.trace.kind = infer_kind(&self.trace);
@@ -308,7 +335,7 @@ impl<'a> Parser<'a> {
                 }
                 let id = self.trace.push_arg(arg, Type::Any);
                 self.names.insert(arg.to_string(), (id, ln));
-                self.untyped.push((id, ln));
+                self.untyped.insert(id, ln);
             }
             col += part.len() + 1;
         }
@@ -317,14 +344,19 @@ impl<'a> Parser<'a> {
 
     fn apply_type_comment(&mut self, ln: usize, ind: usize, name: &str, ty: &str) -> PResult<()> {
         let Some(&(id, _)) = self.names.get(name) else {
-            return Err(self.err(ln, ind + 2, format!("type comment for undefined name `{name}`")));
+            return Err(self.err(
+                ln,
+                ind + 2,
+                format!("type comment for undefined name `{name}`"),
+            ));
         };
-        let parsed = Type::parse(ty)
-            .ok_or_else(|| self.err(ln, ind + 2 + name.len() + 3, format!("unknown type `{ty}`")))?;
+        let parsed = Type::parse(ty).ok_or_else(|| {
+            self.err(ln, ind + 2 + name.len() + 3, format!("unknown type `{ty}`"))
+        })?;
         if let Some(v) = self.trace.value_mut(id) {
             v.ty = parsed;
         }
-        self.untyped.retain(|(v, _)| *v != id);
+        self.untyped.remove(&id);
         Ok(())
     }
 
@@ -360,7 +392,7 @@ impl<'a> Parser<'a> {
         }
         let id = self.trace.new_value(name, Type::Any);
         self.names.insert(name.to_string(), (id, ln));
-        self.untyped.push((id, ln));
+        self.untyped.insert(id, ln);
         Ok(id)
     }
 
@@ -403,9 +435,9 @@ impl<'a> Parser<'a> {
                     Some((Tok::Name(_), _)) => Lhs::Unpack,
                     _ => return Err(self.err(ln, ind, "cannot read the left-hand side")),
                 };
-                let expected_punct = lhs.iter().all(|(t, _)| {
-                    matches!(t, Tok::Name(_) | Tok::Punct(',' | '[' | ']'))
-                });
+                let expected_punct = lhs
+                    .iter()
+                    .all(|(t, _)| matches!(t, Tok::Name(_) | Tok::Punct(',' | '[' | ']')));
                 if !expected_punct {
                     return Err(self.err(ln, ind, "cannot read the left-hand side"));
                 }
@@ -417,7 +449,11 @@ impl<'a> Parser<'a> {
         let node = if lhs_kind == Lhs::Unpack {
             // a, b, = source
             let (Some((Tok::Name(src), c)), 1) = (rhs.first(), rhs.len()) else {
-                return Err(self.err(ln, ind, "sequence unpacking needs a single name on the right"));
+                return Err(self.err(
+                    ln,
+                    ind,
+                    "sequence unpacking needs a single name on the right",
+                ));
             };
             let src_id = self.lookup(ln, ind + c, src)?;
             let mut outs = Vec::new();
@@ -433,14 +469,24 @@ impl<'a> Parser<'a> {
                 _ => return Err(self.err(ln, ind, "expected a call")),
             };
             if !matches!(rhs.get(1), Some((Tok::Punct('('), _))) {
-                return Err(self.err(ln, ind + ccol + callee.len(), "expected `(` after the callee"));
+                return Err(self.err(
+                    ln,
+                    ind + ccol + callee.len(),
+                    "expected `(` after the callee",
+                ));
             }
             let op = self
                 .reg
                 .resolve(callee)
                 .ok_or_else(|| self.err(ln, ind + ccol, format!("unknown op `{callee}`")))?
                 .to_string();
-            let mut p = ExprParser { toks: rhs, pos: 2, parser: self, ln, ind };
+            let mut p = ExprParser {
+                toks: rhs,
+                pos: 2,
+                parser: self,
+                ln,
+                ind,
+            };
             let (args, kwargs) = p.parse_call_args()?;
             p.expect_end()?;
             let mut outs = Vec::new();
@@ -467,7 +513,13 @@ impl<'a> Parser<'a> {
                     self.apply_type_comment(ln, ind, name, ty)?
                 }
                 Some((name, _)) => {
-                    return Err(self.err(ln, ind, format!("type comment names `{name}`, which this statement does not define")))
+                    return Err(self.err(
+                        ln,
+                        ind,
+                        format!(
+                            "type comment names `{name}`, which this statement does not define"
+                        ),
+                    ))
                 }
                 None => {
                     return Err(self.err(ln, ind, format!("unexpected trailing comment `# {c}`")))
@@ -489,13 +541,17 @@ impl<'a> Parser<'a> {
         if self.untyped.is_empty() {
             return Ok(());
         }
-        let untyped: HashMap<ValueId, usize> = self.untyped.iter().copied().collect();
+        let untyped = std::mem::take(&mut self.untyped);
         let order: Vec<_> = self.trace.schedule().to_vec();
         for (pos, idx) in order.into_iter().enumerate() {
-            let node = self.trace.node(idx).expect("scheduled").clone();
-            if !node.outputs.iter().any(|o| untyped.contains_key(o)) {
+            let needs = self
+                .trace
+                .node(idx)
+                .is_some_and(|n| n.outputs.iter().any(|o| untyped.contains_key(o)));
+            if !needs {
                 continue;
             }
+            let node = self.trace.node(idx).expect("scheduled").clone();
             let ln = self.node_lines[pos];
             let out = self
                 .reg
@@ -512,12 +568,29 @@ impl<'a> Parser<'a> {
                     }
                 }
                 MetaOut::Types(types) => {
-                    return Err(self.err(ln, 0, format!("{} gives {} outputs, the statement binds {}", node.op, types.len(), node.outputs.len())))
+                    return Err(self.err(
+                        ln,
+                        0,
+                        format!(
+                            "{} gives {} outputs, the statement binds {}",
+                            node.op,
+                            types.len(),
+                            node.outputs.len()
+                        ),
+                    ))
                 }
                 MetaOut::Declared => {
-                    let o = node.outputs.iter().find(|o| untyped.contains_key(o)).copied();
+                    let o = node
+                        .outputs
+                        .iter()
+                        .find(|o| untyped.contains_key(o))
+                        .copied();
                     if let Some(o) = o {
-                        return Err(self.err(ln, 0, format!("no type comment for `{}`", self.trace.name(o))));
+                        return Err(self.err(
+                            ln,
+                            0,
+                            format!("no type comment for `{}`", self.trace.name(o)),
+                        ));
                     }
                 }
             }
@@ -578,7 +651,8 @@ fn infer_kind(t: &Trace) -> TraceKind {
         return TraceKind::Joint;
     }
     if let Arg::Tuple(items) = &t.ret {
-        if items.len() == 2 && matches!(items[0], Arg::Dict(_)) && matches!(items[1], Arg::Tuple(_)) {
+        if items.len() == 2 && matches!(items[0], Arg::Dict(_)) && matches!(items[1], Arg::Tuple(_))
+        {
             return TraceKind::Forward;
         }
     }
@@ -630,7 +704,7 @@ impl ExprParser<'_, '_, '_> {
     }
 
     /// After `callee(`: positional and keyword operands up to `)`.
-    fn parse_call_args(&mut self) -> PResult<(Vec<Arg>, Vec<(String, Arg)>)> {
+    fn parse_call_args(&mut self) -> PResult<CallArgs> {
         let mut args = Vec::new();
         let mut kwargs = Vec::new();
         loop {
@@ -704,7 +778,11 @@ impl ExprParser<'_, '_, '_> {
             Tok::Punct('-') => match self.parse_expr()? {
                 Arg::Int(v) => Ok(Arg::Int(-v)),
                 Arg::Float(v) => Ok(Arg::Float(-v)),
-                _ => Err(self.parser.err(self.ln, col, "`-` before something that is not a number")),
+                _ => {
+                    Err(self
+                        .parser
+                        .err(self.ln, col, "`-` before something that is not a number"))
+                }
             },
             Tok::Punct('(') => {
                 let (items, trailing) = self.parse_seq(')')?;
@@ -759,7 +837,9 @@ impl ExprParser<'_, '_, '_> {
                 ("float", Some(s)) => pyfloat::parse(s)
                     .map(Arg::Float)
                     .ok_or_else(|| perr(format!("bad float `{s}`"))),
-                _ => Err(perr(format!("call of `{name}` inside an operand is not supported"))),
+                _ => Err(perr(format!(
+                    "call of `{name}` inside an operand is not supported"
+                ))),
             };
         }
         match name {

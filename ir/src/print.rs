@@ -84,7 +84,11 @@ pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
     for a in t.args() {
         write_type_comment(&mut out, t, *a, 1);
     }
-    let last_use = if opts.dels { dels_by_position(t) } else { HashMap::new() };
+    let last_use = if opts.dels {
+        dels_by_position(t)
+    } else {
+        HashMap::new()
+    };
     for (pos, (idx, node)) in t.nodes().enumerate() {
         if opts.source {
             if let Some(src) = &node.source {
@@ -187,7 +191,10 @@ fn indent(out: &mut String, depth: usize) {
 
 fn write_type_comment(out: &mut String, t: &Trace, v: ValueId, depth: usize) {
     indent(out, depth);
-    let ty = t.ty(v).map(|t| t.to_string()).unwrap_or_else(|| "Any".into());
+    let ty = t
+        .ty(v)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|| "Any".into());
     let _ = writeln!(out, "# {}: \"{}\"", t.name(v), ty);
 }
 
@@ -257,7 +264,10 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
     out.push(')');
     if n.lhs == Lhs::Single && n.outputs.len() == 1 {
         let o = n.outputs[0];
-        let ty = t.ty(o).map(|t| t.to_string()).unwrap_or_else(|| "Any".into());
+        let ty = t
+            .ty(o)
+            .map(|t| t.to_string())
+            .unwrap_or_else(|| "Any".into());
         let _ = write!(out, "  # {}: \"{}\"", t.name(o), ty);
         out.push('\n');
     } else {
@@ -272,7 +282,11 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
 
 /// Python repr of a string: single quotes unless the text holds one and no double quote.
 pub fn py_str(s: &str) -> String {
-    let q = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let q = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(q);
     for c in s.chars() {

@@ -88,7 +88,9 @@ impl Program {
         }
         let mut params = Vec::new();
         for (i, a) in forward.args().iter().enumerate() {
-            let v = forward.value(*a).expect("forward args are in its value table");
+            let v = forward
+                .value(*a)
+                .expect("forward args are in its value table");
             let Some(fqn) = fqn_from_arg_name(&v.name) else {
                 continue;
             };
@@ -173,7 +175,9 @@ impl Program {
         let Some(top) = unpack_of(saved_arg) else {
             return Vec::new();
         };
-        top.first().and_then(|c0| unpack_of(*c0)).unwrap_or_default()
+        top.first()
+            .and_then(|c0| unpack_of(*c0))
+            .unwrap_or_default()
     }
 
     /// The backward's gradient output values, one per forward argument (`None` where none).
@@ -206,6 +210,7 @@ impl Program {
 
 /// What a tracepass file holds: one trace, or a whole program.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(clippy::large_enum_variant)] // one per file: boxing buys nothing
 pub enum Module {
     Trace(Trace),
     Program(Program),

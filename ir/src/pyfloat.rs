@@ -6,7 +6,12 @@ pub fn repr(v: f64) -> String {
         return "float('nan')".into();
     }
     if v.is_infinite() {
-        return if v > 0.0 { "float('inf')" } else { "float('-inf')" }.into();
+        return if v > 0.0 {
+            "float('inf')"
+        } else {
+            "float('-inf')"
+        }
+        .into();
     }
     if v == 0.0 {
         return if v.is_sign_negative() { "-0.0" } else { "0.0" }.into();
@@ -25,7 +30,11 @@ pub fn repr(v: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{body}")
     } else {

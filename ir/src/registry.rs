@@ -119,9 +119,7 @@ impl OpRegistry {
         args: &[Arg],
         kwargs: &[(String, Arg)],
     ) -> Result<MetaOut, String> {
-        let def = self
-            .get(op)
-            .ok_or_else(|| format!("unknown op `{op}`"))?;
+        let def = self.get(op).ok_or_else(|| format!("unknown op `{op}`"))?;
         (def.meta)(&MetaCx {
             op,
             args,

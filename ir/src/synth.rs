@@ -81,14 +81,19 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
     let mut params = Vec::new(); // (bias, weight) per layer
     for (l, name) in spec.names.iter().enumerate() {
         let (i, o) = (spec.dims[l], spec.dims[l + 1]);
-        let bias = f.arg(&arg_name_for_fqn(&format!("{name}.bias")), tensor(spec, &[o]));
-        let weight = f.arg(&arg_name_for_fqn(&format!("{name}.weight")), tensor(spec, &[o, i]));
+        let bias = f.arg(
+            &arg_name_for_fqn(&format!("{name}.bias")),
+            tensor(spec, &[o]),
+        );
+        let weight = f.arg(
+            &arg_name_for_fqn(&format!("{name}.weight")),
+            tensor(spec, &[o, i]),
+        );
         params.push((bias, weight));
     }
     let mut h = x;
     let mut saved_layers = Vec::new();
-    for l in 0..spec.layers() {
-        let (bias, weight) = params[l];
+    for (l, &(bias, weight)) in params.iter().enumerate() {
         let a = f.op("ltorch.linear", vec![h.into(), weight.into(), bias.into()])?;
         f.spell_last("torch.nn.functional.linear");
         let mut gelu = None;
@@ -96,10 +101,18 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
             let half = f.op("ltorch.mul", vec![0.5.into(), a.into()])?;
             let cube = f.op("ltorch.pow", vec![a.into(), 3.0.into()])?;
             let k = f.op("ltorch.mul", vec![GELU_K.into(), cube.into()])?;
-            let inner = f.op_kw("ltorch.add", vec![a.into(), k.into()], vec![("alpha".into(), Arg::Int(1))])?;
+            let inner = f.op_kw(
+                "ltorch.add",
+                vec![a.into(), k.into()],
+                vec![("alpha".into(), Arg::Int(1))],
+            )?;
             let scaled = f.op("ltorch.mul", vec![GELU_C.into(), inner.into()])?;
             let th = f.op("ltorch.tanh", vec![scaled.into()])?;
-            let one_plus = f.op_kw("ltorch.add", vec![1.0.into(), th.into()], vec![("alpha".into(), Arg::Int(1))])?;
+            let one_plus = f.op_kw(
+                "ltorch.add",
+                vec![1.0.into(), th.into()],
+                vec![("alpha".into(), Arg::Int(1))],
+            )?;
             let y = f.op("ltorch.mul", vec![half.into(), one_plus.into()])?;
             gelu = Some([one_plus, half, th, a]);
             y
@@ -130,7 +143,10 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
             (Arg::Str("flat_args".into()), Arg::List(flat_args)),
             (Arg::Str("flat_output".into()), Arg::Tuple(vec![out.into()])),
         ]),
-        Arg::Tuple(vec![Arg::Tuple(Arg::values(saved_fwd.clone())), Arg::Tuple(vec![])]),
+        Arg::Tuple(vec![
+            Arg::Tuple(Arg::values(saved_fwd.clone())),
+            Arg::Tuple(vec![]),
+        ]),
     ]));
     let forward = f.finish();
 
@@ -138,7 +154,13 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
     let mut g = TraceBuilder::new("backward_fn", TraceKind::Backward);
     let saved_arg = g.arg("saved_for_backward", Type::Collection);
     let cot_arg = g.arg("cotangents", Type::Collection);
-    let cs = g.unpack_sequence(saved_arg, vec![("C0".into(), Type::Collection), ("C1".into(), Type::Collection)]);
+    let cs = g.unpack_sequence(
+        saved_arg,
+        vec![
+            ("C0".into(), Type::Collection),
+            ("C1".into(), Type::Collection),
+        ],
+    );
     g.effect(ops::CLEAR_COLLECTION, vec![saved_arg.into()]);
     g.spell_last("clear_mutable_collection");
     g.effect(ops::CLEAR_COLLECTION, vec![cs[1].into()]);
@@ -151,7 +173,11 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
         .iter()
         .map(|v| {
             let name = forward.name(*v);
-            let name = if name.starts_with("t_") || name == "x" { name } else { format!("s_{name}") };
+            let name = if name.starts_with("t_") || name == "x" {
+                name
+            } else {
+                format!("s_{name}")
+            };
             (name, forward.ty(*v).cloned().unwrap_or(Type::Any))
         })
         .collect();
@@ -185,16 +211,28 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
                 let t140 = g.op("ltorch.mul", vec![one_plus.into(), grad.into()])?;
                 let t141 = g.op("ltorch.mul", vec![half.into(), grad.into()])?;
                 let t142 = g.op("ltorch.mul", vec![th.into(), th.into()])?;
-                let t143 = g.op_kw("ltorch.sub", vec![1i64.into(), t142.into()], vec![("alpha".into(), Arg::Int(1))])?;
+                let t143 = g.op_kw(
+                    "ltorch.sub",
+                    vec![1i64.into(), t142.into()],
+                    vec![("alpha".into(), Arg::Int(1))],
+                )?;
                 let t144 = g.op("ltorch.mul", vec![t141.into(), t143.into()])?;
                 let t145 = g.op("ltorch.mul", vec![GELU_C.into(), t144.into()])?;
                 let t146 = g.op("ltorch.mul", vec![GELU_K.into(), t145.into()])?;
                 let t147 = g.op("ltorch.mul", vec![t146.into(), 3.0.into()])?;
                 let t148 = g.op("ltorch.pow", vec![a.into(), 2.0.into()])?;
                 let t149 = g.op("ltorch.mul", vec![t147.into(), t148.into()])?;
-                let t150 = g.op_kw("ltorch.add", vec![t145.into(), t149.into()], vec![("alpha".into(), Arg::Int(1))])?;
+                let t150 = g.op_kw(
+                    "ltorch.add",
+                    vec![t145.into(), t149.into()],
+                    vec![("alpha".into(), Arg::Int(1))],
+                )?;
                 let t151 = g.op("ltorch.mul", vec![0.5.into(), t140.into()])?;
-                g.op_kw("ltorch.add", vec![t150.into(), t151.into()], vec![("alpha".into(), Arg::Int(1))])?
+                g.op_kw(
+                    "ltorch.add",
+                    vec![t150.into(), t151.into()],
+                    vec![("alpha".into(), Arg::Int(1))],
+                )?
             }
             None => grad,
         };
@@ -204,7 +242,10 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
         if need_dx {
             let r = g.op("ltorch.reshape", vec![ga.into(), shape2(o)])?;
             let m = g.op("ltorch.matmul", vec![r.into(), w.into()])?;
-            dx = Some(g.op("ltorch.reshape", vec![m.into(), Arg::int_tuple([b as i64, i as i64])])?);
+            dx = Some(g.op(
+                "ltorch.reshape",
+                vec![m.into(), Arg::int_tuple([b as i64, i as i64])],
+            )?);
         }
         let r2 = g.op("ltorch.reshape", vec![ga.into(), shape2(o)])?;
         let p = g.op("ltorch.permute", vec![r2.into(), Arg::int_tuple([1, 0])])?;

@@ -8,6 +8,7 @@ use indexmap::IndexMap;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
+use rustc_hash::FxBuildHasher;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
@@ -37,7 +38,7 @@ pub struct Trace {
     pub(crate) args: Vec<ValueId>,
     pub(crate) graph: StableDiGraph<Node, Edge>,
     pub(crate) schedule: Vec<NodeIndex>,
-    pub(crate) values: IndexMap<ValueId, Value>,
+    pub(crate) values: IndexMap<ValueId, Value, FxBuildHasher>,
     pub(crate) next_value: u32,
     /// The return structure (tuples, lists, dicts, `None`, values).
     pub ret: Arg,
@@ -59,7 +60,7 @@ impl Trace {
             args: Vec::new(),
             graph: StableDiGraph::new(),
             schedule: Vec::new(),
-            values: IndexMap::new(),
+            values: IndexMap::default(),
             next_value: 0,
             ret: Arg::None,
             decorators: default_decorators(),
@@ -144,18 +145,26 @@ impl Trace {
     /// Adds a node to the graph (not to the schedule), with data edges from the producers of
     /// its operands, and makes it the definition of its outputs.
     pub fn add_node(&mut self, node: Node) -> NodeIndex {
-        let outputs = node.outputs.clone();
-        let operands = node.operands();
+        let mut producers: Vec<(NodeIndex, ValueId)> = Vec::new();
+        node.for_each_operand(&mut |v| {
+            if let Some(Value {
+                def: Def::Node(p, _),
+                ..
+            }) = self.values.get(&v)
+            {
+                producers.push((*p, v));
+            }
+        });
         let idx = self.graph.add_node(node);
-        for (i, out) in outputs.iter().enumerate() {
-            if let Some(v) = self.values.get_mut(out) {
+        let n_out = self.graph[idx].outputs.len();
+        for i in 0..n_out {
+            let out = self.graph[idx].outputs[i];
+            if let Some(v) = self.values.get_mut(&out) {
                 v.def = Def::Node(idx, i as u32);
             }
         }
-        for v in operands {
-            if let Some(p) = self.producer(v) {
-                self.graph.add_edge(p, idx, Edge::Data { value: v });
-            }
+        for (p, v) in producers {
+            self.graph.add_edge(p, idx, Edge::Data { value: v });
         }
         idx
     }
@@ -412,6 +421,8 @@ impl TryFrom<TraceRepr> for Trace {
         t.decorators = r.decorators;
         t.provenance = r.provenance;
         t.values.reserve(r.values.len());
+        t.graph = StableDiGraph::with_capacity(r.nodes.len(), 2 * r.nodes.len());
+        t.schedule.reserve(r.nodes.len());
         for v in r.values {
             if t.values.contains_key(&v.id) {
                 return Err(format!("value {} is listed twice", v.id));
@@ -496,11 +507,10 @@ impl PartialEq for Trace {
             return false;
         }
         let vname = |t: &Trace, v: ValueId| t.values.get(&v).map(|x| x.name.clone());
-        let same_value = |a: ValueId, b: ValueId| {
-            match (self.values.get(&a), other.values.get(&b)) {
-                (Some(x), Some(y)) => x.name == y.name && x.ty == y.ty,
-                _ => false,
-            }
+        let same_value = |a: ValueId, b: ValueId| match (self.values.get(&a), other.values.get(&b))
+        {
+            (Some(x), Some(y)) => x.name == y.name && x.ty == y.ty,
+            _ => false,
         };
         if !self
             .args
@@ -554,7 +564,8 @@ impl PartialEq for Trace {
                 return false;
             }
         }
-        norm(self, &self.ret) == norm(other, &other.ret) && self.order_pairs() == other.order_pairs()
+        norm(self, &self.ret) == norm(other, &other.ret)
+            && self.order_pairs() == other.order_pairs()
     }
 }
 

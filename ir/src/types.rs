@@ -30,8 +30,18 @@ const DTYPE_NAMES: &[(DType, &str, &str, &str)] = &[
     (DType::BF16, "bf16", "bfloat16", "bfloat16"),
     (DType::F8E4M3, "f8_e4m3fn", "float8_e4m3fn", "float8_e4m3fn"),
     (DType::F8E5M2, "f8_e5m2", "float8_e5m2", "float8_e5m2"),
-    (DType::F8E4M3Fnuz, "f8_e4m3fnuz", "float8_e4m3fnuz", "float8_e4m3fnuz"),
-    (DType::F8E5M2Fnuz, "f8_e5m2fnuz", "float8_e5m2fnuz", "float8_e5m2fnuz"),
+    (
+        DType::F8E4M3Fnuz,
+        "f8_e4m3fnuz",
+        "float8_e4m3fnuz",
+        "float8_e4m3fnuz",
+    ),
+    (
+        DType::F8E5M2Fnuz,
+        "f8_e5m2fnuz",
+        "float8_e5m2fnuz",
+        "float8_e5m2fnuz",
+    ),
     (DType::I64, "i64", "int64", "int64"),
     (DType::I32, "i32", "int32", "int32"),
     (DType::I16, "i16", "int16", "int16"),
@@ -245,7 +255,9 @@ pub enum Type {
     Collection,
     Any,
     /// Process groups, enum members and other objects the IR carries but does not look into.
-    Opaque { type_name: String },
+    Opaque {
+        type_name: String,
+    },
 }
 
 impl PartialEq for Type {

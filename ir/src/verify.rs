@@ -91,12 +91,19 @@ impl Verifier<'_> {
 
     fn run(&mut self, reg: &OpRegistry) {
         let t = self.t;
-        let n_ids = t.values().map(|(id, _)| id.0 as usize + 1).max().unwrap_or(0);
+        let n_ids = t
+            .values()
+            .map(|(id, _)| id.0 as usize + 1)
+            .max()
+            .unwrap_or(0);
         // unique names
         let mut names: HashMap<&str, ValueId> = HashMap::with_capacity(t.value_count());
         for (id, v) in t.values() {
             if names.insert(v.name.as_str(), id).is_some() {
-                self.at_place("value table", format!("name `{}` is used by two values", v.name));
+                self.at_place(
+                    "value table",
+                    format!("name `{}` is used by two values", v.name),
+                );
             }
         }
         // schedule is a permutation of the graph's nodes
@@ -118,8 +125,14 @@ impl Verifier<'_> {
         for (i, a) in t.args().iter().enumerate() {
             match t.value(*a) {
                 Some(v) if v.def == Def::Arg(i) => defined[a.0 as usize] = true,
-                Some(v) => self.at_place("signature", format!("argument `{}` is not defined as argument {i}", v.name)),
-                None => self.at_place("signature", format!("argument {i} is not in the value table")),
+                Some(v) => self.at_place(
+                    "signature",
+                    format!("argument `{}` is not defined as argument {i}", v.name),
+                ),
+                None => self.at_place(
+                    "signature",
+                    format!("argument {i} is not in the value table"),
+                ),
             }
         }
         let mut future_waits: HashMap<ValueId, usize> = HashMap::new();
@@ -231,10 +244,14 @@ impl Verifier<'_> {
         // the return
         for v in t.returned_values() {
             match t.value(v) {
-                None => self.at_place("return", format!("returns {v}, which is not in the value table")),
-                Some(val) if !defined.get(v.0 as usize).copied().unwrap_or(false) => {
-                    self.at_place("return", format!("returns `{}`, which is never defined", val.name))
-                }
+                None => self.at_place(
+                    "return",
+                    format!("returns {v}, which is not in the value table"),
+                ),
+                Some(val) if !defined.get(v.0 as usize).copied().unwrap_or(false) => self.at_place(
+                    "return",
+                    format!("returns `{}`, which is never defined", val.name),
+                ),
                 Some(val) if val.ty.is_future() => self.at_place(
                     "return",
                     format!("returns future `{}` instead of waiting on it", val.name),
@@ -266,7 +283,9 @@ impl Verifier<'_> {
 /// Declared types may leave scalar values unknown where the meta knows them, and vice versa.
 fn type_matches(have: &Type, want: &Type) -> bool {
     match (have, want) {
-        (Type::Int(_), Type::Int(_)) | (Type::Float(_), Type::Float(_)) | (Type::Bool(_), Type::Bool(_)) => true,
+        (Type::Int(_), Type::Int(_))
+        | (Type::Float(_), Type::Float(_))
+        | (Type::Bool(_), Type::Bool(_)) => true,
         (_, Type::Any) | (Type::Any, _) => true,
         _ => have == want,
     }

@@ -63,7 +63,10 @@ fn syntax_errors() {
     let e = parse_err(&GOOD.replace("ltorch.tanh(t0)", "ltorch.tanh('abc)"));
     assert_eq!(e.message, "unterminated string");
     let e = parse_err(&GOOD.replace("ltorch.tanh(t0)", "ltorch.tanh(foo(t0))"));
-    assert_eq!(e.message, "call of `foo` inside an operand is not supported");
+    assert_eq!(
+        e.message,
+        "call of `foo` inside an operand is not supported"
+    );
 }
 
 #[test]
@@ -71,7 +74,10 @@ fn missing_return_and_trailing_statements() {
     let e = parse_err(&GOOD.replace("  return (t1,)\n", ""));
     assert_eq!(e.message, "trace has no `return`");
     let e = parse_err(&format!("{GOOD}  t2 = ltorch.tanh(t1)\n"));
-    assert_eq!((e.line, e.message.as_str()), (10, "statement after `return`"));
+    assert_eq!(
+        (e.line, e.message.as_str()),
+        (10, "statement after `return`")
+    );
     let e = parse_err("x = 1\n");
     assert_eq!(e.line, 1);
     assert!(e.message.starts_with("expected a header line"));
@@ -83,12 +89,18 @@ fn missing_return_and_trailing_statements() {
 fn type_comment_for_another_name() {
     let e = parse_err(&GOOD.replace("# t1: \"cpu", "# t7: \"cpu"));
     assert_eq!(e.line, 8);
-    assert_eq!(e.message, "type comment names `t7`, which this statement does not define");
+    assert_eq!(
+        e.message,
+        "type comment names `t7`, which this statement does not define"
+    );
 }
 
 #[test]
 fn decomposition_without_statement() {
-    let e = parse_err(&GOOD.replace("  # w: \"cpu f32[64, 32]\"\n", "  # w: \"cpu f32[64, 32]\"\n    # t0 = prims.x(x)\n"));
+    let e = parse_err(&GOOD.replace(
+        "  # w: \"cpu f32[64, 32]\"\n",
+        "  # w: \"cpu f32[64, 32]\"\n    # t0 = prims.x(x)\n",
+    ));
     assert_eq!(e.message, "decomposition comment before any statement");
 }
 
@@ -97,7 +109,10 @@ fn verifier_reports_every_error_with_its_line() {
     // a wrong declared type and a bad reshape, both reported at once
     let text = GOOD
         .replace("# t0: \"cpu f32[8, 64]\"", "# t0: \"cpu f32[8, 65]\"")
-        .replace("t1 = ltorch.tanh(t0)  # t1: \"cpu f32[8, 64]\"", "t1 = ltorch.reshape(x, (7, 7))  # t1: \"cpu f32[7, 7]\"");
+        .replace(
+            "t1 = ltorch.tanh(t0)  # t1: \"cpu f32[8, 64]\"",
+            "t1 = ltorch.reshape(x, (7, 7))  # t1: \"cpu f32[7, 7]\"",
+        );
     let t = parse_trace(&text).unwrap();
     let e = verify(&t).unwrap_err();
     assert_eq!(e.diagnostics.len(), 2, "{e}");
@@ -109,7 +124,9 @@ fn verifier_reports_every_error_with_its_line() {
         e.diagnostics[1].message,
         "ltorch.reshape: cannot reshape [8, 32] (256 elements) to [7, 7]"
     );
-    assert!(e.to_string().starts_with("trace `computation` failed verification (2 errors):"));
+    assert!(e
+        .to_string()
+        .starts_with("trace `computation` failed verification (2 errors):"));
 }
 
 #[test]
@@ -117,22 +134,43 @@ fn verifier_checks_schedule_and_futures() {
     let mut b = TraceBuilder::new("backward_fn", TraceKind::Backward);
     let x = b.arg("x", Type::tensor([4], DType::F32, Device::CPU));
     let y = b.op(ops::DIV, vec![x.into(), 2.0.into()]).unwrap();
-    let f = b.op(ops::ALL_REDUCE, vec![y.into(), "sum".into(), "world".into()]).unwrap();
+    let f = b
+        .op(
+            ops::ALL_REDUCE,
+            vec![y.into(), "sum".into(), "world".into()],
+        )
+        .unwrap();
     let z = b.op("ltorch.tanh", vec![y.into()]).unwrap(); // uses the buffer after the collective
     b.ret(Arg::Tuple(vec![z.into()]));
     let mut t = b.finish();
     let e = verify(&t).unwrap_err();
     let msgs: Vec<_> = e.diagnostics.iter().map(|d| d.message.clone()).collect();
-    assert!(msgs.contains(&"uses `t0` after it was handed to dist.all_reduce_async".to_string()), "{msgs:?}");
-    assert!(msgs.contains(&"future `ft1` is waited 0 times (must be exactly once)".to_string()), "{msgs:?}");
+    assert!(
+        msgs.contains(&"uses `t0` after it was handed to dist.all_reduce_async".to_string()),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.contains(&"future `ft1` is waited 0 times (must be exactly once)".to_string()),
+        "{msgs:?}"
+    );
     let _ = f;
     // reversing the schedule breaks topological order
     let mut s = t.schedule().to_vec();
     s.reverse();
     t.set_schedule(s);
     let e = verify(&t).unwrap_err();
-    assert!(e.diagnostics.iter().any(|d| d.message.contains("before it is defined")), "{e}");
-    assert!(e.diagnostics.iter().any(|d| d.message.starts_with("schedule is not topological")), "{e}");
+    assert!(
+        e.diagnostics
+            .iter()
+            .any(|d| d.message.contains("before it is defined")),
+        "{e}"
+    );
+    assert!(
+        e.diagnostics
+            .iter()
+            .any(|d| d.message.starts_with("schedule is not topological")),
+        "{e}"
+    );
 }
 
 fn sample_bytes() -> Vec<u8> {
@@ -143,8 +181,14 @@ fn sample_bytes() -> Vec<u8> {
 fn binary_bad_magic() {
     let mut b = sample_bytes();
     b[0] = b'X';
-    assert!(matches!(codec::decode(&b), Err(CodecError::BadMagic { .. })));
-    assert!(matches!(codec::decode(GOOD.as_bytes()), Err(CodecError::BadMagic { .. })));
+    assert!(matches!(
+        codec::decode(&b),
+        Err(CodecError::BadMagic { .. })
+    ));
+    assert!(matches!(
+        codec::decode(GOOD.as_bytes()),
+        Err(CodecError::BadMagic { .. })
+    ));
 }
 
 #[test]
@@ -161,11 +205,20 @@ fn binary_wrong_version() {
 fn binary_truncated() {
     let b = sample_bytes();
     let cut = &b[..b.len() - 10];
-    assert!(matches!(codec::decode(cut), Err(CodecError::Truncated { .. })));
-    assert!(matches!(codec::decode(&b[..12]), Err(CodecError::ShortHeader { found: 12 })));
+    assert!(matches!(
+        codec::decode(cut),
+        Err(CodecError::Truncated { .. })
+    ));
+    assert!(matches!(
+        codec::decode(&b[..12]),
+        Err(CodecError::ShortHeader { found: 12 })
+    ));
     let mut longer = b.clone();
     longer.push(0);
-    assert!(matches!(codec::decode(&longer), Err(CodecError::TrailingBytes { extra: 1 })));
+    assert!(matches!(
+        codec::decode(&longer),
+        Err(CodecError::TrailingBytes { extra: 1 })
+    ));
 }
 
 #[test]
@@ -174,12 +227,18 @@ fn binary_flipped_byte_anywhere_is_an_error_never_a_panic() {
     for i in 0..b.len() {
         let mut c = b.clone();
         c[i] ^= 0x40;
-        assert!(codec::decode(&c).is_err(), "flipping byte {i} went unnoticed");
+        assert!(
+            codec::decode(&c).is_err(),
+            "flipping byte {i} went unnoticed"
+        );
     }
     let mut c = b.clone();
     let last = c.len() - 1;
     c[last] ^= 1;
-    assert!(matches!(codec::decode(&c), Err(CodecError::ChecksumMismatch { .. })));
+    assert!(matches!(
+        codec::decode(&c),
+        Err(CodecError::ChecksumMismatch { .. })
+    ));
 }
 
 #[test]
@@ -187,16 +246,27 @@ fn files_name_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("t.xyz");
     let e = fsio::load(&p).unwrap_err();
-    assert!(e.to_string().ends_with("unknown file extension; use .trace (text), .tpb (binary) or .json"));
+    assert!(e
+        .to_string()
+        .ends_with("unknown file extension; use .trace (text), .tpb (binary) or .json"));
     let p = dir.path().join("missing.trace");
-    assert!(fsio::load(&p).unwrap_err().to_string().contains("missing.trace"));
+    assert!(fsio::load(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("missing.trace"));
     let p = dir.path().join("bad.trace");
     std::fs::write(&p, GOOD.replace("ltorch.tanh", "ltorch.nope")).unwrap();
     let e = fsio::load(&p).unwrap_err().to_string();
-    assert!(e.contains("bad.trace: line 8, column 8: unknown op `ltorch.nope`"), "{e}");
+    assert!(
+        e.contains("bad.trace: line 8, column 8: unknown op `ltorch.nope`"),
+        "{e}"
+    );
     let p = dir.path().join("bad.json");
     std::fs::write(&p, "{\"Trace\": 3}").unwrap();
-    assert!(fsio::load(&p).unwrap_err().to_string().contains("bad.json: invalid JSON trace"));
+    assert!(fsio::load(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("bad.json: invalid JSON trace"));
 }
 
 #[test]
@@ -207,7 +277,10 @@ fn atomic_save_replaces_whole_file() {
     fsio::save(&p, &m).unwrap();
     assert_eq!(fsio::load(&p).unwrap(), m);
     // no temporary files left behind
-    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 1, "{names:?}");
     // a program cannot be written as text
     let prog = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();

@@ -5,7 +5,9 @@ use std::path::Path;
 use tracepass_ir::*;
 
 fn load(rel: &str) -> Trace {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/thunder").join(rel);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/thunder")
+        .join(rel);
     parse_trace(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -18,14 +20,20 @@ fn snapshot_thunder_backward_canonical() {
 
 #[test]
 fn snapshot_thunder_bucketed_canonical() {
-    insta::assert_snapshot!("mlp_ddp_bucketed_backward", canonical_text(&load("mlp-ddp-bucketed/backward.trace")));
+    insta::assert_snapshot!(
+        "mlp_ddp_bucketed_backward",
+        canonical_text(&load("mlp-ddp-bucketed/backward.trace"))
+    );
 }
 
 #[test]
 fn canonical_form_ignores_numbering() {
     // two Thunder runs number differently; the canonical forms of the two backwards agree
     let a = canonical_text(&load("mlp/backward.trace"));
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/thunder/mlp/backward.trace")).unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/thunder/mlp/backward.trace"),
+    )
+    .unwrap();
     let shifted = text.replace("t1", "t9");
     assert_ne!(text, shifted);
     assert_eq!(canonical_text(&parse_trace(&shifted).unwrap()), a);
@@ -47,10 +55,15 @@ fn thunder_export_makes_a_program() {
     assert_eq!(p.forward_saved().len(), 8);
     assert_eq!(p.backward_saved().len(), 8);
     // the DDP-bucketed backward has no x gradient: Thunder returns None there
-    let p = Program::from_thunder(load("mlp-ddp-bucketed/forward.trace"), load("mlp-ddp-bucketed/backward.trace")).unwrap();
+    let p = Program::from_thunder(
+        load("mlp-ddp-bucketed/forward.trace"),
+        load("mlp-ddp-bucketed/backward.trace"),
+    )
+    .unwrap();
     assert_eq!(p.gradient_values()[0], None);
     // a backward that does not belong to the forward is refused
-    let e = Program::from_thunder(load("mlp/computation.trace"), load("mlp/joint.trace")).unwrap_err();
+    let e =
+        Program::from_thunder(load("mlp/computation.trace"), load("mlp/joint.trace")).unwrap_err();
     assert_eq!(e, ProgramError::BackwardReturnNotTuple);
 }
 
@@ -63,11 +76,17 @@ fn synthetic_seed_model_has_thunders_structure() {
     let synth = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
     verify(&synth.forward).unwrap();
     verify(&synth.backward).unwrap();
-    let thunder = Program::from_thunder(load("mlp/forward.trace"), load("mlp/backward.trace")).unwrap();
+    let thunder =
+        Program::from_thunder(load("mlp/forward.trace"), load("mlp/backward.trace")).unwrap();
     assert_eq!(op_sequence(&synth.backward), op_sequence(&thunder.backward));
     assert_eq!(op_sequence(&synth.forward), op_sequence(&thunder.forward));
     assert_eq!(synth.params, thunder.params);
-    let shapes = |p: &Program| p.backward_saved().iter().map(|v| p.backward.ty(*v).cloned()).collect::<Vec<_>>();
+    let shapes = |p: &Program| {
+        p.backward_saved()
+            .iter()
+            .map(|v| p.backward.ty(*v).cloned())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(shapes(&synth), shapes(&thunder));
 }
 
@@ -75,7 +94,11 @@ fn synthetic_seed_model_has_thunders_structure() {
 fn synthetic_deep_mlp_scales() {
     let p = synth::mlp_program(&synth::MlpSpec::deep_with_backward_nodes(2000, 16)).unwrap();
     verify(&p.backward).unwrap();
-    assert!(p.backward.node_count() >= 2000, "{}", p.backward.node_count());
+    assert!(
+        p.backward.node_count() >= 2000,
+        "{}",
+        p.backward.node_count()
+    );
     assert!(p.backward.node_count() < 2100);
     assert_eq!(p.params.len(), 2 * 96);
 }

@@ -22,7 +22,10 @@ fn all_traces() -> Vec<PathBuf> {
         }
     }
     out.sort();
-    assert!(out.len() >= 8, "expected the Thunder traces in testdata, found {out:?}");
+    assert!(
+        out.len() >= 8,
+        "expected the Thunder traces in testdata, found {out:?}"
+    );
     out
 }
 
@@ -42,8 +45,14 @@ fn text_round_trip_and_deterministic_print() {
     for p in all_traces() {
         let t = parse_trace(&std::fs::read_to_string(&p).unwrap()).unwrap();
         let printed = print_trace(&t);
-        assert_eq!(printed, print_trace(&t), "{}: printing is not deterministic", p.display());
-        let back = parse_trace(&printed).unwrap_or_else(|e| panic!("{}: reparse: {e}\n{printed}", p.display()));
+        assert_eq!(
+            printed,
+            print_trace(&t),
+            "{}: printing is not deterministic",
+            p.display()
+        );
+        let back = parse_trace(&printed)
+            .unwrap_or_else(|e| panic!("{}: reparse: {e}\n{printed}", p.display()));
         assert!(back == t, "{}: parse(print(t)) != t", p.display());
         assert_eq!(print_trace(&back), printed);
     }
@@ -56,7 +65,11 @@ fn binary_and_json_round_trip() {
         let m = Module::Trace(t.clone());
         let bytes = codec::encode(&m).unwrap();
         assert_eq!(codec::decode(&bytes).unwrap(), m, "{}", p.display());
-        assert_eq!(codec::encode(&m).unwrap(), bytes, "binary encoding is not deterministic");
+        assert_eq!(
+            codec::encode(&m).unwrap(),
+            bytes,
+            "binary encoding is not deterministic"
+        );
         let json = serde_json::to_string(&m).unwrap();
         let back: Module = serde_json::from_str(&json).unwrap();
         assert_eq!(back, m, "{}", p.display());

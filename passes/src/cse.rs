@@ -12,7 +12,8 @@ pub fn cse(t: &mut Trace, reg: &OpRegistry) -> usize {
     let mut seen: HashMap<String, tracepass_ir::NodeIndex> = HashMap::new();
     let mut dupes = Vec::new();
     for (idx, n) in t.nodes() {
-        if reg.effect(&n.op) != Effect::Pure || n.op == ops::UNPACK_SEQUENCE || n.outputs.is_empty() {
+        if reg.effect(&n.op) != Effect::Pure || n.op == ops::UNPACK_SEQUENCE || n.outputs.is_empty()
+        {
             continue;
         }
         let key = format!("{}|{:?}|{:?}", n.op, n.args, n.kwargs);

@@ -21,7 +21,10 @@ pub fn dce(t: &mut Trace, reg: &OpRegistry) -> usize {
         if reg.effect(&n.op) != Effect::Pure || n.outputs.is_empty() {
             continue;
         }
-        if n.outputs.iter().all(|o| uses.get(o).copied().unwrap_or(0) == 0) {
+        if n.outputs
+            .iter()
+            .all(|o| uses.get(o).copied().unwrap_or(0) == 0)
+        {
             dead.insert(idx);
             n.for_each_operand(&mut |v| {
                 if let Some(c) = uses.get_mut(&v) {

@@ -47,7 +47,13 @@ pub struct Ddp {
     pub options: DdpOptions,
 }
 
-const VALID: &[&str] = &["world_size", "bucket_mb", "first_bucket_mb", "average", "group"];
+const VALID: &[&str] = &[
+    "world_size",
+    "bucket_mb",
+    "first_bucket_mb",
+    "average",
+    "group",
+];
 
 impl Ddp {
     pub fn new(options: DdpOptions) -> Ddp {
@@ -121,7 +127,11 @@ pub fn plan_buckets(
                 device: *device,
             }
         });
-        let offset = b.offsets.last().zip(b.numels.last()).map_or(0, |(o, n)| o + n);
+        let offset = b
+            .offsets
+            .last()
+            .zip(b.numels.last())
+            .map_or(0, |(o, n)| o + n);
         b.members.push(*v);
         b.offsets.push(offset);
         b.numels.push(numel);
@@ -159,10 +169,16 @@ pub fn recorded_plan(t: &tracepass_ir::Trace) -> Vec<(String, Vec<ValueId>, usiz
     t.nodes()
         .filter(|(_, n)| n.op == ops::BUCKET_PACK)
         .map(|(_, n)| {
-            let id = n.kwarg("bucket").and_then(Arg::as_str).unwrap_or("").to_string();
-            let members = n.args.first().and_then(Arg::as_seq).map_or_else(Vec::new, |s| {
-                s.iter().filter_map(Arg::as_value).collect()
-            });
+            let id = n
+                .kwarg("bucket")
+                .and_then(Arg::as_str)
+                .unwrap_or("")
+                .to_string();
+            let members = n
+                .args
+                .first()
+                .and_then(Arg::as_seq)
+                .map_or_else(Vec::new, |s| s.iter().filter_map(Arg::as_value).collect());
             let nbytes = n.kwarg("nbytes").and_then(Arg::as_int).unwrap_or(0) as usize;
             (id, members, nbytes)
         })
@@ -206,7 +222,8 @@ impl Pass for Ddp {
         }
         if has_sync(p) {
             return Err(fail(
-                "the backward already synchronizes gradients; run `no-sync` first to re-bucket it".into(),
+                "the backward already synchronizes gradients; run `no-sync` first to re-bucket it"
+                    .into(),
             ));
         }
         let opts = &self.options;
@@ -279,13 +296,19 @@ impl Pass for Ddp {
             if opts.average == Average::Pre {
                 let ty = Type::tensor(shape.clone(), *dtype, *device);
                 let out = t.new_value(names.fresh("t"), ty);
-                let idx = t.add_node(Node::new(ops::DIV, vec![Arg::Value(*g), Arg::Float(ws)], vec![out]));
+                let idx = t.add_node(Node::new(
+                    ops::DIV,
+                    vec![Arg::Value(*g), Arg::Float(ws)],
+                    vec![out],
+                ));
                 after.entry(slot).or_default().push(idx);
                 divided.insert(*g, out);
             } else {
                 divided.insert(*g, *g);
             }
-            let Some(&bi) = bucket_of_last.get(g) else { continue };
+            let Some(&bi) = bucket_of_last.get(g) else {
+                continue;
+            };
             let b = &buckets[bi];
             // pack + all-reduce right after the bucket's last gradient
             let total: usize = b.numels.iter().sum();
@@ -294,7 +317,10 @@ impl Pass for Ddp {
             let members: Vec<Arg> = b.members.iter().map(|m| Arg::Value(divided[m])).collect();
             let pack = Node::new(ops::BUCKET_PACK, vec![Arg::List(members)], vec![buf])
                 .with_kwarg("bucket", Arg::Str(b.id.clone()))
-                .with_kwarg("offsets", Arg::int_tuple(b.offsets.iter().map(|o| *o as i64)))
+                .with_kwarg(
+                    "offsets",
+                    Arg::int_tuple(b.offsets.iter().map(|o| *o as i64)),
+                )
                 .with_kwarg("nbytes", Arg::Int(b.nbytes as i64));
             let pack_idx = t.add_node(pack);
             let fut_ty = match &buf_ty {
@@ -304,7 +330,11 @@ impl Pass for Ddp {
             let fut = t.new_value(names.fresh("ft"), fut_ty);
             let ar = Node::new(
                 ops::ALL_REDUCE,
-                vec![Arg::Value(buf), Arg::Str("sum".into()), Arg::Str(opts.group.clone())],
+                vec![
+                    Arg::Value(buf),
+                    Arg::Str("sum".into()),
+                    Arg::Str(opts.group.clone()),
+                ],
                 vec![fut],
             );
             let ar_idx = t.add_node(ar);
@@ -320,7 +350,9 @@ impl Pass for Ddp {
                 .members
                 .iter()
                 .zip(&b.shapes)
-                .map(|(_, s)| t.new_value(names.fresh("t"), Type::tensor(s.clone(), b.dtype, b.device)))
+                .map(|(_, s)| {
+                    t.new_value(names.fresh("t"), Type::tensor(s.clone(), b.dtype, b.device))
+                })
                 .collect();
             let shapes = Arg::Tuple(
                 b.shapes
@@ -330,7 +362,10 @@ impl Pass for Ddp {
             );
             let unpack = Node::new(ops::UNPACK, vec![Arg::Value(reduced)], outs.clone())
                 .with_kwarg("bucket", Arg::Str(b.id.clone()))
-                .with_kwarg("offsets", Arg::int_tuple(b.offsets.iter().map(|o| *o as i64)))
+                .with_kwarg(
+                    "offsets",
+                    Arg::int_tuple(b.offsets.iter().map(|o| *o as i64)),
+                )
                 .with_kwarg("shapes", shapes);
             let unpack_idx = t.add_node(unpack);
             tail.extend([wait_idx, unpack_idx]);
@@ -338,7 +373,11 @@ impl Pass for Ddp {
                 let fin = if opts.average == Average::Post {
                     let ty = t.ty(*o).cloned().expect("just made");
                     let d = t.new_value(names.fresh("t"), ty);
-                    tail.push(t.add_node(Node::new(ops::DIV, vec![Arg::Value(*o), Arg::Float(ws)], vec![d])));
+                    tail.push(t.add_node(Node::new(
+                        ops::DIV,
+                        vec![Arg::Value(*o), Arg::Float(ws)],
+                        vec![d],
+                    )));
                     d
                 } else {
                     *o
@@ -348,7 +387,9 @@ impl Pass for Ddp {
         }
         // 3. splice the schedule and return the synchronized gradients
         let old = t.schedule().to_vec();
-        let mut sched = Vec::with_capacity(old.len() + after.values().map(Vec::len).sum::<usize>() + tail.len());
+        let mut sched = Vec::with_capacity(
+            old.len() + after.values().map(Vec::len).sum::<usize>() + tail.len(),
+        );
         sched.extend(after.remove(&None).unwrap_or_default());
         for (i, n) in old.into_iter().enumerate() {
             sched.push(n);
@@ -358,7 +399,8 @@ impl Pass for Ddp {
         }
         sched.extend(tail);
         t.set_schedule(sched);
-        t.ret.map_values(&mut |v| replacement.get(&v).copied().unwrap_or(v));
+        t.ret
+            .map_values(&mut |v| replacement.get(&v).copied().unwrap_or(v));
         Ok(Changed::from(!buckets.is_empty()))
     }
 }

@@ -50,7 +50,8 @@ pub struct Reproducer {
 impl Reproducer {
     pub fn load(path: &Path) -> Result<Reproducer, String> {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: not a reproducer: {e}", path.display()))
+        serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{}: not a reproducer: {e}", path.display()))
     }
 }
 
@@ -94,10 +95,15 @@ impl PassManager {
         let specs: Vec<PassSpec> = self
             .passes
             .iter()
-            .map(|p| parse_pipeline(&p.spec()).ok().and_then(|mut v| v.pop()).unwrap_or(PassSpec {
-                name: p.name().to_string(),
-                options: Vec::new(),
-            }))
+            .map(|p| {
+                parse_pipeline(&p.spec())
+                    .ok()
+                    .and_then(|mut v| v.pop())
+                    .unwrap_or(PassSpec {
+                        name: p.name().to_string(),
+                        options: Vec::new(),
+                    })
+            })
             .collect();
         print_pipeline(&specs)
     }
@@ -133,13 +139,19 @@ impl PassManager {
             if changed == Changed::Yes {
                 p.backward.provenance.push(Provenance {
                     pass: pass.spec(),
-                    millis: self.record_time.then(|| time.as_millis() as u64),
+                    millis: self.record_time.then_some(time.as_millis() as u64),
                 });
             }
             if self.verify_each {
                 for t in traces(p) {
                     verify_with(t, reg).map_err(|error| {
-                        fail(PassError::Verify { pass: name.clone(), error }, &name)
+                        fail(
+                            PassError::Verify {
+                                pass: name.clone(),
+                                error,
+                            },
+                            &name,
+                        )
                     })?;
                 }
             }
@@ -199,13 +211,21 @@ pub fn timing_table(report: &RunReport) -> String {
     s += "  pass                                       time (ms)   share  changed\n";
     for t in &report.timings {
         let ms = t.time.as_secs_f64() * 1e3;
-        let share = if total > 0.0 { 100.0 * t.time.as_secs_f64() / total } else { 0.0 };
+        let share = if total > 0.0 {
+            100.0 * t.time.as_secs_f64() / total
+        } else {
+            0.0
+        };
         s += &format!(
             "  {:<42} {:>9.3} {:>6.1}%  {}\n",
             t.pass,
             ms,
             share,
-            if t.changed == Changed::Yes { "yes" } else { "no" }
+            if t.changed == Changed::Yes {
+                "yes"
+            } else {
+                "no"
+            }
         );
     }
     s += &format!("  {:<42} {:>9.3}\n", "total", total * 1e3);

@@ -15,9 +15,10 @@ fn strip(t: &Trace, mut v: ValueId, removable: &mut HashSet<tracepass_ir::NodeIn
     loop {
         let Some(p) = t.producer(v) else { return v };
         let n = t.node(p).expect("producer");
-        let next = if n.op == ops::UPDATE_BUCKET_VIEW {
-            n.args.first().and_then(Arg::as_value)
-        } else if DIVS.contains(&n.op.as_str()) && n.args.get(1).and_then(Arg::as_f64).is_some() {
+        let is_view = n.op == ops::UPDATE_BUCKET_VIEW;
+        let is_const_div =
+            DIVS.contains(&n.op.as_str()) && n.args.get(1).and_then(Arg::as_f64).is_some();
+        let next = if is_view || is_const_div {
             n.args.first().and_then(Arg::as_value)
         } else {
             None
@@ -51,7 +52,9 @@ pub fn no_sync(t: &mut Trace) -> usize {
             continue;
         };
         // the local values going in
-        let pack = t.producer(buf).filter(|p| t.node(*p).is_some_and(|n| n.op == ops::BUCKET_PACK));
+        let pack = t
+            .producer(buf)
+            .filter(|p| t.node(*p).is_some_and(|n| n.op == ops::BUCKET_PACK));
         let members: Option<Vec<ValueId>> = pack.map(|p| {
             removable.insert(p);
             t.node(p)
@@ -66,7 +69,9 @@ pub fn no_sync(t: &mut Trace) -> usize {
                 continue;
             }
             removable.insert(w);
-            let Some(&reduced) = wn.outputs.first() else { continue };
+            let Some(&reduced) = wn.outputs.first() else {
+                continue;
+            };
             match &members {
                 None => {
                     let local = strip(t, buf, &mut removable);
@@ -120,11 +125,16 @@ pub fn no_sync(t: &mut Trace) -> usize {
     let still_used = |t: &Trace, idx| {
         t.node(idx).is_some_and(|n| {
             n.outputs.iter().any(|o| {
-                t.users(*o).iter().any(|u| !removable.contains(u)) || t.returned_values().contains(o)
+                t.users(*o).iter().any(|u| !removable.contains(u))
+                    || t.returned_values().contains(o)
             })
         })
     };
-    let keep: HashSet<_> = removable.iter().copied().filter(|i| still_used(t, *i)).collect();
+    let keep: HashSet<_> = removable
+        .iter()
+        .copied()
+        .filter(|i| still_used(t, *i))
+        .collect();
     t.retain_nodes(|_, idx| !removable.contains(&idx) || keep.contains(&idx));
     t.purge_undefined_values();
     n

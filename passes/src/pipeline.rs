@@ -60,6 +60,15 @@ pub fn parse_pipeline(s: &str) -> Result<Vec<PassSpec>, PassError> {
         if name.is_empty() {
             return Err(err(at, "expected a pass name"));
         }
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(err(
+                at,
+                "a pass name is letters, digits, `-` and `_`; separate passes with `,`",
+            ));
+        }
         let mut options = Vec::new();
         if i < b.len() && b[i] == b'(' {
             i += 1;
@@ -105,7 +114,11 @@ pub fn parse_pipeline(s: &str) -> Result<Vec<PassSpec>, PassError> {
 
 /// Prints specs back as a pipeline string.
 pub fn print_pipeline(specs: &[PassSpec]) -> String {
-    specs.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")
+    specs
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Reads a pass's options, refusing unknown keys and bad values.
@@ -173,7 +186,10 @@ impl<'a> Options<'a> {
     }
     pub fn usize(&self, key: &str) -> Result<Option<usize>, PassError> {
         self.raw(key)
-            .map(|v| v.parse::<usize>().map_err(|_| self.bad(key, v, "not a non-negative integer")))
+            .map(|v| {
+                v.parse::<usize>()
+                    .map_err(|_| self.bad(key, v, "not a non-negative integer"))
+            })
             .transpose()
     }
     pub fn choice(&self, key: &str, choices: &[&str]) -> Result<Option<&'a str>, PassError> {
@@ -208,16 +224,28 @@ mod tests {
         let s = "ddp(world_size=4,bucket_mb=25),sort-waits,dce";
         let p = parse_pipeline(s).unwrap();
         assert_eq!(p.len(), 3);
-        assert_eq!(p[0].options, vec![("world_size".into(), "4".into()), ("bucket_mb".into(), "25".into())]);
+        assert_eq!(
+            p[0].options,
+            vec![
+                ("world_size".into(), "4".into()),
+                ("bucket_mb".into(), "25".into())
+            ]
+        );
         assert_eq!(print_pipeline(&p), s);
-        assert_eq!(print_pipeline(&parse_pipeline(" ddp( world_size = 2 ) , dce ").unwrap()), "ddp(world_size=2),dce");
+        assert_eq!(
+            print_pipeline(&parse_pipeline(" ddp( world_size = 2 ) , dce ").unwrap()),
+            "ddp(world_size=2),dce"
+        );
         assert!(parse_pipeline("").unwrap().is_empty());
     }
 
     #[test]
     fn syntax_errors_say_where() {
         let e = parse_pipeline("ddp(world_size=4").unwrap_err().to_string();
-        assert_eq!(e, "bad pipeline `ddp(world_size=4` at character 17: expected `,` or `)`");
+        assert_eq!(
+            e,
+            "bad pipeline `ddp(world_size=4` at character 17: expected `,` or `)`"
+        );
         let e = parse_pipeline("ddp(4)").unwrap_err().to_string();
         assert!(e.contains("expected `option=value`"), "{e}");
         assert!(parse_pipeline("dce,,cse").is_err());

@@ -61,72 +61,84 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
             }
         }
     }
-    let mut placed = vec![false; n];
-    let mut order: Vec<usize> = Vec::with_capacity(n);
-    let mut released: VecDeque<usize> = (0..n)
+    let released: VecDeque<usize> = (0..n)
         .filter(|&i| class[i] == Class::Early && pending[i] == 0)
         .collect();
-
-    // place(i): pull unplaced predecessors (waits, or early nodes whose waits were pending), then i
-    fn place(
-        i: usize,
-        preds: &[Vec<usize>],
-        placed: &mut [bool],
-        order: &mut Vec<usize>,
-        early_succs: &[Vec<usize>],
-        pending: &mut [usize],
-        released: &mut VecDeque<usize>,
-        class: &[Class],
-    ) {
-        let mut stack = vec![(i, false)];
-        while let Some((x, expanded)) = stack.pop() {
-            if placed[x] {
-                continue;
-            }
-            if !expanded {
-                stack.push((x, true));
-                for &p in preds[x].iter().rev() {
-                    if !placed[p] {
-                        stack.push((p, false));
-                    }
-                }
-                continue;
-            }
-            placed[x] = true;
-            order.push(x);
-            if class[x] != Class::Late {
-                for &s in &early_succs[x] {
-                    pending[s] -= 1;
-                    if pending[s] == 0 {
-                        released.push_back(s);
-                    }
-                }
-            }
-        }
-    }
-    let drain = |placed: &mut Vec<bool>, order: &mut Vec<usize>, pending: &mut Vec<usize>, released: &mut VecDeque<usize>| {
-        while let Some(e) = released.pop_front() {
-            place(e, &preds, placed, order, &early_succs, pending, released, &class);
-        }
+    let mut st = Placer {
+        preds: &preds,
+        early_succs: &early_succs,
+        class: &class,
+        placed: vec![false; n],
+        pending,
+        order: Vec::with_capacity(n),
+        released,
     };
-    drain(&mut placed, &mut order, &mut pending, &mut released);
-    for i in 0..n {
-        if class[i] == Class::Regular && !placed[i] {
-            place(i, &preds, &mut placed, &mut order, &early_succs, &mut pending, &mut released, &class);
-            drain(&mut placed, &mut order, &mut pending, &mut released);
+    st.drain();
+    for (i, c) in class.iter().enumerate() {
+        if *c == Class::Regular {
+            st.place(i);
+            st.drain();
         }
     }
     for i in 0..n {
-        if !placed[i] {
-            place(i, &preds, &mut placed, &mut order, &early_succs, &mut pending, &mut released, &class);
-            drain(&mut placed, &mut order, &mut pending, &mut released);
-        }
+        st.place(i);
+        st.drain();
     }
+    let order = st.order;
     let changed = order.iter().enumerate().any(|(k, &i)| k != i);
     if changed {
         t.set_schedule(order.into_iter().map(|i| old[i]).collect());
     }
     changed
+}
+
+/// Builds the new order: regular nodes in turn, pulling the waits they need just before them,
+/// and each collective as soon as its last non-wait predecessor is placed.
+struct Placer<'a> {
+    preds: &'a [Vec<usize>],
+    early_succs: &'a [Vec<usize>],
+    class: &'a [Class],
+    placed: Vec<bool>,
+    pending: Vec<usize>,
+    order: Vec<usize>,
+    released: VecDeque<usize>,
+}
+
+impl Placer<'_> {
+    /// Places `i` after any unplaced predecessors (iteratively, no recursion).
+    fn place(&mut self, i: usize) {
+        let mut stack = vec![(i, false)];
+        while let Some((x, expanded)) = stack.pop() {
+            if self.placed[x] {
+                continue;
+            }
+            if !expanded {
+                stack.push((x, true));
+                for &p in self.preds[x].iter().rev() {
+                    if !self.placed[p] {
+                        stack.push((p, false));
+                    }
+                }
+                continue;
+            }
+            self.placed[x] = true;
+            self.order.push(x);
+            if self.class[x] != Class::Late {
+                for &s in &self.early_succs[x] {
+                    self.pending[s] -= 1;
+                    if self.pending[s] == 0 {
+                        self.released.push_back(s);
+                    }
+                }
+            }
+        }
+    }
+    /// Places every collective whose operands are ready.
+    fn drain(&mut self) {
+        while let Some(e) = self.released.pop_front() {
+            self.place(e);
+        }
+    }
 }
 
 impl Pass for SortWaits {

@@ -10,7 +10,11 @@ use tracepass_ir::{
 use tracepass_passes::{timing_table, PassManager, PrintIr, Reproducer};
 
 #[derive(Parser, Debug)]
-#[command(name = "tracepass", version, about = "Rewrite and run Lightning Thunder training traces")]
+#[command(
+    name = "tracepass",
+    version,
+    about = "Rewrite and run Lightning Thunder training traces"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -43,8 +47,6 @@ pub enum Command {
     },
     /// Run a pass pipeline, like mlir-opt.
     Opt(OptArgs),
-    /// Train the seed model (or a given program) with DDP on N ranks.
-    Train(Box<crate::trainer::TrainArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -93,7 +95,9 @@ pub fn run(cli: Cli) -> Result<()> {
             let m = fsio::load(&file)?;
             let t = match (&m, forward) {
                 (Module::Trace(t), false) => t,
-                (Module::Trace(_), true) => bail!("{}: holds a single trace, not a program", file.display()),
+                (Module::Trace(_), true) => {
+                    bail!("{}: holds a single trace, not a program", file.display())
+                }
                 (Module::Program(p), false) => &p.backward,
                 (Module::Program(p), true) => &p.forward,
             };
@@ -133,7 +137,6 @@ pub fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Opt(args) => opt(args),
-        Command::Train(args) => crate::trainer::train_cli(*args),
     }
 }
 
@@ -145,18 +148,25 @@ fn out(s: &str) -> Result<()> {
     }
 }
 
-/// Reads the input of `opt`/`train`: a program file, or a backward paired with `--forward`.
+/// Reads the input of `opt`: a program file, or a backward paired with `--forward`.
 pub fn load_program(input: &Path, forward: Option<&Path>) -> Result<(Program, bool)> {
     let m = fsio::load(input)?;
     Ok(match (m, forward) {
         (Module::Program(p), None) => (p, false),
-        (Module::Program(_), Some(_)) => bail!("{}: already a program; --forward is only for a lone backward trace", input.display()),
+        (Module::Program(_), Some(_)) => bail!(
+            "{}: already a program; --forward is only for a lone backward trace",
+            input.display()
+        ),
         (Module::Trace(b), Some(f)) => {
             let fwd = match fsio::load(f)? {
                 Module::Trace(t) => t,
                 Module::Program(p) => p.forward,
             };
-            (Program::from_thunder(fwd, b).with_context(|| format!("pairing {} with {}", input.display(), f.display()))?, true)
+            (
+                Program::from_thunder(fwd, b)
+                    .with_context(|| format!("pairing {} with {}", input.display(), f.display()))?,
+                true,
+            )
         }
         (Module::Trace(t), None) => (Program::lone(t), true),
     })
@@ -170,11 +180,17 @@ fn opt(args: OptArgs) -> Result<()> {
                 Module::Program(p) => (p, false),
                 Module::Trace(t) => (Program::lone(t), true),
             };
-            eprintln!("replaying `{}` (failed in `{}`: {})", repro.pipeline, repro.failed_pass, repro.error);
+            eprintln!(
+                "replaying `{}` (failed in `{}`: {})",
+                repro.pipeline, repro.failed_pass, repro.error
+            );
             (p, lone, repro.pipeline)
         }
         None => {
-            let input = args.input.as_deref().context("an input file is needed (or --reproduce FILE)")?;
+            let input = args
+                .input
+                .as_deref()
+                .context("an input file is needed (or --reproduce FILE)")?;
             let pipeline = args.passes.clone().context("--passes PIPELINE is needed")?;
             let (p, t) = load_program(input, args.forward.as_deref())?;
             (p, t, pipeline)
@@ -189,7 +205,11 @@ fn opt(args: OptArgs) -> Result<()> {
         after_all: args.print_ir_after_all,
         after_change: args.print_ir_after_change,
     };
-    pm.reproducer_dir = Some(args.reproducer_dir.clone().unwrap_or_else(std::env::temp_dir));
+    pm.reproducer_dir = Some(
+        args.reproducer_dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir),
+    );
     let result = pm.run(&mut program, OpRegistry::builtin());
     let report = result?;
     for d in &report.dumps {
@@ -198,7 +218,11 @@ fn opt(args: OptArgs) -> Result<()> {
     if args.timing {
         eprint!("{}", timing_table(&report));
     }
-    let result = if trace_input { Module::Trace(program.backward) } else { Module::Program(program) };
+    let result = if trace_input {
+        Module::Trace(program.backward)
+    } else {
+        Module::Program(program)
+    };
     match (&args.output, result) {
         (Some(o), m) => fsio::save(o, &m)?,
         (None, Module::Trace(t)) => out(&tracepass_ir::print_trace(&t))?,

@@ -1,5 +1,4 @@
-//! tracepass-runtime: executes traces (CPU backend, thread communicator), trains, and hosts the
-//! `tracepass` command line.
+//! tracepass-runtime: hosts the `tracepass` command line. The executor, backends, communicators
+//! and trainer belong here too (next issue).
 
 pub mod cli;
-pub mod trainer;

@@ -1,0 +1,520 @@
+//! The DDP pass family on hand-made traces and on every Thunder backward in testdata: snapshots
+//! of canonical printed traces plus structural assertions.
+
+use std::collections::HashMap;
+use std::path::Path;
+use tracepass_ir::*;
+use tracepass_passes::*;
+
+fn load(rel: &str) -> Trace {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/thunder")
+        .join(rel);
+    parse_trace(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// (name, program, pipeline prefix) for every backward in testdata.
+fn thunder_programs() -> Vec<(&'static str, Program, &'static str)> {
+    vec![
+        (
+            "mlp",
+            Program::from_thunder(load("mlp/forward.trace"), load("mlp/backward.trace")).unwrap(),
+            "",
+        ),
+        (
+            "mlp_ddp",
+            Program::from_thunder(
+                load("mlp-ddp/forward.trace"),
+                load("mlp-ddp/backward.trace"),
+            )
+            .unwrap(),
+            "no-sync,",
+        ),
+        (
+            "mlp_ddp_bucketed",
+            Program::from_thunder(
+                load("mlp-ddp-bucketed/forward.trace"),
+                load("mlp-ddp-bucketed/backward.trace"),
+            )
+            .unwrap(),
+            "no-sync,",
+        ),
+    ]
+}
+
+/// A hand-made program: f32 and bf16 gradients, a frozen parameter, a tied one, an input gradient.
+fn hand_made() -> Program {
+    let f32t = |s: &[usize]| Type::tensor(s.to_vec(), DType::F32, Device::CPU);
+    let mut fb = TraceBuilder::new("computation", TraceKind::Forward);
+    let x = fb.arg("x", f32t(&[8]));
+    let _a = fb.arg("t_a", f32t(&[256, 256]));
+    let _b = fb.arg("t_b", Type::tensor(vec![1024], DType::BF16, Device::CPU));
+    let _c = fb.arg("t_c", f32t(&[64]));
+    let _e = fb.arg("t_e", f32t(&[4]));
+    fb.ret(Arg::Tuple(vec![
+        Arg::Dict(vec![]),
+        Arg::Tuple(vec![Arg::Tuple(vec![x.into()]), Arg::Tuple(vec![])]),
+    ]));
+    let forward = fb.finish();
+    let mut bb = TraceBuilder::new("backward_fn", TraceKind::Backward);
+    let saved = bb.arg("saved_for_backward", Type::Collection);
+    let _cot = bb.arg("cotangents", Type::Collection);
+    let cs = bb.unpack_sequence(
+        saved,
+        vec![
+            ("C0".into(), Type::Collection),
+            ("C1".into(), Type::Collection),
+        ],
+    );
+    let xs = bb.unpack_sequence(cs[0], vec![("x".into(), f32t(&[8]))]);
+    let seed_a = bb.arg("ga_in", f32t(&[256, 256]));
+    let seed_b = bb.arg("gb_in", Type::tensor(vec![1024], DType::BF16, Device::CPU));
+    let gx = bb.op("ltorch.mul", vec![xs[0].into(), 2.0.into()]).unwrap();
+    let gc = bb.op("ltorch.mul", vec![gx.into(), 3.0.into()]).unwrap();
+    let gc = bb.op("ltorch.sum", vec![gc.into(), Arg::None]).unwrap();
+    let gc = bb.op("ltorch.add", vec![gc.into(), bb.trace().args()[0].into()]);
+    let gc = gc.unwrap_or_else(|_| bb.op("ltorch.tanh", vec![seed_a.into()]).unwrap());
+    let ga = bb.op("ltorch.tanh", vec![seed_a.into()]).unwrap();
+    let gb = bb
+        .op("ltorch.mul", vec![seed_b.into(), 0.5.into()])
+        .unwrap();
+    let gc64 = bb
+        .op("ltorch.reshape", vec![ga.into(), Arg::int_tuple([-1])])
+        .unwrap();
+    let _ = (gc, gc64);
+    let gcc = bb
+        .op("ltorch.sum", vec![ga.into(), Arg::int_tuple([0])])
+        .unwrap();
+    let gcc = bb
+        .op("ltorch.reshape", vec![gcc.into(), Arg::int_tuple([4, 64])])
+        .unwrap();
+    let gcc = bb
+        .op("ltorch.sum", vec![gcc.into(), Arg::int_tuple([0])])
+        .unwrap();
+    bb.ret(Arg::Tuple(vec![
+        gx.into(),
+        ga.into(),
+        gb.into(),
+        gcc.into(),
+        Arg::None,
+    ]));
+    let mut backward = bb.finish();
+    // the trace's extra arguments stand for incoming gradients
+    backward.kind = TraceKind::Backward;
+    let mut p = Program::from_thunder(forward, backward).unwrap();
+    assert_eq!(p.params.len(), 4);
+    assert!(!p.params[3].requires_grad, "t_e is frozen");
+    // a tied parameter: same gradient output as t_a
+    let mut tied = p.params[0].clone();
+    tied.fqn = "a_alias".into();
+    tied.tied_to = Some("a".into());
+    p.params.push(tied);
+    p
+}
+
+fn count(t: &Trace, op: &str) -> usize {
+    t.nodes().filter(|(_, n)| n.op == op).count()
+}
+
+/// Checks the invariants of a ddp + sort-waits rewrite.
+fn check_ddp(before: &Program, after: &Program, bucket_mb: f64) {
+    let t = &after.backward;
+    verify(t).unwrap();
+    let reduced: Vec<ValueId> = {
+        let outs = before.gradient_values();
+        let mut v: Vec<ValueId> = before
+            .params
+            .iter()
+            .filter(|p| p.requires_grad && p.tied_to.is_none())
+            .filter_map(|p| p.grad_output.and_then(|i| outs[i]))
+            .collect();
+        v.dedup();
+        v
+    };
+    let plan = tracepass_passes::ddp::recorded_plan(t);
+    let n_b = plan.len();
+    let new_divs = count(t, ops::DIV) - count(&before.backward, ops::DIV);
+    assert_eq!(new_divs, reduced.len(), "one div per reduced gradient");
+    for op in [ops::BUCKET_PACK, ops::ALL_REDUCE, ops::WAIT, ops::UNPACK] {
+        assert_eq!(count(t, op), n_b, "{op} count");
+    }
+    let members: usize = plan.iter().map(|b| b.1.len()).sum();
+    assert_eq!(members, reduced.len());
+    let pos: HashMap<NodeIndex, usize> = t
+        .schedule()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (*n, i))
+        .collect();
+    let sched: Vec<&Node> = t.nodes().map(|(_, n)| n).collect();
+    // each all-reduce right after the node that made its bucket's last gradient ready
+    for (i, n) in sched.iter().enumerate() {
+        if n.op != ops::ALL_REDUCE {
+            continue;
+        }
+        let mut j = i;
+        while j > 0
+            && (sched[j - 1].op == ops::DIV
+                || sched[j - 1].op == ops::BUCKET_PACK
+                || sched[j - 1].op == ops::ALL_REDUCE)
+        {
+            j -= 1;
+        }
+        let buf = n.args[0].as_value().unwrap();
+        let pack = t.node(t.producer(buf).unwrap()).unwrap();
+        let last_div = pack.args[0]
+            .as_seq()
+            .unwrap()
+            .last()
+            .unwrap()
+            .as_value()
+            .unwrap();
+        let local = t.node(t.producer(last_div).unwrap()).unwrap().args[0]
+            .as_value()
+            .unwrap();
+        match t.producer(local) {
+            Some(p) => assert_eq!(
+                pos[&p] + 1,
+                j,
+                "all-reduce of {} is not right after its producer",
+                t.name(local)
+            ),
+            None => assert_eq!(j, 0),
+        }
+    }
+    // each wait right before its first consumer
+    for (idx, n) in t.nodes() {
+        if n.op == ops::WAIT {
+            let first = t.users(n.outputs[0]).iter().map(|u| pos[u]).min().unwrap();
+            assert_eq!(
+                first,
+                pos[&idx] + 1,
+                "wait is not right before its first consumer"
+            );
+        }
+    }
+    // bucket bytes: a bucket closes once it reaches the cap; no bucket mixes dtypes
+    let cap = bucket_mb * (1u64 << 20) as f64;
+    let mut by_kind: HashMap<(DType, Device), Vec<(usize, usize)>> = HashMap::new();
+    for (_, ms, nbytes) in &plan {
+        let tys: Vec<TensorType> = ms
+            .iter()
+            .map(|m| t.ty(*m).unwrap().as_tensor().unwrap().clone())
+            .collect();
+        assert!(
+            tys.iter()
+                .all(|x| x.dtype == tys[0].dtype && x.device == tys[0].device),
+            "bucket mixes kinds"
+        );
+        assert_eq!(*nbytes, tys.iter().map(TensorType::nbytes).sum::<usize>());
+        by_kind
+            .entry((tys[0].dtype, tys[0].device))
+            .or_default()
+            .push((*nbytes, tys.last().unwrap().nbytes()));
+    }
+    for buckets in by_kind.values() {
+        for (k, (nbytes, last)) in buckets.iter().enumerate() {
+            if bucket_mb <= 0.0 {
+                assert_eq!(nbytes, last, "one gradient per bucket");
+            } else if k + 1 < buckets.len() {
+                assert!(
+                    *nbytes as f64 >= cap && ((nbytes - last) as f64) < cap,
+                    "bucket {k}: {nbytes} bytes vs cap {cap}"
+                );
+            } else {
+                assert!(((nbytes - last) as f64) < cap);
+            }
+        }
+    }
+    // input gradients untouched, parameter gradients synchronized
+    let (b_out, a_out) = (before.gradient_values(), after.gradient_values());
+    for (i, (b, a)) in b_out.iter().zip(&a_out).enumerate() {
+        let is_param = before
+            .params
+            .iter()
+            .any(|p| p.grad_output == Some(i) && p.requires_grad);
+        match (b, a) {
+            (Some(b), Some(a)) if !is_param => assert_eq!(
+                before.backward.name(*b),
+                t.name(*a),
+                "input gradient changed"
+            ),
+            (Some(_), Some(a)) => {
+                assert_eq!(t.node(t.producer(*a).unwrap()).unwrap().op, ops::UNPACK)
+            }
+            (None, None) => {}
+            other => panic!("gradient {i} changed shape: {other:?}"),
+        }
+    }
+}
+
+fn run(p: &Program, pipeline: &str) -> Program {
+    let mut q = p.clone();
+    PassManager::parse(pipeline)
+        .unwrap()
+        .run(&mut q, OpRegistry::builtin())
+        .unwrap();
+    q
+}
+
+#[test]
+fn ddp_on_every_thunder_backward() {
+    for (name, prog, prefix) in thunder_programs() {
+        for mb in [0.0, 0.001, 1.0, 25.0] {
+            let pipeline = format!("{prefix}ddp(world_size=2,bucket_mb={mb}),sort-waits,dce");
+            let out = run(&prog, &pipeline);
+            let local = if prefix.is_empty() {
+                prog.clone()
+            } else {
+                run(&prog, "no-sync,dce")
+            };
+            check_ddp(&local, &out, mb);
+            let again = run(&prog, &pipeline);
+            assert_eq!(
+                print_trace(&out.backward),
+                print_trace(&again.backward),
+                "not deterministic"
+            );
+            insta::assert_snapshot!(format!("{name}_bucket_{mb}"), canonical_text(&out.backward));
+        }
+    }
+}
+
+#[test]
+fn ddp_on_hand_made_trace() {
+    let p = hand_made();
+    for mb in [0.0, 0.001, 1.0, 25.0] {
+        let out = run(&p, &format!("ddp(world_size=4,bucket_mb={mb}),sort-waits"));
+        check_ddp(&p, &out, mb);
+        insta::assert_snapshot!(
+            format!("hand_made_bucket_{mb}"),
+            canonical_text(&out.backward)
+        );
+    }
+    // 25 MiB: the f32 gradients share a bucket, the bf16 one has its own
+    let out = run(&p, "ddp(world_size=4,bucket_mb=25)");
+    let plan = tracepass_passes::ddp::recorded_plan(&out.backward);
+    assert_eq!(plan.len(), 2);
+    // bf16's bucket closes first: its last gradient is produced before the last f32 one
+    assert_eq!(plan.iter().map(|b| b.1.len()).collect::<Vec<_>>(), [1, 2]);
+}
+
+#[test]
+fn first_bucket_and_post_average() {
+    let p = hand_made();
+    let out = run(&p, "ddp(world_size=4,bucket_mb=25,first_bucket_mb=0.0001)");
+    let plan = tracepass_passes::ddp::recorded_plan(&out.backward);
+    assert_eq!(
+        plan.iter().map(|b| b.1.len()).collect::<Vec<_>>(),
+        [1, 1, 1],
+        "{plan:?}"
+    );
+    let out = run(&p, "ddp(world_size=4,average=post)");
+    let t = &out.backward;
+    // the divisions come after the unpacks
+    let pos: Vec<&str> = t.nodes().map(|(_, n)| n.op.as_str()).collect();
+    let first_div = pos.iter().position(|o| *o == ops::DIV).unwrap();
+    let first_unpack = pos.iter().position(|o| *o == ops::UNPACK).unwrap();
+    assert!(first_div > first_unpack);
+}
+
+#[test]
+fn no_sync_restores_local_gradients() {
+    // Thunder's DDP backward minus synchronization equals the plain backward, up to numbering
+    let (_, synced, _) = thunder_programs().into_iter().nth(1).unwrap();
+    let local = run(&synced, "no-sync,dce");
+    assert_eq!(count(&local.backward, ops::ALL_REDUCE), 0);
+    assert_eq!(count(&local.backward, ops::TRUE_DIVIDE), 0);
+    let plain =
+        Program::from_thunder(load("mlp/forward.trace"), load("mlp/backward.trace")).unwrap();
+    let ops_of = |t: &Trace| t.nodes().map(|(_, n)| n.op.clone()).collect::<Vec<_>>();
+    assert_eq!(ops_of(&local.backward), ops_of(&plain.backward));
+    // and ours round-trips: ddp then no-sync gives back the input
+    let ours = run(&plain, "ddp(world_size=2,bucket_mb=1),no-sync,dce");
+    let body = |t: &Trace| {
+        canonical_text(t)
+            .lines()
+            .filter(|l| !l.starts_with("# Constructed"))
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(body(&ours.backward), body(&plain.backward));
+}
+
+#[test]
+fn thunder_schedule_has_no_overlap_ours_does() {
+    // in Thunder's export every all-reduce comes after the last gradient; ours start earlier
+    let (_, synced, _) = thunder_programs().into_iter().nth(1).unwrap();
+    let first_ar = |t: &Trace| {
+        t.nodes()
+            .position(|(_, n)| n.op == ops::ALL_REDUCE)
+            .unwrap()
+    };
+    let last_matmul = |t: &Trace| {
+        t.nodes()
+            .enumerate()
+            .filter(|(_, (_, n))| n.op == "ltorch.matmul")
+            .map(|(i, _)| i)
+            .max()
+            .unwrap()
+    };
+    assert!(first_ar(&synced.backward) > last_matmul(&synced.backward));
+    let ours = run(
+        &synced,
+        "no-sync,ddp(world_size=2,bucket_mb=0),sort-waits,dce",
+    );
+    assert!(first_ar(&ours.backward) < last_matmul(&ours.backward));
+}
+
+#[test]
+fn dce_and_cse() {
+    let plain =
+        Program::from_thunder(load("mlp/forward.trace"), load("mlp/backward.trace")).unwrap();
+    // Thunder's backward reshapes t64 twice and t152 twice: cse merges them
+    let out = run(&plain, "cse,dce");
+    assert_eq!(out.backward.node_count(), plain.backward.node_count() - 2);
+    let mut t = plain.clone();
+    let dead = t
+        .backward
+        .new_value("dead", Type::tensor([8, 4], DType::F32, Device::CPU));
+    let cot = t.backward.find_value("t64").unwrap();
+    t.backward
+        .append(Node::new("ltorch.tanh", vec![cot.into()], vec![dead]));
+    let out = run(&t, "dce");
+    assert_eq!(out.backward.node_count(), plain.backward.node_count());
+}
+
+#[test]
+fn pipeline_errors_list_what_is_valid() {
+    let e = |s: &str| PassManager::parse(s).err().unwrap().to_string();
+    assert_eq!(
+        e("ddp(world_size=4),frob"),
+        "unknown pass `frob`; valid passes: ddp, sort-waits, no-sync, dce, cse"
+    );
+    assert_eq!(e("ddp(world_size=4,bucket=3)"), "pass `ddp` has no option `bucket`; valid options: world_size, bucket_mb, first_bucket_mb, average, group");
+    assert_eq!(
+        e("ddp(world_size=0)"),
+        "pass `ddp`: bad value `0` for `world_size`: must be at least 1"
+    );
+    assert_eq!(
+        e("ddp(world_size=2,bucket_mb=NaN)"),
+        "pass `ddp`: bad value `NaN` for `bucket_mb`: must be a finite number"
+    );
+    assert_eq!(
+        e("ddp(world_size=2,average=mean)"),
+        "pass `ddp`: bad value `mean` for `average`: expected one of pre, post"
+    );
+    assert_eq!(e("ddp"), "pass `ddp`: missing required option `world_size`");
+    assert_eq!(
+        e("dce(x=1)"),
+        "pass `dce` has no option `x`; valid options: (none)"
+    );
+    let pm = PassManager::parse("ddp(world_size=4,bucket_mb=25),sort-waits,dce").unwrap();
+    assert_eq!(
+        pm.pipeline(),
+        "ddp(world_size=4,bucket_mb=25),sort-waits,dce"
+    );
+}
+
+#[test]
+fn ddp_needs_parameters_and_refuses_synchronized_input() {
+    let lone = Program::lone(load("mlp/backward.trace"));
+    let err = PassManager::parse("ddp(world_size=2)")
+        .unwrap()
+        .run(&mut lone.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(err.to_string().contains("no parameter metadata"), "{err}");
+    let (_, synced, _) = thunder_programs().into_iter().nth(1).unwrap();
+    let err = PassManager::parse("ddp(world_size=2)")
+        .unwrap()
+        .run(&mut synced.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(err.to_string().contains("run `no-sync` first"), "{err}");
+}
+
+#[test]
+fn manager_prints_ir_times_and_writes_reproducers() {
+    let plain =
+        Program::from_thunder(load("mlp/forward.trace"), load("mlp/backward.trace")).unwrap();
+    let mut pm = PassManager::parse("ddp(world_size=2),sort-waits,dce").unwrap();
+    pm.print_ir.after_change = true;
+    pm.print_ir.before = vec!["ddp".into()];
+    let mut p = plain.clone();
+    let report = pm.run(&mut p, OpRegistry::builtin()).unwrap();
+    // sort-waits finds nothing to move after ddp: no dump after it
+    assert_eq!(report.dumps.len(), 2, "before ddp, after ddp");
+    assert!(report.dumps[0].starts_with("// ----- IR before ddp -----"));
+    assert_eq!(report.timings.len(), 3);
+    assert!(timing_table(&report).contains("sort-waits"));
+    assert_eq!(
+        p.backward.provenance.last().unwrap().pass,
+        "ddp(world_size=2,bucket_mb=25)"
+    );
+    // a failing pass leaves a reproducer that replays the same failure
+    let dir = tempfile::tempdir().unwrap();
+    let mut pm = PassManager::parse("sort-waits,ddp(world_size=2)").unwrap();
+    pm.reproducer_dir = Some(dir.path().to_path_buf());
+    let err = pm
+        .run(
+            &mut Program::lone(load("mlp/backward.trace")),
+            OpRegistry::builtin(),
+        )
+        .unwrap_err();
+    let path = err.reproducer.clone().expect("reproducer written");
+    let r = Reproducer::load(&path).unwrap();
+    assert_eq!(r.pipeline, "sort-waits,ddp(world_size=2,bucket_mb=25)");
+    assert_eq!(r.failed_pass, "ddp");
+    assert!(matches!(r.input, Module::Trace(_)));
+}
+
+#[test]
+fn verify_after_each_pass_names_the_pass() {
+    struct Breaker;
+    impl Pass for Breaker {
+        fn name(&self) -> &str {
+            "breaker"
+        }
+        fn run(&self, p: &mut Program, _: &mut PassContext) -> Result<Changed, PassError> {
+            let mut s = p.backward.schedule().to_vec();
+            s.reverse();
+            p.backward.set_schedule(s);
+            Ok(Changed::Yes)
+        }
+    }
+    let mut pm = PassManager::new();
+    pm.add(Breaker);
+    let err = pm
+        .run(
+            &mut Program::lone(load("mlp/backward.trace")),
+            OpRegistry::builtin(),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("the IR is invalid after pass `breaker`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn seed_apis_have_thunders_defaults() {
+    let mut p = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    api::ddp(&mut p, 2, api::DdpArgs::default()).unwrap();
+    assert_eq!(p.broadcast_from, Some(0));
+    assert_eq!(
+        count(&p.backward, ops::ALL_REDUCE),
+        1,
+        "the seed model fits one 25 MiB bucket"
+    );
+    let plugin = api::DdpPlugin::default();
+    assert_eq!(plugin.broadcast_from, None);
+    let mut q = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    api::DdpPlugin {
+        bucket_size_in_mb: 0.0,
+        ..plugin
+    }
+    .apply(&mut q, 2)
+    .unwrap();
+    assert_eq!(q.broadcast_from, None);
+    assert_eq!(count(&q.backward, ops::ALL_REDUCE), 4);
+}
