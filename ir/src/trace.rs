@@ -118,6 +118,10 @@ impl Trace {
     pub fn values(&self) -> impl Iterator<Item = (ValueId, &Value)> {
         self.values.iter().map(|(k, v)| (*k, v))
     }
+    /// One more than the largest value handle ever given out: size of a table indexed by `ValueId.0`.
+    pub fn value_bound(&self) -> usize {
+        self.next_value as usize
+    }
     pub fn value_count(&self) -> usize {
         self.values.len()
     }
@@ -315,20 +319,23 @@ impl Trace {
     }
 }
 
-/// Hands out fresh value names (`t17`, `ft3`) that do not collide with a trace's names.
+/// Hands out fresh value names (`t17`, `ft3`) that do not collide with a trace's names: each
+/// prefix continues after the largest number any existing name of that form uses.
 pub struct NameGen {
-    used: HashSet<String>,
     next: HashMap<&'static str, u64>,
 }
 
+const NAME_PREFIXES: [&str; 8] = ["t", "ft", "C", "i", "f", "b", "s", "o"];
+
 impl NameGen {
     pub fn new(trace: &Trace) -> NameGen {
-        let used: HashSet<String> = trace.values.values().map(|v| v.name.clone()).collect();
         let mut next: HashMap<&'static str, u64> = HashMap::new();
-        for name in &used {
-            for prefix in ["t", "ft", "C", "i", "f", "b", "s", "o"] {
-                if let Some(n) = name
+        for v in trace.values.values() {
+            for prefix in NAME_PREFIXES {
+                if let Some(n) = v
+                    .name
                     .strip_prefix(prefix)
+                    .filter(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit()))
                     .and_then(|r| r.parse::<u64>().ok())
                 {
                     let e = next.entry(prefix).or_insert(0);
@@ -336,18 +343,14 @@ impl NameGen {
                 }
             }
         }
-        NameGen { used, next }
+        NameGen { next }
     }
     /// A fresh name with the given prefix.
     pub fn fresh(&mut self, prefix: &'static str) -> String {
-        loop {
-            let n = self.next.entry(prefix).or_insert(0);
-            let name = format!("{prefix}{n}");
-            *n += 1;
-            if self.used.insert(name.clone()) {
-                return name;
-            }
-        }
+        let n = self.next.entry(prefix).or_insert(0);
+        let name = format!("{prefix}{n}");
+        *n += 1;
+        name
     }
     /// A fresh name for a value of type `ty`.
     pub fn fresh_for(&mut self, ty: &Type) -> String {

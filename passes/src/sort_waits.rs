@@ -2,8 +2,8 @@
 //! first consumer, all other nodes in their relative order. Linear in nodes + edges.
 
 use crate::pass::{Changed, Pass, PassContext, PassError};
-use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::EdgeRef;
+use petgraph::visit::NodeIndexable;
 use petgraph::Direction;
 use std::collections::{HashMap, VecDeque};
 use tracepass_ir::{ops, Effect, Program, Trace};
@@ -21,14 +21,21 @@ enum Class {
 pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     let old = t.schedule().to_vec();
     let n = old.len();
-    let slot: HashMap<NodeIndex, usize> = old.iter().enumerate().map(|(i, x)| (*x, i)).collect();
+    let mut slot = vec![usize::MAX; t.graph().node_bound()];
+    for (i, x) in old.iter().enumerate() {
+        slot[x.index()] = i;
+    }
+    let mut effects: HashMap<&str, Effect> = HashMap::new();
     let class: Vec<Class> = old
         .iter()
         .map(|idx| {
             let node = t.node(*idx).expect("scheduled node exists");
+            let effect = *effects
+                .entry(node.op.as_str())
+                .or_insert_with(|| reg.effect(&node.op));
             if node.op == ops::WAIT {
                 Class::Late
-            } else if reg.effect(&node.op) == Effect::Collective {
+            } else if effect == Effect::Collective {
                 Class::Early
             } else {
                 Class::Regular
@@ -41,7 +48,8 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
         .map(|idx| {
             let mut p: Vec<usize> = g
                 .edges_directed(*idx, Direction::Incoming)
-                .filter_map(|e| slot.get(&e.source()).copied())
+                .map(|e| slot[e.source().index()])
+                .filter(|s| *s != usize::MAX)
                 .collect();
             p.sort_unstable();
             p.dedup();
