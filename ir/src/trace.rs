@@ -1,7 +1,7 @@
 //! The trace: an SSA program as a petgraph DAG plus the schedule that runs it.
 
 use crate::arg::Arg;
-use crate::node::{Edge, Lhs, Node};
+use crate::node::{Edge, Node};
 use crate::types::Type;
 use crate::value::{Def, Value, ValueId};
 use indexmap::IndexMap;
@@ -589,9 +589,5 @@ impl Trace {
             .collect();
         v.sort_unstable();
         v
-    }
-    /// True when the node binds its outputs with the sequence-unpack form.
-    pub fn is_unpack(&self, idx: NodeIndex) -> bool {
-        self.node(idx).is_some_and(|n| n.lhs == Lhs::Unpack)
     }
 }

@@ -9,7 +9,7 @@ use crate::types::Type;
 use crate::value::{Def, ValueId};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::EdgeRef;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 
 /// One violated invariant.
@@ -266,10 +266,9 @@ impl Verifier<'_> {
             .map(|(id, v)| (id, v.name.as_str()))
             .collect();
         futures.sort_unstable();
-        let mut reported = HashSet::new();
         for (id, name) in futures {
             let n = future_waits.get(&id).copied().unwrap_or(0);
-            if n != 1 && reported.insert(id) {
+            if n != 1 {
                 let msg = format!("future `{name}` is waited {n} times (must be exactly once)");
                 match t.producer(id) {
                     Some(p) => self.at(p, msg),

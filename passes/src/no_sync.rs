@@ -122,12 +122,12 @@ pub fn no_sync(t: &mut Trace) -> usize {
     }
     let n = reduces.len();
     // remove the synchronization nodes whose outputs nothing else needs
+    let returned: HashSet<ValueId> = t.returned_values().into_iter().collect();
     let still_used = |t: &Trace, idx| {
         t.node(idx).is_some_and(|n| {
-            n.outputs.iter().any(|o| {
-                t.users(*o).iter().any(|u| !removable.contains(u))
-                    || t.returned_values().contains(o)
-            })
+            n.outputs
+                .iter()
+                .any(|o| returned.contains(o) || t.users(*o).iter().any(|u| !removable.contains(u)))
         })
     };
     let keep: HashSet<_> = removable

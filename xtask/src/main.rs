@@ -178,7 +178,6 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
     let mut rows = Vec::new();
     for n in sizes(max_nodes) {
         let p = mlp_program(&MlpSpec::deep_with_backward_nodes(n, 64))?;
-        let pm = PassManager::parse(pipeline)?;
         let mut fast = PassManager::parse(pipeline)?;
         fast.verify_each = false;
         let reps = 3;
@@ -186,7 +185,6 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
         let out = out?;
         // the timed run skips verification; check the result once
         tracepass_ir::verify(&out.backward)?;
-        let _ = pm;
         let nodes = p.backward.node_count();
         let buckets = out
             .backward
