@@ -1,5 +1,6 @@
 //! The passes known by name, built from pipeline specs.
 
+use crate::accumulate::AccumulateGrads;
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::ddp::Ddp;
@@ -9,7 +10,14 @@ use crate::pipeline::{Options, PassSpec};
 use crate::sort_waits::SortWaits;
 
 /// Pass names, as pipelines spell them.
-pub const PASS_NAMES: &[&str] = &["ddp", "sort-waits", "no-sync", "dce", "cse"];
+pub const PASS_NAMES: &[&str] = &[
+    "ddp",
+    "sort-waits",
+    "no-sync",
+    "accumulate-grads",
+    "dce",
+    "cse",
+];
 
 /// Builds a pass from its spec; unknown names and options are errors that list what is valid.
 pub fn build_pass(spec: &PassSpec) -> Result<Box<dyn Pass>, PassError> {
@@ -23,6 +31,10 @@ pub fn build_pass(spec: &PassSpec) -> Result<Box<dyn Pass>, PassError> {
         "no-sync" => {
             no_options(spec)?;
             Box::new(NoSync)
+        }
+        "accumulate-grads" => {
+            no_options(spec)?;
+            Box::new(AccumulateGrads)
         }
         "dce" => {
             no_options(spec)?;

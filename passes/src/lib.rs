@@ -8,6 +8,7 @@
 //! pm.run(&mut program, OpRegistry::builtin()).unwrap();
 //! ```
 
+pub mod accumulate;
 pub mod api;
 pub mod catalog;
 pub mod cse;

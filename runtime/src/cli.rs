@@ -47,6 +47,8 @@ pub enum Command {
     },
     /// Run a pass pipeline, like mlir-opt.
     Opt(OptArgs),
+    /// Train a model with DDP on thread ranks (the seed example by default).
+    Train(Box<crate::train_cmd::TrainArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -137,10 +139,11 @@ pub fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Opt(args) => opt(args),
+        Command::Train(args) => crate::train_cmd::run(*args),
     }
 }
 
-fn out(s: &str) -> Result<()> {
+pub(crate) fn out(s: &str) -> Result<()> {
     let mut o = std::io::stdout().lock();
     match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),

@@ -1,4 +1,24 @@
-//! tracepass-runtime: hosts the `tracepass` command line. The executor, backends, communicators
-//! and trainer belong here too (next issue).
+//! tracepass-runtime: runs rewritten traces on ranks.
+//!
+//! - [`backend::Backend`] and the [`cpu::CpuBackend`]: kernels over [`tensor::Tensor`]s.
+//! - [`comm::Communicator`] and [`thread_comm::ThreadComm`]: collectives between ranks.
+//! - [`plan::Plan`] and [`executor::Executor`]: a trace compiled to slots, run step by step.
+//! - [`trainer`]: forward, loss, DDP backward, optimizer on N ranks; `tracepass train`.
 
+pub mod backend;
 pub mod cli;
+pub mod comm;
+pub mod cpu;
+pub mod data;
+pub mod executor;
+pub mod kernel;
+pub mod loss;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod plan;
+pub mod tensor;
+pub mod tensorfile;
+pub mod thread_comm;
+pub mod train_cmd;
+pub mod trainer;

@@ -1,0 +1,95 @@
+//! accumulate-grads: the synchronized step of gradient accumulation. Each parameter gradient
+//! gets a new backward argument `acc_<grad>` (the sum of the earlier micro-steps' local
+//! gradients) added to it right after it is produced, so a later `ddp` reduces the total.
+
+use crate::pass::{Changed, Pass, PassContext, PassError};
+use std::collections::HashMap;
+use tracepass_ir::{Arg, Node, NodeIndex, Program, ValueId};
+
+pub struct AccumulateGrads;
+
+/// The op the added nodes run.
+pub const ADD: &str = "ltorch.add";
+
+impl Pass for AccumulateGrads {
+    fn name(&self) -> &str {
+        "accumulate-grads"
+    }
+    fn spec(&self) -> String {
+        "accumulate-grads".into()
+    }
+    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+        if p.params.is_empty() {
+            return Err(PassError::Failed {
+                pass: "accumulate-grads".into(),
+                message: "no parameter metadata: give a program, or pair the backward with its forward (--forward FILE)".into(),
+            });
+        }
+        let grads = p.gradient_values();
+        let mut targets: Vec<(usize, ValueId)> = Vec::new();
+        for param in &p.params {
+            if !param.requires_grad || param.tied_to.is_some() {
+                continue;
+            }
+            if let Some(i) = param.grad_output {
+                if let Some(Some(g)) = grads.get(i) {
+                    if !targets.iter().any(|(_, v)| v == g) {
+                        targets.push((i, *g));
+                    }
+                }
+            }
+        }
+        let t = &mut p.backward;
+        let mut names = t.name_gen();
+        let pos: HashMap<NodeIndex, usize> = t
+            .schedule()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (*n, i))
+            .collect();
+        let mut after: HashMap<Option<usize>, Vec<NodeIndex>> = HashMap::new();
+        let mut replaced: HashMap<ValueId, ValueId> = HashMap::new();
+        for (_, g) in &targets {
+            let ty = t.ty(*g).cloned().ok_or_else(|| PassError::Failed {
+                pass: "accumulate-grads".into(),
+                message: format!("gradient {g} has no type"),
+            })?;
+            let mut acc_name = format!("acc_{}", t.name(*g));
+            while t.find_value(&acc_name).is_some() {
+                acc_name.insert(0, '_');
+            }
+            let acc = t.push_arg(acc_name, ty.clone());
+            let sum = t.new_value(names.fresh_for(&ty), ty);
+            let slot = t.producer(*g).and_then(|n| pos.get(&n).copied());
+            let idx = t.add_node(Node::new(
+                ADD,
+                vec![Arg::Value(*g), Arg::Value(acc)],
+                vec![sum],
+            ));
+            after.entry(slot).or_default().push(idx);
+            replaced.insert(*g, sum);
+        }
+        let old = t.schedule().to_vec();
+        let mut sched = Vec::with_capacity(old.len() + targets.len());
+        sched.extend(after.remove(&None).unwrap_or_default());
+        for (i, n) in old.into_iter().enumerate() {
+            sched.push(n);
+            if let Some(extra) = after.remove(&Some(i)) {
+                sched.extend(extra);
+            }
+        }
+        t.set_schedule(sched);
+        // only the returned gradients change; other readers keep the local value
+        if let Arg::Tuple(items) | Arg::List(items) = &mut t.ret {
+            for (i, g) in &targets {
+                if let Some(slot) = items.get_mut(*i) {
+                    if slot.as_value() == Some(*g) {
+                        *slot = Arg::Value(replaced[g]);
+                    }
+                }
+            }
+        }
+        cx.stat("accumulate-grads.gradients", targets.len() as u64);
+        Ok(Changed::from(!targets.is_empty()))
+    }
+}

@@ -1,0 +1,58 @@
+//! The device interface the executor drives: kernels, bucket packing, host transfers.
+
+use crate::kernel::Kernel;
+use crate::tensor::Tensor;
+use tracepass_ir::DType;
+
+/// An operand handed to a kernel: a tensor, or a number the trace computed or wrote.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a, T> {
+    Tensor(&'a T),
+    Scalar(f64),
+}
+
+/// Why a kernel could not run (the executor adds which node).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct KernelError(pub String);
+
+impl From<String> for KernelError {
+    fn from(s: String) -> Self {
+        KernelError(s)
+    }
+}
+impl From<&str> for KernelError {
+    fn from(s: &str) -> Self {
+        KernelError(s.to_string())
+    }
+}
+
+/// A device that holds tensors and runs kernels on them.
+pub trait Backend: Send + Sync + 'static {
+    type Tensor: Clone + Send + Sync + std::fmt::Debug + 'static;
+
+    fn name(&self) -> &'static str;
+    /// Runs one kernel; `inputs` are numbered as the kernel's `Side::Input`s.
+    fn run(
+        &self,
+        kernel: &Kernel,
+        inputs: &[Input<'_, Self::Tensor>],
+    ) -> Result<Self::Tensor, KernelError>;
+    /// Concatenates the flattened members into one 1-d bucket buffer.
+    fn pack(&self, members: &[&Self::Tensor]) -> Result<Self::Tensor, KernelError>;
+    /// Views of a bucket buffer: member `i` starts at element `offsets[i]` and has `shapes[i]`.
+    fn unpack(
+        &self,
+        buffer: &Self::Tensor,
+        offsets: &[usize],
+        shapes: &[Vec<usize>],
+    ) -> Result<Vec<Self::Tensor>, KernelError>;
+    fn upload(&self, host: &Tensor) -> Result<Self::Tensor, KernelError>;
+    fn download(&self, t: &Self::Tensor) -> Result<Tensor, KernelError>;
+    fn shape<'a>(&self, t: &'a Self::Tensor) -> &'a [usize];
+    fn dtype(&self, t: &Self::Tensor) -> DType;
+    /// Blocks until queued work is done (a no-op on the CPU).
+    fn synchronize(&self) -> Result<(), KernelError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,368 @@
+//! Elementwise kernels with NumPy broadcasting.
+
+use super::real::Real;
+use crate::backend::Input;
+use crate::kernel::{BinaryOp, Side, UnaryOp};
+use crate::tensor::{contiguous_strides, Tensor};
+use tracepass_ir::DType;
+
+/// The dtype two operands compute in (PyTorch's promotion among the float types).
+pub fn promote(a: DType, b: DType) -> DType {
+    use DType::*;
+    match (a, b) {
+        (x, y) if x == y => x,
+        (F64, _) | (_, F64) => F64,
+        _ => F32,
+    }
+}
+
+#[inline(always)]
+fn unary_fn<T: Real>(op: UnaryOp) -> impl Fn(T) -> T {
+    move |x: T| match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Log1p => x.ln_1p(),
+        UnaryOp::Expm1 => x.exp_m1(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => T::ONE / x.sqrt(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => T::ONE / (T::ONE + (-x).exp()),
+        UnaryOp::Relu => {
+            if x > T::ZERO {
+                x
+            } else {
+                T::ZERO
+            }
+        }
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Reciprocal => T::ONE / x,
+        UnaryOp::Sign => {
+            if x > T::ZERO {
+                T::ONE
+            } else if x < T::ZERO {
+                -T::ONE
+            } else {
+                x
+            }
+        }
+        UnaryOp::Erf => x.erf(),
+        UnaryOp::Gelu => {
+            T::of(0.5) * x * (T::ONE + (x * T::of(std::f64::consts::FRAC_1_SQRT_2)).erf())
+        }
+        UnaryOp::GeluTanh => {
+            let inner = T::of(0.7978845608028654) * (x + T::of(0.044715) * x * x * x);
+            T::of(0.5) * x * (T::ONE + inner.tanh())
+        }
+    }
+}
+
+fn map_typed<T: Real>(x: &Tensor, f: impl Fn(T) -> T) -> Tensor {
+    let v = T::elems(x);
+    Tensor::new(
+        x.shape().to_vec(),
+        T::storage(v.iter().map(|&e| f(e)).collect()),
+    )
+}
+
+/// Runs a unary op in the tensor's compute type and returns the tensor's dtype.
+pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor, String> {
+    with_compute_type(x.dtype(), |ct| match ct {
+        DType::F64 => Ok(map_typed::<f64>(x, unary_fn(op))),
+        _ => Ok(map_typed::<f32>(x, unary_fn(op))),
+    })
+}
+
+/// Computes in f32 or f64 and casts the result to `dtype` (bf16/f16 compute in f32).
+fn with_compute_type(
+    dtype: DType,
+    f: impl FnOnce(DType) -> Result<Tensor, String>,
+) -> Result<Tensor, String> {
+    let ct = match dtype {
+        DType::F64 => DType::F64,
+        DType::F32 | DType::BF16 | DType::F16 => DType::F32,
+        other => return Err(format!("dtype {other} is not supported by the cpu backend")),
+    };
+    let out = f(ct)?;
+    if out.dtype() == dtype {
+        Ok(out)
+    } else {
+        out.to_dtype(dtype)
+            .ok_or_else(|| format!("cannot convert to {dtype}"))
+    }
+}
+
+#[inline(always)]
+fn binary_fn<T: Real>(op: BinaryOp, alpha: T) -> impl Fn(T, T) -> T {
+    move |a: T, b: T| match op {
+        BinaryOp::Add => a + alpha * b,
+        BinaryOp::Sub => a - alpha * b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Pow => a.powf(b),
+        BinaryOp::Maximum => {
+            if a.is_nan() || a > b {
+                a
+            } else {
+                b
+            }
+        }
+        BinaryOp::Minimum => {
+            if a.is_nan() || a < b {
+                a
+            } else {
+                b
+            }
+        }
+        BinaryOp::Atan2 => a.atan2(b),
+    }
+}
+
+fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+    let n = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| {
+        if i < n - s.len() {
+            1
+        } else {
+            s[i - (n - s.len())]
+        }
+    };
+    (0..n)
+        .map(|i| {
+            let (x, y) = (get(a, i), get(b, i));
+            if x == y || y == 1 {
+                Ok(x)
+            } else if x == 1 {
+                Ok(y)
+            } else {
+                Err(format!("shapes {a:?} and {b:?} do not broadcast"))
+            }
+        })
+        .collect()
+}
+
+/// Strides that read a contiguous `shape` as if it were `out` (0 along broadcast dimensions).
+fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<isize> {
+    let own = contiguous_strides(shape);
+    let lead = out.len() - shape.len();
+    (0..out.len())
+        .map(|i| {
+            if i < lead || shape[i - lead] == 1 {
+                0
+            } else {
+                own[i - lead]
+            }
+        })
+        .collect()
+}
+
+/// Positions in a contiguous buffer read with `strides` while walking `out` in row-major order.
+fn broadcast_index(out: &[usize], strides: &[isize]) -> Vec<usize> {
+    let n: usize = out.iter().product();
+    let rank = out.len();
+    let mut idx = vec![0usize; rank];
+    let mut pos = 0isize;
+    let mut res = Vec::with_capacity(n);
+    for k in 0..n {
+        if k > 0 {
+            for d in (0..rank).rev() {
+                idx[d] += 1;
+                pos += strides[d];
+                if idx[d] < out[d] {
+                    break;
+                }
+                pos -= strides[d] * out[d] as isize;
+                idx[d] = 0;
+            }
+        }
+        res.push(pos as usize);
+    }
+    res
+}
+
+enum Operand<'a> {
+    T(&'a Tensor),
+    S(f64),
+}
+
+fn pow_scalar<T: Real>(v: &[T], e: f64) -> Vec<T> {
+    // PyTorch special-cases these exponents; doing the same keeps results bit-close.
+    match e {
+        2.0 => v.iter().map(|&x| x * x).collect(),
+        3.0 => v.iter().map(|&x| x * x * x).collect(),
+        0.5 => v.iter().map(|&x| x.sqrt()).collect(),
+        -0.5 => v.iter().map(|&x| T::ONE / x.sqrt()).collect(),
+        -1.0 => v.iter().map(|&x| T::ONE / x).collect(),
+        -2.0 => v.iter().map(|&x| T::ONE / (x * x)).collect(),
+        _ => {
+            let e = T::of(e);
+            v.iter().map(|&x| x.powf(e)).collect()
+        }
+    }
+}
+
+fn binary_typed<T: Real>(
+    op: BinaryOp,
+    a: Operand,
+    b: Operand,
+    alpha: f64,
+) -> Result<Tensor, String> {
+    let f = binary_fn::<T>(op, T::of(alpha));
+    Ok(match (a, b) {
+        (Operand::T(x), Operand::S(s)) => {
+            let v = T::elems(x);
+            let data = if op == BinaryOp::Pow {
+                pow_scalar(&v, s)
+            } else {
+                let s = T::of(s);
+                v.iter().map(|&e| f(e, s)).collect()
+            };
+            Tensor::new(x.shape().to_vec(), T::storage(data))
+        }
+        (Operand::S(s), Operand::T(y)) => {
+            let s = T::of(s);
+            let v = T::elems(y);
+            Tensor::new(
+                y.shape().to_vec(),
+                T::storage(v.iter().map(|&e| f(s, e)).collect()),
+            )
+        }
+        (Operand::T(x), Operand::T(y)) => {
+            let (va, vb) = (T::elems(x), T::elems(y));
+            if x.shape() == y.shape() {
+                let data = va.iter().zip(vb.iter()).map(|(&p, &q)| f(p, q)).collect();
+                Tensor::new(x.shape().to_vec(), T::storage(data))
+            } else {
+                let out = broadcast_shape(x.shape(), y.shape())?;
+                let ia = broadcast_index(&out, &broadcast_strides(x.shape(), &out));
+                let ib = broadcast_index(&out, &broadcast_strides(y.shape(), &out));
+                let data = ia.iter().zip(&ib).map(|(&p, &q)| f(va[p], vb[q])).collect();
+                Tensor::new(out, T::storage(data))
+            }
+        }
+        (Operand::S(_), Operand::S(_)) => return Err("both operands are numbers".into()),
+    })
+}
+
+/// `a op (alpha * b)` with broadcasting; numbers take the tensor's dtype, as in PyTorch.
+pub fn binary(
+    op: BinaryOp,
+    a: Side,
+    b: Side,
+    alpha: f64,
+    inputs: &[Input<'_, Tensor>],
+) -> Result<Tensor, String> {
+    let get = |s: Side| -> Result<Operand, String> {
+        match s {
+            Side::Scalar(x) => Ok(Operand::S(x)),
+            Side::Input(i) => match inputs.get(i) {
+                Some(Input::Tensor(t)) => Ok(Operand::T(t)),
+                Some(Input::Scalar(x)) => Ok(Operand::S(*x)),
+                None => Err(format!("input {i} is missing")),
+            },
+        }
+    };
+    let (oa, ob) = (get(a)?, get(b)?);
+    let dtype = match (&oa, &ob) {
+        (Operand::T(x), Operand::T(y)) => promote(x.dtype(), y.dtype()),
+        (Operand::T(x), _) | (_, Operand::T(x)) => x.dtype(),
+        _ => return Err("both operands are numbers".into()),
+    };
+    with_compute_type(dtype, |ct| match ct {
+        DType::F64 => binary_typed::<f64>(op, oa, ob, alpha),
+        _ => binary_typed::<f32>(op, oa, ob, alpha),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_follows_numpy() {
+        let a = Tensor::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]);
+        let b = Tensor::from_f32(vec![3], vec![10., 20., 30.]);
+        let r = binary(
+            BinaryOp::Add,
+            Side::Input(0),
+            Side::Input(1),
+            1.0,
+            &[Input::Tensor(&a), Input::Tensor(&b)],
+        )
+        .expect("broadcasts");
+        assert_eq!(r.to_f32_vec(), vec![11., 22., 33., 14., 25., 36.]);
+        let c = Tensor::from_f32(vec![2, 1], vec![1., 2.]);
+        let r = binary(
+            BinaryOp::Mul,
+            Side::Input(0),
+            Side::Input(1),
+            1.0,
+            &[Input::Tensor(&c), Input::Tensor(&b)],
+        )
+        .expect("broadcasts");
+        assert_eq!(r.shape(), &[2, 3]);
+        assert_eq!(r.to_f32_vec(), vec![10., 20., 30., 20., 40., 60.]);
+        let bad = Tensor::from_f32(vec![2], vec![1., 2.]);
+        assert!(binary(
+            BinaryOp::Add,
+            Side::Input(0),
+            Side::Input(1),
+            1.0,
+            &[Input::Tensor(&a), Input::Tensor(&bad)]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn scalars_alpha_and_pow() {
+        let a = Tensor::from_f32(vec![3], vec![1., 2., 3.]);
+        let r = binary(
+            BinaryOp::Sub,
+            Side::Scalar(1.0),
+            Side::Input(0),
+            2.0,
+            &[Input::Tensor(&a)],
+        )
+        .expect("ok");
+        assert_eq!(r.to_f32_vec(), vec![-1., -3., -5.]);
+        let r = binary(
+            BinaryOp::Pow,
+            Side::Input(0),
+            Side::Scalar(3.0),
+            1.0,
+            &[Input::Tensor(&a)],
+        )
+        .expect("ok");
+        assert_eq!(r.to_f32_vec(), vec![1., 8., 27.]);
+        let h = a.to_dtype(DType::BF16).expect("bf16");
+        let r = binary(
+            BinaryOp::Mul,
+            Side::Input(0),
+            Side::Scalar(0.5),
+            1.0,
+            &[Input::Tensor(&h)],
+        )
+        .expect("ok");
+        assert_eq!(r.dtype(), DType::BF16);
+        assert_eq!(r.to_f32_vec(), vec![0.5, 1.0, 1.5]);
+    }
+
+    #[test]
+    fn unary_ops_compute_known_values() {
+        let a = Tensor::from_f64(vec![3], vec![-1.0, 0.0, 2.0]);
+        assert_eq!(
+            unary(UnaryOp::Relu, &a).expect("ok").to_f64_vec(),
+            vec![0.0, 0.0, 2.0]
+        );
+        assert_eq!(
+            unary(UnaryOp::Sign, &a).expect("ok").to_f64_vec(),
+            vec![-1.0, 0.0, 1.0]
+        );
+        let t = unary(UnaryOp::Tanh, &a).expect("ok").to_f64_vec();
+        assert!((t[2] - 2.0f64.tanh()).abs() < 1e-15);
+        let e = unary(UnaryOp::Erf, &a).expect("ok").to_f64_vec();
+        assert!((e[0] + 0.8427007929497149).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,382 @@
+//! Matrix products through `matrixmultiply` (BLIS-style packed kernels), reading strided views
+//! directly so transposes cost no copy.
+
+use super::real::Real;
+use crate::tensor::Tensor;
+use tracepass_ir::DType;
+
+pub trait Gemm: Real {
+    /// `C = alpha * A @ B + beta * C`, all strided.
+    ///
+    /// # Safety
+    /// Every element addressed by the sizes and strides must lie inside the given buffers.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
+    );
+}
+
+impl Gemm for f32 {
+    unsafe fn gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: *const f32,
+        rsa: isize,
+        csa: isize,
+        b: *const f32,
+        rsb: isize,
+        csb: isize,
+        beta: f32,
+        c: *mut f32,
+        rsc: isize,
+        csc: isize,
+    ) {
+        matrixmultiply::sgemm(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+    }
+}
+
+impl Gemm for f64 {
+    unsafe fn gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: *const f64,
+        rsa: isize,
+        csa: isize,
+        b: *const f64,
+        rsb: isize,
+        csb: isize,
+        beta: f64,
+        c: *mut f64,
+        rsc: isize,
+        csc: isize,
+    ) {
+        matrixmultiply::dgemm(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+    }
+}
+
+/// A 2-d strided operand: base pointer and strides, borrowed from a tensor of type `T`.
+struct Mat<'a, T> {
+    data: &'a [T],
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    rs: isize,
+    cs: isize,
+}
+
+impl<'a, T: Gemm> Mat<'a, T> {
+    fn of(t: &'a Tensor, batch_offset: isize) -> Option<Mat<'a, T>> {
+        let s = T::slice(t.storage())?;
+        let r = t.shape().len();
+        Some(Mat {
+            data: s,
+            offset: (t.offset() as isize + batch_offset) as usize,
+            rows: t.shape()[r - 2],
+            cols: t.shape()[r - 1],
+            rs: t.strides()[r - 2],
+            cs: t.strides()[r - 1],
+        })
+    }
+    /// Checks that the extreme addressed elements are inside the buffer.
+    fn in_bounds(&self) -> bool {
+        if self.rows == 0 || self.cols == 0 {
+            return true;
+        }
+        let last = self.offset as isize
+            + (self.rows as isize - 1) * self.rs
+            + (self.cols as isize - 1) * self.cs;
+        let first = self.offset as isize
+            + (self.rows as isize - 1) * self.rs.min(0)
+            + (self.cols as isize - 1) * self.cs.min(0);
+        first >= 0 && (last as usize) < self.data.len() && (self.offset) < self.data.len()
+    }
+}
+
+fn gemm_into<T: Gemm>(
+    a: &Mat<T>,
+    b: &Mat<T>,
+    beta: T,
+    c: &mut [T],
+    c_off: usize,
+) -> Result<(), String> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if b.rows != k {
+        return Err(format!(
+            "inner dimensions differ: [{m}, {k}] @ [{}, {n}]",
+            b.rows
+        ));
+    }
+    if !a.in_bounds() || !b.in_bounds() || c.len() < c_off + m * n {
+        return Err("strided view out of its storage".into());
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // SAFETY: bounds were checked above; c is a fresh row-major [m, n] block at c_off.
+    unsafe {
+        T::gemm(
+            m,
+            k,
+            n,
+            a.data.as_ptr().add(a.offset),
+            a.rs,
+            a.cs,
+            b.data.as_ptr().add(b.offset),
+            b.rs,
+            b.cs,
+            beta,
+            c.as_mut_ptr().add(c_off),
+            n as isize,
+            1,
+        );
+    }
+    Ok(())
+}
+
+/// Brings both operands to one compute type (f32 or f64); bf16/f16 compute in f32.
+fn compute_pair(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor, DType, DType), String> {
+    let out = super::elementwise::promote(a.dtype(), b.dtype());
+    let ct = match out {
+        DType::F64 => DType::F64,
+        DType::F32 | DType::BF16 | DType::F16 => DType::F32,
+        other => return Err(format!("dtype {other} is not supported by the cpu backend")),
+    };
+    let conv = |t: &Tensor| {
+        if t.dtype() == ct {
+            Ok(t.clone())
+        } else {
+            t.to_dtype(ct)
+                .ok_or_else(|| format!("cannot convert {} to {ct}", t.dtype()))
+        }
+    };
+    Ok((conv(a)?, conv(b)?, ct, out))
+}
+
+fn finish(t: Tensor, dtype: DType) -> Result<Tensor, String> {
+    if t.dtype() == dtype {
+        Ok(t)
+    } else {
+        t.to_dtype(dtype)
+            .ok_or_else(|| format!("cannot convert to {dtype}"))
+    }
+}
+
+fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+    // 1-d operands become matrices, as in torch.matmul, and the added dimension is dropped after.
+    let (a2, drop_m) = if a.shape().len() == 1 {
+        (a.reshape(vec![1, a.shape()[0]])?, true)
+    } else {
+        (a.clone(), false)
+    };
+    let (b2, drop_n) = if b.shape().len() == 1 {
+        (b.reshape(vec![b.shape()[0], 1])?, true)
+    } else {
+        (b.clone(), false)
+    };
+    let (ra, rb) = (a2.shape().len(), b2.shape().len());
+    if ra == 0 || rb == 0 {
+        return Err("matmul of a 0-d tensor".into());
+    }
+    let (m, k) = (a2.shape()[ra - 2], a2.shape()[ra - 1]);
+    let (kb, n) = (b2.shape()[rb - 2], b2.shape()[rb - 1]);
+    if k != kb {
+        return Err(format!(
+            "matmul shapes {:?} and {:?} do not fit",
+            a.shape(),
+            b.shape()
+        ));
+    }
+    let (ba, bb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
+    let nb = ba.len().max(bb.len());
+    let get = |s: &[usize], i: usize| {
+        if i < nb - s.len() {
+            1
+        } else {
+            s[i - (nb - s.len())]
+        }
+    };
+    let mut batch = Vec::with_capacity(nb);
+    for i in 0..nb {
+        let (x, y) = (get(ba, i), get(bb, i));
+        batch.push(if x == y || y == 1 {
+            x
+        } else if x == 1 {
+            y
+        } else {
+            return Err(format!(
+                "matmul batch shapes {ba:?} and {bb:?} do not broadcast"
+            ));
+        });
+    }
+    let count: usize = batch.iter().product();
+    let mut out = vec![T::ZERO; count * m * n];
+    let stride_of = |t: &Tensor, lead: usize, i: usize, dims: &[usize]| -> isize {
+        if i < lead || dims[i - lead] == 1 {
+            0
+        } else {
+            t.strides()[i - lead]
+        }
+    };
+    let (lead_a, lead_b) = (nb - ba.len(), nb - bb.len());
+    let mut idx = vec![0usize; nb];
+    for c in 0..count {
+        let (mut oa, mut ob) = (0isize, 0isize);
+        for (i, &ix) in idx.iter().enumerate() {
+            oa += ix as isize * stride_of(&a2, lead_a, i, ba);
+            ob += ix as isize * stride_of(&b2, lead_b, i, bb);
+        }
+        let ma = Mat::<T>::of(&a2, oa).ok_or("matmul operand has the wrong storage type")?;
+        let mb = Mat::<T>::of(&b2, ob).ok_or("matmul operand has the wrong storage type")?;
+        gemm_into(&ma, &mb, T::ZERO, &mut out, c * m * n)?;
+        for d in (0..nb).rev() {
+            idx[d] += 1;
+            if idx[d] < batch[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    let mut shape = batch;
+    if !drop_m {
+        shape.push(m);
+    }
+    if !drop_n {
+        shape.push(n);
+    }
+    Ok(Tensor::new(shape, T::storage(out)))
+}
+
+/// `torch.matmul`: 1-d, 2-d and batched operands with broadcast batch dimensions.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+    let (a, b, ct, out) = compute_pair(a, b)?;
+    let r = match ct {
+        DType::F64 => matmul_typed::<f64>(&a, &b)?,
+        _ => matmul_typed::<f32>(&a, &b)?,
+    };
+    finish(r, out)
+}
+
+fn linear_typed<T: Gemm>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, String> {
+    let xs = x.shape();
+    let k = *xs.last().ok_or("linear of a 0-d input")?;
+    if w.shape().len() != 2 || w.shape()[1] != k {
+        return Err(format!(
+            "linear: input {:?} does not fit weight {:?}",
+            xs,
+            w.shape()
+        ));
+    }
+    let n = w.shape()[0];
+    let m = x.numel() / k.max(1);
+    let x2 = if xs.len() == 2 {
+        x.clone()
+    } else {
+        x.reshape(vec![m, k])?
+    };
+    let wt = w.permute(&[1, 0])?;
+    let mut out = vec![T::ZERO; m * n];
+    let beta = if let Some(b) = bias {
+        if b.numel() != n {
+            return Err(format!(
+                "linear: bias {:?} does not fit {n} outputs",
+                b.shape()
+            ));
+        }
+        let bv = T::elems(b);
+        for row in out.chunks_mut(n.max(1)) {
+            row.copy_from_slice(&bv);
+        }
+        T::ONE
+    } else {
+        T::ZERO
+    };
+    let ma = Mat::<T>::of(&x2, 0).ok_or("linear input has the wrong storage type")?;
+    let mb = Mat::<T>::of(&wt, 0).ok_or("linear weight has the wrong storage type")?;
+    gemm_into(&ma, &mb, beta, &mut out, 0)?;
+    let mut shape = xs[..xs.len() - 1].to_vec();
+    shape.push(n);
+    Ok(Tensor::new(shape, T::storage(out)))
+}
+
+/// `torch.nn.functional.linear`: `x @ w.T + b`.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, String> {
+    let (x, w, ct, out) = compute_pair(x, w)?;
+    let b = match b {
+        Some(b) => Some(b.to_dtype(ct).ok_or("unsupported bias dtype")?),
+        None => None,
+    };
+    let r = match ct {
+        DType::F64 => linear_typed::<f64>(&x, &w, b.as_ref())?,
+        _ => linear_typed::<f32>(&x, &w, b.as_ref())?,
+    };
+    finish(r, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                for p in 0..k {
+                    c[i * n + j] += a[i * k + p] * b[p * n + j];
+                }
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn matmul_matches_naive_product_on_views() {
+        let (m, k, n) = (5, 7, 3);
+        let a: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.37).sin()).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| (i as f64 * 0.11).cos()).collect();
+        let want = naive(&a, &b, m, k, n);
+        let ta = Tensor::from_f64(vec![m, k], a.clone());
+        let tb = Tensor::from_f64(vec![k, n], b.clone());
+        let got = matmul(&ta, &tb).expect("fits").to_f64_vec();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-12);
+        }
+        // transposed view of a [k, m] buffer as the left operand
+        let at: Vec<f64> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+        let view = Tensor::from_f64(vec![k, m], at)
+            .permute(&[1, 0])
+            .expect("2-d");
+        let got = matmul(&view, &tb).expect("fits").to_f64_vec();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-12);
+        }
+        // batched with a broadcast right operand
+        let batched = Tensor::from_f64(vec![2, m, k], [a.clone(), a.clone()].concat());
+        let got = matmul(&batched, &tb).expect("fits");
+        assert_eq!(got.shape(), &[2, m, n]);
+        assert!(matmul(&tb, &tb).is_err());
+    }
+
+    #[test]
+    fn linear_adds_bias_and_transposes_weight() {
+        let x = Tensor::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]);
+        let w = Tensor::from_f32(vec![2, 3], vec![1., 0., 0., 0., 1., 1.]);
+        let b = Tensor::from_f32(vec![2], vec![10., 20.]);
+        let y = linear(&x, &w, Some(&b)).expect("fits");
+        assert_eq!(y.shape(), &[2, 2]);
+        assert_eq!(y.to_f32_vec(), vec![11., 25., 14., 31.]);
+    }
+}

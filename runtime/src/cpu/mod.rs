@@ -1,0 +1,170 @@
+//! The CPU backend: f32, f64, bf16 and f16 tensors in host memory; bf16/f16 compute in f32.
+
+mod elementwise;
+mod gemm;
+mod real;
+mod reduce;
+
+use crate::backend::{Backend, Input, KernelError};
+use crate::kernel::Kernel;
+use crate::tensor::{supported_dtype, Storage, Tensor};
+use tracepass_ir::DType;
+
+pub use elementwise::promote;
+pub use gemm::{linear, matmul};
+pub use reduce::{reduce, softmax};
+
+/// Runs kernels on the calling thread (one rank = one thread; no intra-op threads, as in the
+/// one-thread-per-process PyTorch baseline).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+fn tensor<'a>(inputs: &'a [Input<'_, Tensor>], i: usize) -> Result<&'a Tensor, KernelError> {
+    match inputs.get(i) {
+        Some(Input::Tensor(t)) => Ok(t),
+        Some(Input::Scalar(_)) => Err(KernelError(format!(
+            "input {i} must be a tensor, got a number"
+        ))),
+        None => Err(KernelError(format!("input {i} is missing"))),
+    }
+}
+
+fn check_dtype(t: &Tensor) -> Result<(), KernelError> {
+    if supported_dtype(t.dtype()) {
+        Ok(())
+    } else {
+        Err(KernelError(format!(
+            "dtype {} is not supported by the cpu backend",
+            t.dtype()
+        )))
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = Tensor;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn run(&self, kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, KernelError> {
+        let r = match kernel {
+            Kernel::Unary(op) => elementwise::unary(*op, tensor(inputs, 0)?),
+            Kernel::Binary { op, a, b, alpha } => elementwise::binary(*op, *a, *b, *alpha, inputs),
+            Kernel::Identity => Ok(tensor(inputs, 0)?.clone()),
+            Kernel::Reshape(shape) => tensor(inputs, 0)?.reshape(shape.clone()),
+            Kernel::Permute(perm) => tensor(inputs, 0)?.permute(perm),
+            Kernel::Convert(d) => {
+                let t = tensor(inputs, 0)?;
+                if t.dtype() == *d {
+                    Ok(t.clone())
+                } else {
+                    t.to_dtype(*d)
+                        .ok_or_else(|| format!("cannot convert {} to {d}", t.dtype()))
+                }
+            }
+            Kernel::Matmul => gemm::matmul(tensor(inputs, 0)?, tensor(inputs, 1)?),
+            Kernel::Linear { bias } => {
+                let b = if *bias {
+                    Some(tensor(inputs, 2)?)
+                } else {
+                    None
+                };
+                gemm::linear(tensor(inputs, 0)?, tensor(inputs, 1)?, b)
+            }
+            Kernel::Reduce {
+                op,
+                dims,
+                keepdim,
+                dtype,
+            } => reduce::reduce(tensor(inputs, 0)?, *op, dims, *keepdim, *dtype),
+            Kernel::Softmax { dim, log } => reduce::softmax(tensor(inputs, 0)?, *dim, *log),
+        };
+        r.map_err(KernelError)
+    }
+
+    fn pack(&self, members: &[&Tensor]) -> Result<Tensor, KernelError> {
+        let first = members.first().ok_or("an empty bucket")?;
+        let dtype = first.dtype();
+        let total: usize = members.iter().map(|m| m.numel()).sum();
+        macro_rules! concat {
+            ($variant:ident, $zero:expr) => {{
+                let mut out = Vec::with_capacity(total);
+                for m in members {
+                    let m = m.contiguous();
+                    match m.storage() {
+                        Storage::$variant(v) => {
+                            out.extend_from_slice(&v[m.offset()..m.offset() + m.numel()])
+                        }
+                        other => {
+                            return Err(KernelError(format!(
+                                "bucket mixes {dtype} and {}",
+                                other.dtype()
+                            )))
+                        }
+                    }
+                }
+                Storage::$variant(out)
+            }};
+        }
+        let data = match dtype {
+            DType::F32 => concat!(F32, 0.0),
+            DType::F64 => concat!(F64, 0.0),
+            DType::BF16 => concat!(BF16, 0),
+            DType::F16 => concat!(F16, 0),
+            other => {
+                return Err(KernelError(format!(
+                    "dtype {other} is not supported by the cpu backend"
+                )))
+            }
+        };
+        Ok(Tensor::new(vec![total], data))
+    }
+
+    fn unpack(
+        &self,
+        buffer: &Tensor,
+        offsets: &[usize],
+        shapes: &[Vec<usize>],
+    ) -> Result<Vec<Tensor>, KernelError> {
+        if offsets.len() != shapes.len() {
+            return Err(KernelError(format!(
+                "{} offsets for {} members",
+                offsets.len(),
+                shapes.len()
+            )));
+        }
+        let base = buffer.contiguous();
+        let n = base.numel();
+        offsets
+            .iter()
+            .zip(shapes)
+            .map(|(&o, s)| {
+                let len: usize = s.iter().product();
+                if o + len > n {
+                    return Err(KernelError(format!(
+                        "member at offset {o} with shape {s:?} overruns a bucket of {n} elements"
+                    )));
+                }
+                Ok(Tensor::view_of(&base, o, s.clone()))
+            })
+            .collect()
+    }
+
+    fn upload(&self, host: &Tensor) -> Result<Tensor, KernelError> {
+        check_dtype(host)?;
+        Ok(host.clone())
+    }
+
+    fn download(&self, t: &Tensor) -> Result<Tensor, KernelError> {
+        Ok(t.clone())
+    }
+
+    fn shape<'a>(&self, t: &'a Tensor) -> &'a [usize] {
+        t.shape()
+    }
+
+    fn dtype(&self, t: &Tensor) -> DType {
+        t.dtype()
+    }
+}

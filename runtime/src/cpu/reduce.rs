@@ -1,0 +1,197 @@
+//! Reductions over dimensions and (log-)softmax.
+
+use super::real::Real;
+use crate::kernel::ReduceOp;
+use crate::tensor::{contiguous_strides, Tensor};
+use tracepass_ir::DType;
+
+fn reduce_typed<T: Real>(
+    x: &Tensor,
+    op: ReduceOp,
+    dims: &[usize],
+    keepdim: bool,
+) -> Result<Tensor, String> {
+    let shape = x.shape();
+    if dims.iter().any(|&d| d >= shape.len().max(1)) {
+        return Err(format!(
+            "reduction dims {dims:?} out of range for {shape:?}"
+        ));
+    }
+    let v = T::elems(x);
+    let kept: Vec<usize> = (0..shape.len())
+        .map(|i| if dims.contains(&i) { 1 } else { shape[i] })
+        .collect();
+    let out_n: usize = kept.iter().product();
+    let count = (x.numel() / out_n.max(1)).max(1);
+    let init = match op {
+        ReduceOp::Amax => T::of(f64::NEG_INFINITY),
+        _ => T::ZERO,
+    };
+    let mut acc = vec![init; out_n];
+    let combine = |a: T, b: T| match op {
+        ReduceOp::Amax => {
+            if b.is_nan() || b > a {
+                b
+            } else {
+                a
+            }
+        }
+        _ => a + b,
+    };
+    // Reducing the leading dimensions of a row-major tensor: add whole rows (vectorizes).
+    let leading = dims.iter().enumerate().all(|(i, &d)| i == d);
+    if leading && !v.is_empty() {
+        for row in v.chunks(out_n.max(1)) {
+            for (a, &e) in acc.iter_mut().zip(row) {
+                *a = combine(*a, e);
+            }
+        }
+    } else {
+        let out_strides = contiguous_strides(&kept);
+        let strides: Vec<isize> = (0..shape.len())
+            .map(|i| if dims.contains(&i) { 0 } else { out_strides[i] })
+            .collect();
+        let mut idx = vec![0usize; shape.len()];
+        let mut pos = 0isize;
+        for (k, &e) in v.iter().enumerate() {
+            if k > 0 {
+                for d in (0..shape.len()).rev() {
+                    idx[d] += 1;
+                    pos += strides[d];
+                    if idx[d] < shape[d] {
+                        break;
+                    }
+                    pos -= strides[d] * shape[d] as isize;
+                    idx[d] = 0;
+                }
+            }
+            let a = &mut acc[pos as usize];
+            *a = combine(*a, e);
+        }
+    }
+    if op == ReduceOp::Mean {
+        let c = T::of(count as f64);
+        acc.iter_mut().for_each(|a| *a = *a / c);
+    }
+    let out_shape = if keepdim {
+        kept
+    } else {
+        (0..shape.len())
+            .filter(|i| !dims.contains(i))
+            .map(|i| shape[i])
+            .collect()
+    };
+    Ok(Tensor::new(out_shape, T::storage(acc)))
+}
+
+/// Sum, mean or max over `dims`; the result has `dtype`.
+pub fn reduce(
+    x: &Tensor,
+    op: ReduceOp,
+    dims: &[usize],
+    keepdim: bool,
+    dtype: DType,
+) -> Result<Tensor, String> {
+    let ct = match dtype {
+        DType::F64 => DType::F64,
+        DType::F32 | DType::BF16 | DType::F16 => DType::F32,
+        other => return Err(format!("dtype {other} is not supported by the cpu backend")),
+    };
+    let r = match ct {
+        DType::F64 => reduce_typed::<f64>(x, op, dims, keepdim)?,
+        _ => reduce_typed::<f32>(x, op, dims, keepdim)?,
+    };
+    if r.dtype() == dtype {
+        Ok(r)
+    } else {
+        r.to_dtype(dtype)
+            .ok_or_else(|| format!("cannot convert to {dtype}"))
+    }
+}
+
+fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
+    let shape = x.shape();
+    let v = T::elems(x);
+    let len = shape.get(dim).copied().unwrap_or(1);
+    let inner: usize = shape.get(dim + 1..).map_or(1, |s| s.iter().product());
+    let outer = x.numel() / (len * inner).max(1);
+    let mut out = vec![T::ZERO; v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| o * len * inner + j * inner + i;
+            let mut max = T::of(f64::NEG_INFINITY);
+            for j in 0..len {
+                if v[at(j)] > max {
+                    max = v[at(j)];
+                }
+            }
+            let mut sum = T::ZERO;
+            for j in 0..len {
+                sum = sum + (v[at(j)] - max).exp();
+            }
+            let lse = sum.ln();
+            for j in 0..len {
+                let s = v[at(j)] - max;
+                out[at(j)] = if log { s - lse } else { s.exp() / sum };
+            }
+        }
+    }
+    Tensor::new(shape.to_vec(), T::storage(out))
+}
+
+/// Softmax or log-softmax along `dim`, max-subtracted for stability.
+pub fn softmax(x: &Tensor, dim: usize, log: bool) -> Result<Tensor, String> {
+    let dtype = x.dtype();
+    let r = match dtype {
+        DType::F64 => softmax_typed::<f64>(x, dim, log),
+        DType::F32 | DType::BF16 | DType::F16 => softmax_typed::<f32>(x, dim, log),
+        other => return Err(format!("dtype {other} is not supported by the cpu backend")),
+    };
+    if r.dtype() == dtype {
+        Ok(r)
+    } else {
+        r.to_dtype(dtype)
+            .ok_or_else(|| format!("cannot convert to {dtype}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reductions_over_any_dims() {
+        let x = Tensor::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]);
+        let s0 = reduce(&x, ReduceOp::Sum, &[0], false, DType::F32).expect("ok");
+        assert_eq!(
+            (s0.shape().to_vec(), s0.to_f32_vec()),
+            (vec![3], vec![5., 7., 9.])
+        );
+        let s1 = reduce(&x, ReduceOp::Sum, &[1], true, DType::F32).expect("ok");
+        assert_eq!(
+            (s1.shape().to_vec(), s1.to_f32_vec()),
+            (vec![2, 1], vec![6., 15.])
+        );
+        let m = reduce(&x, ReduceOp::Mean, &[0, 1], false, DType::F64).expect("ok");
+        assert_eq!((m.shape().len(), m.to_f64_vec()), (0, vec![3.5]));
+        let a = reduce(
+            &x.permute(&[1, 0]).expect("2-d"),
+            ReduceOp::Amax,
+            &[1],
+            false,
+            DType::F32,
+        )
+        .expect("ok");
+        assert_eq!(a.to_f32_vec(), vec![4., 5., 6.]);
+    }
+
+    #[test]
+    fn log_softmax_normalizes() {
+        let x = Tensor::from_f64(vec![2, 2], vec![0.0, 0.0, 1000.0, 0.0]);
+        let l = softmax(&x, 1, true).expect("ok").to_f64_vec();
+        assert!((l[0] - (0.5f64).ln()).abs() < 1e-12);
+        assert!(l[2].abs() < 1e-12 && l[3] < -999.0);
+        let s = softmax(&x, 0, false).expect("ok").to_f64_vec();
+        assert!((s[1] - 0.5).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,420 @@
+//! Runs a compiled plan on one rank: kernels on the backend, collectives on the communicator,
+//! each value dropped after its last use, timings recorded as it goes.
+
+use crate::backend::{Backend, Input};
+use crate::comm::{CommError, Communicator};
+use crate::metrics::{BucketRecord, Clock, Event, Recording, Span};
+use crate::plan::{InstrKind, Plan};
+use std::time::Instant;
+use tracepass_ir::Type;
+
+/// A runtime value.
+#[derive(Clone, Debug, Default)]
+pub enum RValue<T> {
+    /// Not computed yet, or already freed.
+    #[default]
+    Empty,
+    None,
+    Tensor(T),
+    Scalar(f64),
+    Seq(Vec<RValue<T>>),
+    /// An all-reduce in flight (its handle is kept by the executor).
+    Future,
+}
+
+impl<T> RValue<T> {
+    pub fn tensor(self) -> Option<T> {
+        match self {
+            RValue::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            RValue::Empty => "nothing",
+            RValue::None => "None",
+            RValue::Tensor(_) => "a tensor",
+            RValue::Scalar(_) => "a number",
+            RValue::Seq(_) => "a collection",
+            RValue::Future => "a future",
+        }
+    }
+}
+
+/// Why a run stopped. Each names the rank, the trace and what failed there.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ExecError {
+    #[error("rank {rank}: trace `{trace}`: `{line}`: {message}")]
+    Node {
+        rank: usize,
+        trace: String,
+        line: String,
+        message: String,
+    },
+    #[error("rank {rank}: trace `{trace}`: `{line}`: {error}")]
+    Comm {
+        rank: usize,
+        trace: String,
+        line: String,
+        error: Box<CommError>,
+    },
+    #[error("rank {rank}: trace `{trace}`: argument `{name}`: {message}")]
+    Input {
+        rank: usize,
+        trace: String,
+        name: String,
+        message: String,
+    },
+}
+
+impl ExecError {
+    /// The communication error underneath, if this is one.
+    pub fn comm_error(&self) -> Option<&CommError> {
+        match self {
+            ExecError::Comm { error, .. } => Some(&**error),
+            _ => None,
+        }
+    }
+}
+
+/// Per-rank executor state (slot tables reused across runs).
+pub struct Executor<B: Backend, C: Communicator<Tensor = B::Tensor>> {
+    slots: Vec<RValue<B::Tensor>>,
+    futures: Vec<Option<C::Handle>>,
+    pack_started: Vec<f64>,
+    buckets: Vec<Option<BucketRecord>>,
+}
+
+impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Default for Executor<B, C> {
+    fn default() -> Self {
+        Executor {
+            slots: Vec::new(),
+            futures: Vec::new(),
+            pack_started: Vec::new(),
+            buckets: Vec::new(),
+        }
+    }
+}
+
+fn check_input<B: Backend>(backend: &B, ty: &Type, v: &RValue<B::Tensor>) -> Result<(), String> {
+    match (ty, v) {
+        (Type::Tensor(tt), RValue::Tensor(t)) => {
+            let (shape, dtype) = (backend.shape(t), backend.dtype(t));
+            if shape != tt.shape.as_slice() || dtype != tt.dtype {
+                return Err(format!(
+                    "the trace expects {} {:?} but was given {} {:?}",
+                    tt.dtype, tt.shape, dtype, shape
+                ));
+            }
+            Ok(())
+        }
+        (Type::Tensor(tt), other) => Err(format!(
+            "the trace expects a {} {:?} tensor but was given {}",
+            tt.dtype,
+            tt.shape,
+            other.kind()
+        )),
+        (Type::Collection, RValue::Seq(_)) => Ok(()),
+        (Type::Collection, other) => Err(format!(
+            "the trace expects a collection but was given {}",
+            other.kind()
+        )),
+        (Type::Int(_) | Type::Float(_) | Type::Bool(_), RValue::Scalar(_)) => Ok(()),
+        (Type::Int(_) | Type::Float(_) | Type::Bool(_), other) => Err(format!(
+            "the trace expects a number but was given {}",
+            other.kind()
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs `plan` once with `inputs` (one per trace argument); returns the plan's results.
+    pub fn run(
+        &mut self,
+        plan: &Plan,
+        backend: &B,
+        comm: &mut C,
+        inputs: Vec<RValue<B::Tensor>>,
+        clock: &Clock,
+        rec: &mut Recording,
+    ) -> Result<Vec<RValue<B::Tensor>>, ExecError> {
+        let rank = comm.rank();
+        let r = self.run_inner(plan, backend, comm, inputs, clock, rec);
+        // drop everything this run held, whatever happened
+        self.slots.iter_mut().for_each(|s| *s = RValue::Empty);
+        self.futures.iter_mut().for_each(|f| *f = None);
+        r.map_err(|e| match e {
+            Failure::Node(i, message) => ExecError::Node {
+                rank,
+                trace: plan.trace_name.clone(),
+                line: plan.instrs[i].line.clone(),
+                message,
+            },
+            Failure::Comm(i, error) => ExecError::Comm {
+                rank,
+                trace: plan.trace_name.clone(),
+                line: plan.instrs[i].line.clone(),
+                error: Box::new(error),
+            },
+            Failure::Input(name, message) => ExecError::Input {
+                rank,
+                trace: plan.trace_name.clone(),
+                name,
+                message,
+            },
+        })
+    }
+
+    fn run_inner(
+        &mut self,
+        plan: &Plan,
+        backend: &B,
+        comm: &mut C,
+        inputs: Vec<RValue<B::Tensor>>,
+        clock: &Clock,
+        rec: &mut Recording,
+    ) -> Result<Vec<RValue<B::Tensor>>, Failure> {
+        if inputs.len() != plan.args.len() {
+            return Err(Failure::Input(
+                plan.args
+                    .iter()
+                    .map(|a| a.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                format!(
+                    "the trace takes {} arguments but was given {}",
+                    plan.args.len(),
+                    inputs.len()
+                ),
+            ));
+        }
+        self.slots.resize_with(plan.slots, Default::default);
+        self.futures.resize_with(plan.slots, || None);
+        self.pack_started.clear();
+        self.pack_started.resize(plan.slots, 0.0);
+        self.buckets.clear();
+        self.buckets.resize(plan.collectives.len(), None);
+        for (spec, v) in plan.args.iter().zip(inputs) {
+            check_input(backend, &spec.ty, &v).map_err(|m| Failure::Input(spec.name.clone(), m))?;
+            self.slots[spec.slot] = v;
+        }
+        for (i, ins) in plan.instrs.iter().enumerate() {
+            let t0 = Instant::now();
+            let mut computed = true;
+            match &ins.kind {
+                InstrKind::Compute(k) => {
+                    let out = {
+                        let mut args: Vec<Input<'_, B::Tensor>> =
+                            Vec::with_capacity(ins.inputs.len());
+                        for &s in &ins.inputs {
+                            args.push(match &self.slots[s] {
+                                RValue::Tensor(t) => Input::Tensor(t),
+                                RValue::Scalar(x) => Input::Scalar(*x),
+                                other => {
+                                    return Err(Failure::Node(
+                                        i,
+                                        format!(
+                                            "operand `{}` is {}",
+                                            plan.slot_names[s],
+                                            other.kind()
+                                        ),
+                                    ))
+                                }
+                            });
+                        }
+                        backend.run(k, &args).map_err(|e| Failure::Node(i, e.0))?
+                    };
+                    self.slots[ins.outputs[0]] = RValue::Tensor(out);
+                }
+                InstrKind::UnpackSequence => {
+                    let src = ins
+                        .inputs
+                        .first()
+                        .map(|&s| std::mem::take(&mut self.slots[s]));
+                    let items = match src {
+                        Some(RValue::Seq(items)) => items,
+                        Some(other) => {
+                            return Err(Failure::Node(i, format!("cannot unpack {}", other.kind())))
+                        }
+                        None => return Err(Failure::Node(i, "nothing to unpack".into())),
+                    };
+                    if items.len() != ins.outputs.len() {
+                        return Err(Failure::Node(
+                            i,
+                            format!(
+                                "the collection holds {} items but {} names unpack it",
+                                items.len(),
+                                ins.outputs.len()
+                            ),
+                        ));
+                    }
+                    for (&o, v) in ins.outputs.iter().zip(items) {
+                        self.slots[o] = v;
+                    }
+                    // the collection was moved out; put an empty one back for later readers
+                    if let Some(&s) = ins.inputs.first() {
+                        self.slots[s] = RValue::Seq(Vec::new());
+                    }
+                    computed = false;
+                }
+                InstrKind::Nop => computed = false,
+                InstrKind::Pack => {
+                    self.pack_started[ins.outputs[0]] = clock.us(t0);
+                    let out = {
+                        let mut members = Vec::with_capacity(ins.inputs.len());
+                        for &s in &ins.inputs {
+                            match &self.slots[s] {
+                                RValue::Tensor(t) => members.push(t),
+                                other => {
+                                    return Err(Failure::Node(
+                                        i,
+                                        format!(
+                                            "bucket member `{}` is {}",
+                                            plan.slot_names[s],
+                                            other.kind()
+                                        ),
+                                    ))
+                                }
+                            }
+                        }
+                        backend.pack(&members).map_err(|e| Failure::Node(i, e.0))?
+                    };
+                    self.slots[ins.outputs[0]] = RValue::Tensor(out);
+                }
+                InstrKind::AllReduce { op, bucket } => {
+                    let s = ins.inputs[0];
+                    let buf = match std::mem::take(&mut self.slots[s]) {
+                        RValue::Tensor(t) => t,
+                        other => {
+                            return Err(Failure::Node(
+                                i,
+                                format!("cannot all-reduce {}", other.kind()),
+                            ))
+                        }
+                    };
+                    let bytes = backend.shape(&buf).iter().product::<usize>()
+                        * backend.dtype(&buf).size_bytes();
+                    let launch = clock.us(t0);
+                    let ready = if self.pack_started[s] > 0.0 {
+                        self.pack_started[s]
+                    } else {
+                        launch
+                    };
+                    let info = &plan.collectives[*bucket];
+                    let h = comm
+                        .all_reduce_async(buf, *op, &info.label)
+                        .map_err(|e| Failure::Comm(i, e))?;
+                    self.futures[ins.outputs[0]] = Some(h);
+                    self.slots[ins.outputs[0]] = RValue::Future;
+                    self.buckets[*bucket] = Some(BucketRecord {
+                        label: info.label.clone(),
+                        bytes,
+                        ready_us: ready,
+                        launch_us: launch,
+                        comm_start_us: 0.0,
+                        comm_end_us: 0.0,
+                        wait_start_us: 0.0,
+                        wait_end_us: 0.0,
+                    });
+                    computed = false;
+                }
+                InstrKind::Wait { bucket } => {
+                    let f = ins.inputs[0];
+                    let h = self.futures[f].take().ok_or_else(|| {
+                        Failure::Node(i, format!("`{}` was already waited on", plan.slot_names[f]))
+                    })?;
+                    let wait_start = clock.us(t0);
+                    let (t, timing) = comm.wait(h).map_err(|e| Failure::Comm(i, e))?;
+                    let wait_end = clock.us(Instant::now());
+                    if let Some(b) = self.buckets[*bucket].as_mut() {
+                        b.comm_start_us = clock.us(timing.started);
+                        b.comm_end_us = clock.us(timing.finished);
+                        b.wait_start_us = wait_start;
+                        b.wait_end_us = wait_end;
+                        if clock.events {
+                            rec.events.push(Event {
+                                name: format!("all_reduce {}", b.label),
+                                comm: true,
+                                span: Span {
+                                    start_us: b.comm_start_us,
+                                    end_us: b.comm_end_us,
+                                },
+                            });
+                            rec.events.push(Event {
+                                name: format!("wait {}", b.label),
+                                comm: false,
+                                span: Span {
+                                    start_us: wait_start,
+                                    end_us: wait_end,
+                                },
+                            });
+                        }
+                    }
+                    self.slots[ins.outputs[0]] = RValue::Tensor(t);
+                    computed = false;
+                }
+                InstrKind::Unpack { offsets, shapes } => {
+                    let views = match &self.slots[ins.inputs[0]] {
+                        RValue::Tensor(t) => backend
+                            .unpack(t, offsets, shapes)
+                            .map_err(|e| Failure::Node(i, e.0))?,
+                        other => {
+                            return Err(Failure::Node(i, format!("cannot unpack {}", other.kind())))
+                        }
+                    };
+                    for (&o, v) in ins.outputs.iter().zip(views) {
+                        self.slots[o] = RValue::Tensor(v);
+                    }
+                }
+            }
+            for &s in &ins.free {
+                self.slots[s] = RValue::Empty;
+            }
+            if computed {
+                let span = Span {
+                    start_us: clock.us(t0),
+                    end_us: clock.us(Instant::now()),
+                };
+                rec.compute.push(span);
+                if clock.events {
+                    let name = ins
+                        .line
+                        .split_once(" = ")
+                        .map_or(ins.line.as_str(), |(_, r)| r);
+                    let name = name.split('(').next().unwrap_or(name);
+                    rec.events.push(Event {
+                        name: name.to_string(),
+                        comm: false,
+                        span,
+                    });
+                }
+            }
+        }
+        if let Some(s) = self.futures.iter().position(Option::is_some) {
+            return Err(Failure::Input(
+                plan.slot_names[s].clone(),
+                "an all-reduce was started but never waited on".into(),
+            ));
+        }
+        rec.buckets.extend(self.buckets.drain(..).flatten());
+        Ok(plan
+            .results
+            .iter()
+            .map(|r| match r {
+                Some(s) => self.slots[*s].clone(),
+                None => RValue::None,
+            })
+            .collect())
+    }
+}
+
+enum Failure {
+    Node(usize, String),
+    Comm(usize, CommError),
+    Input(String, String),
+}

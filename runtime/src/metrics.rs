@@ -1,0 +1,275 @@
+//! What a step did and when: compute spans, per-bucket communication times, overlap, and the
+//! Chrome/Perfetto timeline built from them.
+
+use serde::Serialize;
+use std::time::Instant;
+
+/// A time interval in microseconds since the run's epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Span {
+    pub start_us: f64,
+    pub end_us: f64,
+}
+
+impl Span {
+    pub fn len(&self) -> f64 {
+        (self.end_us - self.start_us).max(0.0)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0.0
+    }
+}
+
+/// One all-reduce of one step on one rank. Times in microseconds since the run's epoch.
+#[derive(Clone, Debug, Serialize)]
+pub struct BucketRecord {
+    pub label: String,
+    pub bytes: usize,
+    /// Its last member gradient was produced (the pack started).
+    pub ready_us: f64,
+    /// `all_reduce_async` handed it to the communication worker.
+    pub launch_us: f64,
+    /// The worker started on it / finished it.
+    pub comm_start_us: f64,
+    pub comm_end_us: f64,
+    /// The rank reached the `wait` / got past it.
+    pub wait_start_us: f64,
+    pub wait_end_us: f64,
+}
+
+/// A timeline event.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub name: String,
+    pub comm: bool,
+    pub span: Span,
+}
+
+/// Raw record of one trace execution on one rank.
+#[derive(Clone, Debug, Default)]
+pub struct Recording {
+    pub compute: Vec<Span>,
+    pub buckets: Vec<BucketRecord>,
+    pub events: Vec<Event>,
+}
+
+/// Clock and switches shared by the ranks of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    pub epoch: Instant,
+    /// Keep one event per instruction (for `--timeline`).
+    pub events: bool,
+}
+
+impl Clock {
+    pub fn new(events: bool) -> Clock {
+        Clock {
+            epoch: Instant::now(),
+            events,
+        }
+    }
+    pub fn us(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.epoch).as_secs_f64() * 1e6
+    }
+}
+
+/// Per-step summary on one rank (seconds).
+#[derive(Clone, Debug, Serialize)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub rank: usize,
+    pub step_s: f64,
+    pub compute_s: f64,
+    pub comm_s: f64,
+    pub overlap_s: f64,
+    /// overlap / comm, in percent (100 when there was no communication to hide).
+    pub overlap_pct: f64,
+    /// comm - overlap: communication the step had to wait for.
+    pub exposed_comm_s: f64,
+    pub buckets: Vec<BucketRecord>,
+}
+
+/// Sorted, merged copy of `spans`.
+fn union(mut spans: Vec<Span>) -> Vec<Span> {
+    spans.retain(|s| s.end_us > s.start_us);
+    spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+    let mut out: Vec<Span> = Vec::with_capacity(spans.len());
+    for s in spans {
+        match out.last_mut() {
+            Some(l) if s.start_us <= l.end_us => l.end_us = l.end_us.max(s.end_us),
+            _ => out.push(s),
+        }
+    }
+    out
+}
+
+/// Total length of the intersection of two span sets.
+pub fn overlap(a: &[Span], b: &[Span]) -> f64 {
+    let (a, b) = (union(a.to_vec()), union(b.to_vec()));
+    let (mut i, mut j, mut total) = (0, 0, 0.0);
+    while i < a.len() && j < b.len() {
+        let lo = a[i].start_us.max(b[j].start_us);
+        let hi = a[i].end_us.min(b[j].end_us);
+        if hi > lo {
+            total += hi - lo;
+        }
+        if a[i].end_us < b[j].end_us {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    total
+}
+
+impl StepMetrics {
+    /// Summarizes the recordings of one step (forward, backward, ...) run between `start` and `end`.
+    pub fn from_recordings(
+        step: usize,
+        rank: usize,
+        step_span: Span,
+        recs: &[&Recording],
+    ) -> StepMetrics {
+        let compute: Vec<Span> = recs
+            .iter()
+            .flat_map(|r| r.compute.iter().copied())
+            .collect();
+        let comm: Vec<Span> = recs
+            .iter()
+            .flat_map(|r| r.buckets.iter())
+            .map(|b| Span {
+                start_us: b.comm_start_us,
+                end_us: b.comm_end_us,
+            })
+            .collect();
+        let compute_us: f64 = union(compute.clone()).iter().map(Span::len).sum();
+        let comm_us: f64 = union(comm.clone()).iter().map(Span::len).sum();
+        let overlap_us = overlap(&compute, &comm);
+        StepMetrics {
+            step,
+            rank,
+            step_s: step_span.len() * 1e-6,
+            compute_s: compute_us * 1e-6,
+            comm_s: comm_us * 1e-6,
+            overlap_s: overlap_us * 1e-6,
+            overlap_pct: if comm_us > 0.0 {
+                100.0 * overlap_us / comm_us
+            } else {
+                100.0
+            },
+            exposed_comm_s: (comm_us - overlap_us) * 1e-6,
+            buckets: recs
+                .iter()
+                .flat_map(|r| r.buckets.iter().cloned())
+                .collect(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct TraceEvent<'a> {
+    name: &'a str,
+    cat: &'a str,
+    ph: &'a str,
+    ts: f64,
+    dur: f64,
+    pid: usize,
+    tid: usize,
+}
+
+#[derive(Serialize)]
+struct MetaEvent {
+    name: &'static str,
+    ph: &'static str,
+    pid: usize,
+    tid: usize,
+    args: serde_json::Value,
+}
+
+/// Chrome/Perfetto trace JSON: one process per rank, thread 0 compute, thread 1 communication.
+pub fn timeline_json(ranks: &[(usize, Vec<Event>)]) -> serde_json::Value {
+    let mut events = Vec::new();
+    for (rank, evs) in ranks {
+        for (tid, name) in [(0, "compute"), (1, "communication")] {
+            events.push(
+                serde_json::to_value(MetaEvent {
+                    name: "thread_name",
+                    ph: "M",
+                    pid: *rank,
+                    tid,
+                    args: serde_json::json!({ "name": name }),
+                })
+                .unwrap_or_default(),
+            );
+        }
+        events.push(
+            serde_json::to_value(MetaEvent {
+                name: "process_name",
+                ph: "M",
+                pid: *rank,
+                tid: 0,
+                args: serde_json::json!({ "name": format!("rank {rank}") }),
+            })
+            .unwrap_or_default(),
+        );
+        for e in evs {
+            events.push(
+                serde_json::to_value(TraceEvent {
+                    name: &e.name,
+                    cat: if e.comm { "comm" } else { "compute" },
+                    ph: "X",
+                    ts: e.span.start_us,
+                    dur: e.span.len(),
+                    pid: *rank,
+                    tid: usize::from(e.comm),
+                })
+                .unwrap_or_default(),
+            );
+        }
+    }
+    serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(a: f64, b: f64) -> Span {
+        Span {
+            start_us: a,
+            end_us: b,
+        }
+    }
+
+    #[test]
+    fn overlap_intersects_unions() {
+        let compute = [s(0., 10.), s(12., 20.)];
+        let comm = [s(5., 15.), s(14., 30.)];
+        // comm union [5, 30]; compute ∩ = [5,10] + [12,20] = 13
+        assert_eq!(overlap(&compute, &comm), 13.0);
+        assert_eq!(overlap(&compute, &[]), 0.0);
+    }
+
+    #[test]
+    fn step_metrics_relate_comm_overlap_and_exposed() {
+        let rec = Recording {
+            compute: vec![s(0., 100.)],
+            buckets: vec![BucketRecord {
+                label: "b0".into(),
+                bytes: 4,
+                ready_us: 10.,
+                launch_us: 10.,
+                comm_start_us: 50.,
+                comm_end_us: 150.,
+                wait_start_us: 100.,
+                wait_end_us: 150.,
+            }],
+            events: vec![],
+        };
+        let m = StepMetrics::from_recordings(0, 0, s(0., 150.), &[&rec]);
+        assert!((m.comm_s - 100e-6).abs() < 1e-12);
+        assert!((m.overlap_s - 50e-6).abs() < 1e-12);
+        assert!((m.overlap_pct - 50.0).abs() < 1e-9);
+        assert!((m.exposed_comm_s - 50e-6).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,110 @@
+//! Optimizers, written to follow PyTorch's single-tensor CPU implementations step for step.
+
+use crate::tensor::Tensor;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OptimizerKind {
+    /// `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments).
+    AdamW {
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
+    /// Plain SGD: `p -= lr * g`.
+    Sgd { lr: f64 },
+}
+
+impl OptimizerKind {
+    /// PyTorch's AdamW defaults.
+    pub fn adamw() -> OptimizerKind {
+        OptimizerKind::AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 1e-2,
+        }
+    }
+}
+
+/// Optimizer state for a list of parameters (moments kept in f32, like the parameters).
+pub struct Optimizer {
+    kind: OptimizerKind,
+    step: u64,
+    exp_avg: Vec<Vec<f32>>,
+    exp_avg_sq: Vec<Vec<f32>>,
+}
+
+impl Optimizer {
+    pub fn new(kind: OptimizerKind, params: &[Tensor]) -> Optimizer {
+        Optimizer {
+            kind,
+            step: 0,
+            exp_avg: params.iter().map(|p| vec![0.0; p.numel()]).collect(),
+            exp_avg_sq: params.iter().map(|p| vec![0.0; p.numel()]).collect(),
+        }
+    }
+
+    /// Updates `params` in place with `grads` (`None`: a frozen parameter, left as it is).
+    pub fn step(&mut self, params: &mut [Tensor], grads: &[Option<Tensor>]) -> Result<(), String> {
+        self.step += 1;
+        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+            let Some(g) = g else { continue };
+            if g.numel() != p.numel() {
+                return Err(format!(
+                    "parameter {i}: gradient {:?} does not match parameter {:?}",
+                    g.shape(),
+                    p.shape()
+                ));
+            }
+            let mut pv = p.to_f32_vec();
+            let gv = g.to_f32_vec();
+            match self.kind {
+                OptimizerKind::Sgd { lr } => {
+                    let lr = lr as f32;
+                    for (x, d) in pv.iter_mut().zip(&gv) {
+                        *x -= lr * d;
+                    }
+                }
+                OptimizerKind::AdamW {
+                    lr,
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                } => {
+                    let decay = (1.0 - lr * weight_decay) as f32;
+                    let w = (1.0 - beta1) as f32;
+                    let b2 = beta2 as f32;
+                    let one_minus_b2 = (1.0 - beta2) as f32;
+                    let bc1 = 1.0 - beta1.powi(self.step as i32);
+                    let bc2 = 1.0 - beta2.powi(self.step as i32);
+                    let step_size = (lr / bc1) as f32;
+                    let bc2_sqrt = bc2.sqrt() as f32;
+                    let eps = eps as f32;
+                    let (m, v) = (&mut self.exp_avg[i], &mut self.exp_avg_sq[i]);
+                    for k in 0..pv.len() {
+                        let gk = gv[k];
+                        pv[k] *= decay;
+                        // lerp(m, g, w) with w < 0.5: m + w * (g - m)
+                        m[k] += w * (gk - m[k]);
+                        v[k] = v[k] * b2 + one_minus_b2 * gk * gk;
+                        let denom = v[k].sqrt() / bc2_sqrt + eps;
+                        pv[k] += -step_size * (m[k] / denom);
+                    }
+                }
+            }
+            let updated = Tensor::from_f32(p.shape().to_vec(), pv);
+            *p = if p.dtype() == tracepass_ir::DType::F32 {
+                updated
+            } else {
+                updated
+                    .to_dtype(p.dtype())
+                    .ok_or("unsupported parameter dtype")?
+            };
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,312 @@
+//! A trace compiled for execution: values become numbered slots, nodes become instructions
+//! with their kernels decoded, and each instruction lists the slots that die after it.
+
+use crate::comm::ReduceOp;
+use crate::kernel::{decode, Kernel};
+use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
+
+/// Index of a value's slot in the executor's table.
+pub type Slot = usize;
+
+#[derive(Clone, Debug)]
+pub enum InstrKind {
+    Compute(Kernel),
+    /// `a, b, = collection`
+    UnpackSequence,
+    /// Thunder's `clear_mutable_collection`: nothing to do once the collection is unpacked.
+    Nop,
+    /// Inputs are the members, in bucket order.
+    Pack,
+    AllReduce {
+        op: ReduceOp,
+        bucket: usize,
+    },
+    Wait {
+        bucket: usize,
+    },
+    /// Outputs are views of the input buffer.
+    Unpack {
+        offsets: Vec<usize>,
+        shapes: Vec<Vec<usize>>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Instr {
+    pub kind: InstrKind,
+    pub inputs: Vec<Slot>,
+    pub outputs: Vec<Slot>,
+    /// Slots whose last use is this instruction (never a result).
+    pub free: Vec<Slot>,
+    /// The node as printed, for error messages.
+    pub line: String,
+}
+
+/// A collective of the trace, in issue order: what every rank must agree on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CollectiveInfo {
+    pub label: String,
+    pub op: ReduceOp,
+    pub dtype: tracepass_ir::DType,
+    pub numel: usize,
+    pub group: String,
+}
+
+/// An argument of the trace and what it must be.
+#[derive(Clone, Debug)]
+pub struct ArgSpec {
+    pub name: String,
+    pub ty: Type,
+    pub slot: Slot,
+}
+
+/// Why a trace cannot be compiled for execution.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("trace `{trace}`: cannot run `{line}`: {message}")]
+pub struct PlanError {
+    pub trace: String,
+    pub line: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub trace_name: String,
+    pub slots: usize,
+    pub args: Vec<ArgSpec>,
+    pub instrs: Vec<Instr>,
+    /// Slots of the requested results, in request order (`None`: the trace returns `None` there).
+    pub results: Vec<Option<Slot>>,
+    pub collectives: Vec<CollectiveInfo>,
+    /// Names of the slots (for messages and timelines).
+    pub slot_names: Vec<String>,
+}
+
+fn reduce_op(a: Option<&Arg>) -> Result<ReduceOp, String> {
+    match a {
+        None => Ok(ReduceOp::Sum),
+        Some(Arg::Str(s)) => ReduceOp::parse(s).ok_or_else(|| format!("unknown reduce op '{s}'")),
+        Some(Arg::Opaque(o)) => o
+            .member
+            .as_deref()
+            .and_then(ReduceOp::parse)
+            .ok_or_else(|| format!("unknown reduce op {}", o.printed_name())),
+        Some(other) => Err(format!("reduce op {other:?} is not understood")),
+    }
+}
+
+impl Plan {
+    /// Compiles `trace`; `results` are the values the caller wants back after a run.
+    pub fn compile(trace: &Trace, results: &[Option<ValueId>]) -> Result<Plan, PlanError> {
+        let bound = trace.value_bound();
+        let mut slot_of: Vec<Option<Slot>> = vec![None; bound];
+        let mut slot_names = Vec::new();
+        let mut slot = |v: ValueId, slot_names: &mut Vec<String>| -> Slot {
+            let i = v.0 as usize;
+            if let Some(s) = slot_of.get(i).copied().flatten() {
+                return s;
+            }
+            let s = slot_names.len();
+            slot_names.push(trace.name(v));
+            if i < slot_of.len() {
+                slot_of[i] = Some(s);
+            }
+            s
+        };
+        let err = |line: &str, message: String| PlanError {
+            trace: trace.name.clone(),
+            line: line.to_string(),
+            message,
+        };
+        let args = trace
+            .args()
+            .iter()
+            .map(|&v| ArgSpec {
+                name: trace.name(v),
+                ty: trace.ty(v).cloned().unwrap_or(Type::Any),
+                slot: slot(v, &mut slot_names),
+            })
+            .collect();
+        let mut instrs = Vec::with_capacity(trace.schedule().len());
+        let mut collectives = Vec::new();
+        // which bucket a buffer / future belongs to
+        let mut bucket_label: Vec<Option<String>> = vec![None; bound];
+        let mut bucket_of_future: Vec<Option<usize>> = vec![None; bound];
+        for &idx in trace.schedule() {
+            let Some(node) = trace.node(idx) else {
+                continue;
+            };
+            let line = print_node_line(trace, idx);
+            let values = |args: &[Arg]| {
+                let mut v = Vec::new();
+                args.iter()
+                    .for_each(|a| a.for_each_value(&mut |x| v.push(x)));
+                v
+            };
+            let (kind, inputs): (InstrKind, Vec<ValueId>) =
+                match node.op.as_str() {
+                    ops::UNPACK_SEQUENCE => (
+                        InstrKind::UnpackSequence,
+                        values(&node.args[..node.args.len().min(1)]),
+                    ),
+                    ops::CLEAR_COLLECTION => (InstrKind::Nop, values(&node.args)),
+                    ops::BUCKET_PACK => {
+                        let members = node.args.first().and_then(Arg::as_seq).ok_or_else(|| {
+                            err(&line, "bucket_pack takes a list of tensors".into())
+                        })?;
+                        let label = node
+                            .kwarg("bucket")
+                            .and_then(Arg::as_str)
+                            .map(str::to_string)
+                            .or_else(|| {
+                                node.args
+                                    .get(1)
+                                    .and_then(Arg::as_str)
+                                    .map(|_| format!("bucket{}", collectives.len()))
+                            })
+                            .unwrap_or_else(|| format!("bucket{}", collectives.len()));
+                        if let Some(out) = node.outputs.first() {
+                            bucket_label[out.0 as usize] = Some(label);
+                        }
+                        (InstrKind::Pack, values(members))
+                    }
+                    ops::ALL_REDUCE => {
+                        let buf =
+                            node.args.first().and_then(Arg::as_value).ok_or_else(|| {
+                                err(&line, "all_reduce_async takes a tensor".into())
+                            })?;
+                        let op = reduce_op(node.args.get(1)).map_err(|m| err(&line, m))?;
+                        let tt = trace
+                            .ty(buf)
+                            .and_then(Type::as_tensor)
+                            .ok_or_else(|| err(&line, "all_reduce_async takes a tensor".into()))?;
+                        let group = match node.args.get(2) {
+                            Some(Arg::Str(s)) => s.clone(),
+                            Some(Arg::Opaque(o)) => o.printed_name(),
+                            _ => "world".into(),
+                        };
+                        let label = bucket_label[buf.0 as usize]
+                            .clone()
+                            .unwrap_or_else(|| trace.name(buf));
+                        let bucket = collectives.len();
+                        collectives.push(CollectiveInfo {
+                            label,
+                            op,
+                            dtype: tt.dtype,
+                            numel: tt.numel(),
+                            group,
+                        });
+                        if let Some(f) = node.outputs.first() {
+                            bucket_of_future[f.0 as usize] = Some(bucket);
+                        }
+                        (InstrKind::AllReduce { op, bucket }, vec![buf])
+                    }
+                    ops::WAIT => {
+                        let f = node
+                            .args
+                            .first()
+                            .and_then(Arg::as_value)
+                            .ok_or_else(|| err(&line, "wait takes a future".into()))?;
+                        let bucket = bucket_of_future[f.0 as usize].ok_or_else(|| {
+                            err(
+                                &line,
+                                format!("`{}` is not the future of an all-reduce", trace.name(f)),
+                            )
+                        })?;
+                        (InstrKind::Wait { bucket }, vec![f])
+                    }
+                    ops::UNPACK => {
+                        let buf = node
+                            .args
+                            .first()
+                            .and_then(Arg::as_value)
+                            .ok_or_else(|| err(&line, "unpack takes a buffer".into()))?;
+                        let shapes: Vec<Vec<usize>> = node
+                            .outputs
+                            .iter()
+                            .map(|o| {
+                                trace
+                                    .ty(*o)
+                                    .and_then(Type::as_tensor)
+                                    .map(|t| t.shape.clone())
+                                    .ok_or_else(|| {
+                                        err(
+                                            &line,
+                                            format!("output `{}` is not a tensor", trace.name(*o)),
+                                        )
+                                    })
+                            })
+                            .collect::<Result<_, _>>()?;
+                        let offsets = match node.kwarg("offsets").and_then(Arg::as_int_list) {
+                            Some(o) if o.len() == shapes.len() && o.iter().all(|x| *x >= 0) => {
+                                o.into_iter().map(|x| x as usize).collect()
+                            }
+                            Some(_) => {
+                                return Err(err(&line, "offsets do not match the outputs".into()))
+                            }
+                            None => shapes
+                                .iter()
+                                .scan(0usize, |acc, s| {
+                                    let o = *acc;
+                                    *acc += s.iter().product::<usize>();
+                                    Some(o)
+                                })
+                                .collect(),
+                        };
+                        (InstrKind::Unpack { offsets, shapes }, vec![buf])
+                    }
+                    _ => {
+                        let d = decode(trace, node).map_err(|m| err(&line, m))?;
+                        (InstrKind::Compute(d.kernel), d.inputs)
+                    }
+                };
+            instrs.push(Instr {
+                kind,
+                inputs: inputs
+                    .into_iter()
+                    .map(|v| slot(v, &mut slot_names))
+                    .collect(),
+                outputs: node
+                    .outputs
+                    .iter()
+                    .map(|&v| slot(v, &mut slot_names))
+                    .collect(),
+                free: Vec::new(),
+                line,
+            });
+        }
+        let results: Vec<Option<Slot>> = results
+            .iter()
+            .map(|r| r.map(|v| slot(v, &mut slot_names)))
+            .collect();
+        let slots = slot_names.len();
+        // liveness: a slot dies after its last reader (or right after its producer if unread)
+        let mut last: Vec<Option<usize>> = vec![None; slots];
+        for (i, ins) in instrs.iter().enumerate() {
+            for &o in &ins.outputs {
+                last[o] = Some(i);
+            }
+            for &s in &ins.inputs {
+                last[s] = Some(i);
+            }
+        }
+        let mut keep = vec![false; slots];
+        for r in results.iter().flatten() {
+            keep[*r] = true;
+        }
+        for (s, l) in last.iter().enumerate() {
+            if let (Some(i), false) = (l, keep[s]) {
+                instrs[*i].free.push(s);
+            }
+        }
+        Ok(Plan {
+            trace_name: trace.name.clone(),
+            slots,
+            args,
+            instrs,
+            results,
+            collectives,
+            slot_names,
+        })
+    }
+}

@@ -1,0 +1,697 @@
+//! Ranks as threads of one process. Each rank has a communication worker thread, so an
+//! all-reduce runs while the rank computes. The reduction adds the ranks' buffers in rank order
+//! (0, 1, 2, ...) for every element, so every rank gets the same bits, whatever the bucketing.
+
+use crate::comm::{CommError, CommTiming, Communicator, LinkModel, ReduceOp};
+use crate::tensor::{Storage, Tensor};
+use half::{bf16, f16};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Settings shared by a group's ranks.
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    /// How long a rank waits for the others at a collective before it gives up.
+    pub timeout: Duration,
+    /// Simulated network; `None` completes a collective as soon as the data is reduced.
+    pub link: Option<LinkModel>,
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        CommOptions {
+            timeout: Duration::from_secs(60),
+            link: None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    AllReduce(ReduceOp),
+    Broadcast(usize),
+    Barrier,
+}
+
+/// What one rank brought to a collective; all ranks must bring the same description.
+#[derive(Clone, Debug, PartialEq)]
+struct Signature {
+    kind: Kind,
+    dtype: Option<tracepass_ir::DType>,
+    numel: usize,
+    label: String,
+}
+
+impl Signature {
+    fn describe(&self) -> String {
+        match self.kind {
+            Kind::Barrier => "barrier".into(),
+            Kind::Broadcast(r) => format!(
+                "broadcast from {r} of {} {:?} ({})",
+                self.numel, self.dtype, self.label
+            ),
+            Kind::AllReduce(op) => format!(
+                "all_reduce {op:?} of {} x {} ({})",
+                self.numel,
+                self.dtype.map_or("?".into(), |d| d.to_string()),
+                self.label
+            ),
+        }
+    }
+}
+
+struct Slot {
+    signature: Signature,
+    first_rank: usize,
+    contribs: Vec<Option<Tensor>>,
+    arrived: usize,
+    result: Option<Tensor>,
+    ready_at: Option<Instant>,
+    taken: usize,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<u64, Slot>,
+    failed: Option<(usize, String)>,
+}
+
+struct Shared {
+    world: usize,
+    options: CommOptions,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A rank that panicked while holding the lock leaves consistent data (every update is
+        // completed before unlocking), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fail(&self, rank: usize, reason: String) {
+        let mut st = self.lock();
+        if st.failed.is_none() {
+            st.failed = Some((rank, reason));
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Deposits this rank's part of collective `seq` and blocks until the result is ready.
+    fn collective(
+        &self,
+        rank: usize,
+        seq: u64,
+        sig: Signature,
+        data: Option<Tensor>,
+    ) -> Result<Tensor, CommError> {
+        let mut st = self.lock();
+        if let Some((failed, reason)) = &st.failed {
+            return Err(CommError::PeerFailed {
+                rank,
+                failed: *failed,
+                reason: reason.clone(),
+            });
+        }
+        let world = self.world;
+        let slot = st.slots.entry(seq).or_insert_with(|| Slot {
+            signature: sig.clone(),
+            first_rank: rank,
+            contribs: vec![None; world],
+            arrived: 0,
+            result: None,
+            ready_at: None,
+            taken: 0,
+        });
+        if slot.signature != sig {
+            let err = CommError::Mismatch {
+                seq,
+                a: slot.first_rank,
+                what_a: slot.signature.describe(),
+                b: rank,
+                what_b: sig.describe(),
+            };
+            let msg = err.to_string();
+            if st.failed.is_none() {
+                st.failed = Some((rank, msg));
+            }
+            drop(st);
+            self.cv.notify_all();
+            return Err(err);
+        }
+        slot.contribs[rank] = data;
+        slot.arrived += 1;
+        if slot.arrived == world {
+            let result = reduce(&sig.kind, &mut slot.contribs, rank);
+            match result {
+                Ok(r) => {
+                    slot.result = Some(r);
+                    slot.ready_at = Some(Instant::now());
+                }
+                Err(message) => {
+                    let msg = format!("collective #{seq} ({}): {message}", sig.label);
+                    st.failed = Some((rank, msg.clone()));
+                    drop(st);
+                    self.cv.notify_all();
+                    return Err(CommError::Invalid { rank, message: msg });
+                }
+            }
+            self.cv.notify_all();
+        }
+        let deadline = Instant::now() + self.options.timeout;
+        loop {
+            if let Some(slot) = st.slots.get_mut(&seq) {
+                if let Some(r) = &slot.result {
+                    let r = r.clone();
+                    let ready = slot.ready_at;
+                    slot.taken += 1;
+                    if slot.taken == world {
+                        st.slots.remove(&seq);
+                    }
+                    drop(st);
+                    if let (Some(link), Some(ready), Kind::AllReduce(_)) =
+                        (self.options.link, ready, sig.kind)
+                    {
+                        let bytes = sig.numel * sig.dtype.map_or(4, |d| d.size_bytes());
+                        let until = ready + link.all_reduce_time(bytes, world);
+                        let now = Instant::now();
+                        if until > now {
+                            thread::sleep(until - now);
+                        }
+                    }
+                    return Ok(r);
+                }
+            }
+            if let Some((failed, reason)) = &st.failed {
+                return Err(CommError::PeerFailed {
+                    rank,
+                    failed: *failed,
+                    reason: reason.clone(),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing = st
+                    .slots
+                    .get(&seq)
+                    .map(|s| {
+                        (0..world)
+                            .filter(|r| s.contribs[*r].is_none() && *r != rank)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let err = CommError::Timeout {
+                    rank,
+                    seq,
+                    label: sig.label.clone(),
+                    secs: self.options.timeout.as_secs_f64(),
+                    missing,
+                };
+                if st.failed.is_none() {
+                    st.failed = Some((rank, err.to_string()));
+                }
+                drop(st);
+                self.cv.notify_all();
+                return Err(err);
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
+
+/// Reduces the ranks' buffers in rank order (deterministic), or picks the broadcast root's.
+fn reduce(kind: &Kind, contribs: &mut [Option<Tensor>], rank: usize) -> Result<Tensor, String> {
+    match kind {
+        Kind::Barrier => Ok(Tensor::from_f32(vec![0], Vec::new())),
+        Kind::Broadcast(root) => contribs
+            .get_mut(*root)
+            .and_then(Option::take)
+            .ok_or_else(|| format!("broadcast root {root} brought no tensor")),
+        Kind::AllReduce(op) => {
+            let parts: Vec<Tensor> = contribs
+                .iter_mut()
+                .enumerate()
+                .map(|(r, c)| {
+                    c.take()
+                        .map(|t| t.contiguous())
+                        .ok_or(format!("rank {r} brought no buffer"))
+                })
+                .collect::<Result<_, _>>()?;
+            let first = &parts[0];
+            let n = first.numel();
+            let shape = first.shape().to_vec();
+            for (r, p) in parts.iter().enumerate() {
+                if p.numel() != n || p.dtype() != first.dtype() {
+                    return Err(format!(
+                        "rank {r} sent {} x {} but rank 0 sent {n} x {} (seen on rank {rank})",
+                        p.numel(),
+                        p.dtype(),
+                        first.dtype()
+                    ));
+                }
+            }
+            let combine = |a: f32, b: f32| match op {
+                ReduceOp::Sum => a + b,
+                ReduceOp::Max => a.max(b),
+            };
+            macro_rules! slices {
+                ($variant:ident) => {
+                    parts
+                        .iter()
+                        .map(|p| match p.storage() {
+                            Storage::$variant(v) => &v[p.offset()..p.offset() + n],
+                            _ => unreachable!("dtypes were checked equal"),
+                        })
+                        .collect::<Vec<_>>()
+                };
+            }
+            let data = match first.storage() {
+                Storage::F32(_) => {
+                    let s = slices!(F32);
+                    let mut acc = s[0].to_vec();
+                    for part in &s[1..] {
+                        for (a, b) in acc.iter_mut().zip(part.iter()) {
+                            *a = combine(*a, *b);
+                        }
+                    }
+                    Storage::F32(acc)
+                }
+                Storage::F64(_) => {
+                    let s = slices!(F64);
+                    let mut acc = s[0].to_vec();
+                    for part in &s[1..] {
+                        for (a, b) in acc.iter_mut().zip(part.iter()) {
+                            *a = match op {
+                                ReduceOp::Sum => *a + *b,
+                                ReduceOp::Max => a.max(*b),
+                            };
+                        }
+                    }
+                    Storage::F64(acc)
+                }
+                Storage::BF16(_) => {
+                    let s = slices!(BF16);
+                    let mut acc: Vec<f32> = s[0].iter().map(|x| x.to_f32()).collect();
+                    for part in &s[1..] {
+                        for (a, b) in acc.iter_mut().zip(part.iter()) {
+                            *a = combine(*a, b.to_f32());
+                        }
+                    }
+                    Storage::BF16(acc.into_iter().map(bf16::from_f32).collect())
+                }
+                Storage::F16(_) => {
+                    let s = slices!(F16);
+                    let mut acc: Vec<f32> = s[0].iter().map(|x| x.to_f32()).collect();
+                    for part in &s[1..] {
+                        for (a, b) in acc.iter_mut().zip(part.iter()) {
+                            *a = combine(*a, b.to_f32());
+                        }
+                    }
+                    Storage::F16(acc.into_iter().map(f16::from_f32).collect())
+                }
+            };
+            Ok(Tensor::new(shape, data))
+        }
+    }
+}
+
+/// A group of `world_size` thread ranks; hand each rank thread its `comm(rank)`.
+#[derive(Clone)]
+pub struct ThreadGroup {
+    shared: Arc<Shared>,
+}
+
+impl ThreadGroup {
+    pub fn new(world_size: usize, options: CommOptions) -> ThreadGroup {
+        ThreadGroup {
+            shared: Arc::new(Shared {
+                world: world_size.max(1),
+                options,
+                state: Mutex::new(State::default()),
+                cv: Condvar::new(),
+            }),
+        }
+    }
+    pub fn world_size(&self) -> usize {
+        self.shared.world
+    }
+    /// The communicator of one rank, with its communication worker thread.
+    pub fn comm(&self, rank: usize) -> ThreadComm {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let shared = self.shared.clone();
+        let worker = thread::Builder::new()
+            .name(format!("comm-{rank}"))
+            .spawn(move || {
+                for job in rx {
+                    let started = Instant::now();
+                    let r = shared.collective(rank, job.seq, job.sig, job.data);
+                    let finished = Instant::now();
+                    job.done.complete(r.map(|t| {
+                        (
+                            t,
+                            CommTiming {
+                                launched: job.launched,
+                                started,
+                                finished,
+                            },
+                        )
+                    }));
+                }
+            })
+            .ok();
+        ThreadComm {
+            rank,
+            shared: self.shared.clone(),
+            seq: 0,
+            tx: Some(tx),
+            worker,
+        }
+    }
+    /// The failure some rank reported, if any.
+    pub fn failure(&self) -> Option<(usize, String)> {
+        self.shared.lock().failed.clone()
+    }
+    /// Marks `rank` failed so the others stop waiting for it.
+    pub fn abort(&self, rank: usize, reason: &str) {
+        self.shared.fail(rank, reason.to_string());
+    }
+}
+
+type Outcome = Result<(Tensor, CommTiming), CommError>;
+
+/// A one-shot result slot a rank waits on.
+pub struct Completion {
+    value: Mutex<Option<Outcome>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    fn complete(&self, r: Outcome) {
+        *self.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        self.cv.notify_all();
+    }
+}
+
+struct Job {
+    seq: u64,
+    sig: Signature,
+    data: Option<Tensor>,
+    launched: Instant,
+    done: Arc<Completion>,
+}
+
+/// A rank's end of a [`ThreadGroup`].
+pub struct ThreadComm {
+    rank: usize,
+    shared: Arc<Shared>,
+    seq: u64,
+    tx: Option<mpsc::Sender<Job>>,
+    worker: Option<thread::JoinHandle<()>>,
+}
+
+/// A collective in flight.
+pub struct ThreadHandle {
+    seq: u64,
+    label: String,
+    done: Arc<Completion>,
+}
+
+impl ThreadComm {
+    /// Queues a collective; `like` describes the buffer every rank must agree on.
+    fn submit(
+        &mut self,
+        kind: Kind,
+        like: Option<&Tensor>,
+        data: Option<Tensor>,
+        label: &str,
+    ) -> Result<ThreadHandle, CommError> {
+        let seq = self.seq;
+        self.seq += 1;
+        let sig = Signature {
+            kind,
+            dtype: like.map(|t| t.dtype()),
+            numel: like.map_or(0, |t| t.numel()),
+            label: label.to_string(),
+        };
+        let done = Arc::new(Completion {
+            value: Mutex::new(None),
+            cv: Condvar::new(),
+        });
+        let job = Job {
+            seq,
+            sig,
+            data,
+            launched: Instant::now(),
+            done: done.clone(),
+        };
+        self.tx
+            .as_ref()
+            .ok_or(CommError::WorkerGone { rank: self.rank })?
+            .send(job)
+            .map_err(|_| CommError::WorkerGone { rank: self.rank })?;
+        Ok(ThreadHandle {
+            seq,
+            label: label.to_string(),
+            done,
+        })
+    }
+
+    fn block(&self, h: ThreadHandle) -> Outcome {
+        // The worker gives up after the timeout itself; the margin covers a simulated link.
+        let deadline = Instant::now() + self.shared.options.timeout * 2 + Duration::from_secs(1);
+        let mut v = h.done.value.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = v.take() {
+                return r;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    rank: self.rank,
+                    seq: h.seq,
+                    label: h.label,
+                    secs: self.shared.options.timeout.as_secs_f64(),
+                    missing: Vec::new(),
+                });
+            }
+            v = h
+                .done
+                .cv
+                .wait_timeout(v, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
+
+impl Communicator for ThreadComm {
+    type Tensor = Tensor;
+    type Handle = ThreadHandle;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.shared.world
+    }
+    fn all_reduce_async(
+        &mut self,
+        t: Tensor,
+        op: ReduceOp,
+        label: &str,
+    ) -> Result<ThreadHandle, CommError> {
+        self.submit(Kind::AllReduce(op), Some(&t), Some(t.clone()), label)
+    }
+    fn wait(&mut self, h: ThreadHandle) -> Result<(Tensor, CommTiming), CommError> {
+        self.block(h)
+    }
+    fn broadcast(&mut self, t: Tensor, root: usize) -> Result<Tensor, CommError> {
+        if root >= self.shared.world {
+            return Err(CommError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "broadcast root {root} is not a rank of a world of {}",
+                    self.shared.world
+                ),
+            });
+        }
+        let data = if self.rank == root {
+            Some(t.clone())
+        } else {
+            None
+        };
+        let h = self.submit(Kind::Broadcast(root), Some(&t), data, "broadcast")?;
+        let (r, _) = self.block(h)?;
+        if r.shape() != t.shape() || r.dtype() != t.dtype() {
+            return Err(CommError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "broadcast from rank {root} sent {:?} {} but this rank holds {:?} {}",
+                    r.shape(),
+                    r.dtype(),
+                    t.shape(),
+                    t.dtype()
+                ),
+            });
+        }
+        Ok(r)
+    }
+    fn barrier(&mut self) -> Result<(), CommError> {
+        let h = self.submit(Kind::Barrier, None, None, "barrier")?;
+        self.block(h).map(|_| ())
+    }
+    fn abort(&self, reason: &str) {
+        self.shared.fail(self.rank, reason.to_string());
+    }
+    fn failure(&self) -> Option<(usize, String)> {
+        self.shared.lock().failed.clone()
+    }
+}
+
+impl Drop for ThreadComm {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_ranks<T: Send + 'static>(
+        world: usize,
+        opts: CommOptions,
+        f: impl Fn(ThreadComm) -> T + Send + Sync + 'static,
+    ) -> Vec<T> {
+        let g = ThreadGroup::new(world, opts);
+        let f = Arc::new(f);
+        let hs: Vec<_> = (0..world)
+            .map(|r| {
+                let c = g.comm(r);
+                let f = f.clone();
+                thread::spawn(move || f(c))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    }
+
+    #[test]
+    fn all_reduce_sums_in_rank_order_and_all_ranks_agree() {
+        let out = run_ranks(4, CommOptions::default(), |mut c| {
+            let r = c.rank() as f32;
+            let t = Tensor::from_f32(vec![3], vec![r, 1.0 + r * 1e-8, 0.1 * r]);
+            let h1 = c
+                .all_reduce_async(t.clone(), ReduceOp::Sum, "a")
+                .expect("launch");
+            let h2 = c.all_reduce_async(t, ReduceOp::Max, "b").expect("launch");
+            let (a, _) = c.wait(h1).expect("sum");
+            let (b, _) = c.wait(h2).expect("max");
+            (a.to_f32_vec(), b.to_f32_vec())
+        });
+        let want = ((0.0f32 + 1.0) + 2.0) + 3.0;
+        assert_eq!(out[0].0[0], want);
+        assert_eq!(out[0].1[0], 3.0);
+        for o in &out[1..] {
+            assert_eq!(
+                o.0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                out[0].0.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
+    fn broadcast_and_barrier() {
+        let out = run_ranks(3, CommOptions::default(), |mut c| {
+            let t = Tensor::from_f32(vec![2], vec![c.rank() as f32; 2]);
+            c.barrier().expect("barrier");
+            c.broadcast(t, 2).expect("broadcast").to_f32_vec()
+        });
+        assert!(out.iter().all(|v| v == &vec![2.0, 2.0]));
+    }
+
+    #[test]
+    fn a_missing_rank_times_out_with_its_number() {
+        let opts = CommOptions {
+            timeout: Duration::from_millis(200),
+            link: None,
+        };
+        let start = Instant::now();
+        let out = run_ranks(2, opts, |mut c| {
+            if c.rank() == 1 {
+                return None;
+            }
+            let h = c
+                .all_reduce_async(Tensor::from_f32(vec![1], vec![1.0]), ReduceOp::Sum, "b0")
+                .expect("launch");
+            Some(c.wait(h).map(|_| ()))
+        });
+        assert!(start.elapsed() < Duration::from_secs(5));
+        match &out[0] {
+            Some(Err(CommError::Timeout { missing, label, .. })) => {
+                assert_eq!(missing, &vec![1]);
+                assert_eq!(label, "b0");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn mismatched_collectives_are_an_error_not_a_hang() {
+        let out = run_ranks(2, CommOptions::default(), |mut c| {
+            let n = 1 + c.rank();
+            let h = c
+                .all_reduce_async(Tensor::from_f32(vec![n], vec![0.0; n]), ReduceOp::Sum, "b0")
+                .expect("launch");
+            c.wait(h).map(|_| ())
+        });
+        assert!(out.iter().all(|r| r.is_err()));
+        let msg = out.iter().find_map(|r| match r {
+            Err(e @ CommError::Mismatch { .. }) => Some(e.to_string()),
+            _ => None,
+        });
+        assert!(msg
+            .expect("one rank sees the mismatch")
+            .contains("all_reduce Sum of 1 x f32"));
+    }
+
+    #[test]
+    fn link_model_delays_completion() {
+        let opts = CommOptions {
+            timeout: Duration::from_secs(10),
+            link: Some(LinkModel {
+                latency_us: 0.0,
+                bandwidth_gbps: 8.0,
+            }),
+        };
+        // 2 ranks, 4 MB: 2(n-1)/n * 4e6 B / 1e9 B/s = 4 ms
+        let out = run_ranks(2, opts, |mut c| {
+            let h = c
+                .all_reduce_async(
+                    Tensor::from_f32(vec![1_000_000], vec![1.0; 1_000_000]),
+                    ReduceOp::Sum,
+                    "big",
+                )
+                .expect("launch");
+            let (_, t) = c.wait(h).expect("done");
+            t.busy()
+        });
+        assert!(
+            out.iter().all(|d| *d >= Duration::from_millis(4)),
+            "{out:?}"
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! `tracepass train`: options, progress and output of the trainer.
+
+use crate::comm::LinkModel;
+use crate::metrics::timeline_json;
+use crate::model::ModelSource;
+use crate::optim::OptimizerKind;
+use crate::trainer::{train, Fault, TrainConfig, TrainReport};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// Number of ranks (threads on this machine).
+    #[arg(long, default_value_t = 1)]
+    pub world_size: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// Gradient bucket cap in MiB; 0 or less: one all-reduce per gradient.
+    #[arg(long, default_value_t = 25.0, allow_negative_numbers = true)]
+    pub bucket_mb: f64,
+    /// Initial parameters by module path (`l1.weight`, ...); without it a seeded init.
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub params: Option<PathBuf>,
+    /// Batches `x.<micro-batch>.<rank>` and `y.<micro-batch>.<rank>`; without it seeded random data.
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub data: Option<PathBuf>,
+    /// Write rank 0's synchronized gradients of the first step, by module path.
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub save_grads: Option<PathBuf>,
+    /// Rank whose parameters every rank takes before the first step, or `none`.
+    #[arg(long, default_value = "0")]
+    pub broadcast_from: String,
+    /// Micro-steps that accumulate gradients without communication before each synchronized one.
+    #[arg(long, default_value_t = 0)]
+    pub no_sync_steps: usize,
+    /// Seed for the parameter init and the random data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// `seed` (the built-in Thunder traces) or `deep-mlp:LAYERS,WIDTH,BATCH`.
+    #[arg(long, default_value = "seed", conflicts_with_all = ["forward", "backward"])]
+    pub model: String,
+    /// A forward trace to train instead of the built-in model (needs --backward).
+    #[arg(long, requires = "backward")]
+    pub forward: Option<PathBuf>,
+    /// The backward trace belonging to --forward (plain, or Thunder's own DDP export).
+    #[arg(long, requires = "forward")]
+    pub backward: Option<PathBuf>,
+    /// `adamw` (PyTorch defaults) or `sgd`.
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: String,
+    /// Learning rate (default: 1e-3 for AdamW, 1e-2 for SGD).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Pipeline for the synchronized backward (default: `ddp(world_size=N,bucket_mb=B),sort-waits`).
+    #[arg(long)]
+    pub passes: Option<String>,
+    /// Simulated network for all-reduces: `LATENCY_US,BANDWIDTH_GBPS` (ring alpha-beta model).
+    #[arg(long)]
+    pub link: Option<String>,
+    /// Seconds a rank waits at a collective before it gives up with an error.
+    #[arg(long, default_value_t = 60.0)]
+    pub collective_timeout: f64,
+    /// Write a Chrome/Perfetto timeline (open in ui.perfetto.dev).
+    #[arg(long, value_name = "FILE.json")]
+    pub timeline: Option<PathBuf>,
+    /// Print per-step compute, communication and overlap.
+    #[arg(long)]
+    pub metrics: bool,
+    /// Write per-step, per-rank, per-bucket metrics as JSON.
+    #[arg(long, value_name = "FILE.json")]
+    pub metrics_json: Option<PathBuf>,
+    /// Print the rewritten backward before training.
+    #[arg(long)]
+    pub show_backward: bool,
+    /// `cpu` (the only device in this build without the `cuda` feature).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Testing aid: `RANK:STEP:panic` or `RANK:STEP:vanish`.
+    #[arg(long, hide = true)]
+    pub inject_fault: Option<String>,
+}
+
+fn model_source(args: &TrainArgs) -> Result<ModelSource> {
+    if let (Some(f), Some(b)) = (&args.forward, &args.backward) {
+        return Ok(ModelSource::Files {
+            forward: f.clone(),
+            backward: b.clone(),
+        });
+    }
+    if args.model == "seed" {
+        return Ok(ModelSource::Seed);
+    }
+    if let Some(spec) = args.model.strip_prefix("deep-mlp:") {
+        let n: Vec<usize> = spec
+            .split(',')
+            .map(|x| x.trim().parse::<usize>())
+            .collect::<Result<_, _>>()
+            .with_context(|| {
+                format!(
+                    "--model {}: expected deep-mlp:LAYERS,WIDTH,BATCH",
+                    args.model
+                )
+            })?;
+        if n.len() != 3 || n.contains(&0) {
+            bail!(
+                "--model {}: expected deep-mlp:LAYERS,WIDTH,BATCH with positive numbers",
+                args.model
+            );
+        }
+        return Ok(ModelSource::DeepMlp {
+            layers: n[0],
+            width: n[1],
+            batch: n[2],
+        });
+    }
+    bail!(
+        "--model {}: unknown model (valid: seed, deep-mlp:LAYERS,WIDTH,BATCH)",
+        args.model
+    )
+}
+
+/// Builds the trainer's configuration from the command line, rejecting bad values.
+pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
+    match args.device.as_str() {
+        "cpu" => {}
+        "cuda" => bail!("--device cuda: this tracepass was built without the `cuda` feature (cargo build --release --features cuda)"),
+        other => bail!("--device {other}: unknown device (valid: cpu, cuda)"),
+    }
+    let broadcast_from =
+        match args.broadcast_from.as_str() {
+            "none" => None,
+            r => Some(r.parse::<usize>().with_context(|| {
+                format!("--broadcast-from {r}: expected a rank number or `none`")
+            })?),
+        };
+    let optimizer = match args.optimizer.as_str() {
+        "adamw" => match (OptimizerKind::adamw(), args.lr) {
+            (
+                OptimizerKind::AdamW {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                    ..
+                },
+                Some(lr),
+            ) => OptimizerKind::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            },
+            (k, _) => k,
+        },
+        "sgd" => OptimizerKind::Sgd {
+            lr: args.lr.unwrap_or(1e-2),
+        },
+        other => bail!("--optimizer {other}: unknown optimizer (valid: adamw, sgd)"),
+    };
+    if let Some(lr) = args.lr {
+        if !(lr.is_finite() && lr > 0.0) {
+            bail!("--lr {lr}: the learning rate must be a positive number");
+        }
+    }
+    if !(args.collective_timeout.is_finite() && args.collective_timeout > 0.0) {
+        bail!(
+            "--collective-timeout {}: must be a positive number of seconds",
+            args.collective_timeout
+        );
+    }
+    if !args.bucket_mb.is_finite() {
+        bail!("--bucket-mb {}: must be a finite number", args.bucket_mb);
+    }
+    let link = match &args.link {
+        Some(l) => Some(
+            LinkModel::parse(l)
+                .map_err(anyhow::Error::msg)
+                .context("--link")?,
+        ),
+        None => None,
+    };
+    let fault = match &args.inject_fault {
+        Some(f) => Some(Fault::parse(f).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    Ok(TrainConfig {
+        model: model_source(args)?,
+        world_size: args.world_size,
+        steps: args.steps,
+        bucket_mb: args.bucket_mb,
+        params: args.params.clone(),
+        data: args.data.clone(),
+        save_grads: args.save_grads.clone(),
+        broadcast_from,
+        no_sync_steps: args.no_sync_steps,
+        seed: args.seed,
+        optimizer,
+        link,
+        collective_timeout: Duration::from_secs_f64(args.collective_timeout),
+        timeline: args.timeline.is_some(),
+        passes: args.passes.clone(),
+        keep_all_ranks: false,
+        fault,
+    })
+}
+
+fn print_metrics(report: &TrainReport) -> String {
+    let mut s = String::from(
+        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  buckets\n",
+    );
+    for per_rank in &report.metrics {
+        for m in per_rank {
+            s += &format!(
+                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>7}\n",
+                m.step,
+                m.rank,
+                m.step_s * 1e3,
+                m.compute_s * 1e3,
+                m.comm_s * 1e3,
+                m.overlap_s * 1e3,
+                m.overlap_pct,
+                m.exposed_comm_s * 1e3,
+                m.buckets.iter().filter(|b| b.label != "loss").count()
+            );
+        }
+    }
+    s
+}
+
+pub fn run(args: TrainArgs) -> Result<()> {
+    let cfg = config(&args)?;
+    let bar = if cfg.steps >= 100 {
+        let pb = indicatif::ProgressBar::new(cfg.steps as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} steps  {per_sec}  eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(pb)
+    } else {
+        None
+    };
+    let on_step = |step: usize, loss: f64| {
+        let line = format!(
+            "# {step}-th loss: {}",
+            tracepass_ir::pyfloat::repr(loss as f32 as f64)
+        );
+        match &bar {
+            Some(pb) => {
+                pb.inc(1);
+                if step.is_multiple_of(100) || step + 1 == cfg.steps {
+                    pb.println(line);
+                }
+            }
+            None => println!("{line}"),
+        }
+    };
+    let report = train(&cfg, &on_step)?;
+    if let Some(pb) = &bar {
+        pb.finish_and_clear();
+    }
+    if args.show_backward {
+        eprintln!("{}", report.backward);
+    }
+    if args.metrics {
+        print!("{}", print_metrics(&report));
+    }
+    if let Some(path) = &args.metrics_json {
+        let json = serde_json::to_vec_pretty(&report.metrics)?;
+        tracepass_ir::fsio::write_atomic(path, &json)?;
+    }
+    if let Some(path) = &args.timeline {
+        let json = serde_json::to_vec(&timeline_json(&report.events))?;
+        tracepass_ir::fsio::write_atomic(path, &json)?;
+    }
+    let secs = report.wall.as_secs_f64();
+    eprintln!(
+        "trained {} steps on {} rank(s) in {:.3} s ({:.1} steps/s); backward: {}",
+        cfg.steps,
+        cfg.world_size,
+        secs,
+        cfg.steps as f64 / secs.max(1e-12),
+        report.pipeline
+    );
+    Ok(())
+}

@@ -1,0 +1,674 @@
+//! Data-parallel training on thread ranks: forward, loss, DDP backward (rewritten by the
+//! `ddp` + `sort-waits` passes), optimizer, for N steps; every rank a thread with its own
+//! communication worker.
+
+use crate::backend::Backend;
+use crate::comm::{Communicator, LinkModel, ReduceOp};
+use crate::cpu::CpuBackend;
+use crate::data::{file_params, seeded_params, DataSource};
+use crate::executor::{ExecError, Executor, RValue};
+use crate::loss::loss_and_grad;
+use crate::metrics::{Clock, Event, Recording, Span, StepMetrics};
+use crate::model::{Model, ModelSource};
+use crate::optim::{Optimizer, OptimizerKind};
+use crate::plan::{Plan, PlanError};
+use crate::tensor::Tensor;
+use crate::tensorfile::{save_tensors, TensorFile};
+use crate::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tracepass_ir::{ops, print_trace, Arg, OpRegistry, Program, Trace, ValueId};
+use tracepass_passes::PassManager;
+
+/// A fault to inject (tests and `--inject-fault`): what a real failure would do to one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The rank panics in the middle of `step` (after its forward).
+    Panic { rank: usize, step: usize },
+    /// The rank leaves before `step`'s first collective and never comes back.
+    Vanish { rank: usize, step: usize },
+}
+
+impl Fault {
+    /// `RANK:STEP:panic` or `RANK:STEP:vanish`.
+    pub fn parse(s: &str) -> Result<Fault, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let bad = || format!("fault '{s}': expected RANK:STEP:panic or RANK:STEP:vanish");
+        if parts.len() != 3 {
+            return Err(bad());
+        }
+        let rank = parts[0].parse().map_err(|_| bad())?;
+        let step = parts[1].parse().map_err(|_| bad())?;
+        match parts[2] {
+            "panic" => Ok(Fault::Panic { rank, step }),
+            "vanish" => Ok(Fault::Vanish { rank, step }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub model: ModelSource,
+    pub world_size: usize,
+    pub steps: usize,
+    /// Bucket cap in MiB (`<= 0`: one all-reduce per gradient).
+    pub bucket_mb: f64,
+    pub params: Option<PathBuf>,
+    pub data: Option<PathBuf>,
+    pub save_grads: Option<PathBuf>,
+    /// Rank whose parameters all ranks take first (`None`: no broadcast).
+    pub broadcast_from: Option<usize>,
+    /// Micro-steps that accumulate locally before each synchronized one.
+    pub no_sync_steps: usize,
+    pub seed: u64,
+    pub optimizer: OptimizerKind,
+    pub link: Option<LinkModel>,
+    pub collective_timeout: Duration,
+    /// Record one event per instruction for a timeline.
+    pub timeline: bool,
+    /// Pipeline for the synchronized backward instead of `ddp(...),sort-waits`.
+    pub passes: Option<String>,
+    /// Keep every rank's gradients and parameters in the report (tests); else rank 0's only.
+    pub keep_all_ranks: bool,
+    pub fault: Option<Fault>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: ModelSource::Seed,
+            world_size: 4,
+            steps: 10,
+            bucket_mb: 25.0,
+            params: None,
+            data: None,
+            save_grads: None,
+            broadcast_from: Some(0),
+            no_sync_steps: 0,
+            seed: 0,
+            optimizer: OptimizerKind::adamw(),
+            link: None,
+            collective_timeout: Duration::from_secs(60),
+            timeline: false,
+            passes: None,
+            keep_all_ranks: false,
+            fault: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("invalid option: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error("rewriting the backward with `{pipeline}`: {message}")]
+    Rewrite { pipeline: String, message: String },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("{0}")]
+    Input(String),
+    #[error("rank {rank} failed: {message}")]
+    Rank { rank: usize, message: String },
+    #[error("{0}")]
+    Output(String),
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct TrainReport {
+    /// Per step: the loss averaged over ranks (and micro-steps).
+    pub losses: Vec<f64>,
+    /// `[rank][step]`.
+    pub metrics: Vec<Vec<StepMetrics>>,
+    pub param_names: Vec<String>,
+    /// `[rank][param]`: the synchronized gradients of the first step (rank 0 only unless kept).
+    pub grads_step0: Vec<Vec<Option<Tensor>>>,
+    /// `[rank][param]` after the last step (rank 0 only unless kept).
+    pub params: Vec<Vec<Tensor>>,
+    /// Timeline events per rank (when asked for).
+    pub events: Vec<(usize, Vec<Event>)>,
+    /// The backward the ranks ran for synchronized steps, printed.
+    pub backward: String,
+    pub pipeline: String,
+    pub wall: Duration,
+}
+
+/// Whether a backward already synchronizes gradients (Thunder's own DDP export).
+fn synchronizes(t: &Trace) -> bool {
+    t.nodes().any(|(_, n)| n.op == ops::ALL_REDUCE)
+}
+
+/// The divisor an exported DDP backward applies before its all-reduces, if it is a constant.
+fn exported_world_size(t: &Trace) -> Option<f64> {
+    t.nodes()
+        .filter(|(_, n)| n.op == ops::DIV || n.op == ops::TRUE_DIVIDE)
+        .find_map(|(_, n)| n.args.get(1).and_then(Arg::as_f64))
+}
+
+fn rewrite(program: &Program, pipeline: &str) -> Result<Program, TrainError> {
+    let err = |m: String| TrainError::Rewrite {
+        pipeline: pipeline.to_string(),
+        message: m,
+    };
+    let pm = PassManager::parse(pipeline).map_err(|e| err(e.to_string()))?;
+    let mut p = program.clone();
+    pm.run(&mut p, OpRegistry::builtin())
+        .map_err(|e| err(e.to_string()))?;
+    Ok(p)
+}
+
+/// The three backward variants a run may need, compiled.
+struct Plans {
+    forward: Plan,
+    /// Values the forward returns as `saved_for_backward`, as a tree.
+    saved: Arg,
+    /// Local gradients (no communication): accumulation micro-steps.
+    local: Option<Plan>,
+    /// The synchronized backward.
+    sync: Plan,
+    /// For accumulation: which gradient (return position) each extra `acc_*` argument adds to.
+    acc_targets: Vec<usize>,
+    backward_text: String,
+    pipeline: String,
+}
+
+fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainError> {
+    let p = &model.program;
+    let ret = match &p.forward.ret {
+        Arg::Tuple(items) if items.len() == 2 => items[1].clone(),
+        _ => {
+            return Err(TrainError::Input(
+                "the forward must return (outputs, saved_for_backward)".into(),
+            ))
+        }
+    };
+    let mut fwd_results = vec![Some(model.output)];
+    ret.for_each_value(&mut |v| fwd_results.push(Some(v)));
+    let forward = Plan::compile(&p.forward, &fwd_results)?;
+    let already = synchronizes(&p.backward);
+    let ws = cfg.world_size;
+    let ddp = format!(
+        "ddp(world_size={ws},bucket_mb={}),sort-waits",
+        cfg.bucket_mb
+    );
+    let (local_prog, sync_pipeline) = if already {
+        // Thunder's own DDP backward: run it as exported; strip it for local micro-steps.
+        if cfg.passes.is_none() {
+            if let Some(d) = exported_world_size(&p.backward) {
+                if (d - ws as f64).abs() > 1e-9 {
+                    return Err(TrainError::Config(format!(
+                        "the backward was exported with DDP for world size {d} (it divides gradients by {d}); run it with --world-size {d}, or re-bucket it with --passes 'no-sync,{ddp}'"
+                    )));
+                }
+            }
+        }
+        (
+            rewrite(p, "no-sync")?,
+            cfg.passes.clone().unwrap_or_default(),
+        )
+    } else {
+        (p.clone(), cfg.passes.clone().unwrap_or_else(|| ddp.clone()))
+    };
+    let acc_pipeline = |base: &str| {
+        if base.is_empty() {
+            "accumulate-grads".to_string()
+        } else {
+            format!("accumulate-grads,{base}")
+        }
+    };
+    let (sync_prog, pipeline) = if cfg.no_sync_steps > 0 {
+        let base = if already && cfg.passes.is_none() {
+            ddp.clone()
+        } else {
+            sync_pipeline.clone()
+        };
+        let pl = acc_pipeline(&base);
+        (rewrite(&local_prog, &pl)?, pl)
+    } else if sync_pipeline.is_empty() {
+        (p.clone(), "(as exported)".to_string())
+    } else {
+        let src = if already { p } else { &local_prog };
+        (rewrite(src, &sync_pipeline)?, sync_pipeline.clone())
+    };
+    let grads_of = |prog: &Program| -> Vec<Option<ValueId>> { prog.gradient_values() };
+    let sync = Plan::compile(&sync_prog.backward, &grads_of(&sync_prog))?;
+    let local = if cfg.no_sync_steps > 0 {
+        Some(Plan::compile(&local_prog.backward, &grads_of(&local_prog))?)
+    } else {
+        None
+    };
+    // acc_<grad name> arguments -> the gradient position they add to
+    let mut acc_targets = Vec::new();
+    if cfg.no_sync_steps > 0 {
+        let local_grads = local_prog.gradient_values();
+        for a in sync_prog.backward.args().iter().skip(2) {
+            let name = sync_prog.backward.name(*a);
+            let base = name
+                .trim_start_matches('_')
+                .strip_prefix("acc_")
+                .unwrap_or(&name)
+                .to_string();
+            let pos = local_grads
+                .iter()
+                .position(|g| g.is_some_and(|g| local_prog.backward.name(g) == base))
+                .ok_or_else(|| {
+                    TrainError::Input(format!(
+                        "accumulation argument `{name}` matches no gradient"
+                    ))
+                })?;
+            acc_targets.push(pos);
+        }
+    }
+    Ok(Plans {
+        forward,
+        saved: ret,
+        local,
+        sync,
+        acc_targets,
+        backward_text: print_trace(&sync_prog.backward),
+        pipeline,
+    })
+}
+
+/// Rebuilds a value tree shaped like `arg` from the flat results, in `for_each_value` order.
+fn tree(arg: &Arg, flat: &mut std::vec::IntoIter<RValue<Tensor>>) -> RValue<Tensor> {
+    match arg {
+        Arg::Value(_) => flat.next().unwrap_or(RValue::None),
+        Arg::Tuple(items) | Arg::List(items) => {
+            RValue::Seq(items.iter().map(|a| tree(a, flat)).collect())
+        }
+        Arg::Dict(items) => RValue::Seq(items.iter().map(|(_, v)| tree(v, flat)).collect()),
+        _ => RValue::None,
+    }
+}
+
+struct RankOut {
+    losses: Vec<f64>,
+    metrics: Vec<StepMetrics>,
+    grads0: Vec<Option<Tensor>>,
+    params: Vec<Tensor>,
+    events: Vec<Event>,
+}
+
+struct Shared<'a> {
+    cfg: &'a TrainConfig,
+    model: &'a Model,
+    plans: &'a Plans,
+    data: &'a DataSource,
+    init: &'a [Tensor],
+    clock: Clock,
+    y_shape: Option<Vec<usize>>,
+}
+
+fn add_into(acc: &mut [Option<Tensor>], grads: &[RValue<Tensor>]) -> Result<(), String> {
+    for (a, g) in acc.iter_mut().zip(grads) {
+        if let RValue::Tensor(g) = g {
+            *a = Some(match a.take() {
+                None => g.clone(),
+                Some(prev) => crate::cpu::CpuBackend
+                    .run(
+                        &crate::kernel::Kernel::Binary {
+                            op: crate::kernel::BinaryOp::Add,
+                            a: crate::kernel::Side::Input(0),
+                            b: crate::kernel::Side::Input(1),
+                            alpha: 1.0,
+                        },
+                        &[
+                            crate::backend::Input::Tensor(&prev),
+                            crate::backend::Input::Tensor(g),
+                        ],
+                    )
+                    .map_err(|e| e.0)?,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn rank_main(
+    rank: usize,
+    mut comm: ThreadComm,
+    sh: &Shared,
+    on_step: &(dyn Fn(usize, f64) + Sync),
+) -> Result<RankOut, TrainError> {
+    let cfg = sh.cfg;
+    let model = sh.model;
+    let plans = sh.plans;
+    let backend = CpuBackend;
+    let exec_err = |e: ExecError| TrainError::Rank {
+        rank,
+        message: e.to_string(),
+    };
+    let comm_err = |e: crate::comm::CommError| TrainError::Rank {
+        rank,
+        message: e.to_string(),
+    };
+    let mut exec: Executor<CpuBackend, ThreadComm> = Executor::new();
+    let mut params: Vec<Tensor> = sh.init.to_vec();
+    if let Some(root) = cfg.broadcast_from {
+        for p in params.iter_mut() {
+            *p = comm.broadcast(p.clone(), root).map_err(comm_err)?;
+        }
+    }
+    let mut opt = Optimizer::new(cfg.optimizer, &params);
+    let n_params = model.program.params.len();
+    let n_grads = model.program.gradient_values().len();
+    let mut out = RankOut {
+        losses: Vec::with_capacity(cfg.steps),
+        metrics: Vec::with_capacity(cfg.steps),
+        grads0: Vec::new(),
+        params: Vec::new(),
+        events: Vec::new(),
+    };
+    let micro_per_step = cfg.no_sync_steps + 1;
+    for step in 0..cfg.steps {
+        let step_start = Instant::now();
+        let mut recs: Vec<Recording> = Vec::new();
+        let mut acc: Vec<Option<Tensor>> = vec![None; n_grads];
+        let mut loss_handles = Vec::new();
+        let mut synced: Vec<RValue<Tensor>> = Vec::new();
+        for micro in 0..micro_per_step {
+            let m = step * micro_per_step + micro;
+            if let Some(Fault::Vanish { rank: r, step: s }) = cfg.fault {
+                if r == rank && s == step {
+                    return Err(TrainError::Rank {
+                        rank,
+                        message: format!("injected fault: left before step {step}"),
+                    });
+                }
+            }
+            let (x, y) = sh
+                .data
+                .batch(m, rank, &model.input.1, sh.y_shape.as_deref())
+                .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
+            // forward
+            let mut inputs: Vec<RValue<Tensor>> =
+                vec![RValue::None; model.program.forward.args().len()];
+            inputs[model.input.0] = RValue::Tensor(x);
+            for (p, t) in model.program.params.iter().zip(&params) {
+                inputs[p.forward_arg] = RValue::Tensor(t.clone());
+            }
+            let mut rec = Recording::default();
+            let mut res = exec
+                .run(
+                    &plans.forward,
+                    &backend,
+                    &mut comm,
+                    inputs,
+                    &sh.clock,
+                    &mut rec,
+                )
+                .map_err(exec_err)?
+                .into_iter();
+            recs.push(std::mem::take(&mut rec));
+            let out_t = res
+                .next()
+                .and_then(RValue::tensor)
+                .ok_or_else(|| TrainError::Rank {
+                    rank,
+                    message: "the forward produced no output tensor".into(),
+                })?;
+            let saved = tree(&plans.saved, &mut res);
+            let (loss, cot) =
+                loss_and_grad(model.loss, &out_t, y.as_ref()).map_err(|e| TrainError::Rank {
+                    rank,
+                    message: format!("loss: {e}"),
+                })?;
+            if let Some(Fault::Panic { rank: r, step: s }) = cfg.fault {
+                if r == rank && s == step {
+                    panic!("injected fault: rank {rank} panics in step {step}");
+                }
+            }
+            // the loss average travels while the backward computes
+            loss_handles.push(
+                comm.all_reduce_async(Tensor::from_f64(vec![1], vec![loss]), ReduceOp::Sum, "loss")
+                    .map_err(comm_err)?,
+            );
+            let mut binputs = vec![saved, RValue::Seq(vec![RValue::Tensor(cot)])];
+            let last = micro + 1 == micro_per_step;
+            let plan = if last {
+                for &pos in &plans.acc_targets {
+                    binputs.push(match &acc[pos] {
+                        Some(t) => RValue::Tensor(t.clone()),
+                        None => RValue::None,
+                    });
+                }
+                &plans.sync
+            } else {
+                plans.local.as_ref().unwrap_or(&plans.sync)
+            };
+            let grads = exec
+                .run(plan, &backend, &mut comm, binputs, &sh.clock, &mut rec)
+                .map_err(exec_err)?;
+            recs.push(rec);
+            if last {
+                synced = grads;
+            } else {
+                add_into(&mut acc, &grads).map_err(|m| TrainError::Rank { rank, message: m })?;
+            }
+        }
+        let mut loss_sum = 0.0;
+        for h in loss_handles {
+            let (t, _) = comm.wait(h).map_err(comm_err)?;
+            loss_sum += t.to_f64_vec().first().copied().unwrap_or(f64::NAN);
+        }
+        let loss = loss_sum / (cfg.world_size * micro_per_step) as f64;
+        let grads: Vec<Option<Tensor>> = model
+            .program
+            .params
+            .iter()
+            .map(|p| {
+                p.grad_output
+                    .and_then(|i| synced.get(i).cloned())
+                    .and_then(RValue::tensor)
+            })
+            .collect();
+        if step == 0 && (rank == 0 || cfg.keep_all_ranks) {
+            out.grads0 = grads.clone();
+        }
+        opt.step(&mut params, &grads)
+            .map_err(|m| TrainError::Rank { rank, message: m })?;
+        let end = Instant::now();
+        let refs: Vec<&Recording> = recs.iter().collect();
+        out.metrics.push(StepMetrics::from_recordings(
+            step,
+            rank,
+            Span {
+                start_us: sh.clock.us(step_start),
+                end_us: sh.clock.us(end),
+            },
+            &refs,
+        ));
+        if sh.clock.events {
+            out.events.extend(recs.into_iter().flat_map(|r| r.events));
+        }
+        out.losses.push(loss);
+        if rank == 0 {
+            on_step(step, loss);
+        }
+    }
+    debug_assert_eq!(params.len(), n_params);
+    if rank == 0 || cfg.keep_all_ranks {
+        out.params = params;
+    }
+    Ok(out)
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".into()
+    }
+}
+
+/// Trains on `cfg.world_size` thread ranks; `on_step(step, loss)` is called by rank 0 as each
+/// step ends.
+pub fn train(
+    cfg: &TrainConfig,
+    on_step: &(dyn Fn(usize, f64) + Sync),
+) -> Result<TrainReport, TrainError> {
+    if cfg.world_size == 0 {
+        return Err(TrainError::Config("--world-size must be at least 1".into()));
+    }
+    if !cfg.bucket_mb.is_finite() {
+        return Err(TrainError::Config(format!(
+            "--bucket-mb must be a finite number, got {}",
+            cfg.bucket_mb
+        )));
+    }
+    if let Some(r) = cfg.broadcast_from {
+        if r >= cfg.world_size {
+            return Err(TrainError::Config(format!(
+                "--broadcast-from {r} is not a rank of a world of {} (ranks 0..{})",
+                cfg.world_size,
+                cfg.world_size - 1
+            )));
+        }
+    }
+    let model = Model::load(&cfg.model)?;
+    let plans = build_plans(&model, cfg)?;
+    let init = match &cfg.params {
+        Some(path) => {
+            let f = TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?;
+            file_params(&model.program.params, &f).map_err(TrainError::Input)?
+        }
+        None => seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?,
+    };
+    let data = match &cfg.data {
+        Some(path) => {
+            DataSource::File(TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?)
+        }
+        None => DataSource::Seeded { seed: cfg.seed },
+    };
+    let y_shape = match model.loss {
+        crate::model::LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape),
+        crate::model::LossKind::Sum => None,
+    };
+    let group = ThreadGroup::new(
+        cfg.world_size,
+        CommOptions {
+            timeout: cfg.collective_timeout,
+            link: cfg.link,
+        },
+    );
+    let shared = Shared {
+        cfg,
+        model: &model,
+        plans: &plans,
+        data: &data,
+        init: &init,
+        clock: Clock::new(cfg.timeline),
+        y_shape,
+    };
+    let start = Instant::now();
+    let results: Vec<Result<RankOut, TrainError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..cfg.world_size)
+            .map(|rank| {
+                let comm = group.comm(rank);
+                let group = group.clone();
+                let shared = &shared;
+                std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(s, move || {
+                        let r = catch_unwind(AssertUnwindSafe(|| {
+                            rank_main(rank, comm, shared, on_step)
+                        }));
+                        let r = match r {
+                            Ok(r) => r,
+                            Err(p) => Err(TrainError::Rank {
+                                rank,
+                                message: format!("panicked: {}", panic_message(p)),
+                            }),
+                        };
+                        if let Err(e) = &r {
+                            group.abort(rank, &e.to_string());
+                        }
+                        r
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| match h {
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    Err(TrainError::Rank {
+                        rank,
+                        message: format!("panicked: {}", panic_message(p)),
+                    })
+                }),
+                Err(e) => Err(TrainError::Rank {
+                    rank,
+                    message: format!("could not start its thread: {e}"),
+                }),
+            })
+            .collect()
+    });
+    let wall = start.elapsed();
+    if results.iter().any(Result::is_err) {
+        // report the first failure (the cause), not the ranks it stopped
+        if let Some((rank, reason)) = group.failure() {
+            let others: Vec<usize> = results
+                .iter()
+                .enumerate()
+                .filter(|(r, res)| *r != rank && res.is_err())
+                .map(|(r, _)| r)
+                .collect();
+            let tail = if others.is_empty() {
+                String::new()
+            } else {
+                format!(" (ranks {others:?} stopped because of it)")
+            };
+            let reason = reason
+                .strip_prefix(&format!("rank {rank} failed: "))
+                .unwrap_or(&reason)
+                .to_string();
+            return Err(TrainError::Rank {
+                rank,
+                message: format!("{reason}{tail}"),
+            });
+        }
+    }
+    let outs: Vec<RankOut> = results.into_iter().collect::<Result<_, _>>()?;
+    let losses = outs.first().map(|o| o.losses.clone()).unwrap_or_default();
+    let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
+    if let Some(path) = &cfg.save_grads {
+        let g: Vec<(String, Tensor)> = names
+            .iter()
+            .zip(outs.first().map(|o| o.grads0.clone()).unwrap_or_default())
+            .filter_map(|(n, g)| g.map(|g| (n.clone(), g)))
+            .collect();
+        save_tensors(path, &g).map_err(|e| TrainError::Output(e.to_string()))?;
+    }
+    let mut report = TrainReport {
+        losses,
+        metrics: Vec::new(),
+        param_names: names,
+        grads_step0: Vec::new(),
+        params: Vec::new(),
+        events: Vec::new(),
+        backward: plans.backward_text.clone(),
+        pipeline: plans.pipeline.clone(),
+        wall,
+    };
+    for (rank, o) in outs.into_iter().enumerate() {
+        report.metrics.push(o.metrics);
+        if !o.grads0.is_empty() {
+            report.grads_step0.push(o.grads0);
+        }
+        if !o.params.is_empty() {
+            report.params.push(o.params);
+        }
+        if cfg.timeline {
+            report.events.push((rank, o.events));
+        }
+    }
+    Ok(report)
+}
