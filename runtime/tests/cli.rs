@@ -136,7 +136,7 @@ fn opt_errors_and_reproducer() {
         "dce,unroll",
     ]);
     assert!(stderr(&o)
-        .contains("unknown pass `unroll`; valid passes: ddp, sort-waits, no-sync, dce, cse"));
+        .contains("unknown pass `unroll`; valid passes: ddp, sort-waits, no-sync, accumulate-grads, dce, cse"));
     // ddp without the forward fails, leaving a reproducer that replays the failure
     let dir = tempfile::tempdir().unwrap();
     let o = run(&[
