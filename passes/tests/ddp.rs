@@ -381,7 +381,7 @@ fn pipeline_errors_list_what_is_valid() {
     let e = |s: &str| PassManager::parse(s).err().unwrap().to_string();
     assert_eq!(
         e("ddp(world_size=4),frob"),
-        "unknown pass `frob`; valid passes: ddp, sort-waits, no-sync, dce, cse"
+        "unknown pass `frob`; valid passes: ddp, sort-waits, no-sync, accumulate-grads, dce, cse"
     );
     assert_eq!(e("ddp(world_size=4,bucket=3)"), "pass `ddp` has no option `bucket`; valid options: world_size, bucket_mb, first_bucket_mb, average, group");
     assert_eq!(
@@ -509,4 +509,46 @@ fn seed_apis_have_thunders_defaults() {
     .unwrap();
     assert_eq!(q.broadcast_from, None);
     assert_eq!(count(&q.backward, ops::ALL_REDUCE), 4);
+}
+
+#[test]
+fn accumulate_grads_adds_an_argument_per_parameter_gradient() {
+    for (name, p, prefix) in thunder_programs() {
+        let out = run(&p, &format!("{prefix}accumulate-grads"));
+        let b = &out.backward;
+        let n_params = p.params.iter().filter(|q| q.grad_output.is_some()).count();
+        // one new argument and one add per parameter gradient, none for the input x
+        assert_eq!(b.args().len(), 2 + n_params, "{name}");
+        let adds: Vec<_> = b
+            .nodes()
+            .filter(|(_, n)| {
+                n.op == "ltorch.add"
+                    && n.args
+                        .get(1)
+                        .and_then(Arg::as_value)
+                        .is_some_and(|v| b.name(v).starts_with("acc_"))
+            })
+            .collect();
+        assert_eq!(adds.len(), n_params, "{name}");
+        // the returned parameter gradients are the sums; each add directly follows its gradient
+        let grads = out.gradient_values();
+        for q in &p.params {
+            let g = grads[q.grad_output.unwrap()].unwrap();
+            let prod = b.producer(g).unwrap();
+            let node = b.node(prod).unwrap();
+            assert_eq!(node.op, "ltorch.add", "{name}: {}", q.fqn);
+            let local = node.args[0].as_value().unwrap();
+            let pos = |n| b.schedule().iter().position(|x| *x == n).unwrap();
+            assert_eq!(pos(prod), pos(b.producer(local).unwrap()) + 1, "{name}");
+        }
+        if name == "mlp" {
+            insta::assert_snapshot!("mlp_accumulate", canonical_text(b));
+            // ddp after it reduces the sums
+            let both = run(
+                &p,
+                "accumulate-grads,ddp(world_size=2,bucket_mb=25),sort-waits",
+            );
+            assert_eq!(count(&both.backward, ops::ALL_REDUCE), 1);
+        }
+    }
 }

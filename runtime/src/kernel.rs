@@ -211,6 +211,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
     let base = op
         .strip_prefix("ltorch.")
         .or_else(|| op.strip_prefix("prims."))
+        .or_else(|| op.strip_prefix("dist."))
         .unwrap_or(op);
     let mut o = Operands {
         node,

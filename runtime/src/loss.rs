@@ -21,26 +21,44 @@ pub fn loss_and_grad(
                     out.shape()
                 ));
             }
-            // F.cross_entropy(input=y, target=out): mean over rows of -sum_j out_j * log_softmax(y)_j
-            let ls = cpu::softmax(&y.to_dtype(DType::F32).ok_or("y dtype")?, 1, true)?;
-            let lsv = ls.to_f32_vec();
-            let ov = out.to_f32_vec();
+            // F.cross_entropy(input=y, target=out): mean over rows of -sum_j out_j * log_softmax(y)_j,
+            // computed in f64 for f64 models and in f32 (as PyTorch does) otherwise
             let b = out.shape()[0];
             let c = out.shape()[1];
-            let scale = 1.0f32 / b as f32;
-            let mut total = 0.0f32;
-            for r in 0..b {
-                let mut row = 0.0f32;
-                for j in 0..c {
-                    row += ov[r * c + j] * lsv[r * c + j];
+            let (loss, grad) = if out.dtype() == DType::F64 {
+                let ls =
+                    cpu::softmax(&y.to_dtype(DType::F64).ok_or("y dtype")?, 1, true)?.to_f64_vec();
+                let ov = out.to_f64_vec();
+                let mut total = 0.0f64;
+                for r in 0..b {
+                    total -= (0..c).map(|j| ov[r * c + j] * ls[r * c + j]).sum::<f64>();
                 }
-                total += -row;
-            }
-            let loss = total / b as f32;
-            let grad: Vec<f32> = lsv.iter().map(|l| -l * scale).collect();
-            let g = Tensor::new(out.shape().to_vec(), Storage::F32(grad));
-            let g = g.to_dtype(out.dtype()).ok_or("output dtype")?;
-            Ok((loss as f64, g))
+                let grad: Vec<f64> = ls.iter().map(|l| -l / b as f64).collect();
+                (
+                    total / b as f64,
+                    Tensor::new(out.shape().to_vec(), Storage::F64(grad)),
+                )
+            } else {
+                let ls =
+                    cpu::softmax(&y.to_dtype(DType::F32).ok_or("y dtype")?, 1, true)?.to_f32_vec();
+                let ov = out.to_f32_vec();
+                let scale = 1.0f32 / b as f32;
+                let mut total = 0.0f32;
+                for r in 0..b {
+                    let mut row = 0.0f32;
+                    for j in 0..c {
+                        row += ov[r * c + j] * ls[r * c + j];
+                    }
+                    total += -row;
+                }
+                let grad: Vec<f32> = ls.iter().map(|l| -l * scale).collect();
+                (
+                    (total / b as f32) as f64,
+                    Tensor::new(out.shape().to_vec(), Storage::F32(grad)),
+                )
+            };
+            let g = grad.to_dtype(out.dtype()).ok_or("output dtype")?;
+            Ok((loss, g))
         }
         LossKind::Sum => {
             let loss: f64 = out.to_f64_vec().iter().sum();

@@ -672,3 +672,82 @@ pub fn train(
     }
     Ok(report)
 }
+
+/// Loss and local gradients (by parameter, in `model.program.params` order) of one batch on one
+/// rank, with no communication: the reference DDP results are checked against.
+pub fn local_gradients(
+    model: &Model,
+    params: &[Tensor],
+    x: Tensor,
+    y: Option<Tensor>,
+) -> Result<(f64, Vec<Option<Tensor>>), TrainError> {
+    let cfg = TrainConfig {
+        world_size: 1,
+        passes: Some(String::new()),
+        ..TrainConfig::default()
+    };
+    let p = &model.program;
+    let local_prog = if synchronizes(&p.backward) {
+        rewrite(p, "no-sync")?
+    } else {
+        p.clone()
+    };
+    let local = Model {
+        program: local_prog,
+        ..model.clone()
+    };
+    let plans = build_plans(&local, &cfg)?;
+    let group = ThreadGroup::new(1, CommOptions::default());
+    let mut comm = group.comm(0);
+    let backend = CpuBackend;
+    let clock = Clock::new(false);
+    let mut exec: Executor<CpuBackend, ThreadComm> = Executor::new();
+    let err = |e: ExecError| TrainError::Rank {
+        rank: 0,
+        message: e.to_string(),
+    };
+    let mut inputs: Vec<RValue<Tensor>> = vec![RValue::None; p.forward.args().len()];
+    inputs[model.input.0] = RValue::Tensor(x);
+    for (q, t) in p.params.iter().zip(params) {
+        inputs[q.forward_arg] = RValue::Tensor(t.clone());
+    }
+    let mut rec = Recording::default();
+    let mut res = exec
+        .run(
+            &plans.forward,
+            &backend,
+            &mut comm,
+            inputs,
+            &clock,
+            &mut rec,
+        )
+        .map_err(err)?
+        .into_iter();
+    let out = res
+        .next()
+        .and_then(RValue::tensor)
+        .ok_or_else(|| TrainError::Input("the forward produced no output".into()))?;
+    let saved = tree(&plans.saved, &mut res);
+    let (loss, cot) = loss_and_grad(model.loss, &out, y.as_ref()).map_err(TrainError::Input)?;
+    let grads = exec
+        .run(
+            &plans.sync,
+            &backend,
+            &mut comm,
+            vec![saved, RValue::Seq(vec![RValue::Tensor(cot)])],
+            &clock,
+            &mut rec,
+        )
+        .map_err(err)?;
+    Ok((
+        loss,
+        p.params
+            .iter()
+            .map(|q| {
+                q.grad_output
+                    .and_then(|i| grads.get(i).cloned())
+                    .and_then(RValue::tensor)
+            })
+            .collect(),
+    ))
+}

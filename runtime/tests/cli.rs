@@ -135,8 +135,9 @@ fn opt_errors_and_reproducer() {
         "--passes",
         "dce,unroll",
     ]);
-    assert!(stderr(&o)
-        .contains("unknown pass `unroll`; valid passes: ddp, sort-waits, no-sync, accumulate-grads, dce, cse"));
+    assert!(stderr(&o).contains(
+        "unknown pass `unroll`; valid passes: ddp, sort-waits, no-sync, accumulate-grads, dce, cse"
+    ));
     // ddp without the forward fails, leaving a reproducer that replays the failure
     let dir = tempfile::tempdir().unwrap();
     let o = run(&[
@@ -161,4 +162,108 @@ fn opt_errors_and_reproducer() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("replaying `ddp(world_size=2,bucket_mb=25)`"));
     assert!(stderr(&o).contains("no parameter metadata"));
+}
+
+fn reference(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/reference")
+        .join(name)
+}
+
+#[test]
+fn train_is_the_main_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let grads = dir.path().join("g.safetensors");
+    let timeline = dir.path().join("t.json");
+    let metrics = dir.path().join("m.json");
+    let o = run(&[
+        "train",
+        "--world-size",
+        "2",
+        "--params",
+        reference("params_seed0.safetensors").to_str().unwrap(),
+        "--data",
+        reference("data_seed0_ws2.safetensors").to_str().unwrap(),
+        "--save-grads",
+        grads.to_str().unwrap(),
+        "--timeline",
+        timeline.to_str().unwrap(),
+        "--metrics-json",
+        metrics.to_str().unwrap(),
+        "--metrics",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let losses: Vec<&str> = out.lines().filter(|l| l.starts_with("# ")).collect();
+    assert_eq!(losses.len(), 10, "{out}");
+    // the seed's format, and PyTorch's first loss to float32 precision
+    assert!(
+        losses[0].starts_with("# 0-th loss: -0.19985"),
+        "{}",
+        losses[0]
+    );
+    assert!(out.contains("overlap%"));
+    assert!(stderr(&o).contains("trained 10 steps on 2 rank(s)"));
+    let g = tracepass_runtime::tensorfile::TensorFile::load(&grads).unwrap();
+    assert_eq!(
+        g.tensors.keys().collect::<Vec<_>>(),
+        vec!["l1.bias", "l1.weight", "l2.bias", "l2.weight"]
+    );
+    let tl: serde_json::Value = serde_json::from_slice(&std::fs::read(&timeline).unwrap()).unwrap();
+    assert!(tl["traceEvents"].as_array().unwrap().len() > 100);
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+    assert_eq!(m.as_array().unwrap().len(), 2, "one list per rank");
+    assert_eq!(m[0].as_array().unwrap().len(), 10, "one entry per step");
+    assert!(m[1][3]["overlap_pct"].is_number());
+}
+
+#[test]
+fn train_rejects_bad_options_with_exit_code_1() {
+    for (args, want) in [
+        (vec!["--world-size", "0"], "--world-size must be at least 1"),
+        (
+            vec!["--broadcast-from", "x"],
+            "--broadcast-from x: expected a rank number or `none`",
+        ),
+        (
+            vec!["--broadcast-from", "7", "--world-size", "2"],
+            "--broadcast-from 7 is not a rank",
+        ),
+        (
+            vec!["--bucket-mb", "nan"],
+            "--bucket-mb NaN: must be a finite number",
+        ),
+        (
+            vec!["--model", "deep-mlp:2,x,8"],
+            "expected deep-mlp:LAYERS,WIDTH,BATCH",
+        ),
+        (vec!["--model", "resnet"], "unknown model"),
+        (
+            vec!["--optimizer", "lion"],
+            "unknown optimizer (valid: adamw, sgd)",
+        ),
+        (vec!["--link", "5"], "expected LATENCY_US,BANDWIDTH_GBPS"),
+        (vec!["--device", "cuda"], "built without the `cuda` feature"),
+        (
+            vec!["--params", "/nonexistent.safetensors"],
+            "/nonexistent.safetensors",
+        ),
+        (
+            vec!["--inject-fault", "1:0:panic", "--world-size", "2"],
+            "rank 1 failed: panicked: injected fault",
+        ),
+    ] {
+        let mut all = vec!["train"];
+        all.extend(&args);
+        let o = run(&all);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        if !args.contains(&"--inject-fault") {
+            assert!(
+                !stderr(&o).contains("panicked at"),
+                "{args:?}: a panic escaped: {}",
+                stderr(&o)
+            );
+        }
+    }
 }

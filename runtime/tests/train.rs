@@ -1,0 +1,567 @@
+//! The trainer against PyTorch's reference numbers, against local gradients, against Thunder's
+//! own DDP export and against finite differences; and how it fails on bad input.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tracepass_ir::DType;
+use tracepass_runtime::data::{seeded_params, DataSource};
+use tracepass_runtime::model::{Model, ModelSource};
+use tracepass_runtime::tensor::Tensor;
+use tracepass_runtime::trainer::{
+    local_gradients, train, Fault, TrainConfig, TrainError, TrainReport,
+};
+
+fn reference(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/reference")
+        .join(name)
+}
+fn testdata(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/thunder")
+        .join(rel)
+}
+
+fn quiet(_: usize, _: f64) {}
+
+fn run(cfg: &TrainConfig) -> TrainReport {
+    train(cfg, &quiet).expect("training runs")
+}
+
+fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / scale)
+        .fold(0.0, f64::max)
+}
+
+fn reference_config() -> TrainConfig {
+    TrainConfig {
+        world_size: 2,
+        params: Some(reference("params_seed0.safetensors")),
+        data: Some(reference("data_seed0_ws2.safetensors")),
+        ..TrainConfig::default()
+    }
+}
+
+#[test]
+fn matches_pytorch_reference_losses_gradients_and_parameters() {
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(reference("expected_seed0_ws2.json")).unwrap(),
+    )
+    .unwrap();
+    let r = run(&reference_config());
+    let want_losses: Vec<f64> = serde_json::from_value(expected["losses"].clone()).unwrap();
+    assert_eq!(r.losses.len(), 10);
+    for (i, (got, want)) in r.losses.iter().zip(&want_losses).enumerate() {
+        assert!(
+            (got - want).abs() < 2e-6,
+            "loss {i}: {got} vs PyTorch {want}"
+        );
+    }
+    for (key, got) in [
+        ("grads_step0", &r.grads_step0[0]),
+        (
+            "params_after",
+            &r.params[0].iter().cloned().map(Some).collect::<Vec<_>>(),
+        ),
+    ] {
+        for (name, g) in r.param_names.iter().zip(got.iter()) {
+            let want: Vec<f64> = serde_json::from_value(expected[key][name].clone()).unwrap();
+            let g = g.as_ref().expect("gradient").to_f64_vec();
+            let rel = max_rel(&g, &want);
+            // float32 noise: PyTorch's own f32 vs f64 results differ by about 1e-7
+            assert!(rel < 1e-5, "{key} {name}: max relative difference {rel}");
+        }
+    }
+    // (d) the loss goes down over the 10 steps
+    assert!(r.losses[9] < r.losses[0] - 0.3, "{:?}", r.losses);
+}
+
+#[test]
+fn seeded_run_learns() {
+    let r = run(&TrainConfig::default());
+    assert_eq!(r.losses.len(), 10);
+    let first3: f64 = r.losses[..3].iter().sum();
+    let last3: f64 = r.losses[7..].iter().sum();
+    assert!(last3 < first3, "{:?}", r.losses);
+}
+
+/// (a) synchronized gradients = mean of local gradients; bitwise the same on every rank and for
+/// every bucket size.
+#[test]
+fn ddp_gradients_are_the_mean_of_local_gradients_bitwise_for_any_bucketing() {
+    let model = Model::load(&ModelSource::Seed).unwrap();
+    let params = seeded_params(&model.program.params, 0).unwrap();
+    let data = DataSource::Seeded { seed: 0 };
+    let y_shape = model.output_type().unwrap().shape;
+    for world in [1usize, 2, 4] {
+        // the mean of each rank's local gradients, in f64
+        let mut mean: Vec<Vec<f64>> = Vec::new();
+        for rank in 0..world {
+            let (x, y) = data.batch(0, rank, &model.input.1, Some(&y_shape)).unwrap();
+            let (_, g) = local_gradients(&model, &params, x, y).unwrap();
+            for (i, gi) in g.iter().enumerate() {
+                let v = gi.as_ref().unwrap().to_f64_vec();
+                if mean.len() <= i {
+                    mean.push(vec![0.0; v.len()]);
+                }
+                for (m, x) in mean[i].iter_mut().zip(v) {
+                    *m += x / world as f64;
+                }
+            }
+        }
+        let mut first: Option<Vec<Tensor>> = None;
+        for mb in [0.0, 0.001, 25.0] {
+            let r = run(&TrainConfig {
+                world_size: world,
+                steps: 1,
+                bucket_mb: mb,
+                keep_all_ranks: true,
+                ..TrainConfig::default()
+            });
+            assert_eq!(r.grads_step0.len(), world);
+            let rank0: Vec<Tensor> = r.grads_step0[0]
+                .iter()
+                .map(|g| g.clone().unwrap())
+                .collect();
+            for (i, g) in rank0.iter().enumerate() {
+                let rel = max_rel(&g.to_f64_vec(), &mean[i]);
+                assert!(
+                    rel < 1e-6,
+                    "world {world}, bucket_mb {mb}, {}: {rel}",
+                    r.param_names[i]
+                );
+            }
+            for (rank, gs) in r.grads_step0.iter().enumerate() {
+                for (g, g0) in gs.iter().zip(&rank0) {
+                    assert!(
+                        g.as_ref().unwrap().bitwise_eq(g0),
+                        "world {world}, bucket_mb {mb}: rank {rank} differs from rank 0"
+                    );
+                }
+            }
+            match &first {
+                None => first = Some(rank0),
+                Some(f) => {
+                    for (g, g0) in rank0.iter().zip(f) {
+                        assert!(
+                            g.bitwise_eq(g0),
+                            "world {world}: bucket_mb {mb} changes the bits"
+                        );
+                    }
+                }
+            }
+            // the number of all-reduces the bucket size asks for ran (plus the loss average)
+            let buckets = r.metrics[0][0]
+                .buckets
+                .iter()
+                .filter(|b| b.label != "loss")
+                .count();
+            let want = match mb {
+                m if m <= 0.0 => 4,
+                m if m < 0.002 => 2,
+                _ => 1,
+            };
+            assert_eq!(buckets, want, "world {world}, bucket_mb {mb}");
+        }
+    }
+}
+
+/// (b) Thunder's own DDP backward (per-gradient and bucketed exports, world size 2) computes
+/// the same synchronized gradients as ours.
+#[test]
+fn thunders_exported_ddp_backward_agrees_with_ours() {
+    let ours = run(&TrainConfig {
+        steps: 1,
+        ..reference_config()
+    });
+    for dir in ["mlp-ddp", "mlp-ddp-bucketed"] {
+        let theirs = run(&TrainConfig {
+            steps: 1,
+            model: ModelSource::Files {
+                forward: testdata(&format!("{dir}/forward.trace")),
+                backward: testdata(&format!("{dir}/backward.trace")),
+            },
+            ..reference_config()
+        });
+        assert_eq!(theirs.pipeline, "(as exported)");
+        assert_eq!(theirs.param_names, ours.param_names);
+        for (i, (a, b)) in theirs.grads_step0[0]
+            .iter()
+            .zip(&ours.grads_step0[0])
+            .enumerate()
+        {
+            let (a, b) = (
+                a.as_ref().unwrap().to_f64_vec(),
+                b.as_ref().unwrap().to_f64_vec(),
+            );
+            let rel = max_rel(&a, &b);
+            assert!(rel < 1e-6, "{dir} {}: {rel}", ours.param_names[i]);
+        }
+        assert!((theirs.losses[0] - ours.losses[0]).abs() < 1e-7);
+    }
+    // an export for world size 2 refuses to run on 4 ranks, and says how to fix it
+    let e = train(
+        &TrainConfig {
+            world_size: 4,
+            steps: 1,
+            model: ModelSource::Files {
+                forward: testdata("mlp-ddp/forward.trace"),
+                backward: testdata("mlp-ddp/backward.trace"),
+            },
+            ..TrainConfig::default()
+        },
+        &quiet,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("exported with DDP for world size 2") && e.contains("no-sync,ddp"),
+        "{e}"
+    );
+}
+
+/// Makes every f32 tensor of the model f64, so finite differences are accurate.
+fn model_f64() -> Model {
+    let mut m = Model::load(&ModelSource::Seed).unwrap();
+    for t in [&mut m.program.forward, &mut m.program.backward] {
+        let ids: Vec<_> = t.values().map(|(id, _)| id).collect();
+        for id in ids {
+            if let Some(tracepass_ir::Type::Tensor(tt)) = t.value_mut(id).map(|v| &mut v.ty) {
+                tt.dtype = DType::F64;
+            }
+        }
+    }
+    for p in &mut m.program.params {
+        p.dtype = DType::F64;
+    }
+    m.input.1.dtype = DType::F64;
+    m
+}
+
+/// (c) the traced forward and backward agree with central finite differences of the loss.
+#[test]
+fn gradients_match_finite_differences() {
+    let m = model_f64();
+    let params = seeded_params(&m.program.params, 3).unwrap();
+    let data = DataSource::Seeded { seed: 3 };
+    let y_shape = m.output_type().unwrap().shape;
+    let (x, y) = data.batch(0, 0, &m.input.1, Some(&y_shape)).unwrap();
+    let (loss, grads) = local_gradients(&m, &params, x.clone(), y.clone()).unwrap();
+    assert!(loss.is_finite());
+    let h = 1e-6;
+    let mut checked = 0;
+    for (pi, p) in params.iter().enumerate() {
+        let g = grads[pi].as_ref().unwrap().to_f64_vec();
+        let base = p.to_f64_vec();
+        // a spread of coordinates of every parameter
+        for k in (0..base.len()).step_by((base.len() / 7).max(1)) {
+            let at = |delta: f64| {
+                let mut v = base.clone();
+                v[k] += delta;
+                let mut ps = params.clone();
+                ps[pi] = Tensor::from_f64(p.shape().to_vec(), v);
+                local_gradients(&m, &ps, x.clone(), y.clone()).unwrap().0
+            };
+            let fd = (at(h) - at(-h)) / (2.0 * h);
+            assert!(
+                (fd - g[k]).abs() < 1e-7 + 1e-5 * g[k].abs(),
+                "{} [{k}]: backward {} vs finite difference {fd}",
+                m.program.params[pi].fqn,
+                g[k]
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 28);
+}
+
+#[test]
+fn gradient_accumulation_reduces_the_sum_of_micro_steps() {
+    let k = 2;
+    let r = run(&TrainConfig {
+        world_size: 2,
+        steps: 1,
+        no_sync_steps: k,
+        keep_all_ranks: true,
+        ..TrainConfig::default()
+    });
+    assert!(
+        r.pipeline.starts_with("accumulate-grads,ddp("),
+        "{}",
+        r.pipeline
+    );
+    let model = Model::load(&ModelSource::Seed).unwrap();
+    let params = seeded_params(&model.program.params, 0).unwrap();
+    let data = DataSource::Seeded { seed: 0 };
+    let y_shape = model.output_type().unwrap().shape;
+    let mut want: Vec<Vec<f64>> = vec![Vec::new(); params.len()];
+    for rank in 0..2 {
+        for micro in 0..=k {
+            let (x, y) = data
+                .batch(micro, rank, &model.input.1, Some(&y_shape))
+                .unwrap();
+            let (_, g) = local_gradients(&model, &params, x, y).unwrap();
+            for (i, gi) in g.iter().enumerate() {
+                let v = gi.as_ref().unwrap().to_f64_vec();
+                if want[i].is_empty() {
+                    want[i] = vec![0.0; v.len()];
+                }
+                for (w, x) in want[i].iter_mut().zip(v) {
+                    *w += x / 2.0;
+                }
+            }
+        }
+    }
+    for (i, g) in r.grads_step0[0].iter().enumerate() {
+        let rel = max_rel(&g.as_ref().unwrap().to_f64_vec(), &want[i]);
+        assert!(rel < 1e-5, "{}: {rel}", r.param_names[i]);
+        assert!(g
+            .as_ref()
+            .unwrap()
+            .bitwise_eq(r.grads_step0[1][i].as_ref().unwrap()));
+    }
+    // only the synchronized micro-step communicates: one bucket per step
+    let buckets = r.metrics[0][0]
+        .buckets
+        .iter()
+        .filter(|b| b.label != "loss")
+        .count();
+    assert_eq!(buckets, 1);
+}
+
+#[test]
+fn metrics_record_every_bucket_in_order() {
+    let r = run(&TrainConfig {
+        world_size: 2,
+        steps: 2,
+        bucket_mb: 0.0,
+        timeline: true,
+        ..TrainConfig::default()
+    });
+    for per_rank in &r.metrics {
+        for m in per_rank {
+            assert!(m.compute_s > 0.0 && m.step_s >= m.compute_s);
+            assert!(m.overlap_s <= m.comm_s + 1e-12);
+            assert!((m.exposed_comm_s - (m.comm_s - m.overlap_s)).abs() < 1e-12);
+            let grads: Vec<_> = m.buckets.iter().filter(|b| b.label != "loss").collect();
+            assert_eq!(grads.len(), 4);
+            for b in grads {
+                assert!(b.ready_us <= b.launch_us && b.launch_us <= b.comm_start_us + 1e-3);
+                assert!(b.comm_start_us <= b.comm_end_us && b.wait_start_us <= b.wait_end_us);
+                assert!(b.comm_end_us <= b.wait_end_us + 1e-3, "{b:?}");
+            }
+        }
+    }
+    let tl = tracepass_runtime::metrics::timeline_json(&r.events);
+    let events = tl["traceEvents"].as_array().unwrap();
+    let comm = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"] == 1)
+        .count();
+    assert_eq!(comm, 2 * 2 * 4, "2 ranks x 2 steps x 4 buckets");
+    assert!(events.iter().any(|e| e["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("all_reduce b"))));
+}
+
+// ----- bad input -----
+
+fn fails(cfg: &TrainConfig) -> String {
+    train(cfg, &quiet).expect_err("must fail").to_string()
+}
+
+#[test]
+fn parameters_that_do_not_fit_the_trace_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.safetensors");
+    let model = Model::load(&ModelSource::Seed).unwrap();
+    let mut params: Vec<(String, Tensor)> = model
+        .program
+        .params
+        .iter()
+        .map(|q| q.fqn.clone())
+        .zip(seeded_params(&model.program.params, 0).unwrap())
+        .collect();
+    params[1].1 = Tensor::from_f32(vec![3], vec![0.0; 3]);
+    tracepass_runtime::tensorfile::save_tensors(&p, &params).unwrap();
+    let e = fails(&TrainConfig {
+        params: Some(p.clone()),
+        ..TrainConfig::default()
+    });
+    assert!(
+        e.contains(&format!("parameter `{}` has shape [3]", params[1].0)),
+        "{e}"
+    );
+    params.remove(0);
+    tracepass_runtime::tensorfile::save_tensors(&p, &params).unwrap();
+    let e = fails(&TrainConfig {
+        params: Some(p),
+        ..TrainConfig::default()
+    });
+    assert!(e.contains("no tensor named `l1.bias`"), "{e}");
+    let e = fails(&TrainConfig {
+        data: Some(reference("data_seed0_ws2.safetensors")),
+        world_size: 3,
+        ..TrainConfig::default()
+    });
+    assert!(e.contains("no tensor named `x.0.2`"), "{e}");
+}
+
+#[test]
+fn a_trace_with_an_op_without_kernel_names_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(testdata("mlp/backward.trace")).unwrap();
+    let text = text.replacen(
+        "t142 = torch.mul(t126, t126)",
+        "t142 = torch.frobnicate(t126, t126)",
+        1,
+    );
+    assert!(text.contains("frobnicate"));
+    let b = dir.path().join("b.trace");
+    std::fs::write(&b, text).unwrap();
+    let e = fails(&TrainConfig {
+        model: ModelSource::Files {
+            forward: testdata("mlp/forward.trace"),
+            backward: b,
+        },
+        ..TrainConfig::default()
+    });
+    assert!(e.contains("torch.frobnicate(t126, t126)"), "{e}");
+}
+
+#[test]
+fn inputs_that_do_not_match_the_trace_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    // data of the wrong shape
+    let d = dir.path().join("d.safetensors");
+    let x = Tensor::from_f32(vec![8, 16], vec![0.0; 128]);
+    let y = Tensor::from_f32(vec![8, 4], vec![0.25; 32]);
+    tracepass_runtime::tensorfile::save_tensors(&d, &[("x.0.0".into(), x), ("y.0.0".into(), y)])
+        .unwrap();
+    let e = fails(&TrainConfig {
+        data: Some(d),
+        world_size: 1,
+        steps: 1,
+        ..TrainConfig::default()
+    });
+    assert!(
+        e.contains("`x.0.0` has shape [8, 16] but the model takes [8, 32]"),
+        "{e}"
+    );
+    // a forward whose declared input disagrees with what its own ops compute
+    let f = dir.path().join("f.trace");
+    let text = std::fs::read_to_string(testdata("mlp/forward.trace")).unwrap();
+    std::fs::write(
+        &f,
+        text.replacen("# x: \"cpu f32[8, 32]\"", "# x: \"cpu f32[16, 32]\"", 1),
+    )
+    .unwrap();
+    let e = fails(&TrainConfig {
+        model: ModelSource::Files {
+            forward: f,
+            backward: testdata("mlp/backward.trace"),
+        },
+        ..TrainConfig::default()
+    });
+    assert!(
+        e.contains(
+            "`t120` is declared \"cpu f32[8, 64]\" but ltorch.linear gives \"cpu f32[16, 64]\""
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_rank_that_panics_stops_every_rank_quickly() {
+    let start = Instant::now();
+    let e = train(
+        &TrainConfig {
+            world_size: 4,
+            steps: 5,
+            fault: Some(Fault::Panic { rank: 2, step: 1 }),
+            collective_timeout: Duration::from_secs(30),
+            ..TrainConfig::default()
+        },
+        &quiet,
+    )
+    .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    match &e {
+        TrainError::Rank { rank, message } => {
+            assert_eq!(*rank, 2);
+            assert!(
+                message.contains("injected fault: rank 2 panics in step 1"),
+                "{message}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn a_rank_that_never_arrives_times_out_naming_it() {
+    let start = Instant::now();
+    let e = train(
+        &TrainConfig {
+            world_size: 3,
+            steps: 3,
+            fault: Some(Fault::Vanish { rank: 1, step: 1 }),
+            collective_timeout: Duration::from_millis(500),
+            ..TrainConfig::default()
+        },
+        &quiet,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(e.contains("rank 1"), "{e}");
+}
+
+#[test]
+fn bad_options_are_rejected_before_anything_runs() {
+    for (cfg, want) in [
+        (
+            TrainConfig {
+                world_size: 0,
+                ..TrainConfig::default()
+            },
+            "--world-size must be at least 1",
+        ),
+        (
+            TrainConfig {
+                broadcast_from: Some(4),
+                ..TrainConfig::default()
+            },
+            "--broadcast-from 4 is not a rank",
+        ),
+        (
+            TrainConfig {
+                bucket_mb: f64::NAN,
+                ..TrainConfig::default()
+            },
+            "--bucket-mb must be a finite number",
+        ),
+        (
+            TrainConfig {
+                passes: Some("ddp(world_size=4),frob".into()),
+                ..TrainConfig::default()
+            },
+            "unknown pass `frob`",
+        ),
+    ] {
+        let e = fails(&cfg);
+        assert!(e.contains(want), "{e}");
+    }
+}
