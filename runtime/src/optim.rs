@@ -59,12 +59,25 @@ impl Optimizer {
                     p.shape()
                 ));
             }
-            let mut pv = p.to_f32_vec();
-            let gv = g.to_f32_vec();
+            let gv: std::borrow::Cow<'_, [f32]> = match g.as_f32() {
+                Some(s) => std::borrow::Cow::Borrowed(s),
+                None => std::borrow::Cow::Owned(g.to_f32_vec()),
+            };
+            // f32 parameters are updated in place; others through an f32 copy
+            let mut converted = if p.dtype() == tracepass_ir::DType::F32 {
+                None
+            } else {
+                Some(Tensor::from_f32(p.shape().to_vec(), p.to_f32_vec()))
+            };
+            let target = match converted.as_mut() {
+                Some(c) => c,
+                None => &mut *p,
+            };
+            let pv = target.f32_mut().ok_or("parameter is not f32")?;
             match self.kind {
                 OptimizerKind::Sgd { lr } => {
                     let lr = lr as f32;
-                    for (x, d) in pv.iter_mut().zip(&gv) {
+                    for (x, d) in pv.iter_mut().zip(gv.iter()) {
                         *x -= lr * d;
                     }
                 }
@@ -85,25 +98,24 @@ impl Optimizer {
                     let bc2_sqrt = bc2.sqrt() as f32;
                     let eps = eps as f32;
                     let (m, v) = (&mut self.exp_avg[i], &mut self.exp_avg_sq[i]);
-                    for k in 0..pv.len() {
-                        let gk = gv[k];
-                        pv[k] *= decay;
+                    for (((x, &gk), mk), vk) in pv
+                        .iter_mut()
+                        .zip(gv.iter())
+                        .zip(m.iter_mut())
+                        .zip(v.iter_mut())
+                    {
+                        *x *= decay;
                         // lerp(m, g, w) with w < 0.5: m + w * (g - m)
-                        m[k] += w * (gk - m[k]);
-                        v[k] = v[k] * b2 + one_minus_b2 * gk * gk;
-                        let denom = v[k].sqrt() / bc2_sqrt + eps;
-                        pv[k] += -step_size * (m[k] / denom);
+                        *mk += w * (gk - *mk);
+                        *vk = *vk * b2 + one_minus_b2 * gk * gk;
+                        let denom = vk.sqrt() / bc2_sqrt + eps;
+                        *x += -step_size * (*mk / denom);
                     }
                 }
             }
-            let updated = Tensor::from_f32(p.shape().to_vec(), pv);
-            *p = if p.dtype() == tracepass_ir::DType::F32 {
-                updated
-            } else {
-                updated
-                    .to_dtype(p.dtype())
-                    .ok_or("unsupported parameter dtype")?
-            };
+            if let Some(c) = converted {
+                *p = c.to_dtype(p.dtype()).ok_or("unsupported parameter dtype")?;
+            }
         }
         Ok(())
     }

@@ -249,6 +249,22 @@ impl Tensor {
             _ => None,
         }
     }
+    /// The elements as a mutable f32 slice, for in-place updates (optimizers). The storage is
+    /// copied first if it is shared, strided or a view; `None` for other dtypes.
+    pub fn f32_mut(&mut self) -> Option<&mut [f32]> {
+        if self.dtype() != DType::F32 {
+            return None;
+        }
+        let whole = self.offset == 0 && self.numel() == self.data.len() && self.is_contiguous();
+        if !whole {
+            let c = Tensor::from_f32(self.shape.clone(), self.to_f32_vec());
+            *self = c;
+        }
+        match Arc::make_mut(&mut self.data) {
+            Storage::F32(v) => Some(v.as_mut_slice()),
+            _ => None,
+        }
+    }
     /// Elements in row-major order, converted to f32.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         if let Some(s) = self.as_f32() {
