@@ -35,7 +35,8 @@ fn main() -> Result<()> {
         Cmd::Bench { suite, max_nodes } => match suite.as_str() {
             "ir" => bench_ir(max_nodes),
             "passes" => bench_passes(max_nodes),
-            other => bail!("unknown suite `{other}`; valid: ir, passes"),
+            "runtime" => bench_runtime(),
+            other => bail!("unknown suite `{other}`; valid: ir, passes, runtime"),
         },
         Cmd::GenTestdata => gen_testdata(),
     }
@@ -252,6 +253,119 @@ fn gen_testdata() -> Result<()> {
             "wrote {}/{name}.{{forward,backward}}.trace and {name}.tpb",
             dir.display()
         );
+    }
+    Ok(())
+}
+
+/// Single-core f32 peak estimate: nominal clock (`cpu MHz`) x FLOP/cycle of the vector ISA: two
+/// FMA pipes x lanes x 2 = 64 with AVX-512 (Zen 5, Intel server cores), 32 with AVX2+FMA.
+/// Boost clocks run above the nominal one, so a large GEMM can exceed 100% of this estimate.
+fn peak_gflops() -> (f64, String) {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let mhz = info
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(2000.0);
+    let model = info
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let per_cycle = if info.contains(" avx512f") {
+        64.0
+    } else if info.contains(" fma") {
+        32.0
+    } else {
+        8.0
+    };
+    (
+        mhz / 1000.0 * per_cycle,
+        format!("{model}, {mhz:.0} MHz, {per_cycle} f32 FLOP/cycle"),
+    )
+}
+
+fn bench_runtime() -> Result<()> {
+    use tracepass_runtime::cpu;
+    use tracepass_runtime::model::ModelSource;
+    use tracepass_runtime::tensor::Tensor;
+    use tracepass_runtime::trainer::{train, TrainConfig};
+
+    let (peak, cpu_desc) = peak_gflops();
+    println!(
+        "## GEMM (matrixmultiply sgemm, one thread; peak estimate {peak:.1} GFLOP/s: {cpu_desc})"
+    );
+    println!("| m x k x n | ms | GFLOP/s | % of peak |");
+    println!("|---|---|---|---|");
+    for (m, k, n) in [
+        (8, 1024, 1024),
+        (1024, 8, 1024),
+        (256, 256, 256),
+        (1024, 1024, 1024),
+    ] {
+        let a = Tensor::from_f32(
+            vec![m, k],
+            (0..m * k).map(|i| (i % 17) as f32 * 0.01).collect(),
+        );
+        let b = Tensor::from_f32(
+            vec![k, n],
+            (0..k * n).map(|i| (i % 13) as f32 * 0.01).collect(),
+        );
+        let reps = ((2e9 / (2.0 * (m * k * n) as f64)) as usize).clamp(3, 200);
+        let (t, _) = time(5, || {
+            for _ in 0..reps {
+                std::hint::black_box(cpu::matmul(&a, &b).expect("fits"));
+            }
+        });
+        let per = t.as_secs_f64() / reps as f64;
+        let gf = 2.0 * (m * k * n) as f64 / per / 1e9;
+        println!(
+            "| {m} x {k} x {n} | {:.3} | {gf:.1} | {:.0}% |",
+            per * 1e3,
+            100.0 * gf / peak
+        );
+    }
+    let quiet = |_: usize, _: f64| {};
+    let steps_per_s = |cfg: &TrainConfig| -> Result<f64> {
+        // best of 3 runs, whole runs timed (thread start and parameter broadcast included)
+        let mut best = 0.0f64;
+        for _ in 0..3 {
+            let r = train(cfg, &quiet)?;
+            best = best.max(cfg.steps as f64 / r.wall.as_secs_f64());
+        }
+        Ok(best)
+    };
+    println!();
+    println!("## Training steps/s (DDP, bucket_mb=25, AdamW; ranks are threads on this machine)");
+    println!("| model | ranks | steps | steps/s | PyTorch DDP (gloo) | ratio | target |");
+    println!("|---|---|---|---|---|---|---|");
+    for (world, torch) in [(1usize, 613.0), (2, 309.0), (4, 87.0)] {
+        let cfg = TrainConfig {
+            world_size: world,
+            steps: 2000,
+            ..TrainConfig::default()
+        };
+        let sps = steps_per_s(&cfg)?;
+        println!(
+            "| seed MLP | {world} | 2000 | {sps:.0} | {torch} | {:.1}x | >= 10x |",
+            sps / torch
+        );
+    }
+    for (world, torch) in [(1usize, 3.6), (2, 3.3), (4, 1.9)] {
+        let cfg = TrainConfig {
+            world_size: world,
+            steps: 10,
+            model: ModelSource::DeepMlp {
+                layers: 16,
+                width: 1024,
+                batch: 8,
+            },
+            ..TrainConfig::default()
+        };
+        let sps = steps_per_s(&cfg)?;
+        println!("| deep MLP 16 x 1024, batch 8, loss sum | {world} | 10 | {sps:.2} | {torch} | {:.2}x | >= 1x |", sps / torch);
     }
     Ok(())
 }
