@@ -1,0 +1,159 @@
+//! The plan compiler and executor on small hand-made traces: kernels, liveness, errors.
+
+use tracepass_ir::{Arg, DType, DTypeSpelling, Device, TraceBuilder, TraceKind, Type};
+use tracepass_runtime::cpu::CpuBackend;
+use tracepass_runtime::executor::{Executor, RValue};
+use tracepass_runtime::metrics::{Clock, Recording};
+use tracepass_runtime::model::{Model, ModelSource};
+use tracepass_runtime::plan::Plan;
+use tracepass_runtime::tensor::Tensor;
+use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
+
+fn f32t(s: &[usize]) -> Type {
+    Type::tensor(s.to_vec(), DType::F32, Device::CPU)
+}
+
+fn exec(plan: &Plan, inputs: Vec<RValue<Tensor>>) -> Result<Vec<RValue<Tensor>>, String> {
+    let g = ThreadGroup::new(1, CommOptions::default());
+    let mut comm = g.comm(0);
+    let mut e: Executor<CpuBackend, ThreadComm> = Executor::new();
+    e.run(
+        plan,
+        &CpuBackend,
+        &mut comm,
+        inputs,
+        &Clock::new(false),
+        &mut Recording::default(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn runs_elementwise_matmul_and_reductions() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", f32t(&[2, 3]));
+    let w = b.arg("w", f32t(&[4, 3]));
+    let y = b
+        .op("ltorch.linear", vec![x.into(), w.into(), Arg::None])
+        .unwrap();
+    let z = b
+        .op_kw(
+            "ltorch.sub",
+            vec![1.into(), y.into()],
+            vec![("alpha".into(), 2.into())],
+        )
+        .unwrap();
+    let s = b
+        .op("ltorch.sum", vec![z.into(), Arg::int_tuple([1])])
+        .unwrap();
+    let p = b
+        .op("ltorch.permute", vec![y.into(), Arg::int_tuple([1, 0])])
+        .unwrap();
+    let m = b.op("ltorch.matmul", vec![p.into(), x.into()]).unwrap();
+    b.ret(Arg::Tuple(vec![s.into(), m.into()]));
+    let t = b.finish();
+    let plan = Plan::compile(&t, &[Some(s), Some(m)]).unwrap();
+    let xv = Tensor::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]);
+    let wv = Tensor::from_f32(
+        vec![4, 3],
+        vec![1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 1.],
+    );
+    let out = exec(&plan, vec![RValue::Tensor(xv), RValue::Tensor(wv)]).unwrap();
+    // y = [[1,2,3,6],[4,5,6,15]]; z = 1 - 2y; s = sum over columns
+    let s = out[0].clone().tensor().unwrap().to_f32_vec();
+    assert_eq!(s, vec![4.0 - 2.0 * 12.0, 4.0 - 2.0 * 30.0]);
+    let m = out[1].clone().tensor().unwrap();
+    assert_eq!(m.shape(), &[4, 3]);
+    // row 0 of y.T @ x = 1*[1,2,3] + 4*[4,5,6]
+    assert_eq!(&m.to_f32_vec()[..3], &[17., 22., 27.]);
+}
+
+#[test]
+fn every_value_but_the_results_is_freed_exactly_once() {
+    let m = Model::load(&ModelSource::Seed).unwrap();
+    let b = &m.program.backward;
+    let results = m.program.gradient_values();
+    let plan = Plan::compile(b, &results).unwrap();
+    let mut freed = vec![0usize; plan.slots];
+    for ins in &plan.instrs {
+        for &s in &ins.free {
+            freed[s] += 1;
+        }
+    }
+    let kept: Vec<usize> = plan.results.iter().flatten().copied().collect();
+    for (s, n) in freed.iter().enumerate() {
+        let is_arg = plan.args.iter().any(|a| a.slot == s);
+        if kept.contains(&s) {
+            assert_eq!(*n, 0, "result `{}` must survive", plan.slot_names[s]);
+        } else if !is_arg {
+            assert_eq!(*n, 1, "`{}` freed {n} times", plan.slot_names[s]);
+        }
+    }
+    // a value dies right after its last reader: t130 is read only by the matmul making t131
+    let t130 = plan.slot_names.iter().position(|n| n == "t130").unwrap();
+    let at = plan
+        .instrs
+        .iter()
+        .position(|i| i.free.contains(&t130))
+        .unwrap();
+    assert!(
+        plan.instrs[at].line.starts_with("t131 = torch.matmul(t130"),
+        "{}",
+        plan.instrs[at].line
+    );
+}
+
+#[test]
+fn an_unsupported_dtype_names_the_node() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", f32t(&[2]));
+    let i = b
+        .op(
+            "ltorch.to",
+            vec![x.into(), Arg::DType(DType::I64, DTypeSpelling::Torch)],
+        )
+        .unwrap();
+    b.ret(Arg::Value(i));
+    let t = b.finish();
+    let plan = Plan::compile(&t, &[Some(i)]).unwrap();
+    let e = exec(
+        &plan,
+        vec![RValue::Tensor(Tensor::from_f32(vec![2], vec![1., 2.]))],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("rank 0: trace `f`: `t0 = ltorch.to(x, torch.int64)")
+            || e.contains("ltorch.to(x"),
+        "{e}"
+    );
+    assert!(e.contains("i64"), "{e}");
+}
+
+#[test]
+fn wrong_inputs_are_named() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", f32t(&[2]));
+    let y = b.op("ltorch.neg", vec![x.into()]).unwrap();
+    b.ret(Arg::Value(y));
+    let t = b.finish();
+    let plan = Plan::compile(&t, &[Some(y)]).unwrap();
+    let e = exec(
+        &plan,
+        vec![RValue::Tensor(Tensor::from_f32(vec![3], vec![0.; 3]))],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("argument `x`: the trace expects f32 [2] but was given f32 [3]"),
+        "{e}"
+    );
+    let e = exec(&plan, vec![RValue::Scalar(1.0)]).unwrap_err();
+    assert!(
+        e.contains("argument `x`: the trace expects a f32 [2] tensor but was given a number"),
+        "{e}"
+    );
+    let e = exec(&plan, vec![]).unwrap_err();
+    assert!(
+        e.contains("the trace takes 1 arguments but was given 0"),
+        "{e}"
+    );
+}
