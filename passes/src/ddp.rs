@@ -29,6 +29,18 @@ pub struct DdpOptions {
     pub average: Average,
     /// Process group the collectives run on.
     pub group: String,
+    /// When the all-reduces start: as soon as their bucket is ready (default), or after the
+    /// whole backward, as Thunder 0.2.6 schedules them (for comparisons).
+    pub launch: Launch,
+}
+
+/// Where the ddp pass places each bucket's division, pack and all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// Right after the bucket's last gradient is produced.
+    Ready,
+    /// After the last node of the backward (no overlap with backward compute).
+    End,
 }
 
 impl Default for DdpOptions {
@@ -39,6 +51,7 @@ impl Default for DdpOptions {
             first_bucket_mb: None,
             average: Average::Pre,
             group: "world".into(),
+            launch: Launch::Ready,
         }
     }
 }
@@ -53,6 +66,7 @@ const VALID: &[&str] = &[
     "first_bucket_mb",
     "average",
     "group",
+    "launch",
 ];
 
 impl Ddp {
@@ -75,12 +89,17 @@ impl Ddp {
             _ => Average::Pre,
         };
         let group = o.raw("group").unwrap_or("world").to_string();
+        let launch = match o.choice("launch", &["ready", "end"])? {
+            Some("end") => Launch::End,
+            _ => Launch::Ready,
+        };
         Ok(Ddp::new(DdpOptions {
             world_size,
             bucket_mb,
             first_bucket_mb,
             average,
             group,
+            launch,
         }))
     }
 }
@@ -206,6 +225,9 @@ impl Pass for Ddp {
         }
         if o.group != "world" {
             s += &format!(",group={}", o.group);
+        }
+        if o.launch == Launch::End {
+            s += ",launch=end";
         }
         s + ")"
     }
@@ -391,12 +413,17 @@ impl Pass for Ddp {
             old.len() + after.values().map(Vec::len).sum::<usize>() + tail.len(),
         );
         sched.extend(after.remove(&None).unwrap_or_default());
+        let mut deferred = Vec::new();
         for (i, n) in old.into_iter().enumerate() {
             sched.push(n);
             if let Some(extra) = after.remove(&Some(i)) {
-                sched.extend(extra);
+                match opts.launch {
+                    Launch::Ready => sched.extend(extra),
+                    Launch::End => deferred.extend(extra),
+                }
             }
         }
+        sched.extend(deferred);
         sched.extend(tail);
         t.set_schedule(sched);
         t.ret

@@ -356,6 +356,27 @@ fn thunder_schedule_has_no_overlap_ours_does() {
         "no-sync,ddp(world_size=2,bucket_mb=0),sort-waits,dce",
     );
     assert!(first_ar(&ours.backward) < last_matmul(&ours.backward));
+    // launch=end reproduces Thunder 0.2.6's schedule from a plain backward
+    let (_, plain, _) = thunder_programs().into_iter().next().unwrap();
+    let late = run(&plain, "ddp(world_size=2,bucket_mb=0,launch=end)");
+    assert_eq!(count(&late.backward, ops::ALL_REDUCE), 4);
+    assert!(first_ar(&late.backward) > last_matmul(&late.backward));
+    let sched: Vec<&str> = late
+        .backward
+        .schedule()
+        .iter()
+        .map(|i| late.backward.node(*i).unwrap().op.as_str())
+        .collect();
+    let first_dist = sched.iter().position(|o| *o == ops::DIV).unwrap();
+    assert!(sched[first_dist..]
+        .iter()
+        .all(|o| o.starts_with("dist.") || *o == ops::DIV));
+    assert_eq!(
+        PassManager::parse("ddp(world_size=2,launch=end)")
+            .unwrap()
+            .pipeline(),
+        "ddp(world_size=2,bucket_mb=25,launch=end)"
+    );
 }
 
 #[test]
@@ -383,7 +404,7 @@ fn pipeline_errors_list_what_is_valid() {
         e("ddp(world_size=4),frob"),
         "unknown pass `frob`; valid passes: ddp, sort-waits, no-sync, accumulate-grads, dce, cse"
     );
-    assert_eq!(e("ddp(world_size=4,bucket=3)"), "pass `ddp` has no option `bucket`; valid options: world_size, bucket_mb, first_bucket_mb, average, group");
+    assert_eq!(e("ddp(world_size=4,bucket=3)"), "pass `ddp` has no option `bucket`; valid options: world_size, bucket_mb, first_bucket_mb, average, group, launch");
     assert_eq!(
         e("ddp(world_size=0)"),
         "pass `ddp`: bad value `0` for `world_size`: must be at least 1"

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod plan;
+pub mod sim;
 pub mod tensor;
 pub mod tensorfile;
 pub mod thread_comm;

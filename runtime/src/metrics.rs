@@ -79,6 +79,9 @@ pub struct StepMetrics {
     pub step: usize,
     pub rank: usize,
     pub step_s: f64,
+    /// Time in the forward and in the backward trace (wall time of their runs).
+    pub forward_s: f64,
+    pub backward_s: f64,
     pub compute_s: f64,
     pub comm_s: f64,
     pub overlap_s: f64,
@@ -149,6 +152,8 @@ impl StepMetrics {
             step,
             rank,
             step_s: step_span.len() * 1e-6,
+            forward_s: 0.0,
+            backward_s: 0.0,
             compute_s: compute_us * 1e-6,
             comm_s: comm_us * 1e-6,
             overlap_s: overlap_us * 1e-6,

@@ -147,11 +147,14 @@ impl Shared {
         slot.contribs[rank] = data;
         slot.arrived += 1;
         if slot.arrived == world {
+            // the simulated link starts when the last rank arrives; the reduction happens
+            // within that time, as it does inside a real ring all-reduce
+            let all_arrived = Instant::now();
             let result = reduce(&sig.kind, &mut slot.contribs, rank);
             match result {
                 Ok(r) => {
                     slot.result = Some(r);
-                    slot.ready_at = Some(Instant::now());
+                    slot.ready_at = Some(all_arrived);
                 }
                 Err(message) => {
                     let msg = format!("collective #{seq} ({}): {message}", sig.label);

@@ -371,6 +371,7 @@ fn rank_main(
         let mut acc: Vec<Option<Tensor>> = vec![None; n_grads];
         let mut loss_handles = Vec::new();
         let mut synced: Vec<RValue<Tensor>> = Vec::new();
+        let (mut forward_s, mut backward_s) = (0.0, 0.0);
         for micro in 0..micro_per_step {
             let m = step * micro_per_step + micro;
             if let Some(Fault::Vanish { rank: r, step: s }) = cfg.fault {
@@ -393,6 +394,7 @@ fn rank_main(
                 inputs[p.forward_arg] = RValue::Tensor(t.clone());
             }
             let mut rec = Recording::default();
+            let t_fwd = Instant::now();
             let mut res = exec
                 .run(
                     &plans.forward,
@@ -404,6 +406,7 @@ fn rank_main(
                 )
                 .map_err(exec_err)?
                 .into_iter();
+            forward_s += t_fwd.elapsed().as_secs_f64();
             recs.push(std::mem::take(&mut rec));
             let out_t = res
                 .next()
@@ -441,9 +444,11 @@ fn rank_main(
             } else {
                 plans.local.as_ref().unwrap_or(&plans.sync)
             };
+            let t_bwd = Instant::now();
             let grads = exec
                 .run(plan, &backend, &mut comm, binputs, &sh.clock, &mut rec)
                 .map_err(exec_err)?;
+            backward_s += t_bwd.elapsed().as_secs_f64();
             recs.push(rec);
             if last {
                 synced = grads;
@@ -474,7 +479,7 @@ fn rank_main(
             .map_err(|m| TrainError::Rank { rank, message: m })?;
         let end = Instant::now();
         let refs: Vec<&Recording> = recs.iter().collect();
-        out.metrics.push(StepMetrics::from_recordings(
+        let mut m = StepMetrics::from_recordings(
             step,
             rank,
             Span {
@@ -482,7 +487,10 @@ fn rank_main(
                 end_us: sh.clock.us(end),
             },
             &refs,
-        ));
+        );
+        m.forward_s = forward_s;
+        m.backward_s = backward_s;
+        out.metrics.push(m);
         if sh.clock.events {
             out.events.extend(recs.into_iter().flat_map(|r| r.events));
         }

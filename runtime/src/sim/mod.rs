@@ -1,0 +1,9 @@
+//! Step-time simulator: a cost model of devices and links over rewritten traces.
+
+pub mod calibrate;
+pub mod device;
+pub mod simulate;
+
+pub use calibrate::cpu_model;
+pub use device::{named_link, parse_link, DeviceModel, LINK_NAMES};
+pub use simulate::{simulate, SimBucket, SimError, SimOptions, SimReport};

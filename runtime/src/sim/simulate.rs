@@ -1,0 +1,174 @@
+//! Predicts a backward's step time from a cost model: each op's FLOPs and bytes against the
+//! device's peaks on one compute stream, each all-reduce by the ring alpha-beta model on one
+//! communication stream, waits joining the two.
+
+use super::device::DeviceModel;
+use crate::comm::LinkModel;
+use crate::kernel::{decode, Kernel};
+use crate::metrics::{overlap, Span};
+use serde::Serialize;
+use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
+
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub world_size: usize,
+    pub device: DeviceModel,
+    pub link: LinkModel,
+    /// The reduction runs on the host, reading every rank's buffer (ThreadComm): a collective
+    /// takes at least `(world + 1) * bytes / mem_bw`.
+    pub host_reduction: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SimBucket {
+    pub label: String,
+    pub bytes: usize,
+    pub launch_s: f64,
+    pub start_s: f64,
+    pub end_s: f64,
+    pub wait_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    pub step_s: f64,
+    pub compute_s: f64,
+    pub comm_s: f64,
+    pub overlap_s: f64,
+    pub overlap_pct: f64,
+    pub exposed_comm_s: f64,
+    pub ops: usize,
+    pub buckets: Vec<SimBucket>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("cannot simulate `{line}`: {message}")]
+pub struct SimError {
+    pub line: String,
+    pub message: String,
+}
+
+fn tensor_bytes(t: &Trace, v: ValueId) -> usize {
+    match t.ty(v) {
+        Some(Type::Tensor(tt)) | Some(Type::Future(tt)) => tt.nbytes(),
+        _ => 0,
+    }
+}
+
+/// Seconds one compute node takes on `dev`.
+fn op_time(t: &Trace, kernel: &Kernel, inputs: &[ValueId], outputs: &[ValueId], dev: &DeviceModel) -> f64 {
+    let shape = |v: ValueId| -> Vec<usize> { t.ty(v).and_then(Type::as_tensor).map(|tt| tt.shape.clone()).unwrap_or_default() };
+    let out_dtype = outputs
+        .first()
+        .and_then(|o| t.ty(*o))
+        .and_then(Type::as_tensor)
+        .map_or(tracepass_ir::DType::F32, |tt| tt.dtype);
+    match kernel {
+        // views: no kernel runs
+        Kernel::Identity | Kernel::Reshape(_) | Kernel::Permute(_) => 0.0,
+        _ => {
+            let in_shapes: Vec<Vec<usize>> = inputs.iter().map(|v| shape(*v)).collect();
+            let refs: Vec<&[usize]> = in_shapes.iter().map(Vec::as_slice).collect();
+            let out_shape = outputs.first().map(|o| shape(*o)).unwrap_or_default();
+            let flops = kernel.flops(&refs, &out_shape);
+            let bytes: usize = inputs.iter().chain(outputs).map(|v| tensor_bytes(t, *v)).sum();
+            let is_gemm = matches!(kernel, Kernel::Matmul | Kernel::Linear { .. });
+            let peak = if is_gemm { dev.flops_for(out_dtype) * dev.gemm_efficiency } else { dev.f32_flops * dev.gemm_efficiency };
+            let compute = flops / peak.max(1.0);
+            let memory = bytes as f64 / (dev.mem_bw * dev.bw_efficiency).max(1.0);
+            (dev.op_overhead_s + compute.max(memory)) * dev.sharing
+        }
+    }
+}
+
+/// Simulates one execution of `trace` (typically a backward rewritten by ddp + sort-waits).
+pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError> {
+    let dev = &opts.device;
+    let mut now = 0.0f64;
+    let mut comm_free = 0.0f64;
+    let mut busy: Vec<Span> = Vec::new();
+    let mut comm: Vec<Span> = Vec::new();
+    let mut buckets: Vec<SimBucket> = Vec::new();
+    let mut future_bucket: std::collections::HashMap<ValueId, usize> = std::collections::HashMap::new();
+    let mut label_of: std::collections::HashMap<ValueId, String> = std::collections::HashMap::new();
+    let mut ops_count = 0;
+    let push_busy = |now: &mut f64, dt: f64, busy: &mut Vec<Span>| {
+        if dt > 0.0 {
+            busy.push(Span {
+                start_us: *now * 1e6,
+                end_us: (*now + dt) * 1e6,
+            });
+            *now += dt;
+        }
+    };
+    for &idx in trace.schedule() {
+        let Some(n) = trace.node(idx) else { continue };
+        let err = |m: String| SimError {
+            line: print_node_line(trace, idx),
+            message: m,
+        };
+        match n.op.as_str() {
+            ops::UNPACK_SEQUENCE | ops::CLEAR_COLLECTION | ops::UNPACK => {}
+            ops::BUCKET_PACK => {
+                let bytes: usize = n.outputs.iter().map(|o| tensor_bytes(trace, *o)).sum();
+                if let (Some(o), Some(b)) = (n.outputs.first(), n.kwarg("bucket").and_then(Arg::as_str)) {
+                    label_of.insert(*o, b.to_string());
+                }
+                let dt = (dev.op_overhead_s + 2.0 * bytes as f64 / (dev.mem_bw * dev.bw_efficiency)) * dev.sharing;
+                push_busy(&mut now, dt, &mut busy);
+                ops_count += 1;
+            }
+            ops::ALL_REDUCE => {
+                let buf = n.args.first().and_then(Arg::as_value).ok_or_else(|| err("all-reduce of no tensor".into()))?;
+                let bytes = tensor_bytes(trace, buf);
+                let mut dur = opts.link.all_reduce_time(bytes, opts.world_size).as_secs_f64();
+                if opts.host_reduction && opts.world_size > 1 {
+                    dur = dur.max((opts.world_size + 1) as f64 * bytes as f64 / dev.mem_bw);
+                }
+                let start = now.max(comm_free);
+                let end = start + dur;
+                comm_free = end;
+                comm.push(Span {
+                    start_us: start * 1e6,
+                    end_us: end * 1e6,
+                });
+                if let Some(f) = n.outputs.first() {
+                    future_bucket.insert(*f, buckets.len());
+                }
+                buckets.push(SimBucket {
+                    label: label_of.get(&buf).cloned().unwrap_or_else(|| trace.name(buf)),
+                    bytes,
+                    launch_s: now,
+                    start_s: start,
+                    end_s: end,
+                    wait_s: f64::NAN,
+                });
+            }
+            ops::WAIT => {
+                let f = n.args.first().and_then(Arg::as_value).ok_or_else(|| err("wait on no future".into()))?;
+                let b = *future_bucket.get(&f).ok_or_else(|| err("wait before its all-reduce".into()))?;
+                buckets[b].wait_s = now;
+                now = now.max(buckets[b].end_s);
+            }
+            _ => {
+                let d = decode(trace, n).map_err(err)?;
+                let dt = op_time(trace, &d.kernel, &d.inputs, &n.outputs, dev);
+                push_busy(&mut now, dt, &mut busy);
+                ops_count += 1;
+            }
+        }
+    }
+    let comm_us: f64 = comm.iter().map(Span::len).sum();
+    let compute_us: f64 = busy.iter().map(Span::len).sum();
+    let overlap_us = overlap(&busy, &comm);
+    Ok(SimReport {
+        step_s: now,
+        compute_s: compute_us * 1e-6,
+        comm_s: comm_us * 1e-6,
+        overlap_s: overlap_us * 1e-6,
+        overlap_pct: if comm_us > 0.0 { 100.0 * overlap_us / comm_us } else { 100.0 },
+        exposed_comm_s: (comm_us - overlap_us) * 1e-6,
+        ops: ops_count,
+        buckets,
+    })
+}
