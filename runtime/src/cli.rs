@@ -49,6 +49,8 @@ pub enum Command {
     Opt(OptArgs),
     /// Train a model with DDP on thread ranks (the seed example by default).
     Train(Box<crate::train_cmd::TrainArgs>),
+    /// Predict step time, overlap and exposed communication on a modelled device and network.
+    Simulate(Box<crate::simulate_cmd::SimulateArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -140,6 +142,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Opt(args) => opt(args),
         Command::Train(args) => crate::train_cmd::run(*args),
+        Command::Simulate(args) => crate::simulate_cmd::run(*args),
     }
 }
 

@@ -5,6 +5,7 @@
 //! - [`plan::Plan`] and [`executor::Executor`]: a trace compiled to slots, run step by step.
 //! - [`trainer`]: forward, loss, DDP backward, optimizer on N ranks; `tracepass train`.
 
+pub mod alloc;
 pub mod backend;
 pub mod cli;
 pub mod comm;
@@ -18,6 +19,7 @@ pub mod model;
 pub mod optim;
 pub mod plan;
 pub mod sim;
+pub mod simulate_cmd;
 pub mod tensor;
 pub mod tensorfile;
 pub mod thread_comm;

@@ -267,3 +267,78 @@ fn train_rejects_bad_options_with_exit_code_1() {
         }
     }
 }
+
+#[test]
+fn simulate_predicts_and_sweeps_bucket_sizes() {
+    let (b, f) = (td("mlp/backward.trace"), td("mlp/forward.trace"));
+    let o = run(&[
+        "simulate",
+        b.to_str().unwrap(),
+        "--forward",
+        f.to_str().unwrap(),
+        "--passes",
+        "ddp(world_size=8,bucket_mb=0),sort-waits",
+        "--world-size",
+        "8",
+        "--gpu",
+        "h200",
+        "--link",
+        "ib-400g",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(
+        s.contains("device: h200") && s.contains("4 all-reduces"),
+        "{s}"
+    );
+    let o = run(&[
+        "simulate",
+        b.to_str().unwrap(),
+        "--forward",
+        f.to_str().unwrap(),
+        "--world-size",
+        "4",
+        "--sweep-bucket-mb",
+    ]);
+    let s = stdout(&o);
+    assert!(
+        s.contains("| bucket_mb |") && s.contains("best bucket_mb:"),
+        "{s}"
+    );
+    // the Thunder DDP export is stripped with no-sync before re-bucketing
+    let o = run(&[
+        "simulate",
+        td("mlp-ddp/backward.trace").to_str().unwrap(),
+        "--forward",
+        td("mlp-ddp/forward.trace").to_str().unwrap(),
+        "--world-size",
+        "2",
+        "--sweep-bucket-mb",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 10);
+    for (args, want) in [
+        (
+            vec!["--gpu", "tpu"],
+            "unknown device (valid: h100, h200, a100, l40s, cpu)",
+        ),
+        (vec!["--link", "smoke"], "nvlink, nvlink3"),
+        (vec!["--world-size", "0"], "--world-size must be at least 1"),
+    ] {
+        let mut all = vec![
+            "simulate",
+            b.to_str().unwrap(),
+            "--forward",
+            f.to_str().unwrap(),
+        ];
+        if !args.contains(&"--world-size") {
+            all.extend(["--world-size", "2"]);
+        }
+        all.extend(&args);
+        let o = run(&all);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}

@@ -31,6 +31,7 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
+    tracepass_runtime::alloc::keep_freed_memory();
     match Cli::parse().cmd {
         Cmd::Bench { suite, max_nodes } => match suite.as_str() {
             "ir" => bench_ir(max_nodes),

@@ -99,16 +99,14 @@ pub fn named_link(name: &str) -> Option<LinkModel> {
     })
 }
 
-pub const LINK_NAMES: &[&str] = &["nvlink", "nvlink3", "pcie5", "ib-400g", "ib-200g", "eth-100g"];
+pub const LINK_NAMES: &[&str] = &[
+    "nvlink", "nvlink3", "pcie5", "ib-400g", "ib-200g", "eth-100g",
+];
 
 /// A link by name, or `LATENCY_US,BANDWIDTH_GBPS`.
 pub fn parse_link(s: &str) -> Result<LinkModel, String> {
     named_link(s).map_or_else(
-        || {
-            LinkModel::parse(s).map_err(|e| {
-                format!("{e} (or one of: {})", LINK_NAMES.join(", "))
-            })
-        },
+        || LinkModel::parse(s).map_err(|e| format!("{e} (or one of: {})", LINK_NAMES.join(", "))),
         Ok,
     )
 }

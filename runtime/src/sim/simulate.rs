@@ -56,8 +56,19 @@ fn tensor_bytes(t: &Trace, v: ValueId) -> usize {
 }
 
 /// Seconds one compute node takes on `dev`.
-fn op_time(t: &Trace, kernel: &Kernel, inputs: &[ValueId], outputs: &[ValueId], dev: &DeviceModel) -> f64 {
-    let shape = |v: ValueId| -> Vec<usize> { t.ty(v).and_then(Type::as_tensor).map(|tt| tt.shape.clone()).unwrap_or_default() };
+fn op_time(
+    t: &Trace,
+    kernel: &Kernel,
+    inputs: &[ValueId],
+    outputs: &[ValueId],
+    dev: &DeviceModel,
+) -> f64 {
+    let shape = |v: ValueId| -> Vec<usize> {
+        t.ty(v)
+            .and_then(Type::as_tensor)
+            .map(|tt| tt.shape.clone())
+            .unwrap_or_default()
+    };
     let out_dtype = outputs
         .first()
         .and_then(|o| t.ty(*o))
@@ -71,9 +82,17 @@ fn op_time(t: &Trace, kernel: &Kernel, inputs: &[ValueId], outputs: &[ValueId], 
             let refs: Vec<&[usize]> = in_shapes.iter().map(Vec::as_slice).collect();
             let out_shape = outputs.first().map(|o| shape(*o)).unwrap_or_default();
             let flops = kernel.flops(&refs, &out_shape);
-            let bytes: usize = inputs.iter().chain(outputs).map(|v| tensor_bytes(t, *v)).sum();
+            let bytes: usize = inputs
+                .iter()
+                .chain(outputs)
+                .map(|v| tensor_bytes(t, *v))
+                .sum();
             let is_gemm = matches!(kernel, Kernel::Matmul | Kernel::Linear { .. });
-            let peak = if is_gemm { dev.flops_for(out_dtype) * dev.gemm_efficiency } else { dev.f32_flops * dev.gemm_efficiency };
+            let peak = if is_gemm {
+                dev.flops_for(out_dtype) * dev.gemm_efficiency
+            } else {
+                dev.f32_flops * dev.gemm_efficiency
+            };
             let compute = flops / peak.max(1.0);
             let memory = bytes as f64 / (dev.mem_bw * dev.bw_efficiency).max(1.0);
             (dev.op_overhead_s + compute.max(memory)) * dev.sharing
@@ -89,7 +108,8 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
     let mut busy: Vec<Span> = Vec::new();
     let mut comm: Vec<Span> = Vec::new();
     let mut buckets: Vec<SimBucket> = Vec::new();
-    let mut future_bucket: std::collections::HashMap<ValueId, usize> = std::collections::HashMap::new();
+    let mut future_bucket: std::collections::HashMap<ValueId, usize> =
+        std::collections::HashMap::new();
     let mut label_of: std::collections::HashMap<ValueId, String> = std::collections::HashMap::new();
     let mut ops_count = 0;
     let push_busy = |now: &mut f64, dt: f64, busy: &mut Vec<Span>| {
@@ -111,17 +131,28 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
             ops::UNPACK_SEQUENCE | ops::CLEAR_COLLECTION | ops::UNPACK => {}
             ops::BUCKET_PACK => {
                 let bytes: usize = n.outputs.iter().map(|o| tensor_bytes(trace, *o)).sum();
-                if let (Some(o), Some(b)) = (n.outputs.first(), n.kwarg("bucket").and_then(Arg::as_str)) {
+                if let (Some(o), Some(b)) =
+                    (n.outputs.first(), n.kwarg("bucket").and_then(Arg::as_str))
+                {
                     label_of.insert(*o, b.to_string());
                 }
-                let dt = (dev.op_overhead_s + 2.0 * bytes as f64 / (dev.mem_bw * dev.bw_efficiency)) * dev.sharing;
+                let dt = (dev.op_overhead_s
+                    + 2.0 * bytes as f64 / (dev.mem_bw * dev.bw_efficiency))
+                    * dev.sharing;
                 push_busy(&mut now, dt, &mut busy);
                 ops_count += 1;
             }
             ops::ALL_REDUCE => {
-                let buf = n.args.first().and_then(Arg::as_value).ok_or_else(|| err("all-reduce of no tensor".into()))?;
+                let buf = n
+                    .args
+                    .first()
+                    .and_then(Arg::as_value)
+                    .ok_or_else(|| err("all-reduce of no tensor".into()))?;
                 let bytes = tensor_bytes(trace, buf);
-                let mut dur = opts.link.all_reduce_time(bytes, opts.world_size).as_secs_f64();
+                let mut dur = opts
+                    .link
+                    .all_reduce_time(bytes, opts.world_size)
+                    .as_secs_f64();
                 if opts.host_reduction && opts.world_size > 1 {
                     dur = dur.max((opts.world_size + 1) as f64 * bytes as f64 / dev.mem_bw);
                 }
@@ -136,7 +167,10 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
                     future_bucket.insert(*f, buckets.len());
                 }
                 buckets.push(SimBucket {
-                    label: label_of.get(&buf).cloned().unwrap_or_else(|| trace.name(buf)),
+                    label: label_of
+                        .get(&buf)
+                        .cloned()
+                        .unwrap_or_else(|| trace.name(buf)),
                     bytes,
                     launch_s: now,
                     start_s: start,
@@ -145,8 +179,14 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
                 });
             }
             ops::WAIT => {
-                let f = n.args.first().and_then(Arg::as_value).ok_or_else(|| err("wait on no future".into()))?;
-                let b = *future_bucket.get(&f).ok_or_else(|| err("wait before its all-reduce".into()))?;
+                let f = n
+                    .args
+                    .first()
+                    .and_then(Arg::as_value)
+                    .ok_or_else(|| err("wait on no future".into()))?;
+                let b = *future_bucket
+                    .get(&f)
+                    .ok_or_else(|| err("wait before its all-reduce".into()))?;
                 buckets[b].wait_s = now;
                 now = now.max(buckets[b].end_s);
             }
@@ -166,7 +206,11 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
         compute_s: compute_us * 1e-6,
         comm_s: comm_us * 1e-6,
         overlap_s: overlap_us * 1e-6,
-        overlap_pct: if comm_us > 0.0 { 100.0 * overlap_us / comm_us } else { 100.0 },
+        overlap_pct: if comm_us > 0.0 {
+            100.0 * overlap_us / comm_us
+        } else {
+            100.0
+        },
         exposed_comm_s: (comm_us - overlap_us) * 1e-6,
         ops: ops_count,
         buckets,

@@ -1,0 +1,155 @@
+//! `tracepass simulate`: predicted step time, overlap and exposed communication of a backward
+//! on a modelled device and network, and the best bucket size (`--sweep-bucket-mb`).
+
+use crate::cli::{load_program, out};
+use crate::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions, SimReport};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use tracepass_ir::{ops, OpRegistry, Program};
+use tracepass_passes::PassManager;
+
+#[derive(clap::Args, Debug)]
+pub struct SimulateArgs {
+    /// Backward trace (or program file) to simulate.
+    pub input: PathBuf,
+    /// The forward a lone backward belongs to.
+    #[arg(long)]
+    pub forward: Option<PathBuf>,
+    /// Rewrite before simulating, e.g. `ddp(world_size=8,bucket_mb=25),sort-waits`.
+    #[arg(long)]
+    pub passes: Option<String>,
+    #[arg(long)]
+    pub world_size: usize,
+    /// Device: h100, h200, a100, l40s, or cpu (measured on this machine).
+    #[arg(long, default_value = "h100")]
+    pub gpu: String,
+    /// Interconnect: nvlink, nvlink3, pcie5, ib-400g, ib-200g, eth-100g, or LATENCY_US,BANDWIDTH_GBPS.
+    #[arg(long, default_value = "nvlink")]
+    pub link: String,
+    /// Simulate `ddp(world_size=N,bucket_mb=B),sort-waits` for a range of B and report the best.
+    #[arg(long)]
+    pub sweep_bucket_mb: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn synchronizes(p: &Program) -> bool {
+    p.backward.nodes().any(|(_, n)| n.op == ops::ALL_REDUCE)
+}
+
+fn rewrite(p: &Program, pipeline: &str) -> Result<Program> {
+    let mut q = p.clone();
+    PassManager::parse(pipeline)?.run(&mut q, OpRegistry::builtin())?;
+    Ok(q)
+}
+
+fn options(args: &SimulateArgs) -> Result<SimOptions> {
+    if args.world_size == 0 {
+        bail!("--world-size must be at least 1");
+    }
+    let device = match args.gpu.as_str() {
+        "cpu" => cpu_model(args.world_size),
+        g => DeviceModel::named(g).with_context(|| {
+            format!(
+                "--gpu {g}: unknown device (valid: {})",
+                DeviceModel::NAMES.join(", ")
+            )
+        })?,
+    };
+    let link = parse_link(&args.link)
+        .map_err(anyhow::Error::msg)
+        .context("--link")?;
+    Ok(SimOptions {
+        world_size: args.world_size,
+        host_reduction: args.gpu == "cpu",
+        device,
+        link,
+    })
+}
+
+fn summary(r: &SimReport) -> String {
+    format!(
+        "step {:.3} ms | compute {:.3} ms | comm {:.3} ms | overlap {:.3} ms ({:.1}%) | exposed comm {:.3} ms | {} ops, {} all-reduces",
+        r.step_s * 1e3,
+        r.compute_s * 1e3,
+        r.comm_s * 1e3,
+        r.overlap_s * 1e3,
+        r.overlap_pct,
+        r.exposed_comm_s * 1e3,
+        r.ops,
+        r.buckets.len()
+    )
+}
+
+/// Bucket sizes the sweep tries (MiB; 0 = one all-reduce per gradient).
+pub const SWEEP_MB: &[f64] = &[0.0, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0];
+
+pub fn run(args: SimulateArgs) -> Result<()> {
+    let opts = options(&args)?;
+    let (program, _) = load_program(&args.input, args.forward.as_deref())?;
+    let mut text = format!(
+        "device: {}\nlink: {} us/hop, {} Gb/s bus bandwidth; world size {}\n",
+        opts.device.name, opts.link.latency_us, opts.link.bandwidth_gbps, opts.world_size
+    );
+    if args.sweep_bucket_mb {
+        let prefix = if synchronizes(&program) {
+            "no-sync,"
+        } else {
+            ""
+        };
+        let mut rows = Vec::new();
+        for &mb in SWEEP_MB {
+            let pipeline = format!(
+                "{prefix}ddp(world_size={},bucket_mb={mb}),sort-waits",
+                opts.world_size
+            );
+            let p = rewrite(&program, &pipeline)?;
+            let r = simulate(&p.backward, &opts)?;
+            rows.push((mb, r));
+        }
+        if args.json {
+            let v: Vec<_> = rows
+                .iter()
+                .map(|(mb, r)| serde_json::json!({"bucket_mb": mb, "report": r}))
+                .collect();
+            return out(&(serde_json::to_string_pretty(&v)? + "\n"));
+        }
+        text += "| bucket_mb | all-reduces | step ms | compute ms | comm ms | overlap % | exposed ms |\n|---|---|---|---|---|---|---|\n";
+        for (mb, r) in &rows {
+            text += &format!(
+                "| {mb} | {} | {:.3} | {:.3} | {:.3} | {:.1} | {:.3} |\n",
+                r.buckets.len(),
+                r.step_s * 1e3,
+                r.compute_s * 1e3,
+                r.comm_s * 1e3,
+                r.overlap_pct,
+                r.exposed_comm_s * 1e3
+            );
+        }
+        let best = rows
+            .iter()
+            .min_by(|a, b| a.1.step_s.total_cmp(&b.1.step_s))
+            .context("no bucket size simulated")?;
+        text += &format!(
+            "best bucket_mb: {} ({:.3} ms per step)\n",
+            best.0,
+            best.1.step_s * 1e3
+        );
+        return out(&text);
+    }
+    let p = match &args.passes {
+        Some(pl) => rewrite(&program, pl)?,
+        None => program,
+    };
+    let r = simulate(&p.backward, &opts)?;
+    if args.json {
+        return out(&(serde_json::to_string_pretty(&r)? + "\n"));
+    }
+    if r.buckets.is_empty() {
+        text += "note: the backward has no all-reduce; give --passes 'ddp(world_size=N),sort-waits' to simulate DDP\n";
+    }
+    text += &summary(&r);
+    text.push('\n');
+    out(&text)
+}
