@@ -25,7 +25,8 @@ impl ReduceOp {
 pub struct CommTiming {
     /// The rank handed the buffer over (`all_reduce_async` returned right after).
     pub launched: Instant,
-    /// The communication worker started on it (earlier collectives of this rank were done).
+    /// The transfer started: the communication worker had finished this rank's earlier
+    /// collectives and every rank had arrived.
     pub started: Instant,
     /// The result was ready on this rank.
     pub finished: Instant,

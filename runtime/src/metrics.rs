@@ -82,6 +82,8 @@ pub struct StepMetrics {
     /// Time in the forward and in the backward trace (wall time of their runs).
     pub forward_s: f64,
     pub backward_s: f64,
+    /// Busy time of kernels inside the backward (its time minus waiting on communication).
+    pub backward_compute_s: f64,
     pub compute_s: f64,
     pub comm_s: f64,
     pub overlap_s: f64,
@@ -104,6 +106,11 @@ fn union(mut spans: Vec<Span>) -> Vec<Span> {
         }
     }
     out
+}
+
+/// Total length of the union of `spans`.
+pub fn busy(spans: &[Span]) -> f64 {
+    union(spans.to_vec()).iter().map(Span::len).sum()
 }
 
 /// Total length of the intersection of two span sets.
@@ -154,6 +161,7 @@ impl StepMetrics {
             step_s: step_span.len() * 1e-6,
             forward_s: 0.0,
             backward_s: 0.0,
+            backward_compute_s: 0.0,
             compute_s: compute_us * 1e-6,
             comm_s: comm_us * 1e-6,
             overlap_s: overlap_us * 1e-6,

@@ -68,7 +68,12 @@ struct Slot {
     first_rank: usize,
     contribs: Vec<Option<Tensor>>,
     arrived: usize,
+    /// All-reduce: every rank's buffer once all arrived; each rank reduces its own chunk.
+    parts: Option<Arc<Vec<Tensor>>>,
+    chunks: Vec<Option<Storage>>,
+    chunks_done: usize,
     result: Option<Tensor>,
+    /// When the last rank arrived (the transfer's start).
     ready_at: Option<Instant>,
     taken: usize,
 }
@@ -102,14 +107,19 @@ impl Shared {
         self.cv.notify_all();
     }
 
-    /// Deposits this rank's part of collective `seq` and blocks until the result is ready.
+    /// Deposits this rank's part of collective `seq` and blocks until the result is ready;
+    /// returns it and when the last rank arrived (the transfer's start). An all-reduce is
+    /// reduced in `world` chunks, one by each rank's worker (as in a ring's reduce-scatter), so
+    /// no rank carries all the reduction work.
     fn collective(
         &self,
         rank: usize,
         seq: u64,
         sig: Signature,
         data: Option<Tensor>,
-    ) -> Result<Tensor, CommError> {
+    ) -> Result<(Tensor, Instant), CommError> {
+        let world = self.world;
+        let deadline = Instant::now() + self.options.timeout;
         let mut st = self.lock();
         if let Some((failed, reason)) = &st.failed {
             return Err(CommError::PeerFailed {
@@ -118,12 +128,14 @@ impl Shared {
                 reason: reason.clone(),
             });
         }
-        let world = self.world;
         let slot = st.slots.entry(seq).or_insert_with(|| Slot {
             signature: sig.clone(),
             first_rank: rank,
             contribs: vec![None; world],
             arrived: 0,
+            parts: None,
+            chunks: vec![None; world],
+            chunks_done: 0,
             result: None,
             ready_at: None,
             taken: 0,
@@ -136,9 +148,8 @@ impl Shared {
                 b: rank,
                 what_b: sig.describe(),
             };
-            let msg = err.to_string();
             if st.failed.is_none() {
-                st.failed = Some((rank, msg));
+                st.failed = Some((rank, err.to_string()));
             }
             drop(st);
             self.cv.notify_all();
@@ -147,26 +158,28 @@ impl Shared {
         slot.contribs[rank] = data;
         slot.arrived += 1;
         if slot.arrived == world {
-            // the simulated link starts when the last rank arrives; the reduction happens
-            // within that time, as it does inside a real ring all-reduce
-            let all_arrived = Instant::now();
-            let result = reduce(&sig.kind, &mut slot.contribs, rank);
-            match result {
-                Ok(r) => {
+            slot.ready_at = Some(Instant::now());
+            let prepared = match sig.kind {
+                Kind::AllReduce(_) => gather(&mut slot.contribs).map(|p| {
+                    slot.parts = Some(Arc::new(p));
+                }),
+                kind => pick(&kind, &mut slot.contribs).map(|r| {
                     slot.result = Some(r);
-                    slot.ready_at = Some(all_arrived);
-                }
-                Err(message) => {
-                    let msg = format!("collective #{seq} ({}): {message}", sig.label);
-                    st.failed = Some((rank, msg.clone()));
-                    drop(st);
-                    self.cv.notify_all();
-                    return Err(CommError::Invalid { rank, message: msg });
-                }
+                }),
+            };
+            if let Err(message) = prepared {
+                let msg = format!(
+                    "collective #{seq} ({}): {message} (seen on rank {rank})",
+                    sig.label
+                );
+                st.failed = Some((rank, msg.clone()));
+                drop(st);
+                self.cv.notify_all();
+                return Err(CommError::Invalid { rank, message: msg });
             }
             self.cv.notify_all();
         }
-        let deadline = Instant::now() + self.options.timeout;
+        let mut reduced_mine = false;
         loop {
             if let Some(slot) = st.slots.get_mut(&seq) {
                 if let Some(r) = &slot.result {
@@ -187,7 +200,31 @@ impl Shared {
                             thread::sleep(until - now);
                         }
                     }
-                    return Ok(r);
+                    return Ok((r, ready.unwrap_or_else(Instant::now)));
+                }
+                if let (Some(parts), false, Kind::AllReduce(op)) =
+                    (slot.parts.clone(), reduced_mine, sig.kind)
+                {
+                    // reduce this rank's chunk without holding the lock
+                    drop(st);
+                    let n = parts[0].numel();
+                    let (lo, hi) = (rank * n / world, (rank + 1) * n / world);
+                    let chunk = reduce_range(op, &parts, lo, hi);
+                    reduced_mine = true;
+                    st = self.lock();
+                    if let Some(slot) = st.slots.get_mut(&seq) {
+                        slot.chunks[rank] = Some(chunk);
+                        slot.chunks_done += 1;
+                        if slot.chunks_done == world {
+                            let shape = parts[0].shape().to_vec();
+                            let chunks: Vec<Storage> =
+                                slot.chunks.iter_mut().filter_map(Option::take).collect();
+                            slot.result = Some(Tensor::new(shape, concat(chunks)));
+                            slot.parts = None;
+                            self.cv.notify_all();
+                        }
+                    }
+                    continue;
                 }
             }
             if let Some((failed, reason)) = &st.failed {
@@ -203,9 +240,15 @@ impl Shared {
                     .slots
                     .get(&seq)
                     .map(|s| {
-                        (0..world)
-                            .filter(|r| s.contribs[*r].is_none() && *r != rank)
-                            .collect()
+                        if s.arrived < world {
+                            (0..world)
+                                .filter(|r| s.contribs[*r].is_none() && *r != rank)
+                                .collect()
+                        } else {
+                            (0..world)
+                                .filter(|r| s.chunks[*r].is_none() && *r != rank)
+                                .collect()
+                        }
                     })
                     .unwrap_or_default();
                 let err = CommError::Timeout {
@@ -231,100 +274,98 @@ impl Shared {
     }
 }
 
-/// Reduces the ranks' buffers in rank order (deterministic), or picks the broadcast root's.
-fn reduce(kind: &Kind, contribs: &mut [Option<Tensor>], rank: usize) -> Result<Tensor, String> {
+/// The broadcast root's tensor, or an empty one for a barrier.
+fn pick(kind: &Kind, contribs: &mut [Option<Tensor>]) -> Result<Tensor, String> {
     match kind {
-        Kind::Barrier => Ok(Tensor::from_f32(vec![0], Vec::new())),
         Kind::Broadcast(root) => contribs
             .get_mut(*root)
             .and_then(Option::take)
             .ok_or_else(|| format!("broadcast root {root} brought no tensor")),
-        Kind::AllReduce(op) => {
-            let parts: Vec<Tensor> = contribs
-                .iter_mut()
-                .enumerate()
-                .map(|(r, c)| {
-                    c.take()
-                        .map(|t| t.contiguous())
-                        .ok_or(format!("rank {r} brought no buffer"))
-                })
-                .collect::<Result<_, _>>()?;
-            let first = &parts[0];
-            let n = first.numel();
-            let shape = first.shape().to_vec();
-            for (r, p) in parts.iter().enumerate() {
-                if p.numel() != n || p.dtype() != first.dtype() {
-                    return Err(format!(
-                        "rank {r} sent {} x {} but rank 0 sent {n} x {} (seen on rank {rank})",
-                        p.numel(),
-                        p.dtype(),
-                        first.dtype()
-                    ));
-                }
-            }
-            let combine = |a: f32, b: f32| match op {
-                ReduceOp::Sum => a + b,
-                ReduceOp::Max => a.max(b),
-            };
-            macro_rules! slices {
-                ($variant:ident) => {
-                    parts
-                        .iter()
-                        .map(|p| match p.storage() {
-                            Storage::$variant(v) => &v[p.offset()..p.offset() + n],
-                            _ => unreachable!("dtypes were checked equal"),
-                        })
-                        .collect::<Vec<_>>()
-                };
-            }
-            let data = match first.storage() {
-                Storage::F32(_) => {
-                    let s = slices!(F32);
-                    let mut acc = s[0].to_vec();
-                    for part in &s[1..] {
-                        for (a, b) in acc.iter_mut().zip(part.iter()) {
-                            *a = combine(*a, *b);
-                        }
-                    }
-                    Storage::F32(acc)
-                }
-                Storage::F64(_) => {
-                    let s = slices!(F64);
-                    let mut acc = s[0].to_vec();
-                    for part in &s[1..] {
-                        for (a, b) in acc.iter_mut().zip(part.iter()) {
-                            *a = match op {
-                                ReduceOp::Sum => *a + *b,
-                                ReduceOp::Max => a.max(*b),
-                            };
-                        }
-                    }
-                    Storage::F64(acc)
-                }
-                Storage::BF16(_) => {
-                    let s = slices!(BF16);
-                    let mut acc: Vec<f32> = s[0].iter().map(|x| x.to_f32()).collect();
-                    for part in &s[1..] {
-                        for (a, b) in acc.iter_mut().zip(part.iter()) {
-                            *a = combine(*a, b.to_f32());
-                        }
-                    }
-                    Storage::BF16(acc.into_iter().map(bf16::from_f32).collect())
-                }
-                Storage::F16(_) => {
-                    let s = slices!(F16);
-                    let mut acc: Vec<f32> = s[0].iter().map(|x| x.to_f32()).collect();
-                    for part in &s[1..] {
-                        for (a, b) in acc.iter_mut().zip(part.iter()) {
-                            *a = combine(*a, b.to_f32());
-                        }
-                    }
-                    Storage::F16(acc.into_iter().map(f16::from_f32).collect())
-                }
-            };
-            Ok(Tensor::new(shape, data))
+        _ => Ok(Tensor::from_f32(vec![0], Vec::new())),
+    }
+}
+
+/// Every rank's buffer, contiguous, checked to agree in size and dtype.
+fn gather(contribs: &mut [Option<Tensor>]) -> Result<Vec<Tensor>, String> {
+    let parts: Vec<Tensor> = contribs
+        .iter_mut()
+        .enumerate()
+        .map(|(r, c)| {
+            c.take()
+                .map(|t| t.contiguous())
+                .ok_or(format!("rank {r} brought no buffer"))
+        })
+        .collect::<Result<_, _>>()?;
+    let first = &parts[0];
+    for (r, p) in parts.iter().enumerate() {
+        if p.numel() != first.numel() || p.dtype() != first.dtype() {
+            return Err(format!(
+                "rank {r} sent {} x {} but rank 0 sent {} x {}",
+                p.numel(),
+                p.dtype(),
+                first.numel(),
+                first.dtype()
+            ));
         }
     }
+    Ok(parts)
+}
+
+/// Elements `lo..hi` of the reduction, adding the ranks' values in rank order (0, 1, 2, ...),
+/// so every element gets the same bits whichever rank reduces it and however it is chunked.
+fn reduce_range(op: ReduceOp, parts: &[Tensor], lo: usize, hi: usize) -> Storage {
+    macro_rules! run {
+        ($variant:ident, $to:expr, $from:expr) => {{
+            let slices: Vec<_> = parts
+                .iter()
+                .map(|p| match p.storage() {
+                    Storage::$variant(v) => &v[p.offset() + lo..p.offset() + hi],
+                    _ => unreachable!("dtypes were checked equal"),
+                })
+                .collect();
+            let mut acc: Vec<_> = slices[0].iter().map($to).collect();
+            for part in &slices[1..] {
+                for (a, b) in acc.iter_mut().zip(part.iter()) {
+                    let b = $to(b);
+                    *a = match op {
+                        ReduceOp::Sum => *a + b,
+                        ReduceOp::Max => {
+                            if b > *a {
+                                b
+                            } else {
+                                *a
+                            }
+                        }
+                    };
+                }
+            }
+            Storage::$variant(acc.into_iter().map($from).collect())
+        }};
+    }
+    match parts[0].storage() {
+        Storage::F32(_) => run!(F32, |x: &f32| *x, |x: f32| x),
+        Storage::F64(_) => run!(F64, |x: &f64| *x, |x: f64| x),
+        Storage::BF16(_) => run!(BF16, |x: &bf16| x.to_f32(), bf16::from_f32),
+        Storage::F16(_) => run!(F16, |x: &f16| x.to_f32(), f16::from_f32),
+    }
+}
+
+/// Joins reduced chunks (all of one dtype) into one buffer.
+fn concat(chunks: Vec<Storage>) -> Storage {
+    let mut it = chunks.into_iter();
+    let Some(mut first) = it.next() else {
+        return Storage::F32(Vec::new());
+    };
+    for c in it {
+        match (&mut first, c) {
+            (Storage::F32(a), Storage::F32(b)) => a.extend(b),
+            (Storage::F64(a), Storage::F64(b)) => a.extend(b),
+            (Storage::BF16(a), Storage::BF16(b)) => a.extend(b),
+            (Storage::F16(a), Storage::F16(b)) => a.extend(b),
+            _ => unreachable!("chunks of one reduction share a dtype"),
+        }
+    }
+    first
 }
 
 /// A group of `world_size` thread ranks; hand each rank thread its `comm(rank)`.
@@ -358,12 +399,14 @@ impl ThreadGroup {
                     let started = Instant::now();
                     let r = shared.collective(rank, job.seq, job.sig, job.data);
                     let finished = Instant::now();
-                    job.done.complete(r.map(|t| {
+                    job.done.complete(r.map(|(t, all_arrived)| {
                         (
                             t,
                             CommTiming {
                                 launched: job.launched,
-                                started,
+                                // the transfer starts once every rank has arrived; waiting for
+                                // slower ranks is load imbalance, not communication
+                                started: started.max(all_arrived),
                                 finished,
                             },
                         )

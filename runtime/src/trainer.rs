@@ -371,7 +371,7 @@ fn rank_main(
         let mut acc: Vec<Option<Tensor>> = vec![None; n_grads];
         let mut loss_handles = Vec::new();
         let mut synced: Vec<RValue<Tensor>> = Vec::new();
-        let (mut forward_s, mut backward_s) = (0.0, 0.0);
+        let (mut forward_s, mut backward_s, mut backward_compute_s) = (0.0, 0.0, 0.0);
         for micro in 0..micro_per_step {
             let m = step * micro_per_step + micro;
             if let Some(Fault::Vanish { rank: r, step: s }) = cfg.fault {
@@ -449,6 +449,7 @@ fn rank_main(
                 .run(plan, &backend, &mut comm, binputs, &sh.clock, &mut rec)
                 .map_err(exec_err)?;
             backward_s += t_bwd.elapsed().as_secs_f64();
+            backward_compute_s += crate::metrics::busy(&rec.compute) * 1e-6;
             recs.push(rec);
             if last {
                 synced = grads;
@@ -490,6 +491,7 @@ fn rank_main(
         );
         m.forward_s = forward_s;
         m.backward_s = backward_s;
+        m.backward_compute_s = backward_compute_s;
         out.metrics.push(m);
         if sh.clock.events {
             out.events.extend(recs.into_iter().flat_map(|r| r.events));
