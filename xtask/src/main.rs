@@ -31,6 +31,13 @@ enum Cmd {
     },
     /// Write synthetic programs (seed model, deep MLP) to testdata/generated/.
     GenTestdata,
+    /// Coverage-guided fuzzing with libFuzzer on the stable toolchain: parse, decode or opt.
+    Fuzz {
+        target: String,
+        /// Seconds to run.
+        #[arg(long, default_value_t = 600)]
+        time: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -48,6 +55,7 @@ fn main() -> Result<()> {
             other => bail!("unknown suite `{other}`; valid: ir, passes, runtime, overlap"),
         },
         Cmd::GenTestdata => gen_testdata(),
+        Cmd::Fuzz { target, time } => fuzz(&target, time),
     }
 }
 
@@ -496,5 +504,105 @@ fn bench_overlap(world: usize) -> Result<()> {
         );
     }
     println!("\ntargets for (c): overlap >= 80%, backward <= 1.15 x max(compute, comm), >= 1.5x faster than (a)");
+    Ok(())
+}
+
+const FUZZ_TARGETS: &[&str] = &["parse", "decode", "opt"];
+
+/// Every trace under testdata/thunder, as (file stem, text).
+fn seed_traces() -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let root = std::path::Path::new("testdata/thunder");
+    for dir in std::fs::read_dir(root)? {
+        let dir = dir?.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(&dir)? {
+            let f = f?.path();
+            if f.extension().is_some_and(|e| e == "trace") {
+                let name = format!(
+                    "{}_{}",
+                    dir.file_name().unwrap_or_default().to_string_lossy(),
+                    f.file_stem().unwrap_or_default().to_string_lossy()
+                );
+                out.push((name, std::fs::read_to_string(&f)?));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Builds the fuzz target with libFuzzer's coverage instrumentation (stable rustc flags; no
+/// sanitizer, so no nightly) and runs it for `secs` seconds on a corpus seeded from testdata.
+fn fuzz(target: &str, secs: u64) -> Result<()> {
+    if !FUZZ_TARGETS.contains(&target) {
+        bail!("unknown fuzz target `{target}`; valid: {}", FUZZ_TARGETS.join(", "));
+    }
+    let corpus = std::path::PathBuf::from(format!("target/fuzz/corpus/{target}"));
+    let artifacts = std::path::PathBuf::from(format!("target/fuzz/artifacts/{target}"));
+    std::fs::create_dir_all(&corpus)?;
+    std::fs::create_dir_all(&artifacts)?;
+    for (name, text) in seed_traces()? {
+        let bytes = match target {
+            "parse" => text.into_bytes(),
+            "opt" => {
+                let mut b = vec![3u8, 0, 5, 0];
+                b.extend(text.as_bytes());
+                b
+            }
+            _ => {
+                let t = parse_trace(&text)?;
+                codec::encode(&Module::Trace(t))?
+            }
+        };
+        std::fs::write(corpus.join(format!("seed_{name}")), bytes)?;
+    }
+    let host = String::from_utf8(std::process::Command::new("rustc").arg("-vV").output()?.stdout)?
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .unwrap_or_else(|| "x86_64-unknown-linux-gnu".into());
+    let flags = [
+        "-Cpasses=sancov-module",
+        "-Cllvm-args=-sanitizer-coverage-level=4",
+        "-Cllvm-args=-sanitizer-coverage-inline-8bit-counters",
+        "-Cllvm-args=-sanitizer-coverage-pc-table",
+        "-Cllvm-args=-sanitizer-coverage-trace-compares",
+        "--cfg=fuzzing",
+    ]
+    .join(" ");
+    println!("building fuzz target `{target}` ({host}, coverage-instrumented)");
+    let status = std::process::Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--manifest-path",
+            "xtask/fuzz/Cargo.toml",
+            "--target-dir",
+            "target/fuzz/build",
+            "--target",
+            &host,
+            "--bin",
+            target,
+        ])
+        .env("RUSTFLAGS", flags)
+        .status()?;
+    if !status.success() {
+        bail!("building the fuzz target failed");
+    }
+    let bin = format!("target/fuzz/build/{host}/release/{target}");
+    println!("fuzzing `{target}` for {secs} s; corpus {}, crashes go to {}", corpus.display(), artifacts.display());
+    let status = std::process::Command::new(&bin)
+        .arg(format!("-max_total_time={secs}"))
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
+        .arg("-print_final_stats=1")
+        .arg("-max_len=65536")
+        .arg(&corpus)
+        .status()?;
+    if !status.success() {
+        bail!("fuzz target `{target}` found a crash (see {})", artifacts.display());
+    }
+    println!("no crash in {secs} s");
     Ok(())
 }
