@@ -12,6 +12,7 @@ pub mod comm;
 pub mod cpu;
 pub mod data;
 pub mod executor;
+pub mod fingerprint;
 pub mod kernel;
 pub mod loss;
 pub mod metrics;

@@ -28,13 +28,17 @@ pub enum Fault {
     Panic { rank: usize, step: usize },
     /// The rank leaves before `step`'s first collective and never comes back.
     Vanish { rank: usize, step: usize },
+    /// The rank runs a backward bucketed differently from the others' (a mismatched trace).
+    Mismatch { rank: usize },
 }
 
 impl Fault {
-    /// `RANK:STEP:panic` or `RANK:STEP:vanish`.
+    /// `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
     pub fn parse(s: &str) -> Result<Fault, String> {
         let parts: Vec<&str> = s.split(':').collect();
-        let bad = || format!("fault '{s}': expected RANK:STEP:panic or RANK:STEP:vanish");
+        let bad = || {
+            format!("fault '{s}': expected RANK:STEP:panic, RANK:STEP:vanish or RANK:0:mismatch")
+        };
         if parts.len() != 3 {
             return Err(bad());
         }
@@ -43,6 +47,7 @@ impl Fault {
         match parts[2] {
             "panic" => Ok(Fault::Panic { rank, step }),
             "vanish" => Ok(Fault::Vanish { rank, step }),
+            "mismatch" => Ok(Fault::Mismatch { rank }),
             _ => Err(bad()),
         }
     }
@@ -298,6 +303,8 @@ struct Shared<'a> {
     cfg: &'a TrainConfig,
     model: &'a Model,
     plans: &'a Plans,
+    /// A rank that runs other plans (the `Mismatch` fault).
+    other: Option<(usize, &'a Plans)>,
     data: &'a DataSource,
     init: &'a [Tensor],
     clock: Clock,
@@ -337,7 +344,10 @@ fn rank_main(
 ) -> Result<RankOut, TrainError> {
     let cfg = sh.cfg;
     let model = sh.model;
-    let plans = sh.plans;
+    let plans = match sh.other {
+        Some((r, p)) if r == rank => p,
+        _ => sh.plans,
+    };
     let backend = CpuBackend;
     let exec_err = |e: ExecError| TrainError::Rank {
         rank,
@@ -348,6 +358,9 @@ fn rank_main(
         message: e.to_string(),
     };
     let mut exec: Executor<CpuBackend, ThreadComm> = Executor::new();
+    // every rank must be about to issue the same collectives as rank 0
+    crate::fingerprint::check(&mut comm, &collective_lines(plans, cfg.no_sync_steps))
+        .map_err(comm_err)?;
     let mut params: Vec<Tensor> = sh.init.to_vec();
     if let Some(root) = cfg.broadcast_from {
         for p in params.iter_mut() {
@@ -508,6 +521,22 @@ fn rank_main(
     Ok(out)
 }
 
+/// The collectives one training step issues, in order: the loss average of every micro-step,
+/// then the synchronized backward's all-reduces.
+fn collective_lines(plans: &Plans, no_sync_steps: usize) -> Vec<String> {
+    let loss = crate::plan::CollectiveInfo {
+        label: "loss".into(),
+        op: ReduceOp::Sum,
+        dtype: tracepass_ir::DType::F64,
+        numel: 1,
+        group: "world".into(),
+    };
+    let mut list = vec![loss; no_sync_steps + 1];
+    list.extend(plans.forward.collectives.iter().cloned());
+    list.extend(plans.sync.collectives.iter().cloned());
+    crate::fingerprint::describe(&list)
+}
+
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
@@ -568,10 +597,27 @@ pub fn train(
             link: cfg.link,
         },
     );
+    let other_plans = match cfg.fault {
+        Some(Fault::Mismatch { rank }) => {
+            let other_mb = if cfg.bucket_mb > 0.0 { 0.0 } else { 25.0 };
+            Some((
+                rank,
+                build_plans(
+                    &model,
+                    &TrainConfig {
+                        bucket_mb: other_mb,
+                        ..cfg.clone()
+                    },
+                )?,
+            ))
+        }
+        _ => None,
+    };
     let shared = Shared {
         cfg,
         model: &model,
         plans: &plans,
+        other: other_plans.as_ref().map(|(r, p)| (*r, p)),
         data: &data,
         init: &init,
         clock: Clock::new(cfg.timeline),

@@ -565,3 +565,19 @@ fn bad_options_are_rejected_before_anything_runs() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+#[test]
+fn ranks_about_to_issue_different_collectives_stop_before_the_first() {
+    let start = Instant::now();
+    let e = fails(&TrainConfig {
+        world_size: 3,
+        fault: Some(Fault::Mismatch { rank: 2 }),
+        ..TrainConfig::default()
+    });
+    assert!(start.elapsed() < Duration::from_secs(10));
+    // rank 2 buckets per gradient: its first gradient all-reduce differs from rank 0's bucket
+    assert!(
+        e.contains("collective #1 differs between ranks: rank 0 issued all_reduce sum of 2372 x f32 on group `world` (bucket b0), rank 2 issued all_reduce sum of 256 x f32 on group `world` (bucket b0)"),
+        "{e}"
+    );
+}

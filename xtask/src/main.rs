@@ -538,7 +538,10 @@ fn seed_traces() -> Result<Vec<(String, String)>> {
 /// sanitizer, so no nightly) and runs it for `secs` seconds on a corpus seeded from testdata.
 fn fuzz(target: &str, secs: u64) -> Result<()> {
     if !FUZZ_TARGETS.contains(&target) {
-        bail!("unknown fuzz target `{target}`; valid: {}", FUZZ_TARGETS.join(", "));
+        bail!(
+            "unknown fuzz target `{target}`; valid: {}",
+            FUZZ_TARGETS.join(", ")
+        );
     }
     let corpus = std::path::PathBuf::from(format!("target/fuzz/corpus/{target}"));
     let artifacts = std::path::PathBuf::from(format!("target/fuzz/artifacts/{target}"));
@@ -559,10 +562,15 @@ fn fuzz(target: &str, secs: u64) -> Result<()> {
         };
         std::fs::write(corpus.join(format!("seed_{name}")), bytes)?;
     }
-    let host = String::from_utf8(std::process::Command::new("rustc").arg("-vV").output()?.stdout)?
-        .lines()
-        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
-        .unwrap_or_else(|| "x86_64-unknown-linux-gnu".into());
+    let host = String::from_utf8(
+        std::process::Command::new("rustc")
+            .arg("-vV")
+            .output()?
+            .stdout,
+    )?
+    .lines()
+    .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+    .unwrap_or_else(|| "x86_64-unknown-linux-gnu".into());
     let flags = [
         "-Cpasses=sancov-module",
         "-Cllvm-args=-sanitizer-coverage-level=4",
@@ -592,7 +600,11 @@ fn fuzz(target: &str, secs: u64) -> Result<()> {
         bail!("building the fuzz target failed");
     }
     let bin = format!("target/fuzz/build/{host}/release/{target}");
-    println!("fuzzing `{target}` for {secs} s; corpus {}, crashes go to {}", corpus.display(), artifacts.display());
+    println!(
+        "fuzzing `{target}` for {secs} s; corpus {}, crashes go to {}",
+        corpus.display(),
+        artifacts.display()
+    );
     let status = std::process::Command::new(&bin)
         .arg(format!("-max_total_time={secs}"))
         .arg(format!("-artifact_prefix={}/", artifacts.display()))
@@ -601,7 +613,10 @@ fn fuzz(target: &str, secs: u64) -> Result<()> {
         .arg(&corpus)
         .status()?;
     if !status.success() {
-        bail!("fuzz target `{target}` found a crash (see {})", artifacts.display());
+        bail!(
+            "fuzz target `{target}` found a crash (see {})",
+            artifacts.display()
+        );
     }
     println!("no crash in {secs} s");
     Ok(())
