@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod cli;
+pub mod checkpoint;
 pub mod comm;
 pub mod cpu;
 pub mod data;

@@ -47,6 +47,27 @@ impl Optimizer {
         }
     }
 
+    /// Steps taken, and the first and second moments (empty vectors for SGD's unused state).
+    pub fn state(&self) -> (u64, &[Vec<f32>], &[Vec<f32>]) {
+        (self.step, &self.exp_avg, &self.exp_avg_sq)
+    }
+
+    /// Restores a saved state; the moments must match the parameters' sizes.
+    pub fn restore(&mut self, step: u64, exp_avg: Vec<Vec<f32>>, exp_avg_sq: Vec<Vec<f32>>) -> Result<(), String> {
+        let fits = |v: &[Vec<f32>]| v.len() == self.exp_avg.len() && v.iter().zip(&self.exp_avg).all(|(a, b)| a.len() == b.len());
+        if !fits(&exp_avg) || !fits(&exp_avg_sq) {
+            return Err("the optimizer state does not match the parameters".into());
+        }
+        self.step = step;
+        self.exp_avg = exp_avg;
+        self.exp_avg_sq = exp_avg_sq;
+        Ok(())
+    }
+
+    pub fn kind(&self) -> OptimizerKind {
+        self.kind
+    }
+
     /// Updates `params` in place with `grads` (`None`: a frozen parameter, left as it is).
     pub fn step(&mut self, params: &mut [Tensor], grads: &[Option<Tensor>]) -> Result<(), String> {
         self.step += 1;

@@ -38,6 +38,8 @@ pub enum TensorFileError {
 pub struct TensorFile {
     pub path: PathBuf,
     pub tensors: BTreeMap<String, Tensor>,
+    /// The file's `__metadata__` strings.
+    pub metadata: BTreeMap<String, String>,
 }
 
 fn le_chunks<const N: usize>(b: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
@@ -58,6 +60,11 @@ impl TensorFile {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
+        let metadata = SafeTensors::read_metadata(&bytes)
+            .ok()
+            .and_then(|(_, m)| m.metadata().clone())
+            .map(|m| m.into_iter().collect())
+            .unwrap_or_default();
         let mut tensors = BTreeMap::new();
         for (name, view) in st.tensors() {
             let d = view.data();
@@ -93,6 +100,7 @@ impl TensorFile {
         Ok(TensorFile {
             path: path.to_path_buf(),
             tensors,
+            metadata,
         })
     }
 
@@ -145,6 +153,15 @@ fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
 
 /// Writes named tensors to a safetensors file atomically (temp file, fsync, rename).
 pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), TensorFileError> {
+    save_tensors_with(path, tensors, &BTreeMap::new())
+}
+
+/// Like [`save_tensors`], with `__metadata__` strings.
+pub fn save_tensors_with(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), TensorFileError> {
     let bytes: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
         .iter()
         .map(|(n, t)| {
@@ -162,7 +179,12 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), Ten
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-    let out = safetensors::serialize(views, &None).map_err(|e| TensorFileError::Write {
+    let meta = if metadata.is_empty() {
+        None
+    } else {
+        Some(metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    };
+    let out = safetensors::serialize(views, &meta).map_err(|e| TensorFileError::Write {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;

@@ -77,7 +77,16 @@ pub struct TrainArgs {
     /// `cpu` (the only device in this build without the `cuda` feature).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Testing aid: `RANK:STEP:panic` or `RANK:STEP:vanish`.
+    /// Write a checkpoint (parameters, optimizer state, step) after the last step.
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub save: Option<PathBuf>,
+    /// Also write the checkpoint every N steps.
+    #[arg(long, requires = "save")]
+    pub save_every: Option<usize>,
+    /// Continue from a checkpoint; --steps counts from the start of training.
+    #[arg(long, value_name = "FILE.safetensors", conflicts_with = "params")]
+    pub resume: Option<PathBuf>,
+    /// Testing aid: `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
 }
@@ -204,6 +213,9 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         passes: args.passes.clone(),
         keep_all_ranks: false,
         fault,
+        save: args.save.clone(),
+        save_every: args.save_every,
+        resume: args.resume.clone(),
     })
 }
 
@@ -245,6 +257,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         None
     };
     let on_step = |step: usize, loss: f64| {
+        // (resumed runs start at a later step; the bar counts this run's steps)
         let line = format!(
             "# {step}-th loss: {}",
             tracepass_ir::pyfloat::repr(loss as f32 as f64)

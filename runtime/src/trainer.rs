@@ -78,6 +78,11 @@ pub struct TrainConfig {
     /// Keep every rank's gradients and parameters in the report (tests); else rank 0's only.
     pub keep_all_ranks: bool,
     pub fault: Option<Fault>,
+    /// Write a checkpoint here after the last step (and every `save_every` steps).
+    pub save: Option<PathBuf>,
+    pub save_every: Option<usize>,
+    /// Start from this checkpoint: its parameters, optimizer state and step.
+    pub resume: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -100,6 +105,9 @@ impl Default for TrainConfig {
             passes: None,
             keep_all_ranks: false,
             fault: None,
+            save: None,
+            save_every: None,
+            resume: None,
         }
     }
 }
@@ -140,6 +148,8 @@ pub struct TrainReport {
     pub backward: String,
     pub pipeline: String,
     pub wall: Duration,
+    /// The step this run started at (non-zero when resumed from a checkpoint).
+    pub first_step: usize,
 }
 
 /// Whether a backward already synchronizes gradients (Thunder's own DDP export).
@@ -307,6 +317,7 @@ struct Shared<'a> {
     other: Option<(usize, &'a Plans)>,
     data: &'a DataSource,
     init: &'a [Tensor],
+    resume: Option<&'a crate::checkpoint::Checkpoint>,
     clock: Clock,
     y_shape: Option<Vec<usize>>,
 }
@@ -368,6 +379,11 @@ fn rank_main(
         }
     }
     let mut opt = Optimizer::new(cfg.optimizer, &params);
+    let first_step = sh.resume.map_or(0, |c| c.step);
+    if let Some(ck) = sh.resume {
+        opt.restore(ck.optimizer_step, ck.exp_avg.clone(), ck.exp_avg_sq.clone())
+            .map_err(|m| TrainError::Input(format!("resuming: {m}")))?;
+    }
     let n_params = model.program.params.len();
     let n_grads = model.program.gradient_values().len();
     let mut out = RankOut {
@@ -378,7 +394,7 @@ fn rank_main(
         events: Vec::new(),
     };
     let micro_per_step = cfg.no_sync_steps + 1;
-    for step in 0..cfg.steps {
+    for step in first_step..cfg.steps {
         let step_start = Instant::now();
         let mut recs: Vec<Recording> = Vec::new();
         let mut acc: Vec<Option<Tensor>> = vec![None; n_grads];
@@ -486,7 +502,7 @@ fn rank_main(
                     .and_then(RValue::tensor)
             })
             .collect();
-        if step == 0 && (rank == 0 || cfg.keep_all_ranks) {
+        if step == first_step && (rank == 0 || cfg.keep_all_ranks) {
             out.grads0 = grads.clone();
         }
         opt.step(&mut params, &grads)
@@ -511,6 +527,14 @@ fn rank_main(
         }
         out.losses.push(loss);
         if rank == 0 {
+            if let Some(path) = &cfg.save {
+                let done = step + 1;
+                if done == cfg.steps || cfg.save_every.is_some_and(|k| k > 0 && done % k == 0) {
+                    let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
+                    crate::checkpoint::save(path, done, &names, &params, &opt)
+                        .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
+                }
+            }
             on_step(step, loss);
         }
     }
@@ -573,12 +597,32 @@ pub fn train(
     }
     let model = Model::load(&cfg.model)?;
     let plans = build_plans(&model, cfg)?;
-    let init = match &cfg.params {
+    let resume = match &cfg.resume {
+        Some(path) => {
+            let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
+            let shapes: Vec<Vec<usize>> = model.program.params.iter().map(|p| p.shape.clone()).collect();
+            let ck = crate::checkpoint::load(path, &names, &shapes, cfg.optimizer).map_err(|e| TrainError::Input(e.to_string()))?;
+            if ck.step >= cfg.steps {
+                return Err(TrainError::Config(format!(
+                    "{} is at step {}; --steps {} leaves nothing to do (steps count from the start of training)",
+                    path.display(),
+                    ck.step,
+                    cfg.steps
+                )));
+            }
+            Some(ck)
+        }
+        None => None,
+    };
+    let init = match (&resume, &cfg.params) {
+        (Some(ck), _) => ck.params.clone(),
+        (None, params) => match params {
         Some(path) => {
             let f = TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?;
             file_params(&model.program.params, &f).map_err(TrainError::Input)?
         }
         None => seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?,
+        },
     };
     let data = match &cfg.data {
         Some(path) => {
@@ -620,6 +664,7 @@ pub fn train(
         other: other_plans.as_ref().map(|(r, p)| (*r, p)),
         data: &data,
         init: &init,
+        resume: resume.as_ref(),
         clock: Clock::new(cfg.timeline),
         y_shape,
     };
@@ -713,6 +758,7 @@ pub fn train(
         backward: plans.backward_text.clone(),
         pipeline: plans.pipeline.clone(),
         wall,
+        first_step: resume.as_ref().map_or(0, |c| c.step),
     };
     for (rank, o) in outs.into_iter().enumerate() {
         report.metrics.push(o.metrics);

@@ -342,3 +342,55 @@ fn simulate_predicts_and_sweeps_bucket_sizes() {
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
     }
 }
+
+#[test]
+fn killing_a_writer_leaves_the_previous_checkpoint_intact() {
+    use tracepass_runtime::checkpoint;
+    use tracepass_runtime::model::{Model, ModelSource};
+    use tracepass_runtime::optim::OptimizerKind;
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck.safetensors");
+    let model = Model::load(&ModelSource::DeepMlp {
+        layers: 4,
+        width: 512,
+        batch: 8,
+    })
+    .unwrap();
+    let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
+    let shapes: Vec<Vec<usize>> = model.program.params.iter().map(|p| p.shape.clone()).collect();
+    let mut steps_seen = Vec::new();
+    for (i, delay_ms) in [150u64, 230, 370].into_iter().enumerate() {
+        // a run that rewrites its 12 MB checkpoint after every step, killed at some moment
+        let mut child = bin()
+            .args([
+                "train",
+                "--model",
+                "deep-mlp:4,512,8",
+                "--steps",
+                "100000",
+                "--save",
+                ck.to_str().unwrap(),
+                "--save-every",
+                "1",
+                "--seed",
+                &i.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while !ck.exists() && start.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // whatever moment the kill hit, the file is a whole checkpoint
+        let c = checkpoint::load(&ck, &names, &shapes, OptimizerKind::adamw())
+            .expect("the checkpoint on disk is complete");
+        assert!(c.step >= 1);
+        steps_seen.push(c.step);
+    }
+    assert!(steps_seen.iter().any(|s| *s > 1), "{steps_seen:?}");
+}

@@ -581,3 +581,53 @@ fn ranks_about_to_issue_different_collectives_stop_before_the_first() {
         "{e}"
     );
 }
+
+#[test]
+fn a_resumed_run_continues_with_the_same_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck.safetensors");
+    let full = run(&TrainConfig {
+        world_size: 2,
+        steps: 8,
+        ..TrainConfig::default()
+    });
+    let first = run(&TrainConfig {
+        world_size: 2,
+        steps: 4,
+        save: Some(ck.clone()),
+        ..TrainConfig::default()
+    });
+    assert_eq!(first.losses[..], full.losses[..4]);
+    let rest = run(&TrainConfig {
+        world_size: 2,
+        steps: 8,
+        resume: Some(ck.clone()),
+        ..TrainConfig::default()
+    });
+    assert_eq!(rest.first_step, 4);
+    // bit for bit: same parameters, optimizer moments, step counter and data
+    assert_eq!(rest.losses[..], full.losses[4..]);
+    for (a, b) in rest.params[0].iter().zip(&full.params[0]) {
+        assert!(a.bitwise_eq(b));
+    }
+    // a checkpoint at or past the end, another optimizer, or a garbled file are errors
+    let e = fails(&TrainConfig {
+        steps: 4,
+        resume: Some(ck.clone()),
+        ..TrainConfig::default()
+    });
+    assert!(e.contains("is at step 4; --steps 4 leaves nothing to do"), "{e}");
+    let e = fails(&TrainConfig {
+        steps: 9,
+        resume: Some(ck.clone()),
+        optimizer: tracepass_runtime::optim::OptimizerKind::Sgd { lr: 0.1 },
+        ..TrainConfig::default()
+    });
+    assert!(e.contains("saved by adamw, but this run uses sgd"), "{e}");
+    let e = fails(&TrainConfig {
+        steps: 9,
+        resume: Some(reference("params_seed0.safetensors")),
+        ..TrainConfig::default()
+    });
+    assert!(e.contains("not a tracepass checkpoint"), "{e}");
+}

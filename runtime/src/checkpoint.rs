@@ -1,0 +1,124 @@
+//! Training checkpoints: parameters, optimizer state and the step, in one safetensors file,
+//! written atomically, so a run resumes exactly where it stopped.
+
+use crate::optim::{Optimizer, OptimizerKind};
+use crate::tensor::Tensor;
+use crate::tensorfile::{save_tensors_with, TensorFile};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+const FORMAT: &str = "tracepass-checkpoint-1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{0}")]
+    File(#[from] crate::tensorfile::TensorFileError),
+    #[error("{path}: not a tracepass checkpoint ({what})")]
+    Format { path: String, what: String },
+    #[error("{path}: {what}")]
+    Mismatch { path: String, what: String },
+}
+
+/// What a checkpoint restores.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// Optimizer steps completed: the run resumes with this step.
+    pub step: usize,
+    pub params: Vec<Tensor>,
+    pub optimizer_step: u64,
+    pub exp_avg: Vec<Vec<f32>>,
+    pub exp_avg_sq: Vec<Vec<f32>>,
+}
+
+fn kind_name(k: OptimizerKind) -> &'static str {
+    match k {
+        OptimizerKind::AdamW { .. } => "adamw",
+        OptimizerKind::Sgd { .. } => "sgd",
+    }
+}
+
+/// Writes `params` (named `names`), `opt`'s state and `step` to `path`.
+pub fn save(path: &Path, step: usize, names: &[String], params: &[Tensor], opt: &Optimizer) -> Result<(), CheckpointError> {
+    let (opt_step, m, v) = opt.state();
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    for (i, (n, p)) in names.iter().zip(params).enumerate() {
+        tensors.push((format!("param.{n}"), p.clone()));
+        if let (Some(m), Some(v)) = (m.get(i), v.get(i)) {
+            tensors.push((format!("exp_avg.{n}"), Tensor::from_f32(vec![m.len()], m.clone())));
+            tensors.push((format!("exp_avg_sq.{n}"), Tensor::from_f32(vec![v.len()], v.clone())));
+        }
+    }
+    let meta: BTreeMap<String, String> = [
+        ("format".to_string(), FORMAT.to_string()),
+        ("step".to_string(), step.to_string()),
+        ("optimizer".to_string(), kind_name(opt.kind()).to_string()),
+        ("optimizer_step".to_string(), opt_step.to_string()),
+    ]
+    .into_iter()
+    .collect();
+    save_tensors_with(path, &tensors, &meta)?;
+    Ok(())
+}
+
+/// Reads a checkpoint for a model with parameters `names` of shapes `shapes`, trained by `kind`.
+pub fn load(path: &Path, names: &[String], shapes: &[Vec<usize>], kind: OptimizerKind) -> Result<Checkpoint, CheckpointError> {
+    let f = TensorFile::load(path)?;
+    let p = path.display().to_string();
+    let meta = |k: &str| {
+        f.metadata.get(k).cloned().ok_or_else(|| CheckpointError::Format {
+            path: p.clone(),
+            what: format!("no `{k}` in its metadata"),
+        })
+    };
+    let format = meta("format")?;
+    if format != FORMAT {
+        return Err(CheckpointError::Format {
+            path: p.clone(),
+            what: format!("format `{format}`, expected `{FORMAT}`"),
+        });
+    }
+    let num = |k: &str| -> Result<u64, CheckpointError> {
+        meta(k)?.parse().map_err(|_| CheckpointError::Format {
+            path: p.clone(),
+            what: format!("`{k}` is not a number"),
+        })
+    };
+    let step = num("step")? as usize;
+    let optimizer_step = num("optimizer_step")?;
+    let saved_kind = meta("optimizer")?;
+    if saved_kind != kind_name(kind) {
+        return Err(CheckpointError::Mismatch {
+            path: p.clone(),
+            what: format!("saved by {saved_kind}, but this run uses {}", kind_name(kind)),
+        });
+    }
+    let mut ck = Checkpoint {
+        step,
+        params: Vec::new(),
+        optimizer_step,
+        exp_avg: Vec::new(),
+        exp_avg_sq: Vec::new(),
+    };
+    for (n, shape) in names.iter().zip(shapes) {
+        let t = f.get(&format!("param.{n}"))?;
+        if t.shape() != shape.as_slice() {
+            return Err(CheckpointError::Mismatch {
+                path: p.clone(),
+                what: format!("parameter `{n}` has shape {:?} but the model's is {shape:?}", t.shape()),
+            });
+        }
+        ck.params.push(t.clone());
+        let numel: usize = shape.iter().product();
+        for (key, into) in [("exp_avg", &mut ck.exp_avg), ("exp_avg_sq", &mut ck.exp_avg_sq)] {
+            let m = f.get(&format!("{key}.{n}"))?.to_f32_vec();
+            if m.len() != numel {
+                return Err(CheckpointError::Mismatch {
+                    path: p.clone(),
+                    what: format!("`{key}.{n}` has {} elements, the parameter {numel}", m.len()),
+                });
+            }
+            into.push(m);
+        }
+    }
+    Ok(ck)
+}
