@@ -38,14 +38,26 @@ fn kind_name(k: OptimizerKind) -> &'static str {
 }
 
 /// Writes `params` (named `names`), `opt`'s state and `step` to `path`.
-pub fn save(path: &Path, step: usize, names: &[String], params: &[Tensor], opt: &Optimizer) -> Result<(), CheckpointError> {
+pub fn save(
+    path: &Path,
+    step: usize,
+    names: &[String],
+    params: &[Tensor],
+    opt: &Optimizer,
+) -> Result<(), CheckpointError> {
     let (opt_step, m, v) = opt.state();
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (i, (n, p)) in names.iter().zip(params).enumerate() {
         tensors.push((format!("param.{n}"), p.clone()));
         if let (Some(m), Some(v)) = (m.get(i), v.get(i)) {
-            tensors.push((format!("exp_avg.{n}"), Tensor::from_f32(vec![m.len()], m.clone())));
-            tensors.push((format!("exp_avg_sq.{n}"), Tensor::from_f32(vec![v.len()], v.clone())));
+            tensors.push((
+                format!("exp_avg.{n}"),
+                Tensor::from_f32(vec![m.len()], m.clone()),
+            ));
+            tensors.push((
+                format!("exp_avg_sq.{n}"),
+                Tensor::from_f32(vec![v.len()], v.clone()),
+            ));
         }
     }
     let meta: BTreeMap<String, String> = [
@@ -61,14 +73,22 @@ pub fn save(path: &Path, step: usize, names: &[String], params: &[Tensor], opt: 
 }
 
 /// Reads a checkpoint for a model with parameters `names` of shapes `shapes`, trained by `kind`.
-pub fn load(path: &Path, names: &[String], shapes: &[Vec<usize>], kind: OptimizerKind) -> Result<Checkpoint, CheckpointError> {
+pub fn load(
+    path: &Path,
+    names: &[String],
+    shapes: &[Vec<usize>],
+    kind: OptimizerKind,
+) -> Result<Checkpoint, CheckpointError> {
     let f = TensorFile::load(path)?;
     let p = path.display().to_string();
     let meta = |k: &str| {
-        f.metadata.get(k).cloned().ok_or_else(|| CheckpointError::Format {
-            path: p.clone(),
-            what: format!("no `{k}` in its metadata"),
-        })
+        f.metadata
+            .get(k)
+            .cloned()
+            .ok_or_else(|| CheckpointError::Format {
+                path: p.clone(),
+                what: format!("no `{k}` in its metadata"),
+            })
     };
     let format = meta("format")?;
     if format != FORMAT {
@@ -89,7 +109,10 @@ pub fn load(path: &Path, names: &[String], shapes: &[Vec<usize>], kind: Optimize
     if saved_kind != kind_name(kind) {
         return Err(CheckpointError::Mismatch {
             path: p.clone(),
-            what: format!("saved by {saved_kind}, but this run uses {}", kind_name(kind)),
+            what: format!(
+                "saved by {saved_kind}, but this run uses {}",
+                kind_name(kind)
+            ),
         });
     }
     let mut ck = Checkpoint {
@@ -104,17 +127,26 @@ pub fn load(path: &Path, names: &[String], shapes: &[Vec<usize>], kind: Optimize
         if t.shape() != shape.as_slice() {
             return Err(CheckpointError::Mismatch {
                 path: p.clone(),
-                what: format!("parameter `{n}` has shape {:?} but the model's is {shape:?}", t.shape()),
+                what: format!(
+                    "parameter `{n}` has shape {:?} but the model's is {shape:?}",
+                    t.shape()
+                ),
             });
         }
         ck.params.push(t.clone());
         let numel: usize = shape.iter().product();
-        for (key, into) in [("exp_avg", &mut ck.exp_avg), ("exp_avg_sq", &mut ck.exp_avg_sq)] {
+        for (key, into) in [
+            ("exp_avg", &mut ck.exp_avg),
+            ("exp_avg_sq", &mut ck.exp_avg_sq),
+        ] {
             let m = f.get(&format!("{key}.{n}"))?.to_f32_vec();
             if m.len() != numel {
                 return Err(CheckpointError::Mismatch {
                     path: p.clone(),
-                    what: format!("`{key}.{n}` has {} elements, the parameter {numel}", m.len()),
+                    what: format!(
+                        "`{key}.{n}` has {} elements, the parameter {numel}",
+                        m.len()
+                    ),
                 });
             }
             into.push(m);

@@ -7,8 +7,8 @@
 
 pub mod alloc;
 pub mod backend;
-pub mod cli;
 pub mod checkpoint;
+pub mod cli;
 pub mod comm;
 pub mod cpu;
 pub mod data;

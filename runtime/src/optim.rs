@@ -53,8 +53,16 @@ impl Optimizer {
     }
 
     /// Restores a saved state; the moments must match the parameters' sizes.
-    pub fn restore(&mut self, step: u64, exp_avg: Vec<Vec<f32>>, exp_avg_sq: Vec<Vec<f32>>) -> Result<(), String> {
-        let fits = |v: &[Vec<f32>]| v.len() == self.exp_avg.len() && v.iter().zip(&self.exp_avg).all(|(a, b)| a.len() == b.len());
+    pub fn restore(
+        &mut self,
+        step: u64,
+        exp_avg: Vec<Vec<f32>>,
+        exp_avg_sq: Vec<Vec<f32>>,
+    ) -> Result<(), String> {
+        let fits = |v: &[Vec<f32>]| {
+            v.len() == self.exp_avg.len()
+                && v.iter().zip(&self.exp_avg).all(|(a, b)| a.len() == b.len())
+        };
         if !fits(&exp_avg) || !fits(&exp_avg_sq) {
             return Err("the optimizer state does not match the parameters".into());
         }

@@ -182,7 +182,12 @@ pub fn save_tensors_with(
     let meta = if metadata.is_empty() {
         None
     } else {
-        Some(metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        Some(
+            metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
     };
     let out = safetensors::serialize(views, &meta).map_err(|e| TensorFileError::Write {
         path: path.to_path_buf(),

@@ -530,7 +530,8 @@ fn rank_main(
             if let Some(path) = &cfg.save {
                 let done = step + 1;
                 if done == cfg.steps || cfg.save_every.is_some_and(|k| k > 0 && done % k == 0) {
-                    let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
+                    let names: Vec<String> =
+                        model.program.params.iter().map(|p| p.fqn.clone()).collect();
                     crate::checkpoint::save(path, done, &names, &params, &opt)
                         .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
                 }
@@ -600,8 +601,14 @@ pub fn train(
     let resume = match &cfg.resume {
         Some(path) => {
             let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
-            let shapes: Vec<Vec<usize>> = model.program.params.iter().map(|p| p.shape.clone()).collect();
-            let ck = crate::checkpoint::load(path, &names, &shapes, cfg.optimizer).map_err(|e| TrainError::Input(e.to_string()))?;
+            let shapes: Vec<Vec<usize>> = model
+                .program
+                .params
+                .iter()
+                .map(|p| p.shape.clone())
+                .collect();
+            let ck = crate::checkpoint::load(path, &names, &shapes, cfg.optimizer)
+                .map_err(|e| TrainError::Input(e.to_string()))?;
             if ck.step >= cfg.steps {
                 return Err(TrainError::Config(format!(
                     "{} is at step {}; --steps {} leaves nothing to do (steps count from the start of training)",
@@ -617,11 +624,11 @@ pub fn train(
     let init = match (&resume, &cfg.params) {
         (Some(ck), _) => ck.params.clone(),
         (None, params) => match params {
-        Some(path) => {
-            let f = TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?;
-            file_params(&model.program.params, &f).map_err(TrainError::Input)?
-        }
-        None => seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?,
+            Some(path) => {
+                let f = TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?;
+                file_params(&model.program.params, &f).map_err(TrainError::Input)?
+            }
+            None => seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?,
         },
     };
     let data = match &cfg.data {

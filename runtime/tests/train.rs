@@ -616,7 +616,10 @@ fn a_resumed_run_continues_with_the_same_losses() {
         resume: Some(ck.clone()),
         ..TrainConfig::default()
     });
-    assert!(e.contains("is at step 4; --steps 4 leaves nothing to do"), "{e}");
+    assert!(
+        e.contains("is at step 4; --steps 4 leaves nothing to do"),
+        "{e}"
+    );
     let e = fails(&TrainConfig {
         steps: 9,
         resume: Some(ck.clone()),
