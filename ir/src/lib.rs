@@ -5,6 +5,11 @@
 //! - [`OpRegistry`]: ops, their effects and meta functions, Thunder's spellings of them.
 //! - [`verify`], [`print_trace`], [`parse_trace`], [`codec`], [`fsio`]: checking and formats.
 
+// Policy: no panics on user input. `unwrap()` is denied in library code (clippy checks it);
+// `expect()` is used only for invariants the code itself established, its message naming the
+// invariant. Everything a user controls (files, options, traces, ranks) returns a typed error.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod arg;
 pub mod builder;
 pub mod canon;

@@ -8,6 +8,11 @@
 //! pm.run(&mut program, OpRegistry::builtin()).unwrap();
 //! ```
 
+// Policy: no panics on user input. `unwrap()` is denied in library code (clippy checks it);
+// `expect()` is used only for invariants the code itself established, its message naming the
+// invariant. Everything a user controls (files, options, traces, ranks) returns a typed error.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod accumulate;
 pub mod api;
 pub mod catalog;

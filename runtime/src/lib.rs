@@ -5,6 +5,11 @@
 //! - [`plan::Plan`] and [`executor::Executor`]: a trace compiled to slots, run step by step.
 //! - [`trainer`]: forward, loss, DDP backward, optimizer on N ranks; `tracepass train`.
 
+// Policy: no panics on user input. `unwrap()` is denied in library code (clippy checks it);
+// `expect()` is used only for invariants the code itself established, its message naming the
+// invariant. Everything a user controls (files, options, traces, ranks) returns a typed error.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod alloc;
 pub mod backend;
 pub mod checkpoint;

@@ -399,3 +399,94 @@ fn killing_a_writer_leaves_the_previous_checkpoint_intact() {
     }
     assert!(steps_seen.iter().any(|s| *s > 1), "{steps_seen:?}");
 }
+
+/// Every class of file error the CLI can meet: exit code 1 and a message naming file and cause.
+#[test]
+fn every_file_error_class_has_its_message_and_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let good = p("good.tpb");
+    let o = run(&[
+        "convert",
+        td("mlp/backward.trace").to_str().unwrap(),
+        good.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let bytes = std::fs::read(&good).unwrap();
+    let mut cases: Vec<(PathBuf, &str)> = Vec::new();
+    let mut write = |name: &str, b: &[u8], want: &'static str| {
+        std::fs::write(p(name), b).unwrap();
+        cases.push((p(name), want));
+    };
+    let mut magic = bytes.clone();
+    magic[0] = b'X';
+    write(
+        "magic.tpb",
+        &magic,
+        "not a tracepass binary file: expected magic",
+    );
+    let mut version = bytes.clone();
+    version[8] = 99;
+    write(
+        "version.tpb",
+        &version,
+        "unsupported format version 99 (this build reads version 1)",
+    );
+    write(
+        "trunc.tpb",
+        &bytes[..bytes.len() - 10],
+        "truncated: the header says",
+    );
+    write(
+        "short.tpb",
+        &bytes[..10],
+        "file too short for the 24-byte header (10 bytes)",
+    );
+    let mut trailing = bytes.clone();
+    trailing.extend_from_slice(b"extra");
+    write(
+        "trailing.tpb",
+        &trailing,
+        "5 bytes after the payload the header announces",
+    );
+    let mut flipped = bytes.clone();
+    let at = bytes.len() / 2;
+    flipped[at] ^= 0x40;
+    write("flipped.tpb", &flipped, "checksum mismatch");
+    write("bad.json", b"{\"Trace\": 3", "invalid JSON trace");
+    write(
+        "x.xyz",
+        b"",
+        "unknown file extension; use .trace (text), .tpb (binary) or .json",
+    );
+    write("syntax.trace", b"def f(x):\n  y = = 3\n", "line 2, column");
+    cases.push((p("missing.trace"), "No such file or directory"));
+    for (file, want) in &cases {
+        let o = run(&["show", file.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "{}", file.display());
+        let e = stderr(&o);
+        assert!(e.starts_with("error: "), "{e}");
+        assert!(
+            e.contains(file.file_name().unwrap().to_str().unwrap()),
+            "names the file: {e}"
+        );
+        assert!(e.contains(want), "{}: {e}", file.display());
+        assert!(!e.contains("panicked"), "{e}");
+    }
+    // a program cannot be written as one .trace; a lone trace is not a program
+    let prog = p("prog.tpb");
+    let program = tracepass_ir::synth::mlp_program(&tracepass_ir::synth::MlpSpec::seed()).unwrap();
+    tracepass_ir::fsio::save(&prog, &tracepass_ir::Module::Program(program)).unwrap();
+    let o = run(&[
+        "convert",
+        prog.to_str().unwrap(),
+        p("prog.trace").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("a .trace file holds one trace, and this is a program"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!p("prog.trace").exists(), "nothing half-written");
+}
