@@ -51,6 +51,26 @@ pub enum Command {
     Train(Box<crate::train_cmd::TrainArgs>),
     /// Predict step time, overlap and exposed communication on a modelled device and network.
     Simulate(Box<crate::simulate_cmd::SimulateArgs>),
+    /// Run a subcommand as one process per rank with torchrun's environment
+    /// (`tracepass launch --nproc-per-node 8 -- train --device cuda`).
+    Launch {
+        #[arg(long)]
+        nproc_per_node: usize,
+        #[arg(long, default_value = "127.0.0.1")]
+        master_addr: String,
+        /// Default: a free port.
+        #[arg(long)]
+        master_port: Option<u16>,
+        /// The tracepass subcommand and its options, after `--`.
+        #[arg(last = true, required = true)]
+        args: Vec<String>,
+    },
+    /// Testing aid: the TCP rendezvous of a launched rank; prints a digest of rank 0's id.
+    #[command(hide = true)]
+    RendezvousCheck {
+        #[arg(long, default_value_t = 30.0)]
+        timeout: f64,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -143,6 +163,47 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Opt(args) => opt(args),
         Command::Train(args) => crate::train_cmd::run(*args),
         Command::Simulate(args) => crate::simulate_cmd::run(*args),
+        Command::Launch {
+            nproc_per_node,
+            master_addr,
+            master_port,
+            args,
+        } => Ok(crate::launch::launch(
+            nproc_per_node,
+            &master_addr,
+            master_port,
+            &args,
+        )?),
+        Command::RendezvousCheck { timeout } => {
+            let env = crate::rendezvous::DistEnv::from_env()?;
+            // rank 0's "id": 128 bytes that differ from run to run
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id());
+            let id: Vec<u8> = (0..128u64)
+                .map(|i| {
+                    (seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(i * 1442695040888963407)
+                        >> 33) as u8
+                })
+                .collect();
+            let got = crate::rendezvous::exchange(
+                &env,
+                (env.rank == 0).then_some(id.as_slice()),
+                std::time::Duration::from_secs_f64(timeout.max(0.01)),
+            )?;
+            let digest = got.iter().fold(0xcbf29ce484222325u64, |h, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
+            });
+            out(&format!(
+                "rank {} of {}: id {digest:016x} ({} bytes)\n",
+                env.rank,
+                env.world_size,
+                got.len()
+            ))
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! The check uses only `broadcast` and `all_reduce` of fixed-shape tensors, so it works with
 //! any communicator.
 
+use crate::backend::Backend;
 use crate::comm::{CommError, Communicator, ReduceOp};
 use crate::plan::CollectiveInfo;
 use crate::tensor::Tensor;
@@ -23,36 +24,59 @@ pub fn describe(list: &[CollectiveInfo]) -> Vec<String> {
         .collect()
 }
 
-/// FNV-1a, 64 bits, as four exactly representable 16-bit pieces.
-fn hash(lines: &[String]) -> Vec<f64> {
+/// FNV-1a, 64 bits, as four 16-bit pieces (exact in f32, which every backend holds).
+fn hash(lines: &[String]) -> Vec<f32> {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in lines.join("\n").bytes() {
         h ^= b as u64;
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    (0..4).map(|i| ((h >> (16 * i)) & 0xffff) as f64).collect()
+    (0..4).map(|i| ((h >> (16 * i)) & 0xffff) as f32).collect()
 }
 
-fn bytes_tensor(s: &str) -> Tensor {
-    Tensor::from_f32(vec![s.len()], s.bytes().map(f32::from).collect())
+/// Host <-> device moves for the exchange; a backend failure is reported as the rank's.
+struct Io<'a, B: Backend> {
+    backend: &'a B,
+    rank: usize,
+}
+
+impl<B: Backend> Io<'_, B> {
+    fn up(&self, v: Vec<f32>) -> Result<B::Tensor, CommError> {
+        self.backend
+            .upload(&Tensor::from_f32(vec![v.len()], v))
+            .map_err(|e| CommError::Invalid {
+                rank: self.rank,
+                message: format!("fingerprint: {e}"),
+            })
+    }
+    fn down(&self, t: &B::Tensor) -> Result<Vec<f32>, CommError> {
+        self.backend
+            .download(t)
+            .map(|t| t.to_f32_vec())
+            .map_err(|e| CommError::Invalid {
+                rank: self.rank,
+                message: format!("fingerprint: {e}"),
+            })
+    }
 }
 
 /// `root`'s text, sent to every rank (length first, so every rank knows the shape).
-fn broadcast_text<C: Communicator<Tensor = Tensor>>(
+fn broadcast_text<B: Backend, C: Communicator<Tensor = B::Tensor>>(
+    io: &Io<B>,
     comm: &mut C,
     text: &str,
     root: usize,
 ) -> Result<String, CommError> {
-    let len = comm.broadcast(Tensor::from_f64(vec![1], vec![text.len() as f64]), root)?;
-    let n = len.to_f64_vec().first().copied().unwrap_or(0.0) as usize;
+    let len = comm.broadcast(io.up(vec![text.len() as f32])?, root)?;
+    let n = io.down(&len)?.first().copied().unwrap_or(0.0) as usize;
     let mine = if comm.rank() == root {
-        bytes_tensor(text)
+        text.bytes().map(f32::from).collect()
     } else {
-        Tensor::from_f32(vec![n], vec![0.0; n])
+        vec![0.0; n]
     };
-    let got = comm.broadcast(mine, root)?;
-    Ok(got
-        .to_f32_vec()
+    let got = comm.broadcast(io.up(mine)?, root)?;
+    Ok(io
+        .down(&got)?
         .into_iter()
         .map(|b| b as u8 as char)
         .collect())
@@ -60,8 +84,9 @@ fn broadcast_text<C: Communicator<Tensor = Tensor>>(
 
 /// Checks that all ranks will issue `lines` (see [`describe`]); the same error on every rank
 /// when they do not.
-pub fn check<C: Communicator<Tensor = Tensor>>(
+pub fn check<B: Backend, C: Communicator<Tensor = B::Tensor>>(
     comm: &mut C,
+    backend: &B,
     lines: &[String],
 ) -> Result<(), CommError> {
     let rank = comm.rank();
@@ -69,24 +94,20 @@ pub fn check<C: Communicator<Tensor = Tensor>>(
     if world == 1 {
         return Ok(());
     }
+    let io = Io { backend, rank };
     let mine = hash(lines);
-    let root = comm
-        .broadcast(Tensor::from_f64(vec![4], mine.clone()), 0)?
-        .to_f64_vec();
-    let mut flags = vec![0.0; world];
-    flags[rank] = f64::from(root != mine);
-    let h = comm.all_reduce_async(
-        Tensor::from_f64(vec![world], flags),
-        ReduceOp::Max,
-        "fingerprint",
-    )?;
+    let root_hash = comm.broadcast(io.up(mine.clone())?, 0)?;
+    let root = io.down(&root_hash)?;
+    let mut flags = vec![0.0f32; world];
+    flags[rank] = f32::from(u8::from(root != mine));
+    let h = comm.all_reduce_async(io.up(flags)?, ReduceOp::Max, "fingerprint")?;
     let (flags, _) = comm.wait(h)?;
-    let Some(bad) = flags.to_f64_vec().iter().position(|f| *f > 0.0) else {
+    let Some(bad) = io.down(&flags)?.iter().position(|f| *f > 0.0) else {
         return Ok(());
     };
     // every rank learns rank 0's list and the first disagreeing rank's list
-    let text0 = broadcast_text(comm, &lines.join("\n"), 0)?;
-    let text_bad = broadcast_text(comm, &lines.join("\n"), bad)?;
+    let text0 = broadcast_text(&io, comm, &lines.join("\n"), 0)?;
+    let text_bad = broadcast_text(&io, comm, &lines.join("\n"), bad)?;
     let a: Vec<&str> = text0.split('\n').filter(|l| !l.is_empty()).collect();
     let b: Vec<&str> = text_bad.split('\n').filter(|l| !l.is_empty()).collect();
     let i = (0..a.len().max(b.len()))

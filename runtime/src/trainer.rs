@@ -370,8 +370,12 @@ fn rank_main(
     };
     let mut exec: Executor<CpuBackend, ThreadComm> = Executor::new();
     // every rank must be about to issue the same collectives as rank 0
-    crate::fingerprint::check(&mut comm, &collective_lines(plans, cfg.no_sync_steps))
-        .map_err(comm_err)?;
+    crate::fingerprint::check(
+        &mut comm,
+        &backend,
+        &collective_lines(plans, cfg.no_sync_steps),
+    )
+    .map_err(comm_err)?;
     let mut params: Vec<Tensor> = sh.init.to_vec();
     if let Some(root) = cfg.broadcast_from {
         for p in params.iter_mut() {

@@ -490,3 +490,59 @@ fn every_file_error_class_has_its_message_and_exit_code() {
     );
     assert!(!p("prog.trace").exists(), "nothing half-written");
 }
+
+#[test]
+fn launched_processes_rendezvous_over_tcp() {
+    // three processes on loopback: every rank receives rank 0's id bytes
+    let o = run(&["launch", "--nproc-per-node", "3", "--", "rendezvous-check"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let digests: Vec<&str> = out
+        .lines()
+        .map(|l| l.split("id ").nth(1).unwrap_or("?"))
+        .collect();
+    assert_eq!(digests.len(), 3, "{out}");
+    assert!(
+        digests
+            .iter()
+            .all(|d| *d == digests[0] && d.ends_with("(128 bytes)")),
+        "{out}"
+    );
+    for r in 0..3 {
+        assert!(out.contains(&format!("rank {r} of 3")), "{out}");
+    }
+    // rank 0 alone: the missing rank is named, within the timeout
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let start = std::time::Instant::now();
+    let o = bin()
+        .args(["rendezvous-check", "--timeout", "0.5"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .output()
+        .unwrap();
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("rank(s) [1] did not arrive within 0.5 s"),
+        "{}",
+        stderr(&o)
+    );
+    // a failing rank stops the launch with its number
+    let o = run(&[
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--",
+        "train",
+        "--inject-fault",
+        "0:0:panic",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("exited with"), "{}", stderr(&o));
+}

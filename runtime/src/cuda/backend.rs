@@ -1,0 +1,593 @@
+//! The CUDA backend: tensors in device memory (cudarc allocations, no managed memory), GEMMs
+//! through cuBLAS, everything else through NVRTC kernels compiled once per op and dtype.
+//! Tensors are contiguous; permutes copy, bucket views share their buffer.
+
+use super::kernels::{self, Layout, Source, MAX_RANK};
+use super::CudaError;
+use crate::backend::{Backend, Input, KernelError};
+use crate::kernel::{Kernel, Side};
+use crate::tensor::{contiguous_strides, Storage, Tensor};
+use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use half::{bf16, f16};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tracepass_ir::DType;
+
+/// Device memory of one dtype.
+pub enum DevBuf {
+    F32(CudaSlice<f32>),
+    BF16(CudaSlice<bf16>),
+    F16(CudaSlice<f16>),
+}
+
+impl DevBuf {
+    fn dtype(&self) -> DType {
+        match self {
+            DevBuf::F32(_) => DType::F32,
+            DevBuf::BF16(_) => DType::BF16,
+            DevBuf::F16(_) => DType::F16,
+        }
+    }
+    /// Raw device address of element 0 (the kernels and cuBLAS take raw pointers; ordering is
+    /// by the one compute stream, and by explicit events for communication).
+    fn base(&self, stream: &CudaStream) -> u64 {
+        match self {
+            DevBuf::F32(s) => s.device_ptr(stream).0,
+            DevBuf::BF16(s) => s.device_ptr(stream).0,
+            DevBuf::F16(s) => s.device_ptr(stream).0,
+        }
+    }
+}
+
+/// A contiguous tensor in device memory, possibly a view at `offset` elements into a buffer.
+#[derive(Clone)]
+pub struct CudaTensor {
+    shape: Vec<usize>,
+    dtype: DType,
+    offset: usize,
+    buf: Arc<DevBuf>,
+}
+
+impl std::fmt::Debug for CudaTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaTensor({} {:?} @ {})", self.dtype, self.shape, self.offset)
+    }
+}
+
+impl CudaTensor {
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Device address of the first element.
+    pub fn ptr(&self, stream: &CudaStream) -> u64 {
+        self.buf.base(stream) + (self.offset * self.dtype.size_bytes()) as u64
+    }
+    pub(crate) fn buffer(&self) -> &Arc<DevBuf> {
+        &self.buf
+    }
+}
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Bucket buffers, kept across steps and reused once no tensor views them any more.
+    buckets: Mutex<Vec<Arc<DevBuf>>>,
+}
+
+fn kerr<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> KernelError + '_ {
+    move |e| KernelError(format!("{what}: {e}"))
+}
+
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(256).max(1), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// The backend on GPU `ordinal`; an error (never a panic) without a driver or device.
+    pub fn new(ordinal: usize) -> Result<CudaBackend, CudaError> {
+        super::check_available(ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::Driver(e.to_string()))?;
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Library {
+            lib: "cuBLAS",
+            message: e.to_string(),
+        })?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            blas,
+            functions: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// The compute stream every kernel runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Compiles (first use) and returns a kernel.
+    fn function(&self, src: Option<Source>, what: &str) -> Result<CudaFunction, KernelError> {
+        let src = src.ok_or_else(|| KernelError(format!("{what}: dtype not supported on cuda (f32, bf16, f16)")))?;
+        let mut cache = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = cache.get(&src.name) {
+            return Ok(f.clone());
+        }
+        let ptx = cudarc::nvrtc::compile_ptx(&src.code).map_err(kerr("NVRTC"))?;
+        let module = self.ctx.load_module(ptx).map_err(kerr("loading a kernel module"))?;
+        let f = module.load_function(&src.name).map_err(kerr("loading a kernel"))?;
+        cache.insert(src.name, f.clone());
+        Ok(f)
+    }
+
+    fn alloc(&self, dtype: DType, n: usize) -> Result<Arc<DevBuf>, KernelError> {
+        let n = n.max(1);
+        // SAFETY: every kernel writes all of its output before anything reads it.
+        let buf = unsafe {
+            match dtype {
+                DType::F32 => DevBuf::F32(self.stream.alloc::<f32>(n).map_err(kerr("cudaMalloc"))?),
+                DType::BF16 => DevBuf::BF16(self.stream.alloc::<bf16>(n).map_err(kerr("cudaMalloc"))?),
+                DType::F16 => DevBuf::F16(self.stream.alloc::<f16>(n).map_err(kerr("cudaMalloc"))?),
+                other => return Err(KernelError(format!("dtype {other} is not supported on cuda (f32, bf16, f16)"))),
+            }
+        };
+        Ok(Arc::new(buf))
+    }
+
+    fn empty(&self, shape: Vec<usize>, dtype: DType) -> Result<CudaTensor, KernelError> {
+        let n = shape.iter().product();
+        Ok(CudaTensor {
+            buf: self.alloc(dtype, n)?,
+            shape,
+            dtype,
+            offset: 0,
+        })
+    }
+
+    fn launch(&self, f: &CudaFunction, n: usize, push: impl FnOnce(&mut cudarc::driver::LaunchArgs<'_>)) -> Result<(), KernelError> {
+        let mut b = self.stream.launch_builder(f);
+        push(&mut b);
+        // SAFETY: the argument list matches the kernel's signature (same generator), pointers
+        // come from live allocations of at least `n` elements.
+        unsafe { b.launch(grid(n)) }.map_err(kerr("kernel launch"))?;
+        Ok(())
+    }
+
+    /// `c = a(m x k) @ b(k x n)` in row-major terms, all contiguous, through cuBLAS (column
+    /// major: c^T = b^T a^T). `b_transposed`: b is stored as (n x k).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(&self, m: usize, k: usize, n: usize, a: u64, b: u64, b_transposed: bool, c: u64, beta: f32, dtype: DType) -> Result<(), KernelError> {
+        let ty = match dtype {
+            DType::F32 => blas_sys::cudaDataType_t::CUDA_R_32F,
+            DType::BF16 => blas_sys::cudaDataType_t::CUDA_R_16BF,
+            DType::F16 => blas_sys::cudaDataType_t::CUDA_R_16F,
+            other => return Err(KernelError(format!("matmul in {other} is not supported on cuda"))),
+        };
+        let alpha = 1.0f32;
+        let (transa, lda) = if b_transposed {
+            (blas_sys::cublasOperation_t::CUBLAS_OP_T, k)
+        } else {
+            (blas_sys::cublasOperation_t::CUBLAS_OP_N, n)
+        };
+        // SAFETY: pointers address contiguous matrices of the given sizes on this stream.
+        unsafe {
+            blas_result::gemm_ex(
+                *self.blas.handle(),
+                transa,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                (&alpha) as *const f32 as *const _,
+                b as *const _,
+                ty,
+                lda as i32,
+                a as *const _,
+                ty,
+                k as i32,
+                (&beta) as *const f32 as *const _,
+                c as *mut _,
+                ty,
+                n as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(kerr("cuBLAS gemm"))
+    }
+
+    fn permute(&self, x: &CudaTensor, perm: &[usize]) -> Result<CudaTensor, KernelError> {
+        if perm.len() != x.shape.len() || perm.len() > MAX_RANK {
+            return Err(KernelError(format!("permutation {perm:?} of rank {} (cuda handles rank <= {MAX_RANK})", x.shape.len())));
+        }
+        let strides = contiguous_strides(&x.shape);
+        let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+        let mut l = Layout {
+            rank: perm.len() as i32,
+            ..Layout::default()
+        };
+        for (i, &p) in perm.iter().enumerate() {
+            l.shape[i] = x.shape[p] as i64;
+            l.stride_a[i] = strides[p] as i64;
+        }
+        let out = self.empty(shape, x.dtype)?;
+        let n = out.numel();
+        let f = self.function(kernels::permute(x.dtype), "permute")?;
+        let (pi, po, nn) = (x.ptr(&self.stream), out.ptr(&self.stream), n as i64);
+        self.launch(&f, n, |b| {
+            b.arg(&pi).arg(&l).arg(&po).arg(&nn);
+        })?;
+        Ok(out)
+    }
+
+    fn binary(&self, k: &Kernel, inputs: &[Input<'_, CudaTensor>]) -> Result<CudaTensor, KernelError> {
+        let Kernel::Binary { op, a, b, alpha } = k else {
+            return Err(KernelError("not a binary kernel".into()));
+        };
+        let side = |s: &Side| -> Result<(Option<&CudaTensor>, f32), KernelError> {
+            match s {
+                Side::Scalar(x) => Ok((None, *x as f32)),
+                Side::Input(i) => match inputs.get(*i) {
+                    Some(Input::Tensor(t)) => Ok((Some(*t), 0.0)),
+                    Some(Input::Scalar(x)) => Ok((None, *x as f32)),
+                    None => Err(KernelError(format!("input {i} is missing"))),
+                },
+            }
+        };
+        let ((ta, sa), (tb, sb)) = (side(a)?, side(b)?);
+        let first = ta.or(tb).ok_or("both operands are numbers")?;
+        let dtype = first.dtype;
+        if let (Some(x), Some(y)) = (ta, tb) {
+            if x.dtype != y.dtype {
+                return Err(KernelError(format!("cuda binary ops need one dtype, got {} and {}", x.dtype, y.dtype)));
+            }
+        }
+        let sa_shape = ta.map(|t| t.shape.clone()).unwrap_or_default();
+        let sb_shape = tb.map(|t| t.shape.clone()).unwrap_or_default();
+        let out_shape = broadcast(&sa_shape, &sb_shape)?;
+        if out_shape.len() > MAX_RANK {
+            return Err(KernelError(format!("rank {} is above the cuda limit {MAX_RANK}", out_shape.len())));
+        }
+        let mut l = Layout {
+            rank: out_shape.len() as i32,
+            ..Layout::default()
+        };
+        let bs = |s: &[usize]| -> Vec<i64> {
+            let own = contiguous_strides(s);
+            let lead = out_shape.len() - s.len();
+            (0..out_shape.len())
+                .map(|i| if i < lead || s[i - lead] == 1 { 0 } else { own[i - lead] as i64 })
+                .collect()
+        };
+        let (va, vb) = (bs(&sa_shape), bs(&sb_shape));
+        for i in 0..out_shape.len() {
+            l.shape[i] = out_shape[i] as i64;
+            l.stride_a[i] = va[i];
+            l.stride_b[i] = vb[i];
+        }
+        let out = self.empty(out_shape, dtype)?;
+        let n = out.numel();
+        let f = self.function(kernels::binary(*op, dtype), "binary op")?;
+        let pa = ta.map_or(0u64, |t| t.ptr(&self.stream));
+        let pb = tb.map_or(0u64, |t| t.ptr(&self.stream));
+        let (a_num, b_num) = (i32::from(ta.is_none()), i32::from(tb.is_none()));
+        let (alpha, po, nn) = (*alpha as f32, out.ptr(&self.stream), n as i64);
+        self.launch(&f, n, |b| {
+            b.arg(&pa).arg(&pb).arg(&sa).arg(&sb).arg(&a_num).arg(&b_num).arg(&alpha).arg(&l).arg(&po).arg(&nn);
+        })?;
+        Ok(out)
+    }
+
+    fn matmul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor, KernelError> {
+        if a.dtype != b.dtype {
+            return Err(KernelError(format!("matmul of {} and {}", a.dtype, b.dtype)));
+        }
+        let (ra, rb) = (a.shape.len(), b.shape.len());
+        if ra < 1 || rb < 1 {
+            return Err(KernelError("matmul of a 0-d tensor".into()));
+        }
+        let (m, k) = if ra == 1 { (1, a.shape[0]) } else { (a.shape[ra - 2], a.shape[ra - 1]) };
+        let (kb, n) = if rb == 1 { (b.shape[0], 1) } else { (b.shape[rb - 2], b.shape[rb - 1]) };
+        if k != kb {
+            return Err(KernelError(format!("matmul shapes {:?} and {:?} do not fit", a.shape, b.shape)));
+        }
+        let batch_a: usize = a.shape[..ra.saturating_sub(2)].iter().product();
+        let batch_b: usize = b.shape[..rb.saturating_sub(2)].iter().product();
+        if batch_b != 1 && batch_b != batch_a {
+            return Err(KernelError(format!("matmul batch shapes of {:?} and {:?} differ (cuda broadcasts only a 2-d right operand)", a.shape, b.shape)));
+        }
+        let mut shape: Vec<usize> = a.shape[..ra.saturating_sub(2)].to_vec();
+        if ra > 1 {
+            shape.push(m);
+        }
+        if rb > 1 {
+            shape.push(n);
+        }
+        let out = self.empty(shape, a.dtype)?;
+        let es = a.dtype.size_bytes() as u64;
+        let (pa, pb, pc) = (a.ptr(&self.stream), b.ptr(&self.stream), out.ptr(&self.stream));
+        if batch_b == 1 {
+            // fold the batch into the rows
+            self.gemm(batch_a * m, k, n, pa, pb, false, pc, 0.0, a.dtype)?;
+        } else {
+            for i in 0..batch_a as u64 {
+                self.gemm(m, k, n, pa + i * (m * k) as u64 * es, pb + i * (k * n) as u64 * es, false, pc + i * (m * n) as u64 * es, 0.0, a.dtype)?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn linear(&self, x: &CudaTensor, w: &CudaTensor, bias: Option<&CudaTensor>) -> Result<CudaTensor, KernelError> {
+        let k = *x.shape.last().ok_or("linear of a 0-d input")?;
+        if w.shape.len() != 2 || w.shape[1] != k || w.dtype != x.dtype {
+            return Err(KernelError(format!("linear: input {} {:?} does not fit weight {} {:?}", x.dtype, x.shape, w.dtype, w.shape)));
+        }
+        let n = w.shape[0];
+        let m = x.numel() / k.max(1);
+        let mut shape = x.shape[..x.shape.len() - 1].to_vec();
+        shape.push(n);
+        let out = self.empty(shape, x.dtype)?;
+        let pc = out.ptr(&self.stream);
+        let beta = if let Some(b) = bias {
+            if b.numel() != n || b.dtype != x.dtype {
+                return Err(KernelError(format!("linear: bias {:?} does not fit {n} outputs", b.shape)));
+            }
+            let f = self.function(kernels::fill_rows(x.dtype), "linear bias")?;
+            let (pb, total, cols) = (b.ptr(&self.stream), (m * n) as i64, n as i64);
+            self.launch(&f, m * n, |l| {
+                l.arg(&pb).arg(&pc).arg(&total).arg(&cols);
+            })?;
+            1.0
+        } else {
+            0.0
+        };
+        self.gemm(m, k, n, x.ptr(&self.stream), w.ptr(&self.stream), true, pc, beta, x.dtype)?;
+        Ok(out)
+    }
+
+    fn reduce(&self, x: &CudaTensor, op: crate::kernel::ReduceOp, dims: &[usize], keepdim: bool, dtype: DType) -> Result<CudaTensor, KernelError> {
+        if dtype != x.dtype {
+            return Err(KernelError(format!("reduction from {} to {dtype} is not supported on cuda", x.dtype)));
+        }
+        // bring the reduced dimensions last, then reduce contiguous runs
+        let rank = x.shape.len();
+        let mut perm: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
+        perm.extend(dims.iter().copied());
+        let src = if perm.iter().enumerate().all(|(i, p)| i == *p) { x.clone() } else { self.permute(x, &perm)? };
+        let count: usize = dims.iter().map(|&d| x.shape[d]).product();
+        let outer = x.numel() / count.max(1);
+        let shape: Vec<usize> = if keepdim {
+            (0..rank).map(|d| if dims.contains(&d) { 1 } else { x.shape[d] }).collect()
+        } else {
+            (0..rank).filter(|d| !dims.contains(d)).map(|d| x.shape[d]).collect()
+        };
+        let out = self.empty(shape, x.dtype)?;
+        let f = self.function(kernels::reduce(op, x.dtype), "reduction")?;
+        let (pi, po, o, c) = (src.ptr(&self.stream), out.ptr(&self.stream), outer as i64, count as i64);
+        self.launch(&f, outer, |b| {
+            b.arg(&pi).arg(&po).arg(&o).arg(&c);
+        })?;
+        Ok(out)
+    }
+
+    /// Host copy of a host tensor's elements as `dtype` bits.
+    fn upload_storage(&self, t: &Tensor) -> Result<DevBuf, KernelError> {
+        let t = t.contiguous();
+        let (o, n) = (t.offset(), t.numel());
+        Ok(match t.storage() {
+            Storage::F32(v) => DevBuf::F32(self.stream.clone_htod(&v[o..o + n]).map_err(kerr("upload"))?),
+            Storage::BF16(v) => DevBuf::BF16(self.stream.clone_htod(&v[o..o + n]).map_err(kerr("upload"))?),
+            Storage::F16(v) => DevBuf::F16(self.stream.clone_htod(&v[o..o + n]).map_err(kerr("upload"))?),
+            Storage::F64(_) => return Err(KernelError("f64 tensors are not supported on cuda".into())),
+        })
+    }
+}
+
+fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, KernelError> {
+    let n = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| if i < n - s.len() { 1 } else { s[i - (n - s.len())] };
+    (0..n)
+        .map(|i| {
+            let (x, y) = (get(a, i), get(b, i));
+            if x == y || y == 1 {
+                Ok(x)
+            } else if x == 1 {
+                Ok(y)
+            } else {
+                Err(KernelError(format!("shapes {a:?} and {b:?} do not broadcast")))
+            }
+        })
+        .collect()
+}
+
+fn tensor<'a>(inputs: &'a [Input<'_, CudaTensor>], i: usize) -> Result<&'a CudaTensor, KernelError> {
+    match inputs.get(i) {
+        Some(Input::Tensor(t)) => Ok(t),
+        Some(Input::Scalar(_)) => Err(KernelError(format!("input {i} must be a tensor, got a number"))),
+        None => Err(KernelError(format!("input {i} is missing"))),
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn run(&self, kernel: &Kernel, inputs: &[Input<'_, CudaTensor>]) -> Result<CudaTensor, KernelError> {
+        match kernel {
+            Kernel::Unary(op) => {
+                let x = tensor(inputs, 0)?;
+                let out = self.empty(x.shape.clone(), x.dtype)?;
+                let f = self.function(kernels::unary(*op, x.dtype), "unary op")?;
+                let (pi, po, n) = (x.ptr(&self.stream), out.ptr(&self.stream), out.numel() as i64);
+                self.launch(&f, out.numel(), |b| {
+                    b.arg(&pi).arg(&po).arg(&n);
+                })?;
+                Ok(out)
+            }
+            Kernel::Binary { .. } => self.binary(kernel, inputs),
+            Kernel::Identity => Ok(tensor(inputs, 0)?.clone()),
+            Kernel::Reshape(shape) => {
+                let x = tensor(inputs, 0)?;
+                if shape.iter().product::<usize>() != x.numel() {
+                    return Err(KernelError(format!("cannot reshape {:?} to {shape:?}", x.shape)));
+                }
+                Ok(CudaTensor {
+                    shape: shape.clone(),
+                    ..x.clone()
+                })
+            }
+            Kernel::Permute(perm) => self.permute(tensor(inputs, 0)?, perm),
+            Kernel::Convert(to) => {
+                let x = tensor(inputs, 0)?;
+                if x.dtype == *to {
+                    return Ok(x.clone());
+                }
+                let out = self.empty(x.shape.clone(), *to)?;
+                let f = self.function(kernels::convert(x.dtype, *to), "dtype conversion")?;
+                let (pi, po, n) = (x.ptr(&self.stream), out.ptr(&self.stream), out.numel() as i64);
+                self.launch(&f, out.numel(), |b| {
+                    b.arg(&pi).arg(&po).arg(&n);
+                })?;
+                Ok(out)
+            }
+            Kernel::Matmul => self.matmul(tensor(inputs, 0)?, tensor(inputs, 1)?),
+            Kernel::Linear { bias } => {
+                let b = if *bias { Some(tensor(inputs, 2)?) } else { None };
+                self.linear(tensor(inputs, 0)?, tensor(inputs, 1)?, b)
+            }
+            Kernel::Reduce { op, dims, keepdim, dtype } => self.reduce(tensor(inputs, 0)?, *op, dims, *keepdim, *dtype),
+            Kernel::Softmax { dim, log } => {
+                let x = tensor(inputs, 0)?;
+                let len = x.shape.get(*dim).copied().unwrap_or(1);
+                let inner: usize = x.shape.get(dim + 1..).map_or(1, |s| s.iter().product());
+                let outer = x.numel() / (len * inner).max(1);
+                let out = self.empty(x.shape.clone(), x.dtype)?;
+                let f = self.function(kernels::softmax(*log, x.dtype), "softmax")?;
+                let (pi, po) = (x.ptr(&self.stream), out.ptr(&self.stream));
+                let (o, l, i) = (outer as i64, len as i64, inner as i64);
+                self.launch(&f, outer * inner, |b| {
+                    b.arg(&pi).arg(&po).arg(&o).arg(&l).arg(&i);
+                })?;
+                Ok(out)
+            }
+        }
+    }
+
+    fn pack(&self, members: &[&CudaTensor]) -> Result<CudaTensor, KernelError> {
+        let first = members.first().ok_or("an empty bucket")?;
+        let dtype = first.dtype;
+        let total: usize = members.iter().map(|m| m.numel()).sum();
+        // reuse a bucket buffer of this size that nothing views any more
+        let buf = {
+            let mut pool = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+            let free = pool.iter().position(|b| {
+                Arc::strong_count(b) == 1
+                    && b.dtype() == dtype
+                    && match &**b {
+                        DevBuf::F32(s) => s.len() == total,
+                        DevBuf::BF16(s) => s.len() == total,
+                        DevBuf::F16(s) => s.len() == total,
+                    }
+            });
+            match free {
+                Some(i) => pool[i].clone(),
+                None => {
+                    let b = self.alloc(dtype, total)?;
+                    pool.push(b.clone());
+                    b
+                }
+            }
+        };
+        let out = CudaTensor {
+            shape: vec![total],
+            dtype,
+            offset: 0,
+            buf,
+        };
+        let es = dtype.size_bytes();
+        let mut at = out.ptr(&self.stream);
+        for m in members {
+            if m.dtype != dtype {
+                return Err(KernelError(format!("bucket mixes {dtype} and {}", m.dtype)));
+            }
+            let bytes = m.numel() * es;
+            // SAFETY: both ranges lie inside live allocations; same stream orders the copy.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(at, m.ptr(&self.stream), bytes, self.stream.cu_stream())
+            }
+            .map_err(kerr("bucket copy"))?;
+            at += bytes as u64;
+        }
+        Ok(out)
+    }
+
+    fn unpack(&self, buffer: &CudaTensor, offsets: &[usize], shapes: &[Vec<usize>]) -> Result<Vec<CudaTensor>, KernelError> {
+        offsets
+            .iter()
+            .zip(shapes)
+            .map(|(&o, s)| {
+                let n: usize = s.iter().product();
+                if o + n > buffer.numel() {
+                    return Err(KernelError(format!("member at {o} of {n} elements overruns a bucket of {}", buffer.numel())));
+                }
+                Ok(CudaTensor {
+                    shape: s.clone(),
+                    dtype: buffer.dtype,
+                    offset: buffer.offset + o,
+                    buf: buffer.buf.clone(),
+                })
+            })
+            .collect()
+    }
+
+    fn upload(&self, host: &Tensor) -> Result<CudaTensor, KernelError> {
+        let buf = self.upload_storage(host)?;
+        Ok(CudaTensor {
+            shape: host.shape().to_vec(),
+            dtype: buf.dtype(),
+            offset: 0,
+            buf: Arc::new(buf),
+        })
+    }
+
+    fn download(&self, t: &CudaTensor) -> Result<Tensor, KernelError> {
+        let (o, n) = (t.offset, t.numel());
+        let storage = match &*t.buf {
+            DevBuf::F32(s) => Storage::F32(self.stream.clone_dtoh(&s.slice(o..o + n)).map_err(kerr("download"))?),
+            DevBuf::BF16(s) => Storage::BF16(self.stream.clone_dtoh(&s.slice(o..o + n)).map_err(kerr("download"))?),
+            DevBuf::F16(s) => Storage::F16(self.stream.clone_dtoh(&s.slice(o..o + n)).map_err(kerr("download"))?),
+        };
+        Tensor::try_new(t.shape.clone(), storage).map_err(KernelError)
+    }
+
+    fn shape<'a>(&self, t: &'a CudaTensor) -> &'a [usize] {
+        &t.shape
+    }
+
+    fn dtype(&self, t: &CudaTensor) -> DType {
+        t.dtype
+    }
+
+    fn synchronize(&self) -> Result<(), KernelError> {
+        self.stream.synchronize().map_err(kerr("synchronize"))
+    }
+}
