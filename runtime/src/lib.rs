@@ -16,6 +16,8 @@ pub mod checkpoint;
 pub mod cli;
 pub mod comm;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod executor;
 pub mod fingerprint;

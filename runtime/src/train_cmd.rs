@@ -134,6 +134,9 @@ fn model_source(args: &TrainArgs) -> Result<ModelSource> {
 pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
     match args.device.as_str() {
         "cpu" => {}
+        #[cfg(feature = "cuda")]
+        "cuda" => {}
+        #[cfg(not(feature = "cuda"))]
         "cuda" => bail!("--device cuda: this tracepass was built without the `cuda` feature (cargo build --release --features cuda)"),
         other => bail!("--device {other}: unknown device (valid: cpu, cuda)"),
     }
@@ -272,7 +275,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
             None => println!("{line}"),
         }
     };
-    let report = train(&cfg, &on_step)?;
+    let report = if args.device == "cuda" {
+        run_cuda(&cfg, &on_step)?
+    } else {
+        train(&cfg, &on_step)?
+    };
     if let Some(pb) = &bar {
         pb.finish_and_clear();
     }
@@ -300,4 +307,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
         report.pipeline
     );
     Ok(())
+}
+
+/// One GPU rank per process; the torchrun environment (or its absence: one rank) says which.
+#[cfg(feature = "cuda")]
+fn run_cuda(cfg: &TrainConfig, on_step: &dyn Fn(usize, f64)) -> Result<TrainReport> {
+    let env = crate::rendezvous::DistEnv::from_env()?;
+    Ok(crate::cuda::train::train(cfg, &env, on_step)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(_: &TrainConfig, _: &dyn Fn(usize, f64)) -> Result<TrainReport> {
+    bail!("--device cuda: this tracepass was built without the `cuda` feature")
 }

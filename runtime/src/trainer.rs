@@ -177,21 +177,21 @@ fn rewrite(program: &Program, pipeline: &str) -> Result<Program, TrainError> {
 }
 
 /// The three backward variants a run may need, compiled.
-struct Plans {
-    forward: Plan,
+pub(crate) struct Plans {
+    pub(crate) forward: Plan,
     /// Values the forward returns as `saved_for_backward`, as a tree.
-    saved: Arg,
+    pub(crate) saved: Arg,
     /// Local gradients (no communication): accumulation micro-steps.
-    local: Option<Plan>,
+    pub(crate) local: Option<Plan>,
     /// The synchronized backward.
-    sync: Plan,
+    pub(crate) sync: Plan,
     /// For accumulation: which gradient (return position) each extra `acc_*` argument adds to.
-    acc_targets: Vec<usize>,
-    backward_text: String,
-    pipeline: String,
+    pub(crate) acc_targets: Vec<usize>,
+    pub(crate) backward_text: String,
+    pub(crate) pipeline: String,
 }
 
-fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainError> {
+pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainError> {
     let p = &model.program;
     let ret = match &p.forward.ret {
         Arg::Tuple(items) if items.len() == 2 => items[1].clone(),
@@ -290,7 +290,7 @@ fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainError> {
 }
 
 /// Rebuilds a value tree shaped like `arg` from the flat results, in `for_each_value` order.
-fn tree(arg: &Arg, flat: &mut std::vec::IntoIter<RValue<Tensor>>) -> RValue<Tensor> {
+pub(crate) fn tree<T>(arg: &Arg, flat: &mut std::vec::IntoIter<RValue<T>>) -> RValue<T> {
     match arg {
         Arg::Value(_) => flat.next().unwrap_or(RValue::None),
         Arg::Tuple(items) | Arg::List(items) => {
@@ -373,7 +373,7 @@ fn rank_main(
     crate::fingerprint::check(
         &mut comm,
         &backend,
-        &collective_lines(plans, cfg.no_sync_steps),
+        &collective_lines(plans, cfg.no_sync_steps, tracepass_ir::DType::F64),
     )
     .map_err(comm_err)?;
     let mut params: Vec<Tensor> = sh.init.to_vec();
@@ -552,11 +552,15 @@ fn rank_main(
 
 /// The collectives one training step issues, in order: the loss average of every micro-step,
 /// then the synchronized backward's all-reduces.
-fn collective_lines(plans: &Plans, no_sync_steps: usize) -> Vec<String> {
+pub(crate) fn collective_lines(
+    plans: &Plans,
+    no_sync_steps: usize,
+    loss_dtype: tracepass_ir::DType,
+) -> Vec<String> {
     let loss = crate::plan::CollectiveInfo {
         label: "loss".into(),
         op: ReduceOp::Sum,
-        dtype: tracepass_ir::DType::F64,
+        dtype: loss_dtype,
         numel: 1,
         group: "world".into(),
     };
@@ -566,7 +570,7 @@ fn collective_lines(plans: &Plans, no_sync_steps: usize) -> Vec<String> {
     crate::fingerprint::describe(&list)
 }
 
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -576,32 +580,12 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// Trains on `cfg.world_size` thread ranks; `on_step(step, loss)` is called by rank 0 as each
-/// step ends.
-pub fn train(
+/// The parameters a run starts from (checkpoint, file or seeded init) and the checkpoint, if
+/// it resumes one.
+pub(crate) fn initial_params(
     cfg: &TrainConfig,
-    on_step: &(dyn Fn(usize, f64) + Sync),
-) -> Result<TrainReport, TrainError> {
-    if cfg.world_size == 0 {
-        return Err(TrainError::Config("--world-size must be at least 1".into()));
-    }
-    if !cfg.bucket_mb.is_finite() {
-        return Err(TrainError::Config(format!(
-            "--bucket-mb must be a finite number, got {}",
-            cfg.bucket_mb
-        )));
-    }
-    if let Some(r) = cfg.broadcast_from {
-        if r >= cfg.world_size {
-            return Err(TrainError::Config(format!(
-                "--broadcast-from {r} is not a rank of a world of {} (ranks 0..{})",
-                cfg.world_size,
-                cfg.world_size - 1
-            )));
-        }
-    }
-    let model = Model::load(&cfg.model)?;
-    let plans = build_plans(&model, cfg)?;
+    model: &Model,
+) -> Result<(Vec<Tensor>, Option<crate::checkpoint::Checkpoint>), TrainError> {
     let resume = match &cfg.resume {
         Some(path) => {
             let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
@@ -635,6 +619,36 @@ pub fn train(
             None => seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?,
         },
     };
+    Ok((init, resume))
+}
+
+/// Trains on `cfg.world_size` thread ranks; `on_step(step, loss)` is called by rank 0 as each
+/// step ends.
+pub fn train(
+    cfg: &TrainConfig,
+    on_step: &(dyn Fn(usize, f64) + Sync),
+) -> Result<TrainReport, TrainError> {
+    if cfg.world_size == 0 {
+        return Err(TrainError::Config("--world-size must be at least 1".into()));
+    }
+    if !cfg.bucket_mb.is_finite() {
+        return Err(TrainError::Config(format!(
+            "--bucket-mb must be a finite number, got {}",
+            cfg.bucket_mb
+        )));
+    }
+    if let Some(r) = cfg.broadcast_from {
+        if r >= cfg.world_size {
+            return Err(TrainError::Config(format!(
+                "--broadcast-from {r} is not a rank of a world of {} (ranks 0..{})",
+                cfg.world_size,
+                cfg.world_size - 1
+            )));
+        }
+    }
+    let model = Model::load(&cfg.model)?;
+    let plans = build_plans(&model, cfg)?;
+    let (init, resume) = initial_params(cfg, &model)?;
     let data = match &cfg.data {
         Some(path) => {
             DataSource::File(TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?)

@@ -243,7 +243,15 @@ fn train_rejects_bad_options_with_exit_code_1() {
             "unknown optimizer (valid: adamw, sgd)",
         ),
         (vec!["--link", "5"], "expected LATENCY_US,BANDWIDTH_GBPS"),
-        (vec!["--device", "cuda"], "built without the `cuda` feature"),
+        // without the feature it says so; with it, on a machine without a GPU, it says that
+        (
+            vec!["--device", "cuda"],
+            if cfg!(feature = "cuda") {
+                "--device cuda: no CUDA"
+            } else {
+                "built without the `cuda` feature"
+            },
+        ),
         (
             vec!["--params", "/nonexistent.safetensors"],
             "/nonexistent.safetensors",

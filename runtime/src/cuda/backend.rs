@@ -8,7 +8,9 @@ use crate::backend::{Backend, Input, KernelError};
 use crate::kernel::{Kernel, Side};
 use crate::tensor::{contiguous_strides, Storage, Tensor};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use half::{bf16, f16};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -51,7 +53,11 @@ pub struct CudaTensor {
 
 impl std::fmt::Debug for CudaTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaTensor({} {:?} @ {})", self.dtype, self.shape, self.offset)
+        write!(
+            f,
+            "CudaTensor({} {:?} @ {})",
+            self.dtype, self.shape, self.offset
+        )
     }
 }
 
@@ -68,9 +74,6 @@ impl CudaTensor {
     /// Device address of the first element.
     pub fn ptr(&self, stream: &CudaStream) -> u64 {
         self.buf.base(stream) + (self.offset * self.dtype.size_bytes()) as u64
-    }
-    pub(crate) fn buffer(&self) -> &Arc<DevBuf> {
-        &self.buf
     }
 }
 
@@ -93,6 +96,17 @@ fn grid(n: usize) -> LaunchConfig {
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Launches kernel `$f` over `$n` elements with the given arguments (all borrowed locals).
+macro_rules! launch {
+    ($self:expr, $f:expr, $n:expr, $($arg:expr),* $(,)?) => {{
+        let mut b = $self.stream.launch_builder(&$f);
+        $( b.arg($arg); )*
+        // SAFETY: the argument list matches the generated kernel's signature; the pointers come
+        // from live allocations of at least `$n` elements.
+        unsafe { b.launch(grid($n)) }.map(|_| ()).map_err(kerr("kernel launch"))
+    }};
 }
 
 impl CudaBackend {
@@ -124,14 +138,23 @@ impl CudaBackend {
 
     /// Compiles (first use) and returns a kernel.
     fn function(&self, src: Option<Source>, what: &str) -> Result<CudaFunction, KernelError> {
-        let src = src.ok_or_else(|| KernelError(format!("{what}: dtype not supported on cuda (f32, bf16, f16)")))?;
+        let src = src.ok_or_else(|| {
+            KernelError(format!(
+                "{what}: dtype not supported on cuda (f32, bf16, f16)"
+            ))
+        })?;
         let mut cache = self.functions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = cache.get(&src.name) {
             return Ok(f.clone());
         }
         let ptx = cudarc::nvrtc::compile_ptx(&src.code).map_err(kerr("NVRTC"))?;
-        let module = self.ctx.load_module(ptx).map_err(kerr("loading a kernel module"))?;
-        let f = module.load_function(&src.name).map_err(kerr("loading a kernel"))?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(kerr("loading a kernel module"))?;
+        let f = module
+            .load_function(&src.name)
+            .map_err(kerr("loading a kernel"))?;
         cache.insert(src.name, f.clone());
         Ok(f)
     }
@@ -142,9 +165,15 @@ impl CudaBackend {
         let buf = unsafe {
             match dtype {
                 DType::F32 => DevBuf::F32(self.stream.alloc::<f32>(n).map_err(kerr("cudaMalloc"))?),
-                DType::BF16 => DevBuf::BF16(self.stream.alloc::<bf16>(n).map_err(kerr("cudaMalloc"))?),
+                DType::BF16 => {
+                    DevBuf::BF16(self.stream.alloc::<bf16>(n).map_err(kerr("cudaMalloc"))?)
+                }
                 DType::F16 => DevBuf::F16(self.stream.alloc::<f16>(n).map_err(kerr("cudaMalloc"))?),
-                other => return Err(KernelError(format!("dtype {other} is not supported on cuda (f32, bf16, f16)"))),
+                other => {
+                    return Err(KernelError(format!(
+                        "dtype {other} is not supported on cuda (f32, bf16, f16)"
+                    )))
+                }
             }
         };
         Ok(Arc::new(buf))
@@ -160,24 +189,30 @@ impl CudaBackend {
         })
     }
 
-    fn launch(&self, f: &CudaFunction, n: usize, push: impl FnOnce(&mut cudarc::driver::LaunchArgs<'_>)) -> Result<(), KernelError> {
-        let mut b = self.stream.launch_builder(f);
-        push(&mut b);
-        // SAFETY: the argument list matches the kernel's signature (same generator), pointers
-        // come from live allocations of at least `n` elements.
-        unsafe { b.launch(grid(n)) }.map_err(kerr("kernel launch"))?;
-        Ok(())
-    }
-
     /// `c = a(m x k) @ b(k x n)` in row-major terms, all contiguous, through cuBLAS (column
     /// major: c^T = b^T a^T). `b_transposed`: b is stored as (n x k).
     #[allow(clippy::too_many_arguments)]
-    fn gemm(&self, m: usize, k: usize, n: usize, a: u64, b: u64, b_transposed: bool, c: u64, beta: f32, dtype: DType) -> Result<(), KernelError> {
+    fn gemm(
+        &self,
+        m: usize,
+        k: usize,
+        n: usize,
+        a: u64,
+        b: u64,
+        b_transposed: bool,
+        c: u64,
+        beta: f32,
+        dtype: DType,
+    ) -> Result<(), KernelError> {
         let ty = match dtype {
             DType::F32 => blas_sys::cudaDataType_t::CUDA_R_32F,
             DType::BF16 => blas_sys::cudaDataType_t::CUDA_R_16BF,
             DType::F16 => blas_sys::cudaDataType_t::CUDA_R_16F,
-            other => return Err(KernelError(format!("matmul in {other} is not supported on cuda"))),
+            other => {
+                return Err(KernelError(format!(
+                    "matmul in {other} is not supported on cuda"
+                )))
+            }
         };
         let alpha = 1.0f32;
         let (transa, lda) = if b_transposed {
@@ -214,7 +249,10 @@ impl CudaBackend {
 
     fn permute(&self, x: &CudaTensor, perm: &[usize]) -> Result<CudaTensor, KernelError> {
         if perm.len() != x.shape.len() || perm.len() > MAX_RANK {
-            return Err(KernelError(format!("permutation {perm:?} of rank {} (cuda handles rank <= {MAX_RANK})", x.shape.len())));
+            return Err(KernelError(format!(
+                "permutation {perm:?} of rank {} (cuda handles rank <= {MAX_RANK})",
+                x.shape.len()
+            )));
         }
         let strides = contiguous_strides(&x.shape);
         let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
@@ -230,13 +268,15 @@ impl CudaBackend {
         let n = out.numel();
         let f = self.function(kernels::permute(x.dtype), "permute")?;
         let (pi, po, nn) = (x.ptr(&self.stream), out.ptr(&self.stream), n as i64);
-        self.launch(&f, n, |b| {
-            b.arg(&pi).arg(&l).arg(&po).arg(&nn);
-        })?;
+        launch!(self, f, n, &pi, &l, &po, &nn)?;
         Ok(out)
     }
 
-    fn binary(&self, k: &Kernel, inputs: &[Input<'_, CudaTensor>]) -> Result<CudaTensor, KernelError> {
+    fn binary(
+        &self,
+        k: &Kernel,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<CudaTensor, KernelError> {
         let Kernel::Binary { op, a, b, alpha } = k else {
             return Err(KernelError("not a binary kernel".into()));
         };
@@ -255,14 +295,20 @@ impl CudaBackend {
         let dtype = first.dtype;
         if let (Some(x), Some(y)) = (ta, tb) {
             if x.dtype != y.dtype {
-                return Err(KernelError(format!("cuda binary ops need one dtype, got {} and {}", x.dtype, y.dtype)));
+                return Err(KernelError(format!(
+                    "cuda binary ops need one dtype, got {} and {}",
+                    x.dtype, y.dtype
+                )));
             }
         }
         let sa_shape = ta.map(|t| t.shape.clone()).unwrap_or_default();
         let sb_shape = tb.map(|t| t.shape.clone()).unwrap_or_default();
         let out_shape = broadcast(&sa_shape, &sb_shape)?;
         if out_shape.len() > MAX_RANK {
-            return Err(KernelError(format!("rank {} is above the cuda limit {MAX_RANK}", out_shape.len())));
+            return Err(KernelError(format!(
+                "rank {} is above the cuda limit {MAX_RANK}",
+                out_shape.len()
+            )));
         }
         let mut l = Layout {
             rank: out_shape.len() as i32,
@@ -272,7 +318,13 @@ impl CudaBackend {
             let own = contiguous_strides(s);
             let lead = out_shape.len() - s.len();
             (0..out_shape.len())
-                .map(|i| if i < lead || s[i - lead] == 1 { 0 } else { own[i - lead] as i64 })
+                .map(|i| {
+                    if i < lead || s[i - lead] == 1 {
+                        0
+                    } else {
+                        own[i - lead] as i64
+                    }
+                })
                 .collect()
         };
         let (va, vb) = (bs(&sa_shape), bs(&sb_shape));
@@ -288,24 +340,36 @@ impl CudaBackend {
         let pb = tb.map_or(0u64, |t| t.ptr(&self.stream));
         let (a_num, b_num) = (i32::from(ta.is_none()), i32::from(tb.is_none()));
         let (alpha, po, nn) = (*alpha as f32, out.ptr(&self.stream), n as i64);
-        self.launch(&f, n, |b| {
-            b.arg(&pa).arg(&pb).arg(&sa).arg(&sb).arg(&a_num).arg(&b_num).arg(&alpha).arg(&l).arg(&po).arg(&nn);
-        })?;
+        launch!(self, f, n, &pa, &pb, &sa, &sb, &a_num, &b_num, &alpha, &l, &po, &nn)?;
         Ok(out)
     }
 
     fn matmul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor, KernelError> {
         if a.dtype != b.dtype {
-            return Err(KernelError(format!("matmul of {} and {}", a.dtype, b.dtype)));
+            return Err(KernelError(format!(
+                "matmul of {} and {}",
+                a.dtype, b.dtype
+            )));
         }
         let (ra, rb) = (a.shape.len(), b.shape.len());
         if ra < 1 || rb < 1 {
             return Err(KernelError("matmul of a 0-d tensor".into()));
         }
-        let (m, k) = if ra == 1 { (1, a.shape[0]) } else { (a.shape[ra - 2], a.shape[ra - 1]) };
-        let (kb, n) = if rb == 1 { (b.shape[0], 1) } else { (b.shape[rb - 2], b.shape[rb - 1]) };
+        let (m, k) = if ra == 1 {
+            (1, a.shape[0])
+        } else {
+            (a.shape[ra - 2], a.shape[ra - 1])
+        };
+        let (kb, n) = if rb == 1 {
+            (b.shape[0], 1)
+        } else {
+            (b.shape[rb - 2], b.shape[rb - 1])
+        };
         if k != kb {
-            return Err(KernelError(format!("matmul shapes {:?} and {:?} do not fit", a.shape, b.shape)));
+            return Err(KernelError(format!(
+                "matmul shapes {:?} and {:?} do not fit",
+                a.shape, b.shape
+            )));
         }
         let batch_a: usize = a.shape[..ra.saturating_sub(2)].iter().product();
         let batch_b: usize = b.shape[..rb.saturating_sub(2)].iter().product();
@@ -321,22 +385,44 @@ impl CudaBackend {
         }
         let out = self.empty(shape, a.dtype)?;
         let es = a.dtype.size_bytes() as u64;
-        let (pa, pb, pc) = (a.ptr(&self.stream), b.ptr(&self.stream), out.ptr(&self.stream));
+        let (pa, pb, pc) = (
+            a.ptr(&self.stream),
+            b.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
         if batch_b == 1 {
             // fold the batch into the rows
             self.gemm(batch_a * m, k, n, pa, pb, false, pc, 0.0, a.dtype)?;
         } else {
             for i in 0..batch_a as u64 {
-                self.gemm(m, k, n, pa + i * (m * k) as u64 * es, pb + i * (k * n) as u64 * es, false, pc + i * (m * n) as u64 * es, 0.0, a.dtype)?;
+                self.gemm(
+                    m,
+                    k,
+                    n,
+                    pa + i * (m * k) as u64 * es,
+                    pb + i * (k * n) as u64 * es,
+                    false,
+                    pc + i * (m * n) as u64 * es,
+                    0.0,
+                    a.dtype,
+                )?;
             }
         }
         Ok(out)
     }
 
-    fn linear(&self, x: &CudaTensor, w: &CudaTensor, bias: Option<&CudaTensor>) -> Result<CudaTensor, KernelError> {
+    fn linear(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor, KernelError> {
         let k = *x.shape.last().ok_or("linear of a 0-d input")?;
         if w.shape.len() != 2 || w.shape[1] != k || w.dtype != x.dtype {
-            return Err(KernelError(format!("linear: input {} {:?} does not fit weight {} {:?}", x.dtype, x.shape, w.dtype, w.shape)));
+            return Err(KernelError(format!(
+                "linear: input {} {:?} does not fit weight {} {:?}",
+                x.dtype, x.shape, w.dtype, w.shape
+            )));
         }
         let n = w.shape[0];
         let m = x.numel() / k.max(1);
@@ -346,43 +432,76 @@ impl CudaBackend {
         let pc = out.ptr(&self.stream);
         let beta = if let Some(b) = bias {
             if b.numel() != n || b.dtype != x.dtype {
-                return Err(KernelError(format!("linear: bias {:?} does not fit {n} outputs", b.shape)));
+                return Err(KernelError(format!(
+                    "linear: bias {:?} does not fit {n} outputs",
+                    b.shape
+                )));
             }
             let f = self.function(kernels::fill_rows(x.dtype), "linear bias")?;
             let (pb, total, cols) = (b.ptr(&self.stream), (m * n) as i64, n as i64);
-            self.launch(&f, m * n, |l| {
-                l.arg(&pb).arg(&pc).arg(&total).arg(&cols);
-            })?;
+            launch!(self, f, m * n, &pb, &pc, &total, &cols)?;
             1.0
         } else {
             0.0
         };
-        self.gemm(m, k, n, x.ptr(&self.stream), w.ptr(&self.stream), true, pc, beta, x.dtype)?;
+        self.gemm(
+            m,
+            k,
+            n,
+            x.ptr(&self.stream),
+            w.ptr(&self.stream),
+            true,
+            pc,
+            beta,
+            x.dtype,
+        )?;
         Ok(out)
     }
 
-    fn reduce(&self, x: &CudaTensor, op: crate::kernel::ReduceOp, dims: &[usize], keepdim: bool, dtype: DType) -> Result<CudaTensor, KernelError> {
+    fn reduce(
+        &self,
+        x: &CudaTensor,
+        op: crate::kernel::ReduceOp,
+        dims: &[usize],
+        keepdim: bool,
+        dtype: DType,
+    ) -> Result<CudaTensor, KernelError> {
         if dtype != x.dtype {
-            return Err(KernelError(format!("reduction from {} to {dtype} is not supported on cuda", x.dtype)));
+            return Err(KernelError(format!(
+                "reduction from {} to {dtype} is not supported on cuda",
+                x.dtype
+            )));
         }
         // bring the reduced dimensions last, then reduce contiguous runs
         let rank = x.shape.len();
         let mut perm: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
         perm.extend(dims.iter().copied());
-        let src = if perm.iter().enumerate().all(|(i, p)| i == *p) { x.clone() } else { self.permute(x, &perm)? };
+        let src = if perm.iter().enumerate().all(|(i, p)| i == *p) {
+            x.clone()
+        } else {
+            self.permute(x, &perm)?
+        };
         let count: usize = dims.iter().map(|&d| x.shape[d]).product();
         let outer = x.numel() / count.max(1);
         let shape: Vec<usize> = if keepdim {
-            (0..rank).map(|d| if dims.contains(&d) { 1 } else { x.shape[d] }).collect()
+            (0..rank)
+                .map(|d| if dims.contains(&d) { 1 } else { x.shape[d] })
+                .collect()
         } else {
-            (0..rank).filter(|d| !dims.contains(d)).map(|d| x.shape[d]).collect()
+            (0..rank)
+                .filter(|d| !dims.contains(d))
+                .map(|d| x.shape[d])
+                .collect()
         };
         let out = self.empty(shape, x.dtype)?;
         let f = self.function(kernels::reduce(op, x.dtype), "reduction")?;
-        let (pi, po, o, c) = (src.ptr(&self.stream), out.ptr(&self.stream), outer as i64, count as i64);
-        self.launch(&f, outer, |b| {
-            b.arg(&pi).arg(&po).arg(&o).arg(&c);
-        })?;
+        let (pi, po, o, c) = (
+            src.ptr(&self.stream),
+            out.ptr(&self.stream),
+            outer as i64,
+            count as i64,
+        );
+        launch!(self, f, outer, &pi, &po, &o, &c)?;
         Ok(out)
     }
 
@@ -391,17 +510,37 @@ impl CudaBackend {
         let t = t.contiguous();
         let (o, n) = (t.offset(), t.numel());
         Ok(match t.storage() {
-            Storage::F32(v) => DevBuf::F32(self.stream.clone_htod(&v[o..o + n]).map_err(kerr("upload"))?),
-            Storage::BF16(v) => DevBuf::BF16(self.stream.clone_htod(&v[o..o + n]).map_err(kerr("upload"))?),
-            Storage::F16(v) => DevBuf::F16(self.stream.clone_htod(&v[o..o + n]).map_err(kerr("upload"))?),
-            Storage::F64(_) => return Err(KernelError("f64 tensors are not supported on cuda".into())),
+            Storage::F32(v) => DevBuf::F32(
+                self.stream
+                    .clone_htod(&v[o..o + n])
+                    .map_err(kerr("upload"))?,
+            ),
+            Storage::BF16(v) => DevBuf::BF16(
+                self.stream
+                    .clone_htod(&v[o..o + n])
+                    .map_err(kerr("upload"))?,
+            ),
+            Storage::F16(v) => DevBuf::F16(
+                self.stream
+                    .clone_htod(&v[o..o + n])
+                    .map_err(kerr("upload"))?,
+            ),
+            Storage::F64(_) => {
+                return Err(KernelError("f64 tensors are not supported on cuda".into()))
+            }
         })
     }
 }
 
 fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, KernelError> {
     let n = a.len().max(b.len());
-    let get = |s: &[usize], i: usize| if i < n - s.len() { 1 } else { s[i - (n - s.len())] };
+    let get = |s: &[usize], i: usize| {
+        if i < n - s.len() {
+            1
+        } else {
+            s[i - (n - s.len())]
+        }
+    };
     (0..n)
         .map(|i| {
             let (x, y) = (get(a, i), get(b, i));
@@ -410,16 +549,23 @@ fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, KernelError> {
             } else if x == 1 {
                 Ok(y)
             } else {
-                Err(KernelError(format!("shapes {a:?} and {b:?} do not broadcast")))
+                Err(KernelError(format!(
+                    "shapes {a:?} and {b:?} do not broadcast"
+                )))
             }
         })
         .collect()
 }
 
-fn tensor<'a>(inputs: &'a [Input<'_, CudaTensor>], i: usize) -> Result<&'a CudaTensor, KernelError> {
+fn tensor<'a>(
+    inputs: &'a [Input<'_, CudaTensor>],
+    i: usize,
+) -> Result<&'a CudaTensor, KernelError> {
     match inputs.get(i) {
         Some(Input::Tensor(t)) => Ok(t),
-        Some(Input::Scalar(_)) => Err(KernelError(format!("input {i} must be a tensor, got a number"))),
+        Some(Input::Scalar(_)) => Err(KernelError(format!(
+            "input {i} must be a tensor, got a number"
+        ))),
         None => Err(KernelError(format!("input {i} is missing"))),
     }
 }
@@ -431,16 +577,22 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
-    fn run(&self, kernel: &Kernel, inputs: &[Input<'_, CudaTensor>]) -> Result<CudaTensor, KernelError> {
+    fn run(
+        &self,
+        kernel: &Kernel,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<CudaTensor, KernelError> {
         match kernel {
             Kernel::Unary(op) => {
                 let x = tensor(inputs, 0)?;
                 let out = self.empty(x.shape.clone(), x.dtype)?;
                 let f = self.function(kernels::unary(*op, x.dtype), "unary op")?;
-                let (pi, po, n) = (x.ptr(&self.stream), out.ptr(&self.stream), out.numel() as i64);
-                self.launch(&f, out.numel(), |b| {
-                    b.arg(&pi).arg(&po).arg(&n);
-                })?;
+                let (pi, po, n) = (
+                    x.ptr(&self.stream),
+                    out.ptr(&self.stream),
+                    out.numel() as i64,
+                );
+                launch!(self, f, out.numel(), &pi, &po, &n)?;
                 Ok(out)
             }
             Kernel::Binary { .. } => self.binary(kernel, inputs),
@@ -448,7 +600,10 @@ impl Backend for CudaBackend {
             Kernel::Reshape(shape) => {
                 let x = tensor(inputs, 0)?;
                 if shape.iter().product::<usize>() != x.numel() {
-                    return Err(KernelError(format!("cannot reshape {:?} to {shape:?}", x.shape)));
+                    return Err(KernelError(format!(
+                        "cannot reshape {:?} to {shape:?}",
+                        x.shape
+                    )));
                 }
                 Ok(CudaTensor {
                     shape: shape.clone(),
@@ -463,18 +618,29 @@ impl Backend for CudaBackend {
                 }
                 let out = self.empty(x.shape.clone(), *to)?;
                 let f = self.function(kernels::convert(x.dtype, *to), "dtype conversion")?;
-                let (pi, po, n) = (x.ptr(&self.stream), out.ptr(&self.stream), out.numel() as i64);
-                self.launch(&f, out.numel(), |b| {
-                    b.arg(&pi).arg(&po).arg(&n);
-                })?;
+                let (pi, po, n) = (
+                    x.ptr(&self.stream),
+                    out.ptr(&self.stream),
+                    out.numel() as i64,
+                );
+                launch!(self, f, out.numel(), &pi, &po, &n)?;
                 Ok(out)
             }
             Kernel::Matmul => self.matmul(tensor(inputs, 0)?, tensor(inputs, 1)?),
             Kernel::Linear { bias } => {
-                let b = if *bias { Some(tensor(inputs, 2)?) } else { None };
+                let b = if *bias {
+                    Some(tensor(inputs, 2)?)
+                } else {
+                    None
+                };
                 self.linear(tensor(inputs, 0)?, tensor(inputs, 1)?, b)
             }
-            Kernel::Reduce { op, dims, keepdim, dtype } => self.reduce(tensor(inputs, 0)?, *op, dims, *keepdim, *dtype),
+            Kernel::Reduce {
+                op,
+                dims,
+                keepdim,
+                dtype,
+            } => self.reduce(tensor(inputs, 0)?, *op, dims, *keepdim, *dtype),
             Kernel::Softmax { dim, log } => {
                 let x = tensor(inputs, 0)?;
                 let len = x.shape.get(*dim).copied().unwrap_or(1);
@@ -484,9 +650,7 @@ impl Backend for CudaBackend {
                 let f = self.function(kernels::softmax(*log, x.dtype), "softmax")?;
                 let (pi, po) = (x.ptr(&self.stream), out.ptr(&self.stream));
                 let (o, l, i) = (outer as i64, len as i64, inner as i64);
-                self.launch(&f, outer * inner, |b| {
-                    b.arg(&pi).arg(&po).arg(&o).arg(&l).arg(&i);
-                })?;
+                launch!(self, f, outer * inner, &pi, &po, &o, &l, &i)?;
                 Ok(out)
             }
         }
@@ -532,7 +696,12 @@ impl Backend for CudaBackend {
             let bytes = m.numel() * es;
             // SAFETY: both ranges lie inside live allocations; same stream orders the copy.
             unsafe {
-                cudarc::driver::result::memcpy_dtod_async(at, m.ptr(&self.stream), bytes, self.stream.cu_stream())
+                cudarc::driver::result::memcpy_dtod_async(
+                    at,
+                    m.ptr(&self.stream),
+                    bytes,
+                    self.stream.cu_stream(),
+                )
             }
             .map_err(kerr("bucket copy"))?;
             at += bytes as u64;
@@ -540,14 +709,22 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn unpack(&self, buffer: &CudaTensor, offsets: &[usize], shapes: &[Vec<usize>]) -> Result<Vec<CudaTensor>, KernelError> {
+    fn unpack(
+        &self,
+        buffer: &CudaTensor,
+        offsets: &[usize],
+        shapes: &[Vec<usize>],
+    ) -> Result<Vec<CudaTensor>, KernelError> {
         offsets
             .iter()
             .zip(shapes)
             .map(|(&o, s)| {
                 let n: usize = s.iter().product();
                 if o + n > buffer.numel() {
-                    return Err(KernelError(format!("member at {o} of {n} elements overruns a bucket of {}", buffer.numel())));
+                    return Err(KernelError(format!(
+                        "member at {o} of {n} elements overruns a bucket of {}",
+                        buffer.numel()
+                    )));
                 }
                 Ok(CudaTensor {
                     shape: s.clone(),
@@ -572,9 +749,21 @@ impl Backend for CudaBackend {
     fn download(&self, t: &CudaTensor) -> Result<Tensor, KernelError> {
         let (o, n) = (t.offset, t.numel());
         let storage = match &*t.buf {
-            DevBuf::F32(s) => Storage::F32(self.stream.clone_dtoh(&s.slice(o..o + n)).map_err(kerr("download"))?),
-            DevBuf::BF16(s) => Storage::BF16(self.stream.clone_dtoh(&s.slice(o..o + n)).map_err(kerr("download"))?),
-            DevBuf::F16(s) => Storage::F16(self.stream.clone_dtoh(&s.slice(o..o + n)).map_err(kerr("download"))?),
+            DevBuf::F32(s) => Storage::F32(
+                self.stream
+                    .clone_dtoh(&s.slice(o..o + n))
+                    .map_err(kerr("download"))?,
+            ),
+            DevBuf::BF16(s) => Storage::BF16(
+                self.stream
+                    .clone_dtoh(&s.slice(o..o + n))
+                    .map_err(kerr("download"))?,
+            ),
+            DevBuf::F16(s) => Storage::F16(
+                self.stream
+                    .clone_dtoh(&s.slice(o..o + n))
+                    .map_err(kerr("download"))?,
+            ),
         };
         Tensor::try_new(t.shape.clone(), storage).map_err(KernelError)
     }

@@ -82,7 +82,9 @@ fn unary_expr(op: UnaryOp) -> &'static str {
         UnaryOp::Sign => "(x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x))",
         UnaryOp::Erf => "erff(x)",
         UnaryOp::Gelu => "0.5f * x * (1.0f + erff(x * 0.7071067811865476f))",
-        UnaryOp::GeluTanh => "0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))",
+        UnaryOp::GeluTanh => {
+            "0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))"
+        }
     }
 }
 
