@@ -367,12 +367,40 @@ struct ValueRepr {
     ty: Type,
 }
 
+/// Deserializes a `Vec` with its whole length reserved up front (serde's default grows large
+/// vectors by doubling, copying a 1M-node trace several times), capped so a corrupt length
+/// prefix cannot request an absurd allocation.
+fn exact_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct V<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a sequence")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            const CAP: usize = 1 << 21;
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(CAP));
+            while let Some(x) = seq.next_element()? {
+                out.push(x);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(V(std::marker::PhantomData))
+}
+
 #[derive(Serialize, Deserialize)]
 pub(crate) struct TraceRepr {
     name: String,
     kind: TraceKind,
     args: Vec<ValueId>,
+    #[serde(deserialize_with = "exact_vec")]
     values: Vec<ValueRepr>,
+    #[serde(deserialize_with = "exact_vec")]
     nodes: Vec<Node>,
     /// Order edges as (from, to) positions in `nodes`.
     order_edges: Vec<(u32, u32)>,
@@ -383,17 +411,18 @@ pub(crate) struct TraceRepr {
 
 impl From<&Trace> for TraceRepr {
     fn from(t: &Trace) -> TraceRepr {
-        let pos: HashMap<NodeIndex, u32> = t
-            .schedule
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (*n, i as u32))
-            .collect();
+        // schedule position by node index (a dense table: indices are bounded by the graph)
+        let mut pos: Vec<u32> =
+            vec![u32::MAX; petgraph::visit::NodeIndexable::node_bound(&t.graph)];
+        for (i, n) in t.schedule.iter().enumerate() {
+            pos[n.index()] = i as u32;
+        }
+        let at = |n: NodeIndex| pos.get(n.index()).copied().filter(|p| *p != u32::MAX);
         let order_edges = t
             .graph
             .edge_references()
             .filter(|e| matches!(e.weight(), Edge::Order))
-            .filter_map(|e| Some((*pos.get(&e.source())?, *pos.get(&e.target())?)))
+            .filter_map(|e| Some((at(e.source())?, at(e.target())?)))
             .collect();
         TraceRepr {
             name: t.name.clone(),
@@ -419,17 +448,27 @@ impl From<&Trace> for TraceRepr {
 
 impl TryFrom<TraceRepr> for Trace {
     type Error = String;
+    /// Rebuilds the graph and checks every reference. Lookups go through dense tables indexed
+    /// by value id (ids are small integers), not the hash map, so this is linear and cheap.
     fn try_from(r: TraceRepr) -> Result<Trace, String> {
         let mut t = Trace::new(r.name, r.kind);
         t.decorators = r.decorators;
         t.provenance = r.provenance;
+        let bound = r
+            .values
+            .iter()
+            .map(|v| v.id.0 as usize + 1)
+            .max()
+            .unwrap_or(0);
+        // value id -> position in the value table
+        let mut slot: Vec<u32> = vec![u32::MAX; bound];
         t.values.reserve(r.values.len());
-        t.graph = StableDiGraph::with_capacity(r.nodes.len(), 2 * r.nodes.len());
-        t.schedule.reserve(r.nodes.len());
         for v in r.values {
-            if t.values.contains_key(&v.id) {
+            let i = v.id.0 as usize;
+            if slot[i] != u32::MAX {
                 return Err(format!("value {} is listed twice", v.id));
             }
+            slot[i] = t.values.len() as u32;
             t.next_value = t.next_value.max(v.id.0.saturating_add(1));
             t.values.insert(
                 v.id,
@@ -440,27 +479,49 @@ impl TryFrom<TraceRepr> for Trace {
                 },
             );
         }
+        let known = |v: ValueId| slot.get(v.0 as usize).copied().filter(|s| *s != u32::MAX);
         for a in r.args {
-            if !t.values.contains_key(&a) {
+            let Some(s) = known(a) else {
                 return Err(format!("argument {a} is not in the value table"));
+            };
+            if let Some((_, v)) = t.values.get_index_mut(s as usize) {
+                v.def = Def::Arg(t.args.len());
             }
-            t.push_existing_arg(a);
+            t.args.push(a);
         }
+        t.graph = StableDiGraph::with_capacity(r.nodes.len(), 2 * r.nodes.len());
         t.schedule.reserve(r.nodes.len());
+        // producer of each value id, as the nodes come
+        let mut producer: Vec<u32> = vec![u32::MAX; bound];
+        let mut operands: Vec<ValueId> = Vec::with_capacity(8);
         for n in r.nodes {
-            let mut missing = None;
-            n.for_each_operand(&mut |v| {
-                if !t.values.contains_key(&v) {
-                    missing = Some(v);
-                }
-            });
-            if let Some(out) = n.outputs.iter().find(|o| !t.values.contains_key(*o)) {
-                missing = Some(*out);
-            }
-            if let Some(v) = missing {
+            operands.clear();
+            n.for_each_operand(&mut |v| operands.push(v));
+            if let Some(v) = operands
+                .iter()
+                .chain(&n.outputs)
+                .find(|v| known(**v).is_none())
+            {
                 return Err(format!("node `{}` refers to unknown value {v}", n.op));
             }
-            t.append(n);
+            let outputs = n.outputs.clone();
+            let idx = t.graph.add_node(n);
+            for (k, out) in outputs.iter().enumerate() {
+                producer[out.0 as usize] = idx.index() as u32;
+                if let Some(s) = known(*out) {
+                    if let Some((_, v)) = t.values.get_index_mut(s as usize) {
+                        v.def = Def::Node(idx, k as u32);
+                    }
+                }
+            }
+            for v in &operands {
+                let p = producer[v.0 as usize];
+                if p != u32::MAX && p != idx.index() as u32 {
+                    t.graph
+                        .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: *v });
+                }
+            }
+            t.schedule.push(idx);
         }
         for (a, b) in r.order_edges {
             let (Some(&x), Some(&y)) = (t.schedule.get(a as usize), t.schedule.get(b as usize))
@@ -471,7 +532,7 @@ impl TryFrom<TraceRepr> for Trace {
         }
         let mut missing = None;
         r.ret.for_each_value(&mut |v| {
-            if !t.values.contains_key(&v) {
+            if known(v).is_none() {
                 missing = Some(v);
             }
         });

@@ -3,7 +3,7 @@
 //! gradients) added to it right after it is produced, so a later `ddp` reduces the total.
 
 use crate::pass::{Changed, Pass, PassContext, PassError};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{Arg, Node, NodeIndex, Program, ValueId};
 
 pub struct AccumulateGrads;
@@ -47,8 +47,8 @@ impl Pass for AccumulateGrads {
             .enumerate()
             .map(|(i, n)| (*n, i))
             .collect();
-        let mut after: HashMap<Option<usize>, Vec<NodeIndex>> = HashMap::new();
-        let mut replaced: HashMap<ValueId, ValueId> = HashMap::new();
+        let mut after: HashMap<Option<usize>, Vec<NodeIndex>> = HashMap::default();
+        let mut replaced: HashMap<ValueId, ValueId> = HashMap::default();
         for (_, g) in &targets {
             let ty = t.ty(*g).cloned().ok_or_else(|| PassError::Failed {
                 pass: "accumulate-grads".into(),

@@ -2,14 +2,14 @@
 //! operands) is replaced by it.
 
 use crate::pass::{Changed, Pass, PassContext, PassError};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{ops, Effect, OpRegistry, Program, Trace};
 
 pub struct Cse;
 
 /// Merges duplicates; returns how many nodes were removed.
 pub fn cse(t: &mut Trace, reg: &OpRegistry) -> usize {
-    let mut seen: HashMap<String, tracepass_ir::NodeIndex> = HashMap::new();
+    let mut seen: HashMap<String, tracepass_ir::NodeIndex> = HashMap::default();
     let mut dupes = Vec::new();
     for (idx, n) in t.nodes() {
         if reg.effect(&n.op) != Effect::Pure || n.op == ops::UNPACK_SEQUENCE || n.outputs.is_empty()
@@ -34,7 +34,7 @@ pub fn cse(t: &mut Trace, reg: &OpRegistry) -> usize {
         }
     }
     if !dupes.is_empty() {
-        let gone: std::collections::HashSet<_> = dupes.iter().map(|d| d.0).collect();
+        let gone: rustc_hash::FxHashSet<_> = dupes.iter().map(|d| d.0).collect();
         t.retain_nodes(|_, idx| !gone.contains(&idx));
         t.purge_undefined_values();
     }

@@ -5,7 +5,8 @@
 use crate::pass::{Changed, Pass, PassContext, PassError};
 use crate::pipeline::{Options, PassSpec};
 use petgraph::stable_graph::NodeIndex;
-use std::collections::HashMap;
+use petgraph::visit::NodeIndexable;
+use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{ops, Arg, DType, Device, Node, Program, Type, ValueId};
 
 /// Where the division by the world size happens.
@@ -126,10 +127,10 @@ pub fn plan_buckets(
     opts: &DdpOptions,
 ) -> Vec<Bucket> {
     const MIB: f64 = (1u64 << 20) as f64;
-    let mut open: HashMap<(DType, Device), Bucket> = HashMap::new();
+    let mut open: HashMap<(DType, Device), Bucket> = HashMap::default();
     let mut opened_order: Vec<(DType, Device)> = Vec::new();
     let mut closed: Vec<Bucket> = Vec::new();
-    let mut count_per_kind: HashMap<(DType, Device), usize> = HashMap::new();
+    let mut count_per_kind: HashMap<(DType, Device), usize> = HashMap::default();
     for (v, shape, dtype, device) in grads {
         let key = (*dtype, *device);
         let numel: usize = shape.iter().product();
@@ -251,7 +252,7 @@ impl Pass for Ddp {
         let opts = &self.options;
         let grads_out = p.gradient_values();
         // 1. parameter gradients (frozen: none; tied: one)
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = rustc_hash::FxHashSet::default();
         let mut grads: Vec<ValueId> = Vec::new();
         for param in &p.params {
             if !param.requires_grad || param.tied_to.is_some() {
@@ -266,13 +267,15 @@ impl Pass for Ddp {
         }
         let t = &mut p.backward;
         // production order: schedule position of the producer (arguments first)
-        let pos: HashMap<NodeIndex, usize> = t
-            .schedule()
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (*n, i))
-            .collect();
-        let ready_at = |v: ValueId| t.producer(v).and_then(|n| pos.get(&n).copied());
+        let mut pos: Vec<usize> = vec![usize::MAX; NodeIndexable::node_bound(t.graph())];
+        for (i, n) in t.schedule().iter().enumerate() {
+            pos[n.index()] = i;
+        }
+        let ready_at = |v: ValueId| {
+            t.producer(v)
+                .and_then(|n| pos.get(n.index()).copied())
+                .filter(|p| *p != usize::MAX)
+        };
         let mut ordered: Vec<(Option<usize>, usize, ValueId)> = grads
             .iter()
             .enumerate()
@@ -303,10 +306,11 @@ impl Pass for Ddp {
         // 2. rewrite: new nodes are spliced into the schedule after their trigger
         let mut names = t.name_gen();
         let ws = opts.world_size as f64;
-        let mut after: HashMap<Option<usize>, Vec<NodeIndex>> = HashMap::new();
-        let mut divided: HashMap<ValueId, ValueId> = HashMap::new();
+        // (trigger slot, new node) in gradient order, which is slot order
+        let mut after: Vec<(Option<usize>, NodeIndex)> = Vec::with_capacity(described.len() * 2);
+        let mut divided: HashMap<ValueId, ValueId> = HashMap::default();
         let mut tail: Vec<NodeIndex> = Vec::new();
-        let mut replacement: HashMap<ValueId, ValueId> = HashMap::new();
+        let mut replacement: HashMap<ValueId, ValueId> = HashMap::default();
         let mut last_collective: Option<NodeIndex> = None;
         let bucket_of_last: HashMap<ValueId, usize> = buckets
             .iter()
@@ -323,7 +327,7 @@ impl Pass for Ddp {
                     vec![Arg::Value(*g), Arg::Float(ws)],
                     vec![out],
                 ));
-                after.entry(slot).or_default().push(idx);
+                after.push((slot, idx));
                 divided.insert(*g, out);
             } else {
                 divided.insert(*g, *g);
@@ -364,7 +368,7 @@ impl Pass for Ddp {
                 t.add_order_edge(prev, ar_idx);
             }
             last_collective = Some(ar_idx);
-            after.entry(slot).or_default().extend([pack_idx, ar_idx]);
+            after.extend([(slot, pack_idx), (slot, ar_idx)]);
             // wait + unpack at the end
             let reduced = t.new_value(names.fresh("t"), buf_ty);
             let wait_idx = t.add_node(Node::new(ops::WAIT, vec![Arg::Value(fut)], vec![reduced]));
@@ -409,20 +413,28 @@ impl Pass for Ddp {
         }
         // 3. splice the schedule and return the synchronized gradients
         let old = t.schedule().to_vec();
-        let mut sched = Vec::with_capacity(
-            old.len() + after.values().map(Vec::len).sum::<usize>() + tail.len(),
-        );
-        sched.extend(after.remove(&None).unwrap_or_default());
+        let mut sched = Vec::with_capacity(old.len() + after.len() + tail.len());
+        // `after` is sorted by trigger slot (None first); merge it behind the old schedule
+        let mut extra = after.into_iter().peekable();
+        while let Some((None, n)) = extra.peek().copied() {
+            sched.push(n);
+            extra.next();
+        }
         let mut deferred = Vec::new();
         for (i, n) in old.into_iter().enumerate() {
             sched.push(n);
-            if let Some(extra) = after.remove(&Some(i)) {
-                match opts.launch {
-                    Launch::Ready => sched.extend(extra),
-                    Launch::End => deferred.extend(extra),
+            while let Some((Some(s), x)) = extra.peek().copied() {
+                if s != i {
+                    break;
                 }
+                match opts.launch {
+                    Launch::Ready => sched.push(x),
+                    Launch::End => deferred.push(x),
+                }
+                extra.next();
             }
         }
+        sched.extend(extra.map(|(_, x)| x));
         sched.extend(deferred);
         sched.extend(tail);
         t.set_schedule(sched);

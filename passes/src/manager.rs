@@ -116,11 +116,15 @@ impl PassManager {
 
     /// Runs every pass in order on `p`, verifying after each (when `verify_each`).
     pub fn run(&self, p: &mut Program, reg: &OpRegistry) -> Result<RunReport, RunError> {
-        let input = p.clone();
+        // the input is kept only when a failure would write a reproducer of it (a copy of a
+        // million-node program costs more than the passes)
+        let input = self.reproducer_dir.as_ref().map(|_| p.clone());
         let mut cx = PassContext::new(reg);
         let mut report = RunReport::default();
         let fail = |error: PassError, pass: &str| {
-            let reproducer = self.write_reproducer(&input, pass, &error);
+            let reproducer = input
+                .as_ref()
+                .and_then(|i| self.write_reproducer(i, pass, &error));
             RunError { error, reproducer }
         };
         if self.verify_each {

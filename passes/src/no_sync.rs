@@ -3,7 +3,7 @@
 //! accumulation, or the first step of re-bucketing Thunder's own DDP output.
 
 use crate::pass::{Changed, Pass, PassContext, PassError};
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use tracepass_ir::{ops, Arg, Program, Trace, ValueId};
 
 pub struct NoSync;
@@ -35,8 +35,8 @@ fn strip(t: &Trace, mut v: ValueId, removable: &mut HashSet<tracepass_ir::NodeIn
 
 /// Removes synchronization; returns the number of collectives removed.
 pub fn no_sync(t: &mut Trace) -> usize {
-    let mut removable = HashSet::new();
-    let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut removable = HashSet::default();
+    let mut replace: HashMap<ValueId, ValueId> = HashMap::default();
     let reduces: Vec<_> = t
         .nodes()
         .filter(|(_, n)| n.op == ops::ALL_REDUCE)
@@ -104,7 +104,7 @@ pub fn no_sync(t: &mut Trace) -> usize {
         }
     }
     // post-averaging divisions of the synchronized values
-    let mut extra = HashMap::new();
+    let mut extra = HashMap::default();
     for (&synced, &local) in &replace {
         for u in t.users(synced) {
             let n = t.node(u).expect("user");

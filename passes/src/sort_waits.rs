@@ -5,7 +5,8 @@ use crate::pass::{Changed, Pass, PassContext, PassError};
 use petgraph::visit::EdgeRef;
 use petgraph::visit::NodeIndexable;
 use petgraph::Direction;
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 use tracepass_ir::{ops, Effect, Program, Trace};
 
 pub struct SortWaits;
@@ -25,7 +26,7 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     for (i, x) in old.iter().enumerate() {
         slot[x.index()] = i;
     }
-    let mut effects: HashMap<&str, Effect> = HashMap::new();
+    let mut effects: HashMap<&str, Effect> = HashMap::default();
     let class: Vec<Class> = old
         .iter()
         .map(|idx| {

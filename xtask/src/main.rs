@@ -31,6 +31,15 @@ enum Cmd {
     },
     /// Write synthetic programs (seed model, deep MLP) to testdata/generated/.
     GenTestdata,
+    /// Profiling aid: decode (or parse, or run the DDP passes on) an N-node backward repeatedly.
+    #[command(hide = true)]
+    Repeat {
+        what: String,
+        #[arg(long, default_value_t = 1_000_000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 5)]
+        times: usize,
+    },
     /// Coverage-guided fuzzing with libFuzzer on the stable toolchain: parse, decode or opt.
     Fuzz {
         target: String,
@@ -57,6 +66,7 @@ fn main() -> Result<()> {
         },
         Cmd::GenTestdata => gen_testdata(),
         Cmd::Fuzz { target, time } => fuzz(&target, time),
+        Cmd::Repeat { what, nodes, times } => repeat(&what, nodes, times),
     }
 }
 
@@ -774,4 +784,38 @@ fn cudarc_device_count() -> usize {
     (0..16)
         .take_while(|&i| tracepass_runtime::cuda::check_available(i).is_ok())
         .count()
+}
+
+fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {
+    let p = mlp_program(&MlpSpec::deep_with_backward_nodes(nodes, 16))?;
+    let m = Module::Trace(p.backward.clone());
+    let bytes = codec::encode(&m)?;
+    let text = print_trace(&p.backward);
+    for _ in 0..times {
+        let s = Instant::now();
+        match what {
+            "decode" => drop(codec::decode(&bytes)?),
+            "parse" => drop(parse_trace(&text)?),
+            "passes" => {
+                let mut q = p.clone();
+                let mut pm = PassManager::parse("ddp(world_size=8,bucket_mb=25),sort-waits,dce")?;
+                pm.verify_each = false;
+                let s = Instant::now();
+                let r = pm.run(&mut q, OpRegistry::builtin())?;
+                let per: Vec<String> = r
+                    .timings
+                    .iter()
+                    .map(|t| format!("{} {:.1} ms", t.pass, t.time.as_secs_f64() * 1e3))
+                    .collect();
+                println!(
+                    "  run {:.1} ms: {}",
+                    s.elapsed().as_secs_f64() * 1e3,
+                    per.join(", ")
+                );
+            }
+            other => bail!("unknown `{other}`: decode, parse, passes"),
+        }
+        println!("{what}: {:.3} s", s.elapsed().as_secs_f64());
+    }
+    Ok(())
 }
