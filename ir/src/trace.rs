@@ -446,24 +446,35 @@ impl From<&Trace> for TraceRepr {
     }
 }
 
-impl TryFrom<TraceRepr> for Trace {
-    type Error = String;
-    /// Rebuilds the graph and checks every reference. Lookups go through dense tables indexed
-    /// by value id (ids are small integers), not the hash map, so this is linear and cheap.
-    fn try_from(r: TraceRepr) -> Result<Trace, String> {
-        let mut t = Trace::new(r.name, r.kind);
-        t.decorators = r.decorators;
-        t.provenance = r.provenance;
-        let bound = r
-            .values
+/// Rebuilds a trace from its serialized parts, checking every reference. Lookups go through
+/// dense tables indexed by value id (ids are small integers), not the hash map, so this is
+/// linear and cheap; nodes can be pushed one at a time as they are decoded.
+struct Rebuild {
+    t: Trace,
+    /// value id -> position in the value table
+    slot: Vec<u32>,
+    /// value id -> index of the node that produces it
+    producer: Vec<u32>,
+    operands: Vec<ValueId>,
+}
+
+impl Rebuild {
+    fn new(
+        name: String,
+        kind: TraceKind,
+        args: Vec<ValueId>,
+        values: Vec<ValueRepr>,
+        nodes_hint: usize,
+    ) -> Result<Rebuild, String> {
+        let mut t = Trace::new(name, kind);
+        let bound = values
             .iter()
             .map(|v| v.id.0 as usize + 1)
             .max()
             .unwrap_or(0);
-        // value id -> position in the value table
         let mut slot: Vec<u32> = vec![u32::MAX; bound];
-        t.values.reserve(r.values.len());
-        for v in r.values {
+        t.values.reserve(values.len());
+        for v in values {
             let i = v.id.0 as usize;
             if slot[i] != u32::MAX {
                 return Err(format!("value {} is listed twice", v.id));
@@ -479,68 +490,109 @@ impl TryFrom<TraceRepr> for Trace {
                 },
             );
         }
-        let known = |v: ValueId| slot.get(v.0 as usize).copied().filter(|s| *s != u32::MAX);
-        for a in r.args {
-            let Some(s) = known(a) else {
+        let mut r = Rebuild {
+            t,
+            slot,
+            producer: vec![u32::MAX; bound],
+            operands: Vec::with_capacity(8),
+        };
+        for a in args {
+            let Some(s) = r.known(a) else {
                 return Err(format!("argument {a} is not in the value table"));
             };
-            if let Some((_, v)) = t.values.get_index_mut(s as usize) {
-                v.def = Def::Arg(t.args.len());
+            let pos = r.t.args.len();
+            if let Some((_, v)) = r.t.values.get_index_mut(s as usize) {
+                v.def = Def::Arg(pos);
             }
-            t.args.push(a);
+            r.t.args.push(a);
         }
-        t.graph = StableDiGraph::with_capacity(r.nodes.len(), 2 * r.nodes.len());
-        t.schedule.reserve(r.nodes.len());
-        // producer of each value id, as the nodes come
-        let mut producer: Vec<u32> = vec![u32::MAX; bound];
-        let mut operands: Vec<ValueId> = Vec::with_capacity(8);
-        for n in r.nodes {
-            operands.clear();
-            n.for_each_operand(&mut |v| operands.push(v));
-            if let Some(v) = operands
-                .iter()
-                .chain(&n.outputs)
-                .find(|v| known(**v).is_none())
-            {
-                return Err(format!("node `{}` refers to unknown value {v}", n.op));
-            }
-            let outputs = n.outputs.clone();
-            let idx = t.graph.add_node(n);
-            for (k, out) in outputs.iter().enumerate() {
-                producer[out.0 as usize] = idx.index() as u32;
-                if let Some(s) = known(*out) {
-                    if let Some((_, v)) = t.values.get_index_mut(s as usize) {
-                        v.def = Def::Node(idx, k as u32);
-                    }
+        let n = nodes_hint.min(1 << 21);
+        r.t.graph = StableDiGraph::with_capacity(n, 2 * n);
+        r.t.schedule.reserve(n);
+        Ok(r)
+    }
+
+    fn known(&self, v: ValueId) -> Option<u32> {
+        self.slot
+            .get(v.0 as usize)
+            .copied()
+            .filter(|s| *s != u32::MAX)
+    }
+
+    fn push(&mut self, n: Node) -> Result<(), String> {
+        self.operands.clear();
+        let ops = &mut self.operands;
+        n.for_each_operand(&mut |v| ops.push(v));
+        if let Some(v) = self
+            .operands
+            .iter()
+            .chain(&n.outputs)
+            .find(|v| self.known(**v).is_none())
+        {
+            return Err(format!("node `{}` refers to unknown value {v}", n.op));
+        }
+        let outputs = n.outputs.clone();
+        let idx = self.t.graph.add_node(n);
+        for (k, out) in outputs.iter().enumerate() {
+            self.producer[out.0 as usize] = idx.index() as u32;
+            if let Some(s) = self.known(*out) {
+                if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
+                    v.def = Def::Node(idx, k as u32);
                 }
             }
-            for v in &operands {
-                let p = producer[v.0 as usize];
-                if p != u32::MAX && p != idx.index() as u32 {
-                    t.graph
-                        .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: *v });
-                }
-            }
-            t.schedule.push(idx);
         }
-        for (a, b) in r.order_edges {
-            let (Some(&x), Some(&y)) = (t.schedule.get(a as usize), t.schedule.get(b as usize))
-            else {
+        for v in &self.operands {
+            let p = self.producer[v.0 as usize];
+            if p != u32::MAX && p != idx.index() as u32 {
+                self.t
+                    .graph
+                    .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: *v });
+            }
+        }
+        self.t.schedule.push(idx);
+        Ok(())
+    }
+
+    fn finish(
+        mut self,
+        order_edges: Vec<(u32, u32)>,
+        ret: Arg,
+        decorators: Vec<String>,
+        provenance: Vec<Provenance>,
+    ) -> Result<Trace, String> {
+        for (a, b) in order_edges {
+            let (Some(&x), Some(&y)) = (
+                self.t.schedule.get(a as usize),
+                self.t.schedule.get(b as usize),
+            ) else {
                 return Err(format!("order edge ({a}, {b}) points past the node list"));
             };
-            t.add_order_edge(x, y);
+            self.t.add_order_edge(x, y);
         }
         let mut missing = None;
-        r.ret.for_each_value(&mut |v| {
-            if known(v).is_none() {
+        ret.for_each_value(&mut |v| {
+            if self.known(v).is_none() {
                 missing = Some(v);
             }
         });
         if let Some(v) = missing {
             return Err(format!("return refers to unknown value {v}"));
         }
-        t.ret = r.ret;
-        Ok(t)
+        self.t.ret = ret;
+        self.t.decorators = decorators;
+        self.t.provenance = provenance;
+        Ok(self.t)
+    }
+}
+
+impl TryFrom<TraceRepr> for Trace {
+    type Error = String;
+    fn try_from(r: TraceRepr) -> Result<Trace, String> {
+        let mut b = Rebuild::new(r.name, r.kind, r.args, r.values, r.nodes.len())?;
+        for n in r.nodes {
+            b.push(n)?;
+        }
+        b.finish(r.order_edges, r.ret, r.decorators, r.provenance)
     }
 }
 
@@ -550,10 +602,126 @@ impl Serialize for Trace {
     }
 }
 
+/// `Vec<T>` read with its length reserved (see [`exact_vec`]).
+struct ExactVec<T>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ExactVec<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        exact_vec(d).map(ExactVec)
+    }
+}
+
+/// Decodes the node sequence straight into the graph being rebuilt (no intermediate vector
+/// of a million nodes).
+struct NodesInto<'a>(&'a mut Rebuild);
+
+impl<'de> serde::de::DeserializeSeed<'de> for NodesInto<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        struct V<'a>(&'a mut Rebuild);
+        impl<'de> serde::de::Visitor<'de> for V<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sequence of nodes")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+                while let Some(n) = seq.next_element::<Node>()? {
+                    self.0.push(n).map_err(serde::de::Error::custom)?;
+                }
+                Ok(())
+            }
+        }
+        d.deserialize_seq(V(self.0))
+    }
+}
+
+const TRACE_FIELDS: &[&str] = &[
+    "name",
+    "kind",
+    "args",
+    "values",
+    "nodes",
+    "order_edges",
+    "ret",
+    "decorators",
+    "provenance",
+];
+
 impl<'de> Deserialize<'de> for Trace {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let repr = TraceRepr::deserialize(d)?;
-        Trace::try_from(repr).map_err(serde::de::Error::custom)
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Trace;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a trace")
+            }
+            // binary formats: fields in order, nodes streamed into the graph
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Trace, A::Error> {
+                use serde::de::Error;
+                let missing = |f: &str| A::Error::custom(format!("trace: missing field `{f}`"));
+                let name: String = seq.next_element()?.ok_or_else(|| missing("name"))?;
+                let kind: TraceKind = seq.next_element()?.ok_or_else(|| missing("kind"))?;
+                let args: Vec<ValueId> = seq.next_element()?.ok_or_else(|| missing("args"))?;
+                let values: ExactVec<ValueRepr> =
+                    seq.next_element()?.ok_or_else(|| missing("values"))?;
+                let hint = values.0.len();
+                let mut b =
+                    Rebuild::new(name, kind, args, values.0, hint).map_err(A::Error::custom)?;
+                seq.next_element_seed(NodesInto(&mut b))?
+                    .ok_or_else(|| missing("nodes"))?;
+                let order_edges: Vec<(u32, u32)> =
+                    seq.next_element()?.ok_or_else(|| missing("order_edges"))?;
+                let ret: Arg = seq.next_element()?.ok_or_else(|| missing("ret"))?;
+                let decorators: Vec<String> =
+                    seq.next_element()?.ok_or_else(|| missing("decorators"))?;
+                let provenance: Vec<Provenance> =
+                    seq.next_element()?.ok_or_else(|| missing("provenance"))?;
+                b.finish(order_edges, ret, decorators, provenance)
+                    .map_err(A::Error::custom)
+            }
+            // self-describing formats (JSON): any field order
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Trace, A::Error> {
+                use serde::de::Error;
+                let (mut name, mut kind, mut args, mut values, mut nodes) =
+                    (None, None, None, None, None);
+                let (mut order_edges, mut ret, mut decorators, mut provenance) =
+                    (None, None, None, None);
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "name" => name = Some(map.next_value()?),
+                        "kind" => kind = Some(map.next_value()?),
+                        "args" => args = Some(map.next_value()?),
+                        "values" => values = Some(map.next_value::<Vec<ValueRepr>>()?),
+                        "nodes" => nodes = Some(map.next_value::<Vec<Node>>()?),
+                        "order_edges" => order_edges = Some(map.next_value()?),
+                        "ret" => ret = Some(map.next_value()?),
+                        "decorators" => decorators = Some(map.next_value()?),
+                        "provenance" => provenance = Some(map.next_value()?),
+                        other => return Err(A::Error::unknown_field(other, TRACE_FIELDS)),
+                    }
+                }
+                let repr = TraceRepr {
+                    name: name.ok_or_else(|| A::Error::missing_field("name"))?,
+                    kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
+                    args: args.ok_or_else(|| A::Error::missing_field("args"))?,
+                    values: values.ok_or_else(|| A::Error::missing_field("values"))?,
+                    nodes: nodes.ok_or_else(|| A::Error::missing_field("nodes"))?,
+                    order_edges: order_edges
+                        .ok_or_else(|| A::Error::missing_field("order_edges"))?,
+                    ret: ret.ok_or_else(|| A::Error::missing_field("ret"))?,
+                    decorators: decorators.ok_or_else(|| A::Error::missing_field("decorators"))?,
+                    provenance: provenance.ok_or_else(|| A::Error::missing_field("provenance"))?,
+                };
+                Trace::try_from(repr).map_err(A::Error::custom)
+            }
+        }
+        d.deserialize_struct("TraceRepr", TRACE_FIELDS, V)
     }
 }
 
