@@ -805,7 +805,7 @@ fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {
                 let per: Vec<String> = r
                     .timings
                     .iter()
-                    .map(|t| format!("{} {:.1} ms", t.pass, t.time.as_secs_f64() * 1e3))
+                    .map(|t| format!("{} {:.1} us", t.pass, t.time.as_secs_f64() * 1e6))
                     .collect();
                 println!(
                     "  run {:.1} ms: {}",
