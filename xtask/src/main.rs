@@ -568,7 +568,12 @@ fn fuzz(target: &str, secs: u64) -> Result<()> {
             }
             _ => {
                 let t = parse_trace(&text)?;
-                codec::encode(&Module::Trace(t))?
+                let file = codec::encode(&Module::Trace(t))?;
+                // also the bare payload behind an odd byte: the target adds a valid header
+                let mut payload = vec![1u8];
+                payload.extend_from_slice(&file[24..]);
+                std::fs::write(corpus.join(format!("seed_payload_{name}")), payload)?;
+                file
             }
         };
         std::fs::write(corpus.join(format!("seed_{name}")), bytes)?;

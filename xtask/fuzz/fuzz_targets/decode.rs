@@ -1,13 +1,40 @@
 //! The binary decoder on arbitrary bytes: a clear error or a module that encodes back to the
-//! same bytes, never a panic.
+//! same module, never a panic. An odd first byte means "the rest is a payload": it gets a valid
+//! header (with its checksum), so the fuzzer explores the bincode payload instead of stopping
+//! at the checksum.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use tracepass_ir::codec;
 
+fn with_header(payload: &[u8]) -> Vec<u8> {
+    let mut out = b"TRACEPB\0".to_vec();
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&crc32fast_hash(payload).to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// CRC-32 (IEEE), as the codec's header uses.
+fn crc32fast_hash(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
 fuzz_target!(|data: &[u8]| {
-    if let Ok(m) = codec::decode(data) {
-        let bytes = codec::encode(&m).expect("a decoded module encodes");
-        let back = codec::decode(&bytes).expect("re-encoded bytes decode");
+    let bytes = match data.first() {
+        Some(b) if b & 1 == 1 => with_header(&data[1..]),
+        _ => data.to_vec(),
+    };
+    if let Ok(m) = codec::decode(&bytes) {
+        let again = codec::encode(&m).expect("a decoded module encodes");
+        let back = codec::decode(&again).expect("re-encoded bytes decode");
         assert_eq!(back, m);
     }
 });
