@@ -6,7 +6,7 @@ use crate::arg::Arg;
 use crate::meta;
 use crate::trace::Trace;
 use crate::types::Type;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::OnceLock;
 
 /// Canonical names of the ops that passes and runtimes refer to by name.

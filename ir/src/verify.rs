@@ -9,7 +9,7 @@ use crate::types::Type;
 use crate::value::{Def, ValueId};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::EdgeRef;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
 /// One violated invariant.
@@ -97,7 +97,8 @@ impl Verifier<'_> {
             .max()
             .unwrap_or(0);
         // unique names
-        let mut names: HashMap<&str, ValueId> = HashMap::with_capacity(t.value_count());
+        let mut names: HashMap<&str, ValueId> = HashMap::default();
+        names.reserve(t.value_count());
         for (id, v) in t.values() {
             if names.insert(v.name.as_str(), id).is_some() {
                 self.at_place(
@@ -107,16 +108,18 @@ impl Verifier<'_> {
             }
         }
         // schedule is a permutation of the graph's nodes
-        let mut pos: HashMap<NodeIndex, usize> = HashMap::with_capacity(t.schedule().len());
+        // schedule position by node index (a dense table)
+        let mut pos: Vec<usize> =
+            vec![usize::MAX; petgraph::visit::NodeIndexable::node_bound(t.graph())];
         for (i, idx) in t.schedule().iter().enumerate() {
-            if t.node(*idx).is_none() {
+            if t.node(*idx).is_none() || idx.index() >= pos.len() {
                 self.at_place("schedule", format!("position {i} names a removed node"));
-            } else if pos.insert(*idx, i).is_some() {
+            } else if std::mem::replace(&mut pos[idx.index()], i) != usize::MAX {
                 self.at(*idx, "scheduled twice".into());
             }
         }
         for idx in t.graph().node_indices() {
-            if !pos.contains_key(&idx) {
+            if pos.get(idx.index()).is_none_or(|p| *p == usize::MAX) {
                 self.at(idx, "in the graph but not in the schedule".into());
             }
         }
@@ -135,8 +138,8 @@ impl Verifier<'_> {
                 ),
             }
         }
-        let mut future_waits: HashMap<ValueId, usize> = HashMap::new();
-        let mut reduced_buffers: HashMap<ValueId, NodeIndex> = HashMap::new();
+        let mut future_waits: HashMap<ValueId, usize> = HashMap::default();
+        let mut reduced_buffers: HashMap<ValueId, NodeIndex> = HashMap::default();
         for (i, &idx) in t.schedule().iter().enumerate() {
             let Some(node) = t.node(idx) else { continue };
             let mut problems = Vec::new();
@@ -191,7 +194,7 @@ impl Verifier<'_> {
             }
             // edges point forward in the schedule
             for e in t.graph().edges_directed(idx, petgraph::Direction::Outgoing) {
-                if let Some(&j) = pos.get(&e.target()) {
+                if let Some(&j) = pos.get(e.target().index()).filter(|j| **j != usize::MAX) {
                     if j <= i {
                         let what = match e.weight() {
                             Edge::Data { value } => format!("its output `{}`", t.name(*value)),

@@ -800,6 +800,7 @@ fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {
         let s = Instant::now();
         match what {
             "decode" => drop(codec::decode(&bytes)?),
+            "verify" => tracepass_ir::verify(&p.backward)?,
             "parse" => drop(parse_trace(&text)?),
             "passes" => {
                 let mut q = p.clone();
