@@ -9,7 +9,7 @@ use crate::registry::{ops, MetaOut, OpRegistry};
 use crate::trace::{Provenance, Trace, TraceKind};
 use crate::types::{DType, Device, Type};
 use crate::value::ValueId;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
 /// A parse error: where, what, and the line as written.
@@ -179,8 +179,8 @@ impl<'a> Parser<'a> {
             lines: text.lines().collect(),
             reg,
             trace: Trace::new("", TraceKind::Computation),
-            names: HashMap::new(),
-            untyped: HashMap::new(),
+            names: HashMap::default(),
+            untyped: HashMap::default(),
             node_lines: Vec::new(),
             last_node: None,
             pending_source: None,
