@@ -166,7 +166,7 @@ fn opt_errors_and_reproducer() {
 
 fn reference(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference")
+        .join("../testdata/reference")
         .join(name)
 }
 

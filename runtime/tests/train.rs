@@ -13,7 +13,7 @@ use tracepass_runtime::trainer::{
 
 fn reference(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference")
+        .join("../testdata/reference")
         .join(name)
 }
 fn testdata(rel: &str) -> PathBuf {
