@@ -88,8 +88,10 @@ pub fn decode(bytes: &[u8]) -> Result<Module, CodecError> {
     if computed != stored {
         return Err(CodecError::ChecksumMismatch { stored, computed });
     }
-    let (m, used): (Module, usize) = bincode::serde::decode_from_slice(payload, config())
-        .map_err(|e| CodecError::Decode(e.to_string()))?;
+    let (m, used): (Module, usize) = crate::trace::with_decode_budget(payload.len(), || {
+        bincode::serde::decode_from_slice(payload, config())
+    })
+    .map_err(|e| CodecError::Decode(e.to_string()))?;
     if used != payload.len() {
         return Err(CodecError::Decode(format!(
             "payload has {} unread bytes",

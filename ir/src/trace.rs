@@ -367,6 +367,24 @@ struct ValueRepr {
     ty: Type,
 }
 
+thread_local! {
+    /// Upper bound on the elements any one sequence can hold while a binary payload of this
+    /// many bytes is decoded (each element takes at least one byte). Unbounded otherwise.
+    static DECODE_BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Runs `f` with sequence reservations bounded by a payload of `bytes` bytes.
+pub(crate) fn with_decode_budget<R>(bytes: usize, f: impl FnOnce() -> R) -> R {
+    let old = DECODE_BUDGET.with(|b| b.replace(bytes));
+    let r = f();
+    DECODE_BUDGET.with(|b| b.set(old));
+    r
+}
+
+fn decode_budget() -> usize {
+    DECODE_BUDGET.with(|b| b.get())
+}
+
 /// Deserializes a `Vec` with its whole length reserved up front (serde's default grows large
 /// vectors by doubling, copying a 1M-node trace several times), capped so a corrupt length
 /// prefix cannot request an absurd allocation.
@@ -383,7 +401,8 @@ where
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
             const CAP: usize = 1 << 21;
-            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(CAP));
+            let cap = seq.size_hint().unwrap_or(0).min(CAP).min(decode_budget());
+            let mut out = Vec::with_capacity(cap);
             while let Some(x) = seq.next_element()? {
                 out.push(x);
             }
@@ -452,10 +471,46 @@ impl From<&Trace> for TraceRepr {
 struct Rebuild {
     t: Trace,
     /// value id -> position in the value table
-    slot: Vec<u32>,
+    slot: IdTable,
     /// value id -> index of the node that produces it
-    producer: Vec<u32>,
+    producer: IdTable,
     operands: Vec<ValueId>,
+}
+
+/// A `u32 -> u32` table over value ids: a vector when ids are dense (they are, in traces this
+/// crate writes), a hash map when a file claims ids far beyond its number of values, so a
+/// hostile id cannot make the decoder allocate gigabytes.
+enum IdTable {
+    Dense(Vec<u32>),
+    Sparse(rustc_hash::FxHashMap<u32, u32>),
+}
+
+impl IdTable {
+    fn new(bound: usize, count: usize) -> IdTable {
+        if bound <= 16 * count + 4096 {
+            IdTable::Dense(vec![u32::MAX; bound])
+        } else {
+            IdTable::Sparse(rustc_hash::FxHashMap::default())
+        }
+    }
+    fn get(&self, id: u32) -> Option<u32> {
+        match self {
+            IdTable::Dense(v) => v.get(id as usize).copied().filter(|x| *x != u32::MAX),
+            IdTable::Sparse(m) => m.get(&id).copied(),
+        }
+    }
+    fn set(&mut self, id: u32, x: u32) {
+        match self {
+            IdTable::Dense(v) => {
+                if let Some(slot) = v.get_mut(id as usize) {
+                    *slot = x;
+                }
+            }
+            IdTable::Sparse(m) => {
+                m.insert(id, x);
+            }
+        }
+    }
 }
 
 impl Rebuild {
@@ -472,14 +527,13 @@ impl Rebuild {
             .map(|v| v.id.0 as usize + 1)
             .max()
             .unwrap_or(0);
-        let mut slot: Vec<u32> = vec![u32::MAX; bound];
+        let mut slot = IdTable::new(bound, values.len());
         t.values.reserve(values.len());
         for v in values {
-            let i = v.id.0 as usize;
-            if slot[i] != u32::MAX {
+            if slot.get(v.id.0).is_some() {
                 return Err(format!("value {} is listed twice", v.id));
             }
-            slot[i] = t.values.len() as u32;
+            slot.set(v.id.0, t.values.len() as u32);
             t.next_value = t.next_value.max(v.id.0.saturating_add(1));
             t.values.insert(
                 v.id,
@@ -490,10 +544,11 @@ impl Rebuild {
                 },
             );
         }
+        let count = t.values.len();
         let mut r = Rebuild {
             t,
             slot,
-            producer: vec![u32::MAX; bound],
+            producer: IdTable::new(bound, count),
             operands: Vec::with_capacity(8),
         };
         for a in args {
@@ -506,17 +561,14 @@ impl Rebuild {
             }
             r.t.args.push(a);
         }
-        let n = nodes_hint.min(1 << 21);
+        let n = nodes_hint.min(1 << 21).min(decode_budget());
         r.t.graph = StableDiGraph::with_capacity(n, 2 * n);
         r.t.schedule.reserve(n);
         Ok(r)
     }
 
     fn known(&self, v: ValueId) -> Option<u32> {
-        self.slot
-            .get(v.0 as usize)
-            .copied()
-            .filter(|s| *s != u32::MAX)
+        self.slot.get(v.0)
     }
 
     fn push(&mut self, n: Node) -> Result<(), String> {
@@ -534,7 +586,7 @@ impl Rebuild {
         let outputs = n.outputs.clone();
         let idx = self.t.graph.add_node(n);
         for (k, out) in outputs.iter().enumerate() {
-            self.producer[out.0 as usize] = idx.index() as u32;
+            self.producer.set(out.0, idx.index() as u32);
             if let Some(s) = self.known(*out) {
                 if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
                     v.def = Def::Node(idx, k as u32);
@@ -542,11 +594,14 @@ impl Rebuild {
             }
         }
         for v in &self.operands {
-            let p = self.producer[v.0 as usize];
-            if p != u32::MAX && p != idx.index() as u32 {
-                self.t
-                    .graph
-                    .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: *v });
+            if let Some(p) = self.producer.get(v.0) {
+                if p != idx.index() as u32 {
+                    self.t.graph.add_edge(
+                        NodeIndex::new(p as usize),
+                        idx,
+                        Edge::Data { value: *v },
+                    );
+                }
             }
         }
         self.t.schedule.push(idx);

@@ -288,3 +288,21 @@ fn atomic_save_replaces_whole_file() {
     assert!(matches!(e, FileError::ProgramAsText { .. }));
     assert!(!dir.path().join("p.trace").exists());
 }
+
+/// Found by `cargo xtask fuzz decode` (an out-of-memory): a 22-byte payload claiming a value id
+/// near 2^32 made the decoder size its id tables by that id (gigabytes). It must be a plain error.
+#[test]
+fn fuzz_decode_huge_value_id_is_an_error_not_an_allocation() {
+    let input = include_bytes!("fuzz_regressions/decode_huge_value_id.bin");
+    // the fuzz target's convention: an odd first byte means "payload; add a valid header"
+    let payload = &input[1..];
+    let mut bytes = b"TRACEPB\0".to_vec();
+    bytes.extend_from_slice(&1u32.to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(payload);
+    let start = std::time::Instant::now();
+    let r = tracepass_ir::codec::decode(&bytes);
+    assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    assert!(r.is_err(), "{r:?}");
+}
