@@ -130,11 +130,24 @@ pub fn no_sync(t: &mut Trace) -> usize {
                 .any(|o| returned.contains(o) || t.users(*o).iter().any(|u| !removable.contains(u)))
         })
     };
-    let keep: HashSet<_> = removable
+    let mut keep: HashSet<_> = removable
         .iter()
         .copied()
         .filter(|i| still_used(t, *i))
         .collect();
+    // a kept node keeps what it reads (a reduced buffer used other than through an unpack keeps
+    // its wait, all-reduce and pack), so the result never refers to a removed value
+    let mut work: Vec<_> = keep.iter().copied().collect();
+    while let Some(idx) = work.pop() {
+        let Some(n) = t.node(idx) else { continue };
+        n.for_each_operand(&mut |v| {
+            if let Some(p) = t.producer(v) {
+                if removable.contains(&p) && keep.insert(p) {
+                    work.push(p);
+                }
+            }
+        });
+    }
     t.retain_nodes(|_, idx| !removable.contains(&idx) || keep.contains(&idx));
     t.purge_undefined_values();
     n

@@ -573,3 +573,25 @@ fn accumulate_grads_adds_an_argument_per_parameter_gradient() {
         }
     }
 }
+
+/// Found by `cargo xtask fuzz opt`: a Thunder bucketed DDP backward whose reduced bucket buffer
+/// is returned directly (not only through its unpack). no-sync removed the all-reduce but kept
+/// the wait that read it, leaving an undefined future.
+#[test]
+fn fuzz_no_sync_keeps_what_a_kept_wait_reads() {
+    let text = include_str!("fuzz_regressions/no_sync_reduced_buffer_returned.trace");
+    let t = parse_trace(text).unwrap();
+    assert!(verify(&t).is_ok());
+    for pipeline in ["no-sync", "dce,no-sync,dce", "no-sync,sort-waits,cse"] {
+        let mut p = Program::lone(t.clone());
+        let r = PassManager::parse(pipeline)
+            .unwrap()
+            .run(&mut p, OpRegistry::builtin());
+        assert!(
+            r.is_ok(),
+            "{pipeline}: {}",
+            r.err().map(|e| e.to_string()).unwrap_or_default()
+        );
+        assert!(verify(&p.backward).is_ok());
+    }
+}
