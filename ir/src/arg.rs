@@ -66,7 +66,7 @@ impl Opaque {
 }
 
 /// A positional or keyword operand of a node, or the return structure of a trace.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize)]
 pub enum Arg {
     Value(ValueId),
     None,
@@ -200,5 +200,64 @@ mod tests {
         );
         assert!(Opaque::from_name("_x").is_none());
         assert!(Opaque::from_name("t_l1_weight").is_none());
+    }
+}
+
+/// How deeply serialized operands and decompositions may nest. Decoding recurses once per level,
+/// so a hostile file nesting tuples thousands deep would otherwise overflow the stack.
+pub const MAX_NESTING: u32 = 128;
+
+thread_local! {
+    static NESTING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// One level of nesting while decoding; an error past [`MAX_NESTING`].
+pub(crate) struct NestingGuard;
+
+impl NestingGuard {
+    pub(crate) fn enter<E: serde::de::Error>() -> Result<NestingGuard, E> {
+        let depth = NESTING.with(|n| {
+            let d = n.get() + 1;
+            n.set(d);
+            d
+        });
+        if depth > MAX_NESTING {
+            NESTING.with(|n| n.set(n.get() - 1));
+            return Err(E::custom(format!(
+                "values nest deeper than {MAX_NESTING} levels"
+            )));
+        }
+        Ok(NestingGuard)
+    }
+}
+
+impl Drop for NestingGuard {
+    fn drop(&mut self) {
+        NESTING.with(|n| n.set(n.get().saturating_sub(1)));
+    }
+}
+
+/// The derived decoding of [`Arg`], called under a nesting guard.
+#[derive(Deserialize)]
+#[serde(remote = "Arg")]
+enum ArgDef {
+    Value(ValueId),
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Tuple(Vec<Arg>),
+    List(Vec<Arg>),
+    Dict(Vec<(Arg, Arg)>),
+    DType(DType, DTypeSpelling),
+    Device(Device, DeviceSpelling),
+    Opaque(Opaque),
+}
+
+impl<'de> Deserialize<'de> for Arg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Arg, D::Error> {
+        let _level = NestingGuard::enter::<D::Error>()?;
+        ArgDef::deserialize(d)
     }
 }

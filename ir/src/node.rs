@@ -19,7 +19,7 @@ pub enum Lhs {
 
 /// A decomposition line Thunder prints as an indented comment under its symbol. Kept as text:
 /// it documents the op and is never executed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SubSymbol {
     pub text: String,
     pub children: Vec<SubSymbol>,
@@ -96,4 +96,19 @@ pub enum Edge {
     /// The source must run before the target, with no data between them (collective order,
     /// side effects).
     Order,
+}
+
+/// The derived decoding of [`SubSymbol`], called under a nesting guard (decompositions nest).
+#[derive(Deserialize)]
+#[serde(remote = "SubSymbol")]
+struct SubSymbolDef {
+    text: String,
+    children: Vec<SubSymbol>,
+}
+
+impl<'de> Deserialize<'de> for SubSymbol {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SubSymbol, D::Error> {
+        let _level = crate::arg::NestingGuard::enter::<D::Error>()?;
+        SubSymbolDef::deserialize(d)
+    }
 }

@@ -287,6 +287,7 @@ impl<'a> Parser<'a> {
                         parser: &self,
                         ln,
                         ind,
+                        depth: 0,
                     };
                     let e = p.parse_return()?;
                     p.expect_end()?;
@@ -486,6 +487,7 @@ impl<'a> Parser<'a> {
                 parser: self,
                 ln,
                 ind,
+                depth: 0,
             };
             let (args, kwargs) = p.parse_call_args()?;
             p.expect_end()?;
@@ -665,6 +667,8 @@ struct ExprParser<'p, 't, 'a> {
     parser: &'p Parser<'a>,
     ln: usize,
     ind: usize,
+    /// Nesting of the expression being parsed (bounded: parsing recurses per level).
+    depth: u32,
 }
 
 impl ExprParser<'_, '_, '_> {
@@ -766,6 +770,19 @@ impl ExprParser<'_, '_, '_> {
     }
 
     fn parse_expr(&mut self) -> PResult<Arg> {
+        if self.depth >= crate::arg::MAX_NESTING {
+            return Err(self.err(format!(
+                "expression nests deeper than {} levels",
+                crate::arg::MAX_NESTING
+            )));
+        }
+        self.depth += 1;
+        let r = self.parse_expr_inner();
+        self.depth -= 1;
+        r
+    }
+
+    fn parse_expr_inner(&mut self) -> PResult<Arg> {
         let col = self.col();
         let Some((tok, _)) = self.toks.get(self.pos).cloned() else {
             return Err(self.err("expected an operand"));

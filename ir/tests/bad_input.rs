@@ -306,3 +306,32 @@ fn fuzz_decode_huge_value_id_is_an_error_not_an_allocation() {
     assert!(start.elapsed() < std::time::Duration::from_secs(2));
     assert!(r.is_err(), "{r:?}");
 }
+
+/// Found by `cargo xtask fuzz decode` (the process died of a stack overflow): a payload nesting
+/// tuples thousands deep made decoding recurse once per level. Nesting is now bounded.
+#[test]
+fn fuzz_decode_deep_nesting_is_an_error_not_a_stack_overflow() {
+    let mut t = Trace::new("deep", TraceKind::Forward);
+    let mut ret = Arg::Int(1);
+    for _ in 0..(tracepass_ir::arg::MAX_NESTING + 10) {
+        ret = Arg::Tuple(vec![ret]);
+    }
+    t.ret = ret;
+    let bytes = codec::encode(&Module::Trace(t)).unwrap();
+    let e = codec::decode(&bytes).unwrap_err().to_string();
+    assert!(e.contains("nest deeper than 128 levels"), "{e}");
+    // and the text parser bounds its expressions the same way (it overflowed on 100,000 parens)
+    let text = format!(
+        "def f(x):\n  # x: \"cpu f32[2]\"\n  t0 = ltorch.reshape(x, {}2,{})\n  return t0\n",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
+    let e = parse_trace(&text).unwrap_err();
+    assert!(
+        e.message
+            .contains("expression nests deeper than 128 levels"),
+        "{}",
+        e.message
+    );
+    assert_eq!(e.line, 3);
+}
