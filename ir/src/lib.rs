@@ -42,6 +42,6 @@ pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
 pub use program::{Module, Param, Program, ProgramError};
 pub use registry::{ops, Effect, MetaCx, MetaOut, OpDef, OpRegistry};
 pub use trace::{NameGen, Provenance, Trace, TraceKind};
-pub use types::{DType, Device, DeviceKind, TensorType, Type};
+pub use types::{broadcast_shapes, DType, Device, DeviceKind, TensorType, Type};
 pub use value::{Def, Value, ValueId};
 pub use verify::{verify, verify_with, Diagnostic, VerifyError};

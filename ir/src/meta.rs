@@ -2,7 +2,7 @@
 
 use crate::arg::Arg;
 use crate::registry::{ops, Effect, MetaCx, MetaOut, OpRegistry};
-use crate::types::{DType, Device, TensorType, Type};
+use crate::types::{broadcast_shapes, DType, Device, TensorType, Type};
 
 type R<T> = Result<T, String>;
 
@@ -77,31 +77,6 @@ impl<'a> MetaCx<'a> {
     }
 }
 
-fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
-    let n = a.len().max(b.len());
-    let mut out = vec![0; n];
-    for i in 0..n {
-        let x = if i < n - a.len() {
-            1
-        } else {
-            a[i - (n - a.len())]
-        };
-        let y = if i < n - b.len() {
-            1
-        } else {
-            b[i - (n - b.len())]
-        };
-        out[i] = if x == y || y == 1 {
-            x
-        } else if x == 1 {
-            y
-        } else {
-            return None;
-        };
-    }
-    Some(out)
-}
-
 fn promote(a: DType, b: DType) -> DType {
     if a.promotion_rank() >= b.promotion_rank() {
         a
@@ -132,7 +107,7 @@ fn elementwise(cx: &MetaCx, arity: usize) -> R<MetaOut> {
                                 cx.op, r.device, t.device
                             ));
                         }
-                        let shape = broadcast(&r.shape, &t.shape).ok_or_else(|| {
+                        let shape = broadcast_shapes(&r.shape, &t.shape).ok_or_else(|| {
                             format!(
                                 "{}: shapes {:?} and {:?} do not broadcast",
                                 cx.op, r.shape, t.shape
@@ -328,7 +303,7 @@ fn matmul_shapes(op: &str, a: &[usize], b: &[usize]) -> R<Vec<usize>> {
             if k != k2 {
                 return Err(err());
             }
-            let mut s = broadcast(&a[..a.len() - 2], &b[..b.len() - 2]).ok_or_else(err)?;
+            let mut s = broadcast_shapes(&a[..a.len() - 2], &b[..b.len() - 2]).ok_or_else(err)?;
             s.push(n);
             s.push(m);
             Ok(s)
@@ -378,7 +353,7 @@ fn linear(cx: &MetaCx) -> R<MetaOut> {
         if !matches!(bias, Arg::None) {
             let b = cx.tensor_arg(bias, 2)?;
             same_dtype_device(cx.op, &x, &b)?;
-            if broadcast(&shape, &b.shape).as_deref() != Some(&shape[..]) {
+            if broadcast_shapes(&shape, &b.shape).as_deref() != Some(&shape[..]) {
                 return Err(format!(
                     "{}: bias {:?} does not fit output {shape:?}",
                     cx.op, b.shape

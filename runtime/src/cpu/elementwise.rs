@@ -120,29 +120,6 @@ fn binary_fn<T: Real>(op: BinaryOp, alpha: T) -> impl Fn(T, T) -> T {
     }
 }
 
-fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
-    let n = a.len().max(b.len());
-    let get = |s: &[usize], i: usize| {
-        if i < n - s.len() {
-            1
-        } else {
-            s[i - (n - s.len())]
-        }
-    };
-    (0..n)
-        .map(|i| {
-            let (x, y) = (get(a, i), get(b, i));
-            if x == y || y == 1 {
-                Ok(x)
-            } else if x == 1 {
-                Ok(y)
-            } else {
-                Err(format!("shapes {a:?} and {b:?} do not broadcast"))
-            }
-        })
-        .collect()
-}
-
 /// Strides that read a contiguous `shape` as if it were `out` (0 along broadcast dimensions).
 fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<isize> {
     let own = contiguous_strides(shape);
@@ -235,7 +212,14 @@ fn binary_typed<T: Real>(
                 let data = va.iter().zip(vb.iter()).map(|(&p, &q)| f(p, q)).collect();
                 Tensor::new(x.shape().to_vec(), T::storage(data))
             } else {
-                let out = broadcast_shape(x.shape(), y.shape())?;
+                let out =
+                    tracepass_ir::broadcast_shapes(x.shape(), y.shape()).ok_or_else(|| {
+                        format!(
+                            "shapes {:?} and {:?} do not broadcast",
+                            x.shape(),
+                            y.shape()
+                        )
+                    })?;
                 let ia = broadcast_index(&out, &broadcast_strides(x.shape(), &out));
                 let ib = broadcast_index(&out, &broadcast_strides(y.shape(), &out));
                 let data = ia.iter().zip(&ib).map(|(&p, &q)| f(va[p], vb[q])).collect();

@@ -202,26 +202,8 @@ fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     }
     let (ba, bb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
     let nb = ba.len().max(bb.len());
-    let get = |s: &[usize], i: usize| {
-        if i < nb - s.len() {
-            1
-        } else {
-            s[i - (nb - s.len())]
-        }
-    };
-    let mut batch = Vec::with_capacity(nb);
-    for i in 0..nb {
-        let (x, y) = (get(ba, i), get(bb, i));
-        batch.push(if x == y || y == 1 {
-            x
-        } else if x == 1 {
-            y
-        } else {
-            return Err(format!(
-                "matmul batch shapes {ba:?} and {bb:?} do not broadcast"
-            ));
-        });
-    }
+    let batch = tracepass_ir::broadcast_shapes(ba, bb)
+        .ok_or_else(|| format!("matmul batch shapes {ba:?} and {bb:?} do not broadcast"))?;
     let count: usize = batch.iter().product();
     let mut out = vec![T::ZERO; count * m * n];
     let stride_of = |t: &Tensor, lead: usize, i: usize, dims: &[usize]| -> isize {

@@ -303,7 +303,11 @@ impl CudaBackend {
         }
         let sa_shape = ta.map(|t| t.shape.clone()).unwrap_or_default();
         let sb_shape = tb.map(|t| t.shape.clone()).unwrap_or_default();
-        let out_shape = broadcast(&sa_shape, &sb_shape)?;
+        let out_shape = tracepass_ir::broadcast_shapes(&sa_shape, &sb_shape).ok_or_else(|| {
+            KernelError(format!(
+                "shapes {sa_shape:?} and {sb_shape:?} do not broadcast"
+            ))
+        })?;
         if out_shape.len() > MAX_RANK {
             return Err(KernelError(format!(
                 "rank {} is above the cuda limit {MAX_RANK}",
@@ -530,31 +534,6 @@ impl CudaBackend {
             }
         })
     }
-}
-
-fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, KernelError> {
-    let n = a.len().max(b.len());
-    let get = |s: &[usize], i: usize| {
-        if i < n - s.len() {
-            1
-        } else {
-            s[i - (n - s.len())]
-        }
-    };
-    (0..n)
-        .map(|i| {
-            let (x, y) = (get(a, i), get(b, i));
-            if x == y || y == 1 {
-                Ok(x)
-            } else if x == 1 {
-                Ok(y)
-            } else {
-                Err(KernelError(format!(
-                    "shapes {a:?} and {b:?} do not broadcast"
-                )))
-            }
-        })
-        .collect()
 }
 
 fn tensor<'a>(
