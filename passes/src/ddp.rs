@@ -205,9 +205,10 @@ pub fn recorded_plan(t: &tracepass_ir::Trace) -> Vec<(String, Vec<ValueId>, usiz
         .collect()
 }
 
-fn has_sync(p: &Program) -> bool {
-    p.backward
-        .nodes()
+/// Whether a backward already synchronizes gradients (as Thunder's own DDP export does): ddp
+/// refuses such a trace, and `no-sync` strips it first.
+pub fn synchronizes(t: &tracepass_ir::Trace) -> bool {
+    t.nodes()
         .any(|(_, n)| n.op == ops::ALL_REDUCE || n.op == ops::BUCKET_PACK)
 }
 
@@ -243,7 +244,7 @@ impl Pass for Ddp {
                 "no parameter metadata: give a program, or pair the backward with its forward (--forward FILE) so parameter gradients can be told from input gradients".into(),
             ));
         }
-        if has_sync(p) {
+        if synchronizes(&p.backward) {
             return Err(fail(
                 "the backward already synchronizes gradients; run `no-sync` first to re-bucket it"
                     .into(),

@@ -26,7 +26,7 @@ pub mod pipeline;
 pub mod sort_waits;
 
 pub use catalog::{build_pass, PASS_NAMES};
-pub use ddp::{Average, Bucket, Ddp, DdpOptions, Launch};
+pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
 pub use manager::{timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport};
 pub use pass::{Changed, Pass, PassContext, PassError, PassTiming};
 pub use pipeline::{parse_pipeline, print_pipeline, PassSpec};

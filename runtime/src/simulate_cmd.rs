@@ -5,7 +5,7 @@ use crate::cli::{load_program, out};
 use crate::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions, SimReport};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
-use tracepass_ir::{ops, OpRegistry, Program};
+use tracepass_ir::{OpRegistry, Program};
 use tracepass_passes::PassManager;
 
 #[derive(clap::Args, Debug)]
@@ -32,10 +32,6 @@ pub struct SimulateArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-fn synchronizes(p: &Program) -> bool {
-    p.backward.nodes().any(|(_, n)| n.op == ops::ALL_REDUCE)
 }
 
 fn rewrite(p: &Program, pipeline: &str) -> Result<Program> {
@@ -93,7 +89,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         opts.device.name, opts.link.latency_us, opts.link.bandwidth_gbps, opts.world_size
     );
     if args.sweep_bucket_mb {
-        let prefix = if synchronizes(&program) {
+        let prefix = if tracepass_passes::synchronizes(&program.backward) {
             "no-sync,"
         } else {
             ""

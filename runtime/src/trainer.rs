@@ -19,7 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracepass_ir::{ops, print_trace, Arg, OpRegistry, Program, Trace, ValueId};
-use tracepass_passes::PassManager;
+use tracepass_passes::{synchronizes, PassManager};
 
 /// A fault to inject (tests and `--inject-fault`): what a real failure would do to one rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,11 +150,6 @@ pub struct TrainReport {
     pub wall: Duration,
     /// The step this run started at (non-zero when resumed from a checkpoint).
     pub first_step: usize,
-}
-
-/// Whether a backward already synchronizes gradients (Thunder's own DDP export).
-fn synchronizes(t: &Trace) -> bool {
-    t.nodes().any(|(_, n)| n.op == ops::ALL_REDUCE)
 }
 
 /// The divisor an exported DDP backward applies before its all-reduces, if it is a constant.
