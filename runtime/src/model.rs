@@ -1,6 +1,7 @@
 //! The model a trainer runs: a forward/backward program, its inputs, and how its output becomes
 //! a loss. The seed example's Thunder traces are built into the binary.
 
+use crate::executor::RValue;
 use std::path::PathBuf;
 use tracepass_ir::{parse_trace, synth, Arg, DType, Program, TensorType, Trace, ValueId};
 
@@ -180,5 +181,28 @@ impl Model {
 
     pub fn dtype(&self) -> DType {
         self.input.1.dtype
+    }
+
+    /// The forward's arguments in signature order: the batch `x` and the parameters.
+    pub fn forward_inputs<T: Clone>(&self, x: T, params: &[T]) -> Vec<RValue<T>> {
+        let mut inputs = vec![RValue::None; self.program.forward.args().len()];
+        inputs[self.input.0] = RValue::Tensor(x);
+        for (p, t) in self.program.params.iter().zip(params) {
+            inputs[p.forward_arg] = RValue::Tensor(t.clone());
+        }
+        inputs
+    }
+
+    /// Per parameter, its gradient among the backward's results (`None`: no gradient).
+    pub fn param_grads<T: Clone>(&self, results: &[RValue<T>]) -> Vec<Option<T>> {
+        self.program
+            .params
+            .iter()
+            .map(|p| {
+                p.grad_output
+                    .and_then(|i| results.get(i).cloned())
+                    .and_then(RValue::tensor)
+            })
+            .collect()
     }
 }

@@ -284,7 +284,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         pb.finish_and_clear();
     }
     if args.show_backward {
-        eprintln!("{}", report.backward);
+        eprintln!("{}", tracepass_ir::print_trace(&report.backward));
     }
     if args.metrics {
         print!("{}", print_metrics(&report));

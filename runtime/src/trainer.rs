@@ -18,7 +18,7 @@ use crate::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tracepass_ir::{ops, print_trace, Arg, OpRegistry, Program, Trace, ValueId};
+use tracepass_ir::{ops, Arg, OpRegistry, Program, Trace, ValueId};
 use tracepass_passes::{synchronizes, PassManager};
 
 /// A fault to inject (tests and `--inject-fault`): what a real failure would do to one rank.
@@ -144,8 +144,8 @@ pub struct TrainReport {
     pub params: Vec<Vec<Tensor>>,
     /// Timeline events per rank (when asked for).
     pub events: Vec<(usize, Vec<Event>)>,
-    /// The backward the ranks ran for synchronized steps, printed.
-    pub backward: String,
+    /// The backward the ranks ran for synchronized steps.
+    pub backward: Trace,
     pub pipeline: String,
     pub wall: Duration,
     /// The step this run started at (non-zero when resumed from a checkpoint).
@@ -182,7 +182,7 @@ pub(crate) struct Plans {
     pub(crate) sync: Plan,
     /// For accumulation: which gradient (return position) each extra `acc_*` argument adds to.
     pub(crate) acc_targets: Vec<usize>,
-    pub(crate) backward_text: String,
+    pub(crate) backward: Trace,
     pub(crate) pipeline: String,
 }
 
@@ -279,7 +279,7 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
         local,
         sync,
         acc_targets,
-        backward_text: print_trace(&sync_prog.backward),
+        backward: sync_prog.backward.clone(),
         pipeline,
     })
 }
@@ -415,12 +415,7 @@ fn rank_main(
                 .batch(m, rank, &model.input.1, sh.y_shape.as_deref())
                 .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
             // forward
-            let mut inputs: Vec<RValue<Tensor>> =
-                vec![RValue::None; model.program.forward.args().len()];
-            inputs[model.input.0] = RValue::Tensor(x);
-            for (p, t) in model.program.params.iter().zip(&params) {
-                inputs[p.forward_arg] = RValue::Tensor(t.clone());
-            }
+            let inputs = model.forward_inputs(x, &params);
             let mut rec = Recording::default();
             let t_fwd = Instant::now();
             let mut res = exec
@@ -491,16 +486,7 @@ fn rank_main(
             loss_sum += t.to_f64_vec().first().copied().unwrap_or(f64::NAN);
         }
         let loss = loss_sum / (cfg.world_size * micro_per_step) as f64;
-        let grads: Vec<Option<Tensor>> = model
-            .program
-            .params
-            .iter()
-            .map(|p| {
-                p.grad_output
-                    .and_then(|i| synced.get(i).cloned())
-                    .and_then(RValue::tensor)
-            })
-            .collect();
+        let grads: Vec<Option<Tensor>> = model.param_grads(&synced);
         if step == first_step && (rank == 0 || cfg.keep_all_ranks) {
             out.grads0 = grads.clone();
         }
@@ -775,7 +761,7 @@ pub fn train(
         grads_step0: Vec::new(),
         params: Vec::new(),
         events: Vec::new(),
-        backward: plans.backward_text.clone(),
+        backward: plans.backward.clone(),
         pipeline: plans.pipeline.clone(),
         wall,
         first_step: resume.as_ref().map_or(0, |c| c.step),
@@ -828,11 +814,7 @@ pub fn local_gradients(
         rank: 0,
         message: e.to_string(),
     };
-    let mut inputs: Vec<RValue<Tensor>> = vec![RValue::None; p.forward.args().len()];
-    inputs[model.input.0] = RValue::Tensor(x);
-    for (q, t) in p.params.iter().zip(params) {
-        inputs[q.forward_arg] = RValue::Tensor(t.clone());
-    }
+    let inputs = model.forward_inputs(x, params);
     let mut rec = Recording::default();
     let mut res = exec
         .run(
@@ -861,15 +843,5 @@ pub fn local_gradients(
             &mut rec,
         )
         .map_err(err)?;
-    Ok((
-        loss,
-        p.params
-            .iter()
-            .map(|q| {
-                q.grad_output
-                    .and_then(|i| grads.get(i).cloned())
-                    .and_then(RValue::tensor)
-            })
-            .collect(),
-    ))
+    Ok((loss, model.param_grads(&grads)))
 }

@@ -110,7 +110,7 @@ pub fn train(
         grads_step0: Vec::new(),
         params: Vec::new(),
         events: Vec::new(),
-        backward: plans.backward_text.clone(),
+        backward: plans.backward.clone(),
         pipeline: plans.pipeline.clone(),
         wall: std::time::Duration::ZERO,
         first_step,
@@ -121,12 +121,7 @@ pub fn train(
         let (x, y) = data
             .batch(step, rank, &model.input.1, y_shape.as_deref())
             .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
-        let mut inputs: Vec<RValue<CudaTensor>> =
-            vec![RValue::None; model.program.forward.args().len()];
-        inputs[model.input.0] = RValue::Tensor(up(&x)?);
-        for (p, t) in model.program.params.iter().zip(&dev_params) {
-            inputs[p.forward_arg] = RValue::Tensor(t.clone());
-        }
+        let inputs = model.forward_inputs(up(&x)?, &dev_params);
         let mut rec_f = Recording::default();
         let mut res = exec
             .run(
@@ -173,19 +168,9 @@ pub fn train(
                 .unwrap_or(f32::NAN),
         ) / env.world_size as f64;
         let host_grads: Vec<Option<Tensor>> = model
-            .program
-            .params
+            .param_grads(&grads)
             .iter()
-            .map(|p| {
-                match p
-                    .grad_output
-                    .and_then(|i| grads.get(i).cloned())
-                    .and_then(RValue::tensor)
-                {
-                    Some(g) => down(&g).map(Some),
-                    None => Ok(None),
-                }
-            })
+            .map(|g| g.as_ref().map(&down).transpose())
             .collect::<Result<_, _>>()?;
         if step == first_step {
             report.grads_step0.push(host_grads.clone());
