@@ -113,6 +113,37 @@ pub fn busy(spans: &[Span]) -> f64 {
     union(spans.to_vec()).iter().map(Span::len).sum()
 }
 
+/// Busy compute, communication, and how much of the communication the compute hid (seconds).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OverlapSummary {
+    pub compute_s: f64,
+    pub comm_s: f64,
+    pub overlap_s: f64,
+    /// overlap / comm, in percent (100 when there was no communication to hide).
+    pub overlap_pct: f64,
+    /// comm - overlap.
+    pub exposed_comm_s: f64,
+}
+
+impl OverlapSummary {
+    /// Summarizes compute and communication spans (microseconds, possibly overlapping).
+    pub fn of(compute: &[Span], comm: &[Span]) -> OverlapSummary {
+        let (compute_us, comm_us) = (busy(compute), busy(comm));
+        let overlap_us = overlap(compute, comm);
+        OverlapSummary {
+            compute_s: compute_us * 1e-6,
+            comm_s: comm_us * 1e-6,
+            overlap_s: overlap_us * 1e-6,
+            overlap_pct: if comm_us > 0.0 {
+                100.0 * overlap_us / comm_us
+            } else {
+                100.0
+            },
+            exposed_comm_s: (comm_us - overlap_us) * 1e-6,
+        }
+    }
+}
+
 /// Total length of the intersection of two span sets.
 pub fn overlap(a: &[Span], b: &[Span]) -> f64 {
     let (a, b) = (union(a.to_vec()), union(b.to_vec()));
@@ -152,9 +183,7 @@ impl StepMetrics {
                 end_us: b.comm_end_us,
             })
             .collect();
-        let compute_us: f64 = union(compute.clone()).iter().map(Span::len).sum();
-        let comm_us: f64 = union(comm.clone()).iter().map(Span::len).sum();
-        let overlap_us = overlap(&compute, &comm);
+        let o = OverlapSummary::of(&compute, &comm);
         StepMetrics {
             step,
             rank,
@@ -162,15 +191,11 @@ impl StepMetrics {
             forward_s: 0.0,
             backward_s: 0.0,
             backward_compute_s: 0.0,
-            compute_s: compute_us * 1e-6,
-            comm_s: comm_us * 1e-6,
-            overlap_s: overlap_us * 1e-6,
-            overlap_pct: if comm_us > 0.0 {
-                100.0 * overlap_us / comm_us
-            } else {
-                100.0
-            },
-            exposed_comm_s: (comm_us - overlap_us) * 1e-6,
+            compute_s: o.compute_s,
+            comm_s: o.comm_s,
+            overlap_s: o.overlap_s,
+            overlap_pct: o.overlap_pct,
+            exposed_comm_s: o.exposed_comm_s,
             buckets: recs
                 .iter()
                 .flat_map(|r| r.buckets.iter().cloned())

@@ -5,7 +5,7 @@
 use super::device::DeviceModel;
 use crate::comm::LinkModel;
 use crate::kernel::{decode, Kernel};
-use crate::metrics::{overlap, Span};
+use crate::metrics::{OverlapSummary, Span};
 use serde::Serialize;
 use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
 
@@ -198,20 +198,14 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
             }
         }
     }
-    let comm_us: f64 = comm.iter().map(Span::len).sum();
-    let compute_us: f64 = busy.iter().map(Span::len).sum();
-    let overlap_us = overlap(&busy, &comm);
+    let o = OverlapSummary::of(&busy, &comm);
     Ok(SimReport {
         step_s: now,
-        compute_s: compute_us * 1e-6,
-        comm_s: comm_us * 1e-6,
-        overlap_s: overlap_us * 1e-6,
-        overlap_pct: if comm_us > 0.0 {
-            100.0 * overlap_us / comm_us
-        } else {
-            100.0
-        },
-        exposed_comm_s: (comm_us - overlap_us) * 1e-6,
+        compute_s: o.compute_s,
+        comm_s: o.comm_s,
+        overlap_s: o.overlap_s,
+        overlap_pct: o.overlap_pct,
+        exposed_comm_s: o.exposed_comm_s,
         ops: ops_count,
         buckets,
     })
