@@ -99,7 +99,12 @@ impl Shared {
     }
 
     fn fail(&self, rank: usize, reason: String) {
-        let mut st = self.lock();
+        self.record_failure(self.lock(), rank, reason);
+    }
+
+    /// Records `reason` as the group's failure unless one is recorded already, then wakes every
+    /// waiting rank so it sees it.
+    fn record_failure(&self, mut st: MutexGuard<'_, State>, rank: usize, reason: String) {
         if st.failed.is_none() {
             st.failed = Some((rank, reason));
         }
@@ -148,11 +153,7 @@ impl Shared {
                 b: rank,
                 what_b: sig.describe(),
             };
-            if st.failed.is_none() {
-                st.failed = Some((rank, err.to_string()));
-            }
-            drop(st);
-            self.cv.notify_all();
+            self.record_failure(st, rank, err.to_string());
             return Err(err);
         }
         slot.contribs[rank] = data;
@@ -172,9 +173,7 @@ impl Shared {
                     "collective #{seq} ({}): {message} (seen on rank {rank})",
                     sig.label
                 );
-                st.failed = Some((rank, msg.clone()));
-                drop(st);
-                self.cv.notify_all();
+                self.record_failure(st, rank, msg.clone());
                 return Err(CommError::Invalid { rank, message: msg });
             }
             self.cv.notify_all();
@@ -258,11 +257,7 @@ impl Shared {
                     secs: self.options.timeout.as_secs_f64(),
                     missing,
                 };
-                if st.failed.is_none() {
-                    st.failed = Some((rank, err.to_string()));
-                }
-                drop(st);
-                self.cv.notify_all();
+                self.record_failure(st, rank, err.to_string());
                 return Err(err);
             }
             st = self
