@@ -247,6 +247,25 @@ impl CudaBackend {
         .map_err(kerr("cuBLAS gemm"))
     }
 
+    /// Runs an elementwise kernel `(in, out, n)` over `x` into a new tensor of `dtype`.
+    fn map(
+        &self,
+        x: &CudaTensor,
+        dtype: DType,
+        src: Option<Source>,
+        what: &str,
+    ) -> Result<CudaTensor, KernelError> {
+        let out = self.empty(x.shape.clone(), dtype)?;
+        let f = self.function(src, what)?;
+        let (pi, po, n) = (
+            x.ptr(&self.stream),
+            out.ptr(&self.stream),
+            out.numel() as i64,
+        );
+        launch!(self, f, out.numel(), &pi, &po, &n)?;
+        Ok(out)
+    }
+
     fn permute(&self, x: &CudaTensor, perm: &[usize]) -> Result<CudaTensor, KernelError> {
         if perm.len() != x.shape.len() || perm.len() > MAX_RANK {
             return Err(KernelError(format!(
@@ -564,15 +583,7 @@ impl Backend for CudaBackend {
         match kernel {
             Kernel::Unary(op) => {
                 let x = tensor(inputs, 0)?;
-                let out = self.empty(x.shape.clone(), x.dtype)?;
-                let f = self.function(kernels::unary(*op, x.dtype), "unary op")?;
-                let (pi, po, n) = (
-                    x.ptr(&self.stream),
-                    out.ptr(&self.stream),
-                    out.numel() as i64,
-                );
-                launch!(self, f, out.numel(), &pi, &po, &n)?;
-                Ok(out)
+                self.map(x, x.dtype, kernels::unary(*op, x.dtype), "unary op")
             }
             Kernel::Binary { .. } => self.binary(kernel, inputs),
             Kernel::Identity => Ok(tensor(inputs, 0)?.clone()),
@@ -595,15 +606,7 @@ impl Backend for CudaBackend {
                 if x.dtype == *to {
                     return Ok(x.clone());
                 }
-                let out = self.empty(x.shape.clone(), *to)?;
-                let f = self.function(kernels::convert(x.dtype, *to), "dtype conversion")?;
-                let (pi, po, n) = (
-                    x.ptr(&self.stream),
-                    out.ptr(&self.stream),
-                    out.numel() as i64,
-                );
-                launch!(self, f, out.numel(), &pi, &po, &n)?;
-                Ok(out)
+                self.map(x, *to, kernels::convert(x.dtype, *to), "dtype conversion")
             }
             Kernel::Matmul => self.matmul(tensor(inputs, 0)?, tensor(inputs, 1)?),
             Kernel::Linear { bias } => {
