@@ -1,6 +1,6 @@
 //! The device interface the executor drives: kernels, bucket packing, host transfers.
 
-use crate::kernel::Kernel;
+use crate::kernel::{BinaryOp, Kernel, Side};
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
 
@@ -40,6 +40,39 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Self::Tensor, KernelError>;
     /// Concatenates the flattened members into one 1-d bucket buffer.
     fn pack(&self, members: &[&Self::Tensor]) -> Result<Self::Tensor, KernelError>;
+    /// Like `pack`, dividing each member that has a divisor by it (in the member's compute
+    /// type, as the `div` kernel would). The default divides first, then packs; a backend can
+    /// do both in one pass.
+    fn pack_divided(
+        &self,
+        members: &[&Self::Tensor],
+        divisors: &[Option<f64>],
+    ) -> Result<Self::Tensor, KernelError> {
+        let divided: Vec<Option<Self::Tensor>> = members
+            .iter()
+            .zip(divisors.iter().chain(std::iter::repeat(&None)))
+            .map(|(m, d)| {
+                d.map(|by| {
+                    self.run(
+                        &Kernel::Binary {
+                            op: BinaryOp::Div,
+                            a: Side::Input(0),
+                            b: Side::Scalar(by),
+                            alpha: 1.0,
+                        },
+                        &[Input::Tensor(*m)],
+                    )
+                })
+                .transpose()
+            })
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<&Self::Tensor> = members
+            .iter()
+            .zip(&divided)
+            .map(|(m, d)| d.as_ref().unwrap_or(*m))
+            .collect();
+        self.pack(&refs)
+    }
     /// Views of a bucket buffer: member `i` starts at element `offsets[i]` and has `shapes[i]`.
     fn unpack(
         &self,

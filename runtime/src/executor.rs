@@ -263,7 +263,7 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     computed = false;
                 }
                 InstrKind::Nop => computed = false,
-                InstrKind::Pack => {
+                InstrKind::Pack { divisors } => {
                     self.pack_started[ins.outputs[0]] = clock.us(t0);
                     let out = {
                         let mut members = Vec::with_capacity(ins.inputs.len());
@@ -282,7 +282,12 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                                 }
                             }
                         }
-                        backend.pack(&members).map_err(|e| Failure::Node(i, e.0))?
+                        if divisors.is_empty() {
+                            backend.pack(&members)
+                        } else {
+                            backend.pack_divided(&members, divisors)
+                        }
+                        .map_err(|e| Failure::Node(i, e.0))?
                     };
                     self.slots[ins.outputs[0]] = RValue::Tensor(out);
                 }

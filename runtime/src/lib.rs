@@ -10,6 +10,7 @@
 // invariant. Everything a user controls (files, options, traces, ranks) returns a typed error.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod affinity;
 pub mod alloc;
 pub mod backend;
 pub mod checkpoint;
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod plan;
+pub mod reduction;
 pub mod rendezvous;
 pub mod sim;
 pub mod simulate_cmd;

@@ -2,7 +2,7 @@
 //! with their kernels decoded, and each instruction lists the slots that die after it.
 
 use crate::comm::ReduceOp;
-use crate::kernel::{decode, Kernel};
+use crate::kernel::{decode, BinaryOp, Kernel, Side};
 use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
 
 /// Index of a value's slot in the executor's table.
@@ -15,8 +15,11 @@ pub enum InstrKind {
     UnpackSequence,
     /// Thunder's `clear_mutable_collection`: nothing to do once the collection is unpacked.
     Nop,
-    /// Inputs are the members, in bucket order.
-    Pack,
+    /// Inputs are the members, in bucket order; a member with a divisor is divided by it while
+    /// it is copied in (a `prims.div` read only by the pack, fused into it).
+    Pack {
+        divisors: Vec<Option<f64>>,
+    },
     AllReduce {
         op: ReduceOp,
         bucket: usize,
@@ -168,7 +171,12 @@ impl Plan {
                         if let Some(out) = node.outputs.first() {
                             bucket_label[out.0 as usize] = Some(label);
                         }
-                        (InstrKind::Pack, values(members))
+                        (
+                            InstrKind::Pack {
+                                divisors: Vec::new(),
+                            },
+                            values(members),
+                        )
                     }
                     ops::ALL_REDUCE => {
                         let buf =
@@ -280,6 +288,7 @@ impl Plan {
             .map(|r| r.map(|v| slot(v, &mut slot_names)))
             .collect();
         let slots = slot_names.len();
+        fuse_divisions_into_packs(&mut instrs, &results, slots);
         // liveness: a slot dies after its last reader (or right after its producer if unread)
         let mut last: Vec<Option<usize>> = vec![None; slots];
         for (i, ins) in instrs.iter().enumerate() {
@@ -308,5 +317,63 @@ impl Plan {
             collectives,
             slot_names,
         })
+    }
+}
+
+/// The DDP pass divides each gradient by the world size right before it is packed into its
+/// bucket. Running that division as its own kernel writes a fresh tensor only for the pack to
+/// copy it; instead the pack divides while it copies, so each gradient is read once. A
+/// division is fused only when the pack is its only reader and its result is not returned; the
+/// division instruction becomes a no-op. Bitwise the same: the pack divides by the same number
+/// in the same compute type.
+fn fuse_divisions_into_packs(instrs: &mut [Instr], results: &[Option<Slot>], slots: usize) {
+    let mut readers = vec![0usize; slots];
+    let mut producer: Vec<Option<usize>> = vec![None; slots];
+    for (i, ins) in instrs.iter().enumerate() {
+        for &s in &ins.inputs {
+            readers[s] += 1;
+        }
+        for &o in &ins.outputs {
+            producer[o] = Some(i);
+        }
+    }
+    for r in results.iter().flatten() {
+        readers[*r] += 1;
+    }
+    for p in 0..instrs.len() {
+        if !matches!(instrs[p].kind, InstrKind::Pack { .. }) {
+            continue;
+        }
+        let mut divisors = vec![None; instrs[p].inputs.len()];
+        for (k, divisor) in divisors.iter_mut().enumerate() {
+            let member = instrs[p].inputs[k];
+            let Some(d) = producer[member] else { continue };
+            let fusable = match &instrs[d].kind {
+                InstrKind::Compute(Kernel::Binary {
+                    op: BinaryOp::Div,
+                    a: Side::Input(0),
+                    b: Side::Scalar(by),
+                    ..
+                }) if instrs[d].inputs.len() == 1
+                    && instrs[d].outputs.len() == 1
+                    && readers[member] == 1
+                    && d < p =>
+                {
+                    Some(*by)
+                }
+                _ => None,
+            };
+            if let Some(by) = fusable {
+                let source = instrs[d].inputs[0];
+                instrs[d].kind = InstrKind::Nop;
+                instrs[d].inputs.clear();
+                instrs[d].outputs.clear();
+                instrs[p].inputs[k] = source;
+                *divisor = Some(by);
+            }
+        }
+        if divisors.iter().any(Option::is_some) {
+            instrs[p].kind = InstrKind::Pack { divisors };
+        }
     }
 }

@@ -223,18 +223,21 @@ impl Tensor {
         if self.is_contiguous() {
             return self.clone();
         }
+        Tensor::new(self.shape.clone(), self.copied())
+    }
+    /// The elements in row-major order, copied into fresh storage.
+    fn copied(&self) -> Storage {
         macro_rules! gather {
             ($v:expr, $variant:ident) => {
                 Storage::$variant(self.positions().map(|p| $v[p]).collect())
             };
         }
-        let data = match &*self.data {
+        match &*self.data {
             Storage::F32(v) => gather!(v, F32),
             Storage::F64(v) => gather!(v, F64),
             Storage::BF16(v) => gather!(v, BF16),
             Storage::F16(v) => gather!(v, F16),
-        };
-        Tensor::new(self.shape.clone(), data)
+        }
     }
     /// The elements as a contiguous f32 slice, when they are one.
     pub fn as_f32(&self) -> Option<&[f32]> {
@@ -248,6 +251,15 @@ impl Tensor {
             (Storage::F64(v), true) => Some(&v[self.offset..self.offset + self.numel()]),
             _ => None,
         }
+    }
+    /// The elements as owned, contiguous storage: the tensor's own storage, without a copy, when
+    /// nothing else shares it and the tensor covers all of it; otherwise a contiguous copy.
+    pub fn into_storage(self) -> Storage {
+        let whole = self.offset == 0 && self.numel() == self.data.len() && self.is_contiguous();
+        if !whole {
+            return self.copied();
+        }
+        Arc::try_unwrap(self.data).unwrap_or_else(|shared| (*shared).clone())
     }
     /// The elements as a mutable f32 slice, for in-place updates (optimizers). The storage is
     /// copied first if it is shared, strided or a view; `None` for other dtypes.

@@ -3,8 +3,8 @@
 //! (0, 1, 2, ...) for every element, so every rank gets the same bits, whatever the bucketing.
 
 use crate::comm::{CommError, CommTiming, Communicator, LinkModel, ReduceOp};
-use crate::tensor::{Storage, Tensor};
-use half::{bf16, f16};
+use crate::reduction::Reduction;
+use crate::tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -68,9 +68,10 @@ struct Slot {
     first_rank: usize,
     contribs: Vec<Option<Tensor>>,
     arrived: usize,
-    /// All-reduce: every rank's buffer once all arrived; each rank reduces its own chunk.
-    parts: Option<Arc<Vec<Tensor>>>,
-    chunks: Vec<Option<Storage>>,
+    /// All-reduce: once all arrived, the reduction in which each rank's worker reduces its
+    /// own chunk.
+    reduction: Option<Arc<Reduction>>,
+    chunk_done: Vec<bool>,
     chunks_done: usize,
     result: Option<Tensor>,
     /// When the last rank arrived (the transfer's start).
@@ -138,8 +139,8 @@ impl Shared {
             first_rank: rank,
             contribs: vec![None; world],
             arrived: 0,
-            parts: None,
-            chunks: vec![None; world],
+            reduction: None,
+            chunk_done: vec![false; world],
             chunks_done: 0,
             result: None,
             ready_at: None,
@@ -161,8 +162,8 @@ impl Shared {
         if slot.arrived == world {
             slot.ready_at = Some(Instant::now());
             let prepared = match sig.kind {
-                Kind::AllReduce(_) => gather(&mut slot.contribs).map(|p| {
-                    slot.parts = Some(Arc::new(p));
+                Kind::AllReduce(op) => gather(&mut slot.contribs).map(|p| {
+                    slot.reduction = Some(Arc::new(Reduction::new(op, p, world)));
                 }),
                 kind => pick(&kind, &mut slot.contribs).map(|r| {
                     slot.result = Some(r);
@@ -201,25 +202,20 @@ impl Shared {
                     }
                     return Ok((r, ready.unwrap_or_else(Instant::now)));
                 }
-                if let (Some(parts), false, Kind::AllReduce(op)) =
-                    (slot.parts.clone(), reduced_mine, sig.kind)
-                {
+                if let (Some(reduction), false) = (slot.reduction.clone(), reduced_mine) {
                     // reduce this rank's chunk without holding the lock
                     drop(st);
-                    let n = parts[0].numel();
-                    let (lo, hi) = (rank * n / world, (rank + 1) * n / world);
-                    let chunk = reduce_range(op, &parts, lo, hi);
+                    reduction.reduce_chunk(rank);
+                    drop(reduction);
                     reduced_mine = true;
                     st = self.lock();
                     if let Some(slot) = st.slots.get_mut(&seq) {
-                        slot.chunks[rank] = Some(chunk);
+                        slot.chunk_done[rank] = true;
                         slot.chunks_done += 1;
                         if slot.chunks_done == world {
-                            let shape = parts[0].shape().to_vec();
-                            let chunks: Vec<Storage> =
-                                slot.chunks.iter_mut().filter_map(Option::take).collect();
-                            slot.result = Some(Tensor::new(shape, concat(chunks)));
-                            slot.parts = None;
+                            if let Some(r) = slot.reduction.take() {
+                                slot.result = Some(r.finish());
+                            }
                             self.cv.notify_all();
                         }
                     }
@@ -245,7 +241,7 @@ impl Shared {
                                 .collect()
                         } else {
                             (0..world)
-                                .filter(|r| s.chunks[*r].is_none() && *r != rank)
+                                .filter(|r| !s.chunk_done[*r] && *r != rank)
                                 .collect()
                         }
                     })
@@ -304,63 +300,6 @@ fn gather(contribs: &mut [Option<Tensor>]) -> Result<Vec<Tensor>, String> {
         }
     }
     Ok(parts)
-}
-
-/// Elements `lo..hi` of the reduction, adding the ranks' values in rank order (0, 1, 2, ...),
-/// so every element gets the same bits whichever rank reduces it and however it is chunked.
-fn reduce_range(op: ReduceOp, parts: &[Tensor], lo: usize, hi: usize) -> Storage {
-    macro_rules! run {
-        ($variant:ident, $to:expr, $from:expr) => {{
-            let slices: Vec<_> = parts
-                .iter()
-                .map(|p| match p.storage() {
-                    Storage::$variant(v) => &v[p.offset() + lo..p.offset() + hi],
-                    _ => unreachable!("dtypes were checked equal"),
-                })
-                .collect();
-            let mut acc: Vec<_> = slices[0].iter().map($to).collect();
-            for part in &slices[1..] {
-                for (a, b) in acc.iter_mut().zip(part.iter()) {
-                    let b = $to(b);
-                    *a = match op {
-                        ReduceOp::Sum => *a + b,
-                        ReduceOp::Max => {
-                            if b > *a {
-                                b
-                            } else {
-                                *a
-                            }
-                        }
-                    };
-                }
-            }
-            Storage::$variant(acc.into_iter().map($from).collect())
-        }};
-    }
-    match parts[0].storage() {
-        Storage::F32(_) => run!(F32, |x: &f32| *x, |x: f32| x),
-        Storage::F64(_) => run!(F64, |x: &f64| *x, |x: f64| x),
-        Storage::BF16(_) => run!(BF16, |x: &bf16| x.to_f32(), bf16::from_f32),
-        Storage::F16(_) => run!(F16, |x: &f16| x.to_f32(), f16::from_f32),
-    }
-}
-
-/// Joins reduced chunks (all of one dtype) into one buffer.
-fn concat(chunks: Vec<Storage>) -> Storage {
-    let mut it = chunks.into_iter();
-    let Some(mut first) = it.next() else {
-        return Storage::F32(Vec::new());
-    };
-    for c in it {
-        match (&mut first, c) {
-            (Storage::F32(a), Storage::F32(b)) => a.extend(b),
-            (Storage::F64(a), Storage::F64(b)) => a.extend(b),
-            (Storage::BF16(a), Storage::BF16(b)) => a.extend(b),
-            (Storage::F16(a), Storage::F16(b)) => a.extend(b),
-            _ => unreachable!("chunks of one reduction share a dtype"),
-        }
-    }
-    first
 }
 
 /// A group of `world_size` thread ranks; hand each rank thread its `comm(rank)`.

@@ -86,6 +86,9 @@ pub struct TrainArgs {
     /// Continue from a checkpoint; --steps counts from the start of training.
     #[arg(long, value_name = "FILE.safetensors", conflicts_with = "params")]
     pub resume: Option<PathBuf>,
+    /// Let the OS place the rank threads instead of pinning rank r to the (r mod n)-th CPU.
+    #[arg(long)]
+    pub no_pin_ranks: bool,
     /// Testing aid: `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
@@ -219,6 +222,7 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         save: args.save.clone(),
         save_every: args.save_every,
         resume: args.resume.clone(),
+        pin_ranks: !args.no_pin_ranks,
     })
 }
 

@@ -83,6 +83,8 @@ pub struct TrainConfig {
     pub save_every: Option<usize>,
     /// Start from this checkpoint: its parameters, optimizer state and step.
     pub resume: Option<PathBuf>,
+    /// Pin rank `r` to the `r mod n`-th CPU the process may use (see `affinity`).
+    pub pin_ranks: bool,
 }
 
 impl Default for TrainConfig {
@@ -108,6 +110,7 @@ impl Default for TrainConfig {
             save: None,
             save_every: None,
             resume: None,
+            pin_ranks: true,
         }
     }
 }
@@ -684,6 +687,10 @@ pub fn train(
                 std::thread::Builder::new()
                     .name(format!("rank-{rank}"))
                     .spawn_scoped(s, move || {
+                        if shared.cfg.pin_ranks {
+                            // best effort: an unpinned rank is slower to line up, not wrong
+                            let _ = crate::affinity::pin_current_thread(rank);
+                        }
                         let r = catch_unwind(AssertUnwindSafe(|| {
                             rank_main(rank, comm, shared, on_step)
                         }));

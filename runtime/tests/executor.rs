@@ -5,7 +5,7 @@ use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::executor::{Executor, RValue};
 use tracepass_runtime::metrics::{Clock, Recording};
 use tracepass_runtime::model::{Model, ModelSource};
-use tracepass_runtime::plan::Plan;
+use tracepass_runtime::plan::{InstrKind, Plan};
 use tracepass_runtime::tensor::Tensor;
 use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
 
@@ -156,4 +156,85 @@ fn wrong_inputs_are_named() {
         e.contains("the trace takes 1 arguments but was given 0"),
         "{e}"
     );
+}
+
+/// `prims.div` feeding a bucket is fused into the pack (one pass over the gradient), unless
+/// something else reads the quotient; either way the numbers are those of the `div` kernel.
+#[test]
+fn a_division_read_only_by_its_bucket_is_fused_into_the_pack() {
+    let text = r#"import thunder
+import thunder.core.prims as prims
+import tracepass.dist as dist
+
+def backward_fn(g, h):
+  # g: "cpu f32[5]"
+  # h: "cpu bf16[3]"
+  t0 = prims.div(g, 3.0)  # t0: "cpu f32[5]"
+  t1 = prims.div(h, 3.0)  # t1: "cpu bf16[3]"
+  t2 = dist.bucket_pack([t0], bucket='b0', offsets=(0,), nbytes=20)  # t2: "cpu f32[5]"
+  ft0 = dist.all_reduce_async(t2, 'sum', 'world')  # ft0: "FUTURE thunder.devices.Device(type='cpu') f32[5]"
+  t3 = dist.bucket_pack([t1], bucket='b1', offsets=(0,), nbytes=6)  # t3: "cpu bf16[3]"
+  ft1 = dist.all_reduce_async(t3, 'sum', 'world')  # ft1: "FUTURE thunder.devices.Device(type='cpu') bf16[3]"
+  t4 = dist.wait(ft0)  # t4: "cpu f32[5]"
+  t5 = dist.unpack(t4, bucket='b0', offsets=(0,), shapes=((5,),))  # t5: "cpu f32[5]"
+  t6 = dist.wait(ft1)  # t6: "cpu bf16[3]"
+  t7 = dist.unpack(t6, bucket='b1', offsets=(0,), shapes=((3,),))  # t7: "cpu bf16[3]"
+  return (t5, t7)
+"#;
+    let t = tracepass_ir::parse_trace(text).unwrap();
+    let id = |name: &str| t.find_value(name).unwrap();
+    let g = Tensor::from_f32(vec![5], vec![1.0, -2.5, 7.0, 1e-8, 3.3]);
+    let h = Tensor::from_f32(vec![3], vec![0.1, 5.0, -9.75])
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let inputs = || vec![RValue::Tensor(g.clone()), RValue::Tensor(h.clone())];
+    let divided = |x: &Tensor| {
+        use tracepass_runtime::backend::{Backend, Input};
+        use tracepass_runtime::kernel::{BinaryOp, Kernel, Side};
+        let div = Kernel::Binary {
+            op: BinaryOp::Div,
+            a: Side::Input(0),
+            b: Side::Scalar(3.0),
+            alpha: 1.0,
+        };
+        CpuBackend.run(&div, &[Input::Tensor(x)]).unwrap()
+    };
+
+    let fused = Plan::compile(&t, &[Some(id("t5")), Some(id("t7"))]).unwrap();
+    let packs: Vec<_> = fused
+        .instrs
+        .iter()
+        .filter_map(|i| match &i.kind {
+            InstrKind::Pack { divisors } => Some(divisors.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(packs, vec![vec![Some(3.0)], vec![Some(3.0)]]);
+    let nops = fused
+        .instrs
+        .iter()
+        .filter(|i| matches!(i.kind, InstrKind::Nop) && i.line.contains("prims.div"))
+        .count();
+    assert_eq!(nops, 2);
+    let out = exec(&fused, inputs()).unwrap();
+    let got = out[0].clone().tensor().unwrap();
+    assert!(got.bitwise_eq(&divided(&g)), "{:?}", got.to_f32_vec());
+    let got = out[1].clone().tensor().unwrap();
+    assert_eq!(got.dtype(), DType::BF16);
+    assert!(got.bitwise_eq(&divided(&h)), "{:?}", got.to_f32_vec());
+
+    // t0 is also a result: its division must run on its own, and nothing changes
+    let kept = Plan::compile(&t, &[Some(id("t5")), Some(id("t7")), Some(id("t0"))]).unwrap();
+    let packs: Vec<_> = kept
+        .instrs
+        .iter()
+        .filter_map(|i| match &i.kind {
+            InstrKind::Pack { divisors } => Some(divisors.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(packs, vec![vec![], vec![Some(3.0)]]);
+    let out = exec(&kept, inputs()).unwrap();
+    assert!(out[0].clone().tensor().unwrap().bitwise_eq(&divided(&g)));
+    assert!(out[2].clone().tensor().unwrap().bitwise_eq(&divided(&g)));
 }

@@ -28,6 +28,10 @@ enum Cmd {
         /// Ranks (overlap).
         #[arg(long, default_value_t = 4)]
         ranks: usize,
+        /// Linear layers of the deep MLP (overlap). The unhidden tail is about one bucket of
+        /// comm, so the default gives 19 buckets of 25 MiB (64 layers give 10).
+        #[arg(long, default_value_t = 128)]
+        layers: usize,
     },
     /// Write synthetic programs (seed model, deep MLP) to testdata/generated/.
     GenTestdata,
@@ -56,11 +60,12 @@ fn main() -> Result<()> {
             suite,
             max_nodes,
             ranks,
+            layers,
         } => match suite.as_str() {
             "ir" => bench_ir(max_nodes),
             "passes" => bench_passes(max_nodes),
             "runtime" => bench_runtime(),
-            "overlap" => bench_overlap(ranks),
+            "overlap" => bench_overlap(ranks, layers),
             "cuda" => bench_cuda(),
             other => bail!("unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda"),
         },
@@ -415,12 +420,12 @@ fn steady(r: &tracepass_runtime::trainer::TrainReport, skip: usize) -> (f64, f64
     (acc.0 / n, acc.1 / n, acc.2 / n, acc.3 / n, acc.4)
 }
 
-fn bench_overlap(world: usize) -> Result<()> {
+fn bench_overlap(world: usize, layers: usize) -> Result<()> {
     use tracepass_runtime::comm::LinkModel;
     use tracepass_runtime::model::ModelSource;
     use tracepass_runtime::optim::OptimizerKind;
     use tracepass_runtime::trainer::{train, TrainConfig};
-    let (layers, width, steps, skip) = (64usize, 1024usize, 12usize, 3usize);
+    let (width, steps, skip) = (1024usize, 20usize, 4usize);
     if world < 2 {
         bail!("--ranks must be at least 2 for an overlap benchmark");
     }
@@ -447,17 +452,21 @@ fn bench_overlap(world: usize) -> Result<()> {
         latency_us: 10.0,
         bandwidth_gbps: bytes_per_s * 8.0 / 1e9,
     };
-    // 3. one correction: measured comm includes the host reduction, measured compute the
-    //    contention with it; scale the bandwidth so the two come out equal under schedule (c)
-    let probe = train(
-        &TrainConfig {
-            link: Some(link),
-            ..base.clone()
-        },
-        &quiet,
-    )?;
-    let (_, c_compute, c_comm, _, _) = steady(&probe, skip);
-    link.bandwidth_gbps *= c_comm / c_compute;
+    // 3. corrections: measured comm includes the host reduction, measured compute the
+    //    contention with it; scale the bandwidth until the two come out equal under schedule (c)
+    let mut c_compute = compute;
+    for _ in 0..2 {
+        let probe = train(
+            &TrainConfig {
+                link: Some(link),
+                ..base.clone()
+            },
+            &quiet,
+        )?;
+        let (_, probe_compute, probe_comm, _, _) = steady(&probe, skip);
+        link.bandwidth_gbps *= probe_comm / probe_compute;
+        c_compute = probe_compute;
+    }
     println!(
         "deep MLP {layers} x Linear({width},{width}) + GELU, batch 8, {world} thread ranks on {} cores; {:.0} MiB of gradients",
         std::thread::available_parallelism().map_or(1, |c| c.get()),

@@ -16,62 +16,113 @@ pub fn promote(a: DType, b: DType) -> DType {
     }
 }
 
-#[inline(always)]
-fn unary_fn<T: Real>(op: UnaryOp) -> impl Fn(T) -> T {
-    move |x: T| match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Log1p => x.ln_1p(),
-        UnaryOp::Expm1 => x.exp_m1(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => T::ONE / x.sqrt(),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => T::ONE / (T::ONE + (-x).exp()),
-        UnaryOp::Relu => {
-            if x > T::ZERO {
-                x
-            } else {
-                T::ZERO
+/// Expands `$body` once per unary op with `$f` bound to that op's function, so each loop is
+/// compiled for one op (and vectorized where the op allows) instead of matching per element.
+macro_rules! for_unary_op {
+    ($op:expr, $t:ty, $f:ident => $body:expr) => {
+        match $op {
+            UnaryOp::Neg => {
+                let $f = |x: $t| -x;
+                $body
+            }
+            UnaryOp::Abs => {
+                let $f = |x: $t| x.abs();
+                $body
+            }
+            UnaryOp::Exp => {
+                let $f = |x: $t| x.exp();
+                $body
+            }
+            UnaryOp::Log => {
+                let $f = |x: $t| x.ln();
+                $body
+            }
+            UnaryOp::Log1p => {
+                let $f = |x: $t| x.ln_1p();
+                $body
+            }
+            UnaryOp::Expm1 => {
+                let $f = |x: $t| x.exp_m1();
+                $body
+            }
+            UnaryOp::Sqrt => {
+                let $f = |x: $t| x.sqrt();
+                $body
+            }
+            UnaryOp::Rsqrt => {
+                let $f = |x: $t| <$t>::ONE / x.sqrt();
+                $body
+            }
+            UnaryOp::Tanh => {
+                let $f = |x: $t| x.tanh();
+                $body
+            }
+            UnaryOp::Sigmoid => {
+                let $f = |x: $t| <$t>::ONE / (<$t>::ONE + (-x).exp());
+                $body
+            }
+            UnaryOp::Relu => {
+                let $f = |x: $t| if x > <$t>::ZERO { x } else { <$t>::ZERO };
+                $body
+            }
+            UnaryOp::Sin => {
+                let $f = |x: $t| x.sin();
+                $body
+            }
+            UnaryOp::Cos => {
+                let $f = |x: $t| x.cos();
+                $body
+            }
+            UnaryOp::Reciprocal => {
+                let $f = |x: $t| <$t>::ONE / x;
+                $body
+            }
+            UnaryOp::Sign => {
+                let $f = |x: $t| {
+                    if x > <$t>::ZERO {
+                        <$t>::ONE
+                    } else if x < <$t>::ZERO {
+                        -<$t>::ONE
+                    } else {
+                        x
+                    }
+                };
+                $body
+            }
+            UnaryOp::Erf => {
+                let $f = |x: $t| x.erf();
+                $body
+            }
+            UnaryOp::Gelu => {
+                let $f = |x: $t| {
+                    <$t>::of(0.5)
+                        * x
+                        * (<$t>::ONE + (x * <$t>::of(std::f64::consts::FRAC_1_SQRT_2)).erf())
+                };
+                $body
+            }
+            UnaryOp::GeluTanh => {
+                let $f = |x: $t| {
+                    let inner = <$t>::of(0.7978845608028654) * (x + <$t>::of(0.044715) * x * x * x);
+                    <$t>::of(0.5) * x * (<$t>::ONE + inner.tanh())
+                };
+                $body
             }
         }
-        UnaryOp::Sin => x.sin(),
-        UnaryOp::Cos => x.cos(),
-        UnaryOp::Reciprocal => T::ONE / x,
-        UnaryOp::Sign => {
-            if x > T::ZERO {
-                T::ONE
-            } else if x < T::ZERO {
-                -T::ONE
-            } else {
-                x
-            }
-        }
-        UnaryOp::Erf => x.erf(),
-        UnaryOp::Gelu => {
-            T::of(0.5) * x * (T::ONE + (x * T::of(std::f64::consts::FRAC_1_SQRT_2)).erf())
-        }
-        UnaryOp::GeluTanh => {
-            let inner = T::of(0.7978845608028654) * (x + T::of(0.044715) * x * x * x);
-            T::of(0.5) * x * (T::ONE + inner.tanh())
-        }
-    }
+    };
 }
 
-fn map_typed<T: Real>(x: &Tensor, f: impl Fn(T) -> T) -> Tensor {
+fn map_typed<T: Real>(x: &Tensor, op: UnaryOp) -> Tensor {
     let v = T::elems(x);
-    Tensor::new(
-        x.shape().to_vec(),
-        T::storage(v.iter().map(|&e| f(e)).collect()),
-    )
+    let data: Vec<T> = for_unary_op!(op, T, f => v.iter().map(|&e| f(e)).collect());
+    Tensor::new(x.shape().to_vec(), T::storage(data))
 }
 
 /// Runs a unary op in the tensor's compute type and returns the tensor's dtype.
 pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor, String> {
     with_compute_type(x.dtype(), |ct| match ct {
-        DType::F64 => Ok(map_typed::<f64>(x, unary_fn(op))),
-        _ => Ok(map_typed::<f32>(x, unary_fn(op))),
+        DType::F64 => Ok(map_typed::<f64>(x, op)),
+        _ => Ok(map_typed::<f32>(x, op)),
     })
 }
 
@@ -94,30 +145,45 @@ fn with_compute_type(
     }
 }
 
-#[inline(always)]
-fn binary_fn<T: Real>(op: BinaryOp, alpha: T) -> impl Fn(T, T) -> T {
-    move |a: T, b: T| match op {
-        BinaryOp::Add => a + alpha * b,
-        BinaryOp::Sub => a - alpha * b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Pow => a.powf(b),
-        BinaryOp::Maximum => {
-            if a.is_nan() || a > b {
-                a
-            } else {
-                b
+/// Like `for_unary_op`, for the binary ops `a op (alpha * b)`.
+macro_rules! for_binary_op {
+    ($op:expr, $t:ty, $alpha:expr, $f:ident => $body:expr) => {{
+        let alpha: $t = $alpha;
+        match $op {
+            BinaryOp::Add => {
+                let $f = |a: $t, b: $t| a + alpha * b;
+                $body
+            }
+            BinaryOp::Sub => {
+                let $f = |a: $t, b: $t| a - alpha * b;
+                $body
+            }
+            BinaryOp::Mul => {
+                let $f = |a: $t, b: $t| a * b;
+                $body
+            }
+            BinaryOp::Div => {
+                let $f = |a: $t, b: $t| a / b;
+                $body
+            }
+            BinaryOp::Pow => {
+                let $f = |a: $t, b: $t| a.powf(b);
+                $body
+            }
+            BinaryOp::Maximum => {
+                let $f = |a: $t, b: $t| if a.is_nan() || a > b { a } else { b };
+                $body
+            }
+            BinaryOp::Minimum => {
+                let $f = |a: $t, b: $t| if a.is_nan() || a < b { a } else { b };
+                $body
+            }
+            BinaryOp::Atan2 => {
+                let $f = |a: $t, b: $t| a.atan2(b);
+                $body
             }
         }
-        BinaryOp::Minimum => {
-            if a.is_nan() || a < b {
-                a
-            } else {
-                b
-            }
-        }
-        BinaryOp::Atan2 => a.atan2(b),
-    }
+    }};
 }
 
 /// Strides that read a contiguous `shape` as if it were `out` (0 along broadcast dimensions).
@@ -186,7 +252,6 @@ fn binary_typed<T: Real>(
     b: Operand,
     alpha: f64,
 ) -> Result<Tensor, String> {
-    let f = binary_fn::<T>(op, T::of(alpha));
     Ok(match (a, b) {
         (Operand::T(x), Operand::S(s)) => {
             let v = T::elems(x);
@@ -194,22 +259,25 @@ fn binary_typed<T: Real>(
                 pow_scalar(&v, s)
             } else {
                 let s = T::of(s);
-                v.iter().map(|&e| f(e, s)).collect()
+                for_binary_op!(op, T, T::of(alpha), f => v.iter().map(|&e| f(e, s)).collect())
             };
             Tensor::new(x.shape().to_vec(), T::storage(data))
         }
         (Operand::S(s), Operand::T(y)) => {
             let s = T::of(s);
             let v = T::elems(y);
-            Tensor::new(
-                y.shape().to_vec(),
-                T::storage(v.iter().map(|&e| f(s, e)).collect()),
-            )
+            let data: Vec<T> =
+                for_binary_op!(op, T, T::of(alpha), f => v.iter().map(|&e| f(s, e)).collect());
+            Tensor::new(y.shape().to_vec(), T::storage(data))
         }
         (Operand::T(x), Operand::T(y)) => {
             let (va, vb) = (T::elems(x), T::elems(y));
             if x.shape() == y.shape() {
-                let data = va.iter().zip(vb.iter()).map(|(&p, &q)| f(p, q)).collect();
+                let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => va
+                    .iter()
+                    .zip(vb.iter())
+                    .map(|(&p, &q)| f(p, q))
+                    .collect());
                 Tensor::new(x.shape().to_vec(), T::storage(data))
             } else {
                 let out =
@@ -222,7 +290,11 @@ fn binary_typed<T: Real>(
                     })?;
                 let ia = broadcast_index(&out, &broadcast_strides(x.shape(), &out));
                 let ib = broadcast_index(&out, &broadcast_strides(y.shape(), &out));
-                let data = ia.iter().zip(&ib).map(|(&p, &q)| f(va[p], vb[q])).collect();
+                let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => ia
+                    .iter()
+                    .zip(&ib)
+                    .map(|(&p, &q)| f(va[p], vb[q]))
+                    .collect());
                 Tensor::new(out, T::storage(data))
             }
         }

@@ -84,17 +84,30 @@ impl Backend for CpuBackend {
     }
 
     fn pack(&self, members: &[&Tensor]) -> Result<Tensor, KernelError> {
+        self.pack_divided(members, &[])
+    }
+
+    /// Copies every member once, dividing on the way where it has a divisor.
+    fn pack_divided(
+        &self,
+        members: &[&Tensor],
+        divisors: &[Option<f64>],
+    ) -> Result<Tensor, KernelError> {
         let first = members.first().ok_or("an empty bucket")?;
         let dtype = first.dtype();
         let total: usize = members.iter().map(|m| m.numel()).sum();
         macro_rules! concat {
-            ($variant:ident, $zero:expr) => {{
+            ($variant:ident, |$x:ident, $by:ident| $divided:expr) => {{
                 let mut out = Vec::with_capacity(total);
-                for m in members {
+                for (k, m) in members.iter().enumerate() {
                     let m = m.contiguous();
                     match m.storage() {
                         Storage::$variant(v) => {
-                            out.extend_from_slice(&v[m.offset()..m.offset() + m.numel()])
+                            let src = &v[m.offset()..m.offset() + m.numel()];
+                            match divisors.get(k).copied().flatten() {
+                                None => out.extend_from_slice(src),
+                                Some($by) => out.extend(src.iter().map(|&$x| $divided)),
+                            }
                         }
                         other => {
                             return Err(KernelError(format!(
@@ -107,11 +120,12 @@ impl Backend for CpuBackend {
                 Storage::$variant(out)
             }};
         }
+        // the divisor in the compute type of the `div` kernel (f64 for f64, else f32)
         let data = match dtype {
-            DType::F32 => concat!(F32, 0.0),
-            DType::F64 => concat!(F64, 0.0),
-            DType::BF16 => concat!(BF16, 0),
-            DType::F16 => concat!(F16, 0),
+            DType::F32 => concat!(F32, |x, by| x / by as f32),
+            DType::F64 => concat!(F64, |x, by| x / by),
+            DType::BF16 => concat!(BF16, |x, by| half::bf16::from_f32(x.to_f32() / by as f32)),
+            DType::F16 => concat!(F16, |x, by| half::f16::from_f32(x.to_f32() / by as f32)),
             other => {
                 return Err(KernelError(format!(
                     "dtype {other} is not supported by the cpu backend"
