@@ -354,9 +354,7 @@ impl<'a> Parser<'a> {
         let parsed = Type::parse(ty).ok_or_else(|| {
             self.err(ln, ind + 2 + name.len() + 3, format!("unknown type `{ty}`"))
         })?;
-        if let Some(v) = self.trace.value_mut(id) {
-            v.ty = parsed;
-        }
+        self.trace.set_ty(id, parsed);
         self.untyped.remove(&id);
         Ok(())
     }
@@ -563,9 +561,7 @@ impl<'a> Parser<'a> {
                 MetaOut::Types(types) if types.len() == node.outputs.len() => {
                     for (o, t) in node.outputs.iter().zip(types) {
                         if untyped.contains_key(o) {
-                            if let Some(v) = self.trace.value_mut(*o) {
-                                v.ty = t;
-                            }
+                            self.trace.set_ty(*o, t);
                         }
                     }
                 }

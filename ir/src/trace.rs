@@ -40,6 +40,10 @@ pub struct Trace {
     pub(crate) schedule: Vec<NodeIndex>,
     pub(crate) values: IndexMap<ValueId, Value, FxBuildHasher>,
     pub(crate) next_value: u32,
+    /// What a [`NameGen`] would find by scanning every value name, kept up to date as values
+    /// are added so that a pass does not scan a million names to make a fresh one; `None` once
+    /// names may have changed or gone (`value_mut`, purging), and the next `name_gen` scans.
+    pub(crate) name_counters: Option<NameCounters>,
     /// The return structure (tuples, lists, dicts, `None`, values).
     pub ret: Arg,
     /// Decorators printed above `def` (without the `@`).
@@ -62,6 +66,7 @@ impl Trace {
             schedule: Vec::new(),
             values: IndexMap::default(),
             next_value: 0,
+            name_counters: Some(NameCounters::default()),
             ret: Arg::None,
             decorators: default_decorators(),
             provenance: Vec::new(),
@@ -70,14 +75,44 @@ impl Trace {
 
     // ----- values -----
 
+    /// Where `id` sits in the value table. Values are usually stored in id order (ids are
+    /// handed out in sequence and decoding keeps the order), so the entry at position `id` is
+    /// checked first: a direct array access, no hashing, and no random probe into the hash
+    /// index, which is what makes lookups in a million-value trace miss the cache. Falls back
+    /// to the hash index when values were removed or reordered.
+    #[inline]
+    fn position(&self, id: ValueId) -> Option<usize> {
+        let i = id.0 as usize;
+        match self.values.get_index(i) {
+            Some((k, _)) if *k == id => Some(i),
+            _ => self.values.get_index_of(&id),
+        }
+    }
+    #[inline]
+    fn entry(&self, id: ValueId) -> Option<&Value> {
+        self.position(id)
+            .and_then(|i| self.values.get_index(i))
+            .map(|(_, v)| v)
+    }
+    #[inline]
+    fn entry_mut(&mut self, id: ValueId) -> Option<&mut Value> {
+        self.position(id)
+            .and_then(|i| self.values.get_index_mut(i))
+            .map(|(_, v)| v)
+    }
+
     /// Creates a value that is not yet defined; give it to a node's outputs or `push_arg`.
     pub fn new_value(&mut self, name: impl Into<String>, ty: Type) -> ValueId {
         let id = ValueId(self.next_value);
         self.next_value += 1;
+        let name = name.into();
+        if let Some(c) = &mut self.name_counters {
+            c.note(&name);
+        }
         self.values.insert(
             id,
             Value {
-                name: name.into(),
+                name,
                 ty,
                 def: Def::Undefined,
             },
@@ -91,8 +126,9 @@ impl Trace {
         id
     }
     pub(crate) fn push_existing_arg(&mut self, id: ValueId) {
-        if let Some(v) = self.values.get_mut(&id) {
-            v.def = Def::Arg(self.args.len());
+        let pos = self.args.len();
+        if let Some(v) = self.entry_mut(id) {
+            v.def = Def::Arg(pos);
         }
         self.args.push(id);
     }
@@ -100,20 +136,28 @@ impl Trace {
         &self.args
     }
     pub fn value(&self, id: ValueId) -> Option<&Value> {
-        self.values.get(&id)
+        self.entry(id)
     }
+    /// A value to change; its name may change, so fresh names are looked for by a scan again.
     pub fn value_mut(&mut self, id: ValueId) -> Option<&mut Value> {
-        self.values.get_mut(&id)
+        self.name_counters = None;
+        self.entry_mut(id)
+    }
+    /// Sets a value's type (its name stays).
+    pub fn set_ty(&mut self, id: ValueId, ty: Type) {
+        if let Some(v) = self.entry_mut(id) {
+            v.ty = ty;
+        }
     }
     /// The name of a value, or `<undefined %N>` for a dangling handle.
     pub fn name(&self, id: ValueId) -> String {
-        match self.values.get(&id) {
+        match self.entry(id) {
             Some(v) => v.name.clone(),
             None => format!("<undefined {id}>"),
         }
     }
     pub fn ty(&self, id: ValueId) -> Option<&Type> {
-        self.values.get(&id).map(|v| &v.ty)
+        self.entry(id).map(|v| &v.ty)
     }
     pub fn values(&self) -> impl Iterator<Item = (ValueId, &Value)> {
         self.values.iter().map(|(k, v)| (*k, v))
@@ -134,7 +178,7 @@ impl Trace {
     }
     /// The node that defines `id`, if any.
     pub fn producer(&self, id: ValueId) -> Option<NodeIndex> {
-        match self.values.get(&id)?.def {
+        match self.entry(id)?.def {
             Def::Node(n, _) => Some(n),
             _ => None,
         }
@@ -142,6 +186,7 @@ impl Trace {
     /// Removes values that nothing defines (left over after their producers were removed).
     pub fn purge_undefined_values(&mut self) {
         self.values.retain(|_, v| v.def != Def::Undefined);
+        self.name_counters = None;
     }
 
     // ----- nodes -----
@@ -154,7 +199,7 @@ impl Trace {
             if let Some(Value {
                 def: Def::Node(p, _),
                 ..
-            }) = self.values.get(&v)
+            }) = self.entry(v)
             {
                 producers.push((*p, v));
             }
@@ -163,7 +208,7 @@ impl Trace {
         let n_out = self.graph[idx].outputs.len();
         for i in 0..n_out {
             let out = self.graph[idx].outputs[i];
-            if let Some(v) = self.values.get_mut(&out) {
+            if let Some(v) = self.entry_mut(out) {
                 v.def = Def::Node(idx, i as u32);
             }
         }
@@ -206,7 +251,7 @@ impl Trace {
             self.graph.remove_edge(e);
         }
         for (i, out) in outputs.iter().enumerate() {
-            if let Some(v) = self.values.get_mut(out) {
+            if let Some(v) = self.entry_mut(*out) {
                 v.def = Def::Node(idx, i as u32);
             }
         }
@@ -238,7 +283,7 @@ impl Trace {
     fn detach_node(&mut self, idx: NodeIndex) -> Option<Node> {
         let node = self.graph.remove_node(idx)?;
         for out in &node.outputs {
-            if let Some(v) = self.values.get_mut(out) {
+            if let Some(v) = self.entry_mut(*out) {
                 if v.def != Def::Undefined {
                     v.def = Def::Undefined;
                 }
@@ -327,22 +372,45 @@ pub struct NameGen {
 
 const NAME_PREFIXES: [&str; 8] = ["t", "ft", "C", "i", "f", "b", "s", "o"];
 
-impl NameGen {
-    pub fn new(trace: &Trace) -> NameGen {
-        let mut next: HashMap<&'static str, u64> = HashMap::new();
-        for v in trace.values.values() {
-            for prefix in NAME_PREFIXES {
-                if let Some(n) = v
-                    .name
-                    .strip_prefix(prefix)
-                    .filter(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit()))
-                    .and_then(|r| r.parse::<u64>().ok())
-                {
-                    let e = next.entry(prefix).or_insert(0);
-                    *e = (*e).max(n + 1);
-                }
+/// Per prefix of [`NAME_PREFIXES`], one more than the largest number a name of the form
+/// `<prefix><digits>` uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct NameCounters([u64; NAME_PREFIXES.len()]);
+
+impl NameCounters {
+    pub(crate) fn note(&mut self, name: &str) {
+        for (k, prefix) in NAME_PREFIXES.iter().enumerate() {
+            if let Some(n) = name
+                .strip_prefix(prefix)
+                .filter(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit()))
+                .and_then(|r| r.parse::<u64>().ok())
+            {
+                self.0[k] = self.0[k].max(n.saturating_add(1));
             }
         }
+    }
+}
+
+impl NameGen {
+    pub fn new(trace: &Trace) -> NameGen {
+        let scanned;
+        let counters = match &trace.name_counters {
+            Some(c) => c,
+            None => {
+                let mut c = NameCounters::default();
+                for v in trace.values.values() {
+                    c.note(&v.name);
+                }
+                scanned = c;
+                &scanned
+            }
+        };
+        let next = NAME_PREFIXES
+            .iter()
+            .zip(counters.0)
+            .filter(|(_, n)| *n > 0)
+            .map(|(p, n)| (*p, n))
+            .collect();
         NameGen { next }
     }
     /// A fresh name with the given prefix.
@@ -528,6 +596,8 @@ impl Rebuild {
             .max()
             .unwrap_or(0);
         let mut slot = IdTable::new(bound, values.len());
+        // names are scanned only if a pass asks for fresh ones (decoding stays lean)
+        t.name_counters = None;
         t.values.reserve(values.len());
         for v in values {
             if slot.get(v.id.0).is_some() {
@@ -873,5 +943,38 @@ impl Trace {
             .collect();
         v.sort_unstable();
         v
+    }
+}
+
+#[cfg(test)]
+mod name_gen_tests {
+    use super::*;
+
+    fn f32_scalar() -> Type {
+        Type::tensor(vec![1], crate::DType::F32, crate::Device::CPU)
+    }
+
+    #[test]
+    fn fresh_names_continue_after_the_largest_whatever_changed_the_names() {
+        let mut t = Trace::new("t", TraceKind::Backward);
+        for name in ["t5", "ft2", "x", "t12", "t07b"] {
+            t.new_value(name, f32_scalar());
+        }
+        // kept up to date as values were added
+        assert!(t.name_counters.is_some());
+        let mut g = t.name_gen();
+        assert_eq!(g.fresh("t"), "t13");
+        assert_eq!(g.fresh("ft"), "ft3");
+        assert_eq!(g.fresh("C"), "C0");
+        // a rename through value_mut makes the next generator scan
+        let x = t.find_value("x").expect("x exists");
+        if let Some(v) = t.value_mut(x) {
+            v.name = "t99".into();
+        }
+        assert!(t.name_counters.is_none());
+        assert_eq!(t.name_gen().fresh("t"), "t100");
+        // new values after that are seen too
+        t.new_value("t150", f32_scalar());
+        assert_eq!(t.name_gen().fresh("t"), "t151");
     }
 }

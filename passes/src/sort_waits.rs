@@ -44,25 +44,27 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
         })
         .collect();
     let g = t.graph();
-    let preds: Vec<Vec<usize>> = old
-        .iter()
-        .map(|idx| {
-            let mut p: Vec<usize> = g
-                .edges_directed(*idx, Direction::Incoming)
+    // predecessors by schedule position, in one flat table (no vector per node)
+    let mut preds = Adjacency::with_capacity(n, g.edge_count());
+    for idx in &old {
+        let start = preds.items.len();
+        preds.items.extend(
+            g.edges_directed(*idx, Direction::Incoming)
                 .map(|e| slot[e.source().index()])
-                .filter(|s| *s != usize::MAX)
-                .collect();
-            p.sort_unstable();
-            p.dedup();
-            p
-        })
-        .collect();
+                .filter(|s| *s != usize::MAX),
+        );
+        let row = &mut preds.items[start..];
+        row.sort_unstable();
+        let kept = dedup_sorted(row);
+        preds.items.truncate(start + kept);
+        preds.ends.push(preds.items.len());
+    }
     let mut early_succs: Vec<Vec<usize>> = vec![Vec::new(); n];
     // an early node waits for its non-wait predecessors; waits are pulled on demand
     let mut pending: Vec<usize> = vec![0; n];
-    for (i, ps) in preds.iter().enumerate() {
+    for i in 0..n {
         if class[i] == Class::Early {
-            for &p in ps {
+            for &p in preds.row(i) {
                 if class[p] != Class::Late {
                     early_succs[p].push(i);
                     pending[i] += 1;
@@ -81,6 +83,7 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
         pending,
         order: Vec::with_capacity(n),
         released,
+        stack: Vec::new(),
     };
     st.drain();
     for (i, c) in class.iter().enumerate() {
@@ -104,26 +107,63 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
 /// Builds the new order: regular nodes in turn, pulling the waits they need just before them,
 /// and each collective as soon as its last non-wait predecessor is placed.
 struct Placer<'a> {
-    preds: &'a [Vec<usize>],
+    preds: &'a Adjacency,
     early_succs: &'a [Vec<usize>],
     class: &'a [Class],
     placed: Vec<bool>,
     pending: Vec<usize>,
     order: Vec<usize>,
     released: VecDeque<usize>,
+    /// Scratch for `place`, kept between calls.
+    stack: Vec<(usize, bool)>,
+}
+
+/// Rows of node positions stored back to back: row `i` is `items[ends[i-1]..ends[i]]`.
+struct Adjacency {
+    items: Vec<usize>,
+    ends: Vec<usize>,
+}
+
+impl Adjacency {
+    fn with_capacity(rows: usize, items: usize) -> Adjacency {
+        Adjacency {
+            items: Vec::with_capacity(items),
+            ends: Vec::with_capacity(rows),
+        }
+    }
+    fn row(&self, i: usize) -> &[usize] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.items[start..self.ends[i]]
+    }
+}
+
+/// Moves the distinct values of a sorted slice to its front; returns how many there are.
+fn dedup_sorted(v: &mut [usize]) -> usize {
+    let mut kept = 0;
+    for i in 0..v.len() {
+        if kept == 0 || v[i] != v[kept - 1] {
+            v[kept] = v[i];
+            kept += 1;
+        }
+    }
+    kept
 }
 
 impl Placer<'_> {
     /// Places `i` after any unplaced predecessors (iteratively, no recursion).
     fn place(&mut self, i: usize) {
-        let mut stack = vec![(i, false)];
+        if self.placed[i] {
+            return;
+        }
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.push((i, false));
         while let Some((x, expanded)) = stack.pop() {
             if self.placed[x] {
                 continue;
             }
             if !expanded {
                 stack.push((x, true));
-                for &p in self.preds[x].iter().rev() {
+                for &p in self.preds.row(x).iter().rev() {
                     if !self.placed[p] {
                         stack.push((p, false));
                     }
@@ -141,6 +181,7 @@ impl Placer<'_> {
                 }
             }
         }
+        self.stack = stack;
     }
     /// Places every collective whose operands are ready.
     fn drain(&mut self) {
