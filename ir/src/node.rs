@@ -1,6 +1,7 @@
 //! Nodes (one bound symbol each) and the edges between them.
 
 use crate::arg::Arg;
+use crate::op_name::OpName;
 use crate::value::ValueId;
 use serde::{Deserialize, Serialize};
 
@@ -29,7 +30,7 @@ pub struct SubSymbol {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Node {
     /// Canonical op name (`ltorch.linear`, `dist.wait`), the key into the op registry.
-    pub op: String,
+    pub op: OpName,
     /// The callee as printed when it differs from `op` (`torch.nn.functional.linear`,
     /// `torch_wait_prim_impl`): imported Thunder traces keep their executors' names.
     pub callee: Option<String>,
@@ -44,7 +45,7 @@ pub struct Node {
 
 impl Node {
     /// A node with positional operands and the usual binding for its output count.
-    pub fn new(op: impl Into<String>, args: Vec<Arg>, outputs: Vec<ValueId>) -> Node {
+    pub fn new(op: impl Into<OpName>, args: Vec<Arg>, outputs: Vec<ValueId>) -> Node {
         let lhs = match outputs.len() {
             0 => Lhs::None,
             1 => Lhs::Single,

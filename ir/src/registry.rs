@@ -78,6 +78,14 @@ impl OpRegistry {
         static REG: OnceLock<OpRegistry> = OnceLock::new();
         REG.get_or_init(OpRegistry::with_builtins)
     }
+    /// The registry's own copy of `name` when it names an op or is a spelling of one (used to
+    /// share op names between nodes).
+    pub(crate) fn builtin_name(&'static self, name: &str) -> Option<&'static str> {
+        self.ops
+            .get_key_value(name)
+            .map(|(k, _)| k.as_str())
+            .or_else(|| self.aliases.get_key_value(name).map(|(k, _)| k.as_str()))
+    }
     /// A fresh registry with the built-in ops, to extend with `register`.
     pub fn with_builtins() -> OpRegistry {
         let mut r = OpRegistry::empty();

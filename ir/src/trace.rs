@@ -415,8 +415,11 @@ impl NameGen {
     }
     /// A fresh name with the given prefix.
     pub fn fresh(&mut self, prefix: &'static str) -> String {
+        use std::fmt::Write;
         let n = self.next.entry(prefix).or_insert(0);
-        let name = format!("{prefix}{n}");
+        // sized once: `format!` would grow the string while writing the digits
+        let mut name = String::with_capacity(prefix.len() + 20);
+        let _ = write!(name, "{prefix}{n}");
         *n += 1;
         name
     }

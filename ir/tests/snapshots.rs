@@ -68,7 +68,7 @@ fn thunder_export_makes_a_program() {
 }
 
 fn op_sequence(t: &Trace) -> Vec<String> {
-    t.nodes().map(|(_, n)| n.op.clone()).collect()
+    t.nodes().map(|(_, n)| n.op.to_string()).collect()
 }
 
 #[test]

@@ -191,6 +191,7 @@ fn train_is_the_main_job() {
         "--metrics-json",
         metrics.to_str().unwrap(),
         "--metrics",
+        "--no-pin-ranks",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);

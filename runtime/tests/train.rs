@@ -89,6 +89,25 @@ fn seeded_run_learns() {
     assert!(last3 < first3, "{:?}", r.losses);
 }
 
+/// Pinning rank threads to CPUs changes only where they run, never what they compute.
+#[test]
+fn pinned_and_unpinned_ranks_compute_the_same_bits() {
+    let cfg = TrainConfig {
+        steps: 4,
+        ..TrainConfig::default()
+    };
+    let pinned = run(&cfg);
+    let free = run(&TrainConfig {
+        pin_ranks: false,
+        ..cfg
+    });
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&pinned.losses), bits(&free.losses));
+    for (a, b) in pinned.params[0].iter().zip(&free.params[0]) {
+        assert!(a.bitwise_eq(b));
+    }
+}
+
 /// (a) synchronized gradients = mean of local gradients; bitwise the same on every rank and for
 /// every bucket size.
 #[test]

@@ -110,6 +110,12 @@ fn time_on_copies<E>(
     (best, last.expect("at least one rep"))
 }
 
+/// Runs per size: small sizes take microseconds, so their best of 3 is mostly noise; every
+/// size gets at least 3 runs and about 3M nodes of work in all.
+fn reps_for(nodes: usize) -> usize {
+    (3_000_000 / nodes.max(1)).clamp(3, 300)
+}
+
 fn sizes(max: usize) -> Vec<usize> {
     let mut v = vec![1_000];
     while *v.last().expect("non-empty") * 10 <= max {
@@ -120,7 +126,7 @@ fn sizes(max: usize) -> Vec<usize> {
 }
 
 fn bench_ir(max_nodes: usize) -> Result<()> {
-    println!("IR benchmark: synthetic deep-MLP backward traces (width 16), best of 3, one thread");
+    println!("IR benchmark: synthetic deep-MLP backward traces (width 16), best of 3 to 300 runs (more for small sizes), one thread");
     println!(
         "{:>9} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
         "nodes",
@@ -136,7 +142,7 @@ fn bench_ir(max_nodes: usize) -> Result<()> {
     for n in sizes(max_nodes) {
         let p = mlp_program(&MlpSpec::deep_with_backward_nodes(n, 16))?;
         let t = p.backward;
-        let reps = 3;
+        let reps = reps_for(t.node_count());
         let (tp, text) = time(reps, || print_trace(&t));
         let (tparse, parsed) = time(reps, || parse_trace(&text));
         let parsed = parsed?;
@@ -208,7 +214,7 @@ fn report_scaling(what: &str, rows: &[(usize, f64)]) {
 
 fn bench_passes(max_nodes: usize) -> Result<()> {
     let pipeline = "ddp(world_size=8,bucket_mb=25),sort-waits,dce";
-    println!("passes benchmark: `{pipeline}` on synthetic deep-MLP backwards (width 64), best of 3, one thread");
+    println!("passes benchmark: `{pipeline}` on synthetic deep-MLP backwards (width 64), best of 3 to 300 runs (more for small sizes), one thread");
     println!(
         "{:>9} {:>11} {:>10} {:>8}",
         "nodes", "time ms", "ns/node", "buckets"
@@ -218,7 +224,7 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
         let p = mlp_program(&MlpSpec::deep_with_backward_nodes(n, 64))?;
         let mut fast = PassManager::parse(pipeline)?;
         fast.verify_each = false;
-        let reps = 3;
+        let reps = reps_for(p.backward.node_count());
         let (t, out) = time_on_copies(reps, &p, |q| fast.run(q, OpRegistry::builtin()).map(|_| ()));
         let out = out?;
         // the timed run skips verification; check the result once
