@@ -45,5 +45,5 @@ pub use program::{Module, Param, Program, ProgramError};
 pub use registry::{ops, Effect, MetaCx, MetaOut, OpDef, OpRegistry};
 pub use trace::{NameGen, Provenance, Trace, TraceKind};
 pub use types::{broadcast_shapes, DType, Device, DeviceKind, TensorType, Type};
-pub use value::{Def, Value, ValueId};
+pub use value::{Def, Value, ValueId, ValueIdMap, ValueIdSet};
 pub use verify::{verify, verify_with, Diagnostic, VerifyError};

@@ -27,6 +27,12 @@ impl OpName {
             None => OpName(Repr::Other(Arc::from(name))),
         }
     }
+    /// Where this name's text is stored: equal for every node naming the same built-in op,
+    /// so per-op caches can key on it instead of hashing the text. Two different addresses
+    /// may still hold the same name (ops outside the built-in registry).
+    pub fn addr(&self) -> usize {
+        self.as_str().as_ptr() as usize
+    }
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Builtin(s) => s,

@@ -3,12 +3,12 @@
 use crate::arg::Arg;
 use crate::node::{Edge, Node};
 use crate::types::Type;
+use crate::value::ValueIdBuildHasher;
 use crate::value::{Def, Value, ValueId};
 use indexmap::IndexMap;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
-use rustc_hash::FxBuildHasher;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
@@ -38,7 +38,7 @@ pub struct Trace {
     pub(crate) args: Vec<ValueId>,
     pub(crate) graph: StableDiGraph<Node, Edge>,
     pub(crate) schedule: Vec<NodeIndex>,
-    pub(crate) values: IndexMap<ValueId, Value, FxBuildHasher>,
+    pub(crate) values: IndexMap<ValueId, Value, ValueIdBuildHasher>,
     pub(crate) next_value: u32,
     /// What a [`NameGen`] would find by scanning every value name, kept up to date as values
     /// are added so that a pass does not scan a million names to make a fresh one; `None` once

@@ -21,12 +21,13 @@ pub fn dce(t: &mut Trace, reg: &OpRegistry) -> usize {
     for v in t.returned_values() {
         bump(v, &mut uses);
     }
-    let mut pure: FxHashMap<&str, bool> = FxHashMap::default();
+    // keyed by where the op's name is stored (one address per built-in op): no string hashing
+    let mut pure: FxHashMap<usize, bool> = FxHashMap::default();
     let mut dead: Vec<NodeIndex> = Vec::new();
     for &idx in t.schedule().iter().rev() {
         let Some(n) = t.node(idx) else { continue };
         let is_pure = *pure
-            .entry(n.op.as_str())
+            .entry(n.op.addr())
             .or_insert_with(|| reg.effect(&n.op) == Effect::Pure);
         if !is_pure || n.outputs.is_empty() {
             continue;

@@ -7,7 +7,7 @@ use crate::pipeline::{Options, PassSpec};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap as HashMap;
-use tracepass_ir::{ops, Arg, DType, Device, Node, Program, Type, ValueId};
+use tracepass_ir::{ops, Arg, DType, Device, Node, Program, Type, ValueId, ValueIdMap, ValueIdSet};
 
 /// Where the division by the world size happens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -253,7 +253,7 @@ impl Pass for Ddp {
         let opts = &self.options;
         let grads_out = p.gradient_values();
         // 1. parameter gradients (frozen: none; tied: one)
-        let mut seen = rustc_hash::FxHashSet::default();
+        let mut seen = ValueIdSet::default();
         let mut grads: Vec<ValueId> = Vec::new();
         for param in &p.params {
             if !param.requires_grad || param.tied_to.is_some() {
@@ -283,7 +283,7 @@ impl Pass for Ddp {
             .map(|(i, g)| (ready_at(*g), i, *g))
             .collect();
         ordered.sort();
-        let slot_of: HashMap<ValueId, Option<usize>> =
+        let slot_of: ValueIdMap<Option<usize>> =
             ordered.iter().map(|(slot, _, g)| (*g, *slot)).collect();
         let mut described = Vec::with_capacity(ordered.len());
         for (_, _, g) in &ordered {
@@ -309,11 +309,11 @@ impl Pass for Ddp {
         let ws = opts.world_size as f64;
         // (trigger slot, new node) in gradient order, which is slot order
         let mut after: Vec<(Option<usize>, NodeIndex)> = Vec::with_capacity(described.len() * 2);
-        let mut divided: HashMap<ValueId, ValueId> = HashMap::default();
+        let mut divided: ValueIdMap<ValueId> = ValueIdMap::default();
         let mut tail: Vec<NodeIndex> = Vec::new();
-        let mut replacement: HashMap<ValueId, ValueId> = HashMap::default();
+        let mut replacement: ValueIdMap<ValueId> = ValueIdMap::default();
         let mut last_collective: Option<NodeIndex> = None;
-        let bucket_of_last: HashMap<ValueId, usize> = buckets
+        let bucket_of_last: ValueIdMap<usize> = buckets
             .iter()
             .enumerate()
             .filter_map(|(i, b)| b.members.last().map(|m| (*m, i)))

@@ -26,13 +26,14 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     for (i, x) in old.iter().enumerate() {
         slot[x.index()] = i;
     }
-    let mut effects: HashMap<&str, Effect> = HashMap::default();
+    // keyed by where the op's name is stored (see `OpName::addr`): no string hashing per node
+    let mut effects: HashMap<usize, Effect> = HashMap::default();
     let class: Vec<Class> = old
         .iter()
         .map(|idx| {
             let node = t.node(*idx).expect("scheduled node exists");
             let effect = *effects
-                .entry(node.op.as_str())
+                .entry(node.op.addr())
                 .or_insert_with(|| reg.effect(&node.op));
             if node.op == ops::WAIT {
                 Class::Late
