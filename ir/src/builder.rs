@@ -129,7 +129,7 @@ impl<'r> TraceBuilder<'r> {
             })
             .collect();
         let mut node = Node::new(op, args, outs.clone());
-        node.kwargs = kwargs;
+        *node.kwargs_mut() = kwargs;
         self.trace.append(node);
         Ok(outs)
     }
@@ -167,7 +167,7 @@ impl<'r> TraceBuilder<'r> {
     pub fn spell_last(&mut self, callee: &str) {
         if let Some(&idx) = self.trace.schedule().last() {
             if let Some(n) = self.trace.node_mut(idx) {
-                n.callee = Some(callee.to_string());
+                n.set_callee(Some(callee.to_string()));
             }
         }
     }

@@ -27,20 +27,36 @@ pub struct SubSymbol {
 }
 
 /// One statement of a trace: a call of `op` on operands, defining `outputs`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// The callee spelling, keyword operands, decomposition and source line are rare (imported
+/// Thunder statements and bucket ops have them; generated nodes do not), so they sit behind one
+/// pointer: the common node is half the size, and sweeps over a million nodes read half the
+/// memory.
+#[derive(Clone, Debug)]
 pub struct Node {
     /// Canonical op name (`ltorch.linear`, `dist.wait`), the key into the op registry.
     pub op: OpName,
-    /// The callee as printed when it differs from `op` (`torch.nn.functional.linear`,
-    /// `torch_wait_prim_impl`): imported Thunder traces keep their executors' names.
-    pub callee: Option<String>,
     pub args: Vec<Arg>,
-    pub kwargs: Vec<(String, Arg)>,
     pub outputs: Vec<ValueId>,
     pub lhs: Lhs,
-    pub subsymbols: Vec<SubSymbol>,
-    /// The source-location comment printed above the statement.
-    pub source: Option<String>,
+    extra: Option<Box<NodeExtra>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+struct NodeExtra {
+    callee: Option<String>,
+    kwargs: Vec<(String, Arg)>,
+    subsymbols: Vec<SubSymbol>,
+    source: Option<String>,
+}
+
+impl NodeExtra {
+    fn is_empty(&self) -> bool {
+        self.callee.is_none()
+            && self.kwargs.is_empty()
+            && self.subsymbols.is_empty()
+            && self.source.is_none()
+    }
 }
 
 impl Node {
@@ -53,25 +69,58 @@ impl Node {
         };
         Node {
             op: op.into(),
-            callee: None,
             args,
-            kwargs: Vec::new(),
             outputs,
             lhs,
-            subsymbols: Vec::new(),
-            source: None,
+            extra: None,
         }
     }
+    fn extra_mut(&mut self) -> &mut NodeExtra {
+        self.extra.get_or_insert_with(Default::default)
+    }
     pub fn with_kwarg(mut self, key: impl Into<String>, value: Arg) -> Node {
-        self.kwargs.push((key.into(), value));
+        self.extra_mut().kwargs.push((key.into(), value));
         self
+    }
+    /// The callee as printed when it differs from `op` (`torch.nn.functional.linear`,
+    /// `torch_wait_prim_impl`): imported Thunder traces keep their executors' names.
+    pub fn callee(&self) -> Option<&str> {
+        self.extra.as_ref().and_then(|e| e.callee.as_deref())
+    }
+    pub fn set_callee(&mut self, callee: Option<String>) {
+        if callee.is_some() || self.extra.is_some() {
+            self.extra_mut().callee = callee;
+        }
     }
     /// The name printed as the callee.
     pub fn callee_name(&self) -> &str {
-        self.callee.as_deref().unwrap_or(&self.op)
+        self.callee().unwrap_or(&self.op)
+    }
+    /// Keyword operands, in printed order.
+    pub fn kwargs(&self) -> &[(String, Arg)] {
+        self.extra.as_ref().map_or(&[], |e| &e.kwargs)
+    }
+    pub fn kwargs_mut(&mut self) -> &mut Vec<(String, Arg)> {
+        &mut self.extra_mut().kwargs
     }
     pub fn kwarg(&self, key: &str) -> Option<&Arg> {
-        self.kwargs.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+        self.kwargs().iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+    /// Thunder's decomposition comments under the statement.
+    pub fn subsymbols(&self) -> &[SubSymbol] {
+        self.extra.as_ref().map_or(&[], |e| &e.subsymbols)
+    }
+    pub fn subsymbols_mut(&mut self) -> &mut Vec<SubSymbol> {
+        &mut self.extra_mut().subsymbols
+    }
+    /// The source-location comment printed above the statement.
+    pub fn source(&self) -> Option<&str> {
+        self.extra.as_ref().and_then(|e| e.source.as_deref())
+    }
+    pub fn set_source(&mut self, source: Option<String>) {
+        if source.is_some() || self.extra.is_some() {
+            self.extra_mut().source = source;
+        }
     }
     /// Every value read by this node, in printed order (repeats included).
     pub fn operands(&self) -> Vec<ValueId> {
@@ -81,11 +130,90 @@ impl Node {
     }
     pub fn for_each_operand(&self, f: &mut impl FnMut(ValueId)) {
         self.args.iter().for_each(|a| a.for_each_value(f));
-        self.kwargs.iter().for_each(|(_, a)| a.for_each_value(f));
+        if let Some(e) = &self.extra {
+            e.kwargs.iter().for_each(|(_, a)| a.for_each_value(f));
+        }
     }
     pub fn map_operands(&mut self, f: &mut impl FnMut(ValueId) -> ValueId) {
         self.args.iter_mut().for_each(|a| a.map_values(f));
-        self.kwargs.iter_mut().for_each(|(_, a)| a.map_values(f));
+        if let Some(e) = &mut self.extra {
+            e.kwargs.iter_mut().for_each(|(_, a)| a.map_values(f));
+        }
+    }
+}
+
+impl PartialEq for Node {
+    fn eq(&self, other: &Node) -> bool {
+        self.op == other.op
+            && self.args == other.args
+            && self.outputs == other.outputs
+            && self.lhs == other.lhs
+            && self.callee() == other.callee()
+            && self.kwargs() == other.kwargs()
+            && self.subsymbols() == other.subsymbols()
+            && self.source() == other.source()
+    }
+}
+
+/// The serialized form of a [`Node`]: every field inline, as in earlier versions of the
+/// format (the boxing above is a memory layout, not a format change).
+#[derive(Serialize)]
+struct NodeRef<'a> {
+    op: &'a OpName,
+    callee: Option<&'a str>,
+    args: &'a [Arg],
+    kwargs: &'a [(String, Arg)],
+    outputs: &'a [ValueId],
+    lhs: Lhs,
+    subsymbols: &'a [SubSymbol],
+    source: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename = "Node")]
+struct NodeOwned {
+    op: OpName,
+    callee: Option<String>,
+    args: Vec<Arg>,
+    kwargs: Vec<(String, Arg)>,
+    outputs: Vec<ValueId>,
+    lhs: Lhs,
+    subsymbols: Vec<SubSymbol>,
+    source: Option<String>,
+}
+
+impl Serialize for Node {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        NodeRef {
+            op: &self.op,
+            callee: self.callee(),
+            args: &self.args,
+            kwargs: self.kwargs(),
+            outputs: &self.outputs,
+            lhs: self.lhs,
+            subsymbols: self.subsymbols(),
+            source: self.source(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Node, D::Error> {
+        let n = NodeOwned::deserialize(d)?;
+        let extra = NodeExtra {
+            callee: n.callee,
+            kwargs: n.kwargs,
+            subsymbols: n.subsymbols,
+            source: n.source,
+        };
+        Ok(Node {
+            op: n.op,
+            args: n.args,
+            outputs: n.outputs,
+            lhs: n.lhs,
+            extra: (!extra.is_empty()).then(|| Box::new(extra)),
+        })
     }
 }
 

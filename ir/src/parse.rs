@@ -365,7 +365,7 @@ impl<'a> Parser<'a> {
         };
         let depth = ind / 2 - 1; // 1 for the first level under a statement
         let node = self.trace.node_mut(idx).expect("last node exists");
-        let mut level = &mut node.subsymbols;
+        let mut level = node.subsymbols_mut();
         for _ in 1..depth {
             match level.last_mut() {
                 Some(s) => level = &mut s.children,
@@ -494,16 +494,18 @@ impl<'a> Parser<'a> {
                 outs.push(self.define(ln, ind + c, n)?);
             }
             let mut n = Node::new(op.clone(), args, outs);
-            n.kwargs = kwargs;
+            if !kwargs.is_empty() {
+                *n.kwargs_mut() = kwargs;
+            }
             n.lhs = lhs_kind;
             if callee != op {
-                n.callee = Some(callee.to_string());
+                n.set_callee(Some(callee.to_string()));
             }
             n
         };
         let outputs = node.outputs.clone();
         let mut node = node;
-        node.source = self.pending_source.take();
+        node.set_source(self.pending_source.take());
         let idx = self.trace.append(node);
         self.node_lines.push(ln);
         self.last_node = Some(idx);
@@ -555,7 +557,7 @@ impl<'a> Parser<'a> {
             let ln = self.node_lines[pos];
             let out = self
                 .reg
-                .infer(&self.trace, &node.op, &node.args, &node.kwargs)
+                .infer(&self.trace, &node.op, &node.args, node.kwargs())
                 .map_err(|m| self.err(ln, 0, format!("cannot infer output types: {m}")))?;
             match out {
                 MetaOut::Types(types) if types.len() == node.outputs.len() => {

@@ -91,13 +91,13 @@ pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
     };
     for (pos, (idx, node)) in t.nodes().enumerate() {
         if opts.source {
-            if let Some(src) = &node.source {
+            if let Some(src) = node.source() {
                 let _ = write!(out, "\n  # {src}\n");
             }
         }
         write_statement(&mut out, t, idx, node, 1);
         if opts.subsymbols {
-            for s in &node.subsymbols {
+            for s in node.subsymbols() {
                 write_subsymbol(&mut out, s, 2);
             }
         }
@@ -252,7 +252,7 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
         first = false;
         write_arg(out, t, a);
     }
-    for (k, a) in &n.kwargs {
+    for (k, a) in n.kwargs() {
         if !first {
             out.push_str(", ");
         }

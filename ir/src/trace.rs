@@ -889,13 +889,13 @@ impl PartialEq for Trace {
         };
         for ((_, n), (_, m)) in self.nodes().zip(other.nodes()) {
             if n.op != m.op
-                || n.callee != m.callee
+                || n.callee() != m.callee()
                 || n.lhs != m.lhs
-                || n.subsymbols != m.subsymbols
-                || n.source != m.source
+                || n.subsymbols() != m.subsymbols()
+                || n.source() != m.source()
                 || n.outputs.len() != m.outputs.len()
                 || n.args.len() != m.args.len()
-                || n.kwargs.len() != m.kwargs.len()
+                || n.kwargs().len() != m.kwargs().len()
             {
                 return false;
             }
@@ -916,9 +916,9 @@ impl PartialEq for Trace {
                 return false;
             }
             if !n
-                .kwargs
+                .kwargs()
                 .iter()
-                .zip(&m.kwargs)
+                .zip(m.kwargs())
                 .all(|((k1, a), (k2, b))| k1 == k2 && norm(self, a) == norm(other, b))
             {
                 return false;

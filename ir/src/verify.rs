@@ -211,7 +211,7 @@ impl Verifier<'_> {
             match reg.get(&node.op) {
                 None => problems.push(format!("unknown op `{}`", node.op)),
                 Some(_) if problems.is_empty() => {
-                    match reg.infer(t, &node.op, &node.args, &node.kwargs) {
+                    match reg.infer(t, &node.op, &node.args, node.kwargs()) {
                         Err(m) => problems.push(m),
                         Ok(MetaOut::Declared) => {}
                         Ok(MetaOut::Types(types)) => {

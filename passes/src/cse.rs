@@ -16,7 +16,7 @@ pub fn cse(t: &mut Trace, reg: &OpRegistry) -> usize {
         {
             continue;
         }
-        let key = format!("{}|{:?}|{:?}", n.op, n.args, n.kwargs);
+        let key = format!("{}|{:?}|{:?}", n.op, n.args, n.kwargs());
         match seen.get(&key) {
             Some(&first) => dupes.push((idx, first)),
             None => {
