@@ -158,6 +158,17 @@ fn wrong_inputs_are_named() {
     );
 }
 
+/// Each pack's per-member divisors, in plan order.
+fn pack_divisors(plan: &Plan) -> Vec<Vec<Option<f64>>> {
+    plan.instrs
+        .iter()
+        .filter_map(|i| match &i.kind {
+            InstrKind::Pack { divisors } => Some(divisors.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// `prims.div` feeding a bucket is fused into the pack (one pass over the gradient), unless
 /// something else reads the quotient; either way the numbers are those of the `div` kernel.
 #[test]
@@ -201,14 +212,7 @@ def backward_fn(g, h):
     };
 
     let fused = Plan::compile(&t, &[Some(id("t5")), Some(id("t7"))]).unwrap();
-    let packs: Vec<_> = fused
-        .instrs
-        .iter()
-        .filter_map(|i| match &i.kind {
-            InstrKind::Pack { divisors } => Some(divisors.clone()),
-            _ => None,
-        })
-        .collect();
+    let packs = pack_divisors(&fused);
     assert_eq!(packs, vec![vec![Some(3.0)], vec![Some(3.0)]]);
     let nops = fused
         .instrs
@@ -225,14 +229,7 @@ def backward_fn(g, h):
 
     // t0 is also a result: its division must run on its own, and nothing changes
     let kept = Plan::compile(&t, &[Some(id("t5")), Some(id("t7")), Some(id("t0"))]).unwrap();
-    let packs: Vec<_> = kept
-        .instrs
-        .iter()
-        .filter_map(|i| match &i.kind {
-            InstrKind::Pack { divisors } => Some(divisors.clone()),
-            _ => None,
-        })
-        .collect();
+    let packs = pack_divisors(&kept);
     assert_eq!(packs, vec![vec![], vec![Some(3.0)]]);
     let out = exec(&kept, inputs()).unwrap();
     assert!(out[0].clone().tensor().unwrap().bitwise_eq(&divided(&g)));
