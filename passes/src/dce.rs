@@ -1,47 +1,47 @@
 //! Dead code elimination: removes pure nodes none of whose outputs is used or returned.
 
 use crate::pass::{Changed, Pass, PassContext, PassError};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
+use petgraph::Direction;
 use rustc_hash::{FxHashMap, FxHashSet};
-use tracepass_ir::{Effect, NodeIndex, OpRegistry, Program, Trace, ValueId};
+use tracepass_ir::{Edge, Effect, NodeIndex, OpRegistry, Program, Trace, ValueIdSet};
 
 pub struct Dce;
 
-/// Removes dead pure nodes; returns how many. Use counts live in a table indexed by value id,
-/// and each distinct op's effect is looked up once.
+/// Removes dead pure nodes; returns how many. A node's readers are counted from the graph's
+/// data edges (one sweep over the edge list, which is compact) rather than by walking every
+/// node's operands, and each distinct op's effect is looked up once.
 pub fn dce(t: &mut Trace, reg: &OpRegistry) -> usize {
-    let mut uses: Vec<u32> = vec![0; t.value_bound()];
-    let bump = |v: ValueId, uses: &mut Vec<u32>| {
-        if let Some(c) = uses.get_mut(v.0 as usize) {
-            *c += 1;
+    let g = t.graph();
+    // readers per node: one per data edge out of it (an operand read twice counts twice)
+    let mut readers = vec![0u32; g.node_bound()];
+    for e in g.edge_references() {
+        if matches!(e.weight(), Edge::Data { .. }) {
+            readers[e.source().index()] += 1;
         }
-    };
-    for (_, n) in t.nodes() {
-        n.for_each_operand(&mut |v| bump(v, &mut uses));
     }
-    for v in t.returned_values() {
-        bump(v, &mut uses);
-    }
+    let returned: ValueIdSet = t.returned_values().into_iter().collect();
     // keyed by where the op's name is stored (one address per built-in op): no string hashing
     let mut pure: FxHashMap<usize, bool> = FxHashMap::default();
     let mut dead: Vec<NodeIndex> = Vec::new();
+    // reverse schedule order: a node's readers come after it, so they are settled first
     for &idx in t.schedule().iter().rev() {
+        if readers[idx.index()] != 0 {
+            continue;
+        }
         let Some(n) = t.node(idx) else { continue };
         let is_pure = *pure
             .entry(n.op.addr())
             .or_insert_with(|| reg.effect(&n.op) == Effect::Pure);
-        if !is_pure || n.outputs.is_empty() {
+        if !is_pure || n.outputs.is_empty() || n.outputs.iter().any(|o| returned.contains(o)) {
             continue;
         }
-        if n.outputs
-            .iter()
-            .all(|o| uses.get(o.0 as usize).copied().unwrap_or(0) == 0)
-        {
-            dead.push(idx);
-            n.for_each_operand(&mut |v| {
-                if let Some(c) = uses.get_mut(v.0 as usize) {
-                    *c = c.saturating_sub(1);
-                }
-            });
+        dead.push(idx);
+        for e in g.edges_directed(idx, Direction::Incoming) {
+            if matches!(e.weight(), Edge::Data { .. }) {
+                let r = &mut readers[e.source().index()];
+                *r = r.saturating_sub(1);
+            }
         }
     }
     let removed = dead.len();
