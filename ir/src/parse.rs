@@ -8,7 +8,7 @@ use crate::pyfloat;
 use crate::registry::{ops, MetaOut, OpRegistry};
 use crate::trace::{Provenance, Trace, TraceKind};
 use crate::types::{DType, Device, Type};
-use crate::value::ValueId;
+use crate::value::{ValueId, ValueIdMap};
 use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
@@ -163,7 +163,7 @@ struct Parser<'a> {
     trace: Trace,
     names: HashMap<String, (ValueId, usize)>,
     /// Values still waiting for a type, with the line that defined them.
-    untyped: HashMap<ValueId, usize>,
+    untyped: ValueIdMap<usize>,
     node_lines: Vec<usize>,
     last_node: Option<petgraph::stable_graph::NodeIndex>,
     pending_source: Option<String>,
@@ -175,13 +175,22 @@ type CallArgs = (Vec<Arg>, Vec<(String, Arg)>);
 
 impl<'a> Parser<'a> {
     fn new(text: &'a str, reg: &'a OpRegistry) -> Self {
+        let lines: Vec<&str> = text.lines().collect();
+        // Every statement and every value takes at least one line: tables sized by the line
+        // count never grow (growing a million-entry table rehashes it, out of cache, twice
+        // over on the way up).
+        let n = lines.len();
+        let mut trace = Trace::new("", TraceKind::Computation);
+        trace.reserve(n, n);
+        let mut names = HashMap::default();
+        names.reserve(n);
         Parser {
-            lines: text.lines().collect(),
+            lines,
             reg,
-            trace: Trace::new("", TraceKind::Computation),
-            names: HashMap::default(),
-            untyped: HashMap::default(),
-            node_lines: Vec::new(),
+            trace,
+            names,
+            untyped: ValueIdMap::default(),
+            node_lines: Vec::with_capacity(n),
             last_node: None,
             pending_source: None,
         }

@@ -189,6 +189,18 @@ impl Trace {
         self.name_counters = None;
     }
 
+    /// Makes room for `nodes` more nodes (and twice as many edges; the graph can only be
+    /// sized while it is empty) and `values` more values.
+    pub fn reserve(&mut self, nodes: usize, values: usize) {
+        if petgraph::visit::NodeIndexable::node_bound(&self.graph) == 0
+            && self.graph.edge_count() == 0
+        {
+            self.graph = StableDiGraph::with_capacity(nodes, 2 * nodes);
+        }
+        self.schedule.reserve(nodes);
+        self.values.reserve(values);
+    }
+
     // ----- nodes -----
 
     /// Adds a node to the graph (not to the schedule), with data edges from the producers of
@@ -379,14 +391,19 @@ pub(crate) struct NameCounters([u64; NAME_PREFIXES.len()]);
 
 impl NameCounters {
     pub(crate) fn note(&mut self, name: &str) {
-        for (k, prefix) in NAME_PREFIXES.iter().enumerate() {
-            if let Some(n) = name
-                .strip_prefix(prefix)
-                .filter(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit()))
-                .and_then(|r| r.parse::<u64>().ok())
-            {
-                self.0[k] = self.0[k].max(n.saturating_add(1));
-            }
+        // the prefixes have no digits, so a name `<prefix><digits>` splits at its first digit
+        let Some(at) = name.bytes().position(|c| c.is_ascii_digit()) else {
+            return;
+        };
+        let (prefix, digits) = name.split_at(at);
+        if !digits.bytes().all(|c| c.is_ascii_digit()) {
+            return;
+        }
+        if let (Some(k), Ok(n)) = (
+            NAME_PREFIXES.iter().position(|p| *p == prefix),
+            digits.parse::<u64>(),
+        ) {
+            self.0[k] = self.0[k].max(n.saturating_add(1));
         }
     }
 }
