@@ -18,6 +18,7 @@ pub mod dot;
 pub mod error;
 pub mod fsio;
 mod meta;
+mod name_table;
 pub mod node;
 pub mod op_name;
 pub mod parse;

@@ -3,13 +3,13 @@
 //! derived (`del`, imports, blank lines).
 
 use crate::arg::{Arg, DTypeSpelling, DeviceSpelling, Opaque};
+use crate::name_table::NameTable;
 use crate::node::{Lhs, Node, SubSymbol};
 use crate::pyfloat;
 use crate::registry::{ops, MetaOut, OpRegistry};
 use crate::trace::{Provenance, Trace, TraceKind};
 use crate::types::{DType, Device, Type};
 use crate::value::{ValueId, ValueIdMap};
-use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
 /// A parse error: where, what, and the line as written.
@@ -161,7 +161,7 @@ struct Parser<'a> {
     lines: Vec<&'a str>,
     reg: &'a OpRegistry,
     trace: Trace,
-    names: HashMap<String, (ValueId, usize)>,
+    names: NameTable,
     /// Values still waiting for a type, with the line that defined them.
     untyped: ValueIdMap<usize>,
     node_lines: Vec<usize>,
@@ -182,13 +182,11 @@ impl<'a> Parser<'a> {
         let n = lines.len();
         let mut trace = Trace::new("", TraceKind::Computation);
         trace.reserve(n, n);
-        let mut names = HashMap::default();
-        names.reserve(n);
         Parser {
             lines,
             reg,
             trace,
-            names,
+            names: NameTable::new(),
             untyped: ValueIdMap::default(),
             node_lines: Vec::with_capacity(n),
             last_node: None,
@@ -344,7 +342,7 @@ impl<'a> Parser<'a> {
                     return Err(self.err(ln, col, format!("parameter `{arg}` appears twice")));
                 }
                 let id = self.trace.push_arg(arg, Type::Any);
-                self.names.insert(arg.to_string(), (id, ln));
+                self.names.insert(arg, (id, ln));
                 self.untyped.insert(id, ln);
             }
             col += part.len() + 1;
@@ -399,7 +397,7 @@ impl<'a> Parser<'a> {
             ));
         }
         let id = self.trace.new_value(name, Type::Any);
-        self.names.insert(name.to_string(), (id, ln));
+        self.names.insert(name, (id, ln));
         self.untyped.insert(id, ln);
         Ok(id)
     }

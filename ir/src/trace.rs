@@ -382,7 +382,7 @@ pub struct NameGen {
     next: HashMap<&'static str, u64>,
 }
 
-const NAME_PREFIXES: [&str; 8] = ["t", "ft", "C", "i", "f", "b", "s", "o"];
+pub(crate) const NAME_PREFIXES: [&str; 8] = ["t", "ft", "C", "i", "f", "b", "s", "o"];
 
 /// Per prefix of [`NAME_PREFIXES`], one more than the largest number a name of the form
 /// `<prefix><digits>` uses.
