@@ -7,7 +7,7 @@ use crate::registry::ops;
 use crate::trace::Trace;
 use crate::value::ValueId;
 use petgraph::stable_graph::NodeIndex;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt::Write;
 
 /// What to print besides the statements.
@@ -52,7 +52,7 @@ pub fn print_trace(t: &Trace) -> String {
 }
 
 pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
-    let mut out = String::with_capacity(64 * t.node_count() + 256);
+    let mut out = String::with_capacity(112 * t.node_count() + 256);
     if opts.provenance {
         for p in &t.provenance {
             match p.millis {
@@ -78,17 +78,18 @@ pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
         if i > 0 {
             out.push_str(", ");
         }
-        out.push_str(&t.name(*a));
+        push_name(&mut out, t, *a);
     }
     out.push_str("):\n");
     for a in t.args() {
         write_type_comment(&mut out, t, *a, 1);
     }
-    let last_use = if opts.dels {
+    let dels = if opts.dels {
         dels_by_position(t)
     } else {
-        HashMap::new()
+        Vec::new()
     };
+    let mut next_del = 0;
     for (pos, (idx, node)) in t.nodes().enumerate() {
         if opts.source {
             if let Some(src) = node.source() {
@@ -101,13 +102,17 @@ pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
                 write_subsymbol(&mut out, s, 2);
             }
         }
-        if let Some(names) = last_use.get(&pos) {
+        let first = next_del;
+        while dels.get(next_del).is_some_and(|(p, _)| *p == pos) {
+            next_del += 1;
+        }
+        if next_del > first {
             out.push_str("  del ");
-            for (i, v) in names.iter().enumerate() {
+            for (i, (_, v)) in dels[first..next_del].iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                out.push_str(&t.name(*v));
+                push_name(&mut out, t, *v);
             }
             out.push('\n');
         }
@@ -166,21 +171,37 @@ fn imports(t: &Trace) -> Vec<String> {
 }
 
 /// Schedule position -> values whose last use is there (in operand order).
-fn dels_by_position(t: &Trace) -> HashMap<usize, Vec<ValueId>> {
-    let last = t.last_uses();
-    let mut by_pos: HashMap<usize, Vec<ValueId>> = HashMap::new();
+/// The `del` lines: (schedule position, value) for every value whose last use is at that
+/// position, in position order and, within one, in operand order. Dense tables by value id, one
+/// sweep to find last uses and one to list them.
+fn dels_by_position(t: &Trace) -> Vec<(usize, ValueId)> {
+    const UNUSED: usize = usize::MAX - 1;
+    const RETURNED: usize = usize::MAX;
+    let mut last = vec![UNUSED; t.value_bound()];
     for (pos, (_, n)) in t.nodes().enumerate() {
-        let mut seen = Vec::new();
         n.for_each_operand(&mut |v| {
-            if last.get(&v) == Some(&pos) && !seen.contains(&v) {
-                seen.push(v);
+            if let Some(l) = last.get_mut(v.0 as usize) {
+                *l = pos;
             }
         });
-        if !seen.is_empty() {
-            by_pos.insert(pos, seen);
+    }
+    for v in t.returned_values() {
+        if let Some(l) = last.get_mut(v.0 as usize) {
+            *l = RETURNED;
         }
     }
-    by_pos
+    let mut dels = Vec::new();
+    for (pos, (_, n)) in t.nodes().enumerate() {
+        n.for_each_operand(&mut |v| {
+            if let Some(l) = last.get_mut(v.0 as usize) {
+                if *l == pos {
+                    dels.push((pos, v));
+                    *l = UNUSED; // listed once, however often the node reads it
+                }
+            }
+        });
+    }
+    dels
 }
 
 fn indent(out: &mut String, depth: usize) {
@@ -191,11 +212,31 @@ fn indent(out: &mut String, depth: usize) {
 
 fn write_type_comment(out: &mut String, t: &Trace, v: ValueId, depth: usize) {
     indent(out, depth);
-    let ty = t
-        .ty(v)
-        .map(|t| t.to_string())
-        .unwrap_or_else(|| "Any".into());
-    let _ = writeln!(out, "# {}: \"{}\"", t.name(v), ty);
+    out.push_str("# ");
+    push_name(out, t, v);
+    out.push_str(": \"");
+    push_type(out, t, v);
+    out.push_str("\"\n");
+}
+
+/// Appends a value's name (no copy of it is made).
+fn push_name(out: &mut String, t: &Trace, v: ValueId) {
+    match t.value(v) {
+        Some(val) => out.push_str(&val.name),
+        None => {
+            let _ = write!(out, "<undefined {v}>");
+        }
+    }
+}
+
+/// Appends a value's type as printed in type comments (`Any` when it has none).
+fn push_type(out: &mut String, t: &Trace, v: ValueId) {
+    match t.ty(v) {
+        Some(ty) => {
+            let _ = write!(out, "{ty}");
+        }
+        None => out.push_str("Any"),
+    }
 }
 
 fn write_subsymbol(out: &mut String, s: &SubSymbol, depth: usize) {
@@ -213,7 +254,7 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
     match n.lhs {
         Lhs::Unpack if n.op == ops::UNPACK_SEQUENCE => {
             for o in &n.outputs {
-                out.push_str(&t.name(*o));
+                push_name(out, t, *o);
                 out.push_str(", ");
             }
             out.push_str("= ");
@@ -228,7 +269,7 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
         }
         Lhs::None => {}
         Lhs::Single if n.outputs.len() == 1 => {
-            out.push_str(&t.name(n.outputs[0]));
+            push_name(out, t, n.outputs[0]);
             out.push_str(" = ");
         }
         _ => {
@@ -237,7 +278,7 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
                 if i > 0 {
                     out.push_str(", ");
                 }
-                out.push_str(&t.name(*o));
+                push_name(out, t, *o);
             }
             out.push_str("] = ");
         }
@@ -264,12 +305,11 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
     out.push(')');
     if n.lhs == Lhs::Single && n.outputs.len() == 1 {
         let o = n.outputs[0];
-        let ty = t
-            .ty(o)
-            .map(|t| t.to_string())
-            .unwrap_or_else(|| "Any".into());
-        let _ = write!(out, "  # {}: \"{}\"", t.name(o), ty);
-        out.push('\n');
+        out.push_str("  # ");
+        push_name(out, t, o);
+        out.push_str(": \"");
+        push_type(out, t, o);
+        out.push_str("\"\n");
     } else {
         out.push('\n');
         if n.lhs != Lhs::None {

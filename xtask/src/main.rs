@@ -821,6 +821,8 @@ fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {
         match what {
             "decode" => drop(codec::decode(&bytes)?),
             "verify" => tracepass_ir::verify(&p.backward)?,
+            "print" => drop(print_trace(&p.backward)),
+            "encode" => drop(codec::encode(&m)?),
             "parse" => drop(parse_trace(&text)?),
             "passes" => {
                 let mut q = p.clone();
@@ -839,7 +841,7 @@ fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {
                     per.join(", ")
                 );
             }
-            other => bail!("unknown `{other}`: decode, parse, passes"),
+            other => bail!("unknown `{other}`: decode, parse, print, encode, verify, passes"),
         }
         println!("{what}: {:.3} s", s.elapsed().as_secs_f64());
     }
