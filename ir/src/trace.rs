@@ -448,7 +448,7 @@ impl NameGen {
 
 // ----- serialized form: nodes in schedule order; edges except order edges are derived -----
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct ValueRepr {
     id: ValueId,
     name: String,
@@ -500,7 +500,7 @@ where
     d.deserialize_seq(V(std::marker::PhantomData))
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 pub(crate) struct TraceRepr {
     name: String,
     kind: TraceKind,
@@ -516,8 +516,45 @@ pub(crate) struct TraceRepr {
     provenance: Vec<Provenance>,
 }
 
-impl From<&Trace> for TraceRepr {
-    fn from(t: &Trace) -> TraceRepr {
+/// The serialized form written straight from a trace, in the field order of [`TraceRepr`]
+/// (which reads it back): encoding copies no node, name or type.
+#[derive(Serialize)]
+#[serde(rename = "TraceRepr")]
+struct TraceReprRef<'a> {
+    name: &'a str,
+    kind: TraceKind,
+    args: &'a [ValueId],
+    values: ValuesRef<'a>,
+    nodes: Vec<&'a Node>,
+    order_edges: Vec<(u32, u32)>,
+    ret: &'a Arg,
+    decorators: &'a [String],
+    provenance: &'a [Provenance],
+}
+
+/// The value table as a sequence of [`ValueRepr`]s.
+struct ValuesRef<'a>(&'a IndexMap<ValueId, Value, ValueIdBuildHasher>);
+
+#[derive(Serialize)]
+#[serde(rename = "ValueRepr")]
+struct ValueReprRef<'a> {
+    id: ValueId,
+    name: &'a str,
+    ty: &'a Type,
+}
+
+impl Serialize for ValuesRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|(id, v)| ValueReprRef {
+            id: *id,
+            name: &v.name,
+            ty: &v.ty,
+        }))
+    }
+}
+
+impl<'a> From<&'a Trace> for TraceReprRef<'a> {
+    fn from(t: &'a Trace) -> TraceReprRef<'a> {
         // schedule position by node index (a dense table: indices are bounded by the graph)
         let mut pos: Vec<u32> =
             vec![u32::MAX; petgraph::visit::NodeIndexable::node_bound(&t.graph)];
@@ -531,24 +568,16 @@ impl From<&Trace> for TraceRepr {
             .filter(|e| matches!(e.weight(), Edge::Order))
             .filter_map(|e| Some((at(e.source())?, at(e.target())?)))
             .collect();
-        TraceRepr {
-            name: t.name.clone(),
+        TraceReprRef {
+            name: &t.name,
             kind: t.kind,
-            args: t.args.clone(),
-            values: t
-                .values
-                .iter()
-                .map(|(id, v)| ValueRepr {
-                    id: *id,
-                    name: v.name.clone(),
-                    ty: v.ty.clone(),
-                })
-                .collect(),
-            nodes: t.nodes().map(|(_, n)| n.clone()).collect(),
+            args: &t.args,
+            values: ValuesRef(&t.values),
+            nodes: t.nodes().map(|(_, n)| n).collect(),
             order_edges,
-            ret: t.ret.clone(),
-            decorators: t.decorators.clone(),
-            provenance: t.provenance.clone(),
+            ret: &t.ret,
+            decorators: &t.decorators,
+            provenance: &t.provenance,
         }
     }
 }
@@ -743,7 +772,7 @@ impl TryFrom<TraceRepr> for Trace {
 
 impl Serialize for Trace {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        TraceRepr::from(self).serialize(s)
+        TraceReprRef::from(self).serialize(s)
     }
 }
 
