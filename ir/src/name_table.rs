@@ -13,12 +13,16 @@ use rustc_hash::FxHashMap;
 pub(crate) type Binding = (ValueId, usize);
 
 pub(crate) struct NameTable {
-    numbered: Vec<Vec<Option<Binding>>>,
+    /// `(value id, line)`, 8 bytes an entry so that a million names stay cache-sized;
+    /// `EMPTY` where no name has that number.
+    numbered: Vec<Vec<(u32, u32)>>,
     /// Names in each array: an array grows only to about twice that (plus a little), so a file
     /// with sparse or huge numbers cannot make it big; such names go to `other`.
     counts: Vec<usize>,
     other: FxHashMap<String, Binding>,
 }
+
+const EMPTY: (u32, u32) = (u32::MAX, u32::MAX);
 
 /// `(prefix index, number)` for `<prefix><decimal>` with a known prefix and no leading zero.
 fn numbered(name: &str) -> Option<(usize, u64)> {
@@ -39,17 +43,19 @@ impl NameTable {
             other: FxHashMap::default(),
         }
     }
-    pub(crate) fn get(&self, name: &str) -> Option<&Binding> {
+    pub(crate) fn get(&self, name: &str) -> Option<Binding> {
         if let Some((k, n)) = numbered(name) {
-            if let Some(Some(b)) = usize::try_from(n)
+            if let Some(&(id, line)) = usize::try_from(n)
                 .ok()
                 .and_then(|n| self.numbered[k].get(n))
             {
-                return Some(b);
+                if (id, line) != EMPTY {
+                    return Some((ValueId(id), line as usize));
+                }
             }
         }
         // (an empty map answers without hashing)
-        self.other.get(name)
+        self.other.get(name).copied()
     }
     pub(crate) fn contains_key(&self, name: &str) -> bool {
         self.get(name).is_some()
@@ -58,14 +64,17 @@ impl NameTable {
     pub(crate) fn insert(&mut self, name: &str, b: Binding) {
         if let Some((k, n)) = numbered(name) {
             let dense_enough = n < 2 * self.counts[k] as u64 + 1024;
-            if let (true, Ok(n)) = (dense_enough, usize::try_from(n)) {
-                let row = &mut self.numbered[k];
-                if row.len() <= n {
-                    row.resize(n + 1, None);
+            let packed = (b.0 .0, u32::try_from(b.1));
+            if let (true, Ok(n), (id, Ok(line))) = (dense_enough, usize::try_from(n), packed) {
+                if (id, line) != EMPTY {
+                    let row = &mut self.numbered[k];
+                    if row.len() <= n {
+                        row.resize(n + 1, EMPTY);
+                    }
+                    row[n] = (id, line);
+                    self.counts[k] += 1;
+                    return;
                 }
-                row[n] = Some(b);
-                self.counts[k] += 1;
-                return;
             }
         }
         self.other.insert(name.to_string(), b);
@@ -94,7 +103,7 @@ mod tests {
             t.insert(n, (ValueId(i as u32), i));
         }
         for (i, n) in names.iter().enumerate() {
-            assert_eq!(t.get(n), Some(&(ValueId(i as u32), i)), "{n}");
+            assert_eq!(t.get(n), Some((ValueId(i as u32), i)), "{n}");
         }
         assert!(t.get("t1").is_none() && t.get("ft0").is_none() && t.get("t").is_none());
         // a huge number does not size the arrays by it
@@ -102,6 +111,6 @@ mod tests {
         // numbers far ahead of the names seen so far go to the map; found all the same
         t.insert("t5000", (ValueId(50), 50));
         assert!(t.numbered[0].len() < 100);
-        assert_eq!(t.get("t5000"), Some(&(ValueId(50), 50)));
+        assert_eq!(t.get("t5000"), Some((ValueId(50), 50)));
     }
 }

@@ -351,7 +351,7 @@ impl<'a> Parser<'a> {
     }
 
     fn apply_type_comment(&mut self, ln: usize, ind: usize, name: &str, ty: &str) -> PResult<()> {
-        let Some(&(id, _)) = self.names.get(name) else {
+        let Some((id, _)) = self.names.get(name) else {
             return Err(self.err(
                 ln,
                 ind + 2,
@@ -541,7 +541,7 @@ impl<'a> Parser<'a> {
     fn lookup(&self, ln: usize, col: usize, name: &str) -> PResult<ValueId> {
         self.names
             .get(name)
-            .map(|(v, _)| *v)
+            .map(|(v, _)| v)
             .ok_or_else(|| self.err(ln, col, format!("undefined name `{name}`")))
     }
 
@@ -872,7 +872,7 @@ impl ExprParser<'_, '_, '_> {
             "nan" | "math.nan" => return Ok(Arg::Float(f64::NAN)),
             _ => {}
         }
-        if let Some(&(v, _)) = self.parser.names.get(name) {
+        if let Some((v, _)) = self.parser.names.get(name) {
             return Ok(Arg::Value(v));
         }
         if let Some(d) = name.strip_prefix("dtypes.").and_then(DType::from_thunder) {

@@ -167,16 +167,21 @@ fn bench_ir(max_nodes: usize) -> Result<()> {
             bytes.len(),
             tparse.as_secs_f64() / td.as_secs_f64()
         );
-        rows.push((nodes, td.as_secs_f64(), tparse.as_secs_f64()));
+        rows.push((
+            nodes,
+            td.as_secs_f64(),
+            tparse.as_secs_f64(),
+            tp.as_secs_f64(),
+            te.as_secs_f64(),
+        ));
     }
-    report_scaling(
-        "decode",
-        &rows.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
-    );
-    report_scaling(
-        "parse",
-        &rows.iter().map(|r| (r.0, r.2)).collect::<Vec<_>>(),
-    );
+    for (what, col) in [("decode", 1), ("parse", 2), ("print", 3), ("encode", 4)] {
+        let series: Vec<(usize, f64)> = rows
+            .iter()
+            .map(|r| (r.0, [r.1, r.2, r.3, r.4][col - 1]))
+            .collect();
+        report_scaling(what, &series);
+    }
     if let Some(last) = rows.last().filter(|r| r.0 >= 1_000_000) {
         println!(
             "target: 1M-node decode < 0.5 s: {:.3} s -> {}",
