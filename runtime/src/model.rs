@@ -183,6 +183,20 @@ impl Model {
         self.input.1.dtype
     }
 
+    /// The parameters' module paths (`l1.weight`, ...), in parameter order.
+    pub fn param_names(&self) -> Vec<String> {
+        self.program.params.iter().map(|p| p.fqn.clone()).collect()
+    }
+
+    /// The parameters' shapes, in parameter order.
+    pub fn param_shapes(&self) -> Vec<Vec<usize>> {
+        self.program
+            .params
+            .iter()
+            .map(|p| p.shape.clone())
+            .collect()
+    }
+
     /// The forward's arguments in signature order: the batch `x` and the parameters.
     pub fn forward_inputs<T: Clone>(&self, x: T, params: &[T]) -> Vec<RValue<T>> {
         let mut inputs = vec![RValue::None; self.program.forward.args().len()];

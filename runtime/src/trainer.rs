@@ -518,9 +518,7 @@ fn rank_main(
             if let Some(path) = &cfg.save {
                 let done = step + 1;
                 if done == cfg.steps || cfg.save_every.is_some_and(|k| k > 0 && done % k == 0) {
-                    let names: Vec<String> =
-                        model.program.params.iter().map(|p| p.fqn.clone()).collect();
-                    crate::checkpoint::save(path, done, &names, &params, &opt)
+                    crate::checkpoint::save(path, done, &model.param_names(), &params, &opt)
                         .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
                 }
             }
@@ -572,15 +570,13 @@ pub(crate) fn initial_params(
 ) -> Result<(Vec<Tensor>, Option<crate::checkpoint::Checkpoint>), TrainError> {
     let resume = match &cfg.resume {
         Some(path) => {
-            let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
-            let shapes: Vec<Vec<usize>> = model
-                .program
-                .params
-                .iter()
-                .map(|p| p.shape.clone())
-                .collect();
-            let ck = crate::checkpoint::load(path, &names, &shapes, cfg.optimizer)
-                .map_err(|e| TrainError::Input(e.to_string()))?;
+            let ck = crate::checkpoint::load(
+                path,
+                &model.param_names(),
+                &model.param_shapes(),
+                cfg.optimizer,
+            )
+            .map_err(|e| TrainError::Input(e.to_string()))?;
             if ck.step >= cfg.steps {
                 return Err(TrainError::Config(format!(
                     "{} is at step {}; --steps {} leaves nothing to do (steps count from the start of training)",
@@ -752,7 +748,7 @@ pub fn train(
     }
     let outs: Vec<RankOut> = results.into_iter().collect::<Result<_, _>>()?;
     let losses = outs.first().map(|o| o.losses.clone()).unwrap_or_default();
-    let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
+    let names = model.param_names();
     if let Some(path) = &cfg.save_grads {
         let g: Vec<(String, Tensor)> = names
             .iter()

@@ -365,13 +365,7 @@ fn killing_a_writer_leaves_the_previous_checkpoint_intact() {
         batch: 8,
     })
     .unwrap();
-    let names: Vec<String> = model.program.params.iter().map(|p| p.fqn.clone()).collect();
-    let shapes: Vec<Vec<usize>> = model
-        .program
-        .params
-        .iter()
-        .map(|p| p.shape.clone())
-        .collect();
+    let (names, shapes) = (model.param_names(), model.param_shapes());
     let mut steps_seen = Vec::new();
     for (i, delay_ms) in [150u64, 230, 370].into_iter().enumerate() {
         // a run that rewrites its 12 MB checkpoint after every step, killed at some moment

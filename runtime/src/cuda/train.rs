@@ -106,7 +106,7 @@ pub fn train(
     let mut report = TrainReport {
         losses: Vec::new(),
         metrics: vec![Vec::new()],
-        param_names: model.program.params.iter().map(|p| p.fqn.clone()).collect(),
+        param_names: model.param_names(),
         grads_step0: Vec::new(),
         params: Vec::new(),
         events: Vec::new(),
