@@ -87,6 +87,17 @@ pub struct TrainConfig {
     pub pin_ranks: bool,
 }
 
+impl TrainConfig {
+    /// Whether a checkpoint is written after `done` steps: after the last one, and every
+    /// `save_every` steps.
+    pub(crate) fn checkpoint_due(&self, done: usize) -> bool {
+        done == self.steps
+            || self
+                .save_every
+                .is_some_and(|k| k > 0 && done.is_multiple_of(k))
+    }
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
@@ -189,6 +200,35 @@ pub(crate) struct Plans {
     pub(crate) pipeline: String,
 }
 
+/// What a forward run hands on: its output tensor and the saved-for-backward values.
+pub(crate) type ForwardOut<T> = (T, RValue<T>);
+
+impl Plans {
+    /// Runs the forward: its output tensor (`None` when it returns none) and the values it
+    /// saves for the backward, shaped as the backward's first argument.
+    pub(crate) fn run_forward<B, C>(
+        &self,
+        exec: &mut Executor<B, C>,
+        backend: &B,
+        comm: &mut C,
+        inputs: Vec<RValue<B::Tensor>>,
+        clock: &Clock,
+        rec: &mut Recording,
+    ) -> Result<Option<ForwardOut<B::Tensor>>, ExecError>
+    where
+        B: Backend,
+        C: Communicator<Tensor = B::Tensor>,
+    {
+        let mut res = exec
+            .run(&self.forward, backend, comm, inputs, clock, rec)?
+            .into_iter();
+        let Some(out) = res.next().and_then(RValue::tensor) else {
+            return Ok(None);
+        };
+        Ok(Some((out, tree(&self.saved, &mut res))))
+    }
+}
+
 pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainError> {
     let p = &model.program;
     let ret = match &p.forward.ret {
@@ -288,7 +328,7 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
 }
 
 /// Rebuilds a value tree shaped like `arg` from the flat results, in `for_each_value` order.
-pub(crate) fn tree<T>(arg: &Arg, flat: &mut std::vec::IntoIter<RValue<T>>) -> RValue<T> {
+fn tree<T>(arg: &Arg, flat: &mut std::vec::IntoIter<RValue<T>>) -> RValue<T> {
     match arg {
         Arg::Value(_) => flat.next().unwrap_or(RValue::None),
         Arg::Tuple(items) | Arg::List(items) => {
@@ -421,27 +461,15 @@ fn rank_main(
             let inputs = model.forward_inputs(x, &params);
             let mut rec = Recording::default();
             let t_fwd = Instant::now();
-            let mut res = exec
-                .run(
-                    &plans.forward,
-                    &backend,
-                    &mut comm,
-                    inputs,
-                    &sh.clock,
-                    &mut rec,
-                )
-                .map_err(exec_err)?
-                .into_iter();
+            let forward = plans
+                .run_forward(&mut exec, &backend, &mut comm, inputs, &sh.clock, &mut rec)
+                .map_err(exec_err)?;
             forward_s += t_fwd.elapsed().as_secs_f64();
             recs.push(std::mem::take(&mut rec));
-            let out_t = res
-                .next()
-                .and_then(RValue::tensor)
-                .ok_or_else(|| TrainError::Rank {
-                    rank,
-                    message: "the forward produced no output tensor".into(),
-                })?;
-            let saved = tree(&plans.saved, &mut res);
+            let (out_t, saved) = forward.ok_or_else(|| TrainError::Rank {
+                rank,
+                message: "the forward produced no output tensor".into(),
+            })?;
             let (loss, cot) =
                 loss_and_grad(model.loss, &out_t, y.as_ref()).map_err(|e| TrainError::Rank {
                     rank,
@@ -517,7 +545,7 @@ fn rank_main(
         if rank == 0 {
             if let Some(path) = &cfg.save {
                 let done = step + 1;
-                if done == cfg.steps || cfg.save_every.is_some_and(|k| k > 0 && done % k == 0) {
+                if cfg.checkpoint_due(done) {
                     crate::checkpoint::save(path, done, &model.param_names(), &params, &opt)
                         .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
                 }
@@ -819,22 +847,10 @@ pub fn local_gradients(
     };
     let inputs = model.forward_inputs(x, params);
     let mut rec = Recording::default();
-    let mut res = exec
-        .run(
-            &plans.forward,
-            &backend,
-            &mut comm,
-            inputs,
-            &clock,
-            &mut rec,
-        )
+    let (out, saved) = plans
+        .run_forward(&mut exec, &backend, &mut comm, inputs, &clock, &mut rec)
         .map_err(err)?
-        .into_iter();
-    let out = res
-        .next()
-        .and_then(RValue::tensor)
         .ok_or_else(|| TrainError::Input("the forward produced no output".into()))?;
-    let saved = tree(&plans.saved, &mut res);
     let (loss, cot) = loss_and_grad(model.loss, &out, y.as_ref()).map_err(TrainError::Input)?;
     let grads = exec
         .run(

@@ -16,7 +16,7 @@ use crate::rendezvous::{exchange, DistEnv};
 use crate::tensor::Tensor;
 use crate::tensorfile::TensorFile;
 use crate::trainer::{
-    build_plans, collective_lines, initial_params, tree, TrainConfig, TrainError, TrainReport,
+    build_plans, collective_lines, initial_params, TrainConfig, TrainError, TrainReport,
 };
 use std::time::Instant;
 use tracepass_ir::DType;
@@ -123,22 +123,10 @@ pub fn train(
             .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
         let inputs = model.forward_inputs(up(&x)?, &dev_params);
         let mut rec_f = Recording::default();
-        let mut res = exec
-            .run(
-                &plans.forward,
-                &backend,
-                &mut comm,
-                inputs,
-                &clock,
-                &mut rec_f,
-            )
+        let (out, saved) = plans
+            .run_forward(&mut exec, &backend, &mut comm, inputs, &clock, &mut rec_f)
             .map_err(|e| fail(e.to_string()))?
-            .into_iter();
-        let out = res
-            .next()
-            .and_then(RValue::tensor)
             .ok_or_else(|| fail("the forward produced no output".into()))?;
-        let saved = tree(&plans.saved, &mut res);
         let (loss, cot) = loss_and_grad(model.loss, &down(&out)?, y.as_ref())
             .map_err(|e| fail(format!("loss: {e}")))?;
         let loss_h = comm
@@ -191,7 +179,7 @@ pub fn train(
         report.losses.push(loss_avg);
         if let (Some(path), 0) = (&cfg.save, rank) {
             let done = step + 1;
-            if done == cfg.steps || cfg.save_every.is_some_and(|k| k > 0 && done % k == 0) {
+            if cfg.checkpoint_due(done) {
                 crate::checkpoint::save(path, done, &report.param_names, &params, &opt)
                     .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
             }
