@@ -43,7 +43,7 @@ pub use parse::{parse_trace, parse_trace_with, ParseError};
 pub use petgraph::stable_graph::NodeIndex;
 pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
 pub use program::{Module, Param, Program, ProgramError};
-pub use registry::{ops, Effect, MetaCx, MetaOut, OpDef, OpRegistry};
+pub use registry::{ops, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry};
 pub use trace::{NameGen, Provenance, Trace, TraceKind};
 pub use types::{broadcast_shapes, DType, Device, DeviceKind, TensorType, Type};
 pub use value::{Def, Value, ValueId, ValueIdMap, ValueIdSet};

@@ -4,6 +4,7 @@
 
 use crate::arg::Arg;
 use crate::meta;
+use crate::op_name::OpName;
 use crate::trace::Trace;
 use crate::types::Type;
 use rustc_hash::FxHashMap as HashMap;
@@ -61,6 +62,21 @@ pub struct OpDef {
     pub meta: MetaFn,
 }
 
+/// Effects of the ops a sweep meets, looked up in the registry once per op name. Keyed by
+/// where the name is stored ([`OpName::addr`]): one address per built-in op, so no name is
+/// hashed per node.
+pub struct EffectCache<'a> {
+    reg: &'a OpRegistry,
+    seen: HashMap<usize, Effect>,
+}
+
+impl EffectCache<'_> {
+    pub fn effect(&mut self, op: &OpName) -> Effect {
+        let reg = self.reg;
+        *self.seen.entry(op.addr()).or_insert_with(|| reg.effect(op))
+    }
+}
+
 /// Known ops and the spellings that name them.
 #[derive(Clone, Default)]
 pub struct OpRegistry {
@@ -112,6 +128,13 @@ impl OpRegistry {
     }
     pub fn effect(&self, name: &str) -> Effect {
         self.get(name).map_or(Effect::SideEffect, |d| d.effect)
+    }
+    /// An effect lookup for sweeps over every node: each distinct op name is looked up once.
+    pub fn effects(&self) -> EffectCache<'_> {
+        EffectCache {
+            reg: self,
+            seen: HashMap::default(),
+        }
     }
     /// Canonical op names, sorted.
     pub fn op_names(&self) -> Vec<&str> {

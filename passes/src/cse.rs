@@ -11,8 +11,11 @@ pub struct Cse;
 pub fn cse(t: &mut Trace, reg: &OpRegistry) -> usize {
     let mut seen: HashMap<String, tracepass_ir::NodeIndex> = HashMap::default();
     let mut dupes = Vec::new();
+    let mut effects = reg.effects();
     for (idx, n) in t.nodes() {
-        if reg.effect(&n.op) != Effect::Pure || n.op == ops::UNPACK_SEQUENCE || n.outputs.is_empty()
+        if effects.effect(&n.op) != Effect::Pure
+            || n.op == ops::UNPACK_SEQUENCE
+            || n.outputs.is_empty()
         {
             continue;
         }

@@ -3,14 +3,14 @@
 use crate::pass::{Changed, Pass, PassContext, PassError};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 use petgraph::Direction;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 use tracepass_ir::{Edge, Effect, NodeIndex, OpRegistry, Program, Trace, ValueIdSet};
 
 pub struct Dce;
 
 /// Removes dead pure nodes; returns how many. A node's readers are counted from the graph's
 /// data edges (one sweep over the edge list, which is compact) rather than by walking every
-/// node's operands, and each distinct op's effect is looked up once.
+/// node's operands; each distinct op's effect is looked up once.
 pub fn dce(t: &mut Trace, reg: &OpRegistry) -> usize {
     let g = t.graph();
     // readers per node: one per data edge out of it (an operand read twice counts twice)
@@ -21,8 +21,7 @@ pub fn dce(t: &mut Trace, reg: &OpRegistry) -> usize {
         }
     }
     let returned: ValueIdSet = t.returned_values().into_iter().collect();
-    // keyed by where the op's name is stored (one address per built-in op): no string hashing
-    let mut pure: FxHashMap<usize, bool> = FxHashMap::default();
+    let mut effects = reg.effects();
     let mut dead: Vec<NodeIndex> = Vec::new();
     // reverse schedule order: a node's readers come after it, so they are settled first
     for &idx in t.schedule().iter().rev() {
@@ -30,10 +29,10 @@ pub fn dce(t: &mut Trace, reg: &OpRegistry) -> usize {
             continue;
         }
         let Some(n) = t.node(idx) else { continue };
-        let is_pure = *pure
-            .entry(n.op.addr())
-            .or_insert_with(|| reg.effect(&n.op) == Effect::Pure);
-        if !is_pure || n.outputs.is_empty() || n.outputs.iter().any(|o| returned.contains(o)) {
+        if effects.effect(&n.op) != Effect::Pure
+            || n.outputs.is_empty()
+            || n.outputs.iter().any(|o| returned.contains(o))
+        {
             continue;
         }
         dead.push(idx);

@@ -5,7 +5,6 @@ use crate::pass::{Changed, Pass, PassContext, PassError};
 use petgraph::visit::EdgeRef;
 use petgraph::visit::NodeIndexable;
 use petgraph::Direction;
-use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 use tracepass_ir::{ops, Effect, Program, Trace};
 
@@ -26,15 +25,12 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     for (i, x) in old.iter().enumerate() {
         slot[x.index()] = i;
     }
-    // keyed by where the op's name is stored (see `OpName::addr`): no string hashing per node
-    let mut effects: HashMap<usize, Effect> = HashMap::default();
+    let mut effects = reg.effects();
     let class: Vec<Class> = old
         .iter()
         .map(|idx| {
             let node = t.node(*idx).expect("scheduled node exists");
-            let effect = *effects
-                .entry(node.op.addr())
-                .or_insert_with(|| reg.effect(&node.op));
+            let effect = effects.effect(&node.op);
             if node.op == ops::WAIT {
                 Class::Late
             } else if effect == Effect::Collective {
@@ -47,17 +43,17 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     let g = t.graph();
     // predecessors by schedule position, in one flat table (no vector per node)
     let mut preds = Adjacency::with_capacity(n, g.edge_count());
+    let mut row = Vec::new();
     for idx in &old {
-        let start = preds.items.len();
-        preds.items.extend(
+        row.clear();
+        row.extend(
             g.edges_directed(*idx, Direction::Incoming)
                 .map(|e| slot[e.source().index()])
                 .filter(|s| *s != usize::MAX),
         );
-        let row = &mut preds.items[start..];
         row.sort_unstable();
-        let kept = dedup_sorted(row);
-        preds.items.truncate(start + kept);
+        row.dedup();
+        preds.items.extend_from_slice(&row);
         preds.ends.push(preds.items.len());
     }
     let mut early_succs: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -136,18 +132,6 @@ impl Adjacency {
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
         &self.items[start..self.ends[i]]
     }
-}
-
-/// Moves the distinct values of a sorted slice to its front; returns how many there are.
-fn dedup_sorted(v: &mut [usize]) -> usize {
-    let mut kept = 0;
-    for i in 0..v.len() {
-        if kept == 0 || v[i] != v[kept - 1] {
-            v[kept] = v[i];
-            kept += 1;
-        }
-    }
-    kept
 }
 
 impl Placer<'_> {
