@@ -5,7 +5,7 @@
 //! number (neighbouring names are neighbours in memory); any other name (or a number far
 //! beyond the trace's size) goes in a hash map.
 
-use crate::trace::NAME_PREFIXES;
+use crate::trace::{split_numbered, NAME_PREFIXES};
 use crate::value::ValueId;
 use rustc_hash::FxHashMap;
 
@@ -26,12 +26,10 @@ const EMPTY: (u32, u32) = (u32::MAX, u32::MAX);
 
 /// `(prefix index, number)` for `<prefix><decimal>` with a known prefix and no leading zero.
 fn numbered(name: &str) -> Option<(usize, u64)> {
-    let at = name.bytes().position(|c| c.is_ascii_digit())?;
-    let (prefix, digits) = name.split_at(at);
-    if digits.len() > 1 && digits.starts_with('0') || !digits.bytes().all(|c| c.is_ascii_digit()) {
+    let (k, digits) = split_numbered(name)?;
+    if digits.len() > 1 && digits.starts_with('0') {
         return None;
     }
-    let k = NAME_PREFIXES.iter().position(|p| *p == prefix)?;
     Some((k, digits.parse().ok()?))
 }
 

@@ -172,31 +172,16 @@ fn imports(t: &Trace) -> Vec<String> {
 
 /// Schedule position -> values whose last use is there (in operand order).
 /// The `del` lines: (schedule position, value) for every value whose last use is at that
-/// position, in position order and, within one, in operand order. Dense tables by value id, one
-/// sweep to find last uses and one to list them.
+/// position, in position order and, within one, in operand order.
 fn dels_by_position(t: &Trace) -> Vec<(usize, ValueId)> {
-    const UNUSED: usize = usize::MAX - 1;
-    const RETURNED: usize = usize::MAX;
-    let mut last = vec![UNUSED; t.value_bound()];
-    for (pos, (_, n)) in t.nodes().enumerate() {
-        n.for_each_operand(&mut |v| {
-            if let Some(l) = last.get_mut(v.0 as usize) {
-                *l = pos;
-            }
-        });
-    }
-    for v in t.returned_values() {
-        if let Some(l) = last.get_mut(v.0 as usize) {
-            *l = RETURNED;
-        }
-    }
+    let mut last = t.last_uses();
     let mut dels = Vec::new();
     for (pos, (_, n)) in t.nodes().enumerate() {
         n.for_each_operand(&mut |v| {
             if let Some(l) = last.get_mut(v.0 as usize) {
-                if *l == pos {
+                if *l == Some(pos) {
                     dels.push((pos, v));
-                    *l = UNUSED; // listed once, however often the node reads it
+                    *l = None; // listed once, however often the node reads it
                 }
             }
         });

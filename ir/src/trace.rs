@@ -357,16 +357,21 @@ impl Trace {
         self.ret.for_each_value(&mut |v| out.push(v));
         out
     }
-    /// For each value, the schedule position of its last use (`usize::MAX` when returned).
-    pub fn last_uses(&self) -> HashMap<ValueId, usize> {
-        let mut last = HashMap::new();
+    /// Per value id, the schedule position of its last use: `Some(usize::MAX)` when the trace
+    /// returns it, `None` when nothing reads it. A dense table: one sweep, no hashing.
+    pub fn last_uses(&self) -> Vec<Option<usize>> {
+        let mut last = vec![None; self.value_bound()];
         for (pos, (_, n)) in self.nodes().enumerate() {
             n.for_each_operand(&mut |v| {
-                last.insert(v, pos);
+                if let Some(l) = last.get_mut(v.0 as usize) {
+                    *l = Some(pos);
+                }
             });
         }
         for v in self.returned_values() {
-            last.insert(v, usize::MAX);
+            if let Some(l) = last.get_mut(v.0 as usize) {
+                *l = Some(usize::MAX);
+            }
         }
         last
     }
@@ -391,21 +396,23 @@ pub(crate) struct NameCounters([u64; NAME_PREFIXES.len()]);
 
 impl NameCounters {
     pub(crate) fn note(&mut self, name: &str) {
-        // the prefixes have no digits, so a name `<prefix><digits>` splits at its first digit
-        let Some(at) = name.bytes().position(|c| c.is_ascii_digit()) else {
-            return;
-        };
-        let (prefix, digits) = name.split_at(at);
-        if !digits.bytes().all(|c| c.is_ascii_digit()) {
-            return;
-        }
-        if let (Some(k), Ok(n)) = (
-            NAME_PREFIXES.iter().position(|p| *p == prefix),
-            digits.parse::<u64>(),
-        ) {
-            self.0[k] = self.0[k].max(n.saturating_add(1));
+        if let Some((k, digits)) = split_numbered(name) {
+            if let Ok(n) = digits.parse::<u64>() {
+                self.0[k] = self.0[k].max(n.saturating_add(1));
+            }
         }
     }
+}
+
+/// For a name `<prefix><digits>` with a prefix of [`NAME_PREFIXES`]: the prefix's index and the
+/// digits. The prefixes have no digits, so such a name splits at its first digit.
+pub(crate) fn split_numbered(name: &str) -> Option<(usize, &str)> {
+    let at = name.bytes().position(|c| c.is_ascii_digit())?;
+    let (prefix, digits) = name.split_at(at);
+    if !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    Some((NAME_PREFIXES.iter().position(|p| *p == prefix)?, digits))
 }
 
 impl NameGen {
