@@ -7,32 +7,41 @@
 /// Pins the calling thread to the CPU for `rank`; returns that CPU, or why it could not.
 #[cfg(target_os = "linux")]
 pub fn pin_current_thread(rank: usize) -> Result<usize, String> {
-    // SAFETY: `cpu_set_t` is plain data; the calls get and set the calling thread's mask
-    // (pid 0) through a pointer to a set of the size passed.
+    let allowed = allowed_cpus()?;
+    let Some(&cpu) = allowed.get(rank % allowed.len().max(1)) else {
+        return Err("the process may run on no CPU".into());
+    };
+    // SAFETY: `cpu_set_t` is plain data; the call sets the calling thread's mask (pid 0)
+    // from a set of the size passed.
     unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        if libc::sched_getaffinity(0, size, &mut set) != 0 {
-            return Err(format!(
-                "sched_getaffinity: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect();
-        let Some(&cpu) = allowed.get(rank % allowed.len().max(1)) else {
-            return Err("the process may run on no CPU".into());
-        };
         let mut one: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut one);
-        if libc::sched_setaffinity(0, size, &one) != 0 {
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0 {
             return Err(format!(
                 "sched_setaffinity: {}",
                 std::io::Error::last_os_error()
             ));
         }
-        Ok(cpu)
+    }
+    Ok(cpu)
+}
+
+/// The CPUs the calling thread may run on.
+#[cfg(target_os = "linux")]
+fn allowed_cpus() -> Result<Vec<usize>, String> {
+    // SAFETY: `cpu_set_t` is plain data; the call fills the calling thread's mask (pid 0)
+    // into a set of the size passed.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Err(format!(
+                "sched_getaffinity: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok((0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect())
     }
 }
 
@@ -50,15 +59,7 @@ mod tests {
     fn a_pinned_thread_runs_on_one_allowed_cpu() {
         let cpu = std::thread::spawn(|| {
             let cpu = pin_current_thread(5)?;
-            // SAFETY: as above.
-            let n = unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
-                (0..libc::CPU_SETSIZE as usize)
-                    .filter(|&c| libc::CPU_ISSET(c, &set))
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(n, vec![cpu]);
+            assert_eq!(allowed_cpus()?, vec![cpu]);
             Ok::<usize, String>(cpu)
         })
         .join()

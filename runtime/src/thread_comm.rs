@@ -72,7 +72,6 @@ struct Slot {
     /// own chunk.
     reduction: Option<Arc<Reduction>>,
     chunk_done: Vec<bool>,
-    chunks_done: usize,
     result: Option<Tensor>,
     /// When the last rank arrived (the transfer's start).
     ready_at: Option<Instant>,
@@ -141,7 +140,6 @@ impl Shared {
             arrived: 0,
             reduction: None,
             chunk_done: vec![false; world],
-            chunks_done: 0,
             result: None,
             ready_at: None,
             taken: 0,
@@ -211,8 +209,7 @@ impl Shared {
                     st = self.lock();
                     if let Some(slot) = st.slots.get_mut(&seq) {
                         slot.chunk_done[rank] = true;
-                        slot.chunks_done += 1;
-                        if slot.chunks_done == world {
+                        if slot.chunk_done.iter().all(|d| *d) {
                             if let Some(r) = slot.reduction.take() {
                                 slot.result = Some(r.finish());
                             }
