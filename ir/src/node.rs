@@ -42,7 +42,7 @@ pub struct Node {
     extra: Option<Box<NodeExtra>>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 struct NodeExtra {
     callee: Option<String>,
     kwargs: Vec<(String, Arg)>,

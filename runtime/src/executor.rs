@@ -282,12 +282,9 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                                 }
                             }
                         }
-                        if divisors.is_empty() {
-                            backend.pack(&members)
-                        } else {
-                            backend.pack_divided(&members, divisors)
-                        }
-                        .map_err(|e| Failure::Node(i, e.0))?
+                        backend
+                            .pack_divided(&members, divisors)
+                            .map_err(|e| Failure::Node(i, e.0))?
                     };
                     self.slots[ins.outputs[0]] = RValue::Tensor(out);
                 }

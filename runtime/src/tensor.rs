@@ -252,10 +252,14 @@ impl Tensor {
             _ => None,
         }
     }
+    /// Whether the tensor is all of its storage, in order (no view, no stride).
+    fn is_whole(&self) -> bool {
+        self.offset == 0 && self.numel() == self.data.len() && self.is_contiguous()
+    }
     /// The elements as owned, contiguous storage: the tensor's own storage, without a copy, when
     /// nothing else shares it and the tensor covers all of it; otherwise a contiguous copy.
     pub fn into_storage(self) -> Storage {
-        let whole = self.offset == 0 && self.numel() == self.data.len() && self.is_contiguous();
+        let whole = self.is_whole();
         if !whole {
             return self.copied();
         }
@@ -267,7 +271,7 @@ impl Tensor {
         if self.dtype() != DType::F32 {
             return None;
         }
-        let whole = self.offset == 0 && self.numel() == self.data.len() && self.is_contiguous();
+        let whole = self.is_whole();
         if !whole {
             let c = Tensor::from_f32(self.shape.clone(), self.to_f32_vec());
             *self = c;
