@@ -462,20 +462,28 @@ fn bench_overlap(world: usize, layers: usize) -> Result<()> {
         bandwidth_gbps: bytes_per_s * 8.0 / 1e9,
     };
     // 3. corrections: measured comm includes the host reduction, measured compute the
-    //    contention with it; scale the bandwidth until the two come out equal under schedule (c)
-    let mut c_compute = compute;
-    for _ in 0..2 {
-        let probe = train(
+    //    contention with it, and compute drifts by 10-20% between runs on this machine. Run
+    //    schedule (c) and rescale the bandwidth until a run has comm within 5% of compute (the
+    //    benchmark's premise); that run is (c)'s row.
+    let c_pipeline = format!("ddp(world_size={world},bucket_mb=25),sort-waits");
+    let mut rounds = 0;
+    let c_run = loop {
+        rounds += 1;
+        let run = train(
             &TrainConfig {
                 link: Some(link),
+                passes: Some(c_pipeline.clone()),
                 ..base.clone()
             },
             &quiet,
         )?;
-        let (_, probe_compute, probe_comm, _, _) = steady(&probe, skip);
-        link.bandwidth_gbps *= probe_comm / probe_compute;
-        c_compute = probe_compute;
-    }
+        let (_, c_compute, c_comm, _, _) = steady(&run, skip);
+        if (c_comm / c_compute - 1.0).abs() <= 0.05 || rounds == 6 {
+            break run;
+        }
+        link.bandwidth_gbps *= c_comm / c_compute;
+    };
+    let c_compute = steady(&c_run, skip).1;
     println!(
         "deep MLP {layers} x Linear({width},{width}) + GELU, batch 8, {world} thread ranks on {} cores; {:.0} MiB of gradients",
         std::thread::available_parallelism().map_or(1, |c| c.get()),
@@ -488,7 +496,9 @@ fn bench_overlap(world: usize, layers: usize) -> Result<()> {
         link.all_reduce_time(grad_bytes as usize, world).as_secs_f64() * 1e3,
         c_compute * 1e3
     );
-    println!("steady state: mean over ranks and steps {skip}..{steps}\n");
+    println!(
+        "({rounds} calibration run(s) of (c); the last is (c)'s row) steady state: mean over ranks and steps {skip}..{steps}\n"
+    );
     println!("| schedule | pipeline | all-reduces | backward ms | compute ms | comm ms | overlap % | exposed ms | backward / max(compute, comm) | speedup vs (a) |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let schedules = [
@@ -500,25 +510,31 @@ fn bench_overlap(world: usize, layers: usize) -> Result<()> {
             "(b) ours, bucket_mb=0",
             format!("ddp(world_size={world},bucket_mb=0),sort-waits"),
         ),
-        (
-            "(c) ours, default bucket",
-            format!("ddp(world_size={world},bucket_mb=25),sort-waits"),
-        ),
+        ("(c) ours, default bucket", c_pipeline.clone()),
         (
             "(d) ours, PyTorch-style 1 MiB first bucket",
             format!("ddp(world_size={world},bucket_mb=25,first_bucket_mb=1),sort-waits"),
         ),
     ];
     let mut first = None;
+    let mut c_run = Some(c_run);
     for (name, pipeline) in schedules {
-        let r = train(
-            &TrainConfig {
-                link: Some(link),
-                passes: Some(pipeline.clone()),
-                ..base.clone()
-            },
-            &quiet,
-        )?;
+        let measured = if pipeline == c_pipeline {
+            c_run.take()
+        } else {
+            None
+        };
+        let r = match measured {
+            Some(r) => r,
+            None => train(
+                &TrainConfig {
+                    link: Some(link),
+                    passes: Some(pipeline.clone()),
+                    ..base.clone()
+                },
+                &quiet,
+            )?,
+        };
         let (bwd, compute, comm, overlap, buckets) = steady(&r, skip);
         let a = *first.get_or_insert(bwd);
         println!(
