@@ -31,7 +31,7 @@ pub struct Provenance {
 
 /// A straight-line SSA program. Nodes live in a `StableDiGraph` (indices survive removals) with
 /// data and order edges; `schedule` is the execution order, always a topological order of the graph.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Trace {
     pub name: String,
     pub kind: TraceKind,
@@ -49,6 +49,49 @@ pub struct Trace {
     /// Decorators printed above `def` (without the `@`).
     pub decorators: Vec<String>,
     pub provenance: Vec<Provenance>,
+}
+
+/// Room a trace leaves for growth when it is copied or read: a quarter more nodes, edges and
+/// values than it holds. Passes add nodes (DDP adds one per gradient and four per bucket); a
+/// table filled to capacity would be copied whole, at every size, by the first node a pass adds.
+pub(crate) fn growth_room(len: usize) -> usize {
+    len / 4 + 16
+}
+
+impl Clone for Trace {
+    /// A copy with [`growth_room`] in its node, edge, schedule and value tables.
+    fn clone(&self) -> Trace {
+        let (nodes, edges) = (
+            petgraph::visit::NodeIndexable::node_bound(&self.graph),
+            self.graph.edge_count(),
+        );
+        let mut graph =
+            StableDiGraph::with_capacity(nodes + growth_room(nodes), edges + growth_room(edges));
+        graph.clone_from(&self.graph);
+        let mut schedule = Vec::with_capacity(self.schedule.len() + growth_room(nodes));
+        schedule.extend_from_slice(&self.schedule);
+        let room = growth_room(self.values.len());
+        let mut values = IndexMap::with_capacity_and_hasher(
+            self.values.len() + room,
+            ValueIdBuildHasher::default(),
+        );
+        // copies the entries into the room made above, and the hash index at its old size
+        values.clone_from(&self.values);
+        values.reserve(room);
+        Trace {
+            name: self.name.clone(),
+            kind: self.kind,
+            args: self.args.clone(),
+            graph,
+            schedule,
+            values,
+            next_value: self.next_value,
+            name_counters: self.name_counters.clone(),
+            ret: self.ret.clone(),
+            decorators: self.decorators.clone(),
+            provenance: self.provenance.clone(),
+        }
+    }
 }
 
 /// Decorators Thunder puts on every trace it prints.
@@ -189,14 +232,10 @@ impl Trace {
         self.name_counters = None;
     }
 
-    /// Makes room for `nodes` more nodes (and twice as many edges; the graph can only be
-    /// sized while it is empty) and `values` more values.
+    /// Makes room for `nodes` more nodes (and twice as many edges) and `values` more values.
     pub fn reserve(&mut self, nodes: usize, values: usize) {
-        if petgraph::visit::NodeIndexable::node_bound(&self.graph) == 0
-            && self.graph.edge_count() == 0
-        {
-            self.graph = StableDiGraph::with_capacity(nodes, 2 * nodes);
-        }
+        self.graph.reserve_nodes(nodes);
+        self.graph.reserve_edges(2 * nodes);
         self.schedule.reserve(nodes);
         self.values.reserve(values);
     }
@@ -654,7 +693,7 @@ impl Rebuild {
         let mut slot = IdTable::new(bound, values.len());
         // names are scanned only if a pass asks for fresh ones (decoding stays lean)
         t.name_counters = None;
-        t.values.reserve(values.len());
+        t.values.reserve(values.len() + growth_room(values.len()));
         for v in values {
             if slot.get(v.id.0).is_some() {
                 return Err(format!("value {} is listed twice", v.id));
@@ -688,6 +727,7 @@ impl Rebuild {
             r.t.args.push(a);
         }
         let n = nodes_hint.min(1 << 21).min(decode_budget());
+        let n = n + growth_room(n);
         r.t.graph = StableDiGraph::with_capacity(n, 2 * n);
         r.t.schedule.reserve(n);
         Ok(r)
@@ -1032,5 +1072,57 @@ mod name_gen_tests {
         // new values after that are seen too
         t.new_value("t150", f32_scalar());
         assert_eq!(t.name_gen().fresh("t"), "t151");
+    }
+}
+
+#[cfg(test)]
+mod growth_tests {
+    use super::*;
+    use crate::synth::{mlp_program, MlpSpec};
+    use petgraph::visit::NodeIndexable;
+
+    fn spare(t: &Trace) -> (usize, usize, usize) {
+        let (nodes, edges) = t.graph.capacity();
+        (
+            nodes - NodeIndexable::node_bound(&t.graph),
+            edges - t.graph.edge_count(),
+            t.values.capacity() - t.values.len(),
+        )
+    }
+
+    #[test]
+    fn copies_and_decoded_traces_leave_room_for_the_nodes_a_pass_adds() {
+        let p = mlp_program(&MlpSpec::deep(8, 16, 2)).expect("synthetic program");
+        let t = &p.backward;
+        let (n, e, v) = (
+            NodeIndexable::node_bound(&t.graph),
+            t.graph.edge_count(),
+            t.value_count(),
+        );
+        let copy = t.clone();
+        assert!(copy == *t);
+        let (sn, se, sv) = spare(&copy);
+        assert!(sn >= growth_room(n), "{sn} spare nodes of {n}");
+        assert!(se >= growth_room(e), "{se} spare edges of {e}");
+        assert!(sv >= growth_room(v), "{sv} spare values of {v}");
+        let bytes = crate::codec::encode(&crate::Module::Trace(t.clone())).expect("encodes");
+        let crate::Module::Trace(decoded) = crate::codec::decode(&bytes).expect("decodes") else {
+            panic!("a trace was written");
+        };
+        let (sn, _, sv) = spare(&decoded);
+        assert!(
+            sn >= growth_room(n) && sv >= growth_room(v),
+            "{sn} nodes, {sv} values spare"
+        );
+    }
+
+    #[test]
+    fn reserve_grows_a_graph_that_already_has_nodes() {
+        let p = mlp_program(&MlpSpec::deep(2, 4, 2)).expect("synthetic program");
+        let mut t = p.backward;
+        let before = t.graph.capacity().0;
+        t.reserve(before * 3, 10);
+        let (sn, se, sv) = spare(&t);
+        assert!(sn >= before * 3 && se >= before * 6 && sv >= 10);
     }
 }

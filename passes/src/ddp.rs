@@ -305,13 +305,18 @@ impl Pass for Ddp {
         cx.stat("ddp.buckets", buckets.len() as u64);
 
         // 2. rewrite: new nodes are spliced into the schedule after their trigger
+        let per_grad = if opts.average == Average::Post { 2 } else { 1 };
+        let added = per_grad * described.len() + 4 * buckets.len();
+        t.reserve(added, added + described.len());
         let mut names = t.name_gen();
         let ws = opts.world_size as f64;
         // (trigger slot, new node) in gradient order, which is slot order
         let mut after: Vec<(Option<usize>, NodeIndex)> = Vec::with_capacity(described.len() * 2);
-        let mut divided: ValueIdMap<ValueId> = ValueIdMap::default();
+        let mut divided: ValueIdMap<ValueId> =
+            ValueIdMap::with_capacity_and_hasher(described.len(), Default::default());
         let mut tail: Vec<NodeIndex> = Vec::new();
-        let mut replacement: ValueIdMap<ValueId> = ValueIdMap::default();
+        let mut replacement: ValueIdMap<ValueId> =
+            ValueIdMap::with_capacity_and_hasher(described.len(), Default::default());
         let mut last_collective: Option<NodeIndex> = None;
         let bucket_of_last: ValueIdMap<usize> = buckets
             .iter()

@@ -17,60 +17,65 @@ enum Class {
     Regular,
 }
 
+/// Position in the old schedule. `u32` rather than `usize`: the tables below are read for every
+/// node, and half the bytes is half the memory traffic once a trace outgrows the caches.
+type Pos = u32;
+const UNSCHEDULED: Pos = Pos::MAX;
+
 /// Reorders a trace's schedule; returns whether it changed.
 pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     let old = t.schedule().to_vec();
+    // a schedule lists each node once and node indices are `u32` below petgraph's end marker,
+    // so every position fits below `UNSCHEDULED`; so does every edge count (edge indices are
+    // `u32` too)
     let n = old.len();
-    let mut slot = vec![usize::MAX; t.graph().node_bound()];
+    let mut slot = vec![UNSCHEDULED; t.graph().node_bound()];
     for (i, x) in old.iter().enumerate() {
-        slot[x.index()] = i;
+        slot[x.index()] = i as Pos;
     }
     let mut effects = reg.effects();
-    let class: Vec<Class> = old
-        .iter()
-        .map(|idx| {
-            let node = t.node(*idx).expect("scheduled node exists");
-            let effect = effects.effect(&node.op);
-            if node.op == ops::WAIT {
-                Class::Late
-            } else if effect == Effect::Collective {
-                Class::Early
-            } else {
-                Class::Regular
-            }
-        })
-        .collect();
     let g = t.graph();
-    // predecessors by schedule position, in one flat table (no vector per node)
+    // One sweep over the nodes: each node's class and its predecessors by schedule position,
+    // in one flat table (no vector per node).
+    let mut class: Vec<Class> = Vec::with_capacity(n);
     let mut preds = Adjacency::with_capacity(n, g.edge_count());
     let mut row = Vec::new();
     for idx in &old {
+        let node = t.node(*idx).expect("scheduled node exists");
+        class.push(if node.op == ops::WAIT {
+            Class::Late
+        } else if effects.effect(&node.op) == Effect::Collective {
+            Class::Early
+        } else {
+            Class::Regular
+        });
         row.clear();
         row.extend(
             g.edges_directed(*idx, Direction::Incoming)
                 .map(|e| slot[e.source().index()])
-                .filter(|s| *s != usize::MAX),
+                .filter(|s| *s != UNSCHEDULED),
         );
         row.sort_unstable();
         row.dedup();
-        preds.items.extend_from_slice(&row);
-        preds.ends.push(preds.items.len());
+        preds.push_row(&row);
     }
-    let mut early_succs: Vec<Vec<usize>> = vec![Vec::new(); n];
     // an early node waits for its non-wait predecessors; waits are pulled on demand
-    let mut pending: Vec<usize> = vec![0; n];
+    let mut pending: Vec<Pos> = vec![0; n];
+    let mut edges: Vec<(Pos, Pos)> = Vec::new();
     for i in 0..n {
         if class[i] == Class::Early {
             for &p in preds.row(i) {
-                if class[p] != Class::Late {
-                    early_succs[p].push(i);
+                if class[p as usize] != Class::Late {
+                    edges.push((p, i as Pos));
                     pending[i] += 1;
                 }
             }
         }
     }
-    let released: VecDeque<usize> = (0..n)
+    let early_succs = Adjacency::from_pairs(n, edges);
+    let released: VecDeque<Pos> = (0..n)
         .filter(|&i| class[i] == Class::Early && pending[i] == 0)
+        .map(|i| i as Pos)
         .collect();
     let mut st = Placer {
         preds: &preds,
@@ -85,18 +90,18 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     st.drain();
     for (i, c) in class.iter().enumerate() {
         if *c == Class::Regular {
-            st.place(i);
+            st.place(i as Pos);
             st.drain();
         }
     }
     for i in 0..n {
-        st.place(i);
+        st.place(i as Pos);
         st.drain();
     }
     let order = st.order;
-    let changed = order.iter().enumerate().any(|(k, &i)| k != i);
+    let changed = order.iter().enumerate().any(|(k, &i)| k != i as usize);
     if changed {
-        t.set_schedule(order.into_iter().map(|i| old[i]).collect());
+        t.set_schedule(order.into_iter().map(|i| old[i as usize]).collect());
     }
     changed
 }
@@ -105,20 +110,21 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
 /// and each collective as soon as its last non-wait predecessor is placed.
 struct Placer<'a> {
     preds: &'a Adjacency,
-    early_succs: &'a [Vec<usize>],
+    /// The collectives that wait for each node (most nodes have none).
+    early_succs: &'a Adjacency,
     class: &'a [Class],
     placed: Vec<bool>,
-    pending: Vec<usize>,
-    order: Vec<usize>,
-    released: VecDeque<usize>,
+    pending: Vec<Pos>,
+    order: Vec<Pos>,
+    released: VecDeque<Pos>,
     /// Scratch for `place`, kept between calls.
-    stack: Vec<(usize, bool)>,
+    stack: Vec<(Pos, bool)>,
 }
 
 /// Rows of node positions stored back to back: row `i` is `items[ends[i-1]..ends[i]]`.
 struct Adjacency {
-    items: Vec<usize>,
-    ends: Vec<usize>,
+    items: Vec<Pos>,
+    ends: Vec<Pos>,
 }
 
 impl Adjacency {
@@ -128,39 +134,65 @@ impl Adjacency {
             ends: Vec::with_capacity(rows),
         }
     }
-    fn row(&self, i: usize) -> &[usize] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        &self.items[start..self.ends[i]]
+    fn push_row(&mut self, row: &[Pos]) {
+        self.items.extend_from_slice(row);
+        self.ends.push(self.items.len() as Pos);
+    }
+    /// `rows` rows from (row, item) pairs, by counting sort; items keep their order in a row.
+    fn from_pairs(rows: usize, pairs: Vec<(Pos, Pos)>) -> Adjacency {
+        let mut ends: Vec<Pos> = vec![0; rows];
+        for &(r, _) in &pairs {
+            ends[r as usize] += 1;
+        }
+        let mut acc = 0;
+        for e in ends.iter_mut() {
+            acc += *e;
+            *e = acc;
+        }
+        // fill back to front so each row's items stay in pair order
+        let mut items = vec![0; pairs.len()];
+        let mut next = ends.clone();
+        for &(r, x) in pairs.iter().rev() {
+            next[r as usize] -= 1;
+            items[next[r as usize] as usize] = x;
+        }
+        Adjacency { items, ends }
+    }
+    fn row(&self, i: usize) -> &[Pos] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.items[start..self.ends[i] as usize]
     }
 }
 
 impl Placer<'_> {
     /// Places `i` after any unplaced predecessors (iteratively, no recursion).
-    fn place(&mut self, i: usize) {
-        if self.placed[i] {
+    fn place(&mut self, i: Pos) {
+        if self.placed[i as usize] {
             return;
         }
         let mut stack = std::mem::take(&mut self.stack);
         stack.push((i, false));
         while let Some((x, expanded)) = stack.pop() {
-            if self.placed[x] {
+            let xu = x as usize;
+            if self.placed[xu] {
                 continue;
             }
             if !expanded {
                 stack.push((x, true));
-                for &p in self.preds.row(x).iter().rev() {
-                    if !self.placed[p] {
+                for &p in self.preds.row(xu).iter().rev() {
+                    if !self.placed[p as usize] {
                         stack.push((p, false));
                     }
                 }
                 continue;
             }
-            self.placed[x] = true;
+            self.placed[xu] = true;
             self.order.push(x);
-            if self.class[x] != Class::Late {
-                for &s in &self.early_succs[x] {
-                    self.pending[s] -= 1;
-                    if self.pending[s] == 0 {
+            if self.class[xu] != Class::Late {
+                for &s in self.early_succs.row(xu) {
+                    let su = s as usize;
+                    self.pending[su] -= 1;
+                    if self.pending[su] == 0 {
                         self.released.push_back(s);
                     }
                 }
