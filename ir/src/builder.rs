@@ -129,7 +129,7 @@ impl<'r> TraceBuilder<'r> {
             })
             .collect();
         let mut node = Node::new(op, args, outs.clone());
-        *node.kwargs_mut() = kwargs;
+        node.set_kwargs(kwargs);
         self.trace.append(node);
         Ok(outs)
     }
@@ -179,5 +179,28 @@ impl<'r> TraceBuilder<'r> {
     }
     pub fn finish(self) -> Trace {
         self.trace
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::synth::{mlp_program, MlpSpec};
+
+    /// Built and canonicalized nodes store no out-of-line part they do not need: printing,
+    /// passes and copies would otherwise follow a pointer per node for nothing.
+    #[test]
+    fn nodes_keep_no_empty_out_of_line_part() {
+        let p = mlp_program(&MlpSpec::deep(3, 8, 2)).expect("synthetic program");
+        let mut t = p.backward;
+        let needs = |n: &crate::Node| {
+            n.callee().is_some()
+                || !n.kwargs().is_empty()
+                || !n.subsymbols().is_empty()
+                || n.source().is_some()
+        };
+        assert!(t.nodes().all(|(_, n)| n.has_extra() == needs(n)));
+        assert!(t.nodes().any(|(_, n)| !n.has_extra()));
+        crate::canon::canonicalize(&mut t);
+        assert!(t.nodes().all(|(_, n)| n.has_extra() == needs(n)));
     }
 }

@@ -38,16 +38,46 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT>()
 }
 
-/// Header + payload.
+/// Bincode writer appending to a vector.
+struct VecWriter<'a>(&'a mut Vec<u8>);
+
+impl bincode::enc::write::Writer for VecWriter<'_> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// A generous guess at the payload size (synthetic and Thunder traces take 50 to 70 bytes a
+/// node), so the output is allocated once instead of growing by doubling, which would copy
+/// everything written so far at each step.
+fn payload_hint(m: &Module) -> usize {
+    let traces: Vec<&crate::Trace> = match m {
+        Module::Trace(t) => vec![t],
+        Module::Program(p) => vec![&p.forward, &p.backward],
+    };
+    traces
+        .iter()
+        .map(|t| 80 * t.node_count() + 16 * t.value_count())
+        .sum::<usize>()
+        + 4096
+}
+
+/// Header + payload, written into one buffer: the payload goes behind a header whose checksum
+/// and length are filled in once it is complete.
 pub fn encode(m: &Module) -> Result<Vec<u8>, CodecError> {
-    let payload = bincode::serde::encode_to_vec(m, config())
-        .map_err(|e| CodecError::Encode(e.to_string()))?;
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let mut out = Vec::with_capacity(HEADER_LEN + payload_hint(m));
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(&[0; 12]); // crc32 and length, below
+    bincode::serde::encode_into_writer(m, VecWriter(&mut out), config())
+        .map_err(|e| CodecError::Encode(e.to_string()))?;
+    let payload = &out[HEADER_LEN..];
+    let crc = crc32fast::hash(payload);
+    let len = payload.len() as u64;
+    out[12..16].copy_from_slice(&crc.to_le_bytes());
+    out[16..24].copy_from_slice(&len.to_le_bytes());
     Ok(out)
 }
 

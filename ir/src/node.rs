@@ -100,8 +100,22 @@ impl Node {
     pub fn kwargs(&self) -> &[(String, Arg)] {
         self.extra.as_ref().map_or(&[], |e| &e.kwargs)
     }
+    /// The keyword operands, to edit (gives the node its out-of-line part if it has none:
+    /// prefer [`Node::set_kwargs`] to set them).
     pub fn kwargs_mut(&mut self) -> &mut Vec<(String, Arg)> {
         &mut self.extra_mut().kwargs
+    }
+    /// Replaces the keyword operands; setting none to a node that has none allocates nothing.
+    pub fn set_kwargs(&mut self, kwargs: Vec<(String, Arg)>) {
+        if !kwargs.is_empty() || self.extra.is_some() {
+            self.extra_mut().kwargs = kwargs;
+        }
+    }
+    /// Whether the rare parts (callee, kwargs, decomposition, source) are stored: every
+    /// reader of them follows one more pointer.
+    #[cfg(test)]
+    pub(crate) fn has_extra(&self) -> bool {
+        self.extra.is_some()
     }
     pub fn kwarg(&self, key: &str) -> Option<&Arg> {
         self.kwargs().iter().find(|(k, _)| k == key).map(|(_, v)| v)

@@ -501,9 +501,7 @@ impl<'a> Parser<'a> {
                 outs.push(self.define(ln, ind + c, n)?);
             }
             let mut n = Node::new(op.clone(), args, outs);
-            if !kwargs.is_empty() {
-                *n.kwargs_mut() = kwargs;
-            }
+            n.set_kwargs(kwargs);
             n.lhs = lhs_kind;
             if callee != op {
                 n.set_callee(Some(callee.to_string()));

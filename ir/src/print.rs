@@ -84,12 +84,10 @@ pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
     for a in t.args() {
         write_type_comment(&mut out, t, *a, 1);
     }
-    let dels = if opts.dels {
-        dels_by_position(t)
-    } else {
-        Vec::new()
-    };
-    let mut next_del = 0;
+    // a value's `del` follows the statement that reads it last (found during the one sweep
+    // that prints the statements)
+    let mut last = if opts.dels { t.last_uses() } else { Vec::new() };
+    let mut dead: Vec<ValueId> = Vec::new();
     for (pos, (idx, node)) in t.nodes().enumerate() {
         if opts.source {
             if let Some(src) = node.source() {
@@ -102,19 +100,26 @@ pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
                 write_subsymbol(&mut out, s, 2);
             }
         }
-        let first = next_del;
-        while dels.get(next_del).is_some_and(|(p, _)| *p == pos) {
-            next_del += 1;
-        }
-        if next_del > first {
-            out.push_str("  del ");
-            for (i, (_, v)) in dels[first..next_del].iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
+        if opts.dels {
+            dead.clear();
+            node.for_each_operand(&mut |v| {
+                if let Some(l) = last.get_mut(v.0 as usize) {
+                    if *l == pos as u32 {
+                        dead.push(v);
+                        *l = crate::trace::NOT_READ; // listed once, however often it is read
+                    }
                 }
-                push_name(&mut out, t, *v);
+            });
+            if !dead.is_empty() {
+                out.push_str("  del ");
+                for (i, v) in dead.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    push_name(&mut out, t, *v);
+                }
+                out.push('\n');
             }
-            out.push('\n');
         }
     }
     out.push_str("  return ");
@@ -133,16 +138,19 @@ pub fn print_node_line(t: &Trace, idx: NodeIndex) -> String {
 }
 
 fn imports(t: &Trace) -> Vec<String> {
-    let mut set = BTreeSet::new();
-    set.insert("import torch".to_string());
+    // the modules of the callees, collected without allocating per node
+    let mut modules: BTreeSet<&str> = BTreeSet::new();
     for (_, n) in t.nodes() {
-        let callee = n.callee_name();
         if n.lhs == Lhs::Unpack {
             continue;
         }
-        let Some((module, _)) = callee.rsplit_once('.') else {
-            continue;
-        };
+        if let Some((module, _)) = n.callee_name().rsplit_once('.') {
+            modules.insert(module);
+        }
+    }
+    let mut set = BTreeSet::new();
+    set.insert("import torch".to_string());
+    for module in modules {
         match module {
             "ltorch" => {
                 set.insert("import thunder".into());
@@ -168,25 +176,6 @@ fn imports(t: &Trace) -> Vec<String> {
         v.push("from thunder.executors.torchex import no_autocast".into());
     }
     v
-}
-
-/// Schedule position -> values whose last use is there (in operand order).
-/// The `del` lines: (schedule position, value) for every value whose last use is at that
-/// position, in position order and, within one, in operand order.
-fn dels_by_position(t: &Trace) -> Vec<(usize, ValueId)> {
-    let mut last = t.last_uses();
-    let mut dels = Vec::new();
-    for (pos, (_, n)) in t.nodes().enumerate() {
-        n.for_each_operand(&mut |v| {
-            if let Some(l) = last.get_mut(v.0 as usize) {
-                if *l == Some(pos) {
-                    dels.push((pos, v));
-                    *l = None; // listed once, however often the node reads it
-                }
-            }
-        });
-    }
-    dels
 }
 
 fn indent(out: &mut String, depth: usize) {

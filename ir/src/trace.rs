@@ -94,6 +94,11 @@ impl Clone for Trace {
     }
 }
 
+/// In [`Trace::last_uses`]: nothing reads the value.
+pub const NOT_READ: u32 = u32::MAX;
+/// In [`Trace::last_uses`]: the trace returns the value.
+pub const RETURNED: u32 = u32::MAX - 1;
+
 /// Decorators Thunder puts on every trace it prints.
 pub fn default_decorators() -> Vec<String> {
     vec!["torch.no_grad()".into(), "no_autocast".into()]
@@ -396,20 +401,21 @@ impl Trace {
         self.ret.for_each_value(&mut |v| out.push(v));
         out
     }
-    /// Per value id, the schedule position of its last use: `Some(usize::MAX)` when the trace
-    /// returns it, `None` when nothing reads it. A dense table: one sweep, no hashing.
-    pub fn last_uses(&self) -> Vec<Option<usize>> {
-        let mut last = vec![None; self.value_bound()];
+    /// Per value id, the schedule position of its last use: [`RETURNED`] when the trace
+    /// returns it, [`NOT_READ`] when nothing reads it. A dense table of `u32` (a schedule
+    /// position fits: node indices are `u32`): one sweep, no hashing, 4 bytes a value.
+    pub fn last_uses(&self) -> Vec<u32> {
+        let mut last = vec![NOT_READ; self.value_bound()];
         for (pos, (_, n)) in self.nodes().enumerate() {
             n.for_each_operand(&mut |v| {
                 if let Some(l) = last.get_mut(v.0 as usize) {
-                    *l = Some(pos);
+                    *l = pos as u32;
                 }
             });
         }
         for v in self.returned_values() {
             if let Some(l) = last.get_mut(v.0 as usize) {
-                *l = Some(usize::MAX);
+                *l = RETURNED;
             }
         }
         last
