@@ -446,6 +446,24 @@ fn ddp_needs_parameters_and_refuses_synchronized_input() {
 }
 
 #[test]
+fn ddp_refuses_its_own_output() {
+    let p = hand_made();
+    // gradients made by `unpack` (average=pre) or by divisions of its outputs (average=post)
+    for average in ["pre", "post"] {
+        let once = run(&p, &format!("ddp(world_size=2,bucket_mb=1,average={average})"));
+        assert!(synchronizes(&once.backward));
+        let err = PassManager::parse("ddp(world_size=2)")
+            .unwrap()
+            .run(&mut once.clone(), OpRegistry::builtin())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("run `no-sync` first"), "{err}");
+        // and no-sync makes it acceptable again
+        run(&once, "no-sync,ddp(world_size=2,bucket_mb=1)");
+    }
+}
+
+#[test]
 fn manager_prints_ir_times_and_writes_reproducers() {
     let plain =
         Program::from_thunder(load("mlp/forward.trace"), load("mlp/backward.trace")).unwrap();
