@@ -450,7 +450,10 @@ fn ddp_refuses_its_own_output() {
     let p = hand_made();
     // gradients made by `unpack` (average=pre) or by divisions of its outputs (average=post)
     for average in ["pre", "post"] {
-        let once = run(&p, &format!("ddp(world_size=2,bucket_mb=1,average={average})"));
+        let once = run(
+            &p,
+            &format!("ddp(world_size=2,bucket_mb=1,average={average})"),
+        );
         assert!(synchronizes(&once.backward));
         let err = PassManager::parse("ddp(world_size=2)")
             .unwrap()
