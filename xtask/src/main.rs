@@ -173,8 +173,8 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
     let pipeline = "ddp(world_size=8,bucket_mb=25),sort-waits,dce";
     println!("passes benchmark: `{pipeline}` on synthetic deep-MLP backwards (width 64), one thread; best of 3 to 300 runs (more for small sizes) with the caches hot, and as many with the caches flushed before each run (cold)");
     println!(
-        "{:>9} {:>11} {:>10} {:>11} {:>10} {:>8}",
-        "nodes", "hot ms", "ns/node", "cold ms", "ns/node", "buckets"
+        "{:>9} {:>11} {:>10} {:>11} {:>10} {:>8} {:>12}",
+        "nodes", "hot ms", "ns/node", "cold ms", "ns/node", "buckets", "copy hot ms"
     );
     let mut rows = Vec::new();
     for n in sizes(max_nodes) {
@@ -186,6 +186,8 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
         let out = out?;
         // the timed runs skip verification; check the result once
         tracepass_ir::verify(&out.backward)?;
+        // the control: a plain copy of the same trace, the simplest linear work there is
+        let (copy, _) = time(reps, || p.backward.clone());
         let nodes = p.backward.node_count();
         let buckets = out
             .backward
@@ -193,24 +195,30 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
             .filter(|(_, n)| n.op == tracepass_ir::ops::ALL_REDUCE)
             .count();
         println!(
-            "{:>9} {:>11.2} {:>10.1} {:>11.2} {:>10.1} {:>8}",
+            "{:>9} {:>11.2} {:>10.1} {:>11.2} {:>10.1} {:>8} {:>12.2}",
             nodes,
             t.hot_s() * 1e3,
             t.hot_s() * 1e9 / nodes as f64,
             t.cold_s() * 1e3,
             t.cold_s() * 1e9 / nodes as f64,
-            buckets
+            buckets,
+            copy.hot_s() * 1e3
         );
-        rows.push((nodes, t));
+        rows.push((nodes, t, copy));
     }
     for (state, pick) in [
         ("hot", Timing::hot_s as fn(&Timing) -> f64),
         ("cold", Timing::cold_s),
     ] {
-        let series: Vec<(usize, f64)> = rows.iter().map(|(n, t)| (*n, pick(t))).collect();
+        let series: Vec<(usize, f64)> = rows.iter().map(|(n, t, _)| (*n, pick(t))).collect();
         report_scaling(&format!("ddp,sort-waits,dce ({state})"), &series);
+        let copies: Vec<(usize, f64)> = rows.iter().map(|(n, _, c)| (*n, pick(c))).collect();
+        report_growth(
+            &format!("reference, copy of the backward ({state})"),
+            &copies,
+        );
     }
-    if let Some((_, t)) = rows.last().filter(|r| r.0 >= 1_000_000) {
+    if let Some((_, t, _)) = rows.last().filter(|r| r.0 >= 1_000_000) {
         println!(
             "target: 1M nodes < 0.5 s: {:.3} s hot, {:.3} s cold -> {}",
             t.hot_s(),
