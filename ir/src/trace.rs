@@ -61,9 +61,10 @@ pub(crate) fn growth_room(len: usize) -> usize {
 impl Clone for Trace {
     /// A copy with [`growth_room`] in its node, edge, schedule and value tables.
     fn clone(&self) -> Trace {
+        // bounds, not counts: a graph with removed nodes or edges keeps their slots
         let (nodes, edges) = (
             petgraph::visit::NodeIndexable::node_bound(&self.graph),
-            self.graph.edge_count(),
+            petgraph::visit::EdgeIndexable::edge_bound(&self.graph),
         );
         let mut graph =
             StableDiGraph::with_capacity(nodes + growth_room(nodes), edges + growth_room(edges));
@@ -1085,13 +1086,14 @@ mod name_gen_tests {
 mod growth_tests {
     use super::*;
     use crate::synth::{mlp_program, MlpSpec};
-    use petgraph::visit::NodeIndexable;
+    use petgraph::visit::{EdgeIndexable, NodeIndexable};
 
+    /// Slots left before the node, edge and value tables must grow.
     fn spare(t: &Trace) -> (usize, usize, usize) {
         let (nodes, edges) = t.graph.capacity();
         (
             nodes - NodeIndexable::node_bound(&t.graph),
-            edges - t.graph.edge_count(),
+            edges - EdgeIndexable::edge_bound(&t.graph),
             t.values.capacity() - t.values.len(),
         )
     }
