@@ -756,11 +756,13 @@ impl Rebuild {
         {
             return Err(format!("node `{}` refers to unknown value {v}", n.op));
         }
-        let outputs = n.outputs.clone();
         let idx = self.t.graph.add_node(n);
-        for (k, out) in outputs.iter().enumerate() {
+        // by index: the outputs now live in the graph, and copying them out would allocate
+        // per node
+        for k in 0..self.t.graph[idx].outputs.len() {
+            let out = self.t.graph[idx].outputs[k];
             self.producer.set(out.0, idx.index() as u32);
-            if let Some(s) = self.known(*out) {
+            if let Some(s) = self.known(out) {
                 if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
                     v.def = Def::Node(idx, k as u32);
                 }
