@@ -7,7 +7,9 @@ use crate::pipeline::{Options, PassSpec};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap as HashMap;
-use tracepass_ir::{ops, Arg, DType, Device, Node, Program, Type, ValueId, ValueIdMap, ValueIdSet};
+use tracepass_ir::{
+    ops, Arg, DType, Def, Device, Node, Program, Type, ValueId, ValueIdMap, ValueIdSet,
+};
 
 /// Where the division by the world size happens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,22 +274,23 @@ impl Pass for Ddp {
         for (i, n) in t.schedule().iter().enumerate() {
             pos[n.index()] = i;
         }
-        let ready_at = |v: ValueId| {
-            t.producer(v)
-                .and_then(|n| pos.get(n.index()).copied())
-                .filter(|p| *p != usize::MAX)
-        };
-        let mut ordered: Vec<(Option<usize>, usize, ValueId)> = grads
-            .iter()
-            .enumerate()
-            .map(|(i, g)| (ready_at(*g), i, *g))
-            .collect();
-        ordered.sort();
+        // one look at each gradient's value (its producer and its type): in a large trace the
+        // gradients' values are far apart, and each look is a trip to memory
+        let mut ordered = Vec::with_capacity(grads.len());
+        for (i, g) in grads.iter().enumerate() {
+            let value = t.value(*g);
+            let slot = match value.map(|v| v.def()) {
+                Some(Def::Node(n, _)) => pos.get(n.index()).copied().filter(|p| *p != usize::MAX),
+                _ => None,
+            };
+            ordered.push((slot, i, *g, value.map(|v| &v.ty)));
+        }
+        ordered.sort_by_key(|(slot, i, _, _)| (*slot, *i));
         let slot_of: ValueIdMap<Option<usize>> =
-            ordered.iter().map(|(slot, _, g)| (*g, *slot)).collect();
+            ordered.iter().map(|(slot, _, g, _)| (*g, *slot)).collect();
         let mut described = Vec::with_capacity(ordered.len());
-        for (_, _, g) in &ordered {
-            match t.ty(*g) {
+        for (_, _, g, ty) in &ordered {
+            match ty {
                 Some(Type::Tensor(tt)) => {
                     described.push((*g, tt.shape.clone(), tt.dtype, tt.device))
                 }
