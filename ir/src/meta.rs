@@ -170,7 +170,11 @@ fn reshape(cx: &MetaCx) -> R<MetaOut> {
     for (i, d) in spec.iter().enumerate() {
         match *d {
             -1 if infer.is_none() => infer = Some(i),
-            d if d >= 0 => known *= d as usize,
+            d if d >= 0 => {
+                known = known
+                    .checked_mul(d as usize)
+                    .ok_or_else(|| format!("{}: shape {spec:?} is too large", cx.op))?
+            }
             _ => return Err(format!("{}: invalid shape {spec:?}", cx.op)),
         }
     }
@@ -460,7 +464,10 @@ fn unpack(cx: &MetaCx) -> R<MetaOut> {
         common_kind(cx.op, &ts)?;
         ts
     };
-    let total: usize = outs.iter().map(TensorType::numel).sum();
+    let total = outs
+        .iter()
+        .try_fold(0usize, |n, t| n.checked_add(t.numel()))
+        .ok_or_else(|| format!("{}: the members' shapes are too large", cx.op))?;
     if total != buf.numel() {
         return Err(format!(
             "{}: members hold {total} elements but the buffer has {}",

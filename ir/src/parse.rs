@@ -350,6 +350,7 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
+    /// `# name: "type"`, its `#` at column `ind` (0-based, as everywhere in the parser).
     fn apply_type_comment(&mut self, ln: usize, ind: usize, name: &str, ty: &str) -> PResult<()> {
         let Some((id, _)) = self.names.get(name) else {
             return Err(self.err(
@@ -358,9 +359,19 @@ impl<'a> Parser<'a> {
                 format!("type comment for undefined name `{name}`"),
             ));
         };
-        let parsed = Type::parse(ty).ok_or_else(|| {
-            self.err(ln, ind + 2 + name.len() + 3, format!("unknown type `{ty}`"))
-        })?;
+        let col = ind + 2 + name.len() + 3;
+        let parsed =
+            Type::parse(ty).ok_or_else(|| self.err(ln, col, format!("unknown type `{ty}`")))?;
+        if parsed.is_oversized() {
+            return Err(self.err(
+                ln,
+                col,
+                format!(
+                    "type `{ty}` is too large: over {} bytes",
+                    crate::types::MAX_TENSOR_BYTES
+                ),
+            ));
+        }
         self.trace.set_ty(id, parsed);
         self.untyped.remove(&id);
         Ok(())
@@ -404,8 +415,9 @@ impl<'a> Parser<'a> {
 
     fn parse_statement(&mut self, ln: usize, ind: usize, body: &str) -> PResult<()> {
         let lx = lex(body).map_err(|(c, m)| self.err(ln, ind + c, m))?;
+        // the comment and the column of its `#`
         let comment = match lx.toks.last() {
-            Some((Tok::Comment(c), _)) => Some(*c),
+            Some((Tok::Comment(c), at)) => Some((*c, ind + *at)),
             _ => None,
         };
         let toks = strip_comment(&lx.toks);
@@ -514,10 +526,10 @@ impl<'a> Parser<'a> {
         let idx = self.trace.append(node);
         self.node_lines.push(ln);
         self.last_node = Some(idx);
-        if let Some(c) = comment {
+        if let Some((c, hash_col)) = comment {
             match type_comment(c) {
                 Some((name, ty)) if outputs.len() == 1 && self.trace.name(outputs[0]) == name => {
-                    self.apply_type_comment(ln, ind, name, ty)?
+                    self.apply_type_comment(ln, hash_col, name, ty)?
                 }
                 Some((name, _)) => {
                     return Err(self.err(

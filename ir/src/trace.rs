@@ -705,6 +705,15 @@ impl Rebuild {
             if slot.get(v.id.0).is_some() {
                 return Err(format!("value {} is listed twice", v.id));
             }
+            if v.ty.is_oversized() {
+                return Err(format!(
+                    "value {} (`{}`) has type {}, over {} bytes",
+                    v.id,
+                    v.name,
+                    v.ty,
+                    crate::types::MAX_TENSOR_BYTES
+                ));
+            }
             slot.set(v.id.0, t.values.len() as u32);
             t.next_value = t.next_value.max(v.id.0.saturating_add(1));
             t.values.insert(

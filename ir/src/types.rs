@@ -209,11 +209,22 @@ impl TensorType {
             device,
         }
     }
+    /// Element count. Saturates for a shape too large to exist (see
+    /// [`TensorType::checked_nbytes`]; the parser, the decoder and the verifier reject those).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1, |n, d| n.saturating_mul(*d))
     }
+    /// Byte size; saturates like [`TensorType::numel`].
     pub fn nbytes(&self) -> usize {
-        self.numel() * self.dtype.size_bytes()
+        self.numel().saturating_mul(self.dtype.size_bytes())
+    }
+    /// Byte size, or `None` when it is over [`MAX_TENSOR_BYTES`]: a shape a file can spell
+    /// (`f32[8, 3233333333333333333]`) but no tensor can have.
+    pub fn checked_nbytes(&self) -> Option<usize> {
+        self.shape
+            .iter()
+            .try_fold(self.dtype.size_bytes(), |n, d| n.checked_mul(*d))
+            .filter(|n| *n <= MAX_TENSOR_BYTES)
     }
     pub fn with_shape(&self, shape: Vec<usize>) -> TensorType {
         TensorType {
@@ -277,6 +288,10 @@ impl PartialEq for Type {
     }
 }
 
+/// The largest tensor a trace may declare, in bytes: PyTorch counts elements and bytes in
+/// `int64`, and every size and offset computed from a shape here must fit too.
+pub const MAX_TENSOR_BYTES: usize = i64::MAX as usize;
+
 impl Type {
     pub fn tensor(shape: impl Into<Vec<usize>>, dtype: DType, device: Device) -> Type {
         Type::Tensor(TensorType::new(shape, dtype, device))
@@ -289,6 +304,18 @@ impl Type {
     }
     pub fn is_future(&self) -> bool {
         matches!(self, Type::Future(_))
+    }
+    /// The tensor a value of this type holds or will hold (tensors and futures).
+    pub fn tensor_type(&self) -> Option<&TensorType> {
+        match self {
+            Type::Tensor(t) | Type::Future(t) => Some(t),
+            _ => None,
+        }
+    }
+    /// Whether a tensor or future type is too large to exist (over [`MAX_TENSOR_BYTES`]).
+    pub fn is_oversized(&self) -> bool {
+        self.tensor_type()
+            .is_some_and(|t| t.checked_nbytes().is_none())
     }
     /// The canonical name prefix for values of this type (`t`, `ft`, `C`, `i`, `f`, `b`, `s`, `o`).
     pub fn name_prefix(&self) -> &'static str {

@@ -106,6 +106,17 @@ impl Verifier<'_> {
                     format!("name `{}` is used by two values", v.name),
                 );
             }
+            if v.ty.is_oversized() {
+                self.at_place(
+                    "value table",
+                    format!(
+                        "`{}` has type {}, over {} bytes",
+                        v.name,
+                        v.ty,
+                        crate::types::MAX_TENSOR_BYTES
+                    ),
+                );
+            }
         }
         // schedule is a permutation of the graph's nodes
         // schedule position by node index (a dense table)

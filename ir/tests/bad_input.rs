@@ -335,3 +335,52 @@ fn fuzz_decode_deep_nesting_is_an_error_not_a_stack_overflow() {
     );
     assert_eq!(e.line, 3);
 }
+
+/// Found by the `opt` fuzzer: a shape whose element count overflows 64 bits made shape
+/// inference multiply out of range.
+#[test]
+fn fuzz_shape_too_large_to_exist_is_an_error_everywhere() {
+    // text: the type comment is refused where it stands
+    let huge = "cpu f32[8, 3233333333333333333]";
+    let e = parse_err(&GOOD.replace("# t0: \"cpu f32[8, 64]\"", &format!("# t0: \"{huge}\"")));
+    assert_eq!((e.line, e.col), (7, 42), "at the type, after `# t0: \"`");
+    assert!(e.message.contains("is too large"), "{}", e.message);
+    // the limit is 2^63 - 1 bytes: 2^61 - 1 f32 elements fit, 2^61 do not
+    assert!(
+        parse_trace(&GOOD.replace("cpu f32[8, 32]", "cpu f32[1, 2305843009213693951]")).is_ok()
+    );
+    let e = parse_err(&GOOD.replace("cpu f32[8, 32]", "cpu f32[1, 2305843009213693952]"));
+    assert_eq!((e.line, e.col), (5, 9));
+    assert!(e.message.contains("is too large"), "{}", e.message);
+
+    // a trace made in Rust: the verifier names the value, the decoder refuses the file
+    let mut t = parse_trace(GOOD).unwrap();
+    let x = t.find_value("x").unwrap();
+    t.set_ty(
+        x,
+        Type::tensor(vec![1 << 40, 1 << 40], DType::F32, Device::CPU),
+    );
+    let err = verify(&t).unwrap_err().to_string();
+    assert!(
+        err.contains("`x` has type cpu f32[1099511627776, 1099511627776], over"),
+        "{err}"
+    );
+    let bytes = codec::encode(&Module::Trace(t)).unwrap();
+    let err = codec::decode(&bytes).unwrap_err().to_string();
+    assert!(
+        err.contains("(`x`) has type") && err.contains("bytes"),
+        "{err}"
+    );
+
+    // shape inference: a reshape whose target shape overflows is an error, not a panic
+    let e = parse_trace(&GOOD.replace(
+        "t1 = ltorch.tanh(t0)  # t1: \"cpu f32[8, 64]\"",
+        "t1 = ltorch.reshape(t0, (4294967296, 4294967296, 2))  # t1: \"cpu f32[8, 64]\"",
+    ))
+    .map(|t| verify(&t));
+    let msg = format!("{e:?}");
+    assert!(
+        msg.contains("ltorch.reshape: shape [4294967296, 4294967296, 2] is too large"),
+        "{msg}"
+    );
+}

@@ -9,6 +9,7 @@ use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{
     ops, Arg, DType, Def, Device, Node, Program, Type, ValueId, ValueIdMap, ValueIdSet,
+    MAX_TENSOR_BYTES,
 };
 
 /// Where the division by the world size happens.
@@ -135,7 +136,9 @@ pub fn plan_buckets(
     let mut count_per_kind: HashMap<(DType, Device), usize> = HashMap::default();
     for (v, shape, dtype, device) in grads {
         let key = (*dtype, *device);
-        let numel: usize = shape.iter().product();
+        // saturating: `run` refuses shapes and buckets over MAX_TENSOR_BYTES, and a plan is
+        // never made of sizes that wrapped around
+        let numel = shape.iter().fold(1usize, |n, d| n.saturating_mul(*d));
         let b = open.entry(key).or_insert_with(|| {
             opened_order.push(key);
             Bucket {
@@ -153,12 +156,14 @@ pub fn plan_buckets(
             .offsets
             .last()
             .zip(b.numels.last())
-            .map_or(0, |(o, n)| o + n);
+            .map_or(0, |(o, n)| o.saturating_add(*n));
         b.members.push(*v);
         b.offsets.push(offset);
         b.numels.push(numel);
         b.shapes.push(shape.clone());
-        b.nbytes += numel * dtype.size_bytes();
+        b.nbytes = b
+            .nbytes
+            .saturating_add(numel.saturating_mul(dtype.size_bytes()));
         let nth = count_per_kind.get(&key).copied().unwrap_or(0);
         let cap_mb = match (nth, opts.first_bucket_mb) {
             (0, Some(f)) => f,
@@ -291,6 +296,12 @@ impl Pass for Ddp {
         let mut described = Vec::with_capacity(ordered.len());
         for (_, _, g, ty) in &ordered {
             match ty {
+                Some(Type::Tensor(tt)) if tt.checked_nbytes().is_none() => {
+                    return Err(fail(format!(
+                        "gradient `{}` has type {tt}, over {MAX_TENSOR_BYTES} bytes",
+                        t.name(*g)
+                    )))
+                }
                 Some(Type::Tensor(tt)) => {
                     described.push((*g, tt.shape.clone(), tt.dtype, tt.device))
                 }
@@ -304,6 +315,12 @@ impl Pass for Ddp {
             }
         }
         let buckets = plan_buckets(&described, opts);
+        if let Some(b) = buckets.iter().find(|b| b.nbytes > MAX_TENSOR_BYTES) {
+            return Err(fail(format!(
+                "bucket {} would hold over {MAX_TENSOR_BYTES} bytes; lower bucket_mb",
+                b.id
+            )));
+        }
         cx.stat("ddp.gradients", described.len() as u64);
         cx.stat("ddp.buckets", buckets.len() as u64);
 

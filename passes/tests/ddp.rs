@@ -466,6 +466,39 @@ fn ddp_refuses_its_own_output() {
     }
 }
 
+/// Sizes near the 2^63-byte limit: each gradient is a possible tensor, their bucket is not.
+#[test]
+fn a_bucket_too_large_to_exist_is_an_error() {
+    let huge = || Type::tensor(vec![1usize << 60], DType::F32, Device::CPU); // 2^62 bytes
+    let mut fb = TraceBuilder::new("computation", TraceKind::Forward);
+    let _a = fb.arg("t_a", huge());
+    let _b = fb.arg("t_b", huge());
+    fb.ret(Arg::Tuple(vec![Arg::Dict(vec![]), Arg::Tuple(vec![])]));
+    let mut bb = TraceBuilder::new("backward_fn", TraceKind::Backward);
+    let _saved = bb.arg("saved_for_backward", Type::Collection);
+    let _cot = bb.arg("cotangents", Type::Collection);
+    let seed_a = bb.arg("ga_in", huge());
+    let seed_b = bb.arg("gb_in", huge());
+    let ga = bb
+        .op("ltorch.mul", vec![seed_a.into(), 2.0.into()])
+        .unwrap();
+    let gb = bb
+        .op("ltorch.mul", vec![seed_b.into(), 2.0.into()])
+        .unwrap();
+    bb.ret(Arg::Tuple(vec![ga.into(), gb.into()]));
+    let p = Program::from_thunder(fb.finish(), bb.finish()).unwrap();
+    verify(&p.backward).unwrap();
+    // one gradient a bucket: fine
+    run(&p, "ddp(world_size=2,bucket_mb=0)");
+    // both in one bucket: 2^63 bytes
+    let err = PassManager::parse("ddp(world_size=2,bucket_mb=1e15)")
+        .unwrap()
+        .run(&mut p.clone(), OpRegistry::builtin())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bucket b0 would hold over"), "{err}");
+}
+
 #[test]
 fn manager_prints_ir_times_and_writes_reproducers() {
     let plain =
