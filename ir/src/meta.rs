@@ -435,7 +435,10 @@ fn common_kind(op: &str, ts: &[TensorType]) -> R<(DType, Device)> {
 fn bucket_pack(cx: &MetaCx) -> R<MetaOut> {
     let members = tensor_list(cx, 0)?;
     let (dtype, device) = common_kind(cx.op, &members)?;
-    let numel = members.iter().map(TensorType::numel).sum::<usize>();
+    let numel = members
+        .iter()
+        .try_fold(0usize, |n, t| n.checked_add(t.numel()))
+        .ok_or_else(|| format!("{}: the members hold too many elements", cx.op))?;
     Ok(MetaOut::Types(vec![Type::tensor(
         vec![numel],
         dtype,

@@ -384,3 +384,24 @@ fn fuzz_shape_too_large_to_exist_is_an_error_everywhere() {
         "{msg}"
     );
 }
+
+/// Each member is a possible tensor; together they hold more elements than 64 bits count.
+#[test]
+fn a_pack_of_members_too_large_together_is_an_error() {
+    let big = "cpu b8[9223372036854775807]";
+    let text = format!(
+        r#"import torch
+
+@torch.no_grad()
+def computation(a, b, c):
+  # a: "{big}"
+  # b: "{big}"
+  # c: "{big}"
+  t0 = dist.bucket_pack([a, b, c], bucket='b0', offsets=(0, 0, 0), nbytes=0)  # t0: "cpu b8[1]"
+  return (t0,)
+"#
+    );
+    let t = parse_trace(&text).unwrap();
+    let err = verify(&t).unwrap_err().to_string();
+    assert!(err.contains("the members hold too many elements"), "{err}");
+}
