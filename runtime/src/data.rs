@@ -44,8 +44,9 @@ impl DataSource {
         match self {
             DataSource::Seeded { seed } => {
                 let mut r = rng(*seed, 1, micro as u64, rank as u64);
-                let n: usize = x_ty.shape.iter().product();
-                let x: Vec<f64> = (0..n).map(|_| r.sample::<f64, _>(StandardNormal)).collect();
+                let x = values_for("input `x`", &x_ty.shape, || {
+                    r.sample::<f64, _>(StandardNormal)
+                })?;
                 let x = tensor_of(&x_ty.shape, x_ty.dtype, x)?;
                 let y = match y_shape {
                     Some(s) => {
@@ -89,6 +90,24 @@ impl DataSource {
     }
 }
 
+/// The elements of `shape`, drawn from `next` in order, or an error naming `what` when they
+/// cannot be counted or allocated (a failed allocation would abort the process).
+fn values_for(
+    what: &str,
+    shape: &[usize],
+    mut next: impl FnMut() -> f64,
+) -> Result<Vec<f64>, String> {
+    let n = shape
+        .iter()
+        .try_fold(1usize, |n, d| n.checked_mul(*d))
+        .ok_or_else(|| format!("{what}: shape {shape:?} has too many elements to count"))?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| format!("{what}: cannot allocate {n} values of shape {shape:?} ({e})"))?;
+    v.extend((0..n).map(|_| next()));
+    Ok(v)
+}
+
 /// Initial parameters like `nn.Linear`'s default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the
 /// weight and the bias, fan_in taken from the layer's weight. The same on every rank.
 pub fn seeded_params(params: &[Param], seed: u64) -> Result<Vec<Tensor>, String> {
@@ -107,8 +126,9 @@ pub fn seeded_params(params: &[Param], seed: u64) -> Result<Vec<Tensor>, String>
             };
             let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
             let mut r = rng(seed, 2, i as u64, 0);
-            let n: usize = p.shape.iter().product();
-            let v: Vec<f64> = (0..n).map(|_| r.gen_range(-bound..bound)).collect();
+            let v = values_for(&format!("parameter `{}`", p.fqn), &p.shape, || {
+                r.gen_range(-bound..bound)
+            })?;
             tensor_of(&p.shape, p.dtype, v)
         })
         .collect()

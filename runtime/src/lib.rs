@@ -25,6 +25,7 @@ pub mod fingerprint;
 pub mod kernel;
 pub mod launch;
 pub mod loss;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;

@@ -590,6 +590,41 @@ pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
+/// Refuses a model whose parameters cannot fit in this machine's memory, before allocating
+/// any of them. What it counts is a floor, so it never refuses a model that could run: the
+/// larger of the first copy of the parameters (made in f64, 8 bytes an element, next to the
+/// converted copy) and every rank's parameters and gradients.
+pub(crate) fn check_memory(model: &Model, world_size: usize) -> Result<(), TrainError> {
+    let (mut elements, mut bytes) = (0u64, 0u64);
+    for p in &model.program.params {
+        let n = p
+            .shape
+            .iter()
+            .try_fold(1u64, |n, d| n.checked_mul(*d as u64));
+        let b = n.and_then(|n| n.checked_mul(p.dtype.size_bytes() as u64));
+        let (Some(n), Some(b)) = (n, b) else {
+            return Err(TrainError::Input(format!(
+                "parameter `{}` has shape {:?}: too many elements to count",
+                p.fqn, p.shape
+            )));
+        };
+        elements = elements.saturating_add(n);
+        bytes = bytes.saturating_add(b);
+    }
+    let first_copy = elements.saturating_mul(8).saturating_add(bytes);
+    let training = bytes.saturating_mul(2).saturating_mul(world_size as u64);
+    let need = first_copy.max(training);
+    match crate::memory::available_bytes() {
+        Some(avail) if need > avail => Err(TrainError::Input(format!(
+            "the model does not fit in memory: its {elements} parameters ({}) need at least {} ({world_size} rank(s) of parameters and gradients, or the first copy in f64), and {} is available",
+            crate::memory::gib(bytes),
+            crate::memory::gib(need),
+            crate::memory::gib(avail)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The parameters a run starts from (checkpoint, file or seeded init) and the checkpoint, if
 /// it resumes one.
 pub(crate) fn initial_params(
@@ -656,6 +691,7 @@ pub fn train(
     }
     let model = Model::load(&cfg.model)?;
     let plans = build_plans(&model, cfg)?;
+    check_memory(&model, cfg.world_size)?;
     let (init, resume) = initial_params(cfg, &model)?;
     let data = match &cfg.data {
         Some(path) => {

@@ -653,3 +653,28 @@ fn a_resumed_run_continues_with_the_same_losses() {
     });
     assert!(e.contains("not a tracepass checkpoint"), "{e}");
 }
+
+/// A model larger than any machine's memory is refused with the sizes, before anything is
+/// allocated (an allocation that fails would abort the process with no message of ours).
+#[test]
+fn a_model_too_large_for_memory_is_an_error_not_an_abort() {
+    let e = fails(&TrainConfig {
+        // one 10^9 x 10^9 layer: 4 * 10^18 bytes of f32 weight, a possible tensor
+        model: ModelSource::DeepMlp {
+            layers: 1,
+            width: 1_000_000_000,
+            batch: 1,
+        },
+        world_size: 2,
+        steps: 1,
+        ..TrainConfig::default()
+    });
+    if cfg!(target_os = "linux") {
+        // the kernel says how much memory there is: refused up front, with the sizes
+        assert!(e.contains("the model does not fit in memory"), "{e}");
+        assert!(e.contains("GiB is available"), "{e}");
+    } else {
+        // elsewhere the allocation itself is fallible
+        assert!(e.contains("cannot allocate"), "{e}");
+    }
+}

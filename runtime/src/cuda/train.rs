@@ -16,7 +16,8 @@ use crate::rendezvous::{exchange, DistEnv};
 use crate::tensor::Tensor;
 use crate::tensorfile::TensorFile;
 use crate::trainer::{
-    build_plans, collective_lines, initial_params, TrainConfig, TrainError, TrainReport,
+    build_plans, check_memory, collective_lines, initial_params, TrainConfig, TrainError,
+    TrainReport,
 };
 use std::time::Instant;
 use tracepass_ir::DType;
@@ -51,6 +52,8 @@ pub fn train(
     };
     let model = Model::load(&cfg.model)?;
     let plans = build_plans(&model, &cfg)?;
+    // this process makes the first copy of the parameters in host memory
+    check_memory(&model, 1)?;
     let (init, resume) = initial_params(&cfg, &model)?;
     let data = match &cfg.data {
         Some(path) => {
