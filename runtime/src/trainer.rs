@@ -593,7 +593,8 @@ pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
 /// Refuses a model whose parameters cannot fit in this machine's memory, before allocating
 /// any of them. What it counts is a floor, so it never refuses a model that could run: the
 /// larger of the first copy of the parameters (made in f64, 8 bytes an element, next to the
-/// converted copy) and every rank's parameters and gradients.
+/// converted copy) and every rank's parameters, gradients and optimizer moments (two f32 an
+/// element, whatever the optimizer).
 pub(crate) fn check_memory(model: &Model, world_size: usize) -> Result<(), TrainError> {
     let (mut elements, mut bytes) = (0u64, 0u64);
     for p in &model.program.params {
@@ -612,11 +613,14 @@ pub(crate) fn check_memory(model: &Model, world_size: usize) -> Result<(), Train
         bytes = bytes.saturating_add(b);
     }
     let first_copy = elements.saturating_mul(8).saturating_add(bytes);
-    let training = bytes.saturating_mul(2).saturating_mul(world_size as u64);
+    let training = bytes
+        .saturating_mul(2)
+        .saturating_add(elements.saturating_mul(8))
+        .saturating_mul(world_size as u64);
     let need = first_copy.max(training);
     match crate::memory::available_bytes() {
         Some(avail) if need > avail => Err(TrainError::Input(format!(
-            "the model does not fit in memory: its {elements} parameters ({}) need at least {} ({world_size} rank(s) of parameters and gradients, or the first copy in f64), and {} is available",
+            "the model does not fit in memory: its {elements} parameters ({}) need at least {} (parameters, gradients and optimizer moments on each of {world_size} rank(s), or the first copy in f64), and {} is available",
             crate::memory::gib(bytes),
             crate::memory::gib(need),
             crate::memory::gib(avail)
