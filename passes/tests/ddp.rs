@@ -240,6 +240,15 @@ fn check_ddp(before: &Program, after: &Program, bucket_mb: f64) {
     }
 }
 
+/// The error `pipeline` ends with on a copy of `p`.
+fn run_err(p: &Program, pipeline: &str) -> String {
+    PassManager::parse(pipeline)
+        .unwrap()
+        .run(&mut p.clone(), OpRegistry::builtin())
+        .unwrap_err()
+        .to_string()
+}
+
 fn run(p: &Program, pipeline: &str) -> Program {
     let mut q = p.clone();
     PassManager::parse(pipeline)
@@ -455,11 +464,7 @@ fn ddp_refuses_its_own_output() {
             &format!("ddp(world_size=2,bucket_mb=1,average={average})"),
         );
         assert!(synchronizes(&once.backward));
-        let err = PassManager::parse("ddp(world_size=2)")
-            .unwrap()
-            .run(&mut once.clone(), OpRegistry::builtin())
-            .unwrap_err()
-            .to_string();
+        let err = run_err(&once, "ddp(world_size=2)");
         assert!(err.contains("run `no-sync` first"), "{err}");
         // and no-sync makes it acceptable again
         run(&once, "no-sync,ddp(world_size=2,bucket_mb=1)");
@@ -491,11 +496,7 @@ fn a_bucket_too_large_to_exist_is_an_error() {
     // one gradient a bucket: fine
     run(&p, "ddp(world_size=2,bucket_mb=0)");
     // both in one bucket: 2^63 bytes
-    let err = PassManager::parse("ddp(world_size=2,bucket_mb=1e15)")
-        .unwrap()
-        .run(&mut p.clone(), OpRegistry::builtin())
-        .unwrap_err()
-        .to_string();
+    let err = run_err(&p, "ddp(world_size=2,bucket_mb=1e15)");
     assert!(err.contains("bucket b0 would hold over"), "{err}");
 }
 
