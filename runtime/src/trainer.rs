@@ -591,10 +591,10 @@ pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Refuses a model whose parameters cannot fit in this machine's memory, before allocating
-/// any of them. What it counts is a floor, so it never refuses a model that could run: the
-/// larger of the first copy of the parameters (made in f64, 8 bytes an element, next to the
-/// converted copy) and every rank's parameters, gradients and optimizer moments (two f32 an
-/// element, whatever the optimizer).
+/// any of them. What it counts is a floor, so it never refuses a model that could run without
+/// swapping (swap does not count as available): the larger of the first copy of the
+/// parameters (made in f64, 8 bytes an element, next to the converted copy) and every rank's
+/// parameters, gradients and optimizer moments (two f32 an element, whatever the optimizer).
 pub(crate) fn check_memory(model: &Model, world_size: usize) -> Result<(), TrainError> {
     let (mut elements, mut bytes) = (0u64, 0u64);
     for p in &model.program.params {
