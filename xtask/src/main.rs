@@ -49,7 +49,7 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         times: usize,
     },
-    /// Coverage-guided fuzzing with libFuzzer on the stable toolchain: parse, decode or opt.
+    /// Coverage-guided fuzzing with libFuzzer on the stable toolchain: parse, decode, opt or plan.
     Fuzz {
         target: String,
         /// Seconds to run.
@@ -530,7 +530,7 @@ fn bench_overlap(world: usize, layers: usize) -> Result<()> {
     Ok(())
 }
 
-const FUZZ_TARGETS: &[&str] = &["parse", "decode", "opt"];
+const FUZZ_TARGETS: &[&str] = &["parse", "decode", "opt", "plan"];
 
 /// Every trace under testdata/thunder, as (file stem, text).
 fn seed_traces() -> Result<Vec<(String, String)>> {
@@ -575,6 +575,12 @@ fn fuzz(target: &str, secs: u64) -> Result<()> {
             "parse" => text.into_bytes(),
             "opt" => {
                 let mut b = vec![3u8, 0, 5, 0];
+                b.extend(text.as_bytes());
+                b
+            }
+            // the first byte picks the pipeline (1: ddp + sort-waits) and the pairing
+            "plan" => {
+                let mut b = vec![1u8];
                 b.extend(text.as_bytes());
                 b
             }
