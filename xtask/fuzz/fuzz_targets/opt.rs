@@ -22,11 +22,17 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let (head, rest) = data.split_at(4);
-    let Ok(text) = std::str::from_utf8(rest) else { return };
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
     let Ok(t) = parse_trace(text) else { return };
     let n = 1 + (head[0] % 4) as usize;
-    let pipeline: Vec<&str> = (0..n).map(|i| PASSES[head[1 + i % 3] as usize % PASSES.len()]).collect();
-    let Ok(pm) = PassManager::parse(&pipeline.join(",")) else { return };
+    let pipeline: Vec<&str> = (0..n)
+        .map(|i| PASSES[head[1 + i % 3] as usize % PASSES.len()])
+        .collect();
+    let Ok(pm) = PassManager::parse(&pipeline.join(",")) else {
+        return;
+    };
     // pair with the seed forward when the trace fits it, else run it alone
     let mut program = Program::lone(t);
     if head[3] % 2 == 0 {
