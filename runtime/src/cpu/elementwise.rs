@@ -16,99 +16,58 @@ pub fn promote(a: DType, b: DType) -> DType {
     }
 }
 
-/// Expands `$body` once per unary op with `$f` bound to that op's function, so each loop is
-/// compiled for one op (and vectorized where the op allows) instead of matching per element.
+/// Expands `$body` once per listed variant with `$f` bound to that variant's function, so
+/// each loop is compiled for one op (and vectorized where the op allows) instead of matching
+/// per element.
+macro_rules! per_op {
+    ($op:expr, $f:ident => $body:expr; $($variant:path => $func:expr),+ $(,)?) => {
+        match $op {
+            $($variant => {
+                let $f = $func;
+                $body
+            })+
+        }
+    };
+}
+
+/// [`per_op`] over the unary ops.
 macro_rules! for_unary_op {
     ($op:expr, $t:ty, $f:ident => $body:expr) => {
-        match $op {
-            UnaryOp::Neg => {
-                let $f = |x: $t| -x;
-                $body
-            }
-            UnaryOp::Abs => {
-                let $f = |x: $t| x.abs();
-                $body
-            }
-            UnaryOp::Exp => {
-                let $f = |x: $t| x.exp();
-                $body
-            }
-            UnaryOp::Log => {
-                let $f = |x: $t| x.ln();
-                $body
-            }
-            UnaryOp::Log1p => {
-                let $f = |x: $t| x.ln_1p();
-                $body
-            }
-            UnaryOp::Expm1 => {
-                let $f = |x: $t| x.exp_m1();
-                $body
-            }
-            UnaryOp::Sqrt => {
-                let $f = |x: $t| x.sqrt();
-                $body
-            }
-            UnaryOp::Rsqrt => {
-                let $f = |x: $t| <$t>::ONE / x.sqrt();
-                $body
-            }
-            UnaryOp::Tanh => {
-                let $f = |x: $t| x.tanh();
-                $body
-            }
-            UnaryOp::Sigmoid => {
-                let $f = |x: $t| <$t>::ONE / (<$t>::ONE + (-x).exp());
-                $body
-            }
-            UnaryOp::Relu => {
-                let $f = |x: $t| if x > <$t>::ZERO { x } else { <$t>::ZERO };
-                $body
-            }
-            UnaryOp::Sin => {
-                let $f = |x: $t| x.sin();
-                $body
-            }
-            UnaryOp::Cos => {
-                let $f = |x: $t| x.cos();
-                $body
-            }
-            UnaryOp::Reciprocal => {
-                let $f = |x: $t| <$t>::ONE / x;
-                $body
-            }
-            UnaryOp::Sign => {
-                let $f = |x: $t| {
-                    if x > <$t>::ZERO {
-                        <$t>::ONE
-                    } else if x < <$t>::ZERO {
-                        -<$t>::ONE
-                    } else {
-                        x
-                    }
-                };
-                $body
-            }
-            UnaryOp::Erf => {
-                let $f = |x: $t| x.erf();
-                $body
-            }
-            UnaryOp::Gelu => {
-                let $f = |x: $t| {
-                    <$t>::of(0.5)
-                        * x
-                        * (<$t>::ONE + (x * <$t>::of(std::f64::consts::FRAC_1_SQRT_2)).erf())
-                };
-                $body
-            }
-            UnaryOp::GeluTanh => {
-                let $f = |x: $t| {
-                    let inner = <$t>::of(0.7978845608028654) * (x + <$t>::of(0.044715) * x * x * x);
-                    <$t>::of(0.5) * x * (<$t>::ONE + inner.tanh())
-                };
-                $body
-            }
-        }
+        per_op!($op, $f => $body;
+            UnaryOp::Neg => |x: $t| -x,
+            UnaryOp::Abs => |x: $t| x.abs(),
+            UnaryOp::Exp => |x: $t| x.exp(),
+            UnaryOp::Log => |x: $t| x.ln(),
+            UnaryOp::Log1p => |x: $t| x.ln_1p(),
+            UnaryOp::Expm1 => |x: $t| x.exp_m1(),
+            UnaryOp::Sqrt => |x: $t| x.sqrt(),
+            UnaryOp::Rsqrt => |x: $t| <$t>::ONE / x.sqrt(),
+            UnaryOp::Tanh => |x: $t| x.tanh(),
+            UnaryOp::Sigmoid => |x: $t| <$t>::ONE / (<$t>::ONE + (-x).exp()),
+            UnaryOp::Relu => |x: $t| if x > <$t>::ZERO { x } else { <$t>::ZERO },
+            UnaryOp::Sin => |x: $t| x.sin(),
+            UnaryOp::Cos => |x: $t| x.cos(),
+            UnaryOp::Reciprocal => |x: $t| <$t>::ONE / x,
+            UnaryOp::Sign => |x: $t| {
+                if x > <$t>::ZERO {
+                    <$t>::ONE
+                } else if x < <$t>::ZERO {
+                    -<$t>::ONE
+                } else {
+                    x
+                }
+            },
+            UnaryOp::Erf => |x: $t| x.erf(),
+            UnaryOp::Gelu => |x: $t| {
+                <$t>::of(0.5)
+                    * x
+                    * (<$t>::ONE + (x * <$t>::of(std::f64::consts::FRAC_1_SQRT_2)).erf())
+            },
+            UnaryOp::GeluTanh => |x: $t| {
+                let inner = <$t>::of(0.7978845608028654) * (x + <$t>::of(0.044715) * x * x * x);
+                <$t>::of(0.5) * x * (<$t>::ONE + inner.tanh())
+            },
+        )
     };
 }
 
@@ -145,44 +104,20 @@ fn with_compute_type(
     }
 }
 
-/// Like `for_unary_op`, for the binary ops `a op (alpha * b)`.
+/// [`per_op`] over the binary ops `a op (alpha * b)`.
 macro_rules! for_binary_op {
     ($op:expr, $t:ty, $alpha:expr, $f:ident => $body:expr) => {{
         let alpha: $t = $alpha;
-        match $op {
-            BinaryOp::Add => {
-                let $f = |a: $t, b: $t| a + alpha * b;
-                $body
-            }
-            BinaryOp::Sub => {
-                let $f = |a: $t, b: $t| a - alpha * b;
-                $body
-            }
-            BinaryOp::Mul => {
-                let $f = |a: $t, b: $t| a * b;
-                $body
-            }
-            BinaryOp::Div => {
-                let $f = |a: $t, b: $t| a / b;
-                $body
-            }
-            BinaryOp::Pow => {
-                let $f = |a: $t, b: $t| a.powf(b);
-                $body
-            }
-            BinaryOp::Maximum => {
-                let $f = |a: $t, b: $t| if a.is_nan() || a > b { a } else { b };
-                $body
-            }
-            BinaryOp::Minimum => {
-                let $f = |a: $t, b: $t| if a.is_nan() || a < b { a } else { b };
-                $body
-            }
-            BinaryOp::Atan2 => {
-                let $f = |a: $t, b: $t| a.atan2(b);
-                $body
-            }
-        }
+        per_op!($op, $f => $body;
+            BinaryOp::Add => |a: $t, b: $t| a + alpha * b,
+            BinaryOp::Sub => |a: $t, b: $t| a - alpha * b,
+            BinaryOp::Mul => |a: $t, b: $t| a * b,
+            BinaryOp::Div => |a: $t, b: $t| a / b,
+            BinaryOp::Pow => |a: $t, b: $t| a.powf(b),
+            BinaryOp::Maximum => |a: $t, b: $t| if a.is_nan() || a > b { a } else { b },
+            BinaryOp::Minimum => |a: $t, b: $t| if a.is_nan() || a < b { a } else { b },
+            BinaryOp::Atan2 => |a: $t, b: $t| a.atan2(b),
+        )
     }};
 }
 
