@@ -53,15 +53,11 @@ impl bincode::enc::write::Writer for VecWriter<'_> {
 /// node), so the output is allocated once instead of growing by doubling, which would copy
 /// everything written so far at each step.
 fn payload_hint(m: &Module) -> usize {
-    let traces: Vec<&crate::Trace> = match m {
-        Module::Trace(t) => vec![t],
-        Module::Program(p) => vec![&p.forward, &p.backward],
-    };
-    traces
-        .iter()
-        .map(|t| 80 * t.node_count() + 16 * t.value_count())
-        .sum::<usize>()
-        + 4096
+    let size = |t: &crate::Trace| 80 * t.node_count() + 16 * t.value_count();
+    4096 + match m {
+        Module::Trace(t) => size(t),
+        Module::Program(p) => size(&p.forward) + size(&p.backward),
+    }
 }
 
 /// Header + payload, written into one buffer: the payload goes behind a header whose checksum

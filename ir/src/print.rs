@@ -184,6 +184,7 @@ fn indent(out: &mut String, depth: usize) {
     }
 }
 
+/// `# name: "type"` and a newline, after `depth` indents.
 fn write_type_comment(out: &mut String, t: &Trace, v: ValueId, depth: usize) {
     indent(out, depth);
     out.push_str("# ");
@@ -278,12 +279,8 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
     }
     out.push(')');
     if n.lhs == Lhs::Single && n.outputs.len() == 1 {
-        let o = n.outputs[0];
-        out.push_str("  # ");
-        push_name(out, t, o);
-        out.push_str(": \"");
-        push_type(out, t, o);
-        out.push_str("\"\n");
+        // the same comment as on its own line, two spaces after the statement
+        write_type_comment(out, t, n.outputs[0], 1);
     } else {
         out.push('\n');
         if n.lhs != Lhs::None {
