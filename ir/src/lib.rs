@@ -44,7 +44,7 @@ pub use petgraph::stable_graph::NodeIndex;
 pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
 pub use program::{Module, Param, Program, ProgramError};
 pub use registry::{ops, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry};
-pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED};
+pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
 pub use types::{broadcast_shapes, DType, Device, DeviceKind, TensorType, Type, MAX_TENSOR_BYTES};
 pub use value::{Def, Value, ValueId, ValueIdMap, ValueIdSet};
 pub use verify::{verify, verify_with, Diagnostic, VerifyError};

@@ -95,6 +95,8 @@ impl Clone for Trace {
     }
 }
 
+/// In [`Trace::schedule_positions`]: no scheduled node has this index.
+pub const UNSCHEDULED: u32 = u32::MAX;
 /// In [`Trace::last_uses`]: nothing reads the value.
 pub const NOT_READ: u32 = u32::MAX;
 /// In [`Trace::last_uses`]: the trace returns the value.
@@ -402,6 +404,18 @@ impl Trace {
         self.ret.for_each_value(&mut |v| out.push(v));
         out
     }
+    /// Each node's position in the schedule, by node index ([`UNSCHEDULED`] for a slot with
+    /// no scheduled node): a dense table, as indices are bounded by the graph, and `u32`, as
+    /// node indices are.
+    pub fn schedule_positions(&self) -> Vec<u32> {
+        let mut pos = vec![UNSCHEDULED; petgraph::visit::NodeIndexable::node_bound(&self.graph)];
+        for (i, n) in self.schedule.iter().enumerate() {
+            if let Some(p) = pos.get_mut(n.index()) {
+                *p = i as u32;
+            }
+        }
+        pos
+    }
     /// Per value id, the schedule position of its last use: [`RETURNED`] when the trace
     /// returns it, [`NOT_READ`] when nothing reads it. A dense table of `u32` (a schedule
     /// position fits: node indices are `u32`): one sweep, no hashing, 4 bytes a value.
@@ -608,13 +622,8 @@ impl Serialize for ValuesRef<'_> {
 
 impl<'a> From<&'a Trace> for TraceReprRef<'a> {
     fn from(t: &'a Trace) -> TraceReprRef<'a> {
-        // schedule position by node index (a dense table: indices are bounded by the graph)
-        let mut pos: Vec<u32> =
-            vec![u32::MAX; petgraph::visit::NodeIndexable::node_bound(&t.graph)];
-        for (i, n) in t.schedule.iter().enumerate() {
-            pos[n.index()] = i as u32;
-        }
-        let at = |n: NodeIndex| pos.get(n.index()).copied().filter(|p| *p != u32::MAX);
+        let pos = t.schedule_positions();
+        let at = |n: NodeIndex| pos.get(n.index()).copied().filter(|p| *p != UNSCHEDULED);
         let order_edges = t
             .graph
             .edge_references()

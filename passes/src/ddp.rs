@@ -5,11 +5,10 @@
 use crate::pass::{Changed, Pass, PassContext, PassError};
 use crate::pipeline::{Options, PassSpec};
 use petgraph::stable_graph::NodeIndex;
-use petgraph::visit::NodeIndexable;
 use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{
     ops, Arg, DType, Def, Device, Node, Program, Type, ValueId, ValueIdMap, ValueIdSet,
-    MAX_TENSOR_BYTES,
+    MAX_TENSOR_BYTES, UNSCHEDULED,
 };
 
 /// Where the division by the world size happens.
@@ -275,17 +274,17 @@ impl Pass for Ddp {
         }
         let t = &mut p.backward;
         // production order: schedule position of the producer (arguments first)
-        let mut pos: Vec<usize> = vec![usize::MAX; NodeIndexable::node_bound(t.graph())];
-        for (i, n) in t.schedule().iter().enumerate() {
-            pos[n.index()] = i;
-        }
+        let pos = t.schedule_positions();
         // one look at each gradient's value (its producer and its type): in a large trace the
         // gradients' values are far apart, and each look is a trip to memory
         let mut ordered = Vec::with_capacity(grads.len());
         for (i, g) in grads.iter().enumerate() {
             let value = t.value(*g);
             let slot = match value.map(|v| v.def()) {
-                Some(Def::Node(n, _)) => pos.get(n.index()).copied().filter(|p| *p != usize::MAX),
+                Some(Def::Node(n, _)) => pos
+                    .get(n.index())
+                    .filter(|p| **p != UNSCHEDULED)
+                    .map(|p| *p as usize),
                 _ => None,
             };
             ordered.push((slot, i, *g, value.map(|v| &v.ty)));

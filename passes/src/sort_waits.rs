@@ -3,10 +3,9 @@
 
 use crate::pass::{Changed, Pass, PassContext, PassError};
 use petgraph::visit::EdgeRef;
-use petgraph::visit::NodeIndexable;
 use petgraph::Direction;
 use std::collections::VecDeque;
-use tracepass_ir::{ops, Effect, Program, Trace};
+use tracepass_ir::{ops, Effect, Program, Trace, UNSCHEDULED};
 
 pub struct SortWaits;
 
@@ -20,7 +19,6 @@ enum Class {
 /// Position in the old schedule. `u32` rather than `usize`: the tables below are read for every
 /// node, and half the bytes is half the memory traffic once a trace outgrows the caches.
 type Pos = u32;
-const UNSCHEDULED: Pos = Pos::MAX;
 
 /// Reorders a trace's schedule; returns whether it changed.
 pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
@@ -29,10 +27,7 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     // so every position fits below `UNSCHEDULED`; so does every edge count (edge indices are
     // `u32` too)
     let n = old.len();
-    let mut slot = vec![UNSCHEDULED; t.graph().node_bound()];
-    for (i, x) in old.iter().enumerate() {
-        slot[x.index()] = i as Pos;
-    }
+    let slot = t.schedule_positions();
     let mut effects = reg.effects();
     let g = t.graph();
     // One sweep over the nodes: each node's class and its predecessors by schedule position,
