@@ -8,6 +8,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::Instant;
 use timing::{
     report_growth, report_scaling, reps_for, sizes, time, time_hot, time_on_copies, Timing,
+    CACHE_STATES,
 };
 
 mod timing;
@@ -105,10 +106,7 @@ fn bench_ir(max_nodes: usize) -> Result<()> {
         rows.push((nodes, [td, tparse, tp, te, tc], text.len(), bytes.len()));
     }
     const COLUMNS: [&str; 5] = ["decode", "parse", "print", "encode", "copy"];
-    for (state, pick) in [
-        ("hot", Timing::hot_s as fn(&Timing) -> f64),
-        ("cold", Timing::cold_s),
-    ] {
+    for (state, pick) in CACHE_STATES {
         println!("{state} caches:");
         println!(
             "{:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
@@ -137,10 +135,7 @@ fn bench_ir(max_nodes: usize) -> Result<()> {
             );
         }
     }
-    for (state, pick) in [
-        ("hot", Timing::hot_s as fn(&Timing) -> f64),
-        ("cold", Timing::cold_s),
-    ] {
+    for (state, pick) in CACHE_STATES {
         for (col, what) in COLUMNS.iter().enumerate() {
             let series: Vec<(usize, f64)> = rows.iter().map(|r| (r.0, pick(&r.1[col]))).collect();
             if *what == "copy" {
@@ -206,10 +201,7 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
         );
         rows.push((nodes, t, copy));
     }
-    for (state, pick) in [
-        ("hot", Timing::hot_s as fn(&Timing) -> f64),
-        ("cold", Timing::cold_s),
-    ] {
+    for (state, pick) in CACHE_STATES {
         let series: Vec<(usize, f64)> = rows.iter().map(|(n, t, _)| (*n, pick(t))).collect();
         report_scaling(&format!("ddp,sort-waits,dce ({state})"), &series);
         let copies: Vec<(usize, f64)> = rows.iter().map(|(n, _, c)| (*n, pick(c))).collect();

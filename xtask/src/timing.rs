@@ -27,6 +27,10 @@ impl Timing {
     }
 }
 
+/// Each cache state's name and its seconds, in the order the benches report them.
+pub const CACHE_STATES: [(&str, fn(&Timing) -> f64); 2] =
+    [("hot", Timing::hot_s), ("cold", Timing::cold_s)];
+
 /// Bytes written to push everything else out of the caches: twice the largest last-level
 /// cache of the machines we bench on (32 MiB).
 const FLUSH_BYTES: usize = 64 << 20;
