@@ -38,9 +38,7 @@ pub fn canonicalize(t: &mut Trace) {
     for idx in schedule {
         if let Some(n) = t.node_mut(idx) {
             n.args.iter_mut().for_each(&mut fix);
-            if !n.kwargs().is_empty() {
-                n.kwargs_mut().iter_mut().for_each(|(_, a)| fix(a));
-            }
+            n.kwargs_mut().iter_mut().for_each(|(_, a)| fix(a));
         }
     }
     fix(&mut t.ret);

@@ -100,10 +100,13 @@ impl Node {
     pub fn kwargs(&self) -> &[(String, Arg)] {
         self.extra.as_ref().map_or(&[], |e| &e.kwargs)
     }
-    /// The keyword operands, to edit (gives the node its out-of-line part if it has none:
-    /// prefer [`Node::set_kwargs`] to set them).
-    pub fn kwargs_mut(&mut self) -> &mut Vec<(String, Arg)> {
-        &mut self.extra_mut().kwargs
+    /// The keyword operands, to edit in place (a node without any allocates nothing: use
+    /// [`Node::set_kwargs`] to add or remove them).
+    pub fn kwargs_mut(&mut self) -> &mut [(String, Arg)] {
+        match &mut self.extra {
+            Some(e) => &mut e.kwargs,
+            None => &mut [],
+        }
     }
     /// Replaces the keyword operands; setting none to a node that has none allocates nothing.
     pub fn set_kwargs(&mut self, kwargs: Vec<(String, Arg)>) {
