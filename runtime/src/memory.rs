@@ -12,10 +12,7 @@ pub fn available_bytes() -> Option<u64> {
         std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok(),
         std::fs::read_to_string("/sys/fs/cgroup/memory.current").ok(),
     );
-    match (meminfo, cgroup) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    meminfo.into_iter().chain(cgroup).min()
 }
 
 /// `MemAvailable:   24078836 kB` → bytes.
