@@ -1,8 +1,9 @@
 //! `opt` with a random pipeline on a parsed trace: the first bytes choose passes and options,
 //! the rest is the trace text. Pass errors are fine; panics and invalid output are not.
 #![no_main]
+mod seed_pairing;
 use libfuzzer_sys::fuzz_target;
-use tracepass_ir::{parse_trace, verify, OpRegistry, Program};
+use tracepass_ir::{parse_trace, verify, OpRegistry};
 use tracepass_passes::{PassError, PassManager};
 
 const PASSES: &[&str] = &[
@@ -33,15 +34,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(pm) = PassManager::parse(&pipeline.join(",")) else {
         return;
     };
-    // pair with the seed forward when the trace fits it, else run it alone
-    let mut program = Program::lone(t);
-    if head[3] % 2 == 0 {
-        if let Ok(f) = parse_trace(include_str!("../../../testdata/thunder/mlp/forward.trace")) {
-            if let Ok(p) = Program::from_thunder(f, program.backward.clone()) {
-                program = p;
-            }
-        }
-    }
+    let mut program = seed_pairing::program_for(t, head[3] % 2 == 0);
     let valid_before = verify(&program.backward).is_ok();
     match pm.run(&mut program, OpRegistry::builtin()) {
         Ok(_) => assert!(verify(&program.backward).is_ok() || !valid_before),

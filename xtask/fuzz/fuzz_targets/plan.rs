@@ -1,8 +1,9 @@
 //! The runtime's planner on a parsed trace that verifies, after a pipeline the first byte
 //! chooses: it compiles to a plan or gives a `PlanError`, and never panics.
 #![no_main]
+mod seed_pairing;
 use libfuzzer_sys::fuzz_target;
-use tracepass_ir::{parse_trace, verify, OpRegistry, Program, ValueId};
+use tracepass_ir::{parse_trace, verify, OpRegistry, ValueId};
 use tracepass_passes::PassManager;
 use tracepass_runtime::plan::Plan;
 
@@ -26,15 +27,7 @@ fuzz_target!(|data: &[u8]| {
     if verify(&t).is_err() {
         return;
     }
-    // pair with the seed forward when the trace fits it (ddp needs parameters), else alone
-    let mut program = Program::lone(t);
-    if head & 0x80 == 0 {
-        if let Ok(f) = parse_trace(include_str!("../../../testdata/thunder/mlp/forward.trace")) {
-            if let Ok(p) = Program::from_thunder(f, program.backward.clone()) {
-                program = p;
-            }
-        }
-    }
+    let mut program = seed_pairing::program_for(t, head & 0x80 == 0);
     let pipeline = PIPELINES[(head & 0x7f) as usize % PIPELINES.len()];
     if !pipeline.is_empty() {
         let Ok(pm) = PassManager::parse(pipeline) else {
