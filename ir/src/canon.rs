@@ -28,7 +28,7 @@ pub fn canonicalize(t: &mut Trace) {
         }
         let prefix = v.ty.name_prefix();
         let n = counters.entry(prefix).or_insert(0);
-        v.name = format!("{prefix}{n}");
+        v.name = compact_str::format_compact!("{prefix}{n}");
         *n += 1;
     }
     let mut opaque: HashMap<(String, Option<String>, u32), u32> = HashMap::new();

@@ -1,13 +1,18 @@
 //! The binary format: a fixed header (magic, format version, payload length, CRC-32) in front of
 //! a bincode 2 payload of the serde form. The codec is this one module, so swapping bincode for
 //! another serde format touches nothing else.
+//!
+//! Versions: 2 (written) stores each trace in columns (see `columns.rs`); 1 stored it as rows
+//! of nodes and values, and is still read.
 
 use crate::program::Module;
 
 /// First bytes of every `.tpb` file.
 pub const MAGIC: [u8; 8] = *b"TRACEPB\0";
 /// Version of the payload layout; bump on any incompatible change of the serde form.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this build still reads.
+pub const OLDEST_READ_VERSION: u32 = 1;
 /// magic (8) + version (4) + crc32 (4) + payload length (8).
 pub const HEADER_LEN: usize = 24;
 /// Upper bound on what a decoder will allocate from length prefixes.
@@ -18,7 +23,7 @@ const DECODE_LIMIT: usize = 1 << 34;
 pub enum CodecError {
     #[error("not a tracepass binary file: expected magic {expected:?}, found {found:?}")]
     BadMagic { expected: String, found: String },
-    #[error("unsupported format version {found} (this build reads version {supported})")]
+    #[error("unsupported format version {found} (this build reads versions {OLDEST_READ_VERSION} to {supported})")]
     UnsupportedVersion { found: u32, supported: u32 },
     #[error("truncated: the header says {expected} payload bytes, the file has {found}")]
     Truncated { expected: u64, found: u64 },
@@ -91,7 +96,7 @@ pub fn decode(bytes: &[u8]) -> Result<Module, CodecError> {
     }
     let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
     let version = word(8);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(CodecError::UnsupportedVersion {
             found: version,
             supported: FORMAT_VERSION,
@@ -115,7 +120,11 @@ pub fn decode(bytes: &[u8]) -> Result<Module, CodecError> {
         return Err(CodecError::ChecksumMismatch { stored, computed });
     }
     let (m, used): (Module, usize) = crate::trace::with_decode_budget(payload.len(), || {
-        bincode::serde::decode_from_slice(payload, config())
+        if version == 1 {
+            crate::trace::with_rows(|| bincode::serde::decode_from_slice(payload, config()))
+        } else {
+            bincode::serde::decode_from_slice(payload, config())
+        }
     })
     .map_err(|e| CodecError::Decode(e.to_string()))?;
     if used != payload.len() {

@@ -10,10 +10,14 @@
 // invariant. Everything a user controls (files, options, traces, ranks) returns a typed error.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub use compact_str::{format_compact, CompactString};
+pub use smallvec::{smallvec, SmallVec};
+
 pub mod arg;
 pub mod builder;
 pub mod canon;
 pub mod codec;
+mod columns;
 pub mod dot;
 pub mod error;
 pub mod fsio;
@@ -37,7 +41,7 @@ pub use builder::{BuildError, TraceBuilder};
 pub use canon::{canonical_text, canonicalize};
 pub use codec::CodecError;
 pub use error::FileError;
-pub use node::{Edge, Lhs, Node, SubSymbol};
+pub use node::{Args, Edge, Lhs, Node, Outputs, SubSymbol};
 pub use op_name::OpName;
 pub use parse::{parse_trace, parse_trace_with, ParseError};
 pub use petgraph::stable_graph::NodeIndex;
@@ -45,6 +49,8 @@ pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
 pub use program::{Module, Param, Program, ProgramError};
 pub use registry::{ops, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry};
 pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
-pub use types::{broadcast_shapes, DType, Device, DeviceKind, TensorType, Type, MAX_TENSOR_BYTES};
-pub use value::{Def, Value, ValueId, ValueIdMap, ValueIdSet};
+pub use types::{
+    broadcast_shapes, DType, Device, DeviceKind, Shape, TensorType, Type, MAX_TENSOR_BYTES,
+};
+pub use value::{Def, Name, Value, ValueId, ValueIdMap, ValueIdSet};
 pub use verify::{verify, verify_with, Diagnostic, VerifyError};

@@ -892,7 +892,7 @@ impl ExprParser<'_, '_, '_> {
             return Ok(Arg::DType(d, DTypeSpelling::Torch));
         }
         if let Some(o) = Opaque::from_name(name) {
-            return Ok(Arg::Opaque(o));
+            return Ok(Arg::Opaque(Box::new(o)));
         }
         Err(perr(format!("undefined name `{name}`")))
     }

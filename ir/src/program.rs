@@ -96,7 +96,7 @@ impl Program {
             };
             let Type::Tensor(tt) = &v.ty else {
                 return Err(ProgramError::ParamNotTensor {
-                    name: v.name.clone(),
+                    name: v.name.to_string(),
                     ty: v.ty.to_string(),
                 });
             };
@@ -121,7 +121,7 @@ impl Program {
                 fqn,
                 forward_arg: i,
                 grad_output,
-                shape: tt.shape.clone(),
+                shape: tt.shape.to_vec(),
                 dtype: tt.dtype,
                 device: tt.device,
                 requires_grad: grad_output.is_some(),
@@ -170,7 +170,7 @@ impl Program {
                         && n.lhs == Lhs::Unpack
                         && n.args.first().and_then(Arg::as_value) == Some(src)
                 })
-                .map(|(_, n)| n.outputs.clone())
+                .map(|(_, n)| n.outputs.to_vec())
         };
         let Some(top) = unpack_of(saved_arg) else {
             return Vec::new();

@@ -63,7 +63,7 @@ impl MlpSpec {
 }
 
 fn tensor(spec: &MlpSpec, shape: &[usize]) -> Type {
-    Type::tensor(shape.to_vec(), spec.dtype, spec.device)
+    Type::tensor(shape, spec.dtype, spec.device)
 }
 
 struct LayerSaved {

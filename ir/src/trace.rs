@@ -4,7 +4,7 @@ use crate::arg::Arg;
 use crate::node::{Edge, Node};
 use crate::types::Type;
 use crate::value::ValueIdBuildHasher;
-use crate::value::{Def, Value, ValueId};
+use crate::value::{Def, Name, Value, ValueId};
 use indexmap::IndexMap;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
@@ -153,7 +153,7 @@ impl Trace {
     }
 
     /// Creates a value that is not yet defined; give it to a node's outputs or `push_arg`.
-    pub fn new_value(&mut self, name: impl Into<String>, ty: Type) -> ValueId {
+    pub fn new_value(&mut self, name: impl Into<Name>, ty: Type) -> ValueId {
         let id = ValueId(self.next_value);
         self.next_value += 1;
         let name = name.into();
@@ -171,7 +171,7 @@ impl Trace {
         id
     }
     /// Appends a trace argument.
-    pub fn push_arg(&mut self, name: impl Into<String>, ty: Type) -> ValueId {
+    pub fn push_arg(&mut self, name: impl Into<Name>, ty: Type) -> ValueId {
         let id = self.new_value(name, ty);
         self.push_existing_arg(id);
         id
@@ -203,7 +203,7 @@ impl Trace {
     /// The name of a value, or `<undefined %N>` for a dangling handle.
     pub fn name(&self, id: ValueId) -> String {
         match self.entry(id) {
-            Some(v) => v.name.clone(),
+            Some(v) => v.name.to_string(),
             None => format!("<undefined {id}>"),
         }
     }
@@ -518,7 +518,7 @@ impl NameGen {
 #[derive(Deserialize)]
 struct ValueRepr {
     id: ValueId,
-    name: String,
+    name: Name,
     ty: Type,
 }
 
@@ -536,7 +536,24 @@ pub(crate) fn with_decode_budget<R>(bytes: usize, f: impl FnOnce() -> R) -> R {
     r
 }
 
-fn decode_budget() -> usize {
+thread_local! {
+    /// Whether binary payloads being decoded hold traces as rows (format version 1).
+    static ROWS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` reading binary traces in the row form of format version 1.
+pub(crate) fn with_rows<R>(f: impl FnOnce() -> R) -> R {
+    let old = ROWS.with(|b| b.replace(true));
+    let r = f();
+    ROWS.with(|b| b.set(old));
+    r
+}
+
+fn reading_rows() -> bool {
+    ROWS.with(|b| b.get())
+}
+
+pub(crate) fn decode_budget() -> usize {
     DECODE_BUDGET.with(|b| b.get())
 }
 
@@ -620,16 +637,22 @@ impl Serialize for ValuesRef<'_> {
     }
 }
 
-impl<'a> From<&'a Trace> for TraceReprRef<'a> {
-    fn from(t: &'a Trace) -> TraceReprRef<'a> {
-        let pos = t.schedule_positions();
+impl Trace {
+    /// Order edges as (from, to) schedule positions, the form both serialized forms store.
+    pub(crate) fn order_edge_positions(&self) -> Vec<(u32, u32)> {
+        let pos = self.schedule_positions();
         let at = |n: NodeIndex| pos.get(n.index()).copied().filter(|p| *p != UNSCHEDULED);
-        let order_edges = t
-            .graph
+        self.graph
             .edge_references()
             .filter(|e| matches!(e.weight(), Edge::Order))
             .filter_map(|e| Some((at(e.source())?, at(e.target())?)))
-            .collect();
+            .collect()
+    }
+}
+
+impl<'a> From<&'a Trace> for TraceReprRef<'a> {
+    fn from(t: &'a Trace) -> TraceReprRef<'a> {
+        let order_edges = t.order_edge_positions();
         TraceReprRef {
             name: &t.name,
             kind: t.kind,
@@ -647,7 +670,7 @@ impl<'a> From<&'a Trace> for TraceReprRef<'a> {
 /// Rebuilds a trace from its serialized parts, checking every reference. Lookups go through
 /// dense tables indexed by value id (ids are small integers), not the hash map, so this is
 /// linear and cheap; nodes can be pushed one at a time as they are decoded.
-struct Rebuild {
+pub(crate) struct Rebuild {
     t: Trace,
     /// value id -> position in the value table
     slot: IdTable,
@@ -693,6 +716,67 @@ impl IdTable {
 }
 
 impl Rebuild {
+    /// A rebuild of a trace with room for `values` values, which [`Rebuild::push_value`] adds;
+    /// `id_bound` is one past the largest value id.
+    pub(crate) fn start(name: String, kind: TraceKind, values: usize, id_bound: usize) -> Rebuild {
+        let mut t = Trace::new(name, kind);
+        // names are scanned only if a pass asks for fresh ones (decoding stays lean)
+        t.name_counters = None;
+        t.values.reserve(values + growth_room(values));
+        Rebuild {
+            t,
+            slot: IdTable::new(id_bound, values),
+            producer: IdTable::new(id_bound, values),
+            operands: Vec::with_capacity(8),
+        }
+    }
+
+    /// Adds one entry of the value table. Inlined: a value moved through calls is copied
+    /// through memory at each one.
+    #[inline(always)]
+    pub(crate) fn push_value(&mut self, id: ValueId, name: Name, ty: Type) -> Result<(), String> {
+        if self.slot.get(id.0).is_some() {
+            return Err(format!("value {id} is listed twice"));
+        }
+        if ty.is_oversized() {
+            return Err(format!(
+                "value {id} (`{name}`) has type {ty}, over {} bytes",
+                crate::types::MAX_TENSOR_BYTES
+            ));
+        }
+        let t = &mut self.t;
+        self.slot.set(id.0, t.values.len() as u32);
+        t.next_value = t.next_value.max(id.0.saturating_add(1));
+        // through the entry: `insert` would return (and drop) a value-sized `Option`
+        if let indexmap::map::Entry::Vacant(e) = t.values.entry(id) {
+            e.insert(Value {
+                name,
+                ty,
+                def: Def::Undefined,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sets the trace's arguments (after its values) and reserves room for `nodes` nodes.
+    pub(crate) fn set_args(&mut self, args: Vec<ValueId>, nodes: usize) -> Result<(), String> {
+        for a in args {
+            let Some(s) = self.known(a) else {
+                return Err(format!("argument {a} is not in the value table"));
+            };
+            let pos = self.t.args.len();
+            if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
+                v.def = Def::Arg(pos);
+            }
+            self.t.args.push(a);
+        }
+        let n = nodes.min(1 << 21).min(decode_budget());
+        let n = n + growth_room(n);
+        self.t.graph = StableDiGraph::with_capacity(n, 2 * n);
+        self.t.schedule.reserve(n);
+        Ok(())
+    }
+
     fn new(
         name: String,
         kind: TraceKind,
@@ -700,61 +784,16 @@ impl Rebuild {
         values: Vec<ValueRepr>,
         nodes_hint: usize,
     ) -> Result<Rebuild, String> {
-        let mut t = Trace::new(name, kind);
         let bound = values
             .iter()
             .map(|v| v.id.0 as usize + 1)
             .max()
             .unwrap_or(0);
-        let mut slot = IdTable::new(bound, values.len());
-        // names are scanned only if a pass asks for fresh ones (decoding stays lean)
-        t.name_counters = None;
-        t.values.reserve(values.len() + growth_room(values.len()));
+        let mut r = Rebuild::start(name, kind, values.len(), bound);
         for v in values {
-            if slot.get(v.id.0).is_some() {
-                return Err(format!("value {} is listed twice", v.id));
-            }
-            if v.ty.is_oversized() {
-                return Err(format!(
-                    "value {} (`{}`) has type {}, over {} bytes",
-                    v.id,
-                    v.name,
-                    v.ty,
-                    crate::types::MAX_TENSOR_BYTES
-                ));
-            }
-            slot.set(v.id.0, t.values.len() as u32);
-            t.next_value = t.next_value.max(v.id.0.saturating_add(1));
-            t.values.insert(
-                v.id,
-                Value {
-                    name: v.name,
-                    ty: v.ty,
-                    def: Def::Undefined,
-                },
-            );
+            r.push_value(v.id, v.name, v.ty)?;
         }
-        let count = t.values.len();
-        let mut r = Rebuild {
-            t,
-            slot,
-            producer: IdTable::new(bound, count),
-            operands: Vec::with_capacity(8),
-        };
-        for a in args {
-            let Some(s) = r.known(a) else {
-                return Err(format!("argument {a} is not in the value table"));
-            };
-            let pos = r.t.args.len();
-            if let Some((_, v)) = r.t.values.get_index_mut(s as usize) {
-                v.def = Def::Arg(pos);
-            }
-            r.t.args.push(a);
-        }
-        let n = nodes_hint.min(1 << 21).min(decode_budget());
-        let n = n + growth_room(n);
-        r.t.graph = StableDiGraph::with_capacity(n, 2 * n);
-        r.t.schedule.reserve(n);
+        r.set_args(args, nodes_hint)?;
         Ok(r)
     }
 
@@ -762,7 +801,8 @@ impl Rebuild {
         self.slot.get(v.0)
     }
 
-    fn push(&mut self, n: Node) -> Result<(), String> {
+    #[inline(always)]
+    pub(crate) fn push(&mut self, n: Node) -> Result<(), String> {
         self.operands.clear();
         let ops = &mut self.operands;
         n.for_each_operand(&mut |v| ops.push(v));
@@ -774,11 +814,10 @@ impl Rebuild {
         {
             return Err(format!("node `{}` refers to unknown value {v}", n.op));
         }
+        // inline for up to four outputs: copying them out allocates nothing
+        let outputs = n.outputs.clone();
         let idx = self.t.graph.add_node(n);
-        // by index: the outputs now live in the graph, and copying them out would allocate
-        // per node
-        for k in 0..self.t.graph[idx].outputs.len() {
-            let out = self.t.graph[idx].outputs[k];
+        for (k, &out) in outputs.iter().enumerate() {
             self.producer.set(out.0, idx.index() as u32);
             if let Some(s) = self.known(out) {
                 if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
@@ -801,7 +840,7 @@ impl Rebuild {
         Ok(())
     }
 
-    fn finish(
+    pub(crate) fn finish(
         mut self,
         order_edges: Vec<(u32, u32)>,
         ret: Arg,
@@ -844,9 +883,14 @@ impl TryFrom<TraceRepr> for Trace {
     }
 }
 
+/// Binary formats get columns (see [`crate::columns`]), text formats (JSON) rows.
 impl Serialize for Trace {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        TraceReprRef::from(self).serialize(s)
+        if s.is_human_readable() {
+            TraceReprRef::from(self).serialize(s)
+        } else {
+            crate::columns::serialize(self, s)
+        }
     }
 }
 
@@ -897,6 +941,9 @@ const TRACE_FIELDS: &[&str] = &[
 
 impl<'de> Deserialize<'de> for Trace {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if !d.is_human_readable() && !reading_rows() {
+            return crate::columns::deserialize(d);
+        }
         struct V;
         impl<'de> serde::de::Visitor<'de> for V {
             type Value = Trace;

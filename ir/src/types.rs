@@ -193,18 +193,34 @@ impl fmt::Display for Device {
     }
 }
 
+/// A tensor's dimensions. Up to four sit inline (traces are mostly matrices and vectors), so a
+/// value's type allocates nothing: building or copying a million-value table makes no heap
+/// blocks for shapes.
+pub type Shape = smallvec::SmallVec<[usize; 4]>;
+
 /// Shape, dtype and device of a tensor.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TensorType {
-    pub shape: Vec<usize>,
+    pub shape: Shape,
     pub dtype: DType,
     pub device: Device,
 }
 
-impl TensorType {
-    pub fn new(shape: impl Into<Vec<usize>>, dtype: DType, device: Device) -> Self {
+/// Copies the shape as one block (the derived clone would copy it element by element).
+impl Clone for TensorType {
+    fn clone(&self) -> TensorType {
         TensorType {
-            shape: shape.into(),
+            shape: Shape::from_slice(&self.shape),
+            dtype: self.dtype,
+            device: self.device,
+        }
+    }
+}
+
+impl TensorType {
+    pub fn new(shape: impl AsRef<[usize]>, dtype: DType, device: Device) -> Self {
+        TensorType {
+            shape: Shape::from_slice(shape.as_ref()),
             dtype,
             device,
         }
@@ -226,9 +242,9 @@ impl TensorType {
             .try_fold(self.dtype.size_bytes(), |n, d| n.checked_mul(*d))
             .filter(|n| *n <= MAX_TENSOR_BYTES)
     }
-    pub fn with_shape(&self, shape: Vec<usize>) -> TensorType {
+    pub fn with_shape(&self, shape: impl AsRef<[usize]>) -> TensorType {
         TensorType {
-            shape,
+            shape: Shape::from_slice(shape.as_ref()),
             dtype: self.dtype,
             device: self.device,
         }
@@ -271,6 +287,24 @@ pub enum Type {
     },
 }
 
+/// Equal types hash equal: floats by their bits, as [`PartialEq`] compares them.
+impl std::hash::Hash for Type {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        std::mem::discriminant(self).hash(h);
+        match self {
+            Type::Tensor(t) | Type::Future(t) => t.hash(h),
+            Type::Int(x) => x.hash(h),
+            Type::Float(x) => x.map(f64::to_bits).hash(h),
+            Type::Bool(x) => x.hash(h),
+            Type::Opaque { type_name } => type_name.hash(h),
+            Type::Str | Type::None | Type::Collection | Type::Any => {}
+        }
+    }
+}
+
+// bitwise float comparison is reflexive
+impl Eq for Type {}
+
 impl PartialEq for Type {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
@@ -293,7 +327,7 @@ impl PartialEq for Type {
 pub const MAX_TENSOR_BYTES: usize = i64::MAX as usize;
 
 impl Type {
-    pub fn tensor(shape: impl Into<Vec<usize>>, dtype: DType, device: Device) -> Type {
+    pub fn tensor(shape: impl AsRef<[usize]>, dtype: DType, device: Device) -> Type {
         Type::Tensor(TensorType::new(shape, dtype, device))
     }
     pub fn as_tensor(&self) -> Option<&TensorType> {
@@ -444,6 +478,32 @@ impl fmt::Display for Type {
     }
 }
 
+/// NumPy broadcasting of two shapes (aligned at the right, 1s stretch); `None` if they clash.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let x = if i < n - a.len() {
+            1
+        } else {
+            a[i - (n - a.len())]
+        };
+        let y = if i < n - b.len() {
+            1
+        } else {
+            b[i - (n - b.len())]
+        };
+        out[i] = if x == y || y == 1 {
+            x
+        } else if x == 1 {
+            y
+        } else {
+            return None;
+        };
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,30 +529,4 @@ mod tests {
         assert_eq!(Type::parse("cpu q7[1]"), None);
         assert_eq!(Type::parse("gpu f32[1]"), None);
     }
-}
-
-/// NumPy broadcasting of two shapes (aligned at the right, 1s stretch); `None` if they clash.
-pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
-    let n = a.len().max(b.len());
-    let mut out = vec![0; n];
-    for i in 0..n {
-        let x = if i < n - a.len() {
-            1
-        } else {
-            a[i - (n - a.len())]
-        };
-        let y = if i < n - b.len() {
-            1
-        } else {
-            b[i - (n - b.len())]
-        };
-        out[i] = if x == y || y == 1 {
-            x
-        } else if x == 1 {
-            y
-        } else {
-            return None;
-        };
-    }
-    Some(out)
 }

@@ -26,10 +26,14 @@ pub enum Def {
     Node(NodeIndex, u32),
 }
 
+/// A value's printed name. Names up to 24 bytes (all that Thunder and our passes generate:
+/// `t123`, `grad_for_layers_7_weight`) sit inline, so a value allocates nothing for its name.
+pub type Name = compact_str::CompactString;
+
 /// A value: its printed name and its type.
 #[derive(Clone, Debug)]
 pub struct Value {
-    pub name: String,
+    pub name: Name,
     pub ty: Type,
     pub(crate) def: Def,
 }

@@ -197,7 +197,7 @@ fn binary_wrong_version() {
     b[8] = 99;
     assert_eq!(
         codec::decode(&b).unwrap_err().to_string(),
-        "unsupported format version 99 (this build reads version 1)"
+        "unsupported format version 99 (this build reads versions 1 to 2)"
     );
 }
 

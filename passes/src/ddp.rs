@@ -7,7 +7,7 @@ use crate::pipeline::{Options, PassSpec};
 use petgraph::stable_graph::NodeIndex;
 use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{
-    ops, Arg, DType, Def, Device, Node, Program, Type, ValueId, ValueIdMap, ValueIdSet,
+    ops, Arg, DType, Def, Device, Node, Program, Shape, Type, ValueId, ValueIdMap, ValueIdSet,
     MAX_TENSOR_BYTES, UNSCHEDULED,
 };
 
@@ -116,7 +116,7 @@ pub struct Bucket {
     /// Element offset of each member in the flat buffer.
     pub offsets: Vec<usize>,
     pub numels: Vec<usize>,
-    pub shapes: Vec<Vec<usize>>,
+    pub shapes: Vec<Shape>,
     pub nbytes: usize,
     pub dtype: DType,
     pub device: Device,
@@ -124,10 +124,7 @@ pub struct Bucket {
 
 /// Groups gradients (given in production order) into buckets: per (group, dtype, device) a bucket
 /// closes once its bytes reach the cap; the gradient that crosses the cap stays in it.
-pub fn plan_buckets(
-    grads: &[(ValueId, Vec<usize>, DType, Device)],
-    opts: &DdpOptions,
-) -> Vec<Bucket> {
+pub fn plan_buckets(grads: &[(ValueId, Shape, DType, Device)], opts: &DdpOptions) -> Vec<Bucket> {
     const MIB: f64 = (1u64 << 20) as f64;
     let mut open: HashMap<(DType, Device), Bucket> = HashMap::default();
     let mut opened_order: Vec<(DType, Device)> = Vec::new();

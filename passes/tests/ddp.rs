@@ -44,7 +44,7 @@ fn thunder_programs() -> Vec<(&'static str, Program, &'static str)> {
 
 /// A hand-made program: f32 and bf16 gradients, a frozen parameter, a tied one, an input gradient.
 fn hand_made() -> Program {
-    let f32t = |s: &[usize]| Type::tensor(s.to_vec(), DType::F32, Device::CPU);
+    let f32t = |s: &[usize]| Type::tensor(s, DType::F32, Device::CPU);
     let mut fb = TraceBuilder::new("computation", TraceKind::Forward);
     let x = fb.arg("x", f32t(&[8]));
     let _a = fb.arg("t_a", f32t(&[256, 256]));

@@ -268,7 +268,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
             }
             "reshape" | "view" => {
                 o.tensor(0)?;
-                Kernel::Reshape(out_type(trace, node)?.shape)
+                Kernel::Reshape(out_type(trace, node)?.shape.to_vec())
             }
             "permute" | "transpose" if node.args.len() == 2 => {
                 o.tensor(0)?;

@@ -236,7 +236,7 @@ impl Plan {
                                 trace
                                     .ty(*o)
                                     .and_then(Type::as_tensor)
-                                    .map(|t| t.shape.clone())
+                                    .map(|t| t.shape.to_vec())
                                     .ok_or_else(|| {
                                         err(
                                             &line,

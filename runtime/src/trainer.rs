@@ -704,7 +704,7 @@ pub fn train(
         None => DataSource::Seeded { seed: cfg.seed },
     };
     let y_shape = match model.loss {
-        crate::model::LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape),
+        crate::model::LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape.to_vec()),
         crate::model::LossKind::Sum => None,
     };
     let group = ThreadGroup::new(

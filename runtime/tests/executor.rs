@@ -10,7 +10,7 @@ use tracepass_runtime::tensor::Tensor;
 use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
 
 fn f32t(s: &[usize]) -> Type {
-    Type::tensor(s.to_vec(), DType::F32, Device::CPU)
+    Type::tensor(s, DType::F32, Device::CPU)
 }
 
 fn exec(plan: &Plan, inputs: Vec<RValue<Tensor>>) -> Result<Vec<RValue<Tensor>>, String> {

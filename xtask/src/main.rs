@@ -814,6 +814,7 @@ fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {
             "print" => drop(print_trace(&p.backward)),
             "encode" => drop(codec::encode(&m)?),
             "parse" => drop(parse_trace(&text)?),
+            "copy" => drop(m.clone()),
             "passes" => {
                 let mut q = p.clone();
                 let mut pm = PassManager::parse("ddp(world_size=8,bucket_mb=25),sort-waits,dce")?;
@@ -831,7 +832,7 @@ fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {
                     per.join(", ")
                 );
             }
-            other => bail!("unknown `{other}`: decode, parse, print, encode, verify, passes"),
+            other => bail!("unknown `{other}`: decode, parse, print, encode, copy, verify, passes"),
         }
         println!("{what}: {:.3} s", s.elapsed().as_secs_f64());
     }

@@ -27,9 +27,11 @@ impl Timing {
     }
 }
 
+/// Reads one cache state's seconds from a [`Timing`].
+pub type Seconds = fn(&Timing) -> f64;
+
 /// Each cache state's name and its seconds, in the order the benches report them.
-pub const CACHE_STATES: [(&str, fn(&Timing) -> f64); 2] =
-    [("hot", Timing::hot_s), ("cold", Timing::cold_s)];
+pub const CACHE_STATES: [(&str, Seconds); 2] = [("hot", Timing::hot_s), ("cold", Timing::cold_s)];
 
 /// Bytes written to push everything else out of the caches: twice the largest last-level
 /// cache of the machines we bench on (32 MiB).

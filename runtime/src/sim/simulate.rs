@@ -66,7 +66,7 @@ fn op_time(
     let shape = |v: ValueId| -> Vec<usize> {
         t.ty(v)
             .and_then(Type::as_tensor)
-            .map(|tt| tt.shape.clone())
+            .map(|tt| tt.shape.to_vec())
             .unwrap_or_default()
     };
     let out_dtype = outputs

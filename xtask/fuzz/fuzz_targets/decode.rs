@@ -1,14 +1,15 @@
 //! The binary decoder on arbitrary bytes: a clear error or a module that encodes back to the
 //! same module, never a panic. An odd first byte means "the rest is a payload": it gets a valid
 //! header (with its checksum), so the fuzzer explores the bincode payload instead of stopping
-//! at the checksum.
+//! at the checksum. The header says the current format version, or version 1 (rows) when the
+//! byte's second bit is set too.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use tracepass_ir::codec;
 
-fn with_header(payload: &[u8]) -> Vec<u8> {
+fn with_header(version: u32, payload: &[u8]) -> Vec<u8> {
     let mut out = b"TRACEPB\0".to_vec();
-    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&crc32fast_hash(payload).to_le_bytes());
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     out.extend_from_slice(payload);
@@ -33,7 +34,8 @@ fn crc32fast_hash(data: &[u8]) -> u32 {
 
 fuzz_target!(|data: &[u8]| {
     let bytes = match data.first() {
-        Some(b) if b & 1 == 1 => with_header(&data[1..]),
+        Some(b) if b & 3 == 3 => with_header(1, &data[1..]),
+        Some(b) if b & 1 == 1 => with_header(codec::FORMAT_VERSION, &data[1..]),
         _ => data.to_vec(),
     };
     if let Ok(m) = codec::decode(&bytes) {

@@ -1,0 +1,790 @@
+//! The binary form of a trace (format version 2): columns instead of rows.
+//!
+//! A row form (one serde struct per node and per value) costs a visitor call per field and a
+//! varint per number, which made decoding only about 3x faster than parsing the text. Here the
+//! million-entry parts are three flat blobs that bincode copies as bytes, read back with plain
+//! loops:
+//! - `values`: per value, three little-endian `u32` words: id, type, name length;
+//! - `names`: every value name, back to back;
+//! - `nodes`: per node in schedule order, words: op, `lhs | kwargs << 8`, operand count,
+//!   output count, the operands (a tag word, then its payload), the keyword operands (a key,
+//!   then an operand), the output ids.
+//!
+//! Everything with few distinct instances stays serde: the type, op and keyword tables the
+//! words index, operands the words do not inline (strings, dicts, dtypes, devices, opaque
+//! objects), the rare per-node parts (callee, decomposition, source), the return structure. Every index,
+//! count and length read from a blob is checked; a bad one is an error naming what and where.
+
+use crate::arg::{Arg, MAX_NESTING};
+use crate::node::{Lhs, Node, Outputs, SubSymbol};
+use crate::op_name::OpName;
+use crate::trace::{Provenance, Rebuild, Trace, TraceKind};
+use crate::types::Type;
+use crate::value::{Name, ValueId};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+/// Argument tags of the `nodes` blob.
+mod tag {
+    pub const VALUE: u32 = 0;
+    pub const NONE: u32 = 1;
+    pub const BOOL: u32 = 2;
+    pub const INT: u32 = 3;
+    pub const FLOAT: u32 = 4;
+    pub const TUPLE: u32 = 5;
+    pub const LIST: u32 = 6;
+    /// An operand kept whole in the `operands` table, by index.
+    pub const TABLE: u32 = 7;
+}
+
+/// A byte blob, written as one bincode byte string (not a sequence of numbers).
+struct Blob<'a>(&'a [u8]);
+
+impl Serialize for Blob<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
+/// The rare parts of one node, by its position in the schedule.
+#[derive(Serialize)]
+#[serde(rename = "Extra")]
+struct ExtraRef<'a> {
+    position: u32,
+    callee: Option<&'a str>,
+    subsymbols: &'a [SubSymbol],
+    source: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename = "Extra")]
+struct Extra {
+    position: u32,
+    callee: Option<String>,
+    subsymbols: Vec<SubSymbol>,
+    source: Option<String>,
+}
+
+/// What [`Columns`] reads, written from a trace without copying its names, types or ops.
+#[derive(Serialize)]
+#[serde(rename = "Columns")]
+struct ColumnsRef<'a> {
+    name: &'a str,
+    kind: TraceKind,
+    args: &'a [ValueId],
+    types: Vec<&'a Type>,
+    ops: Vec<&'a str>,
+    keys: Vec<&'a str>,
+    values: Blob<'a>,
+    names: &'a str,
+    node_count: u32,
+    nodes: Blob<'a>,
+    operands: Vec<&'a Arg>,
+    extras: &'a [ExtraRef<'a>],
+    order_edges: Vec<(u32, u32)>,
+    ret: &'a Arg,
+    decorators: &'a [String],
+    provenance: &'a [Provenance],
+}
+
+/// The columns as read, the blobs borrowed from the payload.
+#[derive(Deserialize)]
+#[serde(rename = "Columns")]
+struct Columns<'a> {
+    name: String,
+    kind: TraceKind,
+    args: Vec<ValueId>,
+    types: Vec<Type>,
+    ops: Vec<OpName>,
+    keys: Vec<String>,
+    #[serde(borrow)]
+    values: &'a [u8],
+    #[serde(borrow)]
+    names: &'a str,
+    node_count: u32,
+    #[serde(borrow)]
+    nodes: &'a [u8],
+    operands: Vec<Arg>,
+    extras: Vec<Extra>,
+    order_edges: Vec<(u32, u32)>,
+    ret: Arg,
+    decorators: Vec<String>,
+    provenance: Vec<Provenance>,
+}
+
+/// The blobs of one trace, built before they are serialized.
+struct Blobs<'a> {
+    node_count: u32,
+    types: Vec<&'a Type>,
+    ops: Vec<&'a str>,
+    keys: Vec<&'a str>,
+    values: Vec<u8>,
+    names: String,
+    nodes: Vec<u8>,
+    operands: Vec<&'a Arg>,
+    extras: Vec<ExtraRef<'a>>,
+}
+
+fn put(out: &mut Vec<u8>, w: u32) {
+    out.extend_from_slice(&w.to_le_bytes());
+}
+
+fn put_arg<'a>(out: &mut Vec<u8>, operands: &mut Vec<&'a Arg>, a: &'a Arg) {
+    match a {
+        Arg::Value(v) => {
+            put(out, tag::VALUE);
+            put(out, v.0);
+        }
+        Arg::None => put(out, tag::NONE),
+        Arg::Bool(b) => {
+            put(out, tag::BOOL);
+            put(out, u32::from(*b));
+        }
+        Arg::Int(i) => {
+            put(out, tag::INT);
+            out.extend_from_slice(&i.to_le_bytes());
+        }
+        Arg::Float(x) => {
+            put(out, tag::FLOAT);
+            out.extend_from_slice(&x.to_bits().to_le_bytes());
+        }
+        Arg::Tuple(items) | Arg::List(items) => {
+            put(
+                out,
+                if matches!(a, Arg::Tuple(_)) {
+                    tag::TUPLE
+                } else {
+                    tag::LIST
+                },
+            );
+            put(out, items.len() as u32);
+            items.iter().for_each(|x| put_arg(out, operands, x));
+        }
+        Arg::Str(_) | Arg::Dict(_) | Arg::DType(..) | Arg::Device(..) | Arg::Opaque(_) => {
+            put(out, tag::TABLE);
+            put(out, operands.len() as u32);
+            operands.push(a);
+        }
+    }
+}
+
+impl<'a> Blobs<'a> {
+    fn of(t: &'a Trace) -> Result<Blobs<'a>, String> {
+        let count = |n: usize, what: &str| {
+            u32::try_from(n)
+                .map_err(|_| format!("{n} {what} do not fit the format's 32-bit counts"))
+        };
+        let mut type_index: FxHashMap<&Type, u32> = FxHashMap::default();
+        let mut b = Blobs {
+            node_count: count(t.node_count(), "nodes")?,
+            types: Vec::new(),
+            ops: Vec::new(),
+            keys: Vec::new(),
+            values: Vec::with_capacity(12 * t.values.len()),
+            names: String::with_capacity(8 * t.values.len()),
+            nodes: Vec::with_capacity(36 * t.node_count()),
+            operands: Vec::new(),
+            extras: Vec::new(),
+        };
+        for (id, v) in &t.values {
+            let ty = *type_index.entry(&v.ty).or_insert_with(|| {
+                b.types.push(&v.ty);
+                b.types.len() as u32 - 1
+            });
+            put(&mut b.values, id.0);
+            put(&mut b.values, ty);
+            put(&mut b.values, count(v.name.len(), "name bytes")?);
+            b.names.push_str(&v.name);
+        }
+        // keyed by where the text lives: one entry per built-in op without hashing its name
+        // (a user op spelled twice from two places gets two entries, which decode the same)
+        let mut op_index: FxHashMap<(usize, usize), u32> = FxHashMap::default();
+        let mut key_index: FxHashMap<&str, u32> = FxHashMap::default();
+        for (position, (_, n)) in t.nodes().enumerate() {
+            let op = *op_index
+                .entry((n.op.addr(), n.op.len()))
+                .or_insert_with(|| {
+                    b.ops.push(&n.op);
+                    b.ops.len() as u32 - 1
+                });
+            put(&mut b.nodes, op);
+            let lhs = match n.lhs {
+                Lhs::None => 0,
+                Lhs::Single => 1,
+                Lhs::List => 2,
+                Lhs::Unpack => 3,
+            };
+            let kwargs = n.kwargs();
+            if kwargs.len() >= 1 << 24 {
+                return Err(format!(
+                    "node `{}` has {} keyword operands",
+                    n.op,
+                    kwargs.len()
+                ));
+            }
+            put(&mut b.nodes, lhs | (kwargs.len() as u32) << 8);
+            put(&mut b.nodes, count(n.args.len(), "operands")?);
+            put(&mut b.nodes, count(n.outputs.len(), "outputs")?);
+            for a in &n.args {
+                put_arg(&mut b.nodes, &mut b.operands, a);
+            }
+            for (k, a) in kwargs {
+                let key = *key_index.entry(k).or_insert_with(|| {
+                    b.keys.push(k);
+                    b.keys.len() as u32 - 1
+                });
+                put(&mut b.nodes, key);
+                put_arg(&mut b.nodes, &mut b.operands, a);
+            }
+            for o in &n.outputs {
+                put(&mut b.nodes, o.0);
+            }
+            if n.callee().is_some() || !n.subsymbols().is_empty() || n.source().is_some() {
+                b.extras.push(ExtraRef {
+                    position: position as u32,
+                    callee: n.callee(),
+                    subsymbols: n.subsymbols(),
+                    source: n.source(),
+                });
+            }
+        }
+        Ok(b)
+    }
+}
+
+/// Writes `t` in columns.
+pub(crate) fn serialize<S: serde::Serializer>(t: &Trace, s: S) -> Result<S::Ok, S::Error> {
+    let b = Blobs::of(t).map_err(serde::ser::Error::custom)?;
+    b.columns(t).serialize(s)
+}
+
+impl<'a> Blobs<'a> {
+    fn columns<'b>(&'b self, t: &'a Trace) -> ColumnsRef<'b>
+    where
+        'a: 'b,
+    {
+        ColumnsRef {
+            name: &t.name,
+            kind: t.kind,
+            args: &t.args,
+            types: self.types.clone(),
+            ops: self.ops.clone(),
+            keys: self.keys.clone(),
+            values: Blob(&self.values),
+            names: &self.names,
+            node_count: self.node_count,
+            nodes: Blob(&self.nodes),
+            operands: self.operands.clone(),
+            extras: &self.extras,
+            order_edges: t.order_edge_positions(),
+            ret: &t.ret,
+            decorators: &t.decorators,
+            provenance: &t.provenance,
+        }
+    }
+}
+
+/// Reads a trace written by [`serialize`].
+pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Trace, D::Error> {
+    let c = Columns::deserialize(d)?;
+    from_columns(c).map_err(serde::de::Error::custom)
+}
+
+/// Little-endian words of a blob, each read checked against its end.
+struct Words<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    blob: &'static str,
+}
+
+impl Words<'_> {
+    fn next(&mut self) -> Result<u32, String> {
+        match self.bytes.get(self.at..self.at + 4) {
+            Some(w) => {
+                self.at += 4;
+                Ok(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            }
+            None => Err(format!(
+                "`{}` blob ends inside a word (byte {} of {})",
+                self.blob,
+                self.at,
+                self.bytes.len()
+            )),
+        }
+    }
+    fn next_u64(&mut self) -> Result<u64, String> {
+        let lo = self.next()?;
+        let hi = self.next()?;
+        Ok(u64::from(lo) | u64::from(hi) << 32)
+    }
+    /// Words left: a bound on how many items a count read from the blob can honestly claim.
+    fn left(&self) -> usize {
+        (self.bytes.len() - self.at.min(self.bytes.len())) / 4
+    }
+    fn count(&mut self, what: &str) -> Result<usize, String> {
+        let n = self.next()? as usize;
+        if n > self.left() {
+            return Err(format!(
+                "`{}` blob: {n} {what} claimed at byte {}, {} words left",
+                self.blob,
+                self.at - 4,
+                self.left()
+            ));
+        }
+        Ok(n)
+    }
+}
+
+/// Reads one operand whose tag word, at byte `at`, was `tag`.
+fn read_arg(
+    w: &mut Words,
+    at: usize,
+    tag: u32,
+    operands: &[Arg],
+    depth: u32,
+) -> Result<Arg, String> {
+    Ok(match tag {
+        tag::VALUE => Arg::Value(ValueId(w.next()?)),
+        tag::NONE => Arg::None,
+        tag::BOOL => Arg::Bool(match w.next()? {
+            0 => false,
+            1 => true,
+            x => return Err(format!("`nodes` blob: bool {x} at byte {}", w.at - 4)),
+        }),
+        tag::INT => Arg::Int(w.next_u64()? as i64),
+        tag::FLOAT => Arg::Float(f64::from_bits(w.next_u64()?)),
+        t @ (tag::TUPLE | tag::LIST) => {
+            if depth >= MAX_NESTING {
+                return Err(format!("values nest deeper than {MAX_NESTING} levels"));
+            }
+            let n = w.count("items")?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                let at = w.at;
+                let tag = w.next()?;
+                items.push(read_arg(w, at, tag, operands, depth + 1)?);
+            }
+            if t == tag::TUPLE {
+                Arg::Tuple(items)
+            } else {
+                Arg::List(items)
+            }
+        }
+        tag::TABLE => {
+            let i = w.next()? as usize;
+            operands.get(i).cloned().ok_or_else(|| {
+                format!(
+                    "`nodes` blob: operand {i} at byte {at}, the table has {}",
+                    operands.len()
+                )
+            })?
+        }
+        x => {
+            return Err(format!(
+                "`nodes` blob: unknown operand tag {x} at byte {at}"
+            ))
+        }
+    })
+}
+
+fn from_columns(c: Columns) -> Result<Trace, String> {
+    if !c.values.len().is_multiple_of(12) {
+        return Err(format!(
+            "`values` blob has {} bytes, not a multiple of 12",
+            c.values.len()
+        ));
+    }
+    let entries = || c.values.chunks_exact(12);
+    let word = |e: &[u8], k: usize| u32::from_le_bytes([e[k], e[k + 1], e[k + 2], e[k + 3]]);
+    let id_bound = entries()
+        .map(|e| word(e, 0) as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut r = Rebuild::start(c.name, c.kind, c.values.len() / 12, id_bound);
+    let mut name_at = 0usize;
+    for (i, e) in entries().enumerate() {
+        let (id, ty, len) = (word(e, 0), word(e, 4) as usize, word(e, 8) as usize);
+        let ty = c.types.get(ty).ok_or_else(|| {
+            format!(
+                "value {i}: type {ty} is past the type table ({} types)",
+                c.types.len()
+            )
+        })?;
+        let name = name_at
+            .checked_add(len)
+            .and_then(|end| c.names.get(name_at..end))
+            .ok_or_else(|| {
+                format!(
+                    "value {i}: name bytes {name_at}..+{len} are not whole characters of the {}-byte `names` text",
+                    c.names.len()
+                )
+            })?;
+        name_at += len;
+        r.push_value(ValueId(id), Name::from(name), ty.clone())?;
+    }
+    if name_at != c.names.len() {
+        return Err(format!(
+            "`names` text has {} bytes the values do not use",
+            c.names.len() - name_at
+        ));
+    }
+    let node_count = c.node_count as usize;
+    let mut w = Words {
+        bytes: c.nodes,
+        at: 0,
+        blob: "nodes",
+    };
+    // each node takes at least three words
+    if node_count > w.left() / 3 {
+        return Err(format!(
+            "{node_count} nodes claimed, the `nodes` blob holds at most {}",
+            w.left() / 3
+        ));
+    }
+    r.set_args(c.args, node_count)?;
+    let mut extras = c.extras.into_iter().peekable();
+    for position in 0..node_count {
+        let at = w.at;
+        let op = w.next()? as usize;
+        let op = c.ops.get(op).ok_or_else(|| {
+            format!(
+                "node {position} (byte {at}): op {op} is past the op table ({} ops)",
+                c.ops.len()
+            )
+        })?;
+        let head = w.next()?;
+        let lhs = match head & 0xff {
+            0 => Lhs::None,
+            1 => Lhs::Single,
+            2 => Lhs::List,
+            3 => Lhs::Unpack,
+            x => {
+                return Err(format!(
+                    "node {position} (byte {at}): binding {x} is unknown"
+                ))
+            }
+        };
+        let n_kwargs = (head >> 8) as usize;
+        let n_args = w.count("operands")?;
+        let n_out = w.count("outputs")?;
+        let mut args = Vec::with_capacity(n_args);
+        for _ in 0..n_args {
+            let at = w.at;
+            let tag = w.next()?;
+            // scalars inline: a call would return each operand through memory
+            args.push(match tag {
+                tag::VALUE => Arg::Value(ValueId(w.next()?)),
+                tag::INT => Arg::Int(w.next_u64()? as i64),
+                tag::FLOAT => Arg::Float(f64::from_bits(w.next_u64()?)),
+                _ => read_arg(&mut w, at, tag, &c.operands, 1)?,
+            });
+        }
+        let mut kwargs = Vec::new();
+        if n_kwargs > 0 {
+            if n_kwargs > w.left() {
+                return Err(format!(
+                    "node {position} (byte {at}): {n_kwargs} keyword operands claimed, {} words left",
+                    w.left()
+                ));
+            }
+            kwargs.reserve_exact(n_kwargs);
+            for _ in 0..n_kwargs {
+                let key = w.next()? as usize;
+                let key = c.keys.get(key).ok_or_else(|| {
+                    format!(
+                        "node {position} (byte {at}): keyword {key} is past the keyword table ({} keys)",
+                        c.keys.len()
+                    )
+                })?;
+                let at = w.at;
+                let tag = w.next()?;
+                kwargs.push((key.clone(), read_arg(&mut w, at, tag, &c.operands, 1)?));
+            }
+        }
+        let mut outputs = Outputs::with_capacity(n_out);
+        for _ in 0..n_out {
+            outputs.push(ValueId(w.next()?));
+        }
+        let mut node = Node::new(op.clone(), args, outputs);
+        node.lhs = lhs;
+        node.set_kwargs(kwargs);
+        match extras.peek() {
+            Some(e) if e.position as usize == position => {
+                let e = extras.next().expect("peeked");
+                node.set_callee(e.callee);
+                if !e.subsymbols.is_empty() {
+                    *node.subsymbols_mut() = e.subsymbols;
+                }
+                node.set_source(e.source);
+            }
+            Some(e) if (e.position as usize) < position => {
+                return Err(format!(
+                    "the rare parts of node {} are listed out of order",
+                    e.position
+                ));
+            }
+            _ => {}
+        }
+        r.push(node)?;
+    }
+    if let Some(e) = extras.next() {
+        return Err(if (e.position as usize) < node_count {
+            format!(
+                "the rare parts of node {} are listed out of order",
+                e.position
+            )
+        } else {
+            format!(
+                "rare parts for node {}, past the {node_count} nodes",
+                e.position
+            )
+        });
+    }
+    if w.left() != 0 || w.at != c.nodes.len() {
+        return Err(format!(
+            "`nodes` blob has {} bytes after its {node_count} nodes",
+            c.nodes.len() - w.at
+        ));
+    }
+    r.finish(c.order_edges, c.ret, c.decorators, c.provenance)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two nodes: `t0 = mul(x, 2.0)` (words 0..10) and `t1 = add(t0, x, alpha=1)` (words
+    /// 10..23); values x, t0, t1.
+    const SMALL: &str = "def f(x):\n  # x: \"cpu f32[2]\"\n  t0 = ltorch.mul(x, 2.0)\n  # t0: \"cpu f32[2]\"\n  t1 = ltorch.add(t0, x, alpha=1)\n  # t1: \"cpu f32[2]\"\n  return t1\n";
+
+    fn small() -> Trace {
+        crate::parse_trace(SMALL).expect("parses")
+    }
+
+    /// The columns of `t`, edited, through bincode and back.
+    fn decode_edited(t: &Trace, edit: impl FnOnce(&mut Blobs)) -> Result<Trace, String> {
+        let mut b = Blobs::of(t).expect("columns");
+        edit(&mut b);
+        let config = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(b.columns(t), config).expect("encodes");
+        bincode::serde::decode_from_slice::<Trace, _>(&bytes, config)
+            .map(|(t, _)| t)
+            .map_err(|e| e.to_string())
+    }
+
+    fn set_word(blob: &mut [u8], index: usize, w: u32) {
+        blob[4 * index..4 * index + 4].copy_from_slice(&w.to_le_bytes());
+    }
+
+    fn word(blob: &[u8], index: usize) -> u32 {
+        u32::from_le_bytes(blob[4 * index..4 * index + 4].try_into().expect("4 bytes"))
+    }
+
+    fn fails_with(t: &Trace, edit: impl FnOnce(&mut Blobs), expected: &str) {
+        match decode_edited(t, edit) {
+            Ok(_) => panic!("decoded, expected an error containing `{expected}`"),
+            Err(e) => assert!(e.contains(expected), "`{e}` lacks `{expected}`"),
+        }
+    }
+
+    #[test]
+    fn the_layout_is_as_documented_and_round_trips() {
+        let t = small();
+        let b = Blobs::of(&t).expect("columns");
+        assert_eq!(b.values.len(), 3 * 12);
+        assert_eq!(b.names, "xt0t1");
+        assert_eq!((b.ops.len(), b.keys, b.types.len()), (2, vec!["alpha"], 1));
+        let words: Vec<u32> = (0..b.nodes.len() / 4).map(|i| word(&b.nodes, i)).collect();
+        let [lo, hi] = [2.0f64.to_bits() as u32, (2.0f64.to_bits() >> 32) as u32];
+        assert_eq!(
+            words,
+            vec![
+                0,
+                1,
+                2,
+                1,
+                tag::VALUE,
+                0,
+                tag::FLOAT,
+                lo,
+                hi,
+                1, // t0 = mul(x, 2.0)
+                1,
+                1 | 1 << 8,
+                2,
+                1,
+                tag::VALUE,
+                1,
+                tag::VALUE,
+                0,
+                0,
+                tag::INT,
+                1,
+                0,
+                2, // t1
+            ]
+        );
+        assert!(b.extras.is_empty() && b.operands.is_empty());
+        assert!(decode_edited(&t, |_| {}).expect("decodes") == t);
+    }
+
+    #[test]
+    fn a_bad_index_count_or_length_is_an_error_naming_it() {
+        let t = small();
+        type Edit = Box<dyn FnOnce(&mut Blobs)>;
+        let cases: Vec<(&str, Edit)> = vec![
+            (
+                "op 99 is past the op table",
+                Box::new(|b| set_word(&mut b.nodes, 0, 99)),
+            ),
+            (
+                "binding 7 is unknown",
+                Box::new(|b| set_word(&mut b.nodes, 1, 7)),
+            ),
+            (
+                "unknown operand tag 42 at byte 16",
+                Box::new(|b| set_word(&mut b.nodes, 4, 42)),
+            ),
+            (
+                "1073741824 operands claimed",
+                Box::new(|b| set_word(&mut b.nodes, 2, 1 << 30)),
+            ),
+            (
+                "4000000000 outputs claimed",
+                Box::new(|b| set_word(&mut b.nodes, 3, 4_000_000_000)),
+            ),
+            ("1000 nodes claimed", Box::new(|b| b.node_count = 1000)),
+            (
+                "has 4 bytes after its 2 nodes",
+                Box::new(|b| b.nodes.extend_from_slice(&[0; 4])),
+            ),
+            (
+                "ends inside a word",
+                Box::new(|b| {
+                    let n = b.nodes.len();
+                    b.nodes.truncate(n - 2)
+                }),
+            ),
+            (
+                "operand 5 at byte 24, the table has 0",
+                Box::new(|b| {
+                    set_word(&mut b.nodes, 6, tag::TABLE);
+                    set_word(&mut b.nodes, 7, 5);
+                }),
+            ),
+            (
+                "keyword 9 is past the keyword table",
+                Box::new(|b| set_word(&mut b.nodes, 18, 9)),
+            ),
+            (
+                "bool 7 at byte",
+                Box::new(|b| {
+                    set_word(&mut b.nodes, 6, tag::BOOL);
+                    set_word(&mut b.nodes, 7, 7);
+                }),
+            ),
+            (
+                "value 1: type 9 is past the type table",
+                Box::new(|b| set_word(&mut b.values, 4, 9)),
+            ),
+            (
+                "value 2: name bytes 3..+1000 are not whole characters",
+                Box::new(|b| set_word(&mut b.values, 8, 1000)),
+            ),
+            (
+                "`names` text has 1 bytes the values do not use",
+                Box::new(|b| b.names.push('z')),
+            ),
+            ("not a multiple of 12", Box::new(|b| b.values.push(0))),
+            (
+                "value %0 is listed twice",
+                Box::new(|b| set_word(&mut b.values, 3, 0)),
+            ),
+            (
+                "refers to unknown value %77",
+                Box::new(|b| set_word(&mut b.nodes, 5, 77)),
+            ),
+            (
+                "rare parts for node 5, past the 2 nodes",
+                Box::new(|b| {
+                    b.extras.push(ExtraRef {
+                        position: 5,
+                        callee: Some("f"),
+                        subsymbols: &[],
+                        source: None,
+                    })
+                }),
+            ),
+            (
+                "the rare parts of node 0 are listed out of order",
+                Box::new(|b| {
+                    for position in [1, 0] {
+                        b.extras.push(ExtraRef {
+                            position,
+                            callee: Some("f"),
+                            subsymbols: &[],
+                            source: None,
+                        })
+                    }
+                }),
+            ),
+        ];
+        for (expected, edit) in cases {
+            fails_with(&t, edit, expected);
+        }
+    }
+
+    /// A name split inside a character (`é` is two bytes) is an error, not a panic.
+    #[test]
+    fn a_name_split_inside_a_character_is_an_error() {
+        let mut t = small();
+        let t0 = t.values().nth(1).map(|(id, _)| id).expect("t0");
+        t.value_mut(t0).expect("t0").name = "té".into();
+        fails_with(
+            &t,
+            |b| {
+                set_word(&mut b.values, 5, 2); // `té` is 3 bytes
+                set_word(&mut b.values, 8, 3); // the next name takes the rest
+            },
+            "value 1: name bytes 1..+2 are not whole characters",
+        );
+    }
+
+    /// Tuples nested in the node words are bounded like those serde reads.
+    #[test]
+    fn deep_nesting_in_the_words_is_an_error_not_a_stack_overflow() {
+        let mut t = small();
+        let mut a = Arg::Int(1);
+        for _ in 0..MAX_NESTING + 5 {
+            a = Arg::Tuple(vec![a]);
+        }
+        let n = t.schedule()[0];
+        t.node_mut(n).expect("node").args[1] = a;
+        fails_with(&t, |_| {}, "values nest deeper than 128 levels");
+    }
+
+    #[test]
+    fn rare_parts_and_table_operands_round_trip() {
+        let mut t = small();
+        let n = t.schedule()[1];
+        let node = t.node_mut(n).expect("node");
+        node.set_callee(Some("torch.add".into()));
+        node.set_source(Some("# model.py:3".into()));
+        node.subsymbols_mut().push(SubSymbol {
+            text: "t1 = prims.add(t0, x)".into(),
+            children: vec![],
+        });
+        node.args.push(Arg::Str("s".into()));
+        node.args.push(Arg::List(vec![Arg::None, Arg::Bool(true)]));
+        let b = Blobs::of(&t).expect("columns");
+        assert_eq!((b.extras.len(), b.operands.len()), (1, 1));
+        let back = decode_edited(&t, |_| {}).expect("decodes");
+        let node = back.node(back.schedule()[1]).expect("node");
+        assert_eq!(node.callee(), Some("torch.add"));
+        assert_eq!(node.source(), Some("# model.py:3"));
+        assert_eq!(node.subsymbols().len(), 1);
+        assert_eq!(node.kwarg("alpha"), Some(&Arg::Int(1)));
+        assert_eq!(node.args.len(), 4);
+        assert!(back == t);
+    }
+}
