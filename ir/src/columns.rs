@@ -358,7 +358,10 @@ fn read_arg(
                 return Err(format!("values nest deeper than {MAX_NESTING} levels"));
             }
             let n = w.count("items")?;
-            let mut items = Vec::with_capacity(n);
+            // reserved up to a small bound: every nesting level may claim up to the words
+            // left, and reserving each claim in full would multiply a small file's claims
+            // by the nesting depth
+            let mut items = Vec::with_capacity(n.min(64));
             for _ in 0..n {
                 let at = w.at;
                 let tag = w.next()?;
@@ -434,11 +437,11 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
         at: 0,
         blob: "nodes",
     };
-    // each node takes at least three words
-    if node_count > w.left() / 3 {
+    // each node takes at least four words
+    if node_count > w.left() / 4 {
         return Err(format!(
             "{node_count} nodes claimed, the `nodes` blob holds at most {}",
-            w.left() / 3
+            w.left() / 4
         ));
     }
     r.set_args(c.args, node_count)?;

@@ -676,7 +676,8 @@ pub(crate) struct Rebuild {
     slot: IdTable,
     /// value id -> index of the node that produces it
     producer: IdTable,
-    operands: Vec<ValueId>,
+    /// Scratch: the operands of the node being pushed, with their producers.
+    operands: Vec<(ValueId, u32)>,
 }
 
 /// A `u32 -> u32` table over value ids: a vector when ids are dense (they are, in traces this
@@ -801,39 +802,39 @@ impl Rebuild {
         self.slot.get(v.0)
     }
 
+    /// Adds the next node in schedule order, with a data edge from each operand's producer.
     #[inline(always)]
     pub(crate) fn push(&mut self, n: Node) -> Result<(), String> {
-        self.operands.clear();
-        let ops = &mut self.operands;
-        n.for_each_operand(&mut |v| ops.push(v));
-        if let Some(v) = self
-            .operands
-            .iter()
-            .chain(&n.outputs)
-            .find(|v| self.known(**v).is_none())
+        // one lookup per operand: whether it exists, and who produces it (`u32::MAX`: a trace
+        // argument), gathered before the node moves into the graph
+        let mut unknown = None;
+        let (slot, producer, edges) = (&self.slot, &self.producer, &mut self.operands);
+        edges.clear();
+        n.for_each_operand(&mut |v| match slot.get(v.0) {
+            None => unknown = Some(v),
+            Some(_) => edges.push((v, producer.get(v.0).unwrap_or(u32::MAX))),
+        });
+        let outputs = n.outputs.clone();
+        if let Some(v) =
+            unknown.or_else(|| outputs.iter().copied().find(|v| slot.get(v.0).is_none()))
         {
             return Err(format!("node `{}` refers to unknown value {v}", n.op));
         }
-        // inline for up to four outputs: copying them out allocates nothing
-        let outputs = n.outputs.clone();
         let idx = self.t.graph.add_node(n);
+        let me = idx.index() as u32;
         for (k, &out) in outputs.iter().enumerate() {
-            self.producer.set(out.0, idx.index() as u32);
-            if let Some(s) = self.known(out) {
+            self.producer.set(out.0, me);
+            if let Some(s) = self.slot.get(out.0) {
                 if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
                     v.def = Def::Node(idx, k as u32);
                 }
             }
         }
-        for v in &self.operands {
-            if let Some(p) = self.producer.get(v.0) {
-                if p != idx.index() as u32 {
-                    self.t.graph.add_edge(
-                        NodeIndex::new(p as usize),
-                        idx,
-                        Edge::Data { value: *v },
-                    );
-                }
+        for &(v, p) in &self.operands {
+            if p != u32::MAX && p != me {
+                self.t
+                    .graph
+                    .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: v });
             }
         }
         self.t.schedule.push(idx);

@@ -588,6 +588,19 @@ fn fuzz(target: &str, secs: u64) -> Result<()> {
         };
         std::fs::write(corpus.join(format!("seed_{name}")), bytes)?;
     }
+    if target == "decode" {
+        // version-1 payloads too (the encoder writes only the current version): first byte 3
+        for entry in std::fs::read_dir("testdata/compat")? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "tpb") {
+                let file = std::fs::read(&path)?;
+                let mut payload = vec![3u8];
+                payload.extend_from_slice(file.get(24..).unwrap_or_default());
+                let name = path.file_stem().unwrap_or_default().to_string_lossy();
+                std::fs::write(corpus.join(format!("seed_payload_{name}")), payload)?;
+            }
+        }
+    }
     let host = String::from_utf8(
         std::process::Command::new("rustc")
             .arg("-vV")
