@@ -16,7 +16,7 @@
 //! count and length read from a blob is checked; a bad one is an error naming what and where.
 
 use crate::arg::{Arg, MAX_NESTING};
-use crate::node::{Lhs, Node, Outputs, SubSymbol};
+use crate::node::{Lhs, Node, SubSymbol};
 use crate::op_name::OpName;
 use crate::trace::{Provenance, Rebuild, Trace, TraceKind};
 use crate::types::Type;
@@ -504,7 +504,7 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
                 kwargs.push((key.clone(), read_arg(&mut w, at, tag, &c.operands, 1)?));
             }
         }
-        let mut outputs = Outputs::with_capacity(n_out);
+        let mut outputs = Vec::with_capacity(n_out);
         for _ in 0..n_out {
             outputs.push(ValueId(w.next()?));
         }

@@ -41,7 +41,7 @@ pub use builder::{BuildError, TraceBuilder};
 pub use canon::{canonical_text, canonicalize};
 pub use codec::CodecError;
 pub use error::FileError;
-pub use node::{Args, Edge, Lhs, Node, Outputs, SubSymbol};
+pub use node::{Edge, Lhs, Node, SubSymbol};
 pub use op_name::OpName;
 pub use parse::{parse_trace, parse_trace_with, ParseError};
 pub use petgraph::stable_graph::NodeIndex;

@@ -5,12 +5,6 @@ use crate::op_name::OpName;
 use crate::value::ValueId;
 use serde::{Deserialize, Serialize};
 
-/// A node's positional operands.
-pub type Args = Vec<Arg>;
-/// A node's outputs: up to four inline, in the space a `Vec` takes, so nearly every node
-/// allocates nothing for them.
-pub type Outputs = smallvec::SmallVec<[ValueId; 4]>;
-
 /// How a statement binds its outputs on the left-hand side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Lhs {
@@ -42,8 +36,8 @@ pub struct SubSymbol {
 pub struct Node {
     /// Canonical op name (`ltorch.linear`, `dist.wait`), the key into the op registry.
     pub op: OpName,
-    pub args: Args,
-    pub outputs: Outputs,
+    pub args: Vec<Arg>,
+    pub outputs: Vec<ValueId>,
     pub lhs: Lhs,
     extra: Option<Box<NodeExtra>>,
 }
@@ -67,8 +61,7 @@ impl NodeExtra {
 
 impl Node {
     /// A node with positional operands and the usual binding for its output count.
-    pub fn new(op: impl Into<OpName>, args: impl Into<Args>, outputs: impl Into<Outputs>) -> Node {
-        let (args, outputs) = (args.into(), outputs.into());
+    pub fn new(op: impl Into<OpName>, args: Vec<Arg>, outputs: Vec<ValueId>) -> Node {
         let lhs = match outputs.len() {
             0 => Lhs::None,
             1 => Lhs::Single,
@@ -198,9 +191,9 @@ struct NodeRef<'a> {
 struct NodeOwned {
     op: OpName,
     callee: Option<String>,
-    args: Args,
+    args: Vec<Arg>,
     kwargs: Vec<(String, Arg)>,
-    outputs: Outputs,
+    outputs: Vec<ValueId>,
     lhs: Lhs,
     subsymbols: Vec<SubSymbol>,
     source: Option<String>,
@@ -263,20 +256,5 @@ impl<'de> Deserialize<'de> for SubSymbol {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SubSymbol, D::Error> {
         let _level = crate::arg::NestingGuard::enter::<D::Error>()?;
         SubSymbolDef::deserialize(d)
-    }
-}
-
-#[cfg(test)]
-mod size_tests {
-    use super::*;
-
-    /// The inline outputs cost no more than a `Vec`, so sweeps over nodes read no more memory.
-    #[test]
-    fn inline_outputs_take_a_vecs_space() {
-        assert_eq!(
-            std::mem::size_of::<Outputs>(),
-            std::mem::size_of::<Vec<ValueId>>()
-        );
-        assert!(Outputs::new().inline_size() >= 4);
     }
 }

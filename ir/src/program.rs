@@ -170,7 +170,7 @@ impl Program {
                         && n.lhs == Lhs::Unpack
                         && n.args.first().and_then(Arg::as_value) == Some(src)
                 })
-                .map(|(_, n)| n.outputs.to_vec())
+                .map(|(_, n)| n.outputs.clone())
         };
         let Some(top) = unpack_of(saved_arg) else {
             return Vec::new();

@@ -498,17 +498,15 @@ impl NameGen {
         NameGen { next }
     }
     /// A fresh name with the given prefix.
-    pub fn fresh(&mut self, prefix: &'static str) -> String {
-        use std::fmt::Write;
+    pub fn fresh(&mut self, prefix: &'static str) -> Name {
         let n = self.next.entry(prefix).or_insert(0);
-        // sized once: `format!` would grow the string while writing the digits
-        let mut name = String::with_capacity(prefix.len() + 20);
-        let _ = write!(name, "{prefix}{n}");
+        // written in place: a prefix and up to 20 digits fit a name's inline buffer
+        let name = compact_str::format_compact!("{prefix}{n}");
         *n += 1;
         name
     }
     /// A fresh name for a value of type `ty`.
-    pub fn fresh_for(&mut self, ty: &Type) -> String {
+    pub fn fresh_for(&mut self, ty: &Type) -> Name {
         self.fresh(ty.name_prefix())
     }
 }
@@ -814,15 +812,17 @@ impl Rebuild {
             None => unknown = Some(v),
             Some(_) => edges.push((v, producer.get(v.0).unwrap_or(u32::MAX))),
         });
-        let outputs = n.outputs.clone();
         if let Some(v) =
-            unknown.or_else(|| outputs.iter().copied().find(|v| slot.get(v.0).is_none()))
+            unknown.or_else(|| n.outputs.iter().copied().find(|v| slot.get(v.0).is_none()))
         {
             return Err(format!("node `{}` refers to unknown value {v}", n.op));
         }
         let idx = self.t.graph.add_node(n);
         let me = idx.index() as u32;
-        for (k, &out) in outputs.iter().enumerate() {
+        // by index: the outputs now live in the graph, and copying them out would allocate
+        // per node
+        for k in 0..self.t.graph[idx].outputs.len() {
+            let out = self.t.graph[idx].outputs[k];
             self.producer.set(out.0, me);
             if let Some(s) = self.slot.get(out.0) {
                 if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
