@@ -499,9 +499,12 @@ impl NameGen {
     }
     /// A fresh name with the given prefix.
     pub fn fresh(&mut self, prefix: &'static str) -> Name {
+        use compact_str::ToCompactString;
         let n = self.next.entry(prefix).or_insert(0);
-        // written in place: a prefix and up to 20 digits fit a name's inline buffer
-        let name = compact_str::format_compact!("{prefix}{n}");
+        // built in place (a prefix and the digits fit a name's inline buffer), and the digits
+        // without the formatting machinery
+        let mut name = Name::from(prefix);
+        name.push_str(&n.to_compact_string());
         *n += 1;
         name
     }
