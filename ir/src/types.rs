@@ -206,11 +206,20 @@ pub struct TensorType {
     pub device: Device,
 }
 
-/// Copies the shape as one block (the derived clone would copy it element by element).
+/// Copies an inline shape as one fixed-size block: the derived clone goes element by element,
+/// and a copy of the shape's length calls `memcpy`. A value's type is cloned for every value a
+/// trace copy or a decode makes.
 impl Clone for TensorType {
     fn clone(&self) -> TensorType {
+        let s = self.shape.as_slice();
+        let shape = if self.shape.spilled() {
+            Shape::from_slice(s)
+        } else {
+            let at = |i: usize| s.get(i).copied().unwrap_or(0);
+            Shape::from_buf_and_len([at(0), at(1), at(2), at(3)], s.len())
+        };
         TensorType {
-            shape: Shape::from_slice(&self.shape),
+            shape,
             dtype: self.dtype,
             device: self.device,
         }
@@ -507,6 +516,18 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clones_equal_the_original_inline_or_spilled() {
+        for rank in 0..=6 {
+            let shape: Vec<usize> = (1..=rank).collect();
+            let t = TensorType::new(&shape, DType::F32, Device::cuda(1));
+            let c = t.clone();
+            assert_eq!(c, t);
+            assert_eq!(c.shape.as_slice(), shape.as_slice());
+            assert_eq!(c.shape.spilled(), rank > 4);
+        }
+    }
 
     #[test]
     fn type_strings_round_trip() {
