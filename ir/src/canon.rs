@@ -1,16 +1,8 @@
 //! Canonical renumbering: the form snapshot tests compare, free of numbering noise.
 
 use crate::arg::Arg;
-use crate::trace::Trace;
+use crate::trace::{split_numbered, NameGen, Trace};
 use std::collections::HashMap;
-
-/// True for names the tools generate (`t12`, `ft3`, `C0`, `i4`): these get renumbered.
-fn is_generated(name: &str) -> bool {
-    ["t", "ft", "C", "i", "f", "b", "s", "o"].iter().any(|p| {
-        name.strip_prefix(p)
-            .is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit()))
-    })
-}
 
 /// Renames generated value names in definition order (arguments first, then the schedule) to
 /// `t0, t1, ...`, `ft0, ...`, `C0, ...`; renumbers opaque counters per type in order of first
@@ -20,16 +12,14 @@ pub fn canonicalize(t: &mut Trace) {
     for (_, n) in t.nodes() {
         order.extend(n.outputs.iter().copied());
     }
-    let mut counters: HashMap<&'static str, usize> = HashMap::new();
+    // numbered from zero: the names being replaced are not counted
+    let mut names = NameGen::from_zero();
     for id in order {
         let Some(v) = t.value_mut(id) else { continue };
-        if !is_generated(&v.name) {
-            continue;
+        // generated names (`t12`, `ft3`, `C0`, `i4`) are renumbered
+        if split_numbered(&v.name).is_some() {
+            v.name = names.fresh_for(&v.ty);
         }
-        let prefix = v.ty.name_prefix();
-        let n = counters.entry(prefix).or_insert(0);
-        v.name = compact_str::format_compact!("{prefix}{n}");
-        *n += 1;
     }
     let mut opaque: HashMap<(String, Option<String>, u32), u32> = HashMap::new();
     let mut per_type: HashMap<String, u32> = HashMap::new();

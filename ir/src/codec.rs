@@ -119,12 +119,8 @@ pub fn decode(bytes: &[u8]) -> Result<Module, CodecError> {
     if computed != stored {
         return Err(CodecError::ChecksumMismatch { stored, computed });
     }
-    let (m, used): (Module, usize) = crate::trace::with_decode_budget(payload.len(), || {
-        if version == 1 {
-            crate::trace::with_rows(|| bincode::serde::decode_from_slice(payload, config()))
-        } else {
-            bincode::serde::decode_from_slice(payload, config())
-        }
+    let (m, used): (Module, usize) = crate::trace::decoding(payload.len(), version == 1, || {
+        bincode::serde::decode_from_slice(payload, config())
     })
     .map_err(|e| CodecError::Decode(e.to_string()))?;
     if used != payload.len() {

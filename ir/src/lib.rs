@@ -10,9 +10,6 @@
 // invariant. Everything a user controls (files, options, traces, ranks) returns a typed error.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub use compact_str::{format_compact, CompactString};
-pub use smallvec::{smallvec, SmallVec};
-
 pub mod arg;
 pub mod builder;
 pub mod canon;

@@ -459,7 +459,11 @@ fn unpack(cx: &MetaCx) -> R<MetaOut> {
                     .as_int_list()
                     .filter(|d| d.iter().all(|x| *x >= 0))
                     .ok_or_else(|| format!("{}: bad shape {s:?}", cx.op))?;
-                Ok(buf.with_shape(dims.into_iter().map(|d| d as usize).collect::<Vec<_>>()))
+                Ok(buf.with_shape(
+                    dims.into_iter()
+                        .map(|d| d as usize)
+                        .collect::<crate::types::Shape>(),
+                ))
             })
             .collect::<R<_>>()?
     } else {

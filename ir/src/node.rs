@@ -130,6 +130,12 @@ impl Node {
     pub fn subsymbols_mut(&mut self) -> &mut Vec<SubSymbol> {
         &mut self.extra_mut().subsymbols
     }
+    /// Replaces the decomposition; setting none to a node that has none allocates nothing.
+    pub fn set_subsymbols(&mut self, subsymbols: Vec<SubSymbol>) {
+        if !subsymbols.is_empty() || self.extra.is_some() {
+            self.extra_mut().subsymbols = subsymbols;
+        }
+    }
     /// The source-location comment printed above the statement.
     pub fn source(&self) -> Option<&str> {
         self.extra.as_ref().and_then(|e| e.source.as_deref())

@@ -476,6 +476,12 @@ pub(crate) fn split_numbered(name: &str) -> Option<(usize, &str)> {
 }
 
 impl NameGen {
+    /// Names numbered from 0 for every prefix, whatever a trace holds.
+    pub(crate) fn from_zero() -> NameGen {
+        NameGen {
+            next: HashMap::new(),
+        }
+    }
     pub fn new(trace: &Trace) -> NameGen {
         let scanned;
         let counters = match &trace.name_counters {
@@ -523,39 +529,42 @@ struct ValueRepr {
     ty: Type,
 }
 
-thread_local! {
-    /// Upper bound on the elements any one sequence can hold while a binary payload of this
-    /// many bytes is decoded (each element takes at least one byte). Unbounded otherwise.
-    static DECODE_BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
-}
-
-/// Runs `f` with sequence reservations bounded by a payload of `bytes` bytes.
-pub(crate) fn with_decode_budget<R>(bytes: usize, f: impl FnOnce() -> R) -> R {
-    let old = DECODE_BUDGET.with(|b| b.replace(bytes));
-    let r = f();
-    DECODE_BUDGET.with(|b| b.set(old));
-    r
+/// What the binary payload being decoded on this thread is like (serde gives a `Deserialize`
+/// impl no way to ask its caller).
+#[derive(Clone, Copy)]
+struct Decoding {
+    /// Upper bound on the elements any one sequence can hold: the payload's bytes (each
+    /// element takes at least one). Unbounded outside a decode.
+    budget: usize,
+    /// Whether traces are stored as rows (format version 1) rather than columns.
+    rows: bool,
 }
 
 thread_local! {
-    /// Whether binary payloads being decoded hold traces as rows (format version 1).
-    static ROWS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static DECODING: std::cell::Cell<Decoding> = const {
+        std::cell::Cell::new(Decoding { budget: usize::MAX, rows: false })
+    };
 }
 
-/// Runs `f` reading binary traces in the row form of format version 1.
-pub(crate) fn with_rows<R>(f: impl FnOnce() -> R) -> R {
-    let old = ROWS.with(|b| b.replace(true));
+/// Runs `f` decoding a binary payload of `bytes` bytes, whose traces are rows when `rows`.
+pub(crate) fn decoding<R>(bytes: usize, rows: bool, f: impl FnOnce() -> R) -> R {
+    let old = DECODING.with(|d| {
+        d.replace(Decoding {
+            budget: bytes,
+            rows,
+        })
+    });
     let r = f();
-    ROWS.with(|b| b.set(old));
+    DECODING.with(|d| d.set(old));
     r
+}
+
+fn decode_budget() -> usize {
+    DECODING.with(|d| d.get().budget)
 }
 
 fn reading_rows() -> bool {
-    ROWS.with(|b| b.get())
-}
-
-pub(crate) fn decode_budget() -> usize {
-    DECODE_BUDGET.with(|b| b.get())
+    DECODING.with(|d| d.get().rows)
 }
 
 /// Deserializes a `Vec` with its whole length reserved up front (serde's default grows large
@@ -733,9 +742,7 @@ impl Rebuild {
         }
     }
 
-    /// Adds one entry of the value table. Inlined: a value moved through calls is copied
-    /// through memory at each one.
-    #[inline(always)]
+    /// Adds one entry of the value table.
     pub(crate) fn push_value(&mut self, id: ValueId, name: Name, ty: Type) -> Result<(), String> {
         if self.slot.get(id.0).is_some() {
             return Err(format!("value {id} is listed twice"));
@@ -749,7 +756,8 @@ impl Rebuild {
         let t = &mut self.t;
         self.slot.set(id.0, t.values.len() as u32);
         t.next_value = t.next_value.max(id.0.saturating_add(1));
-        // through the entry: `insert` would return (and drop) a value-sized `Option`
+        // through the entry: `insert` returns the old value in an `Option` as large as the
+        // value; moving it out and dropping it cost about 8 ns a value (1M-node decode)
         if let indexmap::map::Entry::Vacant(e) = t.values.entry(id) {
             e.insert(Value {
                 name,
@@ -760,8 +768,8 @@ impl Rebuild {
         Ok(())
     }
 
-    /// Sets the trace's arguments (after its values) and reserves room for `nodes` nodes.
-    pub(crate) fn set_args(&mut self, args: Vec<ValueId>, nodes: usize) -> Result<(), String> {
+    /// Sets the trace's arguments (after its values).
+    pub(crate) fn set_args(&mut self, args: Vec<ValueId>) -> Result<(), String> {
         for a in args {
             let Some(s) = self.known(a) else {
                 return Err(format!("argument {a} is not in the value table"));
@@ -772,11 +780,16 @@ impl Rebuild {
             }
             self.t.args.push(a);
         }
+        Ok(())
+    }
+
+    /// Makes room for `nodes` nodes a file claims (bounded, so a false claim cannot make the
+    /// decoder allocate more than the payload could fill), plus [`growth_room`].
+    pub(crate) fn reserve_nodes(&mut self, nodes: usize) {
         let n = nodes.min(1 << 21).min(decode_budget());
         let n = n + growth_room(n);
         self.t.graph = StableDiGraph::with_capacity(n, 2 * n);
         self.t.schedule.reserve(n);
-        Ok(())
     }
 
     fn new(
@@ -795,7 +808,8 @@ impl Rebuild {
         for v in values {
             r.push_value(v.id, v.name, v.ty)?;
         }
-        r.set_args(args, nodes_hint)?;
+        r.set_args(args)?;
+        r.reserve_nodes(nodes_hint);
         Ok(r)
     }
 
@@ -804,7 +818,6 @@ impl Rebuild {
     }
 
     /// Adds the next node in schedule order, with a data edge from each operand's producer.
-    #[inline(always)]
     pub(crate) fn push(&mut self, n: Node) -> Result<(), String> {
         // one lookup per operand: whether it exists, and who produces it (`u32::MAX`: a trace
         // argument), gathered before the node moves into the graph
@@ -834,7 +847,7 @@ impl Rebuild {
             }
         }
         for &(v, p) in &self.operands {
-            if p != u32::MAX && p != me {
+            if p != u32::MAX {
                 self.t
                     .graph
                     .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: v });
