@@ -18,7 +18,8 @@
 use crate::arg::{Arg, MAX_NESTING};
 use crate::node::{Lhs, Node, SubSymbol};
 use crate::op_name::OpName;
-use crate::trace::{Provenance, Rebuild, Trace, TraceKind};
+use crate::rebuild::Rebuild;
+use crate::trace::{Provenance, Trace, TraceKind};
 use crate::types::Type;
 use crate::value::{Name, ValueId};
 use rustc_hash::FxHashMap;
@@ -416,33 +417,7 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
     }
     let entries = || c.values.chunks_exact(12);
     let word = |e: &[u8], k: usize| u32::from_le_bytes([e[k], e[k + 1], e[k + 2], e[k + 3]]);
-    let id_bound = entries()
-        .map(|e| word(e, 0) as usize + 1)
-        .max()
-        .unwrap_or(0);
-    let mut r = Rebuild::start(c.name, c.kind, c.values.len() / 12, id_bound);
-    let mut name_at = 0usize;
-    for (i, e) in entries().enumerate() {
-        let (id, ty, len) = (word(e, 0), word(e, 4) as usize, word(e, 8) as usize);
-        let ty = lookup(&c.types, ty, "type", || format!("value {i}"))?;
-        let name = name_at
-            .checked_add(len)
-            .and_then(|end| c.names.get(name_at..end))
-            .ok_or_else(|| {
-                format!(
-                    "value {i}: name bytes {name_at}..+{len} are not whole characters of the {}-byte `names` text",
-                    c.names.len()
-                )
-            })?;
-        name_at += len;
-        r.push_value(ValueId(id), Name::from(name), ty.clone())?;
-    }
-    if name_at != c.names.len() {
-        return Err(format!(
-            "`names` text has {} bytes the values do not use",
-            c.names.len() - name_at
-        ));
-    }
+    let mut r = Rebuild::start(c.name, c.kind, entries().map(|e| ValueId(word(e, 0))))?;
     let node_count = c.node_count as usize;
     let mut w = Words {
         bytes: c.nodes,
@@ -528,6 +503,29 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
         return Err(format!(
             "`nodes` blob has {} bytes after its {node_count} nodes",
             c.nodes.len() - w.at
+        ));
+    }
+    // names and types last (see `Rebuild`)
+    let mut name_at = 0usize;
+    for (i, e) in entries().enumerate() {
+        let (id, ty, len) = (word(e, 0), word(e, 4) as usize, word(e, 8) as usize);
+        let ty = lookup(&c.types, ty, "type", || format!("value {i}"))?;
+        let name = name_at
+            .checked_add(len)
+            .and_then(|end| c.names.get(name_at..end))
+            .ok_or_else(|| {
+                format!(
+                    "value {i}: name bytes {name_at}..+{len} are not whole characters of the {}-byte `names` text",
+                    c.names.len()
+                )
+            })?;
+        name_at += len;
+        r.push_value(ValueId(id), Name::from(name), ty.clone())?;
+    }
+    if name_at != c.names.len() {
+        return Err(format!(
+            "`names` text has {} bytes the values do not use",
+            c.names.len() - name_at
         ));
     }
     r.finish(c.order_edges, c.ret, c.decorators, c.provenance)

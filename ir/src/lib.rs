@@ -26,6 +26,7 @@ pub mod parse;
 pub mod print;
 pub mod program;
 pub mod pyfloat;
+mod rebuild;
 pub mod registry;
 pub mod synth;
 pub mod trace;

@@ -2,6 +2,7 @@
 
 use crate::arg::Arg;
 use crate::node::{Edge, Node};
+use crate::rebuild::Rebuild;
 use crate::types::Type;
 use crate::value::ValueIdBuildHasher;
 use crate::value::{Def, Name, Value, ValueId};
@@ -559,7 +560,7 @@ pub(crate) fn decoding<R>(bytes: usize, rows: bool, f: impl FnOnce() -> R) -> R 
     r
 }
 
-fn decode_budget() -> usize {
+pub(crate) fn decode_budget() -> usize {
     DECODING.with(|d| d.get().budget)
 }
 
@@ -677,226 +678,50 @@ impl<'a> From<&'a Trace> for TraceReprRef<'a> {
     }
 }
 
-/// Rebuilds a trace from its serialized parts, checking every reference. Lookups go through
-/// dense tables indexed by value id (ids are small integers), not the hash map, so this is
-/// linear and cheap; nodes can be pushed one at a time as they are decoded.
-pub(crate) struct Rebuild {
-    t: Trace,
-    /// value id -> position in the value table
-    slot: IdTable,
-    /// value id -> index of the node that produces it
-    producer: IdTable,
-    /// Scratch: the operands of the node being pushed, with their producers.
-    operands: Vec<(ValueId, u32)>,
+/// A rebuild of a trace stored as rows: the value table first, which [`finish_rows`] adds
+/// after the nodes.
+fn start_rows(
+    name: String,
+    kind: TraceKind,
+    args: Vec<ValueId>,
+    values: &[ValueRepr],
+    nodes_hint: usize,
+) -> Result<Rebuild, String> {
+    let mut r = Rebuild::start(name, kind, values.iter().map(|v| v.id))?;
+    r.set_args(args)?;
+    r.reserve_nodes(nodes_hint);
+    Ok(r)
 }
 
-/// A `u32 -> u32` table over value ids: a vector when ids are dense (they are, in traces this
-/// crate writes), a hash map when a file claims ids far beyond its number of values, so a
-/// hostile id cannot make the decoder allocate gigabytes.
-enum IdTable {
-    Dense(Vec<u32>),
-    Sparse(rustc_hash::FxHashMap<u32, u32>),
-}
-
-impl IdTable {
-    fn new(bound: usize, count: usize) -> IdTable {
-        if bound <= 16 * count + 4096 {
-            IdTable::Dense(vec![u32::MAX; bound])
-        } else {
-            IdTable::Sparse(rustc_hash::FxHashMap::default())
-        }
+fn finish_rows(
+    mut r: Rebuild,
+    values: Vec<ValueRepr>,
+    order_edges: Vec<(u32, u32)>,
+    ret: Arg,
+    decorators: Vec<String>,
+    provenance: Vec<Provenance>,
+) -> Result<Trace, String> {
+    for v in values {
+        r.push_value(v.id, v.name, v.ty)?;
     }
-    fn get(&self, id: u32) -> Option<u32> {
-        match self {
-            IdTable::Dense(v) => v.get(id as usize).copied().filter(|x| *x != u32::MAX),
-            IdTable::Sparse(m) => m.get(&id).copied(),
-        }
-    }
-    fn set(&mut self, id: u32, x: u32) {
-        match self {
-            IdTable::Dense(v) => {
-                if let Some(slot) = v.get_mut(id as usize) {
-                    *slot = x;
-                }
-            }
-            IdTable::Sparse(m) => {
-                m.insert(id, x);
-            }
-        }
-    }
-}
-
-impl Rebuild {
-    /// A rebuild of a trace with room for `values` values, which [`Rebuild::push_value`] adds;
-    /// `id_bound` is one past the largest value id.
-    pub(crate) fn start(name: String, kind: TraceKind, values: usize, id_bound: usize) -> Rebuild {
-        let mut t = Trace::new(name, kind);
-        // names are scanned only if a pass asks for fresh ones (decoding stays lean)
-        t.name_counters = None;
-        t.values.reserve(values + growth_room(values));
-        Rebuild {
-            t,
-            slot: IdTable::new(id_bound, values),
-            producer: IdTable::new(id_bound, values),
-            operands: Vec::with_capacity(8),
-        }
-    }
-
-    /// Adds one entry of the value table.
-    pub(crate) fn push_value(&mut self, id: ValueId, name: Name, ty: Type) -> Result<(), String> {
-        if self.slot.get(id.0).is_some() {
-            return Err(format!("value {id} is listed twice"));
-        }
-        if ty.is_oversized() {
-            return Err(format!(
-                "value {id} (`{name}`) has type {ty}, over {} bytes",
-                crate::types::MAX_TENSOR_BYTES
-            ));
-        }
-        let t = &mut self.t;
-        self.slot.set(id.0, t.values.len() as u32);
-        t.next_value = t.next_value.max(id.0.saturating_add(1));
-        // through the entry: `insert` returns the old value in an `Option` as large as the
-        // value; moving it out and dropping it cost about 8 ns a value (1M-node decode)
-        if let indexmap::map::Entry::Vacant(e) = t.values.entry(id) {
-            e.insert(Value {
-                name,
-                ty,
-                def: Def::Undefined,
-            });
-        }
-        Ok(())
-    }
-
-    /// Sets the trace's arguments (after its values).
-    pub(crate) fn set_args(&mut self, args: Vec<ValueId>) -> Result<(), String> {
-        for a in args {
-            let Some(s) = self.known(a) else {
-                return Err(format!("argument {a} is not in the value table"));
-            };
-            let pos = self.t.args.len();
-            if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
-                v.def = Def::Arg(pos);
-            }
-            self.t.args.push(a);
-        }
-        Ok(())
-    }
-
-    /// Makes room for `nodes` nodes a file claims (bounded, so a false claim cannot make the
-    /// decoder allocate more than the payload could fill), plus [`growth_room`].
-    pub(crate) fn reserve_nodes(&mut self, nodes: usize) {
-        let n = nodes.min(1 << 21).min(decode_budget());
-        let n = n + growth_room(n);
-        self.t.graph = StableDiGraph::with_capacity(n, 2 * n);
-        self.t.schedule.reserve(n);
-    }
-
-    fn new(
-        name: String,
-        kind: TraceKind,
-        args: Vec<ValueId>,
-        values: Vec<ValueRepr>,
-        nodes_hint: usize,
-    ) -> Result<Rebuild, String> {
-        let bound = values
-            .iter()
-            .map(|v| v.id.0 as usize + 1)
-            .max()
-            .unwrap_or(0);
-        let mut r = Rebuild::start(name, kind, values.len(), bound);
-        for v in values {
-            r.push_value(v.id, v.name, v.ty)?;
-        }
-        r.set_args(args)?;
-        r.reserve_nodes(nodes_hint);
-        Ok(r)
-    }
-
-    fn known(&self, v: ValueId) -> Option<u32> {
-        self.slot.get(v.0)
-    }
-
-    /// Adds the next node in schedule order, with a data edge from each operand's producer.
-    pub(crate) fn push(&mut self, n: Node) -> Result<(), String> {
-        // one lookup per operand: whether it exists, and who produces it (`u32::MAX`: a trace
-        // argument), gathered before the node moves into the graph
-        let mut unknown = None;
-        let (slot, producer, edges) = (&self.slot, &self.producer, &mut self.operands);
-        edges.clear();
-        n.for_each_operand(&mut |v| match slot.get(v.0) {
-            None => unknown = Some(v),
-            Some(_) => edges.push((v, producer.get(v.0).unwrap_or(u32::MAX))),
-        });
-        if let Some(v) =
-            unknown.or_else(|| n.outputs.iter().copied().find(|v| slot.get(v.0).is_none()))
-        {
-            return Err(format!("node `{}` refers to unknown value {v}", n.op));
-        }
-        let idx = self.t.graph.add_node(n);
-        let me = idx.index() as u32;
-        // by index: the outputs now live in the graph, and copying them out would allocate
-        // per node
-        for k in 0..self.t.graph[idx].outputs.len() {
-            let out = self.t.graph[idx].outputs[k];
-            self.producer.set(out.0, me);
-            if let Some(s) = self.slot.get(out.0) {
-                if let Some((_, v)) = self.t.values.get_index_mut(s as usize) {
-                    v.def = Def::Node(idx, k as u32);
-                }
-            }
-        }
-        for &(v, p) in &self.operands {
-            if p != u32::MAX {
-                self.t
-                    .graph
-                    .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: v });
-            }
-        }
-        self.t.schedule.push(idx);
-        Ok(())
-    }
-
-    pub(crate) fn finish(
-        mut self,
-        order_edges: Vec<(u32, u32)>,
-        ret: Arg,
-        decorators: Vec<String>,
-        provenance: Vec<Provenance>,
-    ) -> Result<Trace, String> {
-        for (a, b) in order_edges {
-            let (Some(&x), Some(&y)) = (
-                self.t.schedule.get(a as usize),
-                self.t.schedule.get(b as usize),
-            ) else {
-                return Err(format!("order edge ({a}, {b}) points past the node list"));
-            };
-            self.t.add_order_edge(x, y);
-        }
-        let mut missing = None;
-        ret.for_each_value(&mut |v| {
-            if self.known(v).is_none() {
-                missing = Some(v);
-            }
-        });
-        if let Some(v) = missing {
-            return Err(format!("return refers to unknown value {v}"));
-        }
-        self.t.ret = ret;
-        self.t.decorators = decorators;
-        self.t.provenance = provenance;
-        Ok(self.t)
-    }
+    r.finish(order_edges, ret, decorators, provenance)
 }
 
 impl TryFrom<TraceRepr> for Trace {
     type Error = String;
     fn try_from(r: TraceRepr) -> Result<Trace, String> {
-        let mut b = Rebuild::new(r.name, r.kind, r.args, r.values, r.nodes.len())?;
+        let mut b = start_rows(r.name, r.kind, r.args, &r.values, r.nodes.len())?;
         for n in r.nodes {
             b.push(n)?;
         }
-        b.finish(r.order_edges, r.ret, r.decorators, r.provenance)
+        finish_rows(
+            b,
+            r.values,
+            r.order_edges,
+            r.ret,
+            r.decorators,
+            r.provenance,
+        )
     }
 }
 
@@ -981,7 +806,7 @@ impl<'de> Deserialize<'de> for Trace {
                     seq.next_element()?.ok_or_else(|| missing("values"))?;
                 let hint = values.0.len();
                 let mut b =
-                    Rebuild::new(name, kind, args, values.0, hint).map_err(A::Error::custom)?;
+                    start_rows(name, kind, args, &values.0, hint).map_err(A::Error::custom)?;
                 seq.next_element_seed(NodesInto(&mut b))?
                     .ok_or_else(|| missing("nodes"))?;
                 let order_edges: Vec<(u32, u32)> =
@@ -991,7 +816,7 @@ impl<'de> Deserialize<'de> for Trace {
                     seq.next_element()?.ok_or_else(|| missing("decorators"))?;
                 let provenance: Vec<Provenance> =
                     seq.next_element()?.ok_or_else(|| missing("provenance"))?;
-                b.finish(order_edges, ret, decorators, provenance)
+                finish_rows(b, values.0, order_edges, ret, decorators, provenance)
                     .map_err(A::Error::custom)
             }
             // self-describing formats (JSON): any field order
