@@ -15,10 +15,11 @@ pub fn canonicalize(t: &mut Trace) {
     // numbered from zero: the names being replaced are not counted
     let mut names = NameGen::from_zero();
     for id in order {
-        let Some(v) = t.value_mut(id) else { continue };
+        let Some(v) = t.value(id) else { continue };
         // generated names (`t12`, `ft3`, `C0`, `i4`) are renumbered
-        if split_numbered(&v.name).is_some() {
-            v.name = names.fresh_for(&v.ty);
+        if split_numbered(v.name).is_some() {
+            let name = names.fresh_for(v.ty);
+            t.set_name(id, &name);
         }
     }
     let mut opaque: HashMap<(String, Option<String>, u32), u32> = HashMap::new();

@@ -16,12 +16,14 @@
 //! count and length read from a blob is checked; a bad one is an error naming what and where.
 
 use crate::arg::{Arg, MAX_NESTING};
+use crate::name_text::NameText;
 use crate::node::{Lhs, Node, SubSymbol};
 use crate::op_name::OpName;
 use crate::rebuild::Rebuild;
 use crate::trace::{Provenance, Trace, TraceKind};
+use crate::type_table::TypeId;
 use crate::types::Type;
-use crate::value::{Name, ValueId};
+use crate::value::ValueId;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
@@ -178,7 +180,9 @@ impl<'a> Blobs<'a> {
             u32::try_from(n)
                 .map_err(|_| format!("{n} {what} do not fit the format's 32-bit counts"))
         };
-        let mut type_index: FxHashMap<&Type, u32> = FxHashMap::default();
+        // trace type handle -> index in the file's table, which lists the types values use
+        // in the order of first use (a trace's table may hold types no value uses any more)
+        let mut type_index = vec![u32::MAX; t.types.len()];
         let mut b = Blobs {
             node_count: count(t.node_count(), "nodes")?,
             types: Vec::new(),
@@ -191,14 +195,16 @@ impl<'a> Blobs<'a> {
             extras: Vec::new(),
         };
         for (id, v) in &t.values {
-            let ty = *type_index.entry(&v.ty).or_insert_with(|| {
-                b.types.push(&v.ty);
-                b.types.len() as u32 - 1
-            });
+            let slot = &mut type_index[v.ty.0 as usize];
+            if *slot == u32::MAX {
+                *slot = b.types.len() as u32;
+                b.types.push(t.types.get(v.ty));
+            }
+            let name = t.names.get(v.name);
             put(&mut b.values, id.0);
-            put(&mut b.values, ty);
-            put(&mut b.values, count(v.name.len(), "name bytes")?);
-            b.names.push_str(&v.name);
+            put(&mut b.values, *slot);
+            put(&mut b.values, count(name.len(), "name bytes")?);
+            b.names.push_str(name);
         }
         // keyed by where the text lives: one entry per built-in op without hashing its name
         // (a user op spelled twice from two places gets two entries, which decode the same)
@@ -506,21 +512,30 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
         ));
     }
     // names and types last (see `Rebuild`)
+    // each type's handle in the trace, and whether it is too large to exist (an error for
+    // the value that has it)
+    let types: Vec<(TypeId, bool)> = c
+        .types
+        .into_iter()
+        .map(|ty| (ty.is_oversized(), ty))
+        .map(|(oversized, ty)| (r.intern_type(ty), oversized))
+        .collect();
+    r.set_names(NameText::from_text(c.names.to_owned()));
     let mut name_at = 0usize;
     for (i, e) in entries().enumerate() {
         let (id, ty, len) = (word(e, 0), word(e, 4) as usize, word(e, 8) as usize);
-        let ty = lookup(&c.types, ty, "type", || format!("value {i}"))?;
-        let name = name_at
-            .checked_add(len)
-            .and_then(|end| c.names.get(name_at..end))
-            .ok_or_else(|| {
-                format!(
-                    "value {i}: name bytes {name_at}..+{len} are not whole characters of the {}-byte `names` text",
-                    c.names.len()
-                )
-            })?;
+        let (ty, oversized) = *lookup(&types, ty, "type", || format!("value {i}"))?;
+        let name = r.name_span(name_at, len).ok_or_else(|| {
+            format!(
+                "value {i}: name bytes {name_at}..+{len} are not whole characters of the {}-byte `names` text",
+                c.names.len()
+            )
+        })?;
         name_at += len;
-        r.push_value(ValueId(id), Name::from(name), ty.clone())?;
+        if oversized {
+            return Err(r.oversized(ValueId(id), name, ty));
+        }
+        r.push_entry(ValueId(id), name, ty)?;
     }
     if name_at != c.names.len() {
         return Err(format!(
@@ -704,7 +719,7 @@ mod tests {
     fn a_name_split_inside_a_character_is_an_error() {
         let mut t = small();
         let t0 = t.values().nth(1).map(|(id, _)| id).expect("t0");
-        t.value_mut(t0).expect("t0").name = "té".into();
+        t.set_name(t0, "té");
         fails_with(
             &t,
             |b| {

@@ -20,6 +20,7 @@ pub mod error;
 pub mod fsio;
 mod meta;
 mod name_table;
+mod name_text;
 pub mod node;
 pub mod op_name;
 pub mod parse;
@@ -30,6 +31,7 @@ mod rebuild;
 pub mod registry;
 pub mod synth;
 pub mod trace;
+mod type_table;
 pub mod types;
 pub mod value;
 pub mod verify;
@@ -47,8 +49,9 @@ pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
 pub use program::{Module, Param, Program, ProgramError};
 pub use registry::{ops, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry};
 pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
+pub use type_table::TypeId;
 pub use types::{
     broadcast_shapes, DType, Device, DeviceKind, Shape, TensorType, Type, MAX_TENSOR_BYTES,
 };
-pub use value::{Def, Name, Value, ValueId, ValueIdMap, ValueIdSet};
+pub use value::{Def, Name, Value, ValueId, ValueIdMap, ValueIdSet, ValueRef};
 pub use verify::{verify, verify_with, Diagnostic, VerifyError};

@@ -197,7 +197,7 @@ fn write_type_comment(out: &mut String, t: &Trace, v: ValueId, depth: usize) {
 /// Appends a value's name (no copy of it is made).
 fn push_name(out: &mut String, t: &Trace, v: ValueId) {
     match t.value(v) {
-        Some(val) => out.push_str(&val.name),
+        Some(val) => out.push_str(val.name),
         None => {
             let _ = write!(out, "<undefined {v}>");
         }
@@ -323,7 +323,7 @@ pub fn py_str(s: &str) -> String {
 pub(crate) fn write_arg(out: &mut String, t: &Trace, a: &Arg) {
     match a {
         Arg::Value(v) => match t.value(*v) {
-            Some(val) => out.push_str(&val.name),
+            Some(val) => out.push_str(val.name),
             None => {
                 let _ = write!(out, "<undefined {v}>");
             }

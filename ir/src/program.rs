@@ -91,7 +91,7 @@ impl Program {
             let v = forward
                 .value(*a)
                 .expect("forward args are in its value table");
-            let Some(fqn) = fqn_from_arg_name(&v.name) else {
+            let Some(fqn) = fqn_from_arg_name(v.name) else {
                 continue;
             };
             let Type::Tensor(tt) = &v.ty else {

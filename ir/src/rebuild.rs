@@ -9,43 +9,21 @@
 //! 1M-node decode.
 
 use crate::arg::Arg;
+use crate::name_text::{NameSpan, NameText};
 use crate::node::{Edge, Node};
 use crate::trace::{decode_budget, growth_room, Provenance, Trace, TraceKind};
+use crate::type_table::TypeId;
 use crate::types::Type;
-use crate::value::{Def, Name, Value, ValueId};
+use crate::value::{Def, Value, ValueId};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 
 pub(crate) struct Rebuild {
     t: Trace,
     slots: Slots,
     /// Per slot (position in the value table), where the value is defined so far.
-    defs: Vec<SlotDef>,
+    defs: Vec<Def>,
     /// Scratch: the operands of the node being pushed, with their producers.
     operands: Vec<(ValueId, u32)>,
-}
-
-/// A definition while rebuilding: [`Def`] in 12 bytes instead of 16.
-#[derive(Clone, Copy)]
-enum SlotDef {
-    Undefined,
-    Arg(u32),
-    Node(u32, u32),
-}
-
-impl SlotDef {
-    fn producer(self) -> u32 {
-        match self {
-            SlotDef::Node(n, _) => n,
-            _ => u32::MAX,
-        }
-    }
-    fn def(self) -> Def {
-        match self {
-            SlotDef::Undefined => Def::Undefined,
-            SlotDef::Arg(i) => Def::Arg(i as usize),
-            SlotDef::Node(n, k) => Def::Node(NodeIndex::new(n as usize), k),
-        }
-    }
 }
 
 /// Value id -> slot.
@@ -129,7 +107,7 @@ impl Rebuild {
         Ok(Rebuild {
             t,
             slots,
-            defs: vec![SlotDef::Undefined; count],
+            defs: vec![Def::Undefined; count],
             operands: Vec::with_capacity(8),
         })
     }
@@ -140,7 +118,7 @@ impl Rebuild {
             let Some(s) = self.slots.get(a) else {
                 return Err(format!("argument {a} is not in the value table"));
             };
-            self.defs[s as usize] = SlotDef::Arg(self.t.args.len() as u32);
+            self.defs[s as usize] = Def::Arg(self.t.args.len() as u32);
             self.t.args.push(a);
         }
         Ok(())
@@ -164,7 +142,13 @@ impl Rebuild {
         edges.clear();
         n.for_each_operand(&mut |v| match slots.get(v) {
             None => unknown = Some(v),
-            Some(s) => edges.push((v, defs[s as usize].producer())),
+            Some(s) => edges.push((
+                v,
+                match defs[s as usize] {
+                    Def::Node(p, _) => p.index() as u32,
+                    _ => u32::MAX,
+                },
+            )),
         });
         if let Some(v) =
             unknown.or_else(|| n.outputs.iter().copied().find(|v| slots.get(*v).is_none()))
@@ -172,13 +156,12 @@ impl Rebuild {
             return Err(format!("node `{}` refers to unknown value {v}", n.op));
         }
         let idx = self.t.graph.add_node(n);
-        let me = idx.index() as u32;
         // by index: the outputs now live in the graph, and copying them out would allocate
         // per node
         for k in 0..self.t.graph[idx].outputs.len() {
             let out = self.t.graph[idx].outputs[k];
             if let Some(s) = self.slots.get(out) {
-                self.defs[s as usize] = SlotDef::Node(me, k as u32);
+                self.defs[s as usize] = Def::Node(idx, k as u32);
             }
         }
         for &(v, p) in &self.operands {
@@ -194,23 +177,55 @@ impl Rebuild {
 
     /// Adds the next entry of the value table, after the nodes: `id` must be the next of the
     /// ids given to [`Rebuild::start`].
-    pub(crate) fn push_value(&mut self, id: ValueId, name: Name, ty: Type) -> Result<(), String> {
+    pub(crate) fn push_value(&mut self, id: ValueId, name: &str, ty: Type) -> Result<(), String> {
+        let oversized = ty.is_oversized();
+        let Some(name) = self.t.names.push(name) else {
+            return Err(format!("value {id}: the names pass 4 GiB"));
+        };
+        let ty = self.t.types.intern(ty);
+        if oversized {
+            return Err(self.oversized(id, name, ty));
+        }
+        self.push_entry(id, name, ty)
+    }
+
+    /// The error for a value whose type is too large to exist.
+    pub(crate) fn oversized(&self, id: ValueId, name: NameSpan, ty: TypeId) -> String {
+        format!(
+            "value {id} (`{}`) has type {}, over {} bytes",
+            self.t.names.get(name),
+            self.t.types.get(ty),
+            crate::types::MAX_TENSOR_BYTES
+        )
+    }
+
+    /// Takes the names of all values at once, laid out back to back in value order: each
+    /// value then names its span with [`Rebuild::push_entry`].
+    pub(crate) fn set_names(&mut self, names: NameText) {
+        self.t.names = names;
+    }
+    /// The span of `len` bytes at `at` of the names given to [`Rebuild::set_names`].
+    pub(crate) fn name_span(&self, at: usize, len: usize) -> Option<NameSpan> {
+        self.t.names.span(at, len)
+    }
+    /// The handle of `ty` in the trace's type table.
+    pub(crate) fn intern_type(&mut self, ty: Type) -> TypeId {
+        self.t.types.intern(ty)
+    }
+
+    /// Adds the next entry of the value table from a name span and a type handle.
+    pub(crate) fn push_entry(
+        &mut self,
+        id: ValueId,
+        name: NameSpan,
+        ty: TypeId,
+    ) -> Result<(), String> {
         let slot = self.t.values.len();
         if self.slots.get(id) != Some(slot as u32) {
             return Err(format!("value {id} is not listed as value {slot}"));
         }
-        if ty.is_oversized() {
-            return Err(format!(
-                "value {id} (`{name}`) has type {ty}, over {} bytes",
-                crate::types::MAX_TENSOR_BYTES
-            ));
-        }
-        let def = self.defs[slot].def();
-        // through the entry: `insert` returns the old value in an `Option` as large as the
-        // value; moving it out and dropping it cost about 8 ns a value (1M-node decode)
-        if let indexmap::map::Entry::Vacant(e) = self.t.values.entry(id) {
-            e.insert(Value { name, ty, def });
-        }
+        let def = self.defs[slot];
+        self.t.values.insert(id, Value { name, ty, def });
         Ok(())
     }
 

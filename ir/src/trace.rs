@@ -1,11 +1,13 @@
 //! The trace: an SSA program as a petgraph DAG plus the schedule that runs it.
 
 use crate::arg::Arg;
+use crate::name_text::{NameSpan, NameText, MAX_NAME_TEXT};
 use crate::node::{Edge, Node};
 use crate::rebuild::Rebuild;
+use crate::type_table::{TypeId, TypeTable};
 use crate::types::Type;
 use crate::value::ValueIdBuildHasher;
-use crate::value::{Def, Name, Value, ValueId};
+use crate::value::{Def, Name, Value, ValueId, ValueRef};
 use indexmap::IndexMap;
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences};
@@ -40,6 +42,10 @@ pub struct Trace {
     pub(crate) graph: StableDiGraph<Node, Edge>,
     pub(crate) schedule: Vec<NodeIndex>,
     pub(crate) values: IndexMap<ValueId, Value, ValueIdBuildHasher>,
+    /// The values' names, back to back (a value holds the span of its name).
+    pub(crate) names: NameText,
+    /// The values' distinct types (a value holds a handle).
+    pub(crate) types: TypeTable,
     pub(crate) next_value: u32,
     /// What a [`NameGen`] would find by scanning every value name, kept up to date as values
     /// are added so that a pass does not scan a million names to make a fresh one; `None` once
@@ -87,6 +93,8 @@ impl Clone for Trace {
             graph,
             schedule,
             values,
+            names: self.names.clone(),
+            types: self.types.clone(),
             next_value: self.next_value,
             name_counters: self.name_counters.clone(),
             ret: self.ret.clone(),
@@ -117,6 +125,8 @@ impl Trace {
             graph: StableDiGraph::new(),
             schedule: Vec::new(),
             values: IndexMap::default(),
+            names: NameText::default(),
+            types: TypeTable::default(),
             next_value: 0,
             name_counters: Some(NameCounters::default()),
             ret: Arg::None,
@@ -154,13 +164,14 @@ impl Trace {
     }
 
     /// Creates a value that is not yet defined; give it to a node's outputs or `push_arg`.
-    pub fn new_value(&mut self, name: impl Into<Name>, ty: Type) -> ValueId {
+    ///
+    /// # Panics
+    /// If the trace's names would pass 4 GiB (files and texts that large are refused when read).
+    pub fn new_value(&mut self, name: impl AsRef<str>, ty: Type) -> ValueId {
         let id = ValueId(self.next_value);
         self.next_value += 1;
-        let name = name.into();
-        if let Some(c) = &mut self.name_counters {
-            c.note(&name);
-        }
+        let name = self.push_name(name.as_ref());
+        let ty = self.types.intern(ty);
         self.values.insert(
             id,
             Value {
@@ -171,14 +182,34 @@ impl Trace {
         );
         id
     }
+    /// Appends a name to the name text (reclaiming unused names first if it is full).
+    fn push_name(&mut self, name: &str) -> NameSpan {
+        if let Some(c) = &mut self.name_counters {
+            c.note(name);
+        }
+        if self.names.len() + name.len() > MAX_NAME_TEXT {
+            self.compact_names();
+        }
+        self.names
+            .push(name)
+            .expect("value names of a trace within 4 GiB")
+    }
+    /// Rewrites the name text with only the names values use.
+    fn compact_names(&mut self) {
+        let (names, moved) = self.names.compacted(self.values.values().map(|v| v.name));
+        for (v, span) in self.values.values_mut().zip(moved) {
+            v.name = span;
+        }
+        self.names = names;
+    }
     /// Appends a trace argument.
-    pub fn push_arg(&mut self, name: impl Into<Name>, ty: Type) -> ValueId {
+    pub fn push_arg(&mut self, name: impl AsRef<str>, ty: Type) -> ValueId {
         let id = self.new_value(name, ty);
         self.push_existing_arg(id);
         id
     }
     pub(crate) fn push_existing_arg(&mut self, id: ValueId) {
-        let pos = self.args.len();
+        let pos = self.args.len() as u32;
         if let Some(v) = self.entry_mut(id) {
             v.def = Def::Arg(pos);
         }
@@ -187,16 +218,37 @@ impl Trace {
     pub fn args(&self) -> &[ValueId] {
         &self.args
     }
-    pub fn value(&self, id: ValueId) -> Option<&Value> {
-        self.entry(id)
+    /// Reads a stored value's name and type out of the trace's tables.
+    fn view(&self, v: &Value) -> ValueRef<'_> {
+        ValueRef {
+            name: self.names.get(v.name),
+            ty: self.types.get(v.ty),
+            def: v.def,
+        }
     }
-    /// A value to change; its name may change, so fresh names are looked for by a scan again.
-    pub fn value_mut(&mut self, id: ValueId) -> Option<&mut Value> {
-        self.name_counters = None;
-        self.entry_mut(id)
+    pub fn value(&self, id: ValueId) -> Option<ValueRef<'_>> {
+        self.entry(id).map(|v| self.view(v))
+    }
+    /// Renames a value.
+    pub fn set_name(&mut self, id: ValueId, name: &str) {
+        let Some(old) = self.entry(id).map(|v| v.name) else {
+            return;
+        };
+        self.names.forget(old);
+        let span = self.push_name(name);
+        if let Some(v) = self.entry_mut(id) {
+            v.name = span;
+        }
+        if self.names.wasteful() {
+            self.compact_names();
+        }
     }
     /// Sets a value's type (its name stays).
     pub fn set_ty(&mut self, id: ValueId, ty: Type) {
+        if self.entry(id).is_none() {
+            return;
+        }
+        let ty = self.types.intern(ty);
         if let Some(v) = self.entry_mut(id) {
             v.ty = ty;
         }
@@ -204,15 +256,23 @@ impl Trace {
     /// The name of a value, or `<undefined %N>` for a dangling handle.
     pub fn name(&self, id: ValueId) -> String {
         match self.entry(id) {
-            Some(v) => v.name.to_string(),
+            Some(v) => self.names.get(v.name).to_string(),
             None => format!("<undefined {id}>"),
         }
     }
-    pub fn ty(&self, id: ValueId) -> Option<&Type> {
-        self.entry(id).map(|v| &v.ty)
+    /// The name of a value.
+    pub fn value_name(&self, id: ValueId) -> Option<&str> {
+        self.entry(id).map(|v| self.names.get(v.name))
     }
-    pub fn values(&self) -> impl Iterator<Item = (ValueId, &Value)> {
-        self.values.iter().map(|(k, v)| (*k, v))
+    pub fn ty(&self, id: ValueId) -> Option<&Type> {
+        self.entry(id).map(|v| self.types.get(v.ty))
+    }
+    /// A type handle's type (see [`Value::type_id`]).
+    pub fn type_of(&self, ty: TypeId) -> &Type {
+        self.types.get(ty)
+    }
+    pub fn values(&self) -> impl Iterator<Item = (ValueId, ValueRef<'_>)> {
+        self.values.iter().map(|(k, v)| (*k, self.view(v)))
     }
     /// One more than the largest value handle ever given out: size of a table indexed by `ValueId.0`.
     pub fn value_bound(&self) -> usize {
@@ -225,7 +285,7 @@ impl Trace {
     pub fn find_value(&self, name: &str) -> Option<ValueId> {
         self.values
             .iter()
-            .find(|(_, v)| v.name == name)
+            .find(|(_, v)| self.names.get(v.name) == name)
             .map(|(k, _)| *k)
     }
     /// The node that defines `id`, if any.
@@ -237,8 +297,18 @@ impl Trace {
     }
     /// Removes values that nothing defines (left over after their producers were removed).
     pub fn purge_undefined_values(&mut self) {
-        self.values.retain(|_, v| v.def != Def::Undefined);
+        let names = &mut self.names;
+        self.values.retain(|_, v| {
+            let keep = v.def != Def::Undefined;
+            if !keep {
+                names.forget(v.name);
+            }
+            keep
+        });
         self.name_counters = None;
+        if self.names.wasteful() {
+            self.compact_names();
+        }
     }
 
     /// Makes room for `nodes` more nodes (and twice as many edges) and `values` more values.
@@ -490,7 +560,7 @@ impl NameGen {
             None => {
                 let mut c = NameCounters::default();
                 for v in trace.values.values() {
-                    c.note(&v.name);
+                    c.note(trace.names.get(v.name));
                 }
                 scanned = c;
                 &scanned
@@ -628,7 +698,7 @@ struct TraceReprRef<'a> {
 }
 
 /// The value table as a sequence of [`ValueRepr`]s.
-struct ValuesRef<'a>(&'a IndexMap<ValueId, Value, ValueIdBuildHasher>);
+struct ValuesRef<'a>(&'a Trace);
 
 #[derive(Serialize)]
 #[serde(rename = "ValueRepr")]
@@ -640,10 +710,10 @@ struct ValueReprRef<'a> {
 
 impl Serialize for ValuesRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|(id, v)| ValueReprRef {
-            id: *id,
-            name: &v.name,
-            ty: &v.ty,
+        s.collect_seq(self.0.values().map(|(id, v)| ValueReprRef {
+            id,
+            name: v.name,
+            ty: v.ty,
         }))
     }
 }
@@ -668,7 +738,7 @@ impl<'a> From<&'a Trace> for TraceReprRef<'a> {
             name: &t.name,
             kind: t.kind,
             args: &t.args,
-            values: ValuesRef(&t.values),
+            values: ValuesRef(t),
             nodes: t.nodes().map(|(_, n)| n).collect(),
             order_edges,
             ret: &t.ret,
@@ -702,7 +772,7 @@ fn finish_rows(
     provenance: Vec<Provenance>,
 ) -> Result<Trace, String> {
     for v in values {
-        r.push_value(v.id, v.name, v.ty)?;
+        r.push_value(v.id, &v.name, v.ty)?;
     }
     r.finish(order_edges, ret, decorators, provenance)
 }
@@ -875,9 +945,8 @@ impl PartialEq for Trace {
         {
             return false;
         }
-        let vname = |t: &Trace, v: ValueId| t.values.get(&v).map(|x| x.name.clone());
-        let same_value = |a: ValueId, b: ValueId| match (self.values.get(&a), other.values.get(&b))
-        {
+        let vname = |t: &Trace, v: ValueId| t.value_name(v).map(Name::from);
+        let same_value = |a: ValueId, b: ValueId| match (self.value(a), other.value(b)) {
             (Some(x), Some(y)) => x.name == y.name && x.ty == y.ty,
             _ => false,
         };
@@ -978,13 +1047,14 @@ mod name_gen_tests {
         assert_eq!(g.fresh("t"), "t13");
         assert_eq!(g.fresh("ft"), "ft3");
         assert_eq!(g.fresh("C"), "C0");
-        // a rename through value_mut makes the next generator scan
+        // a rename is seen too
         let x = t.find_value("x").expect("x exists");
-        if let Some(v) = t.value_mut(x) {
-            v.name = "t99".into();
-        }
-        assert!(t.name_counters.is_none());
+        t.set_name(x, "t99");
         assert_eq!(t.name_gen().fresh("t"), "t100");
+        // and purging makes the next generator scan
+        t.purge_undefined_values();
+        assert!(t.name_counters.is_none());
+        assert_eq!(t.name_gen().fresh("t"), "t0");
         // new values after that are seen too
         t.new_value("t150", f32_scalar());
         assert_eq!(t.name_gen().fresh("t"), "t151");

@@ -1,5 +1,7 @@
 //! SSA values: a name and a type, defined once (a trace argument or one node output).
 
+use crate::name_text::NameSpan;
+use crate::type_table::TypeId;
 use crate::types::Type;
 use petgraph::stable_graph::NodeIndex;
 use serde::{Deserialize, Serialize};
@@ -21,20 +23,22 @@ pub enum Def {
     /// Not defined yet (just created, or its producer was removed).
     Undefined,
     /// The i-th argument of the trace.
-    Arg(usize),
+    Arg(u32),
     /// Output `.1` of node `.0`.
     Node(NodeIndex, u32),
 }
 
-/// A value's printed name. Names up to 24 bytes (all that Thunder and our passes generate:
-/// `t123`, `grad_for_layers_7_weight`) sit inline, so a value allocates nothing for its name.
+/// A name as the API takes and gives it. Names up to 24 bytes (all that Thunder and our passes
+/// generate: `t123`, `grad_for_layers_7_weight`) sit inline, with no allocation.
 pub type Name = compact_str::CompactString;
 
-/// A value: its printed name and its type.
-#[derive(Clone, Debug)]
+/// A value as its trace stores it: where its name and type sit in the trace's name text and
+/// type table, and where it is defined. 24 bytes, and `Copy`: a million-value table is written,
+/// copied and read as plain memory. Read it through [`crate::Trace::value`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Value {
-    pub name: Name,
-    pub ty: Type,
+    pub(crate) name: NameSpan,
+    pub(crate) ty: TypeId,
     pub(crate) def: Def,
 }
 
@@ -42,6 +46,18 @@ impl Value {
     pub fn def(&self) -> Def {
         self.def
     }
+    /// The handle of the value's type in its trace.
+    pub fn type_id(&self) -> TypeId {
+        self.ty
+    }
+}
+
+/// A value read from its trace: its name, type and definition.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ValueRef<'t> {
+    pub name: &'t str,
+    pub ty: &'t Type,
+    pub def: Def,
 }
 
 /// Hasher for [`ValueId`] keys. Ids are small consecutive integers; an ordinary hash scatters

@@ -100,7 +100,7 @@ impl Verifier<'_> {
         let mut names: HashMap<&str, ValueId> = HashMap::default();
         names.reserve(t.value_count());
         for (id, v) in t.values() {
-            if names.insert(v.name.as_str(), id).is_some() {
+            if names.insert(v.name, id).is_some() {
                 self.at_place(
                     "value table",
                     format!("name `{}` is used by two values", v.name),
@@ -138,7 +138,7 @@ impl Verifier<'_> {
         let mut defined = vec![false; n_ids];
         for (i, a) in t.args().iter().enumerate() {
             match t.value(*a) {
-                Some(v) if v.def == Def::Arg(i) => defined[a.0 as usize] = true,
+                Some(v) if v.def == Def::Arg(i as u32) => defined[a.0 as usize] = true,
                 Some(v) => self.at_place(
                     "signature",
                     format!("argument `{}` is not defined as argument {i}", v.name),
@@ -277,7 +277,7 @@ impl Verifier<'_> {
         let mut futures: Vec<(ValueId, &str)> = t
             .values()
             .filter(|(_, v)| v.ty.is_future() && v.def != Def::Undefined)
-            .map(|(id, v)| (id, v.name.as_str()))
+            .map(|(id, v)| (id, v.name))
             .collect();
         futures.sort_unstable();
         for (id, name) in futures {

@@ -277,14 +277,14 @@ impl Pass for Ddp {
         let mut ordered = Vec::with_capacity(grads.len());
         for (i, g) in grads.iter().enumerate() {
             let value = t.value(*g);
-            let slot = match value.map(|v| v.def()) {
+            let slot = match value.map(|v| v.def) {
                 Some(Def::Node(n, _)) => pos
                     .get(n.index())
                     .filter(|p| **p != UNSCHEDULED)
                     .map(|p| *p as usize),
                 _ => None,
             };
-            ordered.push((slot, i, *g, value.map(|v| &v.ty)));
+            ordered.push((slot, i, *g, value.map(|v| v.ty)));
         }
         ordered.sort_by_key(|(slot, i, _, _)| (*slot, *i));
         let slot_of: ValueIdMap<Option<usize>> =

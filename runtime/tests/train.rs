@@ -249,8 +249,10 @@ fn model_f64() -> Model {
     for t in [&mut m.program.forward, &mut m.program.backward] {
         let ids: Vec<_> = t.values().map(|(id, _)| id).collect();
         for id in ids {
-            if let Some(tracepass_ir::Type::Tensor(tt)) = t.value_mut(id).map(|v| &mut v.ty) {
+            if let Some(tracepass_ir::Type::Tensor(tt)) = t.ty(id) {
+                let mut tt = tt.clone();
                 tt.dtype = DType::F64;
+                t.set_ty(id, tracepass_ir::Type::Tensor(tt));
             }
         }
     }
