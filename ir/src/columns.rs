@@ -304,31 +304,41 @@ struct Words<'a> {
     blob: &'static str,
 }
 
+/// The word readers are inlined (called several times per node) and their messages made out
+/// of line, where the hot loop does not carry them.
 impl Words<'_> {
+    #[inline(always)]
     fn next(&mut self) -> Result<u32, String> {
         match self.bytes.get(self.at..self.at + 4) {
             Some(w) => {
                 self.at += 4;
                 Ok(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
             }
-            None => Err(format!(
-                "`{}` blob ends inside a word (byte {} of {})",
-                self.blob,
-                self.at,
-                self.bytes.len()
-            )),
+            None => Err(self.cut()),
         }
     }
+    #[cold]
+    fn cut(&self) -> String {
+        format!(
+            "`{}` blob ends inside a word (byte {} of {})",
+            self.blob,
+            self.at,
+            self.bytes.len()
+        )
+    }
+    #[inline(always)]
     fn next_u64(&mut self) -> Result<u64, String> {
         let lo = self.next()?;
         let hi = self.next()?;
         Ok(u64::from(lo) | u64::from(hi) << 32)
     }
     /// Words left: a bound on how many items a count read from the blob can honestly claim.
+    #[inline(always)]
     fn left(&self) -> usize {
         (self.bytes.len() - self.at.min(self.bytes.len())) / 4
     }
     /// A count read from the blob: one word, checked by [`Words::claim`].
+    #[inline(always)]
     fn count(&mut self, what: &str) -> Result<usize, String> {
         let at = self.at;
         let n = self.next()? as usize;
@@ -336,15 +346,20 @@ impl Words<'_> {
     }
     /// `n`, if that many items (one word each at least) can follow; `at` is where the
     /// count was read.
+    #[inline(always)]
     fn claim(&self, n: usize, what: &str, at: usize) -> Result<usize, String> {
         if n > self.left() {
-            return Err(format!(
-                "`{}` blob: {n} {what} claimed at byte {at}, {} words left",
-                self.blob,
-                self.left()
-            ));
+            return Err(self.overclaim(n, what, at));
         }
         Ok(n)
+    }
+    #[cold]
+    fn overclaim(&self, n: usize, what: &str, at: usize) -> String {
+        format!(
+            "`{}` blob: {n} {what} claimed at byte {at}, {} words left",
+            self.blob,
+            self.left()
+        )
     }
 }
 
@@ -366,8 +381,27 @@ fn lookup<'t, T>(
     })
 }
 
-/// Reads one operand: a tag word, then its payload.
+/// Reads one operand: a tag word, then its payload. Values, numbers and `None` (nearly every
+/// operand) are read inline; anything else by [`read_rare`]. Through a call, each operand came
+/// back in a `Result` through memory, which cost about 12 ms of a 1M-node decode.
+#[inline(always)]
 fn read_arg(w: &mut Words, operands: &[Arg], depth: u32) -> Result<Arg, String> {
+    let at = w.at;
+    Ok(match w.next()? {
+        tag::VALUE => Arg::Value(ValueId(w.next()?)),
+        tag::INT => Arg::Int(w.next_u64()? as i64),
+        tag::FLOAT => Arg::Float(f64::from_bits(w.next_u64()?)),
+        tag::NONE => Arg::None,
+        _ => {
+            w.at = at;
+            read_rare(w, operands, depth)?
+        }
+    })
+}
+
+/// Reads one operand other than a value, a number or `None`.
+#[inline(never)]
+fn read_rare(w: &mut Words, operands: &[Arg], depth: u32) -> Result<Arg, String> {
     let at = w.at;
     Ok(match w.next()? {
         tag::VALUE => Arg::Value(ValueId(w.next()?)),
@@ -455,18 +489,7 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
         let n_out = w.count("outputs")?;
         let mut args = Vec::with_capacity(n_args);
         for _ in 0..n_args {
-            // values and numbers read here: through `read_arg`, each operand is returned in
-            // a `Result` through memory, which cost about 12 ms of a 1M-node decode
-            let at = w.at;
-            args.push(match w.next()? {
-                tag::VALUE => Arg::Value(ValueId(w.next()?)),
-                tag::INT => Arg::Int(w.next_u64()? as i64),
-                tag::FLOAT => Arg::Float(f64::from_bits(w.next_u64()?)),
-                _ => {
-                    w.at = at;
-                    read_arg(&mut w, &c.operands, 1)?
-                }
-            });
+            args.push(read_arg(&mut w, &c.operands, 1)?);
         }
         let mut kwargs = Vec::new();
         if n_kwargs > 0 {
