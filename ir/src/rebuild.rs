@@ -38,8 +38,9 @@ enum Slots {
 }
 
 impl Slots {
-    /// The slots of `ids`, listed in slot order; an id listed twice is an error.
-    fn of(ids: impl Iterator<Item = ValueId> + Clone) -> Result<Slots, String> {
+    /// The slots of `ids`, listed in slot order, with how many there are and one more than
+    /// the largest id (in one pass when the ids are `0..n`); an id listed twice is an error.
+    fn of(ids: impl Iterator<Item = ValueId> + Clone) -> Result<(Slots, usize, u32), String> {
         let mut count = 0usize;
         let mut in_order = true;
         let mut bound = 0usize;
@@ -48,8 +49,9 @@ impl Slots {
             bound = bound.max(id.0 as usize + 1);
             count += 1;
         }
+        let next_value = u32::try_from(bound).unwrap_or(u32::MAX);
         if in_order {
-            return Ok(Slots::Identity(count as u32));
+            return Ok((Slots::Identity(count as u32), count, next_value));
         }
         let mut slots = if bound <= 16 * count + 4096 {
             Slots::Dense(vec![u32::MAX; bound])
@@ -69,7 +71,7 @@ impl Slots {
                 return Err(format!("value {id} is listed twice"));
             }
         }
-        Ok(slots)
+        Ok((slots, count, next_value))
     }
     #[inline]
     fn get(&self, id: ValueId) -> Option<u32> {
@@ -88,17 +90,7 @@ impl Rebuild {
         kind: TraceKind,
         ids: impl Iterator<Item = ValueId> + Clone,
     ) -> Result<Rebuild, String> {
-        let next_value = ids
-            .clone()
-            .map(|v| v.0.saturating_add(1))
-            .max()
-            .unwrap_or(0);
-        let slots = Slots::of(ids)?;
-        let count = match &slots {
-            Slots::Identity(n) => *n as usize,
-            Slots::Dense(v) => v.iter().filter(|s| **s != u32::MAX).count(),
-            Slots::Sparse(m) => m.len(),
-        };
+        let (slots, count, next_value) = Slots::of(ids)?;
         let mut t = Trace::new(name, kind);
         // names are scanned only if a pass asks for fresh ones (decoding stays lean)
         t.name_counters = None;
