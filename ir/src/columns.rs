@@ -16,7 +16,7 @@
 //! count and length read from a blob is checked; a bad one is an error naming what and where.
 
 use crate::arg::{Arg, MAX_NESTING};
-use crate::name_text::NameText;
+use crate::name_text::{NameText, MAX_NAME_TEXT};
 use crate::node::{Lhs, Node, SubSymbol};
 use crate::op_name::OpName;
 use crate::rebuild::Rebuild;
@@ -543,6 +543,12 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
         .map(|ty| (ty.is_oversized(), ty))
         .map(|(oversized, ty)| (r.intern_type(ty), oversized))
         .collect();
+    if c.names.len() > MAX_NAME_TEXT {
+        return Err(format!(
+            "`names` text has {} bytes, over the {MAX_NAME_TEXT} a trace holds",
+            c.names.len()
+        ));
+    }
     r.set_names(NameText::from_text(c.names.to_owned()));
     let mut name_at = 0usize;
     for (i, e) in entries().enumerate() {

@@ -38,6 +38,19 @@ pub fn parse_trace(text: &str) -> Result<Trace, ParseError> {
 
 /// Parses with a given op registry (for traces that use ops registered by the user).
 pub fn parse_trace_with(text: &str, registry: &OpRegistry) -> Result<Trace, ParseError> {
+    // a trace's value names live in one text of at most 4 GiB; a larger text could hold more
+    if text.len() > crate::name_text::MAX_NAME_TEXT {
+        return Err(ParseError {
+            line: 1,
+            col: 1,
+            message: format!(
+                "the text is {} bytes; traces over {} bytes are not read",
+                text.len(),
+                crate::name_text::MAX_NAME_TEXT
+            ),
+            text: String::new(),
+        });
+    }
     Parser::new(text, registry).run()
 }
 

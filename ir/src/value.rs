@@ -35,7 +35,7 @@ pub type Name = compact_str::CompactString;
 /// A value as its trace stores it: where its name and type sit in the trace's name text and
 /// type table, and where it is defined. 24 bytes, and `Copy`: a million-value table is written,
 /// copied and read as plain memory. Read it through [`crate::Trace::value`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub struct Value {
     pub(crate) name: NameSpan,
     pub(crate) ty: TypeId,
