@@ -49,9 +49,8 @@ pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
 pub use program::{Module, Param, Program, ProgramError};
 pub use registry::{ops, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry};
 pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
-pub use type_table::TypeId;
 pub use types::{
     broadcast_shapes, DType, Device, DeviceKind, Shape, TensorType, Type, MAX_TENSOR_BYTES,
 };
-pub use value::{Def, Name, Value, ValueId, ValueIdMap, ValueIdSet, ValueRef};
+pub use value::{Def, Name, ValueId, ValueIdMap, ValueIdSet, ValueRef};
 pub use verify::{verify, verify_with, Diagnostic, VerifyError};

@@ -63,7 +63,9 @@ impl NameText {
         &self,
         spans: impl Iterator<Item = NameSpan>,
     ) -> (NameText, Vec<NameSpan>) {
-        let mut out = NameText::from_text(String::with_capacity(self.text.len() - self.unused));
+        let mut out = NameText::from_text(String::with_capacity(
+            self.text.len().saturating_sub(self.unused),
+        ));
         let moved = spans
             .map(|s| out.push(self.get(s)).expect("a subset of a text that fits"))
             .collect();

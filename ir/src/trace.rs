@@ -4,7 +4,7 @@ use crate::arg::Arg;
 use crate::name_text::{NameSpan, NameText, MAX_NAME_TEXT};
 use crate::node::{Edge, Node};
 use crate::rebuild::Rebuild;
-use crate::type_table::{TypeId, TypeTable};
+use crate::type_table::TypeTable;
 use crate::types::Type;
 use crate::value::ValueIdBuildHasher;
 use crate::value::{Def, Name, Value, ValueId, ValueRef};
@@ -266,10 +266,6 @@ impl Trace {
     }
     pub fn ty(&self, id: ValueId) -> Option<&Type> {
         self.entry(id).map(|v| self.types.get(v.ty))
-    }
-    /// A type handle's type (see [`Value::type_id`]).
-    pub fn type_of(&self, ty: TypeId) -> &Type {
-        self.types.get(ty)
     }
     pub fn values(&self) -> impl Iterator<Item = (ValueId, ValueRef<'_>)> {
         self.values.iter().map(|(k, v)| (*k, self.view(v)))

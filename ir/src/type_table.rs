@@ -8,8 +8,9 @@ use indexmap::IndexSet;
 
 /// Handle of a type in its trace's type table (handles of different traces are unrelated).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TypeId(pub(crate) u32);
+pub(crate) struct TypeId(pub(crate) u32);
 
+/// Types no value has any more (after `set_ty`) stay: a trace has few distinct types.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TypeTable {
     types: IndexSet<Type>,

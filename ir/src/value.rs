@@ -34,22 +34,12 @@ pub type Name = compact_str::CompactString;
 
 /// A value as its trace stores it: where its name and type sit in the trace's name text and
 /// type table, and where it is defined. 24 bytes, and `Copy`: a million-value table is written,
-/// copied and read as plain memory. Read it through [`crate::Trace::value`].
+/// copied and read as plain memory. Read through [`crate::Trace::value`], as a [`ValueRef`].
 #[derive(Clone, Copy, Debug)]
-pub struct Value {
+pub(crate) struct Value {
     pub(crate) name: NameSpan,
     pub(crate) ty: TypeId,
     pub(crate) def: Def,
-}
-
-impl Value {
-    pub fn def(&self) -> Def {
-        self.def
-    }
-    /// The handle of the value's type in its trace.
-    pub fn type_id(&self) -> TypeId {
-        self.ty
-    }
 }
 
 /// A value read from its trace: its name, type and definition.
