@@ -189,8 +189,8 @@ impl<'a> Blobs<'a> {
             ops: Vec::new(),
             keys: Vec::new(),
             values: Vec::with_capacity(12 * t.values.len()),
-            names: String::with_capacity(8 * t.values.len()),
-            nodes: Vec::with_capacity(36 * t.node_count()),
+            names: String::with_capacity(t.names.len()),
+            nodes: Vec::with_capacity(64 * t.node_count()),
             operands: Vec::new(),
             extras: Vec::new(),
         };

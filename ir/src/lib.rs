@@ -9,6 +9,8 @@
 // `expect()` is used only for invariants the code itself established, its message naming the
 // invariant. Everything a user controls (files, options, traces, ranks) returns a typed error.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// Nothing here needs `unsafe`; the speed comes from layout (see `columns`, `rebuild`).
+#![forbid(unsafe_code)]
 
 pub mod arg;
 pub mod builder;
