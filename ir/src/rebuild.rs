@@ -142,20 +142,20 @@ impl Rebuild {
                 },
             )),
         });
-        if let Some(v) =
-            unknown.or_else(|| n.outputs.iter().copied().find(|v| slots.get(*v).is_none()))
-        {
+        if let Some(v) = unknown {
             return Err(format!("node `{}` refers to unknown value {v}", n.op));
         }
-        let idx = self.t.graph.add_node(n);
-        // by index: the outputs now live in the graph, and copying them out would allocate
-        // per node
-        for k in 0..self.t.graph[idx].outputs.len() {
-            let out = self.t.graph[idx].outputs[k];
-            if let Some(s) = self.slots.get(out) {
-                self.defs[s as usize] = Def::Node(idx, k as u32);
-            }
+        // the outputs' definitions, set while the node is at hand: nothing is ever removed
+        // from the graph being rebuilt, so the node's index is the node count
+        let idx = NodeIndex::new(self.t.graph.node_count());
+        for (k, out) in n.outputs.iter().enumerate() {
+            let Some(s) = self.slots.get(*out) else {
+                return Err(format!("node `{}` refers to unknown value {out}", n.op));
+            };
+            self.defs[s as usize] = Def::Node(idx, k as u32);
         }
+        let added = self.t.graph.add_node(n);
+        debug_assert_eq!(added, idx);
         for &(v, p) in &self.operands {
             if p != u32::MAX {
                 self.t
