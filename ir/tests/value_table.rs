@@ -95,3 +95,30 @@ fn a_value_changed_in_a_copy_leaves_the_original_alone() {
     assert_eq!(c.value_name(ids[1]), Some("changed"));
     assert!(t != c);
 }
+
+#[test]
+fn a_trace_with_gaps_in_its_value_ids_round_trips() {
+    // values made and then dropped leave gaps: the decoder maps ids to slots through a table
+    // instead of taking each id as its own slot
+    let (mut t, ids) = args(4);
+    let orphans: Vec<ValueId> = (0..5)
+        .map(|i| t.new_value(format!("gone{i}"), Type::Int(None)))
+        .collect();
+    let y = t.new_value("y", f32(&[1, 4]));
+    t.append(tracepass_ir::Node::new(
+        "ltorch.add",
+        vec![ids[0].into(), ids[3].into()],
+        vec![y],
+    ));
+    t.ret = y.into();
+    t.purge_undefined_values();
+    assert!(orphans.iter().all(|o| t.value(*o).is_none()));
+    let bytes = codec::encode(&Module::Trace(t.clone())).expect("encodes");
+    let Module::Trace(back) = codec::decode(&bytes).expect("decodes") else {
+        panic!("a trace was encoded");
+    };
+    assert!(back == t);
+    assert_eq!(back.value_name(y), Some("y"));
+    assert_eq!(back.ty(y), Some(&f32(&[1, 4])));
+    assert_eq!(back.producer(y), t.producer(y));
+}
