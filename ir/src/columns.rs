@@ -534,15 +534,8 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
             c.nodes.len() - w.at
         ));
     }
-    // names and types last (see `Rebuild`)
-    // each type's handle in the trace, and whether it is too large to exist (an error for
-    // the value that has it)
-    let types: Vec<(TypeId, bool)> = c
-        .types
-        .into_iter()
-        .map(|ty| (ty.is_oversized(), ty))
-        .map(|(oversized, ty)| (r.intern_type(ty), oversized))
-        .collect();
+    // names and types last (see `Rebuild`); each of the file's types as a handle in the trace
+    let types: Vec<TypeId> = c.types.into_iter().map(|ty| r.intern_type(ty)).collect();
     if c.names.len() > MAX_NAME_TEXT {
         return Err(format!(
             "`names` text has {} bytes, over the {MAX_NAME_TEXT} a trace holds",
@@ -553,7 +546,7 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
     let mut name_at = 0usize;
     for (i, e) in entries().enumerate() {
         let (id, ty, len) = (word(e, 0), word(e, 4) as usize, word(e, 8) as usize);
-        let (ty, oversized) = *lookup(&types, ty, "type", || format!("value {i}"))?;
+        let ty = *lookup(&types, ty, "type", || format!("value {i}"))?;
         let name = r.name_span(name_at, len).ok_or_else(|| {
             format!(
                 "value {i}: name bytes {name_at}..+{len} are not whole characters of the {}-byte `names` text",
@@ -561,9 +554,6 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
             )
         })?;
         name_at += len;
-        if oversized {
-            return Err(r.oversized(ValueId(id), name, ty));
-        }
         r.push_entry(ValueId(id), name, ty)?;
     }
     if name_at != c.names.len() {

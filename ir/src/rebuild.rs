@@ -24,6 +24,9 @@ pub(crate) struct Rebuild {
     defs: Vec<Def>,
     /// Scratch: the operands of the node being pushed, with their producers.
     operands: Vec<(ValueId, u32)>,
+    /// Per type handle, whether the type is too large to exist: checked once per type, and
+    /// an error for the first value that has it.
+    oversized: Vec<bool>,
 }
 
 /// Value id -> slot.
@@ -53,24 +56,24 @@ impl Slots {
         if in_order {
             return Ok((Slots::Identity(count as u32), count, next_value));
         }
-        let mut slots = if bound <= 16 * count + 4096 {
-            Slots::Dense(vec![u32::MAX; bound])
-        } else {
-            Slots::Sparse(rustc_hash::FxHashMap::default())
-        };
-        for (i, id) in ids.enumerate() {
-            let fresh = match &mut slots {
-                Slots::Dense(v) => {
-                    let s = &mut v[id.0 as usize];
-                    std::mem::replace(s, i as u32) == u32::MAX
+        let twice = |id: ValueId| format!("value {id} is listed twice");
+        let slots = if bound <= 16 * count + 4096 {
+            let mut v = vec![u32::MAX; bound];
+            for (i, id) in ids.enumerate() {
+                if std::mem::replace(&mut v[id.0 as usize], i as u32) != u32::MAX {
+                    return Err(twice(id));
                 }
-                Slots::Sparse(m) => m.insert(id.0, i as u32).is_none(),
-                Slots::Identity(_) => true,
-            };
-            if !fresh {
-                return Err(format!("value {id} is listed twice"));
             }
-        }
+            Slots::Dense(v)
+        } else {
+            let mut m = rustc_hash::FxHashMap::default();
+            for (i, id) in ids.enumerate() {
+                if m.insert(id.0, i as u32).is_some() {
+                    return Err(twice(id));
+                }
+            }
+            Slots::Sparse(m)
+        };
         Ok((slots, count, next_value))
     }
     #[inline]
@@ -101,6 +104,7 @@ impl Rebuild {
             slots,
             defs: vec![Def::Undefined; count],
             operands: Vec::with_capacity(8),
+            oversized: Vec::new(),
         })
     }
 
@@ -170,25 +174,11 @@ impl Rebuild {
     /// Adds the next entry of the value table, after the nodes: `id` must be the next of the
     /// ids given to [`Rebuild::start`].
     pub(crate) fn push_value(&mut self, id: ValueId, name: &str, ty: Type) -> Result<(), String> {
-        let oversized = ty.is_oversized();
         let Some(name) = self.t.names.push(name) else {
             return Err(format!("value {id}: the names pass 4 GiB"));
         };
-        let ty = self.t.types.intern(ty);
-        if oversized {
-            return Err(self.oversized(id, name, ty));
-        }
+        let ty = self.intern_type(ty);
         self.push_entry(id, name, ty)
-    }
-
-    /// The error for a value whose type is too large to exist.
-    pub(crate) fn oversized(&self, id: ValueId, name: NameSpan, ty: TypeId) -> String {
-        format!(
-            "value {id} (`{}`) has type {}, over {} bytes",
-            self.t.names.get(name),
-            self.t.types.get(ty),
-            crate::types::MAX_TENSOR_BYTES
-        )
     }
 
     /// Takes the names of all values at once, laid out back to back in value order: each
@@ -202,7 +192,12 @@ impl Rebuild {
     }
     /// The handle of `ty` in the trace's type table.
     pub(crate) fn intern_type(&mut self, ty: Type) -> TypeId {
-        self.t.types.intern(ty)
+        let id = self.t.types.intern(ty);
+        // handles are given out in sequence: a new one is the next index
+        if id.0 as usize == self.oversized.len() {
+            self.oversized.push(self.t.types.get(id).is_oversized());
+        }
+        id
     }
 
     /// Adds the next entry of the value table from a name span and a type handle.
@@ -215,6 +210,14 @@ impl Rebuild {
         let slot = self.t.values.len();
         if self.slots.get(id) != Some(slot as u32) {
             return Err(format!("value {id} is not listed as value {slot}"));
+        }
+        if self.oversized.get(ty.0 as usize) == Some(&true) {
+            return Err(format!(
+                "value {id} (`{}`) has type {}, over {} bytes",
+                self.t.names.get(name),
+                self.t.types.get(ty),
+                crate::types::MAX_TENSOR_BYTES
+            ));
         }
         let def = self.defs[slot];
         self.t.values.insert(id, Value { name, ty, def });

@@ -194,6 +194,12 @@ impl Trace {
             .push(name)
             .expect("value names of a trace within 4 GiB")
     }
+    /// Reclaims the names no value uses once they outweigh the rest.
+    fn reclaim_unused_names(&mut self) {
+        if self.names.wasteful() {
+            self.compact_names();
+        }
+    }
     /// Rewrites the name text with only the names values use.
     fn compact_names(&mut self) {
         let (names, moved) = self.names.compacted(self.values.values().map(|v| v.name));
@@ -236,21 +242,19 @@ impl Trace {
         };
         self.names.forget(old);
         let span = self.push_name(name);
+        // looked up again: pushing the name may have compacted the spans
         if let Some(v) = self.entry_mut(id) {
             v.name = span;
         }
-        if self.names.wasteful() {
-            self.compact_names();
-        }
+        self.reclaim_unused_names();
     }
     /// Sets a value's type (its name stays).
     pub fn set_ty(&mut self, id: ValueId, ty: Type) {
-        if self.entry(id).is_none() {
-            return;
-        }
-        let ty = self.types.intern(ty);
-        if let Some(v) = self.entry_mut(id) {
-            v.ty = ty;
+        if let Some(i) = self.position(id) {
+            let ty = self.types.intern(ty);
+            if let Some((_, v)) = self.values.get_index_mut(i) {
+                v.ty = ty;
+            }
         }
     }
     /// The name of a value, or `<undefined %N>` for a dangling handle.
@@ -302,9 +306,7 @@ impl Trace {
             keep
         });
         self.name_counters = None;
-        if self.names.wasteful() {
-            self.compact_names();
-        }
+        self.reclaim_unused_names();
     }
 
     /// Makes room for `nodes` more nodes (and twice as many edges) and `values` more values.

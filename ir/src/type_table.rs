@@ -7,7 +7,7 @@ use crate::types::Type;
 use indexmap::IndexSet;
 
 /// Handle of a type in its trace's type table (handles of different traces are unrelated).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TypeId(pub(crate) u32);
 
 /// Types no value has any more (after `set_ty`) stay: a trace has few distinct types.
