@@ -19,18 +19,22 @@ pub mod codec;
 mod columns;
 pub mod dot;
 pub mod error;
+pub mod export;
 pub mod fsio;
 mod meta;
 mod name_table;
 mod name_text;
 pub mod node;
 pub mod op_name;
+mod op_table;
 pub mod parse;
 pub mod print;
 pub mod program;
+pub mod prologue;
 pub mod pyfloat;
 mod rebuild;
 pub mod registry;
+pub mod signature;
 pub mod synth;
 pub mod trace;
 mod type_table;
@@ -43,13 +47,18 @@ pub use builder::{BuildError, TraceBuilder};
 pub use canon::{canonical_text, canonicalize};
 pub use codec::CodecError;
 pub use error::FileError;
+pub use export::{is_export_dir, load_export, load_export_with, Export, ExportInfo};
 pub use node::{Edge, Lhs, Node, SubSymbol};
 pub use op_name::OpName;
 pub use parse::{parse_trace, parse_trace_with, ParseError};
 pub use petgraph::stable_graph::NodeIndex;
 pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
 pub use program::{Module, Param, Program, ProgramError};
-pub use registry::{ops, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry};
+pub use prologue::{parse_prologue, ModuleTensor, Prologue, TensorKind};
+pub use registry::{
+    ops, DTypeRule, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry, OpSpec, RegistryError,
+};
+pub use signature::{Bound, Signature};
 pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
 pub use types::{
     broadcast_shapes, DType, Device, DeviceKind, Shape, TensorType, Type, MAX_TENSOR_BYTES,

@@ -1,13 +1,14 @@
-//! Meta functions of the built-in ops: output shapes and dtypes from operand types.
+//! The meta-function toolkit: reading operands (by position or by parameter name) and the
+//! shape and dtype rules that many ops share. The ops themselves are declared in `op_table`.
 
 use crate::arg::Arg;
-use crate::registry::{ops, Effect, MetaCx, MetaOut, OpRegistry};
+use crate::registry::{DTypeRule, MetaCx, MetaOut};
 use crate::types::{broadcast_shapes, DType, Device, TensorType, Type};
 
 type R<T> = Result<T, String>;
 
 /// A scalar or tensor operand of an elementwise op.
-enum Operand<'a> {
+pub(crate) enum Operand<'a> {
     Tensor(&'a TensorType),
     Number(Type),
 }
@@ -52,8 +53,8 @@ impl<'a> MetaCx<'a> {
             )),
         }
     }
-    fn operand(&self, i: usize) -> R<Operand<'a>> {
-        let a = self.arg(i)?;
+    pub(crate) fn operand_of(&self, a: &Arg, what: &str) -> R<Operand<'a>> {
+        let i = what;
         if let Arg::Value(v) = a {
             return match self.trace.ty(*v) {
                 Some(Type::Tensor(t)) => Ok(Operand::Tensor(t)),
@@ -61,7 +62,7 @@ impl<'a> MetaCx<'a> {
                     Ok(Operand::Number(t.clone()))
                 }
                 Some(other) => Err(format!(
-                    "{} expects a tensor or number at position {i}, got {other}",
+                    "{} expects a tensor or number at {i}, got {other}",
                     self.op
                 )),
                 None => Err(format!("operand {v} of {} is not defined", self.op)),
@@ -70,14 +71,132 @@ impl<'a> MetaCx<'a> {
         match a {
             Arg::Int(_) | Arg::Float(_) | Arg::Bool(_) => Ok(Operand::Number(self.type_of(a)?)),
             other => Err(format!(
-                "{} expects a tensor or number at position {i}, got {other:?}",
+                "{} expects a tensor or number at {i}, got {other:?}",
                 self.op
             )),
         }
     }
+
+    // ----- operands by parameter name (ops declared with a signature) -----
+
+    /// The operand bound to parameter `name` (or its default); an error when there is none.
+    pub fn param(&self, name: &str) -> R<&Arg> {
+        self.bound
+            .as_ref()
+            .and_then(|b| b.get(name))
+            .ok_or_else(|| format!("{} needs operand `{name}`", self.op))
+    }
+    /// The operand bound to `name`, `None` when absent or Python `None`.
+    pub fn opt(&self, name: &str) -> Option<&Arg> {
+        self.bound
+            .as_ref()
+            .and_then(|b| b.get(name))
+            .filter(|a| !matches!(a, Arg::None))
+    }
+    /// A tensor operand by name.
+    pub fn tensor_param(&self, name: &str) -> R<TensorType> {
+        match self.type_of(self.param(name)?)? {
+            Type::Tensor(t) => Ok(t),
+            other => Err(format!(
+                "{} expects a tensor for `{name}`, got {other}",
+                self.op
+            )),
+        }
+    }
+    /// An optional tensor operand by name.
+    pub fn opt_tensor(&self, name: &str) -> R<Option<TensorType>> {
+        match self.opt(name) {
+            None => Ok(None),
+            Some(_) => self.tensor_param(name).map(Some),
+        }
+    }
+    /// An integer operand by name (a literal, or a value whose type knows it).
+    pub fn int_param(&self, name: &str) -> R<i64> {
+        let a = self.param(name)?;
+        self.known_int(a)
+            .ok_or_else(|| format!("{}: `{name}` must be an integer, got {a:?}", self.op))
+    }
+    fn known_int(&self, a: &Arg) -> Option<i64> {
+        match a {
+            Arg::Value(v) => match self.trace.ty(*v) {
+                Some(Type::Int(Some(i))) => Some(*i),
+                _ => None,
+            },
+            other => other.as_int(),
+        }
+    }
+    /// A number operand by name, when it is known.
+    pub fn f64_param(&self, name: &str) -> Option<f64> {
+        match self.opt(name)? {
+            Arg::Value(v) => match self.trace.ty(*v) {
+                Some(Type::Int(Some(i))) => Some(*i as f64),
+                Some(Type::Float(Some(x))) => Some(*x),
+                _ => None,
+            },
+            other => other.as_f64(),
+        }
+    }
+    /// Integers given as one int, a tuple/list of them, or `*args` collected into a tuple
+    /// (`reshape(t, (2, 3))` and `reshape(t, 2, 3)` read alike).
+    pub fn ints_param(&self, name: &str) -> R<Vec<i64>> {
+        let a = self.param(name)?;
+        let flat = match a {
+            Arg::Tuple(items) | Arg::List(items) if items.len() == 1 => match &items[0] {
+                inner @ (Arg::Tuple(_) | Arg::List(_)) => inner,
+                _ => a,
+            },
+            _ => a,
+        };
+        match flat {
+            Arg::Tuple(items) | Arg::List(items) => items
+                .iter()
+                .map(|x| self.known_int(x))
+                .collect::<Option<Vec<_>>>(),
+            other => self.known_int(other).map(|i| vec![i]),
+        }
+        .ok_or_else(|| format!("{}: `{name}` must be integers, got {a:?}", self.op))
+    }
+    /// A dtype operand by name (`dtype=torch.float32`), if given.
+    pub fn dtype_param(&self, name: &str) -> Option<DType> {
+        match self.opt(name)? {
+            Arg::DType(d, _) => Some(*d),
+            _ => None,
+        }
+    }
+    /// A device operand by name, if given.
+    pub fn device_param(&self, name: &str) -> R<Option<Device>> {
+        match self.opt(name) {
+            None => Ok(None),
+            Some(Arg::Device(d, _)) => Ok(Some(*d)),
+            Some(Arg::Str(s)) => Device::parse(s)
+                .map(Some)
+                .ok_or_else(|| format!("{}: unknown device `{s}`", self.op)),
+            Some(other) => Err(format!("{}: `{name}` is not a device: {other:?}", self.op)),
+        }
+    }
 }
 
-fn promote(a: DType, b: DType) -> DType {
+/// One tensor of `t`'s type.
+pub(crate) fn one(t: TensorType) -> R<MetaOut> {
+    Ok(MetaOut::Types(vec![Type::Tensor(t)]))
+}
+
+/// Several tensors.
+pub(crate) fn many(ts: Vec<TensorType>) -> R<MetaOut> {
+    Ok(MetaOut::Types(ts.into_iter().map(Type::Tensor).collect()))
+}
+
+/// A dimension index for a tensor of rank `rank`, negative counting from the end.
+pub(crate) fn dim_of(cx: &MetaCx, d: i64, rank: usize) -> R<usize> {
+    norm_dim(d, rank, cx.op)
+}
+
+/// The promoted dtype of two tensors of equal priority. f16 and bf16 together give f32, as in
+/// PyTorch; otherwise the higher rank wins.
+pub(crate) fn promote(a: DType, b: DType) -> DType {
+    if (a == DType::F16 && b == DType::BF16) || (a == DType::BF16 && b == DType::F16) {
+        return DType::F32;
+    }
     if a.promotion_rank() >= b.promotion_rank() {
         a
     } else {
@@ -85,118 +204,146 @@ fn promote(a: DType, b: DType) -> DType {
     }
 }
 
-fn elementwise(cx: &MetaCx, arity: usize) -> R<MetaOut> {
-    if cx.args.len() < arity {
-        return Err(format!(
-            "{} takes {arity} operands, got {}",
-            cx.op,
-            cx.args.len()
-        ));
+/// Elementwise over the operands bound to the named parameters (`None` operands skipped);
+/// `shape_only` operands broadcast but take no part in dtype promotion (`where`'s predicate).
+pub(crate) fn ew(cx: &MetaCx, names: &[&str], shape_only: &[&str]) -> R<MetaOut> {
+    let mut operands = Vec::new();
+    let mut extra = Vec::new();
+    for n in names.iter().chain(shape_only) {
+        let Some(a) = cx.opt(n) else { continue };
+        let o = cx.operand_of(a, n)?;
+        if shape_only.contains(n) {
+            extra.push(o);
+        } else {
+            operands.push(o);
+        }
     }
-    let mut result: Option<TensorType> = None;
-    let mut number: Option<Type> = None;
-    for i in 0..arity {
-        match cx.operand(i)? {
-            Operand::Tensor(t) => {
-                result = Some(match result {
-                    None => t.clone(),
-                    Some(r) => {
-                        if r.device != t.device {
-                            return Err(format!(
-                                "{} mixes devices {} and {}",
-                                cx.op, r.device, t.device
-                            ));
-                        }
-                        let shape = broadcast_shapes(&r.shape, &t.shape).ok_or_else(|| {
-                            format!(
-                                "{}: shapes {:?} and {:?} do not broadcast",
-                                cx.op, r.shape, t.shape
-                            )
-                        })?;
-                        TensorType::new(shape, promote(r.dtype, t.dtype), r.device)
-                    }
-                })
-            }
-            Operand::Number(n) => {
-                number = Some(match (number, n) {
-                    (Some(Type::Float(_)), _) | (_, Type::Float(_)) => Type::Float(None),
-                    _ => Type::Int(None),
-                })
+    elementwise_of(cx, &operands, &extra)
+}
+
+fn elementwise_of(cx: &MetaCx, operands: &[Operand], shape_only: &[Operand]) -> R<MetaOut> {
+    let mut shape: Option<Vec<usize>> = None;
+    // the device, and whether it came from a 0-d CPU tensor only
+    let mut device: Option<(Device, bool)> = None;
+    for o in operands.iter().chain(shape_only) {
+        if let Operand::Tensor(t) = o {
+            shape = Some(match shape {
+                None => t.shape.to_vec(),
+                Some(s) => broadcast_shapes(&s, &t.shape).ok_or_else(|| {
+                    format!(
+                        "{}: shapes {:?} and {:?} do not broadcast",
+                        cx.op, s, t.shape
+                    )
+                })?,
+            });
+            // a 0-d CPU tensor may join tensors of any device, as in PyTorch
+            let scalar_cpu = t.shape.is_empty() && t.device == Device::CPU;
+            match device {
+                None => device = Some((t.device, scalar_cpu)),
+                Some((d, _)) if d == t.device => {}
+                Some(_) if scalar_cpu => {}
+                Some((_, true)) => device = Some((t.device, false)),
+                Some((d, false)) => {
+                    return Err(format!("{} mixes devices {} and {}", cx.op, d, t.device))
+                }
             }
         }
     }
-    Ok(MetaOut::Types(vec![match result {
-        Some(t) => Type::Tensor(t),
-        None => number.unwrap_or(Type::Any),
+    let device = device.map(|(d, _)| d);
+    let dtype = result_dtype(operands);
+    let out_dtype = |d: DType| match cx.dtype_rule {
+        DTypeRule::Bool => DType::Bool,
+        DTypeRule::PromoteToFloat if !d.is_float() => DType::F32,
+        _ => d,
+    };
+    Ok(MetaOut::Types(vec![match (shape, device, dtype) {
+        (Some(shape), Some(device), Promoted::Tensor(d)) => {
+            Type::tensor(shape, out_dtype(d), device)
+        }
+        (_, _, Promoted::Number(cat)) => match (cx.dtype_rule, cat) {
+            (DTypeRule::Bool, _) => Type::Bool(None),
+            (DTypeRule::PromoteToFloat, _) | (_, Category::Float) => Type::Float(None),
+            (_, Category::Int) => Type::Int(None),
+            (_, Category::Bool) => Type::Bool(None),
+        },
+        _ => Type::Any,
     }]))
 }
 
-fn unary(cx: &MetaCx) -> R<MetaOut> {
-    elementwise(cx, 1)
+/// Kinds of numbers, in promotion order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Category {
+    Bool,
+    Int,
+    Float,
 }
-fn binary(cx: &MetaCx) -> R<MetaOut> {
-    elementwise(cx, 2)
+
+pub(crate) fn category(d: DType) -> Category {
+    if d == DType::Bool {
+        Category::Bool
+    } else if d.is_float() {
+        Category::Float
+    } else {
+        Category::Int
+    }
 }
-fn identity(cx: &MetaCx) -> R<MetaOut> {
+
+fn number_category(t: &Type) -> Category {
+    match t {
+        Type::Float(_) => Category::Float,
+        Type::Bool(_) => Category::Bool,
+        _ => Category::Int,
+    }
+}
+
+enum Promoted {
+    Tensor(DType),
+    Number(Category),
+}
+
+/// PyTorch's `result_type`: tensors with dimensions outrank 0-d tensors, which outrank Python
+/// numbers; a lower-priority operand changes the result only when its category (bool < int <
+/// float) is higher, and then numbers give the default dtype of their category (f32, i64).
+fn result_dtype(operands: &[Operand]) -> Promoted {
+    let fold = |it: &mut dyn Iterator<Item = DType>| it.reduce(promote);
+    let dims = fold(&mut operands.iter().filter_map(|o| match o {
+        Operand::Tensor(t) if !t.shape.is_empty() => Some(t.dtype),
+        _ => None,
+    }));
+    let zero_dim = fold(&mut operands.iter().filter_map(|o| match o {
+        Operand::Tensor(t) if t.shape.is_empty() => Some(t.dtype),
+        _ => None,
+    }));
+    let numbers = operands
+        .iter()
+        .filter_map(|o| match o {
+            Operand::Number(n) => Some(number_category(n)),
+            _ => None,
+        })
+        .max();
+    let mut result = match (dims, zero_dim) {
+        (Some(d), Some(z)) if category(z) > category(d) => z,
+        (Some(d), _) => d,
+        (None, Some(z)) => z,
+        (None, None) => return Promoted::Number(numbers.unwrap_or(Category::Int)),
+    };
+    if let Some(n) = numbers {
+        if n > category(result) {
+            result = match n {
+                Category::Float => DType::F32,
+                Category::Int => DType::I64,
+                Category::Bool => DType::Bool,
+            };
+        }
+    }
+    Promoted::Tensor(result)
+}
+
+pub(crate) fn identity(cx: &MetaCx) -> R<MetaOut> {
     Ok(MetaOut::Types(vec![Type::Tensor(cx.tensor(0)?)]))
 }
 
-/// Shape arguments given as one tuple or as trailing ints (`reshape(t, -1, 4)`).
-fn shape_args(cx: &MetaCx, from: usize, key: &str) -> R<Vec<i64>> {
-    if cx.args.len() == from + 1 {
-        if let Some(v) = cx.args[from].as_int_list() {
-            return Ok(v);
-        }
-    } else if cx.args.len() > from + 1 {
-        return cx.args[from..]
-            .iter()
-            .map(|a| {
-                a.as_int()
-                    .ok_or_else(|| format!("{}: bad dimension {a:?}", cx.op))
-            })
-            .collect();
-    } else if let Some(v) = cx.kwarg(key).and_then(Arg::as_int_list) {
-        return Ok(v);
-    }
-    Err(format!("{} needs a shape", cx.op))
-}
-
-fn reshape(cx: &MetaCx) -> R<MetaOut> {
-    let t = cx.tensor(0)?;
-    let spec = shape_args(cx, 1, "shape")?;
-    let numel = t.numel();
-    let mut known: usize = 1;
-    let mut infer = None;
-    for (i, d) in spec.iter().enumerate() {
-        match *d {
-            -1 if infer.is_none() => infer = Some(i),
-            d if d >= 0 => {
-                known = known
-                    .checked_mul(d as usize)
-                    .ok_or_else(|| format!("{}: shape {spec:?} is too large", cx.op))?
-            }
-            _ => return Err(format!("{}: invalid shape {spec:?}", cx.op)),
-        }
-    }
-    let mut shape: Vec<usize> = spec.iter().map(|d| (*d).max(0) as usize).collect();
-    if let Some(i) = infer {
-        if known == 0 || numel % known != 0 {
-            return Err(format!(
-                "{}: cannot reshape {:?} to {spec:?}",
-                cx.op, t.shape
-            ));
-        }
-        shape[i] = numel / known;
-    } else if known != numel {
-        return Err(format!(
-            "{}: cannot reshape {:?} ({numel} elements) to {spec:?}",
-            cx.op, t.shape
-        ));
-    }
-    Ok(MetaOut::Types(vec![Type::Tensor(t.with_shape(shape))]))
-}
-
-fn norm_dim(d: i64, rank: usize, op: &str) -> R<usize> {
+pub(crate) fn norm_dim(d: i64, rank: usize, op: &str) -> R<usize> {
     let r = rank as i64;
     let n = if d < 0 { d + r } else { d };
     if n < 0 || n >= r.max(1) {
@@ -205,83 +352,27 @@ fn norm_dim(d: i64, rank: usize, op: &str) -> R<usize> {
     Ok(n as usize)
 }
 
-fn permute(cx: &MetaCx) -> R<MetaOut> {
-    let t = cx.tensor(0)?;
-    let perm = shape_args(cx, 1, "dims")?;
-    if perm.len() != t.shape.len() {
+/// `shape` permuted by `perm`, which must name every dimension once.
+pub(crate) fn permute_dims(op: &str, shape: &[usize], perm: &[i64]) -> R<Vec<usize>> {
+    if perm.len() != shape.len() {
         return Err(format!(
-            "{}: permutation {perm:?} does not match rank {}",
-            cx.op,
-            t.shape.len()
+            "{op}: permutation {perm:?} does not match rank {}",
+            shape.len()
         ));
     }
     let mut seen = vec![false; perm.len()];
-    let mut shape = Vec::with_capacity(perm.len());
-    for d in &perm {
-        let d = norm_dim(*d, t.shape.len(), cx.op)?;
+    let mut out = Vec::with_capacity(perm.len());
+    for d in perm {
+        let d = norm_dim(*d, shape.len(), op)?;
         if std::mem::replace(&mut seen[d], true) {
-            return Err(format!("{}: {perm:?} is not a permutation", cx.op));
+            return Err(format!("{op}: {perm:?} is not a permutation"));
         }
-        shape.push(t.shape[d]);
+        out.push(shape[d]);
     }
-    Ok(MetaOut::Types(vec![Type::Tensor(t.with_shape(shape))]))
+    Ok(out)
 }
 
-fn transpose2(cx: &MetaCx) -> R<MetaOut> {
-    let t = cx.tensor(0)?;
-    let rank = t.shape.len();
-    let a = norm_dim(
-        cx.arg(1)?.as_int().ok_or("transpose: bad dim")?,
-        rank,
-        cx.op,
-    )?;
-    let b = norm_dim(
-        cx.arg(2)?.as_int().ok_or("transpose: bad dim")?,
-        rank,
-        cx.op,
-    )?;
-    let mut shape = t.shape.clone();
-    shape.swap(a, b);
-    Ok(MetaOut::Types(vec![Type::Tensor(t.with_shape(shape))]))
-}
-
-/// Reduction dims: None means all.
-fn reduction(cx: &MetaCx) -> R<MetaOut> {
-    let t = cx.tensor(0)?;
-    let rank = t.shape.len();
-    let dims = match cx.arg_or_kwarg(1, "dim") {
-        None | Some(Arg::None) => (0..rank).collect::<Vec<_>>(),
-        Some(a) => a
-            .as_int_list()
-            .ok_or_else(|| format!("{}: bad dims {a:?}", cx.op))?
-            .into_iter()
-            .map(|d| norm_dim(d, rank, cx.op))
-            .collect::<R<Vec<_>>>()?,
-    };
-    let keepdim = match cx.arg_or_kwarg(2, "keepdim") {
-        Some(Arg::Bool(b)) => *b,
-        _ => false,
-    };
-    let mut dtype = t.dtype;
-    if let Some(Arg::DType(d, _)) = cx.arg_or_kwarg(3, "dtype") {
-        dtype = *d;
-    }
-    let shape: Vec<usize> = t
-        .shape
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            if dims.contains(&i) {
-                keepdim.then_some(1)
-            } else {
-                Some(*s)
-            }
-        })
-        .collect();
-    Ok(MetaOut::Types(vec![Type::tensor(shape, dtype, t.device)]))
-}
-
-fn matmul_shapes(op: &str, a: &[usize], b: &[usize]) -> R<Vec<usize>> {
+pub(crate) fn matmul_shapes(op: &str, a: &[usize], b: &[usize]) -> R<Vec<usize>> {
     let err = || format!("{op}: shapes {a:?} and {b:?} do not multiply");
     match (a.len(), b.len()) {
         (0, _) | (_, 0) => Err(err()),
@@ -315,7 +406,7 @@ fn matmul_shapes(op: &str, a: &[usize], b: &[usize]) -> R<Vec<usize>> {
     }
 }
 
-fn same_dtype_device(op: &str, a: &TensorType, b: &TensorType) -> R<()> {
+pub(crate) fn same_dtype_device(op: &str, a: &TensorType, b: &TensorType) -> R<()> {
     if a.dtype != b.dtype || a.device != b.device {
         return Err(format!(
             "{op}: operands differ in dtype or device ({} {} vs {} {})",
@@ -325,7 +416,7 @@ fn same_dtype_device(op: &str, a: &TensorType, b: &TensorType) -> R<()> {
     Ok(())
 }
 
-fn matmul(cx: &MetaCx) -> R<MetaOut> {
+pub(crate) fn matmul(cx: &MetaCx) -> R<MetaOut> {
     let a = cx.tensor(0)?;
     let b = cx.tensor(1)?;
     same_dtype_device(cx.op, &a, &b)?;
@@ -333,7 +424,7 @@ fn matmul(cx: &MetaCx) -> R<MetaOut> {
     Ok(MetaOut::Types(vec![Type::Tensor(a.with_shape(shape))]))
 }
 
-fn linear(cx: &MetaCx) -> R<MetaOut> {
+pub(crate) fn linear(cx: &MetaCx) -> R<MetaOut> {
     let x = cx.tensor(0)?;
     let w = cx.tensor(1)?;
     same_dtype_device(cx.op, &x, &w)?;
@@ -369,7 +460,7 @@ fn linear(cx: &MetaCx) -> R<MetaOut> {
 }
 
 /// `ltorch.to(t, dtype?, device?, ...)` / `prims.convert_element_type(t, dtype)`.
-fn convert(cx: &MetaCx) -> R<MetaOut> {
+pub(crate) fn convert(cx: &MetaCx) -> R<MetaOut> {
     let mut t = cx.tensor(0)?;
     for a in cx.args[1..].iter().chain(cx.kwargs.iter().map(|(_, a)| a)) {
         match a {
@@ -381,29 +472,19 @@ fn convert(cx: &MetaCx) -> R<MetaOut> {
     Ok(MetaOut::Types(vec![Type::Tensor(t)]))
 }
 
-fn softmax_like(cx: &MetaCx) -> R<MetaOut> {
-    let t = cx.tensor(0)?;
-    let dim = cx
-        .arg_or_kwarg(1, "dim")
-        .and_then(Arg::as_int)
-        .ok_or_else(|| format!("{} needs a dim", cx.op))?;
-    norm_dim(dim, t.shape.len(), cx.op)?;
-    Ok(MetaOut::Types(vec![Type::Tensor(t)]))
-}
-
-fn declared(_: &MetaCx) -> R<MetaOut> {
+pub(crate) fn declared(_: &MetaCx) -> R<MetaOut> {
     Ok(MetaOut::Declared)
 }
-fn no_outputs(_: &MetaCx) -> R<MetaOut> {
+pub(crate) fn no_outputs(_: &MetaCx) -> R<MetaOut> {
     Ok(MetaOut::Types(Vec::new()))
 }
 
-fn all_reduce(cx: &MetaCx) -> R<MetaOut> {
+pub(crate) fn all_reduce(cx: &MetaCx) -> R<MetaOut> {
     let t = cx.tensor(0)?;
     Ok(MetaOut::Types(vec![Type::Future(t)]))
 }
 
-fn wait(cx: &MetaCx) -> R<MetaOut> {
+pub(crate) fn wait(cx: &MetaCx) -> R<MetaOut> {
     match cx.type_of(cx.arg(0)?)? {
         Type::Future(t) => Ok(MetaOut::Types(vec![Type::Tensor(t)])),
         other => Err(format!("{} expects a future, got {other}", cx.op)),
@@ -411,7 +492,7 @@ fn wait(cx: &MetaCx) -> R<MetaOut> {
 }
 
 /// Members of a bucket given as a list/tuple of tensors.
-fn tensor_list(cx: &MetaCx, i: usize) -> R<Vec<TensorType>> {
+pub(crate) fn tensor_list(cx: &MetaCx, i: usize) -> R<Vec<TensorType>> {
     let items = cx
         .arg(i)?
         .as_seq()
@@ -419,7 +500,7 @@ fn tensor_list(cx: &MetaCx, i: usize) -> R<Vec<TensorType>> {
     items.iter().map(|a| cx.tensor_arg(a, i)).collect()
 }
 
-fn common_kind(op: &str, ts: &[TensorType]) -> R<(DType, Device)> {
+pub(crate) fn common_kind(op: &str, ts: &[TensorType]) -> R<(DType, Device)> {
     let first = ts.first().ok_or_else(|| format!("{op}: empty bucket"))?;
     for t in ts {
         if t.dtype != first.dtype || t.device != first.device {
@@ -432,7 +513,7 @@ fn common_kind(op: &str, ts: &[TensorType]) -> R<(DType, Device)> {
     Ok((first.dtype, first.device))
 }
 
-fn bucket_pack(cx: &MetaCx) -> R<MetaOut> {
+pub(crate) fn bucket_pack(cx: &MetaCx) -> R<MetaOut> {
     let members = tensor_list(cx, 0)?;
     let (dtype, device) = common_kind(cx.op, &members)?;
     let numel = members
@@ -447,7 +528,7 @@ fn bucket_pack(cx: &MetaCx) -> R<MetaOut> {
 }
 
 /// `dist.unpack(buf, shapes=((..), ..), ...)` (ours) or `(buf, [templates], key)` (Thunder's).
-fn unpack(cx: &MetaCx) -> R<MetaOut> {
+pub(crate) fn unpack(cx: &MetaCx) -> R<MetaOut> {
     let buf = cx.tensor(0)?;
     let outs: Vec<TensorType> = if let Some(shapes) = cx.kwarg("shapes") {
         shapes
@@ -483,118 +564,4 @@ fn unpack(cx: &MetaCx) -> R<MetaOut> {
         ));
     }
     Ok(MetaOut::Types(outs.into_iter().map(Type::Tensor).collect()))
-}
-
-/// Registers the built-in ops and Thunder's spellings of them.
-pub(crate) fn register_builtins(r: &mut OpRegistry) {
-    use Effect::*;
-    let binaries = [
-        "add",
-        "sub",
-        "mul",
-        "div",
-        "true_divide",
-        "pow",
-        "maximum",
-        "minimum",
-        "atan2",
-        "eq",
-        "ne",
-        "lt",
-        "le",
-        "gt",
-        "ge",
-    ];
-    let unaries = [
-        "tanh",
-        "exp",
-        "log",
-        "neg",
-        "abs",
-        "sqrt",
-        "rsqrt",
-        "sigmoid",
-        "relu",
-        "erf",
-        "sin",
-        "cos",
-        "reciprocal",
-        "sign",
-        "log1p",
-        "expm1",
-        "gelu",
-    ];
-    for ns in ["prims", "ltorch"] {
-        for b in binaries {
-            r.register(format!("{ns}.{b}"), Pure, binary);
-        }
-        for u in unaries {
-            r.register(format!("{ns}.{u}"), Pure, unary);
-        }
-        r.register(format!("{ns}.reshape"), Pure, reshape);
-        r.register(format!("{ns}.linear"), Pure, linear);
-        r.register(format!("{ns}.matmul"), Pure, matmul);
-        r.register(format!("{ns}.sum"), Pure, reduction);
-        r.register(format!("{ns}.mean"), Pure, reduction);
-        r.register(format!("{ns}.amax"), Pure, reduction);
-    }
-    r.register("prims.where", Pure, |cx| elementwise(cx, 3));
-    r.register("ltorch.where", Pure, |cx| elementwise(cx, 3));
-    r.register("prims.transpose", Pure, permute);
-    r.register("ltorch.permute", Pure, permute);
-    r.register("ltorch.view", Pure, reshape);
-    r.register("ltorch.transpose", Pure, transpose2);
-    r.register("prims.shallow_copy", Pure, identity);
-    r.register("ltorch.contiguous", Pure, identity);
-    r.register("prims.get_grad", Pure, identity);
-    r.register("ltorch.to", Pure, convert);
-    r.register("prims.convert_element_type", Pure, convert);
-    r.register("ltorch.softmax", Pure, softmax_like);
-    r.register("ltorch.log_softmax", Pure, softmax_like);
-    r.register(ops::UNPACK_SEQUENCE, Pure, declared);
-    r.register(ops::CLEAR_COLLECTION, SideEffect, no_outputs);
-    r.register(ops::ALL_REDUCE, Collective, all_reduce);
-    r.register(ops::WAIT, Collective, wait);
-    r.register(ops::BUCKET_PACK, Pure, bucket_pack);
-    r.register(ops::UNPACK, Pure, unpack);
-    r.register(ops::UPDATE_BUCKET_VIEW, Pure, identity);
-
-    for b in binaries.iter().chain(unaries.iter()).chain(
-        [
-            "reshape",
-            "linear",
-            "matmul",
-            "sum",
-            "mean",
-            "amax",
-            "where",
-            "permute",
-            "view",
-            "transpose",
-            "contiguous",
-            "to",
-            "softmax",
-            "log_softmax",
-        ]
-        .iter(),
-    ) {
-        r.alias(format!("torch.{b}"), format!("ltorch.{b}"));
-    }
-    for f in ["linear", "softmax", "log_softmax", "gelu", "relu"] {
-        r.alias(format!("torch.nn.functional.{f}"), format!("ltorch.{f}"));
-    }
-    r.alias("torch.Tensor.to", "ltorch.to");
-    r.alias("shallow_copy", "prims.shallow_copy");
-    r.alias("unpack_sequence", ops::UNPACK_SEQUENCE);
-    r.alias("clear_mutable_collection", ops::CLEAR_COLLECTION);
-    for (thunder, ours) in [
-        ("all_reduce", ops::ALL_REDUCE),
-        ("wait", ops::WAIT),
-        ("pack", ops::BUCKET_PACK),
-        ("unpack", ops::UNPACK),
-        ("update_bucket_view", ops::UPDATE_BUCKET_VIEW),
-    ] {
-        r.alias(format!("torch_{thunder}_prim_impl"), ours);
-        r.alias(format!("thunder.distributed.prims.{thunder}"), ours);
-    }
 }

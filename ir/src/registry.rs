@@ -3,8 +3,9 @@
 //! register their own ops on a registry of their own.
 
 use crate::arg::Arg;
-use crate::meta;
 use crate::op_name::OpName;
+use crate::op_table;
+use crate::signature::{Bound, Signature};
 use crate::trace::Trace;
 use crate::types::Type;
 use rustc_hash::FxHashMap as HashMap;
@@ -21,6 +22,9 @@ pub mod ops {
     pub const UNPACK_SEQUENCE: &str = "prims.unpack_sequence";
     pub const CLEAR_COLLECTION: &str = "python.clear_mutable_collection";
     pub const TRUE_DIVIDE: &str = "ltorch.true_divide";
+    pub const ADD: &str = "ltorch.add";
+    pub const COPY: &str = "python.copy_";
+    pub const UPDATE_ALIASES: &str = "python.update_aliases";
 }
 
 /// What running an op does besides computing its outputs.
@@ -30,8 +34,28 @@ pub enum Effect {
     Pure,
     /// Communicates with other ranks: every rank must run the same collectives in the same order.
     Collective,
-    /// Changes state outside its outputs (clears a collection, writes a file).
+    /// Changes state outside its outputs (clears a collection, copies into a buffer, an op
+    /// nobody registered): kept, and kept in order.
     SideEffect,
+    /// Draws random numbers: two calls with equal operands differ, so never merged or dropped.
+    Random,
+}
+
+/// How an op's output dtype follows from its operands (what elementwise metas apply).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DTypeRule {
+    /// PyTorch's type promotion over tensors and numbers (`add`, `mul`, `where`).
+    Promote,
+    /// Promotion, then integers and booleans become the default float (`true_divide`, `exp`).
+    PromoteToFloat,
+    /// Always `b8` (`eq`, `lt`, `isnan`, `logical_and`).
+    Bool,
+    /// The dtype of the first tensor operand (`reshape`, `expand`).
+    First,
+    /// The `dtype=` operand (`arange`, `full`, `uniform`), else the op's own default.
+    Operand,
+    /// The meta function decides on its own.
+    Meta,
 }
 
 /// What an op's meta function concludes about its outputs.
@@ -39,7 +63,8 @@ pub enum Effect {
 pub enum MetaOut {
     /// Exactly these output types.
     Types(Vec<Type>),
-    /// Outputs cannot be inferred from operands (sequence unpacking); declared types are trusted.
+    /// Outputs cannot be inferred from operands (sequence unpacking, unregistered ops); declared
+    /// types are trusted.
     Declared,
 }
 
@@ -49,16 +74,38 @@ pub struct MetaCx<'a> {
     pub args: &'a [Arg],
     pub kwargs: &'a [(String, Arg)],
     pub trace: &'a Trace,
+    /// The operands bound to the op's signature (`None` for ops declared without one).
+    pub bound: Option<Bound<'a>>,
+    pub dtype_rule: DTypeRule,
 }
 
 /// Shape and dtype inference: an error message on bad operands.
 pub type MetaFn = fn(&MetaCx) -> Result<MetaOut, String>;
 
-/// One op's declaration.
+/// One op of the table, as written in the source: everything about it in one place.
+pub struct OpSpec {
+    /// Canonical name: `prims.*` (primitives), `ltorch.*` (torch-level ops), `dist.*`
+    /// (communication), `python.*` (collection plumbing).
+    pub name: &'static str,
+    /// Every other name Thunder prints for it (`torch.mul`, `Tensor.expand`,
+    /// `torch_pad_prim_impl`, `torch.nn.functional.silu`).
+    pub spellings: &'static [&'static str],
+    pub effect: Effect,
+    /// Python-style parameter list: `"a, dim=None, keepdim=False, *, dtype=None"`.
+    pub signature: &'static str,
+    pub dtype: DTypeRule,
+    pub meta: MetaFn,
+}
+
+/// One op's declaration, as the registry holds it.
 #[derive(Clone)]
 pub struct OpDef {
     pub name: String,
+    pub spellings: Vec<String>,
     pub effect: Effect,
+    /// `None`: any operands are accepted (ops registered with [`OpRegistry::register`]).
+    pub signature: Option<Signature>,
+    pub dtype: DTypeRule,
     pub meta: MetaFn,
 }
 
@@ -82,6 +129,20 @@ impl EffectCache<'_> {
 pub struct OpRegistry {
     ops: HashMap<String, OpDef>,
     aliases: HashMap<String, String>,
+    allow_unregistered: bool,
+}
+
+/// Why a declaration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("op `{op}`: bad signature: {message}")]
+    Signature { op: String, message: String },
+    #[error("`{spelling}` already names `{existing}`; it cannot also name `{op}`")]
+    SpellingTaken {
+        spelling: String,
+        existing: String,
+        op: String,
+    },
 }
 
 impl OpRegistry {
@@ -102,19 +163,85 @@ impl OpRegistry {
             .map(|(k, _)| k.as_str())
             .or_else(|| self.aliases.get_key_value(name).map(|(k, _)| k.as_str()))
     }
+    /// The built-in registry that keeps unknown ops as opaque nodes (`--allow-unregistered`).
+    pub fn builtin_allowing_unregistered() -> &'static OpRegistry {
+        static REG: OnceLock<OpRegistry> = OnceLock::new();
+        REG.get_or_init(|| OpRegistry::with_builtins().allowing_unregistered(true))
+    }
     /// A fresh registry with the built-in ops, to extend with `register`.
     pub fn with_builtins() -> OpRegistry {
         let mut r = OpRegistry::empty();
-        meta::register_builtins(&mut r);
+        for spec in op_table::all() {
+            if let Err(e) = r.declare(spec) {
+                // the table is source code; `builtin_table_registers` tests it
+                panic!("built-in op table: {e}");
+            }
+        }
         r
     }
+    /// Whether ops outside the registry are kept as opaque nodes (their declared types
+    /// trusted, ordered as side effects) instead of refused.
+    pub fn allowing_unregistered(mut self, allow: bool) -> OpRegistry {
+        self.allow_unregistered = allow;
+        self
+    }
+    pub fn allows_unregistered(&self) -> bool {
+        self.allow_unregistered
+    }
+    /// Declares an op from its table entry: name, spellings, effect, signature, dtype rule, meta.
+    pub fn declare(&mut self, spec: &OpSpec) -> Result<(), RegistryError> {
+        let signature =
+            Signature::parse(spec.signature).map_err(|message| RegistryError::Signature {
+                op: spec.name.to_string(),
+                message,
+            })?;
+        for sp in spec.spellings {
+            if let Some(existing) = self.resolve(sp).filter(|e| *e != spec.name) {
+                return Err(RegistryError::SpellingTaken {
+                    spelling: sp.to_string(),
+                    existing: existing.to_string(),
+                    op: spec.name.to_string(),
+                });
+            }
+        }
+        self.ops.insert(
+            spec.name.to_string(),
+            OpDef {
+                name: spec.name.to_string(),
+                spellings: spec.spellings.iter().map(|s| s.to_string()).collect(),
+                effect: spec.effect,
+                signature: Some(signature),
+                dtype: spec.dtype,
+                meta: spec.meta,
+            },
+        );
+        for sp in spec.spellings {
+            self.aliases.insert(sp.to_string(), spec.name.to_string());
+        }
+        Ok(())
+    }
+    /// Registers an op without a signature (any operands) and the meta rule `Meta`.
     pub fn register(&mut self, name: impl Into<String>, effect: Effect, meta: MetaFn) {
         let name = name.into();
-        self.ops.insert(name.clone(), OpDef { name, effect, meta });
+        self.ops.insert(
+            name.clone(),
+            OpDef {
+                name,
+                spellings: Vec::new(),
+                effect,
+                signature: None,
+                dtype: DTypeRule::Meta,
+                meta,
+            },
+        );
     }
     /// Makes `spelling` another name of the canonical op `canonical`.
     pub fn alias(&mut self, spelling: impl Into<String>, canonical: impl Into<String>) {
-        self.aliases.insert(spelling.into(), canonical.into());
+        let (spelling, canonical) = (spelling.into(), canonical.into());
+        if let Some(def) = self.ops.get_mut(&canonical) {
+            def.spellings.push(spelling.clone());
+        }
+        self.aliases.insert(spelling, canonical);
     }
     /// The canonical name for a printed callee, if known.
     pub fn resolve<'a>(&'a self, callee: &'a str) -> Option<&'a str> {
@@ -125,6 +252,12 @@ impl OpRegistry {
     }
     pub fn get(&self, name: &str) -> Option<&OpDef> {
         self.ops.get(name)
+    }
+    /// Every op's declaration, sorted by canonical name.
+    pub fn defs(&self) -> Vec<&OpDef> {
+        let mut v: Vec<&OpDef> = self.ops.values().collect();
+        v.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        v
     }
     pub fn effect(&self, name: &str) -> Effect {
         self.get(name).map_or(Effect::SideEffect, |d| d.effect)
@@ -150,12 +283,26 @@ impl OpRegistry {
         args: &[Arg],
         kwargs: &[(String, Arg)],
     ) -> Result<MetaOut, String> {
-        let def = self.get(op).ok_or_else(|| format!("unknown op `{op}`"))?;
+        let Some(def) = self.get(op) else {
+            if self.allow_unregistered {
+                return Ok(MetaOut::Declared);
+            }
+            return Err(format!("unknown op `{op}`"));
+        };
+        let bound = match &def.signature {
+            Some(sig) => Some(
+                sig.bind(args, kwargs)
+                    .map_err(|m| format!("{op}({sig}) {m}"))?,
+            ),
+            None => None,
+        };
         (def.meta)(&MetaCx {
             op,
             args,
             kwargs,
             trace,
+            bound,
+            dtype_rule: def.dtype,
         })
     }
 }

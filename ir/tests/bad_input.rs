@@ -28,8 +28,36 @@ fn good_trace_parses() {
 fn unknown_op_names_line_and_column() {
     let e = parse_err(&GOOD.replace("ltorch.tanh(t0)", "ltorch.frobnicate(t0)"));
     assert_eq!((e.line, e.col), (8, 8));
-    assert_eq!(e.message, "unknown op `ltorch.frobnicate`");
+    assert_eq!(
+        e.message,
+        "1 unknown op: `ltorch.frobnicate` (line 8) (register them, or pass \
+         --allow-unregistered to keep them as opaque nodes)"
+    );
     assert!(e.to_string().contains("t1 = ltorch.frobnicate(t0)"));
+}
+
+#[test]
+fn every_unknown_op_is_listed_at_once() {
+    let text = GOOD
+        .replace("ltorch.tanh(t0)", "ltorch.frobnicate(t0)")
+        .replace("ltorch.linear(", "torch.wibble(");
+    let e = parse_err(&text);
+    assert!(
+        e.message
+            .starts_with("2 unknown ops: `torch.wibble` (line 7), `ltorch.frobnicate` (line 8)"),
+        "{}",
+        e.message
+    );
+    // kept as opaque nodes when allowed: declared types are trusted
+    let reg = tracepass_ir::OpRegistry::builtin_allowing_unregistered();
+    let t = tracepass_ir::parse_trace_with(&text, reg).unwrap();
+    assert!(t.nodes().any(|(_, n)| n.op == "ltorch.frobnicate"));
+    assert_eq!(
+        reg.effect("ltorch.frobnicate"),
+        tracepass_ir::Effect::SideEffect
+    );
+    tracepass_ir::verify_with(&t, reg).unwrap();
+    assert!(tracepass_ir::verify(&t).is_err());
 }
 
 #[test]
@@ -197,7 +225,7 @@ fn binary_wrong_version() {
     b[8] = 99;
     assert_eq!(
         codec::decode(&b).unwrap_err().to_string(),
-        "unsupported format version 99 (this build reads versions 1 to 2)"
+        "unsupported format version 99 (this build reads versions 1 to 3)"
     );
 }
 
@@ -258,7 +286,7 @@ fn files_name_the_path() {
     std::fs::write(&p, GOOD.replace("ltorch.tanh", "ltorch.nope")).unwrap();
     let e = fsio::load(&p).unwrap_err().to_string();
     assert!(
-        e.contains("bad.trace: line 8, column 8: unknown op `ltorch.nope`"),
+        e.contains("bad.trace: line 8, column 8: 1 unknown op: `ltorch.nope` (line 8)"),
         "{e}"
     );
     let p = dir.path().join("bad.json");

@@ -1,0 +1,54 @@
+//! The op table: every op tracepass knows, declared once: canonical name, every spelling Thunder
+//! prints, effect, signature, dtype rule and meta function. Adding an op is adding one entry to
+//! the file of its kind; the registry, the parser, the verifier and the printer all read from here.
+//!
+//! Canonical namespaces: `prims.*` (Thunder's primitives), `ltorch.*` (torch-level ops),
+//! `dist.*` (communication), `python.*` (collection plumbing and in-place updates). Spellings
+//! come from Thunder 0.2.6's torch executor (`thunder/executors/torchex.py`): `torch.X`,
+//! `Tensor.X`, `torch.nn.functional.X`, `torch_X_prim_impl`, and the bare operator names it
+//! registers (`uniform`, `copy_`, `max_pool2d_with_indices`).
+
+mod creation;
+mod dist;
+mod elementwise;
+mod nn;
+mod python;
+mod reduction;
+mod shape;
+
+use crate::registry::{DTypeRule, Effect, MetaFn, OpSpec};
+
+/// Every entry of the table.
+pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
+    [
+        elementwise::PARTS,
+        shape::PARTS,
+        reduction::PARTS,
+        nn::PARTS,
+        creation::PARTS,
+        python::PARTS,
+        dist::PARTS,
+    ]
+    .into_iter()
+    .flatten()
+    .flat_map(|part| part.iter())
+}
+
+/// An entry, written on one line per op.
+pub(crate) const fn op(
+    name: &'static str,
+    spellings: &'static [&'static str],
+    effect: Effect,
+    signature: &'static str,
+    dtype: DTypeRule,
+    meta: MetaFn,
+) -> OpSpec {
+    OpSpec {
+        name,
+        spellings,
+        effect,
+        signature,
+        dtype,
+        meta,
+    }
+}
