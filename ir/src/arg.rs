@@ -72,7 +72,7 @@ pub enum Arg {
     None,
     Bool(bool),
     Int(i64),
-    Float(f64),
+    Float(#[serde(serialize_with = "float_text::serialize")] f64),
     Str(String),
     Tuple(Vec<Arg>),
     List(Vec<Arg>),
@@ -81,6 +81,10 @@ pub enum Arg {
     Device(Device, DeviceSpelling),
     /// Boxed: rare, and three times the size of every other operand.
     Opaque(Box<Opaque>),
+    /// A Python slice, `slice(start, stop, step)` with `None` as `None` (indexing operands).
+    Slice(Box<[Option<i64>; 3]>),
+    /// Python's `...` (indexing operands).
+    Ellipsis,
 }
 
 impl PartialEq for Arg {
@@ -98,6 +102,8 @@ impl PartialEq for Arg {
             (DType(a, x), DType(b, y)) => a == b && x == y,
             (Device(a, x), Device(b, y)) => a == b && x == y,
             (Opaque(a), Opaque(b)) => a == b,
+            (Slice(a), Slice(b)) => a == b,
+            (Ellipsis, Ellipsis) => true,
             _ => false,
         }
     }
@@ -246,7 +252,7 @@ enum ArgDef {
     None,
     Bool(bool),
     Int(i64),
-    Float(f64),
+    Float(#[serde(deserialize_with = "float_text::deserialize")] f64),
     Str(String),
     Tuple(Vec<Arg>),
     List(Vec<Arg>),
@@ -254,11 +260,45 @@ enum ArgDef {
     DType(DType, DTypeSpelling),
     Device(Device, DeviceSpelling),
     Opaque(Box<Opaque>),
+    Slice(Box<[Option<i64>; 3]>),
+    Ellipsis,
 }
 
 impl<'de> Deserialize<'de> for Arg {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Arg, D::Error> {
         let _level = NestingGuard::enter::<D::Error>()?;
         ArgDef::deserialize(d)
+    }
+}
+
+/// Floats in human-readable formats: JSON has no infinities or NaN (serde_json writes `null`),
+/// so those travel as Python's spelling (`"inf"`, `"-inf"`, `"nan"`); binary formats keep bits.
+mod float_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() && !v.is_finite() {
+            s.serialize_str(&crate::pyfloat::repr(*v))
+        } else {
+            s.serialize_f64(*v)
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Number(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        if !d.is_human_readable() {
+            return f64::deserialize(d);
+        }
+        match Either::deserialize(d)? {
+            Either::Number(v) => Ok(v),
+            Either::Text(t) => crate::pyfloat::parse(&t)
+                .ok_or_else(|| serde::de::Error::custom(format!("bad float `{t}`"))),
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The binary form of a trace (format version 2): columns instead of rows.
+//! The binary form of a trace (format versions 2 and 3): columns instead of rows.
 //!
 //! A row form (one serde struct per node and per value) costs a visitor call per field and a
 //! varint per number, which made decoding only about 3x faster than parsing the text. Here the
@@ -41,7 +41,7 @@ mod tag {
 }
 
 /// Bindings by their code in the `nodes` blob (the code is the index).
-const BINDINGS: [Lhs; 4] = [Lhs::None, Lhs::Single, Lhs::List, Lhs::Unpack];
+const BINDINGS: [Lhs; 5] = [Lhs::None, Lhs::Single, Lhs::List, Lhs::Unpack, Lhs::Tuple];
 
 /// A byte blob, written as one bincode byte string (not a sequence of numbers).
 struct Blob<'a>(&'a [u8]);
@@ -166,7 +166,13 @@ fn put_arg<'a>(out: &mut Vec<u8>, operands: &mut Vec<&'a Arg>, a: &'a Arg) {
             put(out, items.len() as u32);
             items.iter().for_each(|x| put_arg(out, operands, x));
         }
-        Arg::Str(_) | Arg::Dict(_) | Arg::DType(..) | Arg::Device(..) | Arg::Opaque(_) => {
+        Arg::Str(_)
+        | Arg::Dict(_)
+        | Arg::DType(..)
+        | Arg::Device(..)
+        | Arg::Opaque(_)
+        | Arg::Slice(_)
+        | Arg::Ellipsis => {
             put(out, tag::TABLE);
             put(out, operands.len() as u32);
             operands.push(a);

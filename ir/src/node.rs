@@ -16,6 +16,9 @@ pub enum Lhs {
     List,
     /// `a, b, = x`: Python sequence unpacking (the op is `prims.unpack_sequence`).
     Unpack,
+    /// `(t1, t2) = f(x)` and `(t1,) = f(x)`: Thunder's tuple results, printed without type
+    /// comments.
+    Tuple,
 }
 
 /// A decomposition line Thunder prints as an indented comment under its symbol. Kept as text:

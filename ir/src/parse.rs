@@ -51,13 +51,46 @@ pub fn parse_trace_with(text: &str, registry: &OpRegistry) -> Result<Trace, Pars
             text: String::new(),
         });
     }
+    if text.contains("\\\n") || text.contains("\\\r\n") {
+        let (joined, line_no) = join_continuations(text);
+        let mut p = Parser::new(&joined, registry);
+        p.line_no = line_no;
+        return p.run();
+    }
     Parser::new(text, registry).run()
+}
+
+/// Joins Python's explicit line continuations (a line ending in `\`) into one logical line,
+/// and maps each logical line to the physical line it starts on (errors name that one).
+fn join_continuations(text: &str) -> (String, Vec<usize>) {
+    let mut out = String::with_capacity(text.len());
+    let mut line_no = Vec::new();
+    let mut continuing = false;
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim_end();
+        let (body, cont) = match line.strip_suffix('\\') {
+            Some(b) => (b, true),
+            None => (line, false),
+        };
+        if continuing {
+            out.push(' ');
+            out.push_str(body.trim_start());
+        } else {
+            line_no.push(i);
+            out.push_str(body);
+        }
+        if !cont {
+            out.push('\n');
+        }
+        continuing = cont;
+    }
+    (out, line_no)
 }
 
 // ----- tokens -----
 
 #[derive(Debug, Clone, PartialEq)]
-enum Tok<'a> {
+pub(crate) enum Tok<'a> {
     Name(&'a str),
     Int(i64),
     Float(f64),
@@ -66,11 +99,11 @@ enum Tok<'a> {
     Comment(&'a str),
 }
 
-struct Lexed<'a> {
-    toks: Vec<(Tok<'a>, usize)>,
+pub(crate) struct Lexed<'a> {
+    pub(crate) toks: Vec<(Tok<'a>, usize)>,
 }
 
-fn lex(line: &str) -> Result<Lexed<'_>, (usize, String)> {
+pub(crate) fn lex(line: &str) -> Result<Lexed<'_>, (usize, String)> {
     let b = line.as_bytes();
     let mut i = 0;
     let mut toks = Vec::with_capacity(16);
@@ -82,6 +115,10 @@ fn lex(line: &str) -> Result<Lexed<'_>, (usize, String)> {
             b'#' => {
                 toks.push((Tok::Comment(line[i + 1..].trim_start()), start));
                 break;
+            }
+            b'.' if line[i..].starts_with("...") => {
+                toks.push((Tok::Name(&line[i..i + 3]), start));
+                i += 3;
             }
             b'a'..=b'z' | b'A'..=b'Z' | b'_' => {
                 while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.')
@@ -180,6 +217,10 @@ struct Parser<'a> {
     node_lines: Vec<usize>,
     last_node: Option<petgraph::stable_graph::NodeIndex>,
     pending_source: Option<String>,
+    /// Physical line of each logical line, when continuations were joined.
+    line_no: Vec<usize>,
+    /// Callees no op is registered for: (callee, first line, column, uses).
+    unknown: Vec<(String, usize, usize, usize)>,
 }
 
 type PResult<T> = Result<T, ParseError>;
@@ -204,12 +245,14 @@ impl<'a> Parser<'a> {
             node_lines: Vec::with_capacity(n),
             last_node: None,
             pending_source: None,
+            line_no: Vec::new(),
+            unknown: Vec::new(),
         }
     }
 
     fn err(&self, line: usize, col: usize, msg: impl Into<String>) -> ParseError {
         ParseError {
-            line: line + 1,
+            line: self.line_no.get(line).copied().unwrap_or(line) + 1,
             col: col + 1,
             message: msg.into(),
             text: self
@@ -318,6 +361,9 @@ impl<'a> Parser<'a> {
                 self.parse_statement(ln, ind, body)?;
             }
             ln += 1;
+        }
+        if !self.unknown.is_empty() {
+            return Err(self.unknown_ops_error());
         }
         if !returned {
             return Err(self.err(
@@ -461,14 +507,15 @@ impl<'a> Parser<'a> {
                     .collect();
                 let kind = match lhs.first() {
                     Some((Tok::Punct('['), _)) => Lhs::List,
+                    Some((Tok::Punct('('), _)) => Lhs::Tuple,
                     Some((Tok::Name("_"), _)) if lhs.len() == 1 => Lhs::None,
                     Some((Tok::Name(_), _)) if lhs.len() == 1 => Lhs::Single,
                     Some((Tok::Name(_), _)) => Lhs::Unpack,
                     _ => return Err(self.err(ln, ind, "cannot read the left-hand side")),
                 };
-                let expected_punct = lhs
-                    .iter()
-                    .all(|(t, _)| matches!(t, Tok::Name(_) | Tok::Punct(',' | '[' | ']')));
+                let expected_punct = lhs.iter().all(|(t, _)| {
+                    matches!(t, Tok::Name(_) | Tok::Punct(',' | '[' | ']' | '(' | ')'))
+                });
                 if !expected_punct {
                     return Err(self.err(ln, ind, "cannot read the left-hand side"));
                 }
@@ -506,11 +553,19 @@ impl<'a> Parser<'a> {
                     "expected `(` after the callee",
                 ));
             }
-            let op = self
-                .reg
-                .resolve(callee)
-                .ok_or_else(|| self.err(ln, ind + ccol, format!("unknown op `{callee}`")))?
-                .to_string();
+            let op = match self.reg.resolve(callee) {
+                Some(op) => op.to_string(),
+                None => {
+                    if !self.reg.allows_unregistered() {
+                        match self.unknown.iter_mut().find(|u| u.0 == callee) {
+                            Some(u) => u.3 += 1,
+                            None => self.unknown.push((callee.to_string(), ln, ind + ccol, 1)),
+                        }
+                    }
+                    // kept as an opaque node under the name it was printed with
+                    callee.to_string()
+                }
+            };
             let mut p = ExprParser {
                 toks: rhs,
                 pos: 2,
@@ -559,6 +614,32 @@ impl<'a> Parser<'a> {
             }
         }
         Ok(())
+    }
+
+    /// One error naming every op of the trace that no registry entry knows.
+    fn unknown_ops_error(&self) -> ParseError {
+        let (_, ln, col, _) = &self.unknown[0];
+        let list: Vec<String> = self
+            .unknown
+            .iter()
+            .map(|(op, l, _, n)| {
+                let line = self.line_no.get(*l).copied().unwrap_or(*l) + 1;
+                match n {
+                    1 => format!("`{op}` (line {line})"),
+                    n => format!("`{op}` (line {line}, {n} uses)"),
+                }
+            })
+            .collect();
+        self.err(
+            *ln,
+            *col,
+            format!(
+                "{} unknown op{}: {} (register them, or pass --allow-unregistered to keep them as opaque nodes)",
+                self.unknown.len(),
+                if self.unknown.len() == 1 { "" } else { "s" },
+                list.join(", ")
+            ),
+        )
     }
 
     fn lookup(&self, ln: usize, col: usize, name: &str) -> PResult<ValueId> {
@@ -630,14 +711,14 @@ impl<'a> Parser<'a> {
     }
 }
 
-fn strip_comment<'t, 'a>(toks: &'t [(Tok<'a>, usize)]) -> &'t [(Tok<'a>, usize)] {
+pub(crate) fn strip_comment<'t, 'a>(toks: &'t [(Tok<'a>, usize)]) -> &'t [(Tok<'a>, usize)] {
     match toks.last() {
         Some((Tok::Comment(_), _)) => &toks[..toks.len() - 1],
         _ => toks,
     }
 }
 
-fn is_ident(s: &str) -> bool {
+pub(crate) fn is_ident(s: &str) -> bool {
     let mut c = s.chars();
     matches!(c.next(), Some(ch) if ch.is_ascii_alphabetic() || ch == '_')
         && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
@@ -879,6 +960,26 @@ impl ExprParser<'_, '_, '_> {
                 ("torch.device", Some(s)) => Device::parse(s)
                     .map(|d| Arg::Device(d, DeviceSpelling::Torch))
                     .ok_or_else(|| perr(format!("unknown device `{s}`"))),
+                ("slice", _) if kwargs.is_empty() && (1..=3).contains(&args.len()) => {
+                    let mut parts = [None, None, None];
+                    let given: Vec<Option<i64>> = args
+                        .iter()
+                        .map(|a| match a {
+                            Arg::None => Ok(None),
+                            Arg::Int(i) => Ok(Some(*i)),
+                            other => {
+                                Err(perr(format!("slice bound {other:?} is not an int or None")))
+                            }
+                        })
+                        .collect::<PResult<_>>()?;
+                    // slice(stop) or slice(start, stop[, step])
+                    if given.len() == 1 {
+                        parts[1] = given[0];
+                    } else {
+                        parts[..given.len()].copy_from_slice(&given);
+                    }
+                    Ok(Arg::Slice(Box::new(parts)))
+                }
                 ("float", Some(s)) => pyfloat::parse(s)
                     .map(Arg::Float)
                     .ok_or_else(|| perr(format!("bad float `{s}`"))),
@@ -891,6 +992,7 @@ impl ExprParser<'_, '_, '_> {
             "True" => return Ok(Arg::Bool(true)),
             "False" => return Ok(Arg::Bool(false)),
             "None" => return Ok(Arg::None),
+            "..." | "Ellipsis" => return Ok(Arg::Ellipsis),
             "inf" | "math.inf" => return Ok(Arg::Float(f64::INFINITY)),
             "nan" | "math.nan" => return Ok(Arg::Float(f64::NAN)),
             _ => {}

@@ -247,6 +247,20 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
             push_name(out, t, n.outputs[0]);
             out.push_str(" = ");
         }
+        Lhs::Tuple => {
+            out.push('(');
+            for (i, o) in n.outputs.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                push_name(out, t, *o);
+            }
+            out.push_str(if n.outputs.len() == 1 {
+                ",) = "
+            } else {
+                ") = "
+            });
+        }
         _ => {
             out.push('[');
             for (i, o) in n.outputs.iter().enumerate() {
@@ -373,6 +387,22 @@ pub(crate) fn write_arg(out: &mut String, t: &Trace, a: &Arg) {
             let _ = write!(out, "torch.device(\"{d}\")");
         }
         Arg::Opaque(o) => out.push_str(&o.printed_name()),
+        Arg::Slice(parts) => {
+            out.push_str("slice(");
+            for (i, p) in parts.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                match p {
+                    Some(v) => {
+                        let _ = write!(out, "{v}");
+                    }
+                    None => out.push_str("None"),
+                }
+            }
+            out.push(')');
+        }
+        Arg::Ellipsis => out.push_str("..."),
     }
 }
 
