@@ -10,7 +10,7 @@ use crate::program::Module;
 /// First bytes of every `.tpb` file.
 pub const MAGIC: [u8; 8] = *b"TRACEPB\0";
 /// Version of the payload layout; bump on any incompatible change of the serde form.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this build still reads.
 pub const OLDEST_READ_VERSION: u32 = 1;
 /// magic (8) + version (4) + crc32 (4) + payload length (8).
@@ -119,7 +119,7 @@ pub fn decode(bytes: &[u8]) -> Result<Module, CodecError> {
     if computed != stored {
         return Err(CodecError::ChecksumMismatch { stored, computed });
     }
-    let (m, used): (Module, usize) = crate::trace::decoding(payload.len(), version == 1, || {
+    let (m, used): (Module, usize) = crate::trace::decoding(payload.len(), version, || {
         bincode::serde::decode_from_slice(payload, config())
     })
     .map_err(|e| CodecError::Decode(e.to_string()))?;

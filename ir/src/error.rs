@@ -27,4 +27,9 @@ pub enum FileError {
     NotAProgram { path: PathBuf },
     #[error("{0}")]
     Program(#[from] ProgramError),
+    #[error("{path}: {error}")]
+    InProgram {
+        path: PathBuf,
+        error: Box<ProgramError>,
+    },
 }

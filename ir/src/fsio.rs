@@ -35,7 +35,7 @@ impl Format {
     }
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
     move |error| FileError::Io {
         path: path.to_path_buf(),
         error,

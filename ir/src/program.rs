@@ -8,8 +8,8 @@ use crate::types::{DType, Device, Type};
 use crate::value::ValueId;
 use serde::{Deserialize, Serialize};
 
-/// A parameter of the model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A parameter or buffer of the model: a forward argument the module provides.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Param {
     /// Fully qualified module path (`l1.weight`).
     pub fqn: String,
@@ -24,6 +24,65 @@ pub struct Param {
     pub requires_grad: bool,
     /// Another parameter's fqn when both are one tensor (tied weights): one all-reduce serves both.
     pub tied_to: Option<String>,
+    /// A buffer (`module.get_buffer`: running statistics, masks), not a parameter: never
+    /// trained, never synchronized.
+    pub buffer: bool,
+}
+
+/// Files of format versions 1 and 2 have no `buffer` field: their parameters are parameters.
+impl<'de> Deserialize<'de> for Param {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Param, D::Error> {
+        #[derive(Deserialize)]
+        struct Legacy {
+            fqn: String,
+            forward_arg: usize,
+            grad_output: Option<usize>,
+            shape: Vec<usize>,
+            dtype: DType,
+            device: Device,
+            requires_grad: bool,
+            tied_to: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct Current {
+            fqn: String,
+            forward_arg: usize,
+            grad_output: Option<usize>,
+            shape: Vec<usize>,
+            dtype: DType,
+            device: Device,
+            requires_grad: bool,
+            tied_to: Option<String>,
+            #[serde(default)]
+            buffer: bool,
+        }
+        if crate::trace::reading_legacy_params() {
+            let l = Legacy::deserialize(d)?;
+            return Ok(Param {
+                fqn: l.fqn,
+                forward_arg: l.forward_arg,
+                grad_output: l.grad_output,
+                shape: l.shape,
+                dtype: l.dtype,
+                device: l.device,
+                requires_grad: l.requires_grad,
+                tied_to: l.tied_to,
+                buffer: false,
+            });
+        }
+        let c = Current::deserialize(d)?;
+        Ok(Param {
+            fqn: c.fqn,
+            forward_arg: c.forward_arg,
+            grad_output: c.grad_output,
+            shape: c.shape,
+            dtype: c.dtype,
+            device: c.device,
+            requires_grad: c.requires_grad,
+            tied_to: c.tied_to,
+            buffer: c.buffer,
+        })
+    }
 }
 
 /// What a training step needs: forward, backward, and their contract.
@@ -50,6 +109,18 @@ pub enum ProgramError {
     ParamNotTensor { name: String, ty: String },
     #[error("the forward returns {forward} saved values but the backward unpacks {backward}")]
     SavedCount { forward: usize, backward: usize },
+    #[error("forward argument `{name}` is not among the values the prologue returns")]
+    NotInPrologue { name: String },
+    #[error("tie {group:?}: `{fqn}` is not a parameter the forward takes")]
+    TieUnknown { group: Vec<String>, fqn: String },
+    #[error("tie {group:?}: `{a}` is {a_ty} but `{b}` is {b_ty}; tied parameters are one tensor")]
+    TieMismatch {
+        group: Vec<String>,
+        a: String,
+        a_ty: String,
+        b: String,
+        b_ty: String,
+    },
     #[error("gradient {index} (`{name}`) has type {ty} but parameter `{param}` is {param_ty}")]
     GradientType {
         index: usize,
@@ -61,6 +132,8 @@ pub enum ProgramError {
 }
 
 /// Thunder names parameters `t_<fqn with . replaced by _>`; this reverses it as well as it can.
+/// Only for traces that come without a prologue: the name is lossy (`.` and `_` both become
+/// `_`) and some parameters have no prefix at all. [`Program::from_prologue`] is exact.
 pub fn fqn_from_arg_name(name: &str) -> Option<String> {
     name.strip_prefix("t_").map(|s| s.replace('_', "."))
 }
@@ -126,6 +199,7 @@ impl Program {
                 device: tt.device,
                 requires_grad: grad_output.is_some(),
                 tied_to: None,
+                buffer: false,
             });
         }
         let p = Program {
@@ -142,6 +216,143 @@ impl Program {
             });
         }
         Ok(p)
+    }
+
+    /// Pairs a forward and a backward using Thunder's prologue: parameters and buffers are
+    /// what the prologue fetches from the module, by their PyTorch names, with `requires_grad`
+    /// from its metadata checks; every other argument is data. `ties` lists groups of parameter
+    /// names that are one tensor (from `export.json`); the first of each group in the
+    /// prologue's order (PyTorch's `named_parameters()`) is the one the others are tied to.
+    pub fn from_prologue(
+        mut forward: Trace,
+        mut backward: Trace,
+        prologue: &crate::prologue::Prologue,
+        ties: &[Vec<String>],
+    ) -> Result<Program, ProgramError> {
+        use crate::prologue::TensorKind;
+        forward.kind = TraceKind::Forward;
+        backward.kind = TraceKind::Backward;
+        let grads = match &backward.ret {
+            Arg::Tuple(items) | Arg::List(items) => items.clone(),
+            _ => return Err(ProgramError::BackwardReturnNotTuple),
+        };
+        if grads.len() != forward.args().len() {
+            return Err(ProgramError::GradientCount {
+                forward: forward.args().len(),
+                backward: grads.len(),
+            });
+        }
+        let mut params = Vec::new();
+        for (i, a) in forward.args().iter().enumerate() {
+            let v = forward
+                .value(*a)
+                .expect("forward args are in its value table");
+            if !prologue.returns.iter().any(|r| r == v.name) {
+                return Err(ProgramError::NotInPrologue {
+                    name: v.name.to_string(),
+                });
+            }
+            let Some(mt) = prologue.tensor(v.name) else {
+                continue; // data
+            };
+            let Type::Tensor(tt) = &v.ty else {
+                return Err(ProgramError::ParamNotTensor {
+                    name: v.name.to_string(),
+                    ty: v.ty.to_string(),
+                });
+            };
+            let grad_output = match &grads[i] {
+                Arg::Value(g) => {
+                    if let Some(gt) = backward.ty(*g) {
+                        if gt.as_tensor().map(|g| &g.shape) != Some(&tt.shape) {
+                            return Err(ProgramError::GradientType {
+                                index: i,
+                                name: backward.name(*g),
+                                ty: gt.to_string(),
+                                param: mt.fqn.clone(),
+                                param_ty: tt.to_string(),
+                            });
+                        }
+                    }
+                    Some(i)
+                }
+                _ => None,
+            };
+            let buffer = mt.kind == TensorKind::Buffer;
+            params.push(Param {
+                fqn: mt.fqn.clone(),
+                forward_arg: i,
+                grad_output,
+                shape: tt.shape.to_vec(),
+                dtype: tt.dtype,
+                device: tt.device,
+                requires_grad: !buffer && mt.requires_grad.unwrap_or(false),
+                tied_to: None,
+                buffer,
+            });
+        }
+        let order = |fqn: &str| prologue.tensors.iter().position(|t| t.fqn == fqn);
+        for group in ties {
+            let mut members: Vec<usize> = Vec::new();
+            for fqn in group {
+                match params.iter().position(|p| &p.fqn == fqn && !p.buffer) {
+                    Some(i) => members.push(i),
+                    // fetched by the prologue but not passed to the forward: nothing to tie
+                    None if order(fqn).is_some() => continue,
+                    None => {
+                        return Err(ProgramError::TieUnknown {
+                            group: group.clone(),
+                            fqn: fqn.clone(),
+                        })
+                    }
+                }
+            }
+            members.sort_by_key(|i| order(&params[*i].fqn));
+            let Some((&primary, rest)) = members.split_first() else {
+                continue;
+            };
+            for &m in rest {
+                let (a, b) = (&params[primary], &params[m]);
+                if a.shape != b.shape || a.dtype != b.dtype || a.device != b.device {
+                    let ty =
+                        |p: &Param| Type::tensor(p.shape.clone(), p.dtype, p.device).to_string();
+                    return Err(ProgramError::TieMismatch {
+                        group: group.clone(),
+                        a: a.fqn.clone(),
+                        a_ty: ty(a),
+                        b: b.fqn.clone(),
+                        b_ty: ty(b),
+                    });
+                }
+                let primary_fqn = params[primary].fqn.clone();
+                params[m].tied_to = Some(primary_fqn);
+            }
+        }
+        let p = Program {
+            forward,
+            backward,
+            params,
+            broadcast_from: None,
+        };
+        let (f, b) = (p.forward_saved().len(), p.backward_saved().len());
+        if f != b {
+            return Err(ProgramError::SavedCount {
+                forward: f,
+                backward: b,
+            });
+        }
+        Ok(p)
+    }
+
+    /// Forward arguments that are data (neither parameter nor buffer), by name.
+    pub fn data_inputs(&self) -> Vec<(usize, String)> {
+        self.forward
+            .args()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.params.iter().any(|p| p.forward_arg == *i))
+            .map(|(i, a)| (i, self.forward.name(*a)))
+            .collect()
     }
 
     /// The values the forward saves for the backward (the first tuple of its second result).

@@ -607,20 +607,23 @@ struct Decoding {
     budget: usize,
     /// Whether traces are stored as rows (format version 1) rather than columns.
     rows: bool,
+    /// Whether parameters carry no buffer flag (format versions 1 and 2).
+    legacy_params: bool,
 }
 
 thread_local! {
     static DECODING: std::cell::Cell<Decoding> = const {
-        std::cell::Cell::new(Decoding { budget: usize::MAX, rows: false })
+        std::cell::Cell::new(Decoding { budget: usize::MAX, rows: false, legacy_params: false })
     };
 }
 
 /// Runs `f` decoding a binary payload of `bytes` bytes, whose traces are rows when `rows`.
-pub(crate) fn decoding<R>(bytes: usize, rows: bool, f: impl FnOnce() -> R) -> R {
+pub(crate) fn decoding<R>(bytes: usize, version: u32, f: impl FnOnce() -> R) -> R {
     let old = DECODING.with(|d| {
         d.replace(Decoding {
             budget: bytes,
-            rows,
+            rows: version == 1,
+            legacy_params: version <= 2,
         })
     });
     let r = f();
@@ -630,6 +633,11 @@ pub(crate) fn decoding<R>(bytes: usize, rows: bool, f: impl FnOnce() -> R) -> R 
 
 pub(crate) fn decode_budget() -> usize {
     DECODING.with(|d| d.get().budget)
+}
+
+/// Whether the payload being decoded predates the parameters' buffer flag.
+pub(crate) fn reading_legacy_params() -> bool {
+    DECODING.with(|d| d.get().legacy_params)
 }
 
 fn reading_rows() -> bool {

@@ -51,9 +51,9 @@ fn the_header_version_decides_the_layout() {
     let mut bytes = codec::encode(&Module::Program(t)).unwrap();
     bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
     assert!(codec::decode(&bytes).is_err());
-    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
     assert_eq!(
         codec::decode(&bytes).unwrap_err().to_string(),
-        "unsupported format version 3 (this build reads versions 1 to 2)"
+        "unsupported format version 4 (this build reads versions 1 to 3)"
     );
 }

@@ -8,7 +8,7 @@ fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata")
 }
 
-fn all_traces() -> Vec<PathBuf> {
+fn trace_files() -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![testdata()];
     while let Some(d) = stack.pop() {
@@ -22,11 +22,38 @@ fn all_traces() -> Vec<PathBuf> {
         }
     }
     out.sort();
+    out
+}
+
+/// Thunder traces of computations (prologues are read by `parse_prologue`, below).
+fn all_traces() -> Vec<PathBuf> {
+    let out: Vec<PathBuf> = trace_files()
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n != "prologue.trace"))
+        .collect();
     assert!(
         out.len() >= 8,
         "expected the Thunder traces in testdata, found {out:?}"
     );
     out
+}
+
+#[test]
+fn every_prologue_reads() {
+    let prologues: Vec<PathBuf> = trace_files()
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "prologue.trace"))
+        .collect();
+    assert!(prologues.len() >= 6, "{prologues:?}");
+    for p in prologues {
+        let pro = parse_prologue(&std::fs::read_to_string(&p).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(
+            !pro.tensors.is_empty() && !pro.returns.is_empty(),
+            "{}",
+            p.display()
+        );
+    }
 }
 
 #[test]

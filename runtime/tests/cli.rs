@@ -433,7 +433,7 @@ fn every_file_error_class_has_its_message_and_exit_code() {
     write(
         "version.tpb",
         &version,
-        "unsupported format version 99 (this build reads versions 1 to 2)",
+        "unsupported format version 99 (this build reads versions 1 to 3)",
     );
     write(
         "trunc.tpb",

@@ -1,0 +1,122 @@
+//! The export directory a user hands over (docs/EXPORT_FORMAT.md): Thunder's forward, backward
+//! and prologue traces, `export.json`, and the tensors (read by the runtime). This module turns
+//! the traces and the JSON into a [`Program`]; the prologue decides what is a parameter.
+
+use crate::error::FileError;
+use crate::fsio::io_err;
+use crate::parse::parse_trace_with;
+use crate::program::Program;
+use crate::prologue::parse_prologue;
+use crate::registry::OpRegistry;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// `export.json`: how to train the exported model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportInfo {
+    pub format: u32,
+    pub model: String,
+    /// `cross_entropy`, `mse`, `sum` or `output`.
+    pub loss: String,
+    /// Which of the forward's model outputs feeds the loss.
+    #[serde(default)]
+    pub output: usize,
+    /// The name of the targets in `data.safetensors`.
+    #[serde(default = "default_targets")]
+    pub targets: String,
+    /// Groups of parameter names that are one tensor.
+    #[serde(default)]
+    pub tied: Vec<Vec<String>>,
+    /// `None` for a plain export; N when the backward already holds Thunder's DDP for N ranks.
+    #[serde(default)]
+    pub world_size: Option<usize>,
+    #[serde(default)]
+    pub thunder: Option<String>,
+    #[serde(default)]
+    pub torch: Option<String>,
+}
+
+fn default_targets() -> String {
+    "targets".into()
+}
+
+/// The export formats this build reads.
+pub const EXPORT_FORMAT: u32 = 1;
+
+/// An export directory, read.
+#[derive(Clone, Debug)]
+pub struct Export {
+    pub dir: PathBuf,
+    pub info: ExportInfo,
+    pub program: Program,
+}
+
+impl Export {
+    /// A file of the directory.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+/// Whether `path` is an export directory (a directory holding `export.json`).
+pub fn is_export_dir(path: &Path) -> bool {
+    path.is_dir() && path.join("export.json").is_file()
+}
+
+fn read(path: &Path) -> Result<String, FileError> {
+    std::fs::read_to_string(path).map_err(io_err(path))
+}
+
+/// Reads an export directory with the built-in op registry.
+pub fn load_export(dir: &Path) -> Result<Export, FileError> {
+    load_export_with(dir, OpRegistry::builtin())
+}
+
+/// Reads `forward.trace`, `backward.trace`, `prologue.trace` and `export.json`; every error names
+/// the file it is about.
+pub fn load_export_with(dir: &Path, reg: &OpRegistry) -> Result<Export, FileError> {
+    if !dir.is_dir() {
+        return Err(FileError::Io {
+            path: dir.to_path_buf(),
+            error: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+        });
+    }
+    let json_path = dir.join("export.json");
+    let info: ExportInfo =
+        serde_json::from_str(&read(&json_path)?).map_err(|e| FileError::Json {
+            path: json_path.clone(),
+            message: e.to_string(),
+        })?;
+    if info.format != EXPORT_FORMAT {
+        return Err(FileError::Json {
+            path: json_path,
+            message: format!(
+                "export format {} (this build reads format {EXPORT_FORMAT})",
+                info.format
+            ),
+        });
+    }
+    let trace = |name: &str| -> Result<crate::Trace, FileError> {
+        let path = dir.join(name);
+        parse_trace_with(&read(&path)?, reg).map_err(|error| FileError::Parse { path, error })
+    };
+    let forward = trace("forward.trace")?;
+    let backward = trace("backward.trace")?;
+    let pro_path = dir.join("prologue.trace");
+    let prologue = parse_prologue(&read(&pro_path)?).map_err(|error| FileError::Parse {
+        path: pro_path.clone(),
+        error,
+    })?;
+    let program =
+        Program::from_prologue(forward, backward, &prologue, &info.tied).map_err(|error| {
+            FileError::InProgram {
+                path: dir.to_path_buf(),
+                error: Box::new(error),
+            }
+        })?;
+    Ok(Export {
+        dir: dir.to_path_buf(),
+        info,
+        program,
+    })
+}
