@@ -107,6 +107,139 @@ impl Ddp {
     }
 }
 
+/// The gradient of one trainable tensor: a parameter, or a tie group that is one tensor.
+#[derive(Clone, Debug)]
+struct GradGroup {
+    /// The parameters' names, the primary (first in the module's order) first.
+    fqns: Vec<String>,
+    /// Each member's position in the backward's return.
+    member_positions: Vec<usize>,
+    /// Where the synchronized gradient is returned: the primary's position.
+    primary_pos: usize,
+    /// Positions that return a gradient now.
+    positions: Vec<usize>,
+    /// The gradient values at those positions (added up when a tie has several).
+    values: Vec<ValueId>,
+}
+
+/// Groups trainable parameters into tensors (ties are one) and finds each one's gradients in
+/// the backward's return. A trainable tensor without a gradient is an error naming it: ddp
+/// never leaves a trainable gradient unsynchronized, and never guesses.
+fn gradient_groups(p: &Program) -> Result<Vec<GradGroup>, String> {
+    let grads_out = p.gradient_values();
+    let mut groups: Vec<GradGroup> = Vec::new();
+    let mut seen = ValueIdSet::default();
+    for param in p.params.iter().filter(|x| x.requires_grad && !x.buffer) {
+        let primary = param.tied_to.as_deref().unwrap_or(&param.fqn);
+        let primary_param = p.params.iter().find(|x| x.fqn == primary).ok_or_else(|| {
+            format!(
+                "`{}` is tied to `{primary}`, which is not a parameter",
+                param.fqn
+            )
+        })?;
+        let at = |x: &tracepass_ir::Param| x.grad_output.unwrap_or(x.forward_arg);
+        let gi = match groups.iter().position(|g| g.fqns[0] == primary) {
+            Some(i) => i,
+            None => {
+                groups.push(GradGroup {
+                    fqns: vec![primary.to_string()],
+                    member_positions: vec![at(primary_param)],
+                    primary_pos: at(primary_param),
+                    positions: Vec::new(),
+                    values: Vec::new(),
+                });
+                groups.len() - 1
+            }
+        };
+        let g = &mut groups[gi];
+        if param.fqn != primary {
+            g.fqns.push(param.fqn.clone());
+            g.member_positions.push(at(param));
+        }
+    }
+    for g in &mut groups {
+        let mut unique = g.member_positions.clone();
+        unique.dedup();
+        unique.sort_unstable();
+        unique.dedup();
+        for pos in unique {
+            if let Some(Some(v)) = grads_out.get(pos) {
+                g.positions.push(pos);
+                if seen.insert(*v) {
+                    g.values.push(*v);
+                } else {
+                    return Err(format!(
+                        "gradient `{}` is returned for `{}` and for another parameter that is not tied to it",
+                        p.backward.name(*v),
+                        g.fqns[0]
+                    ));
+                }
+            }
+        }
+        if g.values.is_empty() {
+            return Err(format!(
+                "parameter{} {} require{} a gradient, but the backward returns none for {}: nothing to synchronize (is it unused, or frozen in PyTorch but not in the prologue?)",
+                if g.fqns.len() > 1 { "s" } else { "" },
+                g.fqns.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", "),
+                if g.fqns.len() > 1 { "" } else { "s" },
+                if g.fqns.len() > 1 { "them" } else { "it" },
+            ));
+        }
+    }
+    // gradients of frozen parameters or buffers would be returned unsynchronized
+    for param in p.params.iter().filter(|x| !x.requires_grad || x.buffer) {
+        if let Some(Some(v)) = param.grad_output.and_then(|i| grads_out.get(i)) {
+            return Err(format!(
+                "the backward returns gradient `{}` for `{}`, which {}",
+                p.backward.name(*v),
+                param.fqn,
+                if param.buffer {
+                    "is a buffer"
+                } else {
+                    "does not require a gradient"
+                }
+            ));
+        }
+    }
+    Ok(groups)
+}
+
+/// Names what ddp leaves alone, so a user can check nothing was missed.
+fn report_left_alone(p: &Program, groups: &[GradGroup], cx: &mut PassContext) {
+    let list = |v: Vec<String>| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let frozen: Vec<String> = p
+        .params
+        .iter()
+        .filter(|x| !x.requires_grad && !x.buffer)
+        .map(|x| x.fqn.clone())
+        .collect();
+    let buffers: Vec<String> = p
+        .params
+        .iter()
+        .filter(|x| x.buffer)
+        .map(|x| x.fqn.clone())
+        .collect();
+    let inputs: Vec<String> = p.data_inputs().into_iter().map(|(_, n)| n).collect();
+    let tied: Vec<String> = groups
+        .iter()
+        .filter(|g| g.fqns.len() > 1)
+        .map(|g| g.fqns.join(" = "))
+        .collect();
+    cx.stat("ddp.frozen", frozen.len() as u64);
+    cx.stat("ddp.buffers", buffers.len() as u64);
+    cx.stat("ddp.inputs", inputs.len() as u64);
+    cx.note("ddp.frozen", list(frozen));
+    cx.note("ddp.buffers", list(buffers));
+    cx.note("ddp.inputs", list(inputs));
+    cx.note("ddp.tied", list(tied));
+}
+
 /// One bucket of the plan.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bucket {
@@ -254,20 +387,41 @@ impl Pass for Ddp {
             ));
         }
         let opts = &self.options;
-        let grads_out = p.gradient_values();
-        // 1. parameter gradients (frozen: none; tied: one)
-        let mut seen = ValueIdSet::default();
-        let mut grads: Vec<ValueId> = Vec::new();
-        for param in &p.params {
-            if !param.requires_grad || param.tied_to.is_some() {
-                continue;
+        // 1. the gradients to synchronize: one per trainable tensor (a tie is one tensor)
+        let groups = gradient_groups(p).map_err(fail)?;
+        report_left_alone(p, &groups, cx);
+        let t = &mut p.backward;
+        let pos_before = t.schedule_positions();
+        let slot_of_value = |t: &tracepass_ir::Trace, v: ValueId| match t.value(v).map(|x| x.def) {
+            Some(Def::Node(n, _)) => pos_before
+                .get(n.index())
+                .filter(|p| **p != UNSCHEDULED)
+                .map(|p| *p as usize),
+            _ => None,
+        };
+        // tied tensors' gradients add up first: `ltorch.add` after the later of the two
+        let mut names = t.name_gen();
+        let mut sums: ValueIdMap<(NodeIndex, Option<usize>)> = ValueIdMap::default();
+        let mut grads: Vec<ValueId> = Vec::with_capacity(groups.len());
+        for g in &groups {
+            let mut acc = g.values[0];
+            for &v in &g.values[1..] {
+                let ty = t.ty(acc).cloned().expect("gradients are typed");
+                let out = t.new_value(names.fresh("t"), ty);
+                let acc_slot = match sums.get(&acc) {
+                    Some((_, slot)) => *slot,
+                    None => slot_of_value(t, acc),
+                };
+                let slot = acc_slot.max(slot_of_value(t, v));
+                let idx = t.add_node(Node::new(
+                    ops::ADD,
+                    vec![Arg::Value(acc), Arg::Value(v)],
+                    vec![out],
+                ));
+                sums.insert(out, (idx, slot));
+                acc = out;
             }
-            let Some(Some(g)) = param.grad_output.and_then(|i| grads_out.get(i).copied()) else {
-                continue;
-            };
-            if seen.insert(g) {
-                grads.push(g);
-            }
+            grads.push(acc);
         }
         let t = &mut p.backward;
         // production order: schedule position of the producer (arguments first)
@@ -277,8 +431,9 @@ impl Pass for Ddp {
         let mut ordered = Vec::with_capacity(grads.len());
         for (i, g) in grads.iter().enumerate() {
             let value = t.value(*g);
-            let slot = match value.map(|v| v.def) {
-                Some(Def::Node(n, _)) => pos
+            let slot = match (sums.get(g), value.map(|v| v.def)) {
+                (Some((_, slot)), _) => *slot,
+                (None, Some(Def::Node(n, _))) => pos
                     .get(n.index())
                     .filter(|p| **p != UNSCHEDULED)
                     .map(|p| *p as usize),
@@ -319,12 +474,15 @@ impl Pass for Ddp {
         }
         cx.stat("ddp.gradients", described.len() as u64);
         cx.stat("ddp.buckets", buckets.len() as u64);
+        cx.stat(
+            "ddp.tied",
+            groups.iter().filter(|g| g.fqns.len() > 1).count() as u64,
+        );
 
         // 2. rewrite: new nodes are spliced into the schedule after their trigger
         let per_grad = if opts.average == Average::Post { 2 } else { 1 };
         let added = per_grad * described.len() + 4 * buckets.len();
         t.reserve(added, added + described.len());
-        let mut names = t.name_gen();
         let ws = opts.world_size as f64;
         // (trigger slot, new node) in gradient order, which is slot order
         let mut after: Vec<(Option<usize>, NodeIndex)> = Vec::with_capacity(described.len() * 2);
@@ -341,6 +499,16 @@ impl Pass for Ddp {
             .collect();
         for (g, shape, dtype, device) in &described {
             let slot = slot_of[g];
+            if let Some((add, _)) = sums.get(g) {
+                // the sum of tied gradients: its own adds are in `sums`, chained before it
+                let mut chain = vec![*add];
+                let mut cur = t.node(*add).and_then(|n| n.args[0].as_value());
+                while let Some((prev, _)) = cur.and_then(|c| sums.get(&c)) {
+                    chain.push(*prev);
+                    cur = t.node(*prev).and_then(|n| n.args[0].as_value());
+                }
+                after.extend(chain.into_iter().rev().map(|n| (slot, n)));
+            }
             if opts.average == Average::Pre {
                 let ty = Type::tensor(shape.clone(), *dtype, *device);
                 let out = t.new_value(names.fresh("t"), ty);
@@ -460,8 +628,30 @@ impl Pass for Ddp {
         sched.extend(deferred);
         sched.extend(tail);
         t.set_schedule(sched);
-        t.ret
-            .map_values(&mut |v| replacement.get(&v).copied().unwrap_or(v));
+        // every group's synchronized gradient goes to its primary position; tied positions
+        // return None (the tensor is one, and so is its gradient)
+        let (Arg::Tuple(items) | Arg::List(items)) = &mut t.ret else {
+            return Err(fail("the backward's return is no longer a tuple".into()));
+        };
+        for (g, sum) in groups.iter().zip(&grads) {
+            let fin = replacement.get(sum).copied().ok_or_else(|| {
+                fail(format!(
+                    "internal: the gradient of `{}` was not synchronized",
+                    g.fqns[0]
+                ))
+            })?;
+            for &pos in &g.positions {
+                items[pos] = Arg::None;
+            }
+            items[g.primary_pos] = Arg::Value(fin);
+        }
+        for g in &groups {
+            for (fqn, pos) in g.fqns.iter().zip(&g.member_positions) {
+                if let Some(param) = p.params.iter_mut().find(|x| &x.fqn == fqn) {
+                    param.grad_output = (*pos == g.primary_pos).then_some(*pos);
+                }
+            }
+        }
         Ok(Changed::from(!buckets.is_empty()))
     }
 }

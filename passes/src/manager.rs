@@ -34,6 +34,8 @@ pub struct PassManager {
 pub struct RunReport {
     pub timings: Vec<PassTiming>,
     pub stats: Vec<(String, u64)>,
+    /// Named findings of the passes (`ddp.frozen`, `ddp.inputs`), in order.
+    pub notes: Vec<(String, String)>,
     /// IR dumps requested with the print options, in order, each with a heading.
     pub dumps: Vec<String>,
 }
@@ -172,6 +174,7 @@ impl PassManager {
             });
         }
         report.stats = cx.stats;
+        report.notes = cx.notes;
         Ok(report)
     }
 

@@ -25,6 +25,8 @@ pub struct PassContext<'r> {
     pub registry: &'r OpRegistry,
     /// Counters passes report (`ddp.buckets`, `dce.removed`), in insertion order.
     pub stats: Vec<(String, u64)>,
+    /// Named findings passes report (`ddp.frozen`: the frozen parameters it left alone).
+    pub notes: Vec<(String, String)>,
 }
 
 impl<'r> PassContext<'r> {
@@ -32,10 +34,16 @@ impl<'r> PassContext<'r> {
         PassContext {
             registry,
             stats: Vec::new(),
+            notes: Vec::new(),
         }
     }
+    /// Reports a counter.
     pub fn stat(&mut self, key: impl Into<String>, value: u64) {
         self.stats.push((key.into(), value));
+    }
+    /// Reports a finding a user should read (which tensors a pass left alone, and why).
+    pub fn note(&mut self, key: impl Into<String>, text: impl Into<String>) {
+        self.notes.push((key.into(), text.into()));
     }
 }
 
