@@ -1,0 +1,338 @@
+//! The op table: it registers whole, every spelling resolves to its op, and the metas give
+//! PyTorch's shapes and dtypes (each case below is what PyTorch 2.9 returns for that call).
+
+use tracepass_ir::{parse_trace, verify, OpRegistry, Trace};
+
+/// Parses a one-statement computation whose result has no type comment, so the op's meta
+/// infers it; returns the types of the statement's outputs.
+fn infer(args: &[(&str, &str)], stmt: &str) -> Result<Vec<String>, String> {
+    let names: Vec<&str> = args.iter().map(|a| a.0).collect();
+    let mut text = format!("def computation({}):\n", names.join(", "));
+    for (n, ty) in args {
+        text += &format!("  # {n}: \"{ty}\"\n");
+    }
+    text += &format!("  {stmt}\n  return None\n");
+    let t: Trace = parse_trace(&text).map_err(|e| e.message)?;
+    let (_, node) = t.nodes().last().unwrap();
+    Ok(node
+        .outputs
+        .iter()
+        .map(|o| t.ty(*o).unwrap().to_string())
+        .collect())
+}
+
+fn one(args: &[(&str, &str)], stmt: &str) -> String {
+    let v = infer(args, stmt).unwrap_or_else(|e| panic!("{stmt}: {e}"));
+    assert_eq!(v.len(), 1, "{stmt}");
+    v.into_iter().next().unwrap()
+}
+
+fn fails(args: &[(&str, &str)], stmt: &str) -> String {
+    infer(args, stmt).expect_err(stmt)
+}
+
+#[test]
+fn the_table_registers_and_every_spelling_names_its_op() {
+    let reg = OpRegistry::with_builtins();
+    let defs = reg.defs();
+    assert!(defs.len() > 150, "{} ops", defs.len());
+    for d in defs {
+        assert!(d.signature.is_some(), "{} has no signature", d.name);
+        assert_eq!(reg.resolve(&d.name), Some(d.name.as_str()));
+        for s in &d.spellings {
+            assert_eq!(reg.resolve(s), Some(d.name.as_str()), "{s}");
+        }
+        let ns = d.name.split('.').next().unwrap();
+        assert!(
+            ["prims", "ltorch", "dist", "python"].contains(&ns),
+            "{} is outside the canonical namespaces",
+            d.name
+        );
+    }
+}
+
+#[test]
+fn a_spelling_cannot_name_two_ops() {
+    use tracepass_ir::{DTypeRule, Effect, OpSpec};
+    let mut reg = OpRegistry::with_builtins();
+    let spec = OpSpec {
+        name: "user.my_mul",
+        spellings: &["torch.mul"],
+        effect: Effect::Pure,
+        signature: "a, b",
+        dtype: DTypeRule::Promote,
+        meta: |_| Ok(tracepass_ir::MetaOut::Declared),
+    };
+    let e = reg.declare(&spec).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "`torch.mul` already names `ltorch.mul`; it cannot also name `user.my_mul`"
+    );
+}
+
+#[test]
+fn comparisons_and_predicates_give_booleans() {
+    let a = [("a", "cpu f32[2, 3]")];
+    assert_eq!(one(&a, "t0 = torch.gt(a, 0.0)"), "cpu b8[2, 3]");
+    assert_eq!(one(&a, "t0 = torch.eq(a, a)"), "cpu b8[2, 3]");
+    assert_eq!(one(&a, "t0 = torch.isnan(a)"), "cpu b8[2, 3]");
+    let ab = [("a", "cpu b8[2, 3]"), ("b", "cpu f32[3]")];
+    assert_eq!(one(&ab, "t0 = torch.where(a, b, 0.0)"), "cpu f32[2, 3]");
+}
+
+#[test]
+fn elementwise_promotion_follows_pytorch() {
+    let i = [("a", "cpu i64[4]")];
+    assert_eq!(one(&i, "t0 = torch.true_divide(a, 2)"), "cpu f32[4]");
+    assert_eq!(one(&i, "t0 = torch.add(a, 1)"), "cpu i64[4]");
+    assert_eq!(one(&i, "t0 = torch.add(a, 1.5)"), "cpu f32[4]");
+    assert_eq!(one(&i, "t0 = torch.exp(a)"), "cpu f32[4]");
+    assert_eq!(
+        one(&i, "t0 = torch.div(a, 2, rounding_mode='floor')"),
+        "cpu i64[4]"
+    );
+    // a 0-d tensor does not widen a dimensioned one of its category
+    let z = [("a", "cpu f32[4]"), ("s", "cpu f64[]")];
+    assert_eq!(one(&z, "t0 = torch.mul(a, s)"), "cpu f32[4]");
+    let h = [("a", "cpu f16[2]"), ("b", "cpu bf16[2]")];
+    assert_eq!(one(&h, "t0 = torch.add(a, b)"), "cpu f32[2]");
+    let bc = [("a", "cpu f32[4, 1]"), ("b", "cpu f32[3]")];
+    assert_eq!(one(&bc, "t0 = torch.sub(a, b, alpha=1)"), "cpu f32[4, 3]");
+    assert!(fails(
+        &[("a", "cpu f32[4]"), ("b", "cpu f32[3]")],
+        "t0 = torch.mul(a, b)"
+    )
+    .contains("do not broadcast"));
+}
+
+#[test]
+fn creation_ops_take_dtype_and_infer_lengths() {
+    assert_eq!(
+        one(
+            &[],
+            "t0 = torch.arange(start=0, step=1, end=16, device=torch.device(\"cpu\"), dtype=torch.int64)"
+        ),
+        "cpu i64[16]"
+    );
+    assert_eq!(one(&[], "t0 = torch.arange(0.0, 1.0, 0.25)"), "cpu f32[4]");
+    assert_eq!(one(&[], "t0 = torch.arange(5)"), "cpu i64[5]");
+    assert_eq!(one(&[], "t0 = torch.full((2, 3), 1.0)"), "cpu f32[2, 3]");
+    assert_eq!(one(&[], "t0 = torch.full((2,), True)"), "cpu b8[2]");
+    assert_eq!(one(&[], "t0 = torch.full((2,), 7)"), "cpu i64[2]");
+    assert_eq!(
+        one(
+            &[],
+            "t0 = uniform((4, 64), 0.0, 1.0, device=torch.device(\"cpu\"), dtype=torch.float32)"
+        ),
+        "cpu f32[4, 64]"
+    );
+}
+
+#[test]
+fn thunder_prims_pad_and_slice() {
+    let a = [("a", "cpu f32[4, 5]")];
+    // lo/hi may crop; interior padding inserts between elements
+    assert_eq!(
+        one(
+            &a,
+            "t0 = torch_pad_prim_impl(a, 0.0, [(1, -1, 0), (0, 0, 2)])"
+        ),
+        "cpu f32[4, 13]"
+    );
+    assert_eq!(
+        one(&a, "t0 = torch_slice_prim_impl(a, [0, 1], [4, 5], [2, 2])"),
+        "cpu f32[2, 2]"
+    );
+    assert!(fails(&a, "t0 = torch_slice_prim_impl(a, [0, 1], [5, 5])").contains("bad slice"));
+    assert_eq!(
+        one(&a, "t0 = torch_prims_reshape_impl(a, (20,))"),
+        "cpu f32[20]"
+    );
+}
+
+#[test]
+fn basic_indexing() {
+    let a = [("a", "cpu f32[4, 5, 6]")];
+    assert_eq!(
+        one(
+            &a,
+            "t0 = Tensor.__getitem__(a, (slice(None, 2, None), None, ..., 1))"
+        ),
+        "cpu f32[2, 1, 5]"
+    );
+    assert_eq!(one(&a, "t0 = Tensor.__getitem__(a, 0)"), "cpu f32[5, 6]");
+    assert_eq!(
+        one(
+            &a,
+            "t0 = Tensor.__getitem__(a, (..., slice(-2, None, None)))"
+        ),
+        "cpu f32[4, 5, 2]"
+    );
+}
+
+#[test]
+fn layout_ops() {
+    let a = [("a", "cpu f32[2, 16, 192]")];
+    assert_eq!(
+        infer(&a, "[t0, t1, t2] = torch.split(a, 64, 2)").unwrap(),
+        vec!["cpu f32[2, 16, 64]"; 3]
+    );
+    assert_eq!(
+        one(&a, "t0 = torch.reshape(a, (-1, 192))"),
+        "cpu f32[32, 192]"
+    );
+    assert_eq!(one(&a, "t0 = torch.reshape(a, 2, -1)"), "cpu f32[2, 3072]");
+    assert_eq!(
+        one(&a, "t0 = torch.permute(a, (0, 2, 1))"),
+        "cpu f32[2, 192, 16]"
+    );
+    assert_eq!(
+        one(&a, "t0 = torch.unsqueeze(a, -1)"),
+        "cpu f32[2, 16, 192, 1]"
+    );
+    assert_eq!(one(&a, "t0 = torch.flip(a, (1, 2))"), "cpu f32[2, 16, 192]");
+    let c = [("a", "cpu f32[2, 3]"), ("b", "cpu f32[2, 5]")];
+    assert_eq!(one(&c, "t0 = torch.cat((a, b), 1)"), "cpu f32[2, 8]");
+    assert!(fails(&c, "t0 = torch.cat((a, b), 0)").contains("does not fit"));
+    let e = [("a", "cpu f32[1, 8, 1, 1]")];
+    assert_eq!(
+        one(&e, "t0 = Tensor.expand(a, (4, 8, 16, 16))"),
+        "cpu f32[4, 8, 16, 16]"
+    );
+    assert!(fails(&e, "t0 = Tensor.expand(a, (4, 7, 1, 1))").contains("cannot expand"));
+    let s = [("a", "cpu f32[1, 3, 1]")];
+    assert_eq!(one(&s, "t0 = torch.squeeze(a)"), "cpu f32[3]");
+    assert_eq!(one(&s, "t0 = torch.squeeze(a, 2)"), "cpu f32[1, 3]");
+    let t = [("a", "cpu f32[4]")];
+    assert_eq!(
+        one(&t, "t0 = Tensor.to(a, torch.float16, copy=True)"),
+        "cpu f16[4]"
+    );
+}
+
+#[test]
+fn reductions() {
+    let x = [("a", "cpu f32[4, 8, 16, 16]")];
+    assert_eq!(
+        infer(&x, "(t0, t1) = torch.var_mean(a, (0, 2, 3), correction=0)").unwrap(),
+        vec!["cpu f32[8]", "cpu f32[8]"]
+    );
+    assert_eq!(
+        one(&x, "t0 = torch.sum(a, (0,), False, dtype=None)"),
+        "cpu f32[8, 16, 16]"
+    );
+    assert_eq!(
+        one(&x, "t0 = torch.amax(a, -1, True)"),
+        "cpu f32[4, 8, 16, 1]"
+    );
+    let i = [("a", "cpu i64[4]")];
+    assert_eq!(one(&i, "t0 = torch.sum(a)"), "cpu i64[]");
+    assert!(fails(&i, "t0 = torch.mean(a)").contains("floating"));
+    let b = [("a", "cpu b8[4]")];
+    assert_eq!(one(&b, "t0 = torch.sum(a)"), "cpu i64[]");
+    let s = [("a", "cpu f32[2, 5]")];
+    assert_eq!(one(&s, "t0 = torch.softmax(a, -1)"), "cpu f32[2, 5]");
+    assert_eq!(one(&s, "t0 = torch.argmax(a, 1)"), "cpu i64[2]");
+    assert_eq!(
+        infer(&s, "(t0, t1) = torch.topk(a, 3)").unwrap(),
+        vec!["cpu f32[2, 3]", "cpu i64[2, 3]"]
+    );
+}
+
+#[test]
+fn convolution_pooling_embedding() {
+    let c = [
+        ("x", "cpu f32[4, 3, 16, 16]"),
+        ("w", "cpu f32[8, 3, 3, 3]"),
+        ("b", "cpu f32[8]"),
+    ];
+    assert_eq!(
+        one(
+            &c,
+            "t0 = torch.convolution(x, w, b, (1, 1), (1, 1), (1, 1), False, (0, 0), 1)"
+        ),
+        "cpu f32[4, 8, 16, 16]"
+    );
+    assert_eq!(
+        one(
+            &c,
+            "t0 = torch.convolution(x, w, None, (2, 2), (0, 0), (1, 1), False, (0, 0), 1)"
+        ),
+        "cpu f32[4, 8, 7, 7]"
+    );
+    assert_eq!(
+        one(
+            &c,
+            "t0 = torch.nn.functional.conv2d(x, w, b, padding='same')"
+        ),
+        "cpu f32[4, 8, 16, 16]"
+    );
+    // transposed: the weight is [in, out / groups, k, k]
+    let t = [("x", "cpu f32[1, 8, 7, 7]"), ("w", "cpu f32[8, 3, 3, 3]")];
+    assert_eq!(
+        one(
+            &t,
+            "t0 = torch.convolution(x, w, None, (2, 2), (0, 0), (1, 1), True, (1, 1), 1)"
+        ),
+        "cpu f32[1, 3, 16, 16]"
+    );
+    assert!(fails(
+        &[("x", "cpu f32[4, 4, 16, 16]"), ("w", "cpu f32[8, 3, 3, 3]")],
+        "t0 = torch.convolution(x, w, None, (1, 1), (1, 1), (1, 1), False, (0, 0), 1)"
+    )
+    .contains("channels"));
+    let p = [("x", "cpu f32[4, 8, 16, 16]")];
+    assert_eq!(
+        infer(
+            &p,
+            "(t0, t1) = max_pool2d_with_indices(x, 2, 2, 0, 1, False)"
+        )
+        .unwrap(),
+        vec!["cpu f32[4, 8, 8, 8]", "cpu i64[4, 8, 8, 8]"]
+    );
+    assert_eq!(
+        infer(
+            &p,
+            "(t0, t1) = max_pool2d_with_indices(x, 3, 2, 1, 1, True)"
+        )
+        .unwrap()[0],
+        // ceil mode: ceil((16 + 2 - 2 - 1) / 2) + 1 = 9; the last window starts inside
+        "cpu f32[4, 8, 9, 9]"
+    );
+    let e = [
+        ("idx", "cpu i64[2, 16]"),
+        ("w", "cpu f32[128, 64]"),
+        ("g", "cpu f32[2, 16, 64]"),
+    ];
+    assert_eq!(
+        one(
+            &e,
+            "t0 = torch.nn.functional.embedding(idx, w, None, None, 2.0, False, False)"
+        ),
+        "cpu f32[2, 16, 64]"
+    );
+    assert_eq!(
+        one(
+            &e,
+            "t0 = torch.torch.ops.aten.embedding_backward(g, idx, 128, -1, False, False)"
+        ),
+        "cpu f32[128, 64]"
+    );
+}
+
+#[test]
+fn signatures_check_keywords_and_arity() {
+    let a = [("a", "cpu f32[4]")];
+    let e = fails(&a, "t0 = torch.sum(a, frob=1)");
+    assert!(e.contains("has no keyword `frob`"), "{e}");
+    let e = fails(&a, "t0 = torch.add(a)");
+    assert!(e.contains("needs operand `b`"), "{e}");
+    // a declared type that contradicts the meta is a verifier error naming both
+    let text = "def computation(a):\n  # a: \"cpu f32[4]\"\n  t0 = torch.gt(a, 0.0)  # t0: \"cpu f32[4]\"\n  return (t0,)\n";
+    let t = parse_trace(text).unwrap();
+    let err = verify(&t).unwrap_err().to_string();
+    assert!(
+        err.contains("declared \"cpu f32[4]\" but ltorch.gt gives \"cpu b8[4]\""),
+        "{err}"
+    );
+}
