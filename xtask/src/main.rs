@@ -11,6 +11,7 @@ use timing::{
     CACHE_STATES,
 };
 
+mod bench_opt;
 mod timing;
 use tracepass_ir::synth::{mlp_program, MlpSpec};
 use tracepass_ir::{codec, fsio, parse_trace, print_trace, Module, OpRegistry};
@@ -25,7 +26,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a benchmark suite: ir, passes, runtime.
+    /// Run a benchmark suite: ir, passes, runtime, overlap, cuda, opt (the export corpus).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
@@ -73,7 +74,10 @@ fn main() -> Result<()> {
             "runtime" => bench_runtime(),
             "overlap" => bench_overlap(ranks, layers),
             "cuda" => bench_cuda(),
-            other => bail!("unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda"),
+            "opt" => bench_opt::bench_opt(),
+            other => {
+                bail!("unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt")
+            }
         },
         Cmd::GenTestdata => gen_testdata(),
         Cmd::Fuzz { target, time } => fuzz(&target, time),
