@@ -7,6 +7,7 @@ pub mod kernels;
 pub mod nccl;
 pub mod nvrtc;
 pub mod train;
+pub mod watchdog;
 
 pub use backend::{CudaBackend, CudaTensor};
 pub use nccl::NcclComm;
