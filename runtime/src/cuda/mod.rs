@@ -6,11 +6,13 @@ pub mod backend;
 pub mod kernels;
 pub mod nccl;
 pub mod nvrtc;
+pub mod solo;
 pub mod train;
 pub mod watchdog;
 
 pub use backend::{CudaBackend, CudaTensor};
 pub use nccl::NcclComm;
+pub use solo::SoloComm;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CudaError {
