@@ -466,7 +466,7 @@ pub fn gpu_check(extra_models: Vec<PathBuf>, skip_bench: bool) -> Result<()> {
 
     // the GPU tests may not skip here: a missing GPU, NCCL or NVRTC is a failure
     let (r, pass) = run_step(
-        "GPU tests (lib, cuda, cuda_nvrtc)",
+        "GPU tests (cuda, cuda_nvrtc)",
         Command::new(&cargo)
             .args([
                 "test",
@@ -475,7 +475,6 @@ pub fn gpu_check(extra_models: Vec<PathBuf>, skip_bench: bool) -> Result<()> {
                 "tracepass-runtime",
                 "--features",
                 "cuda",
-                "--lib",
                 "--test",
                 "cuda",
                 "--test",
