@@ -69,9 +69,10 @@ pub fn all_reduce_sweep<R: SweepRank>(
     Ok(slowest)
 }
 
+/// Fields drop in order: the communicator before its GPU's backend.
 struct NcclRank {
-    backend: CudaBackend,
     comm: NcclComm,
+    backend: CudaBackend,
 }
 
 impl SweepRank for NcclRank {
@@ -112,18 +113,16 @@ fn nccl_tests_busbw(gpus: usize) -> Result<f64> {
         .args(["-b", "1M", "-e", "128M", "-f", "4", "-g", &gpus.to_string()])
         .output()
         .with_context(|| format!("{bin} (nccl-tests) not found; set NCCL_TESTS"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| {
-            l.split_once("Avg bus bandwidth")?
-                .1
-                .split(':')
-                .nth(1)?
-                .trim()
-                .parse()
-                .ok()
-        })
+    parse_busbw(&String::from_utf8_lossy(&out.stdout))
         .ok_or_else(|| anyhow!("{bin} printed no average bus bandwidth"))
+}
+
+/// The figure of nccl-tests' `# Avg bus bandwidth    : 123.45` line.
+fn parse_busbw(text: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (_, rest) = l.split_once("Avg bus bandwidth")?;
+        rest.trim_start().strip_prefix(':')?.trim().parse().ok()
+    })
 }
 
 fn device_model(name: &str) -> Result<DeviceModel> {
@@ -253,7 +252,7 @@ pub fn bench() -> Result<Vec<Row>> {
                 |r, id| {
                     let backend = CudaBackend::new(r)?;
                     let comm = NcclComm::new(&backend, r, count, id, Duration::from_secs(120))?;
-                    Ok(NcclRank { backend, comm })
+                    Ok(NcclRank { comm, backend })
                 },
             )?;
             let reference = nccl_tests_busbw(count);
@@ -629,6 +628,28 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{e:#}").contains("rank 1"), "{e:#}");
+    }
+
+    #[test]
+    fn nccl_tests_output_is_read() {
+        let out = "#  Out of bounds values : 0 OK\n# Avg bus bandwidth    : 371.254 \n#\n";
+        assert_eq!(parse_busbw(out), Some(371.254));
+        assert_eq!(parse_busbw("no figure here"), None);
+        assert_eq!(parse_busbw("# Avg bus bandwidth : n/a"), None);
+    }
+
+    #[test]
+    fn missing_features_are_skips_and_other_errors_failures() {
+        assert!(unsupported(
+            "rank 0 failed: dtype i64 is not supported on cuda (f32, bf16, f16)"
+        ));
+        assert!(unsupported(
+            "permutation [0, 1, 2, 3, 4, 5, 6] of rank 7 (cuda handles rank <= 6)"
+        ));
+        assert!(!unsupported(
+            "rank 0 failed: cuBLAS gemm: CUBLAS_STATUS_EXECUTION_FAILED"
+        ));
+        assert!(!unsupported("loss: NaN"));
     }
 
     #[test]
