@@ -552,3 +552,56 @@ fn a_collective_a_peer_never_joins_ends_with_the_rank_and_label() {
         "ended after {took:?}"
     );
 }
+
+#[test]
+fn more_than_2_pow_32_elements_are_all_written() {
+    let Some(g) = gpu() else { return };
+    // a broadcast add makes a 65537 x 65537 f32 output (2^32 + 2^17 + 1 elements, 17 GB)
+    // from two small inputs; the old `n as u32` grid covered only the first 2^17 + 1 of them
+    let n = 65_537usize;
+    let need = n * n * 4 + (n * 8);
+    let free = g.context().mem_get_info().map(|(f, _)| f).unwrap_or(0);
+    if free < need + (need / 4) {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "skipping the 2^32-element test: {} GB free, {} GB needed",
+            free >> 30,
+            (need + need / 4) >> 30
+        );
+        return;
+    }
+    let col = g
+        .upload(&Tensor::from_f32(vec![n, 1], vec![1.0; n]))
+        .unwrap();
+    let row = g
+        .upload(&Tensor::from_f32(vec![1, n], vec![0.0; n]))
+        .unwrap();
+    let add = Kernel::Binary {
+        op: BinaryOp::Add,
+        a: Side::Input(0),
+        b: Side::Input(1),
+        alpha: 1.0,
+    };
+    let big = g
+        .run(&add, &[Input::Tensor(&col), Input::Tensor(&row)])
+        .unwrap();
+    assert_eq!(big.numel(), n * n);
+    let sum = Kernel::Reduce {
+        op: ReduceOp::Sum,
+        dims: vec![1],
+        keepdim: false,
+        dtype: DType::F32,
+    };
+    let rows = g
+        .download(&g.run(&sum, &[Input::Tensor(&big)]).unwrap())
+        .unwrap();
+    let v = rows.to_f64_vec();
+    assert_eq!(v.len(), n);
+    let bad: Vec<usize> = (0..n).filter(|&i| v[i] != n as f64).take(5).collect();
+    assert!(
+        bad.is_empty(),
+        "rows {bad:?} are not all ones (first: {})",
+        v[bad[0]]
+    );
+}
