@@ -1,7 +1,8 @@
 //! Every kernel the CUDA backend can launch, compiled by NVRTC on the CPU (no GPU needed):
 //! PTX for compute_80 and compute_90, each assembled by `ptxas` for sm_80 / sm_90 when the
-//! environment variable PTXAS names one, and a CUBIN for sm_80 / sm_90 straight from NVRTC
-//! (what the backend loads on a device). The kernels come from `cuda::kernels::catalog()`, the
+//! environment variable PTXAS names one, or else built by NVRTC itself as a CUBIN for sm_80 /
+//! sm_90 (what the backend loads on a device; `the_device_build_prefers_a_cubin_for_the_device`
+//! checks that path with PTXAS set too). The kernels come from `cuda::kernels::catalog()`, the
 //! one list of them, so a new op cannot be left out.
 //!
 //! Without libnvrtc the test prints why and passes; with `TRACEPASS_REQUIRE_NVRTC=1` (CI)
@@ -95,10 +96,14 @@ fn check_one(src: &Source, ptxas_path: Option<&str>, dir: &std::path::Path) -> V
             }
             Err(e) => failures.push(e.to_string()),
         }
-        match nvrtc::compile(src, Some(real)) {
-            Ok(Image::Cubin(b)) if b.starts_with(b"\x7fELF") => {}
-            Ok(_) => failures.push(format!("{} {real}: NVRTC gave no CUBIN", src.name)),
-            Err(e) => failures.push(e.to_string()),
+        // without ptxas, NVRTC's own CUBIN for the real architecture (the backend's path on
+        // a device) is the check that the PTX assembles
+        if ptxas_path.is_none() {
+            match nvrtc::compile(src, Some(real)) {
+                Ok(Image::Cubin(b)) if b.starts_with(b"\x7fELF") => {}
+                Ok(_) => failures.push(format!("{} {real}: NVRTC gave no CUBIN", src.name)),
+                Err(e) => failures.push(e.to_string()),
+            }
         }
     }
     failures
@@ -151,7 +156,7 @@ fn every_kernel_compiles_for_compute_80_and_90() {
         failures.is_empty(),
         "{} of {} kernel builds failed:\n{}",
         failures.len(),
-        kernels.len() * ARCHS.len() * 2,
+        kernels.len() * ARCHS.len(),
         failures.join("\n")
     );
 }
