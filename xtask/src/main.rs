@@ -12,6 +12,7 @@ use timing::{
 };
 
 mod bench_opt;
+mod cuda;
 mod timing;
 use tracepass_ir::synth::{mlp_program, MlpSpec};
 use tracepass_ir::{codec, fsio, parse_trace, print_trace, Module, OpRegistry};
@@ -42,6 +43,18 @@ enum Cmd {
     },
     /// Write synthetic programs (seed model, deep MLP) to testdata/generated/.
     GenTestdata,
+    /// For the day a GPU is lent: builds with `--features cuda`, runs the GPU tests (which may
+    /// not skip), trains the corpus models on one GPU against the CPU, runs `bench cuda`, and
+    /// prints one table (about 10 minutes at most).
+    GpuCheck {
+        /// More directories of model folders (each with forward.trace and backward.trace),
+        /// besides testdata/thunder and shared/models.
+        #[arg(long)]
+        models: Vec<std::path::PathBuf>,
+        /// Leave out `bench cuda`.
+        #[arg(long)]
+        skip_bench: bool,
+    },
     /// Profiling aid: decode (or parse, or run the DDP passes on) an N-node backward repeatedly.
     #[command(hide = true)]
     Repeat {
@@ -73,13 +86,14 @@ fn main() -> Result<()> {
             "passes" => bench_passes(max_nodes),
             "runtime" => bench_runtime(),
             "overlap" => bench_overlap(ranks, layers),
-            "cuda" => bench_cuda(),
+            "cuda" => cuda::bench().map(|_| ()),
             "opt" => bench_opt::bench_opt(),
             other => {
                 bail!("unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt")
             }
         },
         Cmd::GenTestdata => gen_testdata(),
+        Cmd::GpuCheck { models, skip_bench } => cuda::gpu_check(models, skip_bench),
         Cmd::Fuzz { target, time } => fuzz(&target, time),
         Cmd::Repeat { what, nodes, times } => repeat(&what, nodes, times),
     }
@@ -663,159 +677,6 @@ fn fuzz(target: &str, secs: u64) -> Result<()> {
     }
     println!("no crash in {secs} s");
     Ok(())
-}
-
-/// GPU benchmark: GEMM TFLOP/s and elementwise GB/s against the device's datasheet peaks,
-/// NCCL all-reduce bus bandwidth per bucket size (2+ GPUs), steps/s of the seed and deep MLP.
-fn bench_cuda() -> Result<()> {
-    use tracepass_runtime::backend::{Backend, Input};
-    use tracepass_runtime::comm::{Communicator, ReduceOp};
-    use tracepass_runtime::cuda::{nccl, CudaBackend, NcclComm};
-    use tracepass_runtime::kernel::{BinaryOp, Kernel, Side};
-    use tracepass_runtime::model::ModelSource;
-    use tracepass_runtime::rendezvous::DistEnv;
-    use tracepass_runtime::sim::DeviceModel;
-    use tracepass_runtime::tensor::Tensor;
-    use tracepass_runtime::trainer::TrainConfig;
-    let g = CudaBackend::new(0).map_err(|e| anyhow::anyhow!("bench cuda needs a GPU: {e}"))?;
-    let name = g.context().name().unwrap_or_else(|_| "unknown GPU".into());
-    let model = if name.contains("H200") {
-        DeviceModel::named("h200")
-    } else if name.contains("A100") {
-        DeviceModel::named("a100")
-    } else {
-        DeviceModel::named("h100")
-    }
-    .ok_or_else(|| anyhow::anyhow!("no device model"))?;
-    println!("## {name} (peaks from the {} datasheet)", model.name);
-    println!("| GEMM m x k x n | dtype | ms | TFLOP/s | % of peak |");
-    println!("|---|---|---|---|---|");
-    for d in [tracepass_ir::DType::F32, tracepass_ir::DType::BF16] {
-        for (m, k, n) in [
-            (4096usize, 4096usize, 4096usize),
-            (8, 1024, 1024),
-            (8192, 8192, 8192),
-        ] {
-            let a = g.upload(
-                &Tensor::from_f32(vec![m, k], vec![0.5; m * k])
-                    .to_dtype(d)
-                    .unwrap_or_else(|| Tensor::from_f32(vec![0], vec![])),
-            )?;
-            let b = g.upload(
-                &Tensor::from_f32(vec![k, n], vec![0.25; k * n])
-                    .to_dtype(d)
-                    .unwrap_or_else(|| Tensor::from_f32(vec![0], vec![])),
-            )?;
-            let run = || g.run(&Kernel::Matmul, &[Input::Tensor(&a), Input::Tensor(&b)]);
-            run()?;
-            g.synchronize()?;
-            let reps = 20;
-            let t = Instant::now();
-            for _ in 0..reps {
-                run()?;
-            }
-            g.synchronize()?;
-            let per = t.elapsed().as_secs_f64() / reps as f64;
-            let tf = 2.0 * (m * k * n) as f64 / per / 1e12;
-            println!(
-                "| {m} x {k} x {n} | {d} | {:.3} | {tf:.1} | {:.0}% |",
-                per * 1e3,
-                100.0 * tf * 1e12 / model.flops_for(d)
-            );
-        }
-    }
-    let n = 1usize << 26;
-    let x = g.upload(&Tensor::from_f32(vec![n], vec![1.0; n]))?;
-    let add = Kernel::Binary {
-        op: BinaryOp::Add,
-        a: Side::Input(0),
-        b: Side::Input(1),
-        alpha: 1.0,
-    };
-    g.run(&add, &[Input::Tensor(&x), Input::Tensor(&x)])?;
-    g.synchronize()?;
-    let t = Instant::now();
-    for _ in 0..20 {
-        g.run(&add, &[Input::Tensor(&x), Input::Tensor(&x)])?;
-    }
-    g.synchronize()?;
-    let gbs = 3.0 * 4.0 * n as f64 * 20.0 / t.elapsed().as_secs_f64() / 1e9;
-    println!(
-        "\nelementwise add of 64M f32: {gbs:.0} GB/s ({:.0}% of {:.0} GB/s)",
-        100.0 * gbs * 1e9 / model.mem_bw,
-        model.mem_bw / 1e9
-    );
-    // all-reduce bus bandwidth: one thread per GPU in this process
-    let count = cudarc_device_count();
-    if count >= 2 {
-        let id = nccl::unique_id()?;
-        println!("\n| all-reduce bytes | GPUs | ms | busbw GB/s |\n|---|---|---|---|");
-        for mb in [1usize, 4, 25, 100] {
-            let elems = mb << 18;
-            let times: Vec<f64> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..count)
-                    .map(|r| {
-                        let id = id.clone();
-                        s.spawn(move || -> Result<f64> {
-                            let b = CudaBackend::new(r)?;
-                            let mut c = NcclComm::new(&b, r, count, &id)?;
-                            let buf = b.upload(&Tensor::from_f32(vec![elems], vec![1.0; elems]))?;
-                            let h = c.all_reduce_async(buf.clone(), ReduceOp::Sum, "warm")?;
-                            c.wait(h)?;
-                            b.synchronize()?;
-                            let t = Instant::now();
-                            for _ in 0..10 {
-                                let h = c.all_reduce_async(buf.clone(), ReduceOp::Sum, "bench")?;
-                                c.wait(h)?;
-                            }
-                            b.synchronize()?;
-                            Ok(t.elapsed().as_secs_f64() / 10.0)
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .filter_map(|h| h.join().ok().and_then(|r| r.ok()))
-                    .collect()
-            });
-            if let Some(t) = times.iter().copied().reduce(f64::max) {
-                let bytes = (elems * 4) as f64;
-                let busbw = bytes / t * 2.0 * (count as f64 - 1.0) / count as f64 / 1e9;
-                println!("| {} MiB | {count} | {:.3} | {busbw:.1} |", mb, t * 1e3);
-            }
-        }
-    } else {
-        println!("\nall-reduce bus bandwidth: needs 2 or more GPUs ({count} found)");
-    }
-    let env = DistEnv::from_lookup(|_| None)?;
-    println!("\n| model | steps/s (1 GPU) |\n|---|---|");
-    for (label, m, steps) in [
-        ("seed MLP", ModelSource::Seed, 200usize),
-        (
-            "deep MLP 16 x 1024, batch 8",
-            ModelSource::DeepMlp {
-                layers: 16,
-                width: 1024,
-                batch: 8,
-            },
-            20,
-        ),
-    ] {
-        let cfg = TrainConfig {
-            world_size: 1,
-            steps,
-            model: m,
-            ..TrainConfig::default()
-        };
-        let r = tracepass_runtime::cuda::train::train(&cfg, &env, &|_, _| {})?;
-        println!("| {label} | {:.1} |", steps as f64 / r.wall.as_secs_f64());
-    }
-    Ok(())
-}
-
-fn cudarc_device_count() -> usize {
-    (0..16)
-        .take_while(|&i| tracepass_runtime::cuda::check_available(i).is_ok())
-        .count()
 }
 
 fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {

@@ -79,6 +79,8 @@ impl CudaTensor {
 
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
+    /// The device's compute capability: kernels are built as a CUBIN for its own `sm_XY`.
+    cc: (i32, i32),
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     functions: Mutex<HashMap<String, CudaFunction>>,
@@ -90,23 +92,186 @@ fn kerr<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> KernelError + '_ {
     move |e| KernelError(format!("{what}: {e}"))
 }
 
+/// An elementwise launch over `n` elements: capped blocks, the kernels loop over the rest.
 fn grid(n: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: ((n as u32).div_ceil(256).max(1), 1, 1),
-        block_dim: (256, 1, 1),
+        grid_dim: (kernels::elementwise_blocks(n), 1, 1),
+        block_dim: (kernels::BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }
 }
 
-/// Launches kernel `$f` over `$n` elements with the given arguments (all borrowed locals).
+/// A row launch: one block per row of `len` elements.
+fn rows(rows: usize, len: usize) -> LaunchConfig {
+    let (blocks, threads) = kernels::row_launch(rows, len);
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// An element count as the kernels' `long long`.
+fn count(n: usize, what: &str) -> Result<i64, KernelError> {
+    i64::try_from(n).map_err(|_| KernelError(format!("{what}: {n} elements is too many")))
+}
+
+/// Launches kernel `$f` with config `$cfg` and the given arguments (all borrowed locals).
 macro_rules! launch {
-    ($self:expr, $f:expr, $n:expr, $($arg:expr),* $(,)?) => {{
+    ($self:expr, $f:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
         let mut b = $self.stream.launch_builder(&$f);
         $( b.arg($arg); )*
         // SAFETY: the argument list matches the generated kernel's signature; the pointers come
-        // from live allocations of at least `$n` elements.
-        unsafe { b.launch(grid($n)) }.map(|_| ()).map_err(kerr("kernel launch"))
+        // from live allocations of the sizes passed; the kernels bound every index by them.
+        unsafe { b.launch($cfg) }.map(|_| ()).map_err(kerr("kernel launch"))
     }};
+}
+
+/// How a row-major `c(m x n) = a(m x k) @ b(k x n)` (`b` stored `n x k` when transposed) is
+/// handed to cuBLAS, which is column major: `c^T = b^T a^T`, so cuBLAS's (m, n, k) are our
+/// (n, m, k) and its A is our `b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmCall {
+    /// No output elements: nothing to run.
+    Nothing,
+    /// `k == 0`: the product is all zeros (cuBLAS is not called).
+    Zero,
+    /// Sizes and leading dimensions, each at least 1 as cuBLAS requires.
+    Call {
+        m: i32,
+        n: i32,
+        k: i32,
+        lda: i32,
+        ldb: i32,
+        ldc: i32,
+    },
+}
+
+impl GemmCall {
+    pub fn new(m: usize, k: usize, n: usize, b_transposed: bool) -> Result<GemmCall, KernelError> {
+        if m == 0 || n == 0 {
+            return Ok(GemmCall::Nothing);
+        }
+        if k == 0 {
+            return Ok(GemmCall::Zero);
+        }
+        let int = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| {
+                KernelError(format!(
+                    "GEMM {m} x {k} x {n}: {what} {v} is above cuBLAS's 32-bit limit"
+                ))
+            })
+        };
+        let lda = if b_transposed { k } else { n };
+        Ok(GemmCall::Call {
+            m: int(n, "n")?,
+            n: int(m, "m")?,
+            k: int(k, "k")?,
+            lda: int(lda.max(1), "leading dimension")?,
+            ldb: int(k.max(1), "leading dimension")?,
+            ldc: int(n.max(1), "leading dimension")?,
+        })
+    }
+}
+
+/// A (batched) matrix product of two shapes as `torch.matmul` defines it: 1-d operands get a
+/// unit dimension (dropped from the result), batch dimensions broadcast one by one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatmulPlan {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub out_shape: Vec<usize>,
+    /// Element offsets into `a` and `b` of each output matrix, in output order.
+    pub batches: Vec<(usize, usize)>,
+}
+
+impl MatmulPlan {
+    pub fn new(a: &[usize], b: &[usize]) -> Result<MatmulPlan, KernelError> {
+        if a.is_empty() || b.is_empty() {
+            return Err(KernelError("matmul of a 0-d tensor".into()));
+        }
+        let (ra, rb) = (a.len(), b.len());
+        let (m, k) = if ra == 1 {
+            (1, a[0])
+        } else {
+            (a[ra - 2], a[ra - 1])
+        };
+        let (kb, n) = if rb == 1 {
+            (b[0], 1)
+        } else {
+            (b[rb - 2], b[rb - 1])
+        };
+        if k != kb {
+            return Err(KernelError(format!(
+                "matmul shapes {a:?} and {b:?} do not fit ({k} != {kb})"
+            )));
+        }
+        let (ba, bb) = (&a[..ra.saturating_sub(2)], &b[..rb.saturating_sub(2)]);
+        let batch = tracepass_ir::broadcast_shapes(ba, bb).ok_or_else(|| {
+            KernelError(format!(
+                "matmul batch dimensions {ba:?} of {a:?} and {bb:?} of {b:?} do not broadcast"
+            ))
+        })?;
+        // element strides of each operand's batch dimensions, 0 where it broadcasts
+        let strides = |own: &[usize], mat: usize| -> Vec<usize> {
+            let lead = batch.len() - own.len();
+            let mut st = vec![0usize; batch.len()];
+            let mut step = mat;
+            for i in (0..own.len()).rev() {
+                if own[i] != 1 {
+                    st[lead + i] = step;
+                }
+                step *= own[i];
+            }
+            st
+        };
+        let (sa, sb) = (strides(ba, m * k), strides(bb, k * n));
+        let count: usize = batch.iter().product();
+        let mut batches = Vec::with_capacity(count);
+        let mut idx = vec![0usize; batch.len()];
+        for _ in 0..count {
+            let oa = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
+            let ob = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
+            batches.push((oa, ob));
+            for d in (0..batch.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < batch[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        let mut out_shape = batch;
+        if ra > 1 {
+            out_shape.push(m);
+        }
+        if rb > 1 {
+            out_shape.push(n);
+        }
+        Ok(MatmulPlan {
+            m,
+            k,
+            n,
+            out_shape,
+            batches,
+        })
+    }
+
+    /// `(stride_a, stride_b)` when the batches step evenly through both operands (one strided
+    /// batched GEMM does them all; a stride of 0 repeats a matrix).
+    pub fn uniform_strides(&self) -> Option<(usize, usize)> {
+        let (a0, b0) = *self.batches.first()?;
+        let (sa, sb) = match self.batches.get(1) {
+            Some(&(a1, b1)) => (a1.checked_sub(a0)?, b1.checked_sub(b0)?),
+            None => (0, 0),
+        };
+        self.batches
+            .iter()
+            .enumerate()
+            .all(|(i, &(a, b))| a == a0 + i * sa && b == b0 + i * sb)
+            .then_some((sa, sb))
+    }
 }
 
 impl CudaBackend {
@@ -114,6 +279,9 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<CudaBackend, CudaError> {
         super::check_available(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::Driver(e.to_string()))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| CudaError::Driver(e.to_string()))?;
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Library {
             lib: "cuBLAS",
@@ -121,6 +289,7 @@ impl CudaBackend {
         })?;
         Ok(CudaBackend {
             ctx,
+            cc,
             stream,
             blas,
             functions: Mutex::new(HashMap::new()),
@@ -130,6 +299,10 @@ impl CudaBackend {
 
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+    /// The device's compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
     }
     /// The compute stream every kernel runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -147,11 +320,12 @@ impl CudaBackend {
         if let Some(f) = cache.get(&src.name) {
             return Ok(f.clone());
         }
-        let ptx = cudarc::nvrtc::compile_ptx(&src.code).map_err(kerr("NVRTC"))?;
+        let (image, arch) =
+            super::nvrtc::compile_for_device(&src, self.cc).map_err(kerr("NVRTC"))?;
         let module = self
             .ctx
-            .load_module(ptx)
-            .map_err(kerr("loading a kernel module"))?;
+            .load_module(image.into_module_image())
+            .map_err(|e| KernelError(format!("loading kernel `{}` ({arch}): {e}", src.name)))?;
         let f = module
             .load_function(&src.name)
             .map_err(kerr("loading a kernel"))?;
@@ -204,6 +378,25 @@ impl CudaBackend {
         beta: f32,
         dtype: DType,
     ) -> Result<(), KernelError> {
+        self.gemm_batched(m, k, n, a, b, b_transposed, c, beta, dtype, 1, (0, 0))
+    }
+
+    /// `batch` GEMMs whose operands step by `strides` elements (of a, b; c steps by m*n).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_batched(
+        &self,
+        m: usize,
+        k: usize,
+        n: usize,
+        a: u64,
+        b: u64,
+        b_transposed: bool,
+        c: u64,
+        beta: f32,
+        dtype: DType,
+        batch: usize,
+        strides: (usize, usize),
+    ) -> Result<(), KernelError> {
         let ty = match dtype {
             DType::F32 => blas_sys::cudaDataType_t::CUDA_R_32F,
             DType::BF16 => blas_sys::cudaDataType_t::CUDA_R_16BF,
@@ -214,37 +407,110 @@ impl CudaBackend {
                 )))
             }
         };
-        let alpha = 1.0f32;
-        let (transa, lda) = if b_transposed {
-            (blas_sys::cublasOperation_t::CUBLAS_OP_T, k)
-        } else {
-            (blas_sys::cublasOperation_t::CUBLAS_OP_N, n)
+        let (cm, cn, ck, lda, ldb, ldc) = match GemmCall::new(m, k, n, b_transposed)? {
+            GemmCall::Nothing => return Ok(()),
+            GemmCall::Zero => {
+                if beta == 0.0 {
+                    let bytes = batch
+                        .checked_mul(m * n * dtype.size_bytes())
+                        .ok_or_else(|| KernelError("GEMM output size overflows".into()))?;
+                    // SAFETY: c addresses `batch` contiguous m x n outputs on this stream.
+                    unsafe {
+                        cudarc::driver::result::memset_d8_async(
+                            c,
+                            0,
+                            bytes,
+                            self.stream.cu_stream(),
+                        )
+                    }
+                    .map_err(kerr("zeroing an empty product"))?;
+                }
+                return Ok(());
+            }
+            GemmCall::Call {
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+            } => (m, n, k, lda, ldb, ldc),
         };
-        // SAFETY: pointers address contiguous matrices of the given sizes on this stream.
+        let alpha = 1.0f32;
+        let transa = if b_transposed {
+            blas_sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            blas_sys::cublasOperation_t::CUBLAS_OP_N
+        };
+        let handle = *self.blas.handle();
+        let (pa, pb) = (
+            (&alpha) as *const f32 as *const _,
+            (&beta) as *const f32 as *const _,
+        );
+        let compute = blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        let algo = blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+        if batch == 1 {
+            // SAFETY: pointers address contiguous matrices of the given sizes on this stream.
+            return unsafe {
+                blas_result::gemm_ex(
+                    handle,
+                    transa,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    cm,
+                    cn,
+                    ck,
+                    pa,
+                    b as *const _,
+                    ty,
+                    lda,
+                    a as *const _,
+                    ty,
+                    ldb,
+                    pb,
+                    c as *mut _,
+                    ty,
+                    ldc,
+                    compute,
+                    algo,
+                )
+            }
+            .map_err(kerr("cuBLAS gemm"));
+        }
+        let big = |v: usize| {
+            i64::try_from(v).map_err(|_| KernelError(format!("GEMM stride {v} is too large")))
+        };
+        let count = i32::try_from(batch)
+            .map_err(|_| KernelError(format!("{batch} batched GEMMs are too many for cuBLAS")))?;
+        // SAFETY: `batch` matrices of each operand at the given element strides, all inside
+        // their allocations; outputs contiguous.
         unsafe {
-            blas_result::gemm_ex(
-                *self.blas.handle(),
+            blas_result::gemm_strided_batched_ex(
+                handle,
                 transa,
                 blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                n as i32,
-                m as i32,
-                k as i32,
-                (&alpha) as *const f32 as *const _,
+                cm,
+                cn,
+                ck,
+                pa,
                 b as *const _,
                 ty,
-                lda as i32,
+                lda,
+                big(strides.1)?,
                 a as *const _,
                 ty,
-                k as i32,
-                (&beta) as *const f32 as *const _,
+                ldb,
+                big(strides.0)?,
+                pb,
                 c as *mut _,
                 ty,
-                n as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                ldc,
+                big(m * n)?,
+                count,
+                compute,
+                algo,
             )
         }
-        .map_err(kerr("cuBLAS gemm"))
+        .map_err(kerr("cuBLAS strided batched gemm"))
     }
 
     /// Runs an elementwise kernel `(in, out, n)` over `x` into a new tensor of `dtype`.
@@ -260,9 +526,9 @@ impl CudaBackend {
         let (pi, po, n) = (
             x.ptr(&self.stream),
             out.ptr(&self.stream),
-            out.numel() as i64,
+            count(out.numel(), what)?,
         );
-        launch!(self, f, out.numel(), &pi, &po, &n)?;
+        launch!(self, f, grid(out.numel()), &pi, &po, &n)?;
         Ok(out)
     }
 
@@ -286,8 +552,12 @@ impl CudaBackend {
         let out = self.empty(shape, x.dtype)?;
         let n = out.numel();
         let f = self.function(kernels::permute(x.dtype), "permute")?;
-        let (pi, po, nn) = (x.ptr(&self.stream), out.ptr(&self.stream), n as i64);
-        launch!(self, f, n, &pi, &l, &po, &nn)?;
+        let (pi, po, nn) = (
+            x.ptr(&self.stream),
+            out.ptr(&self.stream),
+            count(n, "permute")?,
+        );
+        launch!(self, f, grid(n), &pi, &l, &po, &nn)?;
         Ok(out)
     }
 
@@ -362,8 +632,22 @@ impl CudaBackend {
         let pa = ta.map_or(0u64, |t| t.ptr(&self.stream));
         let pb = tb.map_or(0u64, |t| t.ptr(&self.stream));
         let (a_num, b_num) = (i32::from(ta.is_none()), i32::from(tb.is_none()));
-        let (alpha, po, nn) = (*alpha as f32, out.ptr(&self.stream), n as i64);
-        launch!(self, f, n, &pa, &pb, &sa, &sb, &a_num, &b_num, &alpha, &l, &po, &nn)?;
+        let (alpha, po, nn) = (*alpha as f32, out.ptr(&self.stream), count(n, "binary op")?);
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pa,
+            &pb,
+            &sa,
+            &sb,
+            &a_num,
+            &b_num,
+            &alpha,
+            &l,
+            &po,
+            &nn
+        )?;
         Ok(out)
     }
 
@@ -374,61 +658,44 @@ impl CudaBackend {
                 a.dtype, b.dtype
             )));
         }
-        let (ra, rb) = (a.shape.len(), b.shape.len());
-        if ra < 1 || rb < 1 {
-            return Err(KernelError("matmul of a 0-d tensor".into()));
-        }
-        let (m, k) = if ra == 1 {
-            (1, a.shape[0])
-        } else {
-            (a.shape[ra - 2], a.shape[ra - 1])
-        };
-        let (kb, n) = if rb == 1 {
-            (b.shape[0], 1)
-        } else {
-            (b.shape[rb - 2], b.shape[rb - 1])
-        };
-        if k != kb {
-            return Err(KernelError(format!(
-                "matmul shapes {:?} and {:?} do not fit",
-                a.shape, b.shape
-            )));
-        }
-        let batch_a: usize = a.shape[..ra.saturating_sub(2)].iter().product();
-        let batch_b: usize = b.shape[..rb.saturating_sub(2)].iter().product();
-        if batch_b != 1 && batch_b != batch_a {
-            return Err(KernelError(format!("matmul batch shapes of {:?} and {:?} differ (cuda broadcasts only a 2-d right operand)", a.shape, b.shape)));
-        }
-        let mut shape: Vec<usize> = a.shape[..ra.saturating_sub(2)].to_vec();
-        if ra > 1 {
-            shape.push(m);
-        }
-        if rb > 1 {
-            shape.push(n);
-        }
-        let out = self.empty(shape, a.dtype)?;
+        let plan = MatmulPlan::new(&a.shape, &b.shape)?;
+        let (m, k, n) = (plan.m, plan.k, plan.n);
+        let out = self.empty(plan.out_shape.clone(), a.dtype)?;
         let es = a.dtype.size_bytes() as u64;
         let (pa, pb, pc) = (
             a.ptr(&self.stream),
             b.ptr(&self.stream),
             out.ptr(&self.stream),
         );
-        if batch_b == 1 {
-            // fold the batch into the rows
-            self.gemm(batch_a * m, k, n, pa, pb, false, pc, 0.0, a.dtype)?;
-        } else {
-            for i in 0..batch_a as u64 {
-                self.gemm(
-                    m,
-                    k,
-                    n,
-                    pa + i * (m * k) as u64 * es,
-                    pb + i * (k * n) as u64 * es,
-                    false,
-                    pc + i * (m * n) as u64 * es,
-                    0.0,
-                    a.dtype,
-                )?;
+        match plan.uniform_strides() {
+            None if plan.batches.is_empty() => {}
+            // b is one matrix and a's batches are contiguous: fold the batch into the rows
+            Some((sa, 0)) if sa == m * k || plan.batches.len() == 1 => {
+                let (oa, ob) = plan.batches[0];
+                let rows = plan.batches.len() * m;
+                let (pa, pb) = (pa + oa as u64 * es, pb + ob as u64 * es);
+                self.gemm(rows, k, n, pa, pb, false, pc, 0.0, a.dtype)?;
+            }
+            Some(strides) => {
+                let (oa, ob) = plan.batches[0];
+                let (pa, pb) = (pa + oa as u64 * es, pb + ob as u64 * es);
+                let count = plan.batches.len();
+                self.gemm_batched(m, k, n, pa, pb, false, pc, 0.0, a.dtype, count, strides)?;
+            }
+            None => {
+                for (i, &(oa, ob)) in plan.batches.iter().enumerate() {
+                    self.gemm(
+                        m,
+                        k,
+                        n,
+                        pa + oa as u64 * es,
+                        pb + ob as u64 * es,
+                        false,
+                        pc + (i * m * n) as u64 * es,
+                        0.0,
+                        a.dtype,
+                    )?;
+                }
             }
         }
         Ok(out)
@@ -448,7 +715,8 @@ impl CudaBackend {
             )));
         }
         let n = w.shape[0];
-        let m = x.numel() / k.max(1);
+        // rows: the leading dimensions (not numel / k, which is 0 when k is)
+        let m: usize = x.shape[..x.shape.len() - 1].iter().product();
         let mut shape = x.shape[..x.shape.len() - 1].to_vec();
         shape.push(n);
         let out = self.empty(shape, x.dtype)?;
@@ -461,8 +729,14 @@ impl CudaBackend {
                 )));
             }
             let f = self.function(kernels::fill_rows(x.dtype), "linear bias")?;
-            let (pb, total, cols) = (b.ptr(&self.stream), (m * n) as i64, n as i64);
-            launch!(self, f, m * n, &pb, &pc, &total, &cols)?;
+            let (pb, total, cols) = (
+                b.ptr(&self.stream),
+                count(m * n, "linear bias")?,
+                count(n, "linear bias")?,
+            );
+            if m * n > 0 {
+                launch!(self, f, grid(m * n), &pb, &pc, &total, &cols)?;
+            }
             1.0
         } else {
             0.0
@@ -497,6 +771,12 @@ impl CudaBackend {
         }
         // bring the reduced dimensions last, then reduce contiguous runs
         let rank = x.shape.len();
+        if let Some(d) = dims.iter().find(|&&d| d >= rank) {
+            return Err(KernelError(format!(
+                "reduction over dimension {d} of a rank-{rank} tensor {:?}",
+                x.shape
+            )));
+        }
         let mut perm: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
         perm.extend(dims.iter().copied());
         let src = if perm.iter().enumerate().all(|(i, p)| i == *p) {
@@ -504,8 +784,11 @@ impl CudaBackend {
         } else {
             self.permute(x, &perm)?
         };
-        let count: usize = dims.iter().map(|&d| x.shape[d]).product();
-        let outer = x.numel() / count.max(1);
+        let len: usize = dims.iter().map(|&d| x.shape[d]).product();
+        let outer: usize = (0..rank)
+            .filter(|d| !dims.contains(d))
+            .map(|d| x.shape[d])
+            .product();
         let shape: Vec<usize> = if keepdim {
             (0..rank)
                 .map(|d| if dims.contains(&d) { 1 } else { x.shape[d] })
@@ -521,10 +804,12 @@ impl CudaBackend {
         let (pi, po, o, c) = (
             src.ptr(&self.stream),
             out.ptr(&self.stream),
-            outer as i64,
-            count as i64,
+            count(outer, "reduction")?,
+            count(len, "reduction")?,
         );
-        launch!(self, f, outer, &pi, &po, &o, &c)?;
+        if outer > 0 {
+            launch!(self, f, rows(outer, len), &pi, &po, &o, &c)?;
+        }
         Ok(out)
     }
 
@@ -625,14 +910,26 @@ impl Backend for CudaBackend {
             } => self.reduce(tensor(inputs, 0)?, *op, dims, *keepdim, *dtype),
             Kernel::Softmax { dim, log } => {
                 let x = tensor(inputs, 0)?;
+                if *dim >= x.shape.len().max(1) {
+                    return Err(KernelError(format!(
+                        "softmax over dimension {dim} of a tensor of shape {:?}",
+                        x.shape
+                    )));
+                }
                 let len = x.shape.get(*dim).copied().unwrap_or(1);
+                let outer: usize = x.shape.get(..*dim).map_or(1, |s| s.iter().product());
                 let inner: usize = x.shape.get(dim + 1..).map_or(1, |s| s.iter().product());
-                let outer = x.numel() / (len * inner).max(1);
                 let out = self.empty(x.shape.clone(), x.dtype)?;
                 let f = self.function(kernels::softmax(*log, x.dtype), "softmax")?;
                 let (pi, po) = (x.ptr(&self.stream), out.ptr(&self.stream));
-                let (o, l, i) = (outer as i64, len as i64, inner as i64);
-                launch!(self, f, outer * inner, &pi, &po, &o, &l, &i)?;
+                let (o, l, i) = (
+                    count(outer, "softmax")?,
+                    count(len, "softmax")?,
+                    count(inner, "softmax")?,
+                );
+                if x.numel() > 0 {
+                    launch!(self, f, rows(outer * inner, len), &pi, &po, &o, &l, &i)?;
+                }
                 Ok(out)
             }
         }
@@ -760,5 +1057,87 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self) -> Result<(), KernelError> {
         self.stream.synchronize().map_err(kerr("synchronize"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_size_gemms_never_pass_a_leading_dimension_of_zero() {
+        assert_eq!(GemmCall::new(0, 5, 7, false).unwrap(), GemmCall::Nothing);
+        assert_eq!(GemmCall::new(3, 5, 0, true).unwrap(), GemmCall::Nothing);
+        assert_eq!(GemmCall::new(3, 0, 7, false).unwrap(), GemmCall::Zero);
+        for (m, k, n) in [(1, 1, 1), (3, 5, 7), (1, 4096, 1), (8, 1, 1024)] {
+            for t in [false, true] {
+                let GemmCall::Call {
+                    m: cm,
+                    n: cn,
+                    k: ck,
+                    lda,
+                    ldb,
+                    ldc,
+                } = GemmCall::new(m, k, n, t).unwrap()
+                else {
+                    panic!("{m} {k} {n} runs a GEMM");
+                };
+                assert_eq!((cm, cn, ck), (n as i32, m as i32, k as i32));
+                assert!(lda >= 1 && ldb >= 1 && ldc >= 1);
+                // cuBLAS: lda >= rows of its A (n, or k transposed), ldb >= k, ldc >= n
+                assert!(lda >= if t { ck } else { cm });
+                assert!(ldb >= ck && ldc >= cm);
+            }
+        }
+        let e = GemmCall::new(1 << 31, 4, 4, false).unwrap_err();
+        assert!(e.0.contains("32-bit"), "{}", e.0);
+    }
+
+    #[test]
+    fn matmul_batch_dimensions_broadcast_one_by_one() {
+        // equal products but different dims: the old check compared only the product
+        let e = MatmulPlan::new(&[6, 4, 5], &[2, 3, 5, 6]).unwrap_err();
+        assert!(e.0.contains("do not broadcast"), "{}", e.0);
+        assert!(MatmulPlan::new(&[2, 4, 5], &[3, 5, 6]).is_err());
+        assert!(MatmulPlan::new(&[4, 5], &[4, 6]).is_err());
+        assert!(MatmulPlan::new(&[], &[4]).is_err());
+
+        let p = MatmulPlan::new(&[2, 3, 4, 5], &[3, 5, 6]).unwrap();
+        assert_eq!(p.out_shape, vec![2, 3, 4, 6]);
+        assert_eq!((p.m, p.k, p.n), (4, 5, 6));
+        let want: Vec<(usize, usize)> = (0..6).map(|i| (i * 20, (i % 3) * 30)).collect();
+        assert_eq!(p.batches, want);
+        assert_eq!(p.uniform_strides(), None);
+
+        // both sides broadcast
+        let p = MatmulPlan::new(&[2, 1, 4, 5], &[3, 5, 6]).unwrap();
+        assert_eq!(p.out_shape, vec![2, 3, 4, 6]);
+        let want: Vec<(usize, usize)> = (0..6).map(|i| ((i / 3) * 20, (i % 3) * 30)).collect();
+        assert_eq!(p.batches, want);
+
+        // a 2-d right operand is shared by every batch; a's batches are contiguous
+        let p = MatmulPlan::new(&[4, 8, 16], &[16, 5]).unwrap();
+        assert_eq!(p.out_shape, vec![4, 8, 5]);
+        assert_eq!(p.uniform_strides(), Some((128, 0)));
+
+        // equal batches: one strided batched GEMM
+        let p = MatmulPlan::new(&[4, 3, 7], &[4, 7, 2]).unwrap();
+        assert_eq!(p.uniform_strides(), Some((21, 14)));
+
+        // 1-d operands: the unit dimension is dropped from the result
+        assert_eq!(MatmulPlan::new(&[5], &[5, 6]).unwrap().out_shape, vec![6]);
+        assert_eq!(
+            MatmulPlan::new(&[2, 4, 5], &[5]).unwrap().out_shape,
+            vec![2, 4]
+        );
+        assert_eq!(
+            MatmulPlan::new(&[5], &[5]).unwrap().out_shape,
+            Vec::<usize>::new()
+        );
+
+        // an empty batch has no GEMM to run
+        let p = MatmulPlan::new(&[0, 4, 5], &[5, 6]).unwrap();
+        assert!(p.batches.is_empty());
+        assert_eq!(p.out_shape, vec![0, 4, 6]);
     }
 }

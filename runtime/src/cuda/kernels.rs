@@ -1,12 +1,59 @@
 //! CUDA C sources of the elementwise, reduction and layout kernels, generated per op and dtype
 //! and compiled with NVRTC on first use. Half types are handled as raw 16-bit words with PTX
-//! conversions, so no CUDA headers are needed at run time. All arithmetic is in f32.
+//! conversions, so no CUDA headers are needed at run time (NVRTC has no `math.h`: infinity is
+//! spelled by its bits). All arithmetic is in f32.
+//!
+//! Elementwise kernels are grid-stride loops over 64-bit indices, so a launch of
+//! [`elementwise_blocks`] blocks covers any element count. Reductions and softmax run one block
+//! per row (warp shuffles, then one value per warp through shared memory).
+//!
+//! [`catalog`] lists every kernel the backend can launch (every op x dtype); it is the one
+//! source of truth the NVRTC test compiles, and the op lists it is built from are checked
+//! against the op enums at compile time (a new op that is not listed does not build).
 
-use crate::kernel::{BinaryOp, ReduceOp, UnaryOp};
+use crate::kernel::{BinaryOp, Kernel, ReduceOp, UnaryOp};
 use tracepass_ir::DType;
 
 /// Largest rank the shape-carrying kernels handle.
 pub const MAX_RANK: usize = 6;
+
+/// Threads per block of the elementwise kernels.
+pub const BLOCK: u32 = 256;
+
+/// Most blocks an elementwise launch uses: the grid-stride loop covers the rest. 2^16 blocks
+/// of 256 threads keep every SM of a current GPU busy many times over.
+pub const MAX_BLOCKS: u32 = 1 << 16;
+
+/// Largest block of the row kernels (reductions, softmax): 8 warps.
+pub const ROW_BLOCK: u32 = 256;
+
+/// The dtypes the kernels are generated for.
+pub const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+/// Lists every variant of a fieldless enum; leaving one out is a compile error (the match
+/// inside must be exhaustive over exactly the listed variants).
+macro_rules! every {
+    ($ty:ident: $($v:ident),+ $(,)?) => {{
+        #[allow(dead_code)]
+        const fn exhaustive(x: $ty) {
+            match x {
+                $($ty::$v => ()),+
+            }
+        }
+        [$($ty::$v),+]
+    }};
+}
+
+/// Every unary op.
+pub const UNARY_OPS: &[UnaryOp] = &every!(UnaryOp: Neg, Abs, Exp, Log, Log1p, Expm1, Sqrt,
+    Rsqrt, Tanh, Sigmoid, Relu, Sin, Cos, Reciprocal, Sign, Erf, Gelu, GeluTanh);
+
+/// Every binary op.
+pub const BINARY_OPS: &[BinaryOp] =
+    &every!(BinaryOp: Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2);
+
+/// Every reduction.
+pub const REDUCE_OPS: &[ReduceOp] = &every!(ReduceOp: Sum, Mean, Amax);
 
 /// Shape and the strides two inputs are read with, for broadcasting and permutes (elements).
 #[repr(C)]
@@ -22,7 +69,28 @@ pub struct Layout {
 // SAFETY: plain old data with a C layout; the kernels declare the same struct.
 unsafe impl cudarc::driver::DeviceRepr for Layout {}
 
+/// Blocks of [`BLOCK`] threads for an elementwise launch over `n` elements (at least one, at
+/// most [`MAX_BLOCKS`]; the kernels loop over the rest).
+pub fn elementwise_blocks(n: usize) -> u32 {
+    let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_BLOCKS as usize);
+    // clamped to MAX_BLOCKS above, which fits
+    u32::try_from(blocks).unwrap_or(MAX_BLOCKS)
+}
+
+/// Blocks and threads for a row kernel: one block per row (grid-stride over rows past
+/// [`MAX_BLOCKS`]), threads a multiple of the warp size, no more than a row needs.
+pub fn row_launch(rows: usize, row_len: usize) -> (u32, u32) {
+    let blocks = u32::try_from(rows.clamp(1, MAX_BLOCKS as usize)).unwrap_or(MAX_BLOCKS);
+    let threads = row_len
+        .clamp(32, ROW_BLOCK as usize)
+        .next_multiple_of(32)
+        .min(ROW_BLOCK as usize);
+    (blocks, u32::try_from(threads).unwrap_or(ROW_BLOCK))
+}
+
 const PRELUDE: &str = r#"
+#define NEG_INF __int_as_float(0xff800000)
+#define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 struct Layout { int rank; int pad; long long shape[6]; long long sa[6]; long long sb[6]; };
 __device__ __forceinline__ float ld_f32(const float* p, long long i) { return p[i]; }
 __device__ __forceinline__ void st_f32(float* p, long long i, float v) { p[i] = v; }
@@ -50,6 +118,27 @@ __device__ __forceinline__ void offsets(const Layout& l, long long i, long long*
         ob += c * l.sb[d];
     }
     *a = oa; *b = ob;
+}
+struct SumOp { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
+// NaN wins, as in torch.amax
+struct MaxOp { __device__ __forceinline__ float operator()(float a, float b) const { return (b != b || b > a) ? b : a; } };
+// Reduces `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
+// the result. `id` is the operation's identity.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, Op op, float id) {
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? part[lane] : id;
+        for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
+        if (lane == 0) part[0] = v;
+    }
+    __syncthreads();
+    return part[0];
 }
 "#;
 
@@ -102,6 +191,7 @@ fn binary_expr(op: BinaryOp) -> &'static str {
 }
 
 /// A kernel's entry point name and full source.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Source {
     pub name: String,
     pub code: String,
@@ -111,7 +201,7 @@ pub fn unary(op: UnaryOp, d: DType) -> Option<Source> {
     let (t, ld, st) = ctype(d)?;
     let name = format!("unary_{op:?}_{d}").to_lowercase();
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long n) {{\n  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i >= n) return;\n  float x = {ld}(in, i);\n  {st}(out, i, {});\n}}\n",
+        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    float x = {ld}(in, i);\n    {st}(out, i, {});\n  }}\n}}\n",
         unary_expr(op)
     );
     Some(Source { name, code })
@@ -123,7 +213,7 @@ pub fn binary(op: BinaryOp, d: DType) -> Option<Source> {
     let (t, ld, st) = ctype(d)?;
     let name = format!("binary_{op:?}_{d}").to_lowercase();
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, float sa, float sb, int a_num, int b_num, float alpha, Layout l, {t}* out, long long n) {{\n  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i >= n) return;\n  long long oa, ob; offsets(l, i, &oa, &ob);\n  float a = a_num ? sa : {ld}(pa, oa);\n  float b = b_num ? sb : {ld}(pb, ob);\n  {st}(out, i, {});\n}}\n",
+        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, float sa, float sb, int a_num, int b_num, float alpha, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    float a = a_num ? sa : {ld}(pa, oa);\n    float b = b_num ? sb : {ld}(pb, ob);\n    {st}(out, i, {});\n  }}\n}}\n",
         binary_expr(op)
     );
     Some(Source { name, code })
@@ -134,44 +224,49 @@ pub fn permute(d: DType) -> Option<Source> {
     let (t, _, _) = ctype(d)?;
     let name = format!("permute_{d}").to_lowercase();
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, Layout l, {t}* out, long long n) {{\n  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i >= n) return;\n  long long oa, ob; offsets(l, i, &oa, &ob);\n  out[i] = in[oa];\n}}\n"
+        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    out[i] = in[oa];\n  }}\n}}\n"
     );
     Some(Source { name, code })
 }
 
+/// Converts between two different dtypes (the same dtype needs no kernel: `None`).
 pub fn convert(from: DType, to: DType) -> Option<Source> {
+    if from == to {
+        return None;
+    }
     let (ti, ld, _) = ctype(from)?;
     let (to_t, _, st) = ctype(to)?;
     let name = format!("convert_{from}_{to}").to_lowercase();
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {ti}* in, {to_t}* out, long long n) {{\n  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i >= n) return;\n  {st}(out, i, {ld}(in, i));\n}}\n"
+        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {ti}* in, {to_t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{ {st}(out, i, {ld}(in, i)); }}\n}}\n"
     );
     Some(Source { name, code })
 }
 
-/// One thread per output element: reduces `count` inputs at `base + k * step`. The reduced
-/// dimensions are first brought last and contiguous by a permute, so the step is 1.
+/// One block per output row: reduces the `count` contiguous inputs of row `r` at `r * count`.
+/// (The reduced dimensions are first brought last and contiguous by a permute.)
 pub fn reduce(op: ReduceOp, d: DType) -> Option<Source> {
     let (t, ld, st) = ctype(d)?;
     let name = format!("reduce_{op:?}_{d}").to_lowercase();
-    let (init, comb, fin) = match op {
-        ReduceOp::Sum => ("0.0f", "acc += x;", "acc"),
-        ReduceOp::Mean => ("0.0f", "acc += x;", "acc / (float)count"),
-        ReduceOp::Amax => ("-INFINITY", "if (x != x || x > acc) acc = x;", "acc"),
+    let (init, functor, fin) = match op {
+        ReduceOp::Sum => ("0.0f", "SumOp", "acc"),
+        ReduceOp::Mean => ("0.0f", "SumOp", "acc / (float)count"),
+        ReduceOp::Amax => ("NEG_INF", "MaxOp", "acc"),
     };
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long outer, long long count) {{\n  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i >= outer) return;\n  float acc = {init};\n  for (long long k = 0; k < count; ++k) {{ float x = {ld}(in, i * count + k); {comb} }}\n  {st}(out, i, {fin});\n}}\n"
+        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long outer, long long count) {{\n  {functor} op;\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    float acc = {init};\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) acc = op(acc, {ld}(in, base + k));\n    acc = block_reduce(acc, op, {init});\n    if (threadIdx.x == 0) {st}(out, row, {fin});\n  }}\n}}\n"
     );
     Some(Source { name, code })
 }
 
-/// Softmax or log-softmax over the middle dimension of `[outer, len, inner]`.
+/// Softmax or log-softmax over the middle dimension of `[outer, len, inner]`: one block per
+/// row `(o, r)`, whose `len` elements lie `inner` apart.
 pub fn softmax(log: bool, d: DType) -> Option<Source> {
     let (t, ld, st) = ctype(d)?;
     let name = format!("{}softmax_{d}", if log { "log_" } else { "" }).to_lowercase();
     let out = if log { "s - lse" } else { "expf(s) / sum" };
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long outer, long long len, long long inner) {{\n  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i >= outer * inner) return;\n  long long o = i / inner, r = i % inner;\n  long long base = o * len * inner + r;\n  float m = -INFINITY;\n  for (long long j = 0; j < len; ++j) {{ float x = {ld}(in, base + j * inner); if (x > m) m = x; }}\n  float sum = 0.0f;\n  for (long long j = 0; j < len; ++j) sum += expf({ld}(in, base + j * inner) - m);\n  float lse = logf(sum);\n  for (long long j = 0; j < len; ++j) {{ float s = {ld}(in, base + j * inner) - m; {st}(out, base + j * inner, {out}); }}\n}}\n"
+        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long outer, long long len, long long inner) {{\n  MaxOp mx; SumOp sm;\n  for (long long row = blockIdx.x; row < outer * inner; row += gridDim.x) {{\n    const long long base = (row / inner) * len * inner + row % inner;\n    float m = NEG_INF;\n    for (long long j = threadIdx.x; j < len; j += blockDim.x) m = mx(m, {ld}(in, base + j * inner));\n    m = block_reduce(m, mx, NEG_INF);\n    float sum = 0.0f;\n    for (long long j = threadIdx.x; j < len; j += blockDim.x) sum += expf({ld}(in, base + j * inner) - m);\n    sum = block_reduce(sum, sm, 0.0f);\n    float lse = logf(sum);\n    for (long long j = threadIdx.x; j < len; j += blockDim.x) {{ float s = {ld}(in, base + j * inner) - m; {st}(out, base + j * inner, {out}); }}\n  }}\n}}\n"
     );
     Some(Source { name, code })
 }
@@ -181,7 +276,191 @@ pub fn fill_rows(d: DType) -> Option<Source> {
     let (t, _, _) = ctype(d)?;
     let name = format!("fill_rows_{d}").to_lowercase();
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* bias, {t}* out, long long n, long long cols) {{\n  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i >= n) return;\n  out[i] = bias[i % cols];\n}}\n"
+        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* bias, {t}* out, long long n, long long cols) {{\n  GRID_STRIDE(i, n) {{ out[i] = bias[i % cols]; }}\n}}\n"
     );
     Some(Source { name, code })
+}
+
+/// The NVRTC kernels the backend launches for `kernel` on inputs of dtype `d` (none for those
+/// that are metadata changes or cuBLAS calls). The backend takes its sources from the same
+/// generators; this match is exhaustive, so a new `Kernel` must say what it launches.
+pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
+    let v = match kernel {
+        Kernel::Unary(op) => vec![unary(*op, d)],
+        Kernel::Binary { op, .. } => vec![binary(*op, d)],
+        Kernel::Identity | Kernel::Reshape(_) | Kernel::Matmul => vec![],
+        Kernel::Permute(_) => vec![permute(d)],
+        Kernel::Convert(to) => vec![convert(d, *to)],
+        Kernel::Linear { bias } => {
+            if *bias {
+                vec![fill_rows(d)]
+            } else {
+                vec![]
+            }
+        }
+        // the reduced dimensions are permuted last first
+        Kernel::Reduce { op, .. } => vec![permute(d), reduce(*op, d)],
+        Kernel::Softmax { log, .. } => vec![softmax(*log, d)],
+    };
+    v.into_iter().flatten().collect()
+}
+
+/// One kernel of each kind with each op (the shape-like fields do not change the source).
+pub fn every_kernel() -> Vec<Kernel> {
+    use crate::kernel::Side;
+    // exhaustive: a new Kernel variant must be added to the list below
+    fn listed(k: &Kernel) {
+        match k {
+            Kernel::Unary(_)
+            | Kernel::Binary { .. }
+            | Kernel::Identity
+            | Kernel::Reshape(_)
+            | Kernel::Permute(_)
+            | Kernel::Convert(_)
+            | Kernel::Matmul
+            | Kernel::Linear { .. }
+            | Kernel::Reduce { .. }
+            | Kernel::Softmax { .. } => (),
+        }
+    }
+    let mut ks: Vec<Kernel> = UNARY_OPS.iter().map(|&op| Kernel::Unary(op)).collect();
+    ks.extend(BINARY_OPS.iter().map(|&op| Kernel::Binary {
+        op,
+        a: Side::Input(0),
+        b: Side::Input(1),
+        alpha: 1.0,
+    }));
+    ks.extend([
+        Kernel::Identity,
+        Kernel::Reshape(vec![]),
+        Kernel::Permute(vec![]),
+        Kernel::Matmul,
+        Kernel::Linear { bias: false },
+        Kernel::Linear { bias: true },
+    ]);
+    ks.extend(DTYPES.iter().map(|&d| Kernel::Convert(d)));
+    ks.extend(REDUCE_OPS.iter().map(|&op| Kernel::Reduce {
+        op,
+        dims: vec![],
+        keepdim: false,
+        dtype: DType::F32,
+    }));
+    ks.extend([false, true].map(|log| Kernel::Softmax { dim: 0, log }));
+    ks.iter().for_each(listed);
+    ks
+}
+
+/// Every kernel the backend can launch: each op x dtype (x target dtype for conversions),
+/// each once, in a fixed order. The NVRTC test compiles all of them.
+pub fn catalog() -> Vec<Source> {
+    let mut out: Vec<Source> = Vec::new();
+    for d in DTYPES {
+        for k in every_kernel() {
+            for s in sources(&k, d) {
+                if !out.iter().any(|o| o.name == s.name) {
+                    out.push(s);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_catalog_has_every_op_for_every_dtype_once() {
+        let c = catalog();
+        let per_dtype = UNARY_OPS.len() + BINARY_OPS.len() + 1 + REDUCE_OPS.len() + 2 + 1;
+        let converts = DTYPES.len() * (DTYPES.len() - 1);
+        assert_eq!(c.len(), DTYPES.len() * per_dtype + converts);
+        let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), c.len(), "kernel names are unique");
+        for d in DTYPES {
+            for &op in UNARY_OPS {
+                let name = format!("unary_{op:?}_{d}").to_lowercase();
+                assert!(names.contains(&name.as_str()), "{name} missing");
+            }
+            for name in [
+                "reduce_amax",
+                "softmax",
+                "log_softmax",
+                "fill_rows",
+                "permute",
+            ] {
+                let name = format!("{name}_{d}");
+                assert!(names.contains(&name.as_str()), "{name} missing");
+            }
+        }
+        // each source defines the entry point it is named by
+        for s in &c {
+            assert!(
+                s.code.contains(&format!("void {}(", s.name)),
+                "{} does not define its entry point",
+                s.name
+            );
+        }
+    }
+
+    #[test]
+    fn no_kernel_uses_what_nvrtc_lacks() {
+        // NVRTC has no math.h: INFINITY, NAN, HUGE_VALF and friends are undefined there
+        for s in catalog() {
+            for undefined in ["INFINITY", "NAN", "HUGE_VAL", "FLT_MAX", "#include"] {
+                let body = s.code.replace("NEG_INF", "");
+                assert!(!body.contains(undefined), "{} uses {undefined}", s.name);
+            }
+        }
+    }
+
+    #[test]
+    fn elementwise_grids_cover_any_size_with_grid_stride_loops() {
+        assert_eq!(elementwise_blocks(0), 1);
+        assert_eq!(elementwise_blocks(1), 1);
+        assert_eq!(elementwise_blocks(256), 1);
+        assert_eq!(elementwise_blocks(257), 2);
+        // the old `n as u32` truncated 2^32 + 512 elements to 512 (2 blocks)
+        let big = (1usize << 32) + 512;
+        assert_eq!(elementwise_blocks(big), MAX_BLOCKS);
+        assert_eq!(elementwise_blocks(usize::MAX), MAX_BLOCKS);
+        // every elementwise kernel loops over the grid, so a capped grid still covers n
+        for s in catalog() {
+            let row = s.name.starts_with("reduce_") || s.name.contains("softmax_");
+            let strided = if row {
+                s.code.contains("row += gridDim.x")
+            } else {
+                s.code.contains("GRID_STRIDE(i, n)")
+            };
+            assert!(strided, "{} has no grid-stride loop", s.name);
+            assert!(!s.code.contains("if (i >= n) return"), "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn row_launches_are_whole_warps_one_block_per_row() {
+        assert_eq!(row_launch(10, 4), (10, 32));
+        assert_eq!(row_launch(1, 100), (1, 128));
+        assert_eq!(row_launch(1, 1 << 30), (1, ROW_BLOCK));
+        assert_eq!(row_launch(0, 0), (1, 32));
+        assert_eq!(row_launch(1 << 40, 7), (MAX_BLOCKS, 32));
+        for len in 0..1000 {
+            let (_, t) = row_launch(3, len);
+            assert_eq!(t % 32, 0);
+            assert!((32..=ROW_BLOCK).contains(&t));
+        }
+    }
+
+    #[test]
+    fn reductions_and_softmax_are_block_level() {
+        for s in catalog() {
+            if s.name.starts_with("reduce_") || s.name.contains("softmax_") {
+                assert!(s.code.contains("block_reduce("), "{}", s.name);
+                assert!(s.code.contains("k += blockDim.x") || s.code.contains("j += blockDim.x"));
+            }
+        }
+    }
 }

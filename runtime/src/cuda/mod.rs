@@ -5,10 +5,14 @@
 pub mod backend;
 pub mod kernels;
 pub mod nccl;
+pub mod nvrtc;
+pub mod solo;
 pub mod train;
+pub mod watchdog;
 
 pub use backend::{CudaBackend, CudaTensor};
 pub use nccl::NcclComm;
+pub use solo::SoloComm;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CudaError {
@@ -55,7 +59,7 @@ pub fn check_available(ordinal: usize) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// Whether NCCL can be loaded (needed for more than one rank).
+/// Whether NCCL can be loaded (needed for more than one rank; one GPU trains without it).
 pub fn nccl_available() -> Result<(), CudaError> {
     // SAFETY: only tries to dlopen the library.
     if unsafe { cudarc::nccl::sys::is_culib_present() } {

@@ -1,11 +1,14 @@
 //! One rank of data-parallel training on one GPU (one process per GPU, started by torchrun or
-//! `tracepass launch`): the executor on the CUDA backend and NCCL; loss head and optimizer on
-//! the host (small next to the model's kernels for the models here).
+//! `tracepass launch`): the executor on the CUDA backend and NCCL (no NCCL for a world of
+//! one); loss head and optimizer on the host (small next to the model's kernels for the
+//! models here). A failing rank aborts its communicator; the others' watchdogs end them
+//! within `--collective-timeout`, each with an error naming its rank and the collective.
 
 use super::backend::{CudaBackend, CudaTensor};
 use super::nccl::{unique_id, NcclComm};
+use super::solo::SoloComm;
 use crate::backend::Backend;
-use crate::comm::{Communicator, ReduceOp};
+use crate::comm::{CommError, CommTiming, Communicator, ReduceOp};
 use crate::data::DataSource;
 use crate::executor::{Executor, RValue};
 use crate::loss::loss_and_grad;
@@ -16,11 +19,65 @@ use crate::rendezvous::{exchange, DistEnv};
 use crate::tensor::Tensor;
 use crate::tensorfile::TensorFile;
 use crate::trainer::{
-    build_plans, check_memory, collective_lines, initial_params, TrainConfig, TrainError,
+    build_plans, check_memory, collective_lines, initial_params, Plans, TrainConfig, TrainError,
     TrainReport,
 };
+use std::collections::VecDeque;
 use std::time::Instant;
 use tracepass_ir::DType;
+
+/// A communicator of CUDA tensors that reports the device time of its collectives.
+pub trait DeviceComm: Communicator<Tensor = CudaTensor> {
+    /// The collectives waited on since the last call, with their device times (call once the
+    /// step is synchronized).
+    fn take_timings(&mut self) -> Result<Vec<(String, CommTiming)>, CommError>;
+}
+
+impl DeviceComm for NcclComm {
+    fn take_timings(&mut self) -> Result<Vec<(String, CommTiming)>, CommError> {
+        NcclComm::take_timings(self)
+    }
+}
+
+impl DeviceComm for SoloComm<CudaTensor> {
+    fn take_timings(&mut self) -> Result<Vec<(String, CommTiming)>, CommError> {
+        // nothing is communicated: the times `wait` gave are exact
+        Ok(Vec::new())
+    }
+}
+
+/// Replaces the host-side times of each bucket's collective (taken at `wait`) by the device's
+/// (`timings`, in wait order, matched by label), in the bucket records and timeline events.
+pub fn apply_comm_timings(
+    recs: &mut [&mut Recording],
+    timings: Vec<(String, CommTiming)>,
+    clock: &Clock,
+) {
+    let mut left: VecDeque<(String, CommTiming)> = timings.into();
+    for rec in recs.iter_mut() {
+        let rec: &mut Recording = rec;
+        for b in rec.buckets.iter_mut() {
+            let Some(pos) = left.iter().position(|(l, _)| *l == b.label) else {
+                continue;
+            };
+            let Some((_, t)) = left.remove(pos) else {
+                continue;
+            };
+            let old = (b.comm_start_us, b.comm_end_us);
+            b.comm_start_us = clock.us(t.started);
+            b.comm_end_us = clock.us(t.finished);
+            let name = format!("all_reduce {}", b.label);
+            for e in rec.events.iter_mut() {
+                if e.comm && e.name == name && (e.span.start_us, e.span.end_us) == old {
+                    e.span = Span {
+                        start_us: b.comm_start_us,
+                        end_us: b.comm_end_us,
+                    };
+                }
+            }
+        }
+    }
+}
 
 fn rank_err(rank: usize) -> impl Fn(String) -> TrainError {
     move |message| TrainError::Rank { rank, message }
@@ -62,9 +119,25 @@ pub fn train(
         None => DataSource::Seeded { seed: cfg.seed },
     };
     let y_shape = match model.loss {
-        LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape),
+        LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape.to_vec()),
         LossKind::Sum => None,
     };
+    let setup = Setup {
+        cfg: &cfg,
+        rank,
+        world: env.world_size,
+        backend: &backend,
+        model: &model,
+        plans: &plans,
+        init,
+        resume,
+        data,
+        y_shape,
+    };
+    if env.world_size == 1 {
+        // one GPU: no NCCL (it need not be installed), nothing to communicate
+        return run(setup, &mut SoloComm::default(), on_step);
+    }
     // NCCL group: rank 0's id through the TCP rendezvous
     let id = if rank == 0 {
         Some(unique_id().map_err(|e| TrainError::Config(format!("--device cuda: {e}")))?)
@@ -73,15 +146,51 @@ pub fn train(
     };
     let id =
         exchange(env, id.as_deref(), cfg.collective_timeout).map_err(|e| fail(e.to_string()))?;
-    let mut comm =
-        NcclComm::new(&backend, rank, env.world_size, &id).map_err(|e| fail(e.to_string()))?;
-    crate::fingerprint::check(
-        &mut comm,
-        &backend,
-        &collective_lines(&plans, 0, DType::F32),
-    )
-    .map_err(|e| fail(e.to_string()))?;
+    let mut comm = NcclComm::new(&backend, rank, env.world_size, &id, cfg.collective_timeout)
+        .map_err(|e| fail(e.to_string()))?;
+    let r = run(setup, &mut comm, on_step);
+    if let Err(e) = &r {
+        // the peers stop at their next collective (or their watchdog's timeout) instead of
+        // waiting for this rank; the aborted communicator is not destroyed again on drop
+        comm.abort(&e.to_string());
+    }
+    r
+}
 
+/// What `run` needs from the setup.
+struct Setup<'a> {
+    cfg: &'a TrainConfig,
+    rank: usize,
+    world: usize,
+    backend: &'a CudaBackend,
+    model: &'a Model,
+    plans: &'a Plans,
+    init: Vec<Tensor>,
+    resume: Option<crate::checkpoint::Checkpoint>,
+    data: DataSource,
+    y_shape: Option<Vec<usize>>,
+}
+
+fn run<C: DeviceComm>(
+    s: Setup<'_>,
+    comm: &mut C,
+    on_step: &dyn Fn(usize, f64),
+) -> Result<TrainReport, TrainError> {
+    let Setup {
+        cfg,
+        rank,
+        world,
+        backend,
+        model,
+        plans,
+        init,
+        resume,
+        data,
+        y_shape,
+    } = s;
+    let fail = rank_err(rank);
+    crate::fingerprint::check(comm, backend, &collective_lines(plans, 0, DType::F32))
+        .map_err(|e| fail(e.to_string()))?;
     let up = |t: &Tensor| backend.upload(t).map_err(|e| fail(format!("upload: {e}")));
     let down = |t: &CudaTensor| {
         backend
@@ -105,7 +214,7 @@ pub fn train(
             .map_err(|m| TrainError::Input(format!("resuming: {m}")))?;
     }
     let clock = Clock::new(cfg.timeline);
-    let mut exec: Executor<CudaBackend, NcclComm> = Executor::new();
+    let mut exec: Executor<CudaBackend, C> = Executor::new();
     let mut report = TrainReport {
         losses: Vec::new(),
         metrics: vec![Vec::new()],
@@ -127,7 +236,7 @@ pub fn train(
         let inputs = model.forward_inputs(up(&x)?, &dev_params);
         let mut rec_f = Recording::default();
         let (out, saved) = plans
-            .run_forward(&mut exec, &backend, &mut comm, inputs, &clock, &mut rec_f)
+            .run_forward(&mut exec, backend, comm, inputs, &clock, &mut rec_f)
             .map_err(|e| fail(e.to_string()))?
             .ok_or_else(|| fail("the forward produced no output".into()))?;
         let (loss, cot) = loss_and_grad(model.loss, &down(&out)?, y.as_ref())
@@ -143,8 +252,8 @@ pub fn train(
         let grads = exec
             .run(
                 &plans.sync,
-                &backend,
-                &mut comm,
+                backend,
+                comm,
                 vec![saved, RValue::Seq(vec![RValue::Tensor(up(&cot)?)])],
                 &clock,
                 &mut rec_b,
@@ -157,7 +266,7 @@ pub fn train(
                 .first()
                 .copied()
                 .unwrap_or(f32::NAN),
-        ) / env.world_size as f64;
+        ) / world as f64;
         let host_grads: Vec<Option<Tensor>> = model
             .param_grads(&grads)
             .iter()
@@ -169,7 +278,15 @@ pub fn train(
         opt.step(&mut params, &host_grads).map_err(&fail)?;
         dev_params = params.iter().map(&up).collect::<Result<_, _>>()?;
         backend.synchronize().map_err(|e| fail(e.0))?;
+        if let Some((r, m)) = comm.failure() {
+            return Err(TrainError::Rank {
+                rank: r,
+                message: m,
+            });
+        }
         let end = Instant::now();
+        let timings = comm.take_timings().map_err(|e| fail(e.to_string()))?;
+        apply_comm_timings(&mut [&mut rec_f, &mut rec_b], timings, &clock);
         report.metrics[0].push(StepMetrics::from_recordings(
             step,
             rank,
@@ -194,4 +311,63 @@ pub fn train(
     report.wall = start.elapsed();
     report.params.push(params);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{BucketRecord, Event};
+    use std::time::Duration;
+
+    fn bucket(label: &str, start: f64, end: f64) -> BucketRecord {
+        BucketRecord {
+            label: label.into(),
+            bytes: 4,
+            ready_us: 0.0,
+            launch_us: 0.0,
+            comm_start_us: start,
+            comm_end_us: end,
+            wait_start_us: end,
+            wait_end_us: end,
+        }
+    }
+
+    #[test]
+    fn device_times_replace_the_wait_time_guesses() {
+        let clock = Clock::new(true);
+        let at = |us: u64| clock.epoch + Duration::from_micros(us);
+        let timing = |a: u64, b: u64| CommTiming {
+            launched: at(a),
+            started: at(a + 10),
+            finished: at(b),
+        };
+        let mut fwd = Recording::default();
+        let mut bwd = Recording {
+            buckets: vec![bucket("b0", 1.0, 900.0), bucket("b1", 2.0, 950.0)],
+            ..Recording::default()
+        };
+        bwd.events.push(Event {
+            name: "all_reduce b1".into(),
+            comm: true,
+            span: Span {
+                start_us: 2.0,
+                end_us: 950.0,
+            },
+        });
+        // wait order: b1 was waited first; "loss" is not a bucket of either recording
+        let timings = vec![
+            ("b1".to_string(), timing(100, 400)),
+            ("loss".to_string(), timing(0, 50)),
+            ("b0".to_string(), timing(200, 300)),
+        ];
+        apply_comm_timings(&mut [&mut fwd, &mut bwd], timings, &clock);
+        let b = &bwd.buckets;
+        assert!((b[0].comm_start_us - 210.0).abs() < 1.0, "{:?}", b[0]);
+        assert!((b[0].comm_end_us - 300.0).abs() < 1.0);
+        assert!((b[1].comm_start_us - 110.0).abs() < 1.0);
+        assert!((b[1].comm_end_us - 400.0).abs() < 1.0);
+        assert_eq!(bwd.events[0].span.start_us, b[1].comm_start_us);
+        assert_eq!(bwd.events[0].span.end_us, b[1].comm_end_us);
+        assert!(fwd.buckets.is_empty());
+    }
 }
