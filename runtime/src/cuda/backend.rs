@@ -551,6 +551,12 @@ impl CudaBackend {
             Storage::F64(_) => {
                 return Err(KernelError("f64 tensors are not supported on cuda".into()))
             }
+            Storage::I64(_) | Storage::I32(_) | Storage::Bool(_) => {
+                return Err(KernelError(format!(
+                    "{} tensors are not supported on cuda",
+                    t.dtype()
+                )))
+            }
         })
     }
 }
