@@ -1,9 +1,24 @@
-//! The CPU backend: f32, f64, bf16 and f16 tensors in host memory; bf16/f16 compute in f32.
+//! The CPU backend: f32, f64, bf16 and f16 tensors in host memory (bf16/f16 compute in f32),
+//! and i64, i32 and bool tensors for indices, counters and masks.
+//!
+//! Every kernel is a plain function over host tensors with explicit parameters, one concept
+//! per module, so it can be tested and benchmarked without a trace.
 
+pub mod activation;
+pub mod compare;
+pub mod conv;
 mod elementwise;
+pub mod embedding;
+pub mod fill;
 mod gemm;
+pub mod integer;
+pub mod layout;
+pub mod pool;
+pub mod promote;
+pub mod random;
 mod real;
 mod reduce;
+pub mod var_mean;
 
 use crate::backend::{Backend, Input, KernelError};
 use crate::kernel::Kernel;
