@@ -525,6 +525,57 @@ mod tests {
         }
     }
 
+    fn dot(a: &Tensor, b: &Tensor) -> f64 {
+        a.to_f64_vec()
+            .iter()
+            .zip(b.to_f64_vec())
+            .map(|(x, y)| x * y)
+            .sum()
+    }
+
+    /// Thunder's backward of a padded 3x3 convolution, as the cnn trace writes it (pad, flip,
+    /// permute, convolution, crop), built from these kernels, is the adjoint of the forward:
+    /// <conv(x, w), g> = <x, dx(g)> = <w, dw(g)>.
+    #[test]
+    fn thunders_backward_formulas_give_the_adjoint() {
+        use crate::cpu::layout::{flip, pad};
+        let x = Tensor::from_f64(vec![2, 3, 6, 6], data(2 * 3 * 36, 0.0));
+        let w = Tensor::from_f64(vec![4, 3, 3, 3], data(4 * 27, 1.0));
+        let g = Tensor::from_f64(vec![2, 4, 6, 6], data(2 * 4 * 36, 2.0));
+        let y = convolution(&x, &w, None, &[1, 1], &[1, 1], &[1, 1], false, &[0, 0], 1)
+            .expect("forward");
+        // grad input: conv(g, flip(w^T)) with padding k-1, then crop the forward's padding
+        let wt = flip(&w.permute(&[1, 0, 2, 3]).expect("4-d"), &[2, 3]).expect("flip");
+        let full = convolution(&g, &wt, None, &[1], &[2, 2], &[1, 1], false, &[0, 0], 1)
+            .expect("grad input");
+        assert_eq!(full.shape(), &[2, 3, 8, 8]);
+        let dx = pad(
+            &full,
+            0.0,
+            &[(0, 0, 0), (0, 0, 0), (-1, -1, 0), (-1, -1, 0)],
+        )
+        .expect("crop");
+        // grad weight: conv(pad(x)^T, g^T), transposed back
+        let xp = pad(&x, 0.0, &[(0, 0, 0), (0, 0, 0), (1, 1, 0), (1, 1, 0)]).expect("pad");
+        let dw = convolution(
+            &xp.permute(&[1, 0, 2, 3]).expect("4-d"),
+            &g.permute(&[1, 0, 2, 3]).expect("4-d"),
+            None,
+            &[1, 1],
+            &[0],
+            &[1, 1],
+            false,
+            &[0, 0],
+            1,
+        )
+        .expect("grad weight")
+        .permute(&[1, 0, 2, 3])
+        .expect("4-d");
+        let lhs = dot(&y, &g);
+        assert!((lhs - dot(&x, &dx)).abs() < 1e-10 * lhs.abs().max(1.0));
+        assert!((lhs - dot(&w, &dw)).abs() < 1e-10 * lhs.abs().max(1.0));
+    }
+
     #[test]
     fn one_value_parameters_broadcast_and_bad_shapes_are_refused() {
         let x = Tensor::from_f32(vec![1, 1, 3, 3], (0..9).map(|i| i as f32).collect());

@@ -348,6 +348,46 @@ mod tests {
         assert!(Pool2d::new(&[2], &[], &[2], &[1], false).is_err());
     }
 
+    /// Central differences of L(x) = sum(maxpool(x) * g) match the backward (inputs distinct,
+    /// so the max is differentiable).
+    #[test]
+    fn backward_matches_numerical_gradient() {
+        let shape = vec![2, 2, 5, 5];
+        let n: usize = shape.iter().product();
+        let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 211) as f64 * 0.01).collect();
+        let g: Vec<f64> = (0..2 * 2 * 3 * 3)
+            .map(|i| (i as f64 * 0.37).sin())
+            .collect();
+        let p = pool(3, &[2], 1, 1, false);
+        let loss = |v: &[f64]| {
+            let (o, _) = max_pool2d_with_indices(&Tensor::from_f64(shape.clone(), v.to_vec()), &p)
+                .expect("ok");
+            o.to_f64_vec()
+                .iter()
+                .zip(&g)
+                .map(|(a, b)| a * b)
+                .sum::<f64>()
+        };
+        let tx = Tensor::from_f64(shape.clone(), x.clone());
+        let (o, i) = max_pool2d_with_indices(&tx, &p).expect("ok");
+        let tg = Tensor::from_f64(o.shape().to_vec(), g.clone());
+        let dx = max_pool2d_with_indices_backward(&tg, &tx, &i)
+            .expect("ok")
+            .to_f64_vec();
+        let h = 1e-4;
+        for k in 0..n {
+            let (mut up, mut down) = (x.clone(), x.clone());
+            up[k] += h;
+            down[k] -= h;
+            let num = (loss(&up) - loss(&down)) / (2.0 * h);
+            assert!(
+                (num - dx[k]).abs() < 1e-8,
+                "element {k}: {num} vs {}",
+                dx[k]
+            );
+        }
+    }
+
     #[test]
     fn nan_wins_and_backward_routes_gradients() {
         let x = Tensor::from_f32(vec![1, 1, 2, 4], vec![1., 5., f32::NAN, 0., 3., 2., 7., 7.]);
