@@ -7,15 +7,7 @@ use crate::with_elem;
 use std::borrow::Cow;
 use tracepass_ir::DType;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CompareOp {
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    Eq,
-    Ne,
-}
+pub use crate::kernel::CompareOp;
 
 /// An operand that is a tensor or a Python number.
 #[derive(Clone, Copy, Debug)]

@@ -641,6 +641,9 @@ impl Backend for CudaBackend {
                 launch!(self, f, outer * inner, &pi, &po, &o, &l, &i)?;
                 Ok(out)
             }
+            other => Err(KernelError(format!(
+                "{other:?} is not supported by the cuda backend yet"
+            ))),
         }
     }
 
