@@ -38,6 +38,15 @@ pub trait Backend: Send + Sync + 'static {
         kernel: &Kernel,
         inputs: &[Input<'_, Self::Tensor>],
     ) -> Result<Self::Tensor, KernelError>;
+    /// Runs a kernel that gives several tensors (`Kernel::outputs() > 1`: max-pool's values
+    /// and indices, var_mean, split), one per output of the node.
+    fn run_multi(
+        &self,
+        kernel: &Kernel,
+        inputs: &[Input<'_, Self::Tensor>],
+    ) -> Result<Vec<Self::Tensor>, KernelError> {
+        self.run(kernel, inputs).map(|t| vec![t])
+    }
     /// Concatenates the flattened members into one 1-d bucket buffer.
     fn pack(&self, members: &[&Self::Tensor]) -> Result<Self::Tensor, KernelError>;
     /// Like `pack`, dividing each member that has a divisor by it (in the member's compute

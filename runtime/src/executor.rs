@@ -227,9 +227,34 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                                 }
                             });
                         }
-                        backend.run(k, &args).map_err(|e| Failure::Node(i, e.0))?
+                        if k.outputs() > 1 {
+                            Produced::Many(
+                                backend
+                                    .run_multi(k, &args)
+                                    .map_err(|e| Failure::Node(i, e.0))?,
+                            )
+                        } else {
+                            Produced::One(backend.run(k, &args).map_err(|e| Failure::Node(i, e.0))?)
+                        }
                     };
-                    self.slots[ins.outputs[0]] = RValue::Tensor(out);
+                    match out {
+                        Produced::One(t) => self.slots[ins.outputs[0]] = RValue::Tensor(t),
+                        Produced::Many(outs) => {
+                            if outs.len() != ins.outputs.len() {
+                                return Err(Failure::Node(
+                                    i,
+                                    format!(
+                                        "the kernel gave {} tensors for {} outputs",
+                                        outs.len(),
+                                        ins.outputs.len()
+                                    ),
+                                ));
+                            }
+                            for (&o, t) in ins.outputs.iter().zip(outs) {
+                                self.slots[o] = RValue::Tensor(t);
+                            }
+                        }
+                    }
                 }
                 InstrKind::UnpackSequence => {
                     let src = ins
@@ -419,4 +444,10 @@ enum Failure {
     Node(usize, String),
     Comm(usize, CommError),
     Input(String, String),
+}
+
+/// What a compute instruction gave: one tensor, or one per output of a multi-output kernel.
+enum Produced<T> {
+    One(T),
+    Many(Vec<T>),
 }

@@ -85,9 +85,117 @@ pub enum Kernel {
         dim: usize,
         log: bool,
     },
+    /// `torch.convolution`, not transposed; inputs `x, w[, bias]`.
+    Convolution {
+        stride: Vec<i64>,
+        padding: Vec<i64>,
+        dilation: Vec<i64>,
+        groups: i64,
+        bias: bool,
+    },
+    /// Two outputs: values and i64 indices (per (N, C) plane).
+    MaxPool2d {
+        kernel: Vec<i64>,
+        stride: Vec<i64>,
+        padding: Vec<i64>,
+        dilation: Vec<i64>,
+        ceil_mode: bool,
+    },
+    /// Inputs `grad, x, indices`.
+    MaxPool2dBackward,
+    /// Inputs `indices, weight`.
+    Embedding,
+    /// Inputs `grad, indices`.
+    EmbeddingBackward {
+        num_weights: usize,
+        padding_idx: i64,
+        scale_grad_by_freq: bool,
+    },
+    /// Two outputs: variance and mean.
+    VarMean {
+        dims: Option<Vec<i64>>,
+        correction: f64,
+        keepdim: bool,
+    },
+    /// Thunder's `prims.pad`: `(lo, hi, interior)` per dim.
+    Pad {
+        value: f64,
+        config: Vec<(i64, i64, i64)>,
+    },
+    Slice {
+        start: Vec<i64>,
+        end: Vec<i64>,
+        step: Vec<i64>,
+    },
+    /// One output per entry of `sizes`.
+    Split {
+        sizes: Vec<usize>,
+        dim: i64,
+    },
+    /// Every input, in order.
+    Cat {
+        dim: i64,
+    },
+    Expand(Vec<i64>),
+    Flip(Vec<i64>),
+    Squeeze(Option<Vec<i64>>),
+    Unsqueeze(i64),
+    Arange {
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+    },
+    Full {
+        shape: Vec<usize>,
+        value: f64,
+        dtype: DType,
+    },
+    /// A bool tensor.
+    Compare {
+        op: CompareOp,
+        a: Side,
+        b: Side,
+    },
+    /// Input 0 is the bool condition.
+    Where {
+        a: Side,
+        b: Side,
+        dtype: DType,
+    },
+    Silu,
+    /// `copy_(src, dst)` as a value: inputs `src, dst`.
+    Copy,
+    /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
+    Uniform {
+        shape: Vec<usize>,
+        minval: f64,
+        maxval: f64,
+        dtype: DType,
+    },
+}
+
+/// A comparison; the result is a bool tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareOp {
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
 }
 
 impl Kernel {
+    /// How many tensors the kernel gives (the node's outputs).
+    pub fn outputs(&self) -> usize {
+        match self {
+            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } => 2,
+            Kernel::Split { sizes, .. } => sizes.len(),
+            _ => 1,
+        }
+    }
+
     /// Rough floating-point operation count (for metrics and the cost model).
     pub fn flops(&self, inputs: &[&[usize]], out: &[usize]) -> f64 {
         let numel = |s: &[usize]| s.iter().product::<usize>() as f64;
@@ -96,7 +204,20 @@ impl Kernel {
                 let k = inputs.first().and_then(|s| s.last()).copied().unwrap_or(1) as f64;
                 2.0 * numel(out) * k
             }
-            Kernel::Identity | Kernel::Reshape(_) | Kernel::Permute(_) => 0.0,
+            Kernel::Convolution { .. } => {
+                // 2 * out elements * (C_in / groups) * kernel taps: the weight's numel / C_out
+                let w = inputs.get(1).map_or(0.0, |s| numel(s));
+                let cout = inputs.get(1).and_then(|s| s.first()).copied().unwrap_or(1) as f64;
+                2.0 * numel(out) * w / cout.max(1.0)
+            }
+            Kernel::Identity
+            | Kernel::Reshape(_)
+            | Kernel::Permute(_)
+            | Kernel::Expand(_)
+            | Kernel::Squeeze(_)
+            | Kernel::Unsqueeze(_)
+            | Kernel::Slice { .. }
+            | Kernel::Split { .. } => 0.0,
             Kernel::Reduce { .. } => inputs.first().map(|s| numel(s)).unwrap_or(0.0),
             _ => numel(out),
         }
@@ -208,11 +329,7 @@ fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
 /// Decodes a compute node. `Err` says why the node cannot run (the caller adds where).
 pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
     let op = node.op.as_str();
-    let base = op
-        .strip_prefix("ltorch.")
-        .or_else(|| op.strip_prefix("prims."))
-        .or_else(|| op.strip_prefix("dist."))
-        .unwrap_or(op);
+    let base = crate::kernel_ops::canonical_base(op);
     let mut o = Operands {
         node,
         inputs: Vec::new(),
@@ -387,7 +504,10 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
                     log: base == "log_softmax",
                 }
             }
-            _ => return Err(format!("no kernel for op `{op}`")),
+            _ => match crate::kernel_ops::decode_op(trace, node)? {
+                Some(d) => return Ok(d),
+                None => return Err(format!("no kernel for op `{op}`")),
+            },
         }
     };
     Ok(Decoded {

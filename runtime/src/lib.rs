@@ -23,6 +23,7 @@ pub mod data;
 pub mod executor;
 pub mod fingerprint;
 pub mod kernel;
+pub mod kernel_ops;
 pub mod launch;
 pub mod loss;
 pub mod memory;

@@ -21,6 +21,9 @@ enum Base {
     F64(*mut f64),
     BF16(*mut bf16),
     F16(*mut f16),
+    I64(*mut i64),
+    I32(*mut i32),
+    Bool(*mut bool),
 }
 
 /// One all-reduce in progress: rank 0's buffer (the output) and the other ranks' inputs.
@@ -59,6 +62,9 @@ impl Reduction {
             Storage::F64(v) => Base::F64(v.as_mut_ptr()),
             Storage::BF16(v) => Base::BF16(v.as_mut_ptr()),
             Storage::F16(v) => Base::F16(v.as_mut_ptr()),
+            Storage::I64(v) => Base::I64(v.as_mut_ptr()),
+            Storage::I32(v) => Base::I32(v.as_mut_ptr()),
+            Storage::Bool(v) => Base::Bool(v.as_mut_ptr()),
         };
         Reduction {
             op,
@@ -101,12 +107,12 @@ impl Reduction {
                             match op {
                                 ReduceOp::Sum => {
                                     for (a, &b) in block.iter_mut().zip(src) {
-                                        *a += b;
+                                        *a = add(*a, b);
                                     }
                                 }
                                 ReduceOp::Max => {
                                     for (a, &b) in block.iter_mut().zip(src) {
-                                        *a = combine(ReduceOp::Max, *a, b);
+                                        *a = larger(*a, b);
                                     }
                                 }
                             }
@@ -144,6 +150,10 @@ impl Reduction {
             Base::F64(p) => native!(p, F64),
             Base::BF16(p) => widened!(p, BF16, bf16),
             Base::F16(p) => widened!(p, F16, f16),
+            Base::I64(p) => native!(p, I64),
+            Base::I32(p) => native!(p, I32),
+            // a sum or max of booleans is their `or`
+            Base::Bool(p) => native!(p, Bool),
         }
     }
 
@@ -165,6 +175,44 @@ impl Reduction {
             }
         }
     }
+}
+
+/// Addition as the all-reduce does it: IEEE for floats, wrapping for integers (as NCCL and
+/// gloo), `or` for booleans.
+trait AddElem: Copy {
+    fn add_elem(self, b: Self) -> Self;
+}
+macro_rules! add_elem {
+    ($($t:ty: |$a:ident, $b:ident| $e:expr),+) => {
+        $(impl AddElem for $t {
+            #[inline(always)]
+            fn add_elem(self, $b: Self) -> Self {
+                let $a = self;
+                $e
+            }
+        })+
+    };
+}
+add_elem!(
+    f32: |a, b| a + b,
+    f64: |a, b| a + b,
+    i64: |a, b| a.wrapping_add(b),
+    i32: |a, b| a.wrapping_add(b),
+    bool: |a, b| a | b
+);
+
+#[inline(always)]
+fn larger<T: PartialOrd>(a: T, b: T) -> T {
+    if b > a {
+        b
+    } else {
+        a
+    }
+}
+
+#[inline(always)]
+fn add<T: AddElem>(a: T, b: T) -> T {
+    a.add_elem(b)
 }
 
 fn combine<T: PartialOrd + std::ops::Add<Output = T>>(op: ReduceOp, a: T, b: T) -> T {
@@ -214,6 +262,24 @@ mod tests {
         let out = r.finish();
         assert_eq!(out.shape(), &[11]);
         assert_eq!(out.to_f32_vec(), want);
+    }
+
+    #[test]
+    fn integer_and_bool_buffers_reduce_exactly() {
+        let parts = vec![
+            Tensor::from_i64(vec![3], vec![1, -2, i64::MAX]),
+            Tensor::from_i64(vec![3], vec![10, 5, 1]),
+        ];
+        let r = Arc::new(Reduction::new(ReduceOp::Sum, parts, 2));
+        (0..2).for_each(|i| r.reduce_chunk(i));
+        assert_eq!(r.finish().to_i64_vec(), vec![11, 3, i64::MIN]);
+        let parts = vec![
+            Tensor::from_bool(vec![3], vec![true, false, false]),
+            Tensor::from_bool(vec![3], vec![false, false, true]),
+        ];
+        let r = Arc::new(Reduction::new(ReduceOp::Max, parts, 1));
+        r.reduce_chunk(0);
+        assert_eq!(r.finish().to_bool_vec(), vec![true, false, true]);
     }
 
     #[test]

@@ -7,13 +7,67 @@ use half::{bf16, f16};
 use std::sync::Arc;
 use tracepass_ir::DType;
 
-/// The elements of a tensor, in one of the dtypes the CPU backend computes in.
+/// The elements of a tensor, in one of the dtypes the CPU backend holds: the float types it
+/// computes in and the integer and boolean types of indices, targets, counters and masks.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Storage {
     F32(Vec<f32>),
     F64(Vec<f64>),
     BF16(Vec<bf16>),
     F16(Vec<f16>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    Bool(Vec<bool>),
+}
+
+/// Evaluates `$body` with `$v` bound to the storage's element vector (any variant); `$body`
+/// must give a `Vec` of the same element type, which is wrapped back in that variant. For
+/// dtype-generic kernels (copies, gathers, layout changes).
+#[macro_export]
+macro_rules! storage_map {
+    ($s:expr, $v:ident => $body:expr) => {
+        match $s {
+            $crate::tensor::Storage::F32($v) => $crate::tensor::Storage::F32($body),
+            $crate::tensor::Storage::F64($v) => $crate::tensor::Storage::F64($body),
+            $crate::tensor::Storage::BF16($v) => $crate::tensor::Storage::BF16($body),
+            $crate::tensor::Storage::F16($v) => $crate::tensor::Storage::F16($body),
+            $crate::tensor::Storage::I64($v) => $crate::tensor::Storage::I64($body),
+            $crate::tensor::Storage::I32($v) => $crate::tensor::Storage::I32($body),
+            $crate::tensor::Storage::Bool($v) => $crate::tensor::Storage::Bool($body),
+        }
+    };
+}
+
+/// Like [`storage_map!`] over two storages that must share a variant; `$mismatch` is the value
+/// of the whole expression when they do not.
+#[macro_export]
+macro_rules! storage_map2 {
+    ($a:expr, $b:expr, $x:ident, $y:ident => $body:expr, $mismatch:expr) => {
+        match ($a, $b) {
+            ($crate::tensor::Storage::F32($x), $crate::tensor::Storage::F32($y)) => {
+                $crate::tensor::Storage::F32($body)
+            }
+            ($crate::tensor::Storage::F64($x), $crate::tensor::Storage::F64($y)) => {
+                $crate::tensor::Storage::F64($body)
+            }
+            ($crate::tensor::Storage::BF16($x), $crate::tensor::Storage::BF16($y)) => {
+                $crate::tensor::Storage::BF16($body)
+            }
+            ($crate::tensor::Storage::F16($x), $crate::tensor::Storage::F16($y)) => {
+                $crate::tensor::Storage::F16($body)
+            }
+            ($crate::tensor::Storage::I64($x), $crate::tensor::Storage::I64($y)) => {
+                $crate::tensor::Storage::I64($body)
+            }
+            ($crate::tensor::Storage::I32($x), $crate::tensor::Storage::I32($y)) => {
+                $crate::tensor::Storage::I32($body)
+            }
+            ($crate::tensor::Storage::Bool($x), $crate::tensor::Storage::Bool($y)) => {
+                $crate::tensor::Storage::Bool($body)
+            }
+            _ => $mismatch,
+        }
+    };
 }
 
 impl Storage {
@@ -23,6 +77,9 @@ impl Storage {
             Storage::F64(_) => DType::F64,
             Storage::BF16(_) => DType::BF16,
             Storage::F16(_) => DType::F16,
+            Storage::I64(_) => DType::I64,
+            Storage::I32(_) => DType::I32,
+            Storage::Bool(_) => DType::Bool,
         }
     }
     pub fn len(&self) -> usize {
@@ -31,6 +88,9 @@ impl Storage {
             Storage::F64(v) => v.len(),
             Storage::BF16(v) => v.len(),
             Storage::F16(v) => v.len(),
+            Storage::I64(v) => v.len(),
+            Storage::I32(v) => v.len(),
+            Storage::Bool(v) => v.len(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -43,23 +103,115 @@ impl Storage {
             DType::F64 => Storage::F64(vec![0.0; n]),
             DType::BF16 => Storage::BF16(vec![bf16::ZERO; n]),
             DType::F16 => Storage::F16(vec![f16::ZERO; n]),
+            DType::I64 => Storage::I64(vec![0; n]),
+            DType::I32 => Storage::I32(vec![0; n]),
+            DType::Bool => Storage::Bool(vec![false; n]),
             _ => return None,
         })
     }
-    /// Values converted from f64 (test data, initializers).
+    /// Values converted from f64 (test data, initializers); integers truncate toward zero and
+    /// booleans are `x != 0`, as PyTorch's casts.
     pub fn from_f64(dtype: DType, v: &[f64]) -> Option<Storage> {
         Some(match dtype {
             DType::F32 => Storage::F32(v.iter().map(|x| *x as f32).collect()),
             DType::F64 => Storage::F64(v.to_vec()),
             DType::BF16 => Storage::BF16(v.iter().map(|x| bf16::from_f64(*x)).collect()),
             DType::F16 => Storage::F16(v.iter().map(|x| f16::from_f64(*x)).collect()),
+            DType::I64 => Storage::I64(v.iter().map(|x| *x as i64).collect()),
+            DType::I32 => Storage::I32(v.iter().map(|x| *x as i32).collect()),
+            DType::Bool => Storage::Bool(v.iter().map(|x| *x != 0.0).collect()),
             _ => return None,
         })
     }
 }
 
+/// An element type of [`Storage`], for dtype-generic kernels.
+pub trait Elem: Copy + PartialEq + Send + Sync + 'static {
+    const DTYPE: DType;
+    /// The elements of `s`, when it holds this type.
+    fn slice(s: &Storage) -> Option<&[Self]>;
+    fn wrap(v: Vec<Self>) -> Storage;
+    /// A number in this type, cast as PyTorch casts (truncation for integers, `!= 0` for bool).
+    fn from_f64(x: f64) -> Self;
+}
+
+macro_rules! elem {
+    ($t:ty, $variant:ident, |$x:ident| $conv:expr) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$variant;
+            fn slice(s: &Storage) -> Option<&[Self]> {
+                match s {
+                    Storage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn wrap(v: Vec<Self>) -> Storage {
+                Storage::$variant(v)
+            }
+            #[inline(always)]
+            fn from_f64($x: f64) -> Self {
+                $conv
+            }
+        }
+    };
+}
+elem!(f32, F32, |x| x as f32);
+elem!(f64, F64, |x| x);
+elem!(bf16, BF16, |x| bf16::from_f64(x));
+elem!(f16, F16, |x| f16::from_f64(x));
+elem!(i64, I64, |x| x as i64);
+elem!(i32, I32, |x| x as i32);
+elem!(bool, Bool, |x| x != 0.0);
+
+/// Evaluates `$body` with the type alias `$T` set to the element type of `$dtype`; `$other`
+/// binds the dtype when the CPU backend does not hold it.
+#[macro_export]
+macro_rules! with_elem {
+    ($dtype:expr, $T:ident => $body:expr, $other:ident => $unsupported:expr) => {
+        match $dtype {
+            tracepass_ir::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            tracepass_ir::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            tracepass_ir::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            tracepass_ir::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            tracepass_ir::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            tracepass_ir::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            tracepass_ir::DType::Bool => {
+                type $T = bool;
+                $body
+            }
+            $other => $unsupported,
+        }
+    };
+}
+
 /// Whether the CPU backend can hold tensors of this dtype.
 pub fn supported_dtype(d: DType) -> bool {
+    matches!(
+        d,
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 | DType::I64 | DType::I32 | DType::Bool
+    )
+}
+
+/// Whether a dtype is one of the float types the CPU backend computes in.
+pub fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F64 | DType::BF16 | DType::F16)
 }
 
@@ -111,6 +263,12 @@ impl Tensor {
     pub fn from_f64(shape: Vec<usize>, v: Vec<f64>) -> Tensor {
         Tensor::new(shape, Storage::F64(v))
     }
+    pub fn from_i64(shape: Vec<usize>, v: Vec<i64>) -> Tensor {
+        Tensor::new(shape, Storage::I64(v))
+    }
+    pub fn from_bool(shape: Vec<usize>, v: Vec<bool>) -> Tensor {
+        Tensor::new(shape, Storage::Bool(v))
+    }
     pub fn zeros(shape: Vec<usize>, dtype: DType) -> Option<Tensor> {
         let n = shape.iter().product();
         Storage::zeros(dtype, n).map(|s| Tensor::new(shape, s))
@@ -123,6 +281,43 @@ impl Tensor {
             offset: base.offset + offset,
             data: base.data.clone(),
         }
+    }
+    /// A view of this tensor's storage with any shape, strides and offset (expand, slice,
+    /// squeeze); an error if some addressed element lies outside the storage.
+    pub fn view(
+        &self,
+        shape: Vec<usize>,
+        strides: Vec<isize>,
+        offset: usize,
+    ) -> Result<Tensor, String> {
+        if shape.len() != strides.len() {
+            return Err(format!(
+                "view shape {shape:?} and strides {strides:?} differ in rank"
+            ));
+        }
+        if shape.iter().all(|&d| d > 0) {
+            let (mut lo, mut hi) = (offset as isize, offset as isize);
+            for (&d, &s) in shape.iter().zip(&strides) {
+                let span = (d as isize - 1) * s;
+                if span < 0 {
+                    lo += span;
+                } else {
+                    hi += span;
+                }
+            }
+            if lo < 0 || hi >= self.data.len() as isize {
+                return Err(format!(
+                    "view {shape:?} with strides {strides:?} at offset {offset} leaves a storage of {} elements",
+                    self.data.len()
+                ));
+            }
+        }
+        Ok(Tensor {
+            shape,
+            strides,
+            offset,
+            data: self.data.clone(),
+        })
     }
     pub fn shape(&self) -> &[usize] {
         &self.shape
@@ -227,17 +422,49 @@ impl Tensor {
     }
     /// The elements in row-major order, copied into fresh storage.
     fn copied(&self) -> Storage {
-        macro_rules! gather {
-            ($v:expr, $variant:ident) => {
-                Storage::$variant(self.positions().map(|p| $v[p]).collect())
+        storage_map!(&*self.data, v => self.gather(v))
+    }
+    /// The elements of `v` (this tensor's storage, of any element type) in row-major order;
+    /// a run along a unit-stride last dimension is copied as a block.
+    pub(crate) fn gather<T: Copy>(&self, v: &[T]) -> Vec<T> {
+        let n = self.numel();
+        let rank = self.shape.len();
+        if rank == 0 || n == 0 {
+            return if n == 0 {
+                Vec::new()
+            } else {
+                vec![v[self.offset]]
             };
         }
-        match &*self.data {
-            Storage::F32(v) => gather!(v, F32),
-            Storage::F64(v) => gather!(v, F64),
-            Storage::BF16(v) => gather!(v, BF16),
-            Storage::F16(v) => gather!(v, F16),
+        if self.is_contiguous() {
+            return v[self.offset..self.offset + n].to_vec();
         }
+        let mut out = Vec::with_capacity(n);
+        let inner = self.shape[rank - 1];
+        let inner_stride = self.strides[rank - 1];
+        let outer = n / inner;
+        let mut idx = vec![0usize; rank - 1];
+        let mut pos = self.offset as isize;
+        for k in 0..outer {
+            if k > 0 {
+                for d in (0..rank - 1).rev() {
+                    idx[d] += 1;
+                    pos += self.strides[d];
+                    if idx[d] < self.shape[d] {
+                        break;
+                    }
+                    pos -= self.strides[d] * self.shape[d] as isize;
+                    idx[d] = 0;
+                }
+            }
+            let p = pos as usize;
+            match inner_stride {
+                1 => out.extend_from_slice(&v[p..p + inner]),
+                0 => out.extend(std::iter::repeat_n(v[p], inner)),
+                s => out.extend((0..inner).map(|j| v[(pos + j as isize * s) as usize])),
+            }
+        }
+        out
     }
     /// The elements as a contiguous f32 slice, when they are one.
     pub fn as_f32(&self) -> Option<&[f32]> {
@@ -249,6 +476,28 @@ impl Tensor {
     pub fn as_f64(&self) -> Option<&[f64]> {
         match (&*self.data, self.is_contiguous()) {
             (Storage::F64(v), true) => Some(&v[self.offset..self.offset + self.numel()]),
+            _ => None,
+        }
+    }
+    /// The elements in row-major order as `T` (borrowed when contiguous); `None` when the
+    /// tensor's dtype is not `T`'s.
+    pub fn elems<T: Elem>(&self) -> Option<std::borrow::Cow<'_, [T]>> {
+        let v = T::slice(&self.data)?;
+        Some(if self.is_contiguous() {
+            std::borrow::Cow::Borrowed(&v[self.offset..self.offset + self.numel()])
+        } else {
+            std::borrow::Cow::Owned(self.gather(v))
+        })
+    }
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        match (&*self.data, self.is_contiguous()) {
+            (Storage::I64(v), true) => Some(&v[self.offset..self.offset + self.numel()]),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<&[bool]> {
+        match (&*self.data, self.is_contiguous()) {
+            (Storage::Bool(v), true) => Some(&v[self.offset..self.offset + self.numel()]),
             _ => None,
         }
     }
@@ -287,10 +536,16 @@ impl Tensor {
             return s.to_vec();
         }
         match &*self.data {
-            Storage::F32(v) => self.positions().map(|p| v[p]).collect(),
+            Storage::F32(v) => self.gather(v),
             Storage::F64(v) => self.positions().map(|p| v[p] as f32).collect(),
             Storage::BF16(v) => self.positions().map(|p| v[p].to_f32()).collect(),
             Storage::F16(v) => self.positions().map(|p| v[p].to_f32()).collect(),
+            Storage::I64(v) => self.positions().map(|p| v[p] as f32).collect(),
+            Storage::I32(v) => self.positions().map(|p| v[p] as f32).collect(),
+            Storage::Bool(v) => self
+                .positions()
+                .map(|p| f32::from(u8::from(v[p])))
+                .collect(),
         }
     }
     /// Elements in row-major order, converted to f64.
@@ -300,6 +555,36 @@ impl Tensor {
             Storage::F64(v) => self.positions().map(|p| v[p]).collect(),
             Storage::BF16(v) => self.positions().map(|p| v[p].to_f64()).collect(),
             Storage::F16(v) => self.positions().map(|p| v[p].to_f64()).collect(),
+            Storage::I64(v) => self.positions().map(|p| v[p] as f64).collect(),
+            Storage::I32(v) => self.positions().map(|p| v[p] as f64).collect(),
+            Storage::Bool(v) => self
+                .positions()
+                .map(|p| f64::from(u8::from(v[p])))
+                .collect(),
+        }
+    }
+    /// Elements in row-major order, converted to i64 (floats truncate toward zero, saturating).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        match &*self.data {
+            Storage::F32(v) => self.positions().map(|p| v[p] as i64).collect(),
+            Storage::F64(v) => self.positions().map(|p| v[p] as i64).collect(),
+            Storage::BF16(v) => self.positions().map(|p| v[p].to_f32() as i64).collect(),
+            Storage::F16(v) => self.positions().map(|p| v[p].to_f32() as i64).collect(),
+            Storage::I64(v) => self.gather(v),
+            Storage::I32(v) => self.positions().map(|p| i64::from(v[p])).collect(),
+            Storage::Bool(v) => self.positions().map(|p| i64::from(v[p])).collect(),
+        }
+    }
+    /// Elements in row-major order as booleans (`x != 0`; NaN is true, as in PyTorch).
+    pub fn to_bool_vec(&self) -> Vec<bool> {
+        match &*self.data {
+            Storage::F32(v) => self.positions().map(|p| v[p] != 0.0).collect(),
+            Storage::F64(v) => self.positions().map(|p| v[p] != 0.0).collect(),
+            Storage::BF16(v) => self.positions().map(|p| v[p].to_f32() != 0.0).collect(),
+            Storage::F16(v) => self.positions().map(|p| v[p].to_f32() != 0.0).collect(),
+            Storage::I64(v) => self.positions().map(|p| v[p] != 0).collect(),
+            Storage::I32(v) => self.positions().map(|p| v[p] != 0).collect(),
+            Storage::Bool(v) => self.gather(v),
         }
     }
     /// Converts to another dtype (a copy, even to the same dtype when not contiguous).
@@ -314,6 +599,10 @@ impl Tensor {
                 Storage::BF16(self.to_f32_vec().into_iter().map(bf16::from_f32).collect())
             }
             DType::F16 => Storage::F16(self.to_f32_vec().into_iter().map(f16::from_f32).collect()),
+            DType::I64 => Storage::I64(self.to_i64_vec()),
+            // i64 -> i32 wraps, as PyTorch's cast does
+            DType::I32 => Storage::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect()),
+            DType::Bool => Storage::Bool(self.to_bool_vec()),
             _ => return None,
         };
         Some(Tensor::new(self.shape.clone(), data))
@@ -328,6 +617,8 @@ impl Tensor {
                 .positions()
                 .zip(other.positions())
                 .all(|(i, j)| a[i].to_bits() == b[j].to_bits()),
+            (Storage::I64(_) | Storage::I32(_), _) => self.to_i64_vec() == other.to_i64_vec(),
+            (Storage::Bool(_), _) => self.to_bool_vec() == other.to_bool_vec(),
             _ => {
                 let (a, b) = (self.to_f64_vec(), other.to_f64_vec());
                 a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -373,6 +664,52 @@ mod tests {
             assert_eq!(c.dtype(), d);
             assert_eq!(c.to_f32_vec(), vec![0.5, -2.0, 1024.0]);
         }
-        assert!(t.to_dtype(DType::I64).is_none());
+        assert!(t.to_dtype(DType::U8).is_none());
+    }
+
+    #[test]
+    fn integer_and_bool_casts_follow_pytorch() {
+        let t = Tensor::from_f32(vec![5], vec![-1.7, -0.2, 0.0, 2.9, f32::NAN]);
+        let i = t.to_dtype(DType::I64).expect("i64");
+        assert_eq!(i.dtype(), DType::I64);
+        assert_eq!(i.as_i64().expect("contiguous"), &[-1, 0, 0, 2, 0]);
+        let b = t.to_dtype(DType::Bool).expect("bool");
+        assert_eq!(
+            b.as_bool().expect("contiguous"),
+            &[true, true, false, true, true]
+        );
+        assert_eq!(b.to_f32_vec(), vec![1., 1., 0., 1., 1.]);
+        let big = Tensor::from_i64(vec![2], vec![(1 << 40) + 3, -5]);
+        assert_eq!(
+            big.to_dtype(DType::I32).expect("i32").to_i64_vec(),
+            vec![3, -5]
+        );
+        assert_eq!(
+            big.to_dtype(DType::F64).expect("f64").to_f64_vec(),
+            vec![(1u64 << 40) as f64 + 3.0, -5.0]
+        );
+        // an integer tensor round-trips through a transposed copy
+        let m = Tensor::from_i64(vec![2, 3], vec![0, 1, 2, 3, 4, 5]);
+        let p = m.permute(&[1, 0]).expect("2-d").contiguous();
+        assert_eq!(p.as_i64().expect("contiguous"), &[0, 3, 1, 4, 2, 5]);
+        assert!(m.bitwise_eq(&p.permute(&[1, 0]).expect("2-d")));
+        assert!(!m.bitwise_eq(&p));
+    }
+
+    #[test]
+    fn views_are_bounds_checked_and_gather_by_rows() {
+        let t = Tensor::from_f32(vec![6], vec![0., 1., 2., 3., 4., 5.]);
+        // broadcast row: stride 0 on the outer dim
+        let e = t.view(vec![2, 3], vec![0, 1], 1).expect("inside");
+        assert_eq!(e.to_f32_vec(), vec![1., 2., 3., 1., 2., 3.]);
+        // stride 0 on the inner dim, stride 2 on the outer
+        let r = t.view(vec![3, 2], vec![2, 0], 0).expect("inside");
+        assert_eq!(r.to_f32_vec(), vec![0., 0., 2., 2., 4., 4.]);
+        // negative stride (a flip) reads backwards
+        let f = t.view(vec![3], vec![-2], 5).expect("inside");
+        assert_eq!(f.to_f32_vec(), vec![5., 3., 1.]);
+        assert!(t.view(vec![2, 3], vec![3, 1], 1).is_err());
+        assert!(t.view(vec![3], vec![-2], 3).is_err());
+        assert!(t.view(vec![3], vec![1, 1], 0).is_err());
     }
 }

@@ -16,7 +16,7 @@ pub enum TensorFileError {
     #[error("{path}: not a valid safetensors file: {message}")]
     Format { path: PathBuf, message: String },
     #[error(
-        "{path}: tensor `{name}` has dtype {dtype}, which is not supported (f32, f64, bf16, f16)"
+        "{path}: tensor `{name}` has dtype {dtype}, which is not supported (f32, f64, bf16, f16, i64, i32, bool)"
     )]
     Dtype {
         path: PathBuf,
@@ -81,6 +81,9 @@ impl TensorFile {
                         .map(|b| f16::from_bits(u16::from_le_bytes(b)))
                         .collect(),
                 ),
+                Dtype::I64 => Storage::I64(le_chunks::<8>(d).map(i64::from_le_bytes).collect()),
+                Dtype::I32 => Storage::I32(le_chunks::<4>(d).map(i32::from_le_bytes).collect()),
+                Dtype::BOOL => Storage::Bool(d.iter().map(|&b| b != 0).collect()),
                 other => {
                     return Err(TensorFileError::Dtype {
                         path: path.to_path_buf(),
@@ -148,6 +151,18 @@ fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
                 .flat_map(|x| x.to_bits().to_le_bytes())
                 .collect(),
         ),
+        Storage::I64(v) => (
+            Dtype::I64,
+            v[o..o + n].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ),
+        Storage::I32(v) => (
+            Dtype::I32,
+            v[o..o + n].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ),
+        Storage::Bool(v) => (
+            Dtype::BOOL,
+            v[o..o + n].iter().map(|&x| u8::from(x)).collect(),
+        ),
     }
 }
 
@@ -212,12 +227,22 @@ mod tests {
             .permute(&[0])
             .expect("1-d");
         let h = a.to_dtype(tracepass_ir::DType::BF16).expect("bf16");
+        let i = Tensor::from_i64(vec![2, 2], vec![-1, i64::MAX, 7, 0])
+            .permute(&[1, 0])
+            .expect("2-d");
+        let j = Tensor::from_i64(vec![3], vec![-3, 1 << 20, 9])
+            .to_dtype(tracepass_ir::DType::I32)
+            .expect("i32");
+        let m = Tensor::from_bool(vec![3], vec![true, false, true]);
         save_tensors(
             &p,
             &[
                 ("a".into(), a.clone()),
                 ("b".into(), b.clone()),
                 ("h".into(), h.clone()),
+                ("i".into(), i.clone()),
+                ("j".into(), j.clone()),
+                ("m".into(), m.clone()),
             ],
         )
         .expect("save");
@@ -225,9 +250,17 @@ mod tests {
         assert!(f.get("a").expect("a").bitwise_eq(&a));
         assert!(f.get("b").expect("b").bitwise_eq(&b));
         assert!(f.get("h").expect("h").bitwise_eq(&h));
+        let fi = f.get("i").expect("i");
+        assert_eq!(fi.dtype(), tracepass_ir::DType::I64);
+        assert_eq!(fi.to_i64_vec(), vec![-1, 7, i64::MAX, 0]);
+        assert!(f.get("j").expect("j").bitwise_eq(&j));
+        assert_eq!(
+            f.get("m").expect("m").as_bool(),
+            Some(&[true, false, true][..])
+        );
         let e = f.get("zz").expect_err("missing");
         assert!(
-            e.to_string().contains("no tensor named `zz`") && e.to_string().contains("a, b, h")
+            e.to_string().contains("no tensor named `zz`") && e.to_string().contains("a, b, h, i")
         );
         std::fs::write(&p, b"garbage").expect("write");
         assert!(matches!(

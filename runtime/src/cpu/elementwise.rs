@@ -1,9 +1,10 @@
 //! Elementwise kernels with NumPy broadcasting.
 
+use super::promote::{promote_types, promote_with_scalar};
 use super::real::Real;
 use crate::backend::Input;
 use crate::kernel::{BinaryOp, Side, UnaryOp};
-use crate::tensor::{contiguous_strides, Tensor};
+use crate::tensor::{contiguous_strides, is_float, Tensor};
 use tracepass_ir::DType;
 
 /// The dtype two operands compute in (PyTorch's promotion among the float types).
@@ -237,6 +238,32 @@ fn binary_typed<T: Real>(
     })
 }
 
+fn to_operand<'a>(o: &Operand<'a>) -> super::compare::Operand<'a> {
+    match *o {
+        Operand::T(t) => super::compare::Operand::Tensor(t),
+        Operand::S(s) => super::compare::Operand::Scalar(s),
+    }
+}
+
+/// A tensor operand converted to f32 (`None` for numbers).
+fn f32_operand(o: &Operand<'_>) -> Result<Option<Tensor>, String> {
+    match o {
+        Operand::T(t) => t
+            .to_dtype(DType::F32)
+            .map(Some)
+            .ok_or_else(|| format!("cannot convert {} to f32", t.dtype())),
+        Operand::S(_) => Ok(None),
+    }
+}
+
+/// The operand, reading `converted` in place of its tensor when there is one.
+fn reborrow<'a>(o: Operand<'a>, converted: Option<&'a Tensor>) -> Operand<'a> {
+    match (o, converted) {
+        (Operand::T(_), Some(t)) => Operand::T(t),
+        (o, _) => o,
+    }
+}
+
 /// `a op (alpha * b)` with broadcasting; numbers take the tensor's dtype, as in PyTorch.
 pub fn binary(
     op: BinaryOp,
@@ -256,11 +283,33 @@ pub fn binary(
         }
     };
     let (oa, ob) = (get(a)?, get(b)?);
+    let frac = |x: f64| x.fract() != 0.0 || !x.is_finite();
     let dtype = match (&oa, &ob) {
-        (Operand::T(x), Operand::T(y)) => promote(x.dtype(), y.dtype()),
-        (Operand::T(x), _) | (_, Operand::T(x)) => x.dtype(),
+        (Operand::T(x), Operand::T(y)) if is_float(x.dtype()) && is_float(y.dtype()) => {
+            promote(x.dtype(), y.dtype())
+        }
+        (Operand::T(x), Operand::T(y)) => promote_types(x.dtype(), y.dtype()),
+        (Operand::T(x), Operand::S(s)) | (Operand::S(s), Operand::T(x)) => {
+            promote_with_scalar(x.dtype(), frac(*s) || frac(alpha))
+        }
         _ => return Err("both operands are numbers".into()),
     };
+    if !is_float(dtype) {
+        return match op {
+            // true division and atan2 of integers give the default float type
+            BinaryOp::Div | BinaryOp::Atan2 => {
+                let fa = f32_operand(&oa)?;
+                let fb = f32_operand(&ob)?;
+                binary_typed::<f32>(
+                    op,
+                    reborrow(oa, fa.as_ref()),
+                    reborrow(ob, fb.as_ref()),
+                    alpha,
+                )
+            }
+            _ => super::integer::binary_int(op, to_operand(&oa), to_operand(&ob), alpha, dtype),
+        };
+    }
     with_compute_type(dtype, |ct| match ct {
         DType::F64 => binary_typed::<f64>(op, oa, ob, alpha),
         _ => binary_typed::<f32>(op, oa, ob, alpha),
@@ -338,6 +387,30 @@ mod tests {
         .expect("ok");
         assert_eq!(r.dtype(), DType::BF16);
         assert_eq!(r.to_f32_vec(), vec![0.5, 1.0, 1.5]);
+    }
+
+    #[test]
+    fn integer_operands_promote_like_pytorch() {
+        let i = Tensor::from_i64(vec![2], vec![3, 4]);
+        let ins = [Input::Tensor(&i)];
+        let r = binary(BinaryOp::Add, Side::Input(0), Side::Scalar(0.0), 1.0, &ins).expect("ok");
+        assert_eq!((r.dtype(), r.to_i64_vec()), (DType::I64, vec![3, 4]));
+        let r = binary(BinaryOp::Mul, Side::Input(0), Side::Scalar(0.5), 1.0, &ins).expect("ok");
+        assert_eq!((r.dtype(), r.to_f32_vec()), (DType::F32, vec![1.5, 2.0]));
+        let r = binary(BinaryOp::Div, Side::Input(0), Side::Scalar(2.0), 1.0, &ins).expect("ok");
+        assert_eq!((r.dtype(), r.to_f32_vec()), (DType::F32, vec![1.5, 2.0]));
+        let h = Tensor::from_f32(vec![2], vec![1.0, 2.0])
+            .to_dtype(DType::BF16)
+            .expect("bf16");
+        let r = binary(
+            BinaryOp::Add,
+            Side::Input(0),
+            Side::Input(1),
+            1.0,
+            &[Input::Tensor(&h), Input::Tensor(&i)],
+        )
+        .expect("ok");
+        assert_eq!((r.dtype(), r.to_f32_vec()), (DType::BF16, vec![4.0, 6.0]));
     }
 
     #[test]

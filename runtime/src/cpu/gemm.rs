@@ -147,6 +147,50 @@ fn gemm_into<T: Gemm>(
     Ok(())
 }
 
+/// `c = a @ b + beta * c` over row-major contiguous slices: `a` is `[m, k]`, `b` is `[k, n]`,
+/// `c` is `[m, n]` (im2col convolution).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_rows<T: Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
+) -> Result<(), String> {
+    if a.len() < m * k || b.len() < k * n || c.len() < m * n {
+        return Err(format!(
+            "gemm: [{m}, {k}] @ [{k}, {n}] does not fit buffers of {}, {} and {} elements",
+            a.len(),
+            b.len(),
+            c.len()
+        ));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // SAFETY: the three buffers hold at least the row-major blocks addressed, checked above.
+    unsafe {
+        T::gemm(
+            m,
+            k,
+            n,
+            a.as_ptr(),
+            k as isize,
+            1,
+            b.as_ptr(),
+            n as isize,
+            1,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    Ok(())
+}
+
 /// Brings both operands to one compute type (f32 or f64); bf16/f16 compute in f32.
 fn compute_pair(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor, DType, DType), String> {
     let out = super::elementwise::promote(a.dtype(), b.dtype());

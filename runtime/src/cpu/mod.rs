@@ -1,12 +1,27 @@
-//! The CPU backend: f32, f64, bf16 and f16 tensors in host memory; bf16/f16 compute in f32.
+//! The CPU backend: f32, f64, bf16 and f16 tensors in host memory (bf16/f16 compute in f32),
+//! and i64, i32 and bool tensors for indices, counters and masks.
+//!
+//! Every kernel is a plain function over host tensors with explicit parameters, one concept
+//! per module, so it can be tested and benchmarked without a trace.
 
+pub mod activation;
+pub mod compare;
+pub mod conv;
 mod elementwise;
+pub mod embedding;
+pub mod fill;
 mod gemm;
+pub mod integer;
+pub mod layout;
+pub mod pool;
+pub mod promote;
+pub mod random;
 mod real;
 mod reduce;
+pub mod var_mean;
 
 use crate::backend::{Backend, Input, KernelError};
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, Side};
 use crate::tensor::{supported_dtype, Storage, Tensor};
 use tracepass_ir::DType;
 
@@ -26,6 +41,93 @@ fn tensor<'a>(inputs: &'a [Input<'_, Tensor>], i: usize) -> Result<&'a Tensor, K
             "input {i} must be a tensor, got a number"
         ))),
         None => Err(KernelError(format!("input {i} is missing"))),
+    }
+}
+
+/// An operand of a comparison or `where`.
+fn operand<'a>(inputs: &'a [Input<'_, Tensor>], s: Side) -> Result<compare::Operand<'a>, String> {
+    Ok(match s {
+        Side::Scalar(x) => compare::Operand::Scalar(x),
+        Side::Input(i) => match inputs.get(i) {
+            Some(Input::Tensor(t)) => compare::Operand::Tensor(t),
+            Some(Input::Scalar(x)) => compare::Operand::Scalar(*x),
+            None => return Err(format!("input {i} is missing")),
+        },
+    })
+}
+
+/// The real models' single-output kernels (see [`crate::kernel_ops`]).
+fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, String> {
+    let t = |i: usize| tensor(inputs, i).map_err(|e| e.0);
+    match kernel {
+        Kernel::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+        } => {
+            let b = if *bias { Some(t(2)?) } else { None };
+            conv::convolution(
+                t(0)?,
+                t(1)?,
+                b,
+                stride,
+                padding,
+                dilation,
+                false,
+                &[0],
+                *groups,
+            )
+        }
+        Kernel::MaxPool2dBackward => pool::max_pool2d_with_indices_backward(t(0)?, t(1)?, t(2)?),
+        Kernel::Embedding => embedding::embedding(t(0)?, t(1)?),
+        Kernel::EmbeddingBackward {
+            num_weights,
+            padding_idx,
+            scale_grad_by_freq,
+        } => embedding::embedding_backward(
+            t(0)?,
+            t(1)?,
+            *num_weights,
+            *padding_idx,
+            *scale_grad_by_freq,
+        ),
+        Kernel::Pad { value, config } => layout::pad(t(0)?, *value, config),
+        Kernel::Slice { start, end, step } => layout::slice(t(0)?, start, end, Some(step)),
+        Kernel::Cat { dim } => {
+            let all = (0..inputs.len()).map(t).collect::<Result<Vec<_>, _>>()?;
+            layout::cat(&all, *dim)
+        }
+        Kernel::Expand(shape) => layout::expand(t(0)?, shape),
+        Kernel::Flip(dims) => layout::flip(t(0)?, dims),
+        Kernel::Squeeze(dims) => layout::squeeze(t(0)?, dims.as_deref()),
+        Kernel::Unsqueeze(dim) => layout::unsqueeze(t(0)?, *dim),
+        Kernel::Arange {
+            start,
+            end,
+            step,
+            dtype,
+        } => fill::arange(*start, *end, *step, *dtype),
+        Kernel::Full {
+            shape,
+            value,
+            dtype,
+        } => fill::full(shape, *value, *dtype),
+        Kernel::Compare { op, a, b } => {
+            compare::compare(*op, operand(inputs, *a)?, operand(inputs, *b)?)
+        }
+        Kernel::Where { a, b, dtype } => {
+            compare::where_(t(0)?, operand(inputs, *a)?, operand(inputs, *b)?, *dtype)
+        }
+        Kernel::Silu => activation::silu(t(0)?),
+        Kernel::Copy => layout::copy_into(t(0)?, t(1)?),
+        Kernel::Uniform { .. } => Err(
+            "uniform needs a random stream keyed by (seed, rank, step, node), which this \
+             executor does not provide yet (cpu::random::uniform computes it)"
+                .into(),
+        ),
+        other => Err(format!("{other:?} is not a kernel of the real models' ops")),
     }
 }
 
@@ -79,6 +181,51 @@ impl Backend for CpuBackend {
                 dtype,
             } => reduce::reduce(tensor(inputs, 0)?, *op, dims, *keepdim, *dtype),
             Kernel::Softmax { dim, log } => reduce::softmax(tensor(inputs, 0)?, *dim, *log),
+            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } | Kernel::Split { .. } => {
+                let mut outs = self.run_multi(kernel, inputs)?;
+                if outs.len() != 1 {
+                    return Err(KernelError(format!(
+                        "{kernel:?} gives {} tensors; the node must name each",
+                        outs.len()
+                    )));
+                }
+                Ok(outs.remove(0))
+            }
+            other => run_model_op(other, inputs),
+        };
+        r.map_err(KernelError)
+    }
+
+    fn run_multi(
+        &self,
+        kernel: &Kernel,
+        inputs: &[Input<'_, Tensor>],
+    ) -> Result<Vec<Tensor>, KernelError> {
+        let r = match kernel {
+            Kernel::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+                dilation,
+                ceil_mode,
+            } => {
+                let x = tensor(inputs, 0)?;
+                pool::Pool2d::new(kernel, stride, padding, dilation, *ceil_mode)
+                    .and_then(|p| pool::max_pool2d_with_indices(x, &p))
+                    .map(|(v, i)| vec![v, i])
+            }
+            Kernel::VarMean {
+                dims,
+                correction,
+                keepdim,
+            } => var_mean::var_mean(tensor(inputs, 0)?, dims.as_deref(), *correction, *keepdim)
+                .map(|(v, m)| vec![v, m]),
+            Kernel::Split { sizes, dim } => layout::split(
+                tensor(inputs, 0)?,
+                &layout::SplitSizes::Sizes(sizes.clone()),
+                *dim,
+            ),
+            other => return self.run(other, inputs).map(|t| vec![t]),
         };
         r.map_err(KernelError)
     }

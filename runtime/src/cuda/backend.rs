@@ -836,6 +836,12 @@ impl CudaBackend {
             Storage::F64(_) => {
                 return Err(KernelError("f64 tensors are not supported on cuda".into()))
             }
+            Storage::I64(_) | Storage::I32(_) | Storage::Bool(_) => {
+                return Err(KernelError(format!(
+                    "{} tensors are not supported on cuda",
+                    t.dtype()
+                )))
+            }
         })
     }
 }
@@ -932,6 +938,9 @@ impl Backend for CudaBackend {
                 }
                 Ok(out)
             }
+            other => Err(KernelError(format!(
+                "{other:?} is not supported by the cuda backend yet"
+            ))),
         }
     }
 

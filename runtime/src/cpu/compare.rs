@@ -1,0 +1,294 @@
+//! Comparisons (results are bool tensors) and `where` on a bool condition, with broadcasting.
+
+use super::layout::{convert, expand};
+use super::promote::{promote_types, promote_with_scalar};
+use crate::tensor::{is_float, Elem, Tensor};
+use crate::with_elem;
+use std::borrow::Cow;
+use tracepass_ir::DType;
+
+pub use crate::kernel::CompareOp;
+
+/// An operand that is a tensor or a Python number.
+#[derive(Clone, Copy, Debug)]
+pub enum Operand<'a> {
+    Tensor(&'a Tensor),
+    Scalar(f64),
+}
+
+/// The broadcast shape of the tensor operands (numbers broadcast to anything).
+pub fn broadcast_all(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
+    let mut out: Vec<usize> = Vec::new();
+    for s in shapes {
+        out = tracepass_ir::broadcast_shapes(&out, s)
+            .ok_or_else(|| format!("shapes {shapes:?} do not broadcast"))?;
+    }
+    Ok(out)
+}
+
+/// A tensor broadcast to `shape`, as a view.
+pub(crate) fn broadcast_to(t: &Tensor, shape: &[usize]) -> Result<Tensor, String> {
+    if t.shape() == shape {
+        return Ok(t.clone());
+    }
+    let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    expand(t, &s)
+}
+
+/// Elements of an operand in the compute type `T`, broadcast to `n` positions.
+enum Src<'a, T: Clone> {
+    Elems(Cow<'a, [T]>),
+    Scalar(T),
+}
+
+impl<T: Copy> Src<'_, T> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> T {
+        match self {
+            Src::Elems(v) => v[i],
+            Src::Scalar(s) => *s,
+        }
+    }
+}
+
+/// The operand in `dtype`, broadcast to `shape` (borrowed when it already is both).
+fn source<'a, T: Elem>(
+    op: Operand<'a>,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<Src<'a, T>, String> {
+    Ok(match op {
+        Operand::Scalar(x) => Src::Scalar(T::from_f64(x)),
+        Operand::Tensor(t) if t.dtype() == dtype && t.shape() == shape => Src::Elems(
+            t.elems::<T>()
+                .ok_or_else(|| format!("operand is {}, not {dtype}", t.dtype()))?,
+        ),
+        Operand::Tensor(t) => {
+            let c = broadcast_to(&convert(t, dtype)?, shape)?;
+            let e = c
+                .elems::<T>()
+                .ok_or_else(|| format!("operand is {}, not {dtype}", c.dtype()))?;
+            Src::Elems(Cow::Owned(e.into_owned()))
+        }
+    })
+}
+
+/// Runs `$body` with `$f` bound to the comparison as a closure over `$t`.
+macro_rules! for_compare_op {
+    ($op:expr, $t:ty, $f:ident => $body:expr) => {
+        match $op {
+            CompareOp::Lt => {
+                let $f = |a: $t, b: $t| a < b;
+                $body
+            }
+            CompareOp::Le => {
+                let $f = |a: $t, b: $t| a <= b;
+                $body
+            }
+            CompareOp::Gt => {
+                let $f = |a: $t, b: $t| a > b;
+                $body
+            }
+            CompareOp::Ge => {
+                let $f = |a: $t, b: $t| a >= b;
+                $body
+            }
+            CompareOp::Eq => {
+                let $f = |a: $t, b: $t| a == b;
+                $body
+            }
+            CompareOp::Ne => {
+                let $f = |a: $t, b: $t| a != b;
+                $body
+            }
+        }
+    };
+}
+
+fn compare_typed<T: Elem + PartialOrd>(
+    op: CompareOp,
+    a: &Src<'_, T>,
+    b: &Src<'_, T>,
+    n: usize,
+) -> Vec<bool> {
+    for_compare_op!(op, T, f => match (a, b) {
+        (Src::Elems(x), Src::Elems(y)) => x.iter().zip(y.iter()).map(|(&p, &q)| f(p, q)).collect(),
+        (Src::Elems(x), Src::Scalar(s)) => x.iter().map(|&p| f(p, *s)).collect(),
+        (Src::Scalar(s), Src::Elems(y)) => y.iter().map(|&q| f(*s, q)).collect(),
+        (Src::Scalar(s), Src::Scalar(t)) => vec![f(*s, *t); n],
+    })
+}
+
+/// `torch.lt/le/gt/ge/eq/ne(a, b)`: a bool tensor of the broadcast shape. Operands meet in
+/// PyTorch's promoted dtype (a number takes the tensor's dtype, so `lt(x_f32, 0.9)` compares
+/// with `0.9` rounded to f32); integers compare exactly.
+pub fn compare(op: CompareOp, a: Operand<'_>, b: Operand<'_>) -> Result<Tensor, String> {
+    let frac = |x: f64| x.fract() != 0.0 || !x.is_finite();
+    let dtype = match (a, b) {
+        (Operand::Tensor(x), Operand::Tensor(y)) => promote_types(x.dtype(), y.dtype()),
+        (Operand::Tensor(x), Operand::Scalar(s)) | (Operand::Scalar(s), Operand::Tensor(x)) => {
+            promote_with_scalar(x.dtype(), frac(s))
+        }
+        _ => return Err("compare: both operands are numbers".into()),
+    };
+    let shapes: Vec<&[usize]> = [a, b]
+        .iter()
+        .filter_map(|o| match o {
+            Operand::Tensor(t) => Some(t.shape()),
+            Operand::Scalar(_) => None,
+        })
+        .collect();
+    let shape = broadcast_all(&shapes)?;
+    let n = shape.iter().product();
+    let (a, b) = (round_scalar(a, dtype)?, round_scalar(b, dtype)?);
+    let out = match dtype {
+        DType::F64 => compare_typed::<f64>(
+            op,
+            &source(a, DType::F64, &shape)?,
+            &source(b, DType::F64, &shape)?,
+            n,
+        ),
+        d if is_float(d) => compare_typed::<f32>(
+            op,
+            &source(a, DType::F32, &shape)?,
+            &source(b, DType::F32, &shape)?,
+            n,
+        ),
+        DType::I64 | DType::I32 | DType::Bool => compare_typed::<i64>(
+            op,
+            &source(a, DType::I64, &shape)?,
+            &source(b, DType::I64, &shape)?,
+            n,
+        ),
+        other => {
+            return Err(format!(
+                "compare: dtype {other} is not supported by the cpu backend"
+            ))
+        }
+    };
+    Ok(Tensor::from_bool(shape, out))
+}
+
+/// A number rounded to the float dtype the comparison meets in (then compared in a type that
+/// holds it exactly).
+fn round_scalar(o: Operand<'_>, dtype: DType) -> Result<Operand<'_>, String> {
+    Ok(match o {
+        Operand::Scalar(s) if is_float(dtype) => Operand::Scalar(
+            Tensor::from_f64(vec![], vec![s])
+                .to_dtype(dtype)
+                .ok_or("compare: number cast")?
+                .to_f64_vec()[0],
+        ),
+        other => other,
+    })
+}
+
+/// `torch.where(cond, a, b)`: `a` where `cond` is true, else `b`, broadcast together, in
+/// `dtype` (the node's output dtype: the promotion of the operands). `cond` must be bool.
+pub fn where_(
+    cond: &Tensor,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    dtype: DType,
+) -> Result<Tensor, String> {
+    if cond.dtype() != DType::Bool {
+        return Err(format!(
+            "where: the condition must be a bool tensor, got {}",
+            cond.dtype()
+        ));
+    }
+    let mut shapes: Vec<&[usize]> = vec![cond.shape()];
+    for o in [a, b] {
+        if let Operand::Tensor(t) = o {
+            shapes.push(t.shape());
+        }
+    }
+    let shape = broadcast_all(&shapes)?;
+    let c = broadcast_to(cond, &shape)?;
+    let c = c.elems::<bool>().ok_or("where: condition storage")?;
+    with_elem!(dtype, T => {
+        let (x, y) = (source::<T>(a, dtype, &shape)?, source::<T>(b, dtype, &shape)?);
+        let out: Vec<T> = c
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| if k { x.get(i) } else { y.get(i) })
+            .collect();
+        Ok(Tensor::new(shape, T::wrap(out)))
+    }, other => Err(format!("where: dtype {other} is not supported by the cpu backend")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scalars_round_to_the_tensor_dtype() {
+        // 0.9f32 < 0.9 in f64, but not in f32, PyTorch's compute type
+        let x = Tensor::from_f32(vec![3], vec![0.9, 0.5, 1.0]);
+        let r = compare(CompareOp::Lt, Operand::Tensor(&x), Operand::Scalar(0.9)).expect("ok");
+        assert_eq!(r.dtype(), DType::Bool);
+        assert_eq!(r.to_bool_vec(), vec![false, true, false]);
+        let h = x.to_dtype(DType::BF16).expect("bf16");
+        // 0.9 in bf16 is 0.8984375, so bf16(0.9) == bf16(0.9)
+        let r = compare(CompareOp::Eq, Operand::Tensor(&h), Operand::Scalar(0.9)).expect("ok");
+        assert_eq!(r.to_bool_vec(), vec![true, false, false]);
+        let r = compare(CompareOp::Gt, Operand::Scalar(0.7), Operand::Tensor(&x)).expect("ok");
+        assert_eq!(r.to_bool_vec(), vec![false, true, false]);
+        let i = Tensor::from_i64(vec![3], vec![-1, 0, 1]);
+        let r = compare(CompareOp::Ge, Operand::Tensor(&i), Operand::Scalar(0.5)).expect("ok");
+        assert_eq!(r.to_bool_vec(), vec![false, false, true]);
+        let r = compare(CompareOp::Ne, Operand::Tensor(&i), Operand::Scalar(0.0)).expect("ok");
+        assert_eq!(r.to_bool_vec(), vec![true, false, true]);
+        let nan = Tensor::from_f32(vec![1], vec![f32::NAN]);
+        let r = compare(CompareOp::Ne, Operand::Tensor(&nan), Operand::Tensor(&nan)).expect("ok");
+        assert_eq!(r.to_bool_vec(), vec![true]);
+    }
+
+    #[test]
+    fn the_causal_mask_of_nanogpt() {
+        // ge(arange(4)[:, None] + 0, arange(4)[None, :]) is the lower triangle
+        let r = Tensor::from_i64(vec![4, 1], vec![0, 1, 2, 3]);
+        let c = Tensor::from_i64(vec![1, 4], vec![0, 1, 2, 3]);
+        let m = compare(CompareOp::Ge, Operand::Tensor(&r), Operand::Tensor(&c)).expect("ok");
+        assert_eq!(m.shape(), &[4, 4]);
+        let want: Vec<bool> = (0..16).map(|k| k / 4 >= k % 4).collect();
+        assert_eq!(m.to_bool_vec(), want);
+        let bad = Tensor::from_i64(vec![3], vec![0, 1, 2]);
+        assert!(compare(CompareOp::Lt, Operand::Tensor(&c), Operand::Tensor(&bad)).is_err());
+        // where(mask, scores, -inf)
+        let s = Tensor::from_f32(vec![2, 4, 4], (0..32).map(|i| i as f32).collect());
+        let w = where_(
+            &m,
+            Operand::Tensor(&s),
+            Operand::Scalar(f64::NEG_INFINITY),
+            DType::F32,
+        )
+        .expect("ok");
+        assert_eq!(w.shape(), &[2, 4, 4]);
+        let v = w.to_f32_vec();
+        for (k, &e) in v.iter().enumerate() {
+            let (i, j) = ((k % 16) / 4, k % 4);
+            if i >= j {
+                assert_eq!(e, k as f32);
+            } else {
+                assert_eq!(e, f32::NEG_INFINITY);
+            }
+        }
+    }
+
+    #[test]
+    fn where_broadcasts_casts_and_checks_the_condition() {
+        let m = Tensor::from_bool(vec![2, 1], vec![true, false]);
+        let a = Tensor::from_f32(vec![3], vec![1., 2., 3.]);
+        let w = where_(&m, Operand::Tensor(&a), Operand::Scalar(0.0), DType::F32).expect("ok");
+        assert_eq!(w.to_f32_vec(), vec![1., 2., 3., 0., 0., 0.]);
+        let h = a.to_dtype(DType::BF16).expect("bf16");
+        let w = where_(&m, Operand::Scalar(7.0), Operand::Tensor(&h), DType::BF16).expect("ok");
+        assert_eq!(w.dtype(), DType::BF16);
+        assert_eq!(w.to_f32_vec(), vec![7., 7., 7., 1., 2., 3.]);
+        assert!(where_(&a, Operand::Tensor(&a), Operand::Scalar(0.0), DType::F32).is_err());
+        let i = Tensor::from_i64(vec![1], vec![5]);
+        let w = where_(&m, Operand::Tensor(&i), Operand::Scalar(-1.0), DType::I64).expect("ok");
+        assert_eq!(w.to_i64_vec(), vec![5, -1]);
+    }
+}

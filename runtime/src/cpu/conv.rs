@@ -1,0 +1,596 @@
+//! N-d convolution (`torch.convolution`, not transposed) as im2col + GEMM. Thunder writes the
+//! convolution's backward as convolutions too (over padded, flipped and permuted operands), so
+//! this one kernel serves both directions.
+
+use super::gemm::{gemm_rows, Gemm};
+use crate::tensor::Tensor;
+use tracepass_ir::DType;
+
+/// Checked convolution geometry: N-d spatial sizes and per-dim parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Geometry {
+    n: usize,
+    cin: usize,
+    cout: usize,
+    groups: usize,
+    spatial: Vec<usize>,
+    kernel: Vec<usize>,
+    out: Vec<usize>,
+    stride: Vec<usize>,
+    padding: Vec<usize>,
+    dilation: Vec<usize>,
+}
+
+/// A per-dim parameter: one value for every dim, or one per dim (`(1,)` in Thunder's traces).
+fn per_dim(v: &[i64], d: usize, what: &str, min: i64) -> Result<Vec<usize>, String> {
+    let full: Vec<i64> = match v.len() {
+        1 => vec![v[0]; d],
+        n if n == d => v.to_vec(),
+        _ => {
+            return Err(format!(
+                "convolution: {what} {v:?} must have 1 or {d} entries"
+            ))
+        }
+    };
+    if let Some(bad) = full.iter().find(|&&x| x < min) {
+        return Err(format!(
+            "convolution: {what} {v:?} has {bad}, below the minimum {min}"
+        ));
+    }
+    Ok(full.into_iter().map(|x| x as usize).collect())
+}
+
+impl Geometry {
+    fn new(
+        x: &[usize],
+        w: &[usize],
+        stride: &[i64],
+        padding: &[i64],
+        dilation: &[i64],
+        groups: i64,
+    ) -> Result<Geometry, String> {
+        if x.len() < 3 || w.len() != x.len() {
+            return Err(format!(
+                "convolution: input {x:?} must be [N, C, *spatial] and the weight {w:?} [C_out, C_in/groups, *kernel] of the same rank"
+            ));
+        }
+        let d = x.len() - 2;
+        if groups < 1 {
+            return Err(format!(
+                "convolution: groups must be positive, got {groups}"
+            ));
+        }
+        let groups = groups as usize;
+        let (n, cin, cout) = (x[0], x[1], w[0]);
+        if cin % groups != 0 || cout % groups != 0 || w[1] * groups != cin {
+            return Err(format!(
+                "convolution: input {x:?} and weight {w:?} do not fit {groups} groups"
+            ));
+        }
+        let stride = per_dim(stride, d, "stride", 1)?;
+        let padding = per_dim(padding, d, "padding", 0)?;
+        let dilation = per_dim(dilation, d, "dilation", 1)?;
+        let spatial = x[2..].to_vec();
+        let kernel = w[2..].to_vec();
+        let mut out = Vec::with_capacity(d);
+        for j in 0..d {
+            let span = dilation[j] * (kernel[j].max(1) - 1) + 1;
+            let padded = spatial[j] + 2 * padding[j];
+            if kernel[j] == 0 || padded < span {
+                return Err(format!(
+                    "convolution: dim {j}: input {} padded by {} is smaller than the dilated kernel {span}",
+                    spatial[j], padding[j]
+                ));
+            }
+            out.push((padded - span) / stride[j] + 1);
+        }
+        Ok(Geometry {
+            n,
+            cin,
+            cout,
+            groups,
+            spatial,
+            kernel,
+            out,
+            stride,
+            padding,
+            dilation,
+        })
+    }
+
+    fn is_pointwise(&self) -> bool {
+        self.kernel.iter().all(|&k| k == 1)
+            && self.stride.iter().all(|&s| s == 1)
+            && self.padding.iter().all(|&p| p == 0)
+    }
+}
+
+/// Unfolds one sample's `cg` channels (`x`, `[cg, *spatial]`) into `col`, `[cg * prod(kernel),
+/// prod(out)]`: row `(c, k)` holds, for every output position, the input under kernel tap `k`
+/// (zero where that falls in the padding).
+fn im2col<T: Copy + Default>(x: &[T], cg: usize, g: &Geometry, col: &mut [T]) {
+    let d = g.spatial.len();
+    let kp: usize = g.kernel.iter().product();
+    let op: usize = g.out.iter().product();
+    let sp: usize = g.spatial.iter().product();
+    let (ol, sl) = (g.out[d - 1], g.spatial[d - 1]);
+    let (st, pd, dl) = (g.stride[d - 1], g.padding[d - 1] as i64, g.dilation[d - 1]);
+    let outer = op / ol.max(1);
+    let in_strides = crate::tensor::contiguous_strides(&g.spatial);
+    let mut kidx = vec![0usize; d];
+    let mut oidx = vec![0usize; d.saturating_sub(1)];
+    for c in 0..cg {
+        let xc = &x[c * sp..(c + 1) * sp];
+        for k in 0..kp {
+            // kernel tap multi-index
+            let mut r = k;
+            for j in (0..d).rev() {
+                kidx[j] = r % g.kernel[j];
+                r /= g.kernel[j];
+            }
+            let row = &mut col[(c * kp + k) * op..(c * kp + k + 1) * op];
+            // the last dim's tap offset and the output range that lands inside the input
+            let off = (kidx[d - 1] * dl) as i64 - pd;
+            let lo = if off >= 0 {
+                0
+            } else {
+                ((-off) as usize).div_ceil(st)
+            };
+            let hi = if (sl as i64 - 1 - off) < 0 {
+                0
+            } else {
+                (((sl as i64 - 1 - off) as usize) / st + 1).min(ol)
+            };
+            oidx.iter_mut().for_each(|o| *o = 0);
+            for seg in 0..outer {
+                if seg > 0 {
+                    for j in (0..d - 1).rev() {
+                        oidx[j] += 1;
+                        if oidx[j] < g.out[j] {
+                            break;
+                        }
+                        oidx[j] = 0;
+                    }
+                }
+                let dst = &mut row[seg * ol..(seg + 1) * ol];
+                let mut base = 0i64;
+                let mut inside = lo < hi;
+                for j in 0..d - 1 {
+                    let i = (oidx[j] * g.stride[j] + kidx[j] * g.dilation[j]) as i64
+                        - g.padding[j] as i64;
+                    if i < 0 || i >= g.spatial[j] as i64 {
+                        inside = false;
+                        break;
+                    }
+                    base += i * in_strides[j] as i64;
+                }
+                if !inside {
+                    dst.fill(T::default());
+                    continue;
+                }
+                dst[..lo].fill(T::default());
+                dst[hi..].fill(T::default());
+                let first = (base + lo as i64 * st as i64 + off) as usize;
+                if st == 1 {
+                    dst[lo..hi].copy_from_slice(&xc[first..first + (hi - lo)]);
+                } else {
+                    for (t, o) in dst[lo..hi].iter_mut().enumerate() {
+                        *o = xc[first + t * st];
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn conv_typed<T: Gemm + Default>(
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    g: &Geometry,
+) -> Result<Vec<T>, String> {
+    let (cg, coutg) = (g.cin / g.groups, g.cout / g.groups);
+    let kp: usize = g.kernel.iter().product();
+    let op: usize = g.out.iter().product();
+    let sp: usize = g.spatial.iter().product();
+    let kc = cg * kp;
+    let mut out = vec![T::ZERO; g.n * g.cout * op];
+    let beta = match bias {
+        Some(b) => {
+            for (k, row) in out.chunks_mut(op.max(1)).enumerate() {
+                row.fill(b[k % g.cout]);
+            }
+            T::ONE
+        }
+        None => T::ZERO,
+    };
+    let pointwise = g.is_pointwise();
+    let mut col = if pointwise {
+        Vec::new()
+    } else {
+        vec![T::ZERO; kc * op]
+    };
+    for n in 0..g.n {
+        for grp in 0..g.groups {
+            let xs = &x[(n * g.cin + grp * cg) * sp..(n * g.cin + (grp + 1) * cg) * sp];
+            let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
+            let at = (n * g.cout + grp * coutg) * op;
+            let dst = &mut out[at..at + coutg * op];
+            if pointwise {
+                gemm_rows(coutg, kc, op, ws, xs, beta, dst)?;
+            } else {
+                im2col(xs, cg, g, &mut col);
+                gemm_rows(coutg, kc, op, ws, &col, beta, dst)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `torch.convolution(x, w, bias, stride, padding, dilation, transposed, output_padding,
+/// groups)` for `transposed=False`: `x` is `[N, C_in, *spatial]` (1, 2 or 3 spatial dims, or
+/// more), `w` is `[C_out, C_in / groups, *kernel]`; each per-dim parameter is one int for all
+/// dims or one per dim. f32, f64, and bf16/f16 (computed in f32 and rounded).
+#[allow(clippy::too_many_arguments)]
+pub fn convolution(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[i64],
+    padding: &[i64],
+    dilation: &[i64],
+    transposed: bool,
+    output_padding: &[i64],
+    groups: i64,
+) -> Result<Tensor, String> {
+    if transposed {
+        return Err(
+            "convolution: transposed convolution is not supported by the cpu backend".into(),
+        );
+    }
+    if output_padding.iter().any(|&p| p != 0) {
+        return Err(format!(
+            "convolution: output_padding {output_padding:?} applies only to transposed convolution"
+        ));
+    }
+    if x.dtype() != w.dtype() || bias.is_some_and(|b| b.dtype() != x.dtype()) {
+        return Err(format!(
+            "convolution: input {}, weight {} and bias {:?} must share a dtype",
+            x.dtype(),
+            w.dtype(),
+            bias.map(|b| b.dtype())
+        ));
+    }
+    let g = Geometry::new(x.shape(), w.shape(), stride, padding, dilation, groups)?;
+    if let Some(b) = bias {
+        if b.shape() != [g.cout] {
+            return Err(format!(
+                "convolution: bias {:?} must be [{}]",
+                b.shape(),
+                g.cout
+            ));
+        }
+    }
+    let mut shape = vec![g.n, g.cout];
+    shape.extend(&g.out);
+    let dtype = x.dtype();
+    match dtype {
+        DType::F64 => {
+            let (xs, ws) = (x.elems::<f64>(), w.elems::<f64>());
+            let bs = bias.and_then(|b| b.elems::<f64>());
+            let (Some(xs), Some(ws)) = (xs, ws) else {
+                return Err("convolution: f64 storage".into());
+            };
+            let out = conv_typed::<f64>(&xs, &ws, bs.as_deref(), &g)?;
+            Ok(Tensor::from_f64(shape, out))
+        }
+        DType::F32 | DType::BF16 | DType::F16 => {
+            let (xs, ws) = (f32_elems(x), f32_elems(w));
+            let bs = bias.map(f32_elems);
+            let out = Tensor::from_f32(shape, conv_typed::<f32>(&xs, &ws, bs.as_deref(), &g)?);
+            if dtype == DType::F32 {
+                Ok(out)
+            } else {
+                out.to_dtype(dtype)
+                    .ok_or_else(|| format!("convolution: cannot round to {dtype}"))
+            }
+        }
+        other => Err(format!(
+            "convolution: dtype {other} is not supported by the cpu backend"
+        )),
+    }
+}
+
+/// The elements as f32: borrowed for f32, converted for bf16/f16.
+fn f32_elems(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
+    match t.elems::<f32>() {
+        Some(v) => v,
+        None => t.to_f32_vec().into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition, for any number of spatial dims, in f64.
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        x: &[f64],
+        xs: &[usize],
+        w: &[f64],
+        ws: &[usize],
+        b: Option<&[f64]>,
+        s: &[usize],
+        p: &[usize],
+        dl: &[usize],
+        groups: usize,
+    ) -> (Vec<usize>, Vec<f64>) {
+        let d = xs.len() - 2;
+        let out: Vec<usize> = (0..d)
+            .map(|j| (xs[j + 2] + 2 * p[j] - dl[j] * (ws[j + 2] - 1) - 1) / s[j] + 1)
+            .collect();
+        let (n, cin, cout) = (xs[0], xs[1], ws[0]);
+        let (cg, coutg) = (cin / groups, cout / groups);
+        let op: usize = out.iter().product();
+        let kp: usize = ws[2..].iter().product();
+        let sp: usize = xs[2..].iter().product();
+        let unravel = |mut i: usize, dims: &[usize]| {
+            let mut v = vec![0; dims.len()];
+            for j in (0..dims.len()).rev() {
+                v[j] = i % dims[j];
+                i /= dims[j];
+            }
+            v
+        };
+        let mut y = vec![0.0; n * cout * op];
+        for bi in 0..n {
+            for co in 0..cout {
+                let grp = co / coutg;
+                for o in 0..op {
+                    let oi = unravel(o, &out);
+                    let mut acc = b.map_or(0.0, |b| b[co]);
+                    for ci in 0..cg {
+                        for k in 0..kp {
+                            let ki = unravel(k, &ws[2..]);
+                            let mut pos = 0usize;
+                            let mut inside = true;
+                            for j in 0..d {
+                                let i = (oi[j] * s[j] + ki[j] * dl[j]) as i64 - p[j] as i64;
+                                if i < 0 || i >= xs[j + 2] as i64 {
+                                    inside = false;
+                                }
+                                pos = pos * xs[j + 2] + i.max(0) as usize;
+                            }
+                            if inside {
+                                let xv = x[(bi * cin + grp * cg + ci) * sp + pos];
+                                acc += xv * w[(co * cg + ci) * kp + k];
+                            }
+                        }
+                    }
+                    y[(bi * cout + co) * op + o] = acc;
+                }
+            }
+        }
+        let mut shape = vec![n, cout];
+        shape.extend(out);
+        (shape, y)
+    }
+
+    fn data(n: usize, seed: f64) -> Vec<f64> {
+        (0..n).map(|i| ((i as f64 + seed) * 0.618).sin()).collect()
+    }
+
+    #[test]
+    fn im2col_matches_direct_convolution() {
+        // (input, weight, stride, padding, dilation, groups, bias)
+        type Case = (
+            Vec<usize>,
+            Vec<usize>,
+            Vec<usize>,
+            Vec<usize>,
+            Vec<usize>,
+            usize,
+            bool,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                vec![2, 3, 8, 8],
+                vec![4, 3, 3, 3],
+                vec![1, 1],
+                vec![1, 1],
+                vec![1, 1],
+                1,
+                true,
+            ),
+            (
+                vec![2, 4, 9, 7],
+                vec![6, 2, 3, 2],
+                vec![2, 1],
+                vec![1, 0],
+                vec![1, 2],
+                2,
+                false,
+            ),
+            (
+                vec![1, 4, 5, 5],
+                vec![4, 1, 3, 3],
+                vec![1, 2],
+                vec![2, 1],
+                vec![2, 1],
+                4,
+                true,
+            ),
+            (
+                vec![2, 3, 6, 6],
+                vec![5, 3, 1, 1],
+                vec![1, 1],
+                vec![0, 0],
+                vec![1, 1],
+                1,
+                true,
+            ),
+            (
+                vec![2, 3, 6, 6],
+                vec![5, 3, 1, 1],
+                vec![2, 2],
+                vec![0, 0],
+                vec![1, 1],
+                1,
+                false,
+            ),
+            (
+                vec![3, 2, 11],
+                vec![4, 2, 4],
+                vec![3],
+                vec![2],
+                vec![2],
+                1,
+                true,
+            ),
+            (
+                vec![1, 2, 4, 5, 3],
+                vec![3, 2, 2, 3, 2],
+                vec![1, 2, 1],
+                vec![1, 1, 0],
+                vec![1, 1, 2],
+                1,
+                true,
+            ),
+            // the cnn backward's weight gradient: batch and channels swapped, kernel = grad's plane
+            (
+                vec![8, 4, 10, 10],
+                vec![16, 4, 8, 8],
+                vec![1, 1],
+                vec![0, 0],
+                vec![1, 1],
+                1,
+                false,
+            ),
+        ];
+        for (xs, ws, s, p, dl, groups, with_bias) in cases {
+            let x = data(xs.iter().product(), 0.0);
+            let w = data(ws.iter().product(), 3.0);
+            let b = data(ws[0], 7.0);
+            let (shape, want) = naive(
+                &x,
+                &xs,
+                &w,
+                &ws,
+                with_bias.then_some(&b[..]),
+                &s,
+                &p,
+                &dl,
+                groups,
+            );
+            let tx = Tensor::from_f64(xs.clone(), x.clone());
+            let tw = Tensor::from_f64(ws.clone(), w.clone());
+            let tb = Tensor::from_f64(vec![ws[0]], b.clone());
+            let i = |v: &[usize]| v.iter().map(|&e| e as i64).collect::<Vec<_>>();
+            let got = convolution(
+                &tx,
+                &tw,
+                with_bias.then_some(&tb),
+                &i(&s),
+                &i(&p),
+                &i(&dl),
+                false,
+                &[0],
+                groups as i64,
+            )
+            .expect("valid");
+            assert_eq!(got.shape(), &shape[..], "{xs:?} {ws:?}");
+            for (g, e) in got.to_f64_vec().iter().zip(&want) {
+                assert!((g - e).abs() < 1e-12, "{xs:?} {ws:?}: {g} vs {e}");
+            }
+            // f32 and bf16 agree to their precision
+            let f = convolution(
+                &tx.to_dtype(DType::F32).expect("f32"),
+                &tw.to_dtype(DType::F32).expect("f32"),
+                with_bias
+                    .then(|| tb.to_dtype(DType::F32).expect("f32"))
+                    .as_ref(),
+                &i(&s),
+                &i(&p),
+                &i(&dl),
+                false,
+                &[0],
+                groups as i64,
+            )
+            .expect("valid");
+            let scale = want.iter().fold(0f64, |m, e| m.max(e.abs()));
+            for (g, e) in f.to_f64_vec().iter().zip(&want) {
+                assert!((g - e).abs() < 1e-5 * scale.max(1.0), "{g} vs {e}");
+            }
+        }
+    }
+
+    fn dot(a: &Tensor, b: &Tensor) -> f64 {
+        a.to_f64_vec()
+            .iter()
+            .zip(b.to_f64_vec())
+            .map(|(x, y)| x * y)
+            .sum()
+    }
+
+    /// Thunder's backward of a padded 3x3 convolution, as the cnn trace writes it (pad, flip,
+    /// permute, convolution, crop), built from these kernels, is the adjoint of the forward:
+    /// <conv(x, w), g> = <x, dx(g)> = <w, dw(g)>.
+    #[test]
+    fn thunders_backward_formulas_give_the_adjoint() {
+        use crate::cpu::layout::{flip, pad};
+        let x = Tensor::from_f64(vec![2, 3, 6, 6], data(2 * 3 * 36, 0.0));
+        let w = Tensor::from_f64(vec![4, 3, 3, 3], data(4 * 27, 1.0));
+        let g = Tensor::from_f64(vec![2, 4, 6, 6], data(2 * 4 * 36, 2.0));
+        let y = convolution(&x, &w, None, &[1, 1], &[1, 1], &[1, 1], false, &[0, 0], 1)
+            .expect("forward");
+        // grad input: conv(g, flip(w^T)) with padding k-1, then crop the forward's padding
+        let wt = flip(&w.permute(&[1, 0, 2, 3]).expect("4-d"), &[2, 3]).expect("flip");
+        let full = convolution(&g, &wt, None, &[1], &[2, 2], &[1, 1], false, &[0, 0], 1)
+            .expect("grad input");
+        assert_eq!(full.shape(), &[2, 3, 8, 8]);
+        let dx = pad(
+            &full,
+            0.0,
+            &[(0, 0, 0), (0, 0, 0), (-1, -1, 0), (-1, -1, 0)],
+        )
+        .expect("crop");
+        // grad weight: conv(pad(x)^T, g^T), transposed back
+        let xp = pad(&x, 0.0, &[(0, 0, 0), (0, 0, 0), (1, 1, 0), (1, 1, 0)]).expect("pad");
+        let dw = convolution(
+            &xp.permute(&[1, 0, 2, 3]).expect("4-d"),
+            &g.permute(&[1, 0, 2, 3]).expect("4-d"),
+            None,
+            &[1, 1],
+            &[0],
+            &[1, 1],
+            false,
+            &[0, 0],
+            1,
+        )
+        .expect("grad weight")
+        .permute(&[1, 0, 2, 3])
+        .expect("4-d");
+        let lhs = dot(&y, &g);
+        assert!((lhs - dot(&x, &dx)).abs() < 1e-10 * lhs.abs().max(1.0));
+        assert!((lhs - dot(&w, &dw)).abs() < 1e-10 * lhs.abs().max(1.0));
+    }
+
+    #[test]
+    fn one_value_parameters_broadcast_and_bad_shapes_are_refused() {
+        let x = Tensor::from_f32(vec![1, 1, 3, 3], (0..9).map(|i| i as f32).collect());
+        let w = Tensor::from_f32(vec![1, 1, 2, 2], vec![1., 0., 0., 1.]);
+        let y = convolution(&x, &w, None, &[1], &[0], &[1], false, &[0, 0], 1).expect("ok");
+        assert_eq!(y.shape(), &[1, 1, 2, 2]);
+        assert_eq!(y.to_f32_vec(), vec![4., 6., 10., 12.]);
+        let bad_groups = convolution(&x, &w, None, &[1], &[0], &[1], false, &[0], 2);
+        assert!(bad_groups.is_err());
+        assert!(convolution(&x, &w, None, &[1, 1, 1], &[0], &[1], false, &[0], 1).is_err());
+        assert!(convolution(&x, &w, None, &[0], &[0], &[1], false, &[0], 1).is_err());
+        assert!(convolution(&x, &w, None, &[1], &[0], &[1], true, &[0], 1).is_err());
+        let big = Tensor::from_f32(vec![1, 1, 4, 4], vec![0.; 16]);
+        assert!(convolution(&x, &big, None, &[1], &[0], &[1], false, &[0], 1).is_err());
+        let b = Tensor::from_f32(vec![2], vec![0., 0.]);
+        assert!(convolution(&x, &w, Some(&b), &[1], &[0], &[1], false, &[0], 1).is_err());
+    }
+}

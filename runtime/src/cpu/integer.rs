@@ -1,0 +1,123 @@
+//! Elementwise arithmetic on integer and bool tensors (counters, index arithmetic such as
+//! nanoGPT's `arange(T)[:, None] + 0`), exact in i64 and wrapping on overflow, as PyTorch's
+//! integer kernels.
+
+use super::compare::{broadcast_all, broadcast_to, Operand};
+use crate::kernel::BinaryOp;
+use crate::tensor::Tensor;
+use tracepass_ir::DType;
+
+/// `a op (alpha * b)` in i64, the result cast to `dtype` (an integer or bool dtype). `Div` and
+/// `Atan2` are refused: on integers they give floats, which the float kernels compute.
+pub fn binary_int(
+    op: BinaryOp,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    alpha: f64,
+    dtype: DType,
+) -> Result<Tensor, String> {
+    let shapes: Vec<&[usize]> = [a, b]
+        .iter()
+        .filter_map(|o| match o {
+            Operand::Tensor(t) => Some(t.shape()),
+            Operand::Scalar(_) => None,
+        })
+        .collect();
+    if shapes.is_empty() {
+        return Err("both operands are numbers".into());
+    }
+    let shape = broadcast_all(&shapes)?;
+    let n: usize = shape.iter().product();
+    let int = |x: f64, what: &str| -> Result<i64, String> {
+        if x.fract() != 0.0 || !x.is_finite() {
+            Err(format!("{what} {x} is not an integer"))
+        } else {
+            Ok(x as i64)
+        }
+    };
+    let values = |o: Operand<'_>| -> Result<Vec<i64>, String> {
+        Ok(match o {
+            Operand::Tensor(t) => broadcast_to(t, &shape)?.to_i64_vec(),
+            Operand::Scalar(s) => vec![int(s, "operand")?; n],
+        })
+    };
+    let alpha = int(alpha, "alpha")?;
+    let (x, y) = (values(a)?, values(b)?);
+    let f: fn(i64, i64, i64) -> Result<i64, String> = match op {
+        BinaryOp::Add => |p, q, al| Ok(p.wrapping_add(q.wrapping_mul(al))),
+        BinaryOp::Sub => |p, q, al| Ok(p.wrapping_sub(q.wrapping_mul(al))),
+        BinaryOp::Mul => |p, q, _| Ok(p.wrapping_mul(q)),
+        BinaryOp::Maximum => |p, q, _| Ok(p.max(q)),
+        BinaryOp::Minimum => |p, q, _| Ok(p.min(q)),
+        BinaryOp::Pow => |p, q, _| {
+            u32::try_from(q)
+                .map(|e| p.wrapping_pow(e))
+                .map_err(|_| format!("integer pow with exponent {q}"))
+        },
+        BinaryOp::Div | BinaryOp::Atan2 => {
+            return Err(format!("{op:?} of integers computes in floats"))
+        }
+    };
+    let out = x
+        .iter()
+        .zip(&y)
+        .map(|(&p, &q)| f(p, q, alpha))
+        .collect::<Result<Vec<i64>, String>>()?;
+    Tensor::from_i64(shape, out)
+        .to_dtype(dtype)
+        .ok_or_else(|| format!("cannot convert to {dtype}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_arithmetic_is_exact_and_broadcasts() {
+        let a = Tensor::from_i64(vec![2, 1], vec![3, (1 << 60) + 1]);
+        let b = Tensor::from_i64(vec![2], vec![1, 2]);
+        let r = binary_int(
+            BinaryOp::Sub,
+            Operand::Tensor(&a),
+            Operand::Tensor(&b),
+            2.0,
+            DType::I64,
+        )
+        .expect("ok");
+        assert_eq!(r.to_i64_vec(), vec![1, -1, (1 << 60) - 1, (1 << 60) - 3]);
+        let r = binary_int(
+            BinaryOp::Add,
+            Operand::Tensor(&a),
+            Operand::Scalar(0.0),
+            1.0,
+            DType::I64,
+        )
+        .expect("ok");
+        assert!(r.bitwise_eq(&a));
+        let r = binary_int(
+            BinaryOp::Pow,
+            Operand::Tensor(&b),
+            Operand::Scalar(3.0),
+            1.0,
+            DType::I32,
+        )
+        .expect("ok");
+        assert_eq!((r.dtype(), r.to_i64_vec()), (DType::I32, vec![1, 8]));
+        assert!(binary_int(
+            BinaryOp::Add,
+            Operand::Tensor(&b),
+            Operand::Scalar(0.5),
+            1.0,
+            DType::I64
+        )
+        .is_err());
+        assert!(binary_int(
+            BinaryOp::Div,
+            Operand::Tensor(&b),
+            Operand::Tensor(&b),
+            1.0,
+            DType::I64
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,126 @@
+//! `var_mean`: variance and mean over dims in one pass over memory (two over each row).
+
+use super::layout::norm_dim;
+use crate::tensor::Tensor;
+use tracepass_ir::DType;
+
+/// `torch.var_mean(x, dims, correction=, keepdim=)`: the variance divides by
+/// `max(N - correction, 0)` (so `N <= correction` gives inf or NaN, as in PyTorch) where `N`
+/// is the count of reduced elements. Dims may be negative; `None` reduces all. Both results
+/// have `x`'s dtype; they are computed in f64 (two-pass) and rounded once.
+pub fn var_mean(
+    x: &Tensor,
+    dims: Option<&[i64]>,
+    correction: f64,
+    keepdim: bool,
+) -> Result<(Tensor, Tensor), String> {
+    let dtype = x.dtype();
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
+        return Err(format!("var_mean: dtype {dtype} is not a float type"));
+    }
+    let shape = x.shape();
+    let rank = shape.len();
+    let mut reduced = vec![false; rank];
+    match dims {
+        None => reduced.iter_mut().for_each(|r| *r = true),
+        Some(ds) => {
+            for &d in ds {
+                let d = if rank == 0 {
+                    norm_dim(d, 1).map(|_| 0)?
+                } else {
+                    norm_dim(d, rank)?
+                };
+                if rank > 0 && std::mem::replace(&mut reduced[d], true) {
+                    return Err(format!("var_mean: dim {d} is listed twice in {ds:?}"));
+                }
+            }
+        }
+    }
+    // kept dims first, reduced dims last: each output element reduces one contiguous row
+    let kept: Vec<usize> = (0..rank).filter(|&d| !reduced[d]).collect();
+    let red: Vec<usize> = (0..rank).filter(|&d| reduced[d]).collect();
+    let perm: Vec<usize> = kept.iter().chain(&red).copied().collect();
+    let row: usize = red.iter().map(|&d| shape[d]).product();
+    let rows: usize = kept.iter().map(|&d| shape[d]).product();
+    let p = x.permute(&perm)?;
+    let divisor = (row as f64 - correction).max(0.0);
+    let mut var = Vec::with_capacity(rows);
+    let mut mean = Vec::with_capacity(rows);
+    macro_rules! rows {
+        ($v:expr) => {{
+            let v = $v;
+            for r in 0..rows {
+                let e = &v[r * row..(r + 1) * row];
+                let m = e.iter().map(|&a| f64::from(a)).sum::<f64>() / row as f64;
+                let ss: f64 = e
+                    .iter()
+                    .map(|&a| {
+                        let d = f64::from(a) - m;
+                        d * d
+                    })
+                    .sum();
+                mean.push(m);
+                var.push(ss / divisor);
+            }
+        }};
+    }
+    match dtype {
+        DType::F64 => rows!(p.elems::<f64>().ok_or("var_mean: f64 storage")?),
+        DType::F32 => rows!(p.elems::<f32>().ok_or("var_mean: f32 storage")?),
+        _ => rows!(p.to_f32_vec()),
+    }
+    let out_shape: Vec<usize> = if keepdim {
+        (0..rank)
+            .map(|d| if reduced[d] { 1 } else { shape[d] })
+            .collect()
+    } else {
+        kept.iter().map(|&d| shape[d]).collect()
+    };
+    let make = |v: Vec<f64>| -> Result<Tensor, String> {
+        Tensor::from_f64(out_shape.clone(), v)
+            .to_dtype(dtype)
+            .ok_or_else(|| format!("var_mean: cannot convert to {dtype}"))
+    };
+    Ok((make(var)?, make(mean)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_norm_and_batch_norm_statistics() {
+        let x = Tensor::from_f32(vec![2, 3], vec![1., 2., 3., 4., 6., 8.]);
+        let (v, m) = var_mean(&x, Some(&[-1]), 0.0, false).expect("ok");
+        assert_eq!(m.to_f32_vec(), vec![2., 6.]);
+        assert_eq!(v.to_f32_vec(), vec![2. / 3., 8. / 3.]);
+        let (v, m) = var_mean(&x, Some(&[1]), 1.0, true).expect("ok");
+        assert_eq!((v.shape(), m.shape()), (&[2, 1][..], &[2, 1][..]));
+        assert_eq!(v.to_f32_vec(), vec![1., 4.]);
+        // over (0, 2, 3) of NCHW, against the definition
+        let n: usize = 2 * 3 * 4 * 5;
+        let data: Vec<f64> = (0..n).map(|i| ((i * 7919) % 101) as f64 / 10.0).collect();
+        let t = Tensor::from_f64(vec![2, 3, 4, 5], data.clone());
+        let (v, m) = var_mean(&t, Some(&[0, 2, 3]), 1.0, false).expect("ok");
+        for c in 0..3 {
+            let e: Vec<f64> = (0..n)
+                .filter(|i| (i / 20) % 3 == c)
+                .map(|i| data[i])
+                .collect();
+            let mu = e.iter().sum::<f64>() / e.len() as f64;
+            let var = e.iter().map(|a| (a - mu) * (a - mu)).sum::<f64>() / (e.len() - 1) as f64;
+            assert!((m.to_f64_vec()[c] - mu).abs() < 1e-12);
+            assert!((v.to_f64_vec()[c] - var).abs() < 1e-12);
+        }
+        let (v, _) = var_mean(&x, None, 6.0, false).expect("ok");
+        assert_eq!(v.to_f32_vec(), vec![f32::INFINITY]);
+        let h = x.to_dtype(DType::BF16).expect("bf16");
+        let (v, m) = var_mean(&h, Some(&[0]), 0.0, false).expect("ok");
+        assert_eq!(
+            (v.dtype(), m.to_f32_vec()),
+            (DType::BF16, vec![2.5, 4., 5.5])
+        );
+        assert!(var_mean(&x, Some(&[2]), 0.0, false).is_err());
+        assert!(var_mean(&x, Some(&[1, -1]), 0.0, false).is_err());
+    }
+}
