@@ -25,7 +25,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a benchmark suite: ir, passes, runtime.
+    /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
