@@ -74,7 +74,7 @@ pub enum Command {
     /// of one process: use `tracepass train --world-size N`.
     Launch {
         /// Processes (GPUs) on this machine.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::train_cmd::count)]
         nproc_per_node: usize,
         /// Address rank 0 listens on for the rendezvous.
         #[arg(long, default_value = "127.0.0.1")]

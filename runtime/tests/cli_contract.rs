@@ -55,7 +55,7 @@ fn files_in(dir: &Path) -> Vec<String> {
     v
 }
 
-/// 1. Every loss line reaches stdout, past 100 steps too; stderr has none of them.
+/// Point 1: Every loss line reaches stdout, past 100 steps too; stderr has none of them.
 #[test]
 fn every_loss_line_is_printed_to_stdout() {
     let o = run(&["train", "--world-size", "2", "--steps", "150"]);
@@ -68,7 +68,7 @@ fn every_loss_line_is_printed_to_stdout() {
     assert!(!stderr(&o).contains("-th loss"), "{}", stderr(&o));
 }
 
-/// 2. A pipeline, group or checkpoint that contradicts the run is an error naming both values.
+/// Point 2: A pipeline, group or checkpoint that contradicts the run is an error naming both values.
 #[test]
 fn contradictions_between_pipeline_and_run_are_errors() {
     let o = run(&[
@@ -121,7 +121,7 @@ fn contradictions_between_pipeline_and_run_are_errors() {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
-/// 3. `opt -o X.tpb` writes the whole program, `pack` makes one, and `train` reads programs
+/// Point 3: `opt -o X.tpb` writes the whole program, `pack` makes one, and `train` reads programs
 /// and traces in every format: each trains exactly like the built-in seed model.
 #[test]
 fn programs_round_trip_through_opt_pack_and_train() {
@@ -218,7 +218,7 @@ fn programs_round_trip_through_opt_pack_and_train() {
     assert!(!dir.path().join("y.tpb").exists());
 }
 
-/// 4. User errors write no reproducer; internal failures (a panicking pass, a pass that
+/// Point 4: User errors write no reproducer; internal failures (a panicking pass, a pass that
 /// breaks the IR) write one next to the output or in --reproducer-dir, never in the temp folder.
 #[test]
 fn reproducers_only_for_internal_failures() {
@@ -341,7 +341,7 @@ fn reproducers_only_for_internal_failures() {
     }
 }
 
-/// 5. An output that cannot be written is refused before the first step.
+/// Point 5: An output that cannot be written is refused before the first step.
 #[test]
 fn outputs_are_checked_before_any_step() {
     let dir = tempfile::tempdir().unwrap();
@@ -380,7 +380,7 @@ fn outputs_are_checked_before_any_step() {
     fails_with(&o, &["is not a folder"]);
 }
 
-/// 6. Bad numbers get messages that say what is wrong with them; a rank's error is not
+/// Point 6: Bad numbers get messages that say what is wrong with them; a rank's error is not
 /// prefixed by its rank twice.
 #[test]
 fn bad_numbers_are_named() {
@@ -417,6 +417,16 @@ fn bad_numbers_are_named() {
         "ddp(world_size=99999999999999999999)",
     ]);
     fails_with(&o, &["too large"]);
+    let o = run(&[
+        "launch",
+        "--nproc-per-node",
+        "-1",
+        "--",
+        "train",
+        "--device",
+        "cuda",
+    ]);
+    assert!(stderr(&o).contains("-1 is negative"), "{}", stderr(&o));
     // a rank whose batch is missing: its number once
     let o = run(&[
         "train",
@@ -432,7 +442,7 @@ fn bad_numbers_are_named() {
     assert!(!stderr(&o).contains("rank 2: "), "{}", stderr(&o));
 }
 
-/// 7. Options do what they say or are refused.
+/// Point 7: Options do what they say or are refused.
 #[test]
 fn options_are_never_ignored() {
     let (b, f) = (td("mlp/backward.trace"), td("mlp/forward.trace"));
@@ -517,7 +527,7 @@ fn options_are_never_ignored() {
     assert!(bwd < loss, "{text}");
 }
 
-/// 8. On CPU, `launch` refuses (ranks are threads of one process) and says what to run.
+/// Point 8: On CPU, `launch` refuses (ranks are threads of one process) and says what to run.
 #[test]
 fn launch_on_cpu_refuses_with_the_fix() {
     let o = run(&[
@@ -574,7 +584,7 @@ fn launch_on_cpu_refuses_with_the_fix() {
     }
 }
 
-/// 9. A backward without all-reduce is reported as such, not as -0 ms at 100% overlap.
+/// Point 9: A backward without all-reduce is reported as such, not as -0 ms at 100% overlap.
 #[test]
 fn simulate_without_communication_says_so() {
     let o = run(&[
@@ -594,7 +604,7 @@ fn simulate_without_communication_says_so() {
     assert!(!s.contains("-0.000") && !s.contains("100.0%"), "{s}");
 }
 
-/// 10. verify reports every parse error, and semantic errors with their line.
+/// Point 10: verify reports every parse error, and semantic errors with their line.
 #[test]
 fn verify_reports_every_error_with_its_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -646,7 +656,7 @@ fn verify_reports_every_error_with_its_line() {
         .success());
 }
 
-/// 12. The docs the README cites are in the repository, and every option of every command
+/// Point 12: The docs the README cites are in the repository, and every option of every command
 /// is documented there.
 #[test]
 fn every_option_is_documented() {
