@@ -187,8 +187,12 @@ impl<'a> Options<'a> {
     pub fn usize(&self, key: &str) -> Result<Option<usize>, PassError> {
         self.raw(key)
             .map(|v| {
-                v.parse::<usize>()
-                    .map_err(|_| self.bad(key, v, "not a non-negative integer"))
+                v.parse::<usize>().map_err(|e| match e.kind() {
+                    std::num::IntErrorKind::PosOverflow => {
+                        self.bad(key, v, &format!("too large (at most {})", usize::MAX))
+                    }
+                    _ => self.bad(key, v, "not a non-negative integer"),
+                })
             })
             .transpose()
     }

@@ -28,6 +28,8 @@ pub struct Checkpoint {
     pub optimizer_step: u64,
     pub exp_avg: Vec<Vec<f32>>,
     pub exp_avg_sq: Vec<Vec<f32>>,
+    /// The number of ranks that trained it (`None`: not recorded, as in older checkpoints).
+    pub world_size: Option<usize>,
 }
 
 fn kind_name(k: OptimizerKind) -> &'static str {
@@ -44,6 +46,18 @@ pub fn save(
     names: &[String],
     params: &[Tensor],
     opt: &Optimizer,
+) -> Result<(), CheckpointError> {
+    save_for(path, step, names, params, opt, None)
+}
+
+/// As [`save`], recording the world size that trained it (a resume must use the same).
+pub fn save_for(
+    path: &Path,
+    step: usize,
+    names: &[String],
+    params: &[Tensor],
+    opt: &Optimizer,
+    world_size: Option<usize>,
 ) -> Result<(), CheckpointError> {
     let (opt_step, m, v) = opt.state();
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
@@ -67,6 +81,7 @@ pub fn save(
         ("optimizer_step".to_string(), opt_step.to_string()),
     ]
     .into_iter()
+    .chain(world_size.map(|w| ("world_size".to_string(), w.to_string())))
     .collect();
     save_tensors_with(path, &tensors, &meta)?;
     Ok(())
@@ -105,6 +120,10 @@ pub fn load(
     };
     let step = num("step")? as usize;
     let optimizer_step = num("optimizer_step")?;
+    let world_size = match f.metadata.get("world_size") {
+        Some(_) => Some(num("world_size")? as usize),
+        None => None,
+    };
     let saved_kind = meta("optimizer")?;
     if saved_kind != kind_name(kind) {
         return Err(CheckpointError::Mismatch {
@@ -121,6 +140,7 @@ pub fn load(
         optimizer_step,
         exp_avg: Vec::new(),
         exp_avg_sq: Vec::new(),
+        world_size,
     };
     for (n, shape) in names.iter().zip(shapes) {
         let t = f.get(&format!("param.{n}"))?;

@@ -5,9 +5,12 @@ use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use tracepass_ir::{
-    dot::to_dot, fsio, print_trace_with, verify, Module, OpRegistry, PrintOptions, Program,
+    dot::to_dot, fsio, print_trace_with, Module, OpRegistry, PrintOptions, Program, Trace,
 };
-use tracepass_passes::{timing_table, PassManager, PrintIr, Reproducer};
+use tracepass_passes::{
+    build_pass, timing_table, Changed, Pass, PassContext, PassError, PassManager, PrintIr,
+    Reproducer,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,11 +40,26 @@ pub enum Command {
     },
     /// Convert between formats; the extension decides (.trace text, .tpb binary, .json).
     Convert { input: PathBuf, output: PathBuf },
-    /// Check every invariant; prints all violations.
+    /// Check every invariant; prints every violation (parse errors included) with its line.
     Verify { file: PathBuf },
-    /// Graphviz DOT of a trace.
+    /// Pair a forward and its backward into one program file (forward, backward, parameters).
+    Pack {
+        /// The forward trace (.trace, .tpb, .json; a program file stands for its forward).
+        forward: PathBuf,
+        /// The backward trace (a program file stands for its backward).
+        backward: PathBuf,
+        /// Thunder's prologue trace (which forward argument is which parameter). Not read by
+        /// this build yet: giving it is an error rather than a silent no-op.
+        #[arg(long)]
+        prologue: Option<PathBuf>,
+        /// The program file to write: .tpb or .json.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Graphviz DOT of a trace (of a program: its backward).
     Dot {
         file: PathBuf,
+        /// Output file; stdout when absent.
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
@@ -51,11 +69,14 @@ pub enum Command {
     Train(Box<crate::train_cmd::TrainArgs>),
     /// Predict step time, overlap and exposed communication on a modelled device and network.
     Simulate(Box<crate::simulate_cmd::SimulateArgs>),
-    /// Run a subcommand as one process per rank with torchrun's environment
-    /// (`tracepass launch --nproc-per-node 8 -- train --device cuda`).
+    /// Run `train --device cuda` as one process per GPU with torchrun's environment
+    /// (`tracepass launch --nproc-per-node 8 -- train --device cuda`). On CPU, ranks are threads
+    /// of one process: use `tracepass train --world-size N`.
     Launch {
-        #[arg(long)]
+        /// Processes (GPUs) on this machine.
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::train_cmd::count)]
         nproc_per_node: usize,
+        /// Address rank 0 listens on for the rendezvous.
         #[arg(long, default_value = "127.0.0.1")]
         master_addr: String,
         /// Default: a free port.
@@ -73,14 +94,31 @@ pub enum Command {
     },
 }
 
+/// The passes a pipeline may name, for help texts.
+const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
+  ddp(world_size=N[,bucket_mb=25][,first_bucket_mb=MB][,average=pre|post][,group=world][,launch=ready|end])
+      pre-average, bucket and all-reduce the gradients asynchronously (needs the forward)
+  sort-waits        move each wait to just before its first use
+  no-sync           remove gradient synchronization (Thunder's own DDP included)
+  accumulate-grads  the synchronized step of gradient accumulation (adds acc_* arguments)
+  dce               remove dead code
+  cse               merge identical pure computations
+
+A reproducer (input + pipeline, replay with --reproduce) is written only when a pass fails
+internally (panics or leaves invalid IR): to --reproducer-dir, else next to -o, else the
+current folder.";
+
 #[derive(clap::Args, Debug)]
+#[command(after_help = PASSES_HELP)]
 pub struct OptArgs {
-    /// Input trace or program.
+    /// Input trace or program (.trace, .tpb, .json).
     pub input: Option<PathBuf>,
-    /// Pipeline, e.g. `ddp(world_size=4,bucket_mb=25),sort-waits,dce`.
+    /// Pipeline, e.g. `ddp(world_size=4,bucket_mb=25),sort-waits,dce` (passes listed below).
     #[arg(long)]
     pub passes: Option<String>,
-    /// Output file (format from its extension); stdout when absent.
+    /// Output file (format from its extension). With --forward or a program input, .tpb and
+    /// .json get the whole program (forward, backward, parameters); .trace and stdout the
+    /// backward only.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// The forward trace a lone backward belongs to (names the parameters `t_<fqn>`).
@@ -89,12 +127,17 @@ pub struct OptArgs {
     /// Skip verification after each pass.
     #[arg(long)]
     pub no_verify: bool,
+    /// Print the backward to stderr before each run of PASS (repeatable).
     #[arg(long, value_name = "PASS")]
     pub print_ir_before: Vec<String>,
+    /// Print the backward to stderr after each run of PASS (repeatable).
     #[arg(long, value_name = "PASS")]
     pub print_ir_after: Vec<String>,
+    /// Print the backward to stderr after every pass (as each pass ends, so a later failure
+    /// still shows what came before).
     #[arg(long)]
     pub print_ir_after_all: bool,
+    /// Print the backward to stderr after every pass that changed it.
     #[arg(long)]
     pub print_ir_after_change: bool,
     /// Print a table of pass times to stderr (and record them in the provenance).
@@ -103,9 +146,13 @@ pub struct OptArgs {
     /// Replay a reproducer file written by a failed run.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "passes", "forward"])]
     pub reproduce: Option<PathBuf>,
-    /// Where a failed run writes its reproducer (default: the system temp folder).
-    #[arg(long)]
+    /// Where an internal failure writes its reproducer (default: the folder of -o, else the
+    /// current folder).
+    #[arg(long, value_name = "DIR")]
     pub reproducer_dir: Option<PathBuf>,
+    /// Testing aid: `PASS:panic` or `PASS:corrupt` (the pass breaks the IR after running).
+    #[arg(long, hide = true)]
+    pub inject_fault: Option<String>,
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -133,22 +180,33 @@ pub fn run(cli: Cli) -> Result<()> {
             out(&print_trace_with(t, opts))
         }
         Command::Convert { input, output } => {
+            check_output(&output, "output")?;
             let m = fsio::load(&input)?;
             fsio::save(&output, &m)?;
             Ok(())
         }
-        Command::Verify { file } => {
-            let m = fsio::load(&file)?;
-            let traces = match &m {
-                Module::Trace(t) => vec![t],
-                Module::Program(p) => vec![&p.forward, &p.backward],
-            };
-            for t in traces {
-                verify(t).with_context(|| file.display().to_string())?;
+        Command::Verify { file } => crate::verify_cmd::run(&file),
+        Command::Pack {
+            forward,
+            backward,
+            prologue,
+            output,
+        } => {
+            check_output(&output, "-o")?;
+            if fsio::Format::from_path(&output)? == fsio::Format::Text {
+                bail!(
+                    "-o {}: a .trace file holds one trace; write the program as .tpb or .json",
+                    output.display()
+                );
             }
-            out(&format!("{}: ok\n", file.display()))
+            let p = program_from_traces(&forward, &backward, prologue.as_deref())?;
+            fsio::save(&output, &Module::Program(p))?;
+            Ok(())
         }
         Command::Dot { file, output } => {
+            if let Some(o) = &output {
+                check_output(o, "-o")?;
+            }
             let m = fsio::load(&file)?;
             let t = match &m {
                 Module::Trace(t) => t,
@@ -168,12 +226,15 @@ pub fn run(cli: Cli) -> Result<()> {
             master_addr,
             master_port,
             args,
-        } => Ok(crate::launch::launch(
-            nproc_per_node,
-            &master_addr,
-            master_port,
-            &args,
-        )?),
+        } => {
+            crate::launch::check_args(&args)?;
+            Ok(crate::launch::launch(
+                nproc_per_node,
+                &master_addr,
+                master_port,
+                &args,
+            )?)
+        }
         Command::RendezvousCheck { timeout } => {
             let env = crate::rendezvous::DistEnv::from_env()?;
             // rank 0's "id": 128 bytes that differ from run to run
@@ -215,8 +276,104 @@ pub(crate) fn out(s: &str) -> Result<()> {
     }
 }
 
-/// Reads the input of `opt`: a program file, or a backward paired with `--forward`.
-pub fn load_program(input: &Path, forward: Option<&Path>) -> Result<(Program, bool)> {
+/// Checks, before any work, that `path` can be written: not a folder, its folder exists and
+/// accepts a new file (writes are atomic: a temporary file in that folder, then a rename).
+pub fn check_output(path: &Path, what: &str) -> Result<()> {
+    let shown = path.display();
+    if path.is_dir() {
+        bail!("{what} {shown}: is a folder, not a file");
+    }
+    let name = path
+        .file_name()
+        .with_context(|| format!("{what} {shown}: not a file path"))?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if dir.exists() && !dir.is_dir() {
+        bail!("{what} {shown}: {} is not a folder", dir.display());
+    }
+    if !dir.is_dir() {
+        bail!(
+            "{what} {shown}: the folder {} does not exist",
+            dir.display()
+        );
+    }
+    let probe = dir.join(format!(
+        ".{}.probe-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => bail!(
+            "{what} {shown}: cannot write in the folder {}: {e}",
+            dir.display()
+        ),
+    }
+}
+
+/// The trace a file holds; of a program file, its forward or its backward.
+fn load_trace(path: &Path, forward: bool) -> Result<Trace> {
+    if path.is_dir() {
+        bail!(
+            "{}: is a folder; export directories are not read by this build (give the trace files)",
+            path.display()
+        );
+    }
+    Ok(match fsio::load(path)? {
+        Module::Trace(t) => t,
+        Module::Program(p) if forward => p.forward,
+        Module::Program(p) => p.backward,
+    })
+}
+
+/// A program from a forward and its backward (each `.trace`, `.tpb` or `.json`), paired in
+/// Thunder's convention. `prologue` is where Thunder's prologue trace will name the parameters.
+pub fn program_from_traces(
+    forward: &Path,
+    backward: &Path,
+    prologue: Option<&Path>,
+) -> Result<Program> {
+    if let Some(pro) = prologue {
+        bail!(
+            "--prologue {}: this build does not read prologues yet; without one, the parameters are the forward's arguments named t_<module path>",
+            pro.display()
+        );
+    }
+    let (f, b) = (load_trace(forward, true)?, load_trace(backward, false)?);
+    Program::from_thunder(f, b)
+        .with_context(|| format!("pairing {} with {}", forward.display(), backward.display()))
+}
+
+/// The one place a whole program is read from a path: a `.tpb` or `.json` program file (an
+/// export directory will be dispatched here too).
+pub fn load_program(path: &Path) -> Result<Program> {
+    if path.is_dir() {
+        bail!(
+            "{}: is a folder; export directories are not read by this build (pair the traces with `tracepass pack FORWARD BACKWARD -o prog.tpb`)",
+            path.display()
+        );
+    }
+    match fsio::load(path)? {
+        Module::Program(p) => Ok(p),
+        Module::Trace(_) => bail!(
+            "{}: holds one trace, not a program; pair a forward with its backward (`tracepass pack FORWARD BACKWARD -o prog.tpb`, or --forward F --backward B)",
+            path.display()
+        ),
+    }
+}
+
+/// Reads the input of `opt` and `simulate`: a program file, or a trace (paired with
+/// `--forward` when given). The flag says whether the input was a lone trace.
+pub fn load_input(input: &Path, forward: Option<&Path>) -> Result<(Program, bool)> {
     let m = fsio::load(input)?;
     Ok(match (m, forward) {
         (Module::Program(p), None) => (p, false),
@@ -225,22 +382,100 @@ pub fn load_program(input: &Path, forward: Option<&Path>) -> Result<(Program, bo
             input.display()
         ),
         (Module::Trace(b), Some(f)) => {
-            let fwd = match fsio::load(f)? {
-                Module::Trace(t) => t,
-                Module::Program(p) => p.forward,
-            };
+            let fwd = load_trace(f, true)?;
             (
                 Program::from_thunder(fwd, b)
                     .with_context(|| format!("pairing {} with {}", input.display(), f.display()))?,
-                true,
+                false,
             )
         }
         (Module::Trace(t), None) => (Program::lone(t), true),
     })
 }
 
+/// What `--inject-fault` does to a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PassFault {
+    Panic,
+    /// The pass runs, then breaks the IR (the schedule reversed: uses before definitions).
+    Corrupt,
+}
+
+/// A pass as `opt` runs it: the IR printed as it goes (so a later failure still shows what came
+/// before), a panic turned into an error and remembered as an internal failure.
+struct Watched {
+    inner: Box<dyn Pass>,
+    print: std::rc::Rc<PrintIr>,
+    fault: Option<PassFault>,
+    panicked: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+fn dump(heading: &str, p: &Program) {
+    eprint!(
+        "// ----- {heading} -----\n{}",
+        tracepass_ir::print_trace(&p.backward)
+    );
+}
+
+impl Pass for Watched {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn spec(&self) -> String {
+        self.inner.spec()
+    }
+    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let name = self.inner.name().to_string();
+        if self.print.before.contains(&name) {
+            dump(&format!("IR before {name}"), p);
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let r = self.inner.run(p, cx);
+            match self.fault {
+                Some(PassFault::Panic) => panic!("injected fault: pass `{name}` panics"),
+                Some(PassFault::Corrupt) => {
+                    let mut order = p.backward.schedule().to_vec();
+                    order.reverse();
+                    p.backward.set_schedule(order);
+                    r.map(|_| Changed::Yes)
+                }
+                None => r,
+            }
+        }));
+        let changed = match r {
+            Ok(r) => r?,
+            Err(payload) => {
+                self.panicked.set(true);
+                return Err(PassError::Failed {
+                    pass: name,
+                    message: format!(
+                        "internal error: panicked: {}",
+                        crate::trainer::panic_message(payload)
+                    ),
+                });
+            }
+        };
+        if self.print.after_all
+            || self.print.after.contains(&name)
+            || (self.print.after_change && changed == Changed::Yes)
+        {
+            dump(&format!("IR after {name}"), p);
+        }
+        Ok(changed)
+    }
+}
+
 fn opt(args: OptArgs) -> Result<()> {
-    let (mut program, trace_input, pipeline) = match &args.reproduce {
+    if let Some(o) = &args.output {
+        check_output(o, "-o")?;
+        fsio::Format::from_path(o)?;
+    }
+    if let Some(d) = &args.reproducer_dir {
+        if !d.is_dir() {
+            bail!("--reproducer-dir {}: not an existing folder", d.display());
+        }
+    }
+    let (mut program, lone, pipeline) = match &args.reproduce {
         Some(r) => {
             let repro = Reproducer::load(r).map_err(anyhow::Error::msg)?;
             let (p, lone) = match repro.input {
@@ -259,41 +494,134 @@ fn opt(args: OptArgs) -> Result<()> {
                 .as_deref()
                 .context("an input file is needed (or --reproduce FILE)")?;
             let pipeline = args.passes.clone().context("--passes PIPELINE is needed")?;
-            let (p, t) = load_program(input, args.forward.as_deref())?;
-            (p, t, pipeline)
+            let (p, lone) = load_input(input, args.forward.as_deref())?;
+            (p, lone, pipeline)
         }
     };
-    let mut pm = PassManager::parse(&pipeline)?;
-    pm.verify_each = !args.no_verify;
-    pm.record_time = args.timing;
-    pm.print_ir = PrintIr {
+    let specs = tracepass_passes::parse_pipeline(&pipeline)?;
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    for (flag, asked) in [
+        ("--print-ir-before", &args.print_ir_before),
+        ("--print-ir-after", &args.print_ir_after),
+    ] {
+        for a in asked {
+            if !names.contains(&a.as_str()) {
+                bail!(
+                    "{flag}={a}: the pipeline has no pass `{a}` (it runs: {})",
+                    if names.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                );
+            }
+        }
+    }
+    let fault = match &args.inject_fault {
+        Some(f) => {
+            let (pass, kind) = f
+                .split_once(':')
+                .with_context(|| format!("--inject-fault {f}: expected PASS:panic|corrupt"))?;
+            let kind = match kind {
+                "panic" => PassFault::Panic,
+                "corrupt" => PassFault::Corrupt,
+                _ => bail!("--inject-fault {f}: expected PASS:panic|corrupt"),
+            };
+            Some((pass.to_string(), kind))
+        }
+        None => None,
+    };
+    let print = std::rc::Rc::new(PrintIr {
         before: args.print_ir_before.clone(),
         after: args.print_ir_after.clone(),
         after_all: args.print_ir_after_all,
         after_change: args.print_ir_after_change,
-    };
-    pm.reproducer_dir = Some(
-        args.reproducer_dir
-            .clone()
-            .unwrap_or_else(std::env::temp_dir),
-    );
-    let result = pm.run(&mut program, OpRegistry::builtin());
-    let report = result?;
-    for d in &report.dumps {
-        eprint!("{d}");
+    });
+    let panicked = std::rc::Rc::new(std::cell::Cell::new(false));
+    let mut pm = PassManager::new();
+    for spec in &specs {
+        pm.add_boxed(Box::new(Watched {
+            inner: build_pass(spec)?,
+            print: print.clone(),
+            fault: fault
+                .as_ref()
+                .filter(|(p, _)| *p == spec.name)
+                .map(|(_, k)| *k),
+            panicked: panicked.clone(),
+        }));
     }
+    pm.verify_each = !args.no_verify;
+    pm.record_time = args.timing;
+    let report = match pm.run(&mut program, OpRegistry::builtin()) {
+        Ok(r) => r,
+        Err(e) => {
+            let internal = panicked.get() || matches!(e.error, PassError::Verify { .. });
+            if !internal || args.reproduce.is_some() {
+                return Err(e.error.into());
+            }
+            let written = write_reproducer(&args, &pm.pipeline(), &e.error);
+            return Err(match written {
+                Ok(path) => anyhow::anyhow!(
+                    "{}\nthis is a bug in tracepass; reproducer written to {} (replay: tracepass opt --reproduce {})",
+                    e.error,
+                    path.display(),
+                    path.display()
+                ),
+                Err(w) => anyhow::anyhow!(
+                    "{}\nthis is a bug in tracepass; no reproducer could be written: {w:#}",
+                    e.error
+                ),
+            });
+        }
+    };
     if args.timing {
         eprint!("{}", timing_table(&report));
     }
-    let result = if trace_input {
-        Module::Trace(program.backward)
-    } else {
-        Module::Program(program)
-    };
-    match (&args.output, result) {
-        (Some(o), m) => fsio::save(o, &m)?,
-        (None, Module::Trace(t)) => out(&tracepass_ir::print_trace(&t))?,
-        (None, Module::Program(p)) => out(&tracepass_ir::print_trace(&p.backward))?,
+    match (&args.output, lone) {
+        (Some(o), true) => fsio::save(o, &Module::Trace(program.backward))?,
+        (Some(o), false) => {
+            if fsio::Format::from_path(o)? == fsio::Format::Text {
+                eprintln!(
+                    "note: {} holds the backward only (a .trace file holds one trace); write .tpb or .json for the whole program",
+                    o.display()
+                );
+                fsio::save(o, &Module::Trace(program.backward))?
+            } else {
+                fsio::save(o, &Module::Program(program))?
+            }
+        }
+        (None, _) => out(&tracepass_ir::print_trace(&program.backward))?,
     }
     Ok(())
+}
+
+/// Writes the input of a failed run (read again from its files) and its pipeline.
+fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result<PathBuf> {
+    let input = args.input.as_deref().context("no input file")?;
+    let (p, lone) = load_input(input, args.forward.as_deref())?;
+    let failed_pass = match error {
+        PassError::Failed { pass, .. } | PassError::Verify { pass, .. } => pass.clone(),
+        _ => "<input>".to_string(),
+    };
+    let repro = Reproducer {
+        pipeline: pipeline.to_string(),
+        failed_pass,
+        error: error.to_string(),
+        input: if lone {
+            Module::Trace(p.backward)
+        } else {
+            Module::Program(p)
+        },
+    };
+    let dir = match (&args.reproducer_dir, &args.output) {
+        (Some(d), _) => d.clone(),
+        (None, Some(o)) => match o.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+        (None, None) => PathBuf::from("."),
+    };
+    let path = dir.join(format!("tracepass-reproducer-{}.json", std::process::id()));
+    fsio::write_atomic(&path, &serde_json::to_vec_pretty(&repro)?)?;
+    Ok(path)
 }

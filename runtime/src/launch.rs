@@ -1,7 +1,8 @@
 //! `tracepass launch`: one process per rank on this machine, with the torchrun environment, so
 //! `tracepass launch --nproc-per-node 8 -- train --device cuda` needs no torchrun.
 
-use std::process::{Child, Command};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -10,10 +11,43 @@ pub enum LaunchError {
     NoProcs,
     #[error("could not start rank {rank}: {error}")]
     Spawn { rank: usize, error: std::io::Error },
-    #[error("rank {rank} exited with {status}; the other ranks were stopped")]
+    #[error("rank {rank} exited with {status} (its messages are above, marked [rank {rank}]); the other ranks were stopped")]
     RankFailed { rank: usize, status: String },
+    #[error("{0}")]
+    NotDistributed(String),
     #[error("could not pick a free port on {addr}: {error}")]
     Port { addr: String, error: std::io::Error },
+}
+
+/// Refuses what would run as unsynchronized copies: only `train --device cuda` (one process per
+/// GPU, NCCL between them) is a distributed run; CPU ranks are threads of one process.
+pub fn check_args(args: &[String]) -> Result<(), LaunchError> {
+    let sub = args.first().map(String::as_str).unwrap_or("");
+    match sub {
+        "rendezvous-check" => Ok(()),
+        "train" => {
+            let mut device = "cpu";
+            for (i, a) in args.iter().enumerate() {
+                if a == "--device" {
+                    device = args.get(i + 1).map_or("", String::as_str);
+                } else if let Some(d) = a.strip_prefix("--device=") {
+                    device = d;
+                }
+            }
+            if device == "cuda" {
+                Ok(())
+            } else {
+                Err(LaunchError::NotDistributed(format!(
+                    "launch starts one process per GPU (`train --device cuda`); `train --device {device}` runs its ranks as threads of one process, so launched copies would each train alone: run `tracepass train --world-size N {}` instead",
+                    args[1..].join(" ")
+                ).trim_end().to_string()))
+            }
+        }
+        other => Err(LaunchError::NotDistributed(format!(
+            "launch runs `train --device cuda` (one process per GPU); `{other}` is not a distributed command: run `tracepass {}` directly",
+            args.join(" ")
+        ))),
+    }
 }
 
 /// Runs `args` (a tracepass subcommand line) as `nproc` processes with RANK, LOCAL_RANK,
@@ -39,8 +73,33 @@ pub fn launch(
     };
     let exe = std::env::current_exe().map_err(|error| LaunchError::Spawn { rank: 0, error })?;
     let mut children: Vec<Child> = Vec::with_capacity(nproc);
+    let mut forwarders = Vec::with_capacity(nproc);
+    let result = run_children(
+        nproc,
+        args,
+        &exe,
+        master_addr,
+        port,
+        &mut children,
+        &mut forwarders,
+    );
+    for f in forwarders {
+        let _ = f.join();
+    }
+    result
+}
+
+fn run_children(
+    nproc: usize,
+    args: &[String],
+    exe: &std::path::Path,
+    master_addr: &str,
+    port: u16,
+    children: &mut Vec<Child>,
+    forwarders: &mut Vec<std::thread::JoinHandle<()>>,
+) -> Result<(), LaunchError> {
     for rank in 0..nproc {
-        let child = Command::new(&exe)
+        let child = Command::new(exe)
             .args(args)
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", rank.to_string())
@@ -48,11 +107,22 @@ pub fn launch(
             .env("LOCAL_WORLD_SIZE", nproc.to_string())
             .env("MASTER_ADDR", master_addr)
             .env("MASTER_PORT", port.to_string())
+            .stderr(Stdio::piped())
             .spawn();
         match child {
-            Ok(c) => children.push(c),
+            Ok(mut c) => {
+                // each line of a rank's stderr marked with its rank, whole lines at a time
+                if let Some(err) = c.stderr.take() {
+                    forwarders.push(std::thread::spawn(move || {
+                        for line in BufReader::new(err).lines().map_while(Result::ok) {
+                            let _ = writeln!(std::io::stderr().lock(), "[rank {rank}] {line}");
+                        }
+                    }));
+                }
+                children.push(c)
+            }
             Err(error) => {
-                kill_all(&mut children);
+                kill_all(children);
                 return Err(LaunchError::Spawn { rank, error });
             }
         }
@@ -66,7 +136,7 @@ pub fn launch(
             match children[rank].try_wait() {
                 Ok(Some(status)) if status.success() => done[rank] = true,
                 Ok(Some(status)) => {
-                    kill_all(&mut children);
+                    kill_all(children);
                     return Err(LaunchError::RankFailed {
                         rank,
                         status: status.to_string(),
@@ -74,7 +144,7 @@ pub fn launch(
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    kill_all(&mut children);
+                    kill_all(children);
                     return Err(LaunchError::RankFailed {
                         rank,
                         status: format!("an unknown state ({e})"),

@@ -40,3 +40,4 @@ pub mod tensorfile;
 pub mod thread_comm;
 pub mod train_cmd;
 pub mod trainer;
+pub mod verify_cmd;

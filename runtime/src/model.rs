@@ -14,8 +14,11 @@ pub const SEED_BACKWARD: &str = include_str!("../../testdata/thunder/mlp/backwar
 pub enum ModelSource {
     /// The seed example: Linear(32,64) -> tanh GELU -> Linear(64,4), from Thunder's traces.
     Seed,
-    /// A forward and a backward trace file (Thunder's export convention).
+    /// A forward and a backward trace file (Thunder's export convention), each `.trace`, `.tpb`
+    /// or `.json` (a program file stands for its forward or its backward).
     Files { forward: PathBuf, backward: PathBuf },
+    /// A whole program, already loaded (`tracepass pack`, `opt -o prog.tpb`).
+    Program(Box<Program>),
     /// `layers` x [Linear(width, width), tanh GELU], generated in Thunder's export shape.
     DeepMlp {
         layers: usize,
@@ -104,14 +107,18 @@ impl Model {
                 )
             }
             ModelSource::Files { forward, backward } => {
-                let read = |p: &PathBuf| {
-                    std::fs::read_to_string(p).map_err(|e| ModelError::Load {
+                let read = |p: &PathBuf, forward: bool| {
+                    let m = tracepass_ir::fsio::load(p).map_err(|e| ModelError::Load {
                         what: p.display().to_string(),
                         message: e.to_string(),
+                    })?;
+                    Ok::<_, ModelError>(match m {
+                        tracepass_ir::Module::Trace(t) => t,
+                        tracepass_ir::Module::Program(p) if forward => p.forward,
+                        tracepass_ir::Module::Program(p) => p.backward,
                     })
                 };
-                let f = parse(&forward.display().to_string(), &read(forward)?)?;
-                let b = parse(&backward.display().to_string(), &read(backward)?)?;
+                let (f, b) = (read(forward, true)?, read(backward, false)?);
                 let p = Program::from_thunder(f, b).map_err(|e| ModelError::Load {
                     what: format!("{} + {}", forward.display(), backward.display()),
                     message: e.to_string(),
@@ -120,6 +127,19 @@ impl Model {
                     p,
                     LossKind::SeedCrossEntropy,
                     format!("traces {}", forward.display()),
+                )
+            }
+            ModelSource::Program(p) => {
+                if p.is_lone() || p.params.is_empty() {
+                    return Err(ModelError::Load {
+                        what: "the program".into(),
+                        message: "it has no forward or no parameters; pair a forward with its backward (tracepass pack FORWARD BACKWARD -o prog.tpb)".into(),
+                    });
+                }
+                (
+                    (**p).clone(),
+                    LossKind::SeedCrossEntropy,
+                    "program file".to_string(),
                 )
             }
             ModelSource::DeepMlp {

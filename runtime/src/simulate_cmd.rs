@@ -1,7 +1,7 @@
 //! `tracepass simulate`: predicted step time, overlap and exposed communication of a backward
 //! on a modelled device and network, and the best bucket size (`--sweep-bucket-mb`).
 
-use crate::cli::{load_program, out};
+use crate::cli::{load_input, out};
 use crate::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions, SimReport};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -18,13 +18,14 @@ pub struct SimulateArgs {
     /// Rewrite before simulating, e.g. `ddp(world_size=8,bucket_mb=25),sort-waits`.
     #[arg(long)]
     pub passes: Option<String>,
-    #[arg(long)]
+    /// Ranks to model (must match any ddp(world_size=...) in --passes).
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::train_cmd::count)]
     pub world_size: usize,
     /// Device: h100, h200, a100, l40s, or cpu (measured on this machine).
     #[arg(long, default_value = "h100")]
     pub gpu: String,
     /// Interconnect: nvlink, nvlink3, pcie5, ib-400g, ib-200g, eth-100g, or LATENCY_US,BANDWIDTH_GBPS.
-    #[arg(long, default_value = "nvlink")]
+    #[arg(long, default_value = "nvlink", allow_hyphen_values = true)]
     pub link: String,
     /// Simulate `ddp(world_size=N,bucket_mb=B),sort-waits` for a range of B and report the best.
     #[arg(long)]
@@ -64,15 +65,28 @@ fn options(args: &SimulateArgs) -> Result<SimOptions> {
     })
 }
 
+/// Milliseconds, with a negative zero (or a rounding residue below zero) shown as 0.
+fn ms(s: f64) -> f64 {
+    (s * 1e3).max(0.0)
+}
+
 fn summary(r: &SimReport) -> String {
+    if r.buckets.is_empty() {
+        return format!(
+            "step {:.3} ms | compute {:.3} ms | no communication | {} ops, 0 all-reduces",
+            ms(r.step_s),
+            ms(r.compute_s),
+            r.ops
+        );
+    }
     format!(
         "step {:.3} ms | compute {:.3} ms | comm {:.3} ms | overlap {:.3} ms ({:.1}%) | exposed comm {:.3} ms | {} ops, {} all-reduces",
-        r.step_s * 1e3,
-        r.compute_s * 1e3,
-        r.comm_s * 1e3,
-        r.overlap_s * 1e3,
+        ms(r.step_s),
+        ms(r.compute_s),
+        ms(r.comm_s),
+        ms(r.overlap_s),
         r.overlap_pct,
-        r.exposed_comm_s * 1e3,
+        ms(r.exposed_comm_s),
         r.ops,
         r.buckets.len()
     )
@@ -83,7 +97,13 @@ pub const SWEEP_MB: &[f64] = &[0.0, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.
 
 pub fn run(args: SimulateArgs) -> Result<()> {
     let opts = options(&args)?;
-    let (program, _) = load_program(&args.input, args.forward.as_deref())?;
+    if let Some(pl) = &args.passes {
+        if args.sweep_bucket_mb {
+            bail!("--passes and --sweep-bucket-mb: the sweep makes its own pipelines (ddp(world_size=N,bucket_mb=B),sort-waits); give one or the other");
+        }
+        crate::trainer::check_pipeline(pl, args.world_size)?;
+    }
+    let (program, _) = load_input(&args.input, args.forward.as_deref())?;
     let mut text = format!(
         "device: {}\nlink: {} us/hop, {} Gb/s bus bandwidth; world size {}\n",
         opts.device.name, opts.link.latency_us, opts.link.bandwidth_gbps, opts.world_size

@@ -4,7 +4,7 @@ use crate::comm::LinkModel;
 use crate::metrics::timeline_json;
 use crate::model::ModelSource;
 use crate::optim::OptimizerKind;
-use crate::trainer::{train, Fault, TrainConfig, TrainReport};
+use crate::trainer::{Fault, TrainConfig, TrainReport};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,10 +12,10 @@ use std::time::Duration;
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     /// Number of ranks (threads on this machine).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = count)]
     pub world_size: usize,
-    /// Optimizer steps.
-    #[arg(long, default_value_t = 10)]
+    /// Optimizer steps, counted from the start of training (a resumed run continues to it).
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = count)]
     pub steps: usize,
     /// Gradient bucket cap in MiB; 0 or less: one all-reduce per gradient.
     #[arg(long, default_value_t = 25.0, allow_negative_numbers = true)]
@@ -33,34 +33,43 @@ pub struct TrainArgs {
     #[arg(long, default_value = "0")]
     pub broadcast_from: String,
     /// Micro-steps that accumulate gradients without communication before each synchronized one.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = count)]
     pub no_sync_steps: usize,
-    /// Seed for the parameter init and the random data.
-    #[arg(long, default_value_t = 0)]
+    /// Seed for the parameter init (without --params) and the random data (without --data).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = count64)]
     pub seed: u64,
-    /// `seed` (the built-in Thunder traces) or `deep-mlp:LAYERS,WIDTH,BATCH`.
+    /// `seed` (the built-in Thunder traces), `deep-mlp:LAYERS,WIDTH,BATCH`, or a program file
+    /// (.tpb or .json, from `tracepass pack` or `opt --forward F -o prog.tpb`).
     #[arg(long, default_value = "seed", conflicts_with_all = ["forward", "backward"])]
     pub model: String,
-    /// A forward trace to train instead of the built-in model (needs --backward).
+    /// A forward trace to train instead of the built-in model (needs --backward); .trace, .tpb
+    /// or .json.
     #[arg(long, requires = "backward")]
     pub forward: Option<PathBuf>,
     /// The backward trace belonging to --forward (plain, or Thunder's own DDP export).
     #[arg(long, requires = "forward")]
     pub backward: Option<PathBuf>,
+    /// Thunder's prologue trace for --forward (not read by this build yet: an error).
+    #[arg(long, requires = "forward")]
+    pub prologue: Option<PathBuf>,
     /// `adamw` (PyTorch defaults) or `sgd`.
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
     /// Learning rate (default: 1e-3 for AdamW, 1e-2 for SGD).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// Pipeline for the synchronized backward (default: `ddp(world_size=N,bucket_mb=B),sort-waits`).
+    /// A ddp pass must have this run's world size; on more than one rank the result must
+    /// synchronize the gradients.
     #[arg(long)]
     pub passes: Option<String>,
-    /// Simulated network for all-reduces: `LATENCY_US,BANDWIDTH_GBPS` (ring alpha-beta model).
-    #[arg(long)]
+    /// Simulated network for all-reduces: `LATENCY_US,BANDWIDTH_GBPS` (ring alpha-beta model)
+    /// or a name: nvlink, nvlink3, pcie5, ib-400g, ib-200g, eth-100g.
+    #[arg(long, allow_hyphen_values = true)]
     pub link: Option<String>,
-    /// Seconds a rank waits at a collective before it gives up with an error.
-    #[arg(long, default_value_t = 60.0)]
+    /// Seconds a rank waits at a collective before it gives up with an error (a --link whose
+    /// all-reduce takes longer is refused before training).
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
     pub collective_timeout: f64,
     /// Write a Chrome/Perfetto timeline (open in ui.perfetto.dev).
     #[arg(long, value_name = "FILE.json")]
@@ -71,7 +80,7 @@ pub struct TrainArgs {
     /// Write per-step, per-rank, per-bucket metrics as JSON.
     #[arg(long, value_name = "FILE.json")]
     pub metrics_json: Option<PathBuf>,
-    /// Print the rewritten backward before training.
+    /// Print the rewritten backward to stderr before the first step.
     #[arg(long)]
     pub show_backward: bool,
     /// `cpu` (the only device in this build without the `cuda` feature).
@@ -80,8 +89,8 @@ pub struct TrainArgs {
     /// Write a checkpoint (parameters, optimizer state, step) after the last step.
     #[arg(long, value_name = "FILE.safetensors")]
     pub save: Option<PathBuf>,
-    /// Also write the checkpoint every N steps.
-    #[arg(long, requires = "save")]
+    /// Also write the checkpoint every N steps (N >= 1).
+    #[arg(long, requires = "save", allow_negative_numbers = true, value_parser = count)]
     pub save_every: Option<usize>,
     /// Continue from a checkpoint; --steps counts from the start of training.
     #[arg(long, value_name = "FILE.safetensors", conflicts_with = "params")]
@@ -94,12 +103,31 @@ pub struct TrainArgs {
     pub inject_fault: Option<String>,
 }
 
+/// A count option (`--world-size`, `--steps`, ...): a whole number, with a message that says
+/// what is wrong with anything else (clap's own says `unexpected argument '-1'`).
+pub fn count(s: &str) -> Result<usize, String> {
+    count64(s).and_then(|n| {
+        usize::try_from(n).map_err(|_| format!("{s} is too large (at most {})", usize::MAX))
+    })
+}
+
+/// As [`count`], for 64-bit values (`--seed`).
+pub fn count64(s: &str) -> Result<u64, String> {
+    use std::num::IntErrorKind;
+    s.trim().parse::<u64>().map_err(|e| match e.kind() {
+        IntErrorKind::PosOverflow => format!("{s} is too large (at most {})", u64::MAX),
+        IntErrorKind::Empty => "expected a whole number, got nothing".to_string(),
+        _ if s.trim().starts_with('-') && s.trim()[1..].parse::<f64>().is_ok() => {
+            format!("{s} is negative; expected a whole number of at least 0")
+        }
+        _ => format!("{s} is not a whole number"),
+    })
+}
+
 fn model_source(args: &TrainArgs) -> Result<ModelSource> {
     if let (Some(f), Some(b)) = (&args.forward, &args.backward) {
-        return Ok(ModelSource::Files {
-            forward: f.clone(),
-            backward: b.clone(),
-        });
+        let p = crate::cli::program_from_traces(f, b, args.prologue.as_deref())?;
+        return Ok(ModelSource::Program(Box::new(p)));
     }
     if args.model == "seed" {
         return Ok(ModelSource::Seed);
@@ -127,8 +155,14 @@ fn model_source(args: &TrainArgs) -> Result<ModelSource> {
             batch: n[2],
         });
     }
+    let path = std::path::Path::new(&args.model);
+    if path.exists() || path.extension().is_some() {
+        let p =
+            crate::cli::load_program(path).with_context(|| format!("--model {}", args.model))?;
+        return Ok(ModelSource::Program(Box::new(p)));
+    }
     bail!(
-        "--model {}: unknown model (valid: seed, deep-mlp:LAYERS,WIDTH,BATCH)",
+        "--model {}: unknown model (valid: seed, deep-mlp:LAYERS,WIDTH,BATCH, or a program file .tpb/.json)",
         args.model
     )
 }
@@ -189,14 +223,20 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
     if !args.bucket_mb.is_finite() {
         bail!("--bucket-mb {}: must be a finite number", args.bucket_mb);
     }
-    let link = match &args.link {
+    let link: Option<LinkModel> = match &args.link {
         Some(l) => Some(
-            LinkModel::parse(l)
+            crate::sim::parse_link(l)
                 .map_err(anyhow::Error::msg)
                 .context("--link")?,
         ),
         None => None,
     };
+    if args.steps == 0 {
+        bail!("--steps 0: nothing to train (give at least 1)");
+    }
+    if args.save_every == Some(0) {
+        bail!("--save-every 0: must be at least 1 (a checkpoint every N steps)");
+    }
     let fault = match &args.inject_fault {
         Some(f) => Some(Fault::parse(f).map_err(anyhow::Error::msg)?),
         None => None,
@@ -249,45 +289,84 @@ fn print_metrics(report: &TrainReport) -> String {
     s
 }
 
+/// Refuses CPU training in a process that a launcher started as one rank of several: CPU ranks
+/// are threads of one process, so each such process would train alone.
+fn check_not_launched_on_cpu(args: &TrainArgs) -> Result<()> {
+    if args.device != "cpu" {
+        return Ok(());
+    }
+    if let Some(ws) = std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|w| w.trim().parse::<usize>().ok())
+    {
+        if ws > 1 {
+            bail!(
+                "--device cpu in a process launched as one of {ws} ranks (WORLD_SIZE={ws}): CPU ranks are threads of one process, so each process would train alone; run `tracepass train --world-size {ws}` once, without launch or torchrun (or use --device cuda)"
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: TrainArgs) -> Result<()> {
+    check_not_launched_on_cpu(&args)?;
+    // every output is checked before the first step, so no run trains only to fail at the end
+    for (flag, path) in [
+        ("--save", &args.save),
+        ("--save-grads", &args.save_grads),
+        ("--timeline", &args.timeline),
+        ("--metrics-json", &args.metrics_json),
+    ] {
+        if let Some(p) = path {
+            crate::cli::check_output(p, flag)?;
+        }
+    }
     let cfg = config(&args)?;
-    let bar = if cfg.steps >= 100 {
-        let pb = indicatif::ProgressBar::new(cfg.steps as u64);
+    // the bar (stderr, terminals only) counts this run's steps; every loss line goes to stdout
+    let bar = (cfg.steps >= 100).then(|| {
+        let pb = indicatif::ProgressBar::with_draw_target(
+            Some(cfg.steps as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
         pb.set_style(
             indicatif::ProgressStyle::with_template(
                 "{bar:40} {pos}/{len} steps  {per_sec}  eta {eta}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        Some(pb)
-    } else {
-        None
-    };
+        pb
+    });
     let on_step = |step: usize, loss: f64| {
-        // (resumed runs start at a later step; the bar counts this run's steps)
         let line = format!(
             "# {step}-th loss: {}",
             tracepass_ir::pyfloat::repr(loss as f32 as f64)
         );
         match &bar {
             Some(pb) => {
-                pb.inc(1);
-                if step.is_multiple_of(100) || step + 1 == cfg.steps {
-                    pb.println(line);
+                if pb.position() == 0 {
+                    pb.set_position(step as u64);
                 }
+                pb.suspend(|| println!("{line}"));
+                pb.inc(1);
             }
             None => println!("{line}"),
+        }
+    };
+    let show = args.show_backward;
+    let on_ready = |backward: &tracepass_ir::Trace, _pipeline: &str| {
+        if show {
+            eprintln!("{}", tracepass_ir::print_trace(backward));
         }
     };
     let report = if args.device == "cuda" {
         run_cuda(&cfg, &on_step)?
     } else {
-        train(&cfg, &on_step)?
+        crate::trainer::train_with(&cfg, &on_ready, &on_step)?
     };
     if let Some(pb) = &bar {
         pb.finish_and_clear();
     }
-    if args.show_backward {
+    if args.show_backward && args.device == "cuda" {
         eprintln!("{}", tracepass_ir::print_trace(&report.backward));
     }
     if args.metrics {
@@ -302,12 +381,23 @@ pub fn run(args: TrainArgs) -> Result<()> {
         tracepass_ir::fsio::write_atomic(path, &json)?;
     }
     let secs = report.wall.as_secs_f64();
+    let ran = cfg.steps.saturating_sub(report.first_step);
+    let resumed = if report.first_step > 0 {
+        format!(
+            " (steps {}..{}, resumed from step {})",
+            report.first_step,
+            cfg.steps - 1,
+            report.first_step
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "trained {} steps on {} rank(s) in {:.3} s ({:.1} steps/s); backward: {}",
-        cfg.steps,
+        "trained {ran} step{}{resumed} on {} rank(s) in {:.3} s ({:.1} steps/s); backward: {}",
+        if ran == 1 { "" } else { "s" },
         cfg.world_size,
         secs,
-        cfg.steps as f64 / secs.max(1e-12),
+        ran as f64 / secs.max(1e-12),
         report.pipeline
     );
     Ok(())

@@ -229,8 +229,43 @@ impl Plans {
     }
 }
 
+/// Refuses a pipeline that contradicts the run: a `ddp` pass for another world size (it would
+/// divide the gradients by the wrong number) or for a process group this runtime does not have.
+pub fn check_pipeline(pipeline: &str, world_size: usize) -> Result<(), TrainError> {
+    let specs = tracepass_passes::parse_pipeline(pipeline).map_err(|e| TrainError::Rewrite {
+        pipeline: pipeline.to_string(),
+        message: e.to_string(),
+    })?;
+    for spec in specs.iter().filter(|s| s.name == "ddp") {
+        for (key, value) in &spec.options {
+            match key.as_str() {
+                "world_size" => {
+                    // a value that is not a number is the pass's own error, with its reason
+                    if let Ok(n) = value.parse::<usize>() {
+                        if n != world_size {
+                            return Err(TrainError::Config(format!(
+                                "--passes `{pipeline}`: `{spec}` is for world size {n}, but this run has --world-size {world_size} (it would divide the gradients by {n}); use ddp(world_size={world_size},...)"
+                            )));
+                        }
+                    }
+                }
+                "group" if value != "world" => {
+                    return Err(TrainError::Config(format!(
+                        "--passes `{pipeline}`: `{spec}` names process group `{value}`, but this run has only the group `world` (of --world-size {world_size})"
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainError> {
     let p = &model.program;
+    if let Some(pl) = &cfg.passes {
+        check_pipeline(pl, cfg.world_size)?;
+    }
     let ret = match &p.forward.ret {
         Arg::Tuple(items) if items.len() == 2 => items[1].clone(),
         _ => {
@@ -287,6 +322,17 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
         let src = if already { p } else { &local_prog };
         (rewrite(src, &sync_pipeline)?, sync_pipeline.clone())
     };
+    if cfg.world_size > 1 && !synchronizes(&sync_prog.backward) {
+        let what = if pipeline == "(as exported)" {
+            "the backward as given (an empty --passes pipeline)".to_string()
+        } else {
+            format!("the backward after `{pipeline}`")
+        };
+        return Err(TrainError::Config(format!(
+            "{what} has no all-reduce, so {} ranks would each train their own model on their own data; add the ddp pass (--passes 'ddp(world_size={ws},bucket_mb={}),sort-waits', the default) or train with --world-size 1",
+            cfg.world_size, cfg.bucket_mb
+        )));
+    }
     let grads_of = |prog: &Program| -> Vec<Option<ValueId>> { prog.gradient_values() };
     let sync = Plan::compile(&sync_prog.backward, &grads_of(&sync_prog))?;
     let local = if cfg.no_sync_steps > 0 {
@@ -546,8 +592,15 @@ fn rank_main(
             if let Some(path) = &cfg.save {
                 let done = step + 1;
                 if cfg.checkpoint_due(done) {
-                    crate::checkpoint::save(path, done, &model.param_names(), &params, &opt)
-                        .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
+                    crate::checkpoint::save_for(
+                        path,
+                        done,
+                        &model.param_names(),
+                        &params,
+                        &opt,
+                        Some(cfg.world_size),
+                    )
+                    .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
                 }
             }
             on_step(step, loss);
@@ -587,6 +640,35 @@ pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "panic with a non-string payload".into()
+    }
+}
+
+/// Refuses a run whose modelled link (`--link`) makes an all-reduce last longer than
+/// `--collective-timeout`: every step would stop at that collective's wait.
+pub(crate) fn check_link_timeout(plans: &Plans, cfg: &TrainConfig) -> Result<(), TrainError> {
+    let Some(link) = cfg.link else {
+        return Ok(());
+    };
+    let worst = plans
+        .sync
+        .collectives
+        .iter()
+        .map(|c| {
+            let bytes = c.numel.saturating_mul(c.dtype.size_bytes());
+            (link.all_reduce_time(bytes, cfg.world_size), bytes, &c.label)
+        })
+        .max_by_key(|(t, _, _)| *t);
+    match worst {
+        Some((t, bytes, label)) if t > cfg.collective_timeout => Err(TrainError::Config(format!(
+            "--link {},{}: all-reduce `{label}` ({bytes} bytes on {} ranks) takes {:.3} s on this link, longer than --collective-timeout {} s; raise --collective-timeout above {:.3} or use a faster link",
+            link.latency_us,
+            link.bandwidth_gbps,
+            cfg.world_size,
+            t.as_secs_f64(),
+            cfg.collective_timeout.as_secs_f64(),
+            t.as_secs_f64()
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -644,6 +726,15 @@ pub(crate) fn initial_params(
                 cfg.optimizer,
             )
             .map_err(|e| TrainError::Input(e.to_string()))?;
+            if let Some(w) = ck.world_size {
+                if w != cfg.world_size {
+                    return Err(TrainError::Config(format!(
+                        "{} was trained on {w} rank(s), but this run has --world-size {}; resume with --world-size {w} (each rank's data depends on the world size, so another one is not the same run)",
+                        path.display(),
+                        cfg.world_size
+                    )));
+                }
+            }
             if ck.step >= cfg.steps {
                 return Err(TrainError::Config(format!(
                     "{} is at step {}; --steps {} leaves nothing to do (steps count from the start of training)",
@@ -675,6 +766,16 @@ pub fn train(
     cfg: &TrainConfig,
     on_step: &(dyn Fn(usize, f64) + Sync),
 ) -> Result<TrainReport, TrainError> {
+    train_with(cfg, &|_, _| {}, on_step)
+}
+
+/// As [`train`]; `on_ready(backward, pipeline)` is called once every check has passed, before
+/// the first step, with the backward the ranks will run for synchronized steps.
+pub fn train_with(
+    cfg: &TrainConfig,
+    on_ready: &dyn Fn(&Trace, &str),
+    on_step: &(dyn Fn(usize, f64) + Sync),
+) -> Result<TrainReport, TrainError> {
     if cfg.world_size == 0 {
         return Err(TrainError::Config("--world-size must be at least 1".into()));
     }
@@ -683,6 +784,11 @@ pub fn train(
             "--bucket-mb must be a finite number, got {}",
             cfg.bucket_mb
         )));
+    }
+    if cfg.save_every == Some(0) {
+        return Err(TrainError::Config(
+            "--save-every 0: must be at least 1 (a checkpoint every N steps)".into(),
+        ));
     }
     if let Some(r) = cfg.broadcast_from {
         if r >= cfg.world_size {
@@ -695,6 +801,7 @@ pub fn train(
     }
     let model = Model::load(&cfg.model)?;
     let plans = build_plans(&model, cfg)?;
+    check_link_timeout(&plans, cfg)?;
     check_memory(&model, cfg.world_size)?;
     let (init, resume) = initial_params(cfg, &model)?;
     let data = match &cfg.data {
@@ -741,6 +848,7 @@ pub fn train(
         clock: Clock::new(cfg.timeline),
         y_shape,
     };
+    on_ready(&plans.backward, &plans.pipeline);
     let start = Instant::now();
     let results: Vec<Result<RankOut, TrainError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.world_size)
@@ -804,10 +912,11 @@ pub fn train(
             } else {
                 format!(" (ranks {others:?} stopped because of it)")
             };
-            let reason = reason
-                .strip_prefix(&format!("rank {rank} failed: "))
-                .unwrap_or(&reason)
-                .to_string();
+            let mut reason = reason.as_str();
+            for prefix in [format!("rank {rank} failed: "), format!("rank {rank}: ")] {
+                reason = reason.strip_prefix(&prefix).unwrap_or(reason);
+            }
+            let reason = reason.to_string();
             return Err(TrainError::Rank {
                 rank,
                 message: format!("{reason}{tail}"),

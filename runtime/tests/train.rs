@@ -581,6 +581,30 @@ fn bad_options_are_rejected_before_anything_runs() {
             },
             "unknown pass `frob`",
         ),
+        (
+            TrainConfig {
+                world_size: 2,
+                passes: Some("ddp(world_size=3),sort-waits".into()),
+                ..TrainConfig::default()
+            },
+            "is for world size 3, but this run has --world-size 2",
+        ),
+        (
+            TrainConfig {
+                world_size: 2,
+                passes: Some("dce".into()),
+                ..TrainConfig::default()
+            },
+            "has no all-reduce, so 2 ranks would each train their own model",
+        ),
+        (
+            TrainConfig {
+                save: Some("ck.safetensors".into()),
+                save_every: Some(0),
+                ..TrainConfig::default()
+            },
+            "--save-every 0",
+        ),
     ] {
         let e = fails(&cfg);
         assert!(e.contains(want), "{e}");
@@ -633,6 +657,7 @@ fn a_resumed_run_continues_with_the_same_losses() {
     }
     // a checkpoint at or past the end, another optimizer, or a garbled file are errors
     let e = fails(&TrainConfig {
+        world_size: 2,
         steps: 4,
         resume: Some(ck.clone()),
         ..TrainConfig::default()
@@ -642,12 +667,23 @@ fn a_resumed_run_continues_with_the_same_losses() {
         "{e}"
     );
     let e = fails(&TrainConfig {
+        world_size: 2,
         steps: 9,
         resume: Some(ck.clone()),
         optimizer: tracepass_runtime::optim::OptimizerKind::Sgd { lr: 0.1 },
         ..TrainConfig::default()
     });
     assert!(e.contains("saved by adamw, but this run uses sgd"), "{e}");
+    // the default world size (4) is not the checkpoint's (2)
+    let e = fails(&TrainConfig {
+        steps: 9,
+        resume: Some(ck.clone()),
+        ..TrainConfig::default()
+    });
+    assert!(
+        e.contains("was trained on 2 rank(s), but this run has --world-size 4"),
+        "{e}"
+    );
     let e = fails(&TrainConfig {
         steps: 9,
         resume: Some(reference("params_seed0.safetensors")),

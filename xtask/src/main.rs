@@ -27,7 +27,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a benchmark suite: ir, passes, runtime, overlap, cuda, opt (the export corpus).
+    /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU), opt (the export corpus).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
