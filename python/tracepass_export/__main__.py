@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ddp", type=int, default=None, help="trace thunder.distributed.ddp on N gloo ranks")
     ap.add_argument("--steps", type=int, default=4, help="batches per rank in data.safetensors")
     ap.add_argument("--ranks", type=int, default=None, help="ranks of data (default 4, or N with --ddp)")
+    ap.add_argument(
+        "--timing-repeats", type=int, default=1, help="with --ddp: compile plain and DDP N times, keep the fastest"
+    )
     a = ap.parse_args(argv)
 
     spec = MODELS.get(a.model)
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             steps=a.steps,
             ranks=a.ranks,
             deterministic=spec.deterministic,
+            timing_repeats=a.timing_repeats,
         )
     except ExportError as e:
         print(f"error: exporting {name}: {e}", file=sys.stderr)

@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated (default: all)")
     ap.add_argument("--ddp", type=int, default=2, help="ranks of the -ddp exports (0: none)")
     ap.add_argument("--any-version", action="store_true", help="do not insist on the pinned torch/Thunder")
+    ap.add_argument("--timing-repeats", type=int, default=1, help="DDP exports: compile N times, keep the fastest")
+    ap.add_argument("--readme-only", action="store_true", help="only rewrite README.md and VOCAB.md")
     a = ap.parse_args(argv)
 
     v = versions()
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     a.out.mkdir(parents=True, exist_ok=True)
     failed: dict[str, str] = {}
-    for m in names:
+    for m in [] if a.readme_only else names:
         spec = MODELS[m]
         for ddp in [None, a.ddp] if a.ddp else [None]:
             dir_name = f"{m}-ddp" if ddp else m
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                     output=spec.output,
                     ddp=ddp,
                     deterministic=spec.deterministic,
+                    timing_repeats=a.timing_repeats,
                 )
                 print(
                     f"  eager loss {s['eager_loss']:.6f}, Thunder {s['thunder_loss']:.6f}, "
