@@ -115,6 +115,13 @@ def test_frozen_parameters_have_no_gradient(tmp_path):
     assert "fc1.weight" in load_file(str(out / "params.safetensors"))
     assert read(out, "reference/thunder_check.json")["grad_max_rel_err"] < 1e-5
 
+    # The PyTorch baseline trains the export itself: its first step's loss is the reference's.
+    from tracepass_export.bench_torch import bench_one
+
+    r = bench_one(out, 1, 0, 3)
+    assert r["first_loss"] == pytest.approx(read(out, "reference/loss.json")["losses"][0], rel=1e-5)
+    assert r["steps_per_s"] > 0 and r["last_loss"] < r["first_loss"]
+
 
 def test_bad_arguments_are_typed_errors(tmp_path):
     with pytest.raises(ExportError, match="unknown loss"):

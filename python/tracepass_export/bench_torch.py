@@ -5,7 +5,8 @@
 For every plain export directory given (or found below a folder; `-ddp` exports are the same
 models and are skipped), and every world size: one process per rank (spawned), gloo,
 `torch.set_num_threads(1)`, the model built from the corpus registry with the export's own
-`params.safetensors` loaded, batches from its `data.safetensors` (`<arg>.<step mod n>.<rank>`), the
+`params.safetensors` loaded, batches from its `data.safetensors` (`<arg>.<step mod n>.<rank>`, passed
+by keyword), the
 loss of its `export.json`, AdamW (lr 1e-3). World size 1 is plain eager; more ranks wrap the model in
 `DistributedDataParallel`. After `--warmup` steps, rank 0 times `--steps` steps between barriers.
 """
@@ -105,7 +106,8 @@ def _worker(rank, world, port, export_dir, warmup, steps, result_dir):
         def step(i: int) -> None:
             args, targets = data[i % len(data)]
             opt.zero_grad(set_to_none=True)
-            out = pick_output(ddp_model(*args.values()), meta["output"])
+            # By keyword: data.safetensors holds arguments by name, not by position.
+            out = pick_output(ddp_model(**args), meta["output"])
             loss = compute_loss(meta["loss"], out, targets)
             loss.backward()
             opt.step()
