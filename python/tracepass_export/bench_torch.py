@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no plain export directory under {', '.join(map(str, a.roots))}", file=sys.stderr)
         return 1
     results = []
+    load_start = os.getloadavg()[0]
     print(f"{'model':<12} {'ranks':>5} {'steps/s':>9} {'ms/step':>9} {'loss0':>8} {'loss_end':>8}")
     for d in dirs:
         for w in worlds:
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "warmup_steps": a.warmup,
         "timed_steps": a.steps,
+        "loadavg": f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
         "results": results,
     }
     if a.json:

@@ -77,8 +77,33 @@ def timing_line(d: Path) -> str | None:
         f"| {d.name} | {t['plain_thunder']['total_s']:.2f} | {t['thunder']['total_s']:.2f} | "
         f"{t['thunder']['ddp_wrap_s'] * 1e3:.1f} | {tt['ddp_pass']['s'] * 1e3:.1f} | "
         f"{tt['bucketing_all_reduce']['s'] * 1e3:.1f} | {tt['sort_waits']['s'] * 1e3:.1f} | "
-        f"{t['ddp_trace_transforms_total_s'] * 1e3:.1f} |"
+        f"{t['ddp_trace_transforms_total_s'] * 1e3:.1f} | {t['thunder'].get('repeats', 1)} |"
     )
+
+
+def baseline_table(path: Path) -> list[str]:
+    """The PyTorch baselines of torch_baseline.json (bench_torch), steps/s by model and ranks."""
+    if not path.is_file():
+        return []
+    doc = json.loads(path.read_text())
+    worlds = sorted({r["world_size"] for r in doc["results"]})
+    by_model: dict[str, dict[int, float]] = {}
+    for r in doc["results"]:
+        by_model.setdefault(r["export"], {})[r["world_size"]] = r["steps_per_s"]
+    lines = [
+        "",
+        "## PyTorch baselines (torch_baseline.json, steps/s)",
+        "",
+        f"`python -m tracepass_export.bench_torch testdata/models --json testdata/models/torch_baseline.json`:",
+        f"{doc['what']}; {doc['timed_steps']} steps timed after {doc['warmup_steps']}, on {doc['cpus']} CPUs"
+        f" ({doc['cpu']}){'; load average ' + doc['loadavg'] if doc.get('loadavg') else ''}.",
+        "",
+        "| export | " + " | ".join(f"{w} rank{'s' if w > 1 else ''}" for w in worlds) + " |",
+        "|---|" + "---:|" * len(worlds),
+    ]
+    for name, row in sorted(by_model.items()):
+        lines.append(f"| {name} | " + " | ".join(f"{row[w]:.1f}" if w in row else "" for w in worlds) + " |")
+    return lines
 
 
 def readme(out: Path, done: list[str], failed: dict[str, str]) -> str:
@@ -134,16 +159,20 @@ def readme(out: Path, done: list[str], failed: dict[str, str]) -> str:
         "a warm-up on another instance); `ddp` = the same under `thunder.distributed.ddp`. The last four",
         "columns time Thunder's DDP trace transforms alone (wrapped with timers): the `ddp pass` on the",
         "forward, gradient all-reduce bucketing and `sort_waits`. The all-reduces themselves are",
-        "inserted inside Thunder's grad transform and are not timed apart.",
+        "inserted inside Thunder's grad transform and are not timed apart. The `ddp` totals include",
+        "waiting for the other rank (the broadcast in `ddp()`, the first all-reduce). With `repeats` > 1",
+        "(`--timing-repeats`) each column is from the fastest repeat. The corpus was made on 2 cores",
+        "shared with other jobs (load average 6-13), so repeats of one export differ by up to 2.6x.",
         "",
-        "| export | plain total s | ddp total s | ddp() wrap ms | ddp pass ms | bucketing ms | sort_waits ms | DDP transforms ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| export | plain total s | ddp total s | ddp() wrap ms | ddp pass ms | bucketing ms | sort_waits ms | DDP transforms ms | repeats |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [t for t in (timing_line(out / n) for n in done) if t]
     if failed:
         lines += ["", "## Models Thunder could not export", ""]
         lines += [f"- {n}: {why}" for n, why in failed.items()]
-    lines += ["", "Callees of all traces: VOCAB.md. PyTorch baselines: torch_baseline.json."]
+    lines += baseline_table(out / "torch_baseline.json")
+    lines += ["", "Callees of all traces: VOCAB.md."]
     return "\n".join(lines) + "\n"
 
 
