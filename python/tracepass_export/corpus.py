@@ -162,7 +162,7 @@ def readme(out: Path, done: list[str], failed: dict[str, str]) -> str:
         "inserted inside Thunder's grad transform and are not timed apart. The `ddp` totals include",
         "waiting for the other rank (the broadcast in `ddp()`, the first all-reduce). With `repeats` > 1",
         "(`--timing-repeats`) each column is from the fastest repeat. The corpus was made on 2 cores",
-        "shared with other jobs (load average 6-13), so repeats of one export differ by up to 2.6x.",
+        "shared with other jobs (load average 6-13 for the first corpus run, 3-4 for these `-ddp` timings), so repeats of one export differ by up to 2.6x.",
         "",
         "| export | plain total s | ddp total s | ddp() wrap ms | ddp pass ms | bucketing ms | sort_waits ms | DDP transforms ms | repeats |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
