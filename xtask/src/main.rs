@@ -55,6 +55,20 @@ enum Cmd {
         #[arg(long)]
         skip_bench: bool,
     },
+    /// Regenerate the real-model corpus (testdata/models/) with the Python exporter in python/.
+    /// Needs torch 2.9.0 and lightning-thunder 0.2.6 (python/requirements.txt) in the Python named
+    /// by TRACEPASS_PYTHON (default `python3`); nothing else, CI included, needs Python.
+    Corpus {
+        /// Only these models, comma-separated (default: every model of the exporter's registry).
+        #[arg(long)]
+        models: Option<String>,
+        /// Output folder.
+        #[arg(long, default_value = "testdata/models")]
+        out: std::path::PathBuf,
+        /// Ranks of the `-ddp` exports (0: none).
+        #[arg(long, default_value_t = 2)]
+        ddp: usize,
+    },
     /// Profiling aid: decode (or parse, or run the DDP passes on) an N-node backward repeatedly.
     #[command(hide = true)]
     Repeat {
@@ -94,6 +108,7 @@ fn main() -> Result<()> {
         },
         Cmd::GenTestdata => gen_testdata(),
         Cmd::GpuCheck { models, skip_bench } => cuda::gpu_check(models, skip_bench),
+        Cmd::Corpus { models, out, ddp } => corpus(models.as_deref(), &out, ddp),
         Cmd::Fuzz { target, time } => fuzz(&target, time),
         Cmd::Repeat { what, nodes, times } => repeat(&what, nodes, times),
     }
@@ -283,6 +298,61 @@ fn gen_testdata() -> Result<()> {
             "wrote {}/{name}.{{forward,backward}}.trace and {name}.tpb",
             dir.display()
         );
+    }
+    Ok(())
+}
+
+/// `cargo xtask corpus`: runs `python -m tracepass_export.corpus` from the workspace root with
+/// python/ on PYTHONPATH, after checking that the Python has torch and Thunder.
+fn corpus(models: Option<&str>, out: &std::path::Path, ddp: usize) -> Result<()> {
+    use anyhow::Context;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("xtask has no parent folder")?;
+    let python = std::env::var("TRACEPASS_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let pythonpath = root.join("python");
+    let probe = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import torch, thunder, safetensors; print(torch.__version__, thunder.__version__)",
+        ])
+        .output()
+        .with_context(|| format!("cannot run `{python}` (set TRACEPASS_PYTHON to a Python with the exporter's requirements)"))?;
+    if !probe.status.success() {
+        let err = String::from_utf8_lossy(&probe.stderr);
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        bail!(
+            "`{python}` lacks the exporter's packages ({last}); install torch 2.9.0 and lightning-thunder \
+             0.2.6 with `pip install -r python/requirements.txt` and point TRACEPASS_PYTHON at that Python"
+        );
+    }
+    println!(
+        "corpus: {python} has torch/thunder {}",
+        String::from_utf8_lossy(&probe.stdout).trim()
+    );
+    let out = if out.is_absolute() {
+        out.to_path_buf()
+    } else {
+        root.join(out)
+    };
+    let mut cmd = std::process::Command::new(&python);
+    cmd.current_dir(root)
+        .env("PYTHONPATH", &pythonpath)
+        .args(["-m", "tracepass_export.corpus", "--out"])
+        .arg(&out)
+        .args(["--ddp", &ddp.to_string()]);
+    if let Some(m) = models {
+        cmd.args(["--models", m]);
+    }
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run `{python} -m tracepass_export.corpus`"))?;
+    if !status.success() {
+        bail!("the exporter failed ({status}); see its output above");
     }
     Ok(())
 }

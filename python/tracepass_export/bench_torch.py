@@ -1,0 +1,238 @@
+"""PyTorch baseline: training steps/s of each corpus model, eager and DistributedDataParallel.
+
+    python -m tracepass_export.bench_torch testdata/models [--ranks 1,2,4] [--steps 30] [--json FILE]
+
+For every plain export directory given (or found below a folder; `-ddp` exports are the same
+models and are skipped), and every world size: one process per rank (spawned), gloo,
+`torch.set_num_threads(1)`, the model built from the corpus registry with the export's own
+`params.safetensors` loaded, batches from its `data.safetensors` (`<arg>.<step mod n>.<rank>`, passed
+by keyword), the
+loss of its `export.json`, AdamW (lr 1e-3). World size 1 is plain eager; more ranks wrap the model in
+`DistributedDataParallel`. After `--warmup` steps, rank 0 times `--steps` steps between barriers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def load_export(d: Path) -> dict:
+    meta_path = d / "export.json"
+    if not meta_path.is_file():
+        raise BenchError(f"{d}: no export.json")
+    meta = json.loads(meta_path.read_text())
+    for k in ("model", "loss", "output"):
+        if k not in meta:
+            raise BenchError(f"{meta_path}: missing `{k}`")
+    return meta
+
+
+def batches_of(data: dict, rank: int) -> list[tuple[dict, object]]:
+    """This rank's batches, by step: ({arg: tensor}, targets)."""
+    steps: dict[int, dict] = {}
+    targets: dict[int, object] = {}
+    for key, t in data.items():
+        parts = key.rsplit(".", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            raise BenchError(f"data key `{key}` is not <arg>.<step>.<rank>")
+        arg, s, r = parts[0], int(parts[1]), int(parts[2])
+        if r != rank:
+            continue
+        if arg == "targets":
+            targets[s] = t
+        else:
+            steps.setdefault(s, {})[arg] = t
+    if not steps:
+        raise BenchError(f"no batch for rank {rank} in data.safetensors")
+    return [(steps[s], targets.get(s)) for s in sorted(steps)]
+
+
+def load_params(model, params: dict) -> None:
+    import torch
+
+    with torch.no_grad():
+        for name, t in params.items():
+            try:
+                dst = model.get_parameter(name)
+            except AttributeError:
+                try:
+                    dst = model.get_buffer(name)
+                except AttributeError as e:
+                    raise BenchError(f"params.safetensors has `{name}`, which the model lacks") from e
+            if dst.shape != t.shape:
+                raise BenchError(f"`{name}`: model has shape {tuple(dst.shape)}, export {tuple(t.shape)}")
+            dst.copy_(t)
+
+
+def _worker(rank, world, port, export_dir, warmup, steps, result_dir):
+    import torch
+    import torch.distributed as tdist
+    from safetensors.torch import load_file
+
+    from .exporter import compute_loss, pick_output
+    from .models import MODELS
+
+    torch.set_num_threads(1)
+    d = Path(export_dir)
+    meta = load_export(d)
+    spec = MODELS.get(meta["model"])
+    if spec is None:
+        raise BenchError(f"{d}: model `{meta['model']}` is not in the corpus registry")
+    if world > 1:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        tdist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = spec.factory()
+        load_params(model, load_file(str(d / "params.safetensors")))
+        model.train()
+        ddp_model = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        data = batches_of(load_file(str(d / "data.safetensors")), rank)
+        losses = []
+
+        def step(i: int) -> None:
+            args, targets = data[i % len(data)]
+            opt.zero_grad(set_to_none=True)
+            # By keyword: data.safetensors holds arguments by name, not by position.
+            out = pick_output(ddp_model(**args), meta["output"])
+            loss = compute_loss(meta["loss"], out, targets)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+
+        for i in range(warmup):
+            step(i)
+        if world > 1:
+            tdist.barrier()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            step(warmup + i)
+        if world > 1:
+            tdist.barrier()
+        dt = time.perf_counter() - t0
+        if rank == 0:
+            Path(result_dir, "r.json").write_text(
+                json.dumps({"seconds": dt, "first_loss": losses[0], "last_loss": losses[-1]})
+            )
+    finally:
+        if world > 1:
+            tdist.destroy_process_group()
+
+
+def bench_one(export_dir: Path, world: int, warmup: int, steps: int) -> dict:
+    import torch.multiprocessing as mp
+
+    from .exporter import free_port
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(
+            _worker,
+            args=(world, free_port(), str(export_dir), warmup, steps, tmp),
+            nprocs=world,
+            join=True,
+            start_method="spawn",
+        )
+        r = json.loads(Path(tmp, "r.json").read_text())
+    return {
+        "steps_per_s": steps / r["seconds"],
+        "step_ms": 1e3 * r["seconds"] / steps,
+        "first_loss": r["first_loss"],
+        "last_loss": r["last_loss"],
+    }
+
+
+def plain_exports(roots: list[Path]) -> list[Path]:
+    dirs = set()
+    for root in roots:
+        if (root / "export.json").is_file():
+            dirs.add(root)
+        else:
+            dirs.update(p.parent for p in root.rglob("export.json"))
+    out = []
+    for d in sorted(dirs):
+        if load_export(d).get("world_size") is None:
+            out.append(d)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tracepass_export.bench_torch", description=__doc__.split("\n")[0])
+    ap.add_argument("roots", nargs="+", type=Path, help="export directories or folders holding them")
+    ap.add_argument("--ranks", default="1,2,4", help="world sizes, comma-separated")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--json", type=Path, help="write the results here")
+    a = ap.parse_args(argv)
+
+    import torch
+
+    try:
+        worlds = [int(x) for x in a.ranks.split(",") if x]
+    except ValueError:
+        ap.error(f"--ranks: not a comma-separated list of integers: {a.ranks}")
+    if not worlds or min(worlds) < 1:
+        ap.error("--ranks needs world sizes of at least 1")
+    dirs = plain_exports(a.roots)
+    if not dirs:
+        print(f"error: no plain export directory under {', '.join(map(str, a.roots))}", file=sys.stderr)
+        return 1
+    results = []
+    load_start = os.getloadavg()[0]
+    print(f"{'model':<12} {'ranks':>5} {'steps/s':>9} {'ms/step':>9} {'loss0':>8} {'loss_end':>8}")
+    for d in dirs:
+        for w in worlds:
+            try:
+                r = bench_one(d, w, a.warmup, a.steps)
+            except BenchError as e:
+                print(f"error: {d}: {e}", file=sys.stderr)
+                return 1
+            r = {"export": d.name, "model": load_export(d)["model"], "world_size": w, **r}
+            results.append(r)
+            print(
+                f"{d.name:<12} {w:>5} {r['steps_per_s']:>9.1f} {r['step_ms']:>9.2f} "
+                f"{r['first_loss']:>8.4f} {r['last_loss']:>8.4f}",
+                flush=True,
+            )
+    doc = {
+        "what": "PyTorch eager (1 rank) and DistributedDataParallel (gloo) training steps/s, "
+        "one process per rank, torch.set_num_threads(1), AdamW lr 1e-3, each export's own batches",
+        "torch": torch.__version__.split("+")[0],
+        "python": platform.python_version(),
+        "cpu": _cpu_name(),
+        "cpus": os.cpu_count(),
+        "warmup_steps": a.warmup,
+        "timed_steps": a.steps,
+        "loadavg": f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        "results": results,
+    }
+    if a.json:
+        a.json.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

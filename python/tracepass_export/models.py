@@ -1,0 +1,243 @@
+"""The corpus models: each built from code or a config with random init (no downloaded weights).
+
+Every entry is module-level (factories and batch makers must pickle, since DDP exports spawn one
+process per rank). A factory builds the model with whatever RNG state it finds; the exporter seeds
+torch (seed 0) before calling it, so every call gives the same parameters.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+Batch = tuple["OrderedDict[str, torch.Tensor]", torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One corpus model: how to build it, feed it and score it."""
+
+    name: str
+    factory: Callable[[], nn.Module]
+    batch: Callable[[torch.Generator], Batch]
+    loss: str = "cross_entropy"
+    output: int = 0
+    deterministic: bool = True
+    description: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- nanoGPT (Thunder's own test model) ------------------------------------------------------
+
+NANOGPT_VOCAB, NANOGPT_BLOCK = 128, 16
+
+
+def make_nanogpt() -> nn.Module:
+    from thunder.tests.nanogpt_model import GPT, GPTConfig
+
+    cfg = GPTConfig(
+        block_size=NANOGPT_BLOCK,
+        vocab_size=NANOGPT_VOCAB,
+        n_layer=2,
+        n_head=4,
+        n_embd=64,
+        dropout=0.0,
+        bias=True,
+    )
+    return GPT(cfg)
+
+
+def batch_tokens(gen: torch.Generator, vocab: int = NANOGPT_VOCAB, block: int = NANOGPT_BLOCK) -> Batch:
+    idx = torch.randint(0, vocab, (2, block), generator=gen, dtype=torch.int64)
+    targets = torch.randint(0, vocab, (2, block), generator=gen, dtype=torch.int64)
+    return OrderedDict(idx=idx), targets
+
+
+# ---- CNN: Conv2d + BatchNorm2d (training) + ReLU + MaxPool2d, twice, Linear ------------------
+
+
+class Cnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.bn1(self.conv1(x))))
+        x = self.pool(F.relu(self.bn2(self.conv2(x))))
+        return self.fc(torch.flatten(x, 1))
+
+
+def make_cnn() -> nn.Module:
+    return Cnn()
+
+
+def batch_cnn(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 16, 16, generator=gen)
+    targets = torch.randint(0, 10, (4,), generator=gen, dtype=torch.int64)
+    return OrderedDict(x=x), targets
+
+
+# ---- MLP: Linear + LayerNorm + SiLU + Dropout, twice, Linear ----------------------------------
+
+
+class Mlp(nn.Module):
+    def __init__(self, p: float = 0.1) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.norm1 = nn.LayerNorm(64)
+        self.fc2 = nn.Linear(64, 64)
+        self.norm2 = nn.LayerNorm(64)
+        self.fc3 = nn.Linear(64, 10)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.drop(F.silu(self.norm1(self.fc1(x))))
+        x = self.drop(F.silu(self.norm2(self.fc2(x))))
+        return self.fc3(x)
+
+
+def make_mlp() -> nn.Module:
+    return Mlp(0.1)
+
+
+def make_mlp_frozen() -> nn.Module:
+    """The MLP without dropout (deterministic) and its first block frozen."""
+    m = Mlp(0.0)
+    m.fc1.requires_grad_(False)
+    m.norm1.requires_grad_(False)
+    return m
+
+
+def batch_mlp(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 32, generator=gen)
+    targets = torch.randint(0, 10, (4,), generator=gen, dtype=torch.int64)
+    return OrderedDict(x=x), targets
+
+
+# ---- litgpt Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention -----------------------------
+
+LLAMA_VOCAB, LLAMA_BLOCK = 128, 16
+
+
+def make_llama() -> nn.Module:
+    from litgpt.config import Config
+    from litgpt.model import GPT
+
+    cfg = Config(
+        name="tiny-llama",
+        block_size=LLAMA_BLOCK,
+        vocab_size=LLAMA_VOCAB,
+        padded_vocab_size=LLAMA_VOCAB,
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        n_query_groups=2,
+        rotary_percentage=1.0,
+        parallel_residual=False,
+        bias=False,
+        norm_class_name="RMSNorm",
+        norm_eps=1e-5,
+        mlp_class_name="LLaMAMLP",
+        intermediate_size=128,
+    )
+    return GPT(cfg)
+
+
+def batch_llama(gen: torch.Generator) -> Batch:
+    return batch_tokens(gen, LLAMA_VOCAB, LLAMA_BLOCK)
+
+
+# ---- HF BertForSequenceClassification ---------------------------------------------------------
+
+BERT_VOCAB, BERT_SEQ, BERT_LABELS = 128, 16, 4
+
+
+def make_bert() -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(
+        vocab_size=BERT_VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        type_vocab_size=2,
+        num_labels=BERT_LABELS,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        return_dict=False,
+    )
+    return BertForSequenceClassification(cfg)
+
+
+def batch_bert(gen: torch.Generator) -> Batch:
+    input_ids = torch.randint(0, BERT_VOCAB, (2, BERT_SEQ), generator=gen, dtype=torch.int64)
+    # Row 0 is all tokens, row 1 ends in padding: the mask is not trivially all ones.
+    pad = int(torch.randint(1, BERT_SEQ // 2, (1,), generator=gen))
+    attention_mask = torch.ones(2, BERT_SEQ, dtype=torch.int64)
+    attention_mask[1, BERT_SEQ - pad :] = 0
+    targets = torch.randint(0, BERT_LABELS, (2,), generator=gen, dtype=torch.int64)
+    return OrderedDict(input_ids=input_ids, attention_mask=attention_mask), targets
+
+
+MODELS: dict[str, ModelSpec] = {
+    s.name: s
+    for s in [
+        ModelSpec(
+            "nanogpt",
+            make_nanogpt,
+            batch_tokens,
+            description="GPT from Thunder's test suite: vocab 128, block 16, 2 layers, 4 heads, n_embd 64, bias, dropout 0",
+            notes=["`lm_head.weight` tied to `transformer.wte.weight`"],
+        ),
+        ModelSpec(
+            "cnn",
+            make_cnn,
+            batch_cnn,
+            description="Conv2d(3,8,3) + BatchNorm2d (training) + ReLU + MaxPool2d(2), twice, Linear(256,10)",
+            notes=["BatchNorm running stats are buffers the forward updates"],
+        ),
+        ModelSpec(
+            "mlp",
+            make_mlp,
+            batch_mlp,
+            deterministic=False,
+            description="Linear(32,64) + LayerNorm + SiLU + Dropout(0.1), twice, Linear(64,10)",
+            notes=["dropout: not deterministic, eager and Thunder draw different masks"],
+        ),
+        ModelSpec(
+            "mlp-frozen",
+            make_mlp_frozen,
+            batch_mlp,
+            description="the MLP with Dropout(0.0) and `fc1`, `norm1` frozen (`requires_grad_(False)`)",
+            notes=["frozen parameters: `check_tensor_metadata(..., False)`, no gradient"],
+        ),
+        ModelSpec(
+            "llama",
+            make_llama,
+            batch_llama,
+            description="litgpt GPT, Llama config: vocab 128, block 16, 2 layers, n_embd 64, 4 heads, 2 query groups, "
+            "RMSNorm, RoPE, LLaMAMLP (SwiGLU, 128), no bias",
+            notes=["RoPE `cos`/`sin` are buffers"],
+        ),
+        ModelSpec(
+            "bert",
+            make_bert,
+            batch_bert,
+            description="HF BertForSequenceClassification: vocab 128, hidden 64, 2 layers, 4 heads, intermediate 128, "
+            "4 labels, dropout 0, `return_dict=False`",
+            notes=["data `input_ids` and `attention_mask` (i64, row 1 padded); output is a tuple"],
+        ),
+    ]
+}
