@@ -34,6 +34,7 @@ pub mod prologue;
 pub mod pyfloat;
 mod rebuild;
 pub mod registry;
+pub mod rewriter;
 pub mod signature;
 pub mod synth;
 pub mod trace;
@@ -58,6 +59,7 @@ pub use prologue::{parse_prologue, ModuleTensor, Prologue, TensorKind};
 pub use registry::{
     ops, DTypeRule, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry, OpSpec, RegistryError,
 };
+pub use rewriter::{Applied, NewNode, NodeRef, RewriteError, Rewriter};
 pub use signature::{Bound, Signature};
 pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
 pub use types::{

@@ -39,8 +39,12 @@ pub struct SubSymbol {
 pub struct Node {
     /// Canonical op name (`ltorch.linear`, `dist.wait`), the key into the op registry.
     pub op: OpName,
-    pub args: Vec<Arg>,
-    pub outputs: Vec<ValueId>,
+    /// Positional operands (private: a node in a trace changes them through the
+    /// [`crate::Rewriter`], which keeps the graph's edges in step).
+    pub(crate) args: Vec<Arg>,
+    /// The values the node defines.
+    pub(crate) outputs: Vec<ValueId>,
+    /// How the outputs are bound on the left-hand side.
     pub lhs: Lhs,
     extra: Option<Box<NodeExtra>>,
 }
@@ -76,6 +80,23 @@ impl Node {
             outputs,
             lhs,
             extra: None,
+        }
+    }
+    /// Positional operands, in printed order.
+    pub fn args(&self) -> &[Arg] {
+        &self.args
+    }
+    /// The values the node defines, in order.
+    pub fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+    /// A node with the same op, keywords and rest, reading `args` and defining `outputs`
+    /// (to queue with the [`crate::Rewriter`] in place of this one).
+    pub fn with_operands(&self, args: Vec<Arg>, outputs: Vec<ValueId>) -> Node {
+        Node {
+            args,
+            outputs,
+            ..self.clone()
         }
     }
     fn extra_mut(&mut self) -> &mut NodeExtra {

@@ -358,12 +358,13 @@ impl Trace {
     pub fn node(&self, idx: NodeIndex) -> Option<&Node> {
         self.graph.node_weight(idx)
     }
-    /// Mutable access to a node. Changing its operands or outputs needs `rewire_node` after.
-    pub fn node_mut(&mut self, idx: NodeIndex) -> Option<&mut Node> {
+    /// Mutable access to a node. Changing its operands or outputs needs `rewire_node` after;
+    /// outside this crate, edits go through the [`crate::Rewriter`].
+    pub(crate) fn node_mut(&mut self, idx: NodeIndex) -> Option<&mut Node> {
         self.graph.node_weight_mut(idx)
     }
     /// Rebuilds the incoming data edges and output definitions of a node after an edit.
-    pub fn rewire_node(&mut self, idx: NodeIndex) {
+    pub(crate) fn rewire_node(&mut self, idx: NodeIndex) {
         let Some(node) = self.graph.node_weight(idx) else {
             return;
         };
@@ -408,7 +409,13 @@ impl Trace {
         }
         self.schedule = kept;
     }
-    fn detach_node(&mut self, idx: NodeIndex) -> Option<Node> {
+    /// Sets the definition of a value (no-op for an unknown handle).
+    pub(crate) fn set_def(&mut self, id: ValueId, def: Def) {
+        if let Some(v) = self.entry_mut(id) {
+            v.def = def;
+        }
+    }
+    pub(crate) fn detach_node(&mut self, idx: NodeIndex) -> Option<Node> {
         let node = self.graph.remove_node(idx)?;
         for out in &node.outputs {
             if let Some(v) = self.entry_mut(*out) {
@@ -422,8 +429,38 @@ impl Trace {
     pub fn node_count(&self) -> usize {
         self.graph.node_count()
     }
-    pub fn graph(&self) -> &StableDiGraph<Node, Edge> {
+    /// The graph itself, for the crate's own views (petgraph stays an implementation detail).
+    pub(crate) fn graph(&self) -> &StableDiGraph<Node, Edge> {
         &self.graph
+    }
+    /// One more than the largest node index in use: the size of a table indexed by
+    /// `NodeIndex::index()`.
+    pub fn node_bound(&self) -> usize {
+        petgraph::visit::NodeIndexable::node_bound(&self.graph)
+    }
+    /// The number of edges (data and order).
+    pub fn edge_count(&self) -> usize {
+        self.graph.edge_count()
+    }
+    /// Every edge as (source, target, kind), in storage order.
+    pub fn edges(&self) -> impl Iterator<Item = (NodeIndex, NodeIndex, Edge)> + '_ {
+        self.graph
+            .edge_references()
+            .map(|e| (e.source(), e.target(), *e.weight()))
+    }
+    /// The edges into `idx`, as (source, kind): the producers of its operands (one edge per
+    /// operand read) and the nodes ordered before it.
+    pub fn predecessors(&self, idx: NodeIndex) -> impl Iterator<Item = (NodeIndex, Edge)> + '_ {
+        self.graph
+            .edges_directed(idx, Direction::Incoming)
+            .map(|e| (e.source(), *e.weight()))
+    }
+    /// The edges out of `idx`, as (target, kind): its readers (one edge per operand read) and
+    /// the nodes ordered after it.
+    pub fn successors(&self, idx: NodeIndex) -> impl Iterator<Item = (NodeIndex, Edge)> + '_ {
+        self.graph
+            .edges_directed(idx, Direction::Outgoing)
+            .map(|e| (e.target(), *e.weight()))
     }
     /// The execution order.
     pub fn schedule(&self) -> &[NodeIndex] {

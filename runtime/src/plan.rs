@@ -150,11 +150,11 @@ impl Plan {
                 match node.op.as_str() {
                     ops::UNPACK_SEQUENCE => (
                         InstrKind::UnpackSequence,
-                        values(&node.args[..node.args.len().min(1)]),
+                        values(&node.args()[..node.args().len().min(1)]),
                     ),
-                    ops::CLEAR_COLLECTION => (InstrKind::Nop, values(&node.args)),
+                    ops::CLEAR_COLLECTION => (InstrKind::Nop, values(&node.args())),
                     ops::BUCKET_PACK => {
-                        let members = node.args.first().and_then(Arg::as_seq).ok_or_else(|| {
+                        let members = node.args().first().and_then(Arg::as_seq).ok_or_else(|| {
                             err(&line, "bucket_pack takes a list of tensors".into())
                         })?;
                         let label = node
@@ -162,13 +162,13 @@ impl Plan {
                             .and_then(Arg::as_str)
                             .map(str::to_string)
                             .or_else(|| {
-                                node.args
+                                node.args()
                                     .get(1)
                                     .and_then(Arg::as_str)
                                     .map(|_| format!("bucket{}", collectives.len()))
                             })
                             .unwrap_or_else(|| format!("bucket{}", collectives.len()));
-                        if let Some(out) = node.outputs.first() {
+                        if let Some(out) = node.outputs().first() {
                             bucket_label[out.0 as usize] = Some(label);
                         }
                         (
@@ -180,15 +180,15 @@ impl Plan {
                     }
                     ops::ALL_REDUCE => {
                         let buf =
-                            node.args.first().and_then(Arg::as_value).ok_or_else(|| {
+                            node.args().first().and_then(Arg::as_value).ok_or_else(|| {
                                 err(&line, "all_reduce_async takes a tensor".into())
                             })?;
-                        let op = reduce_op(node.args.get(1)).map_err(|m| err(&line, m))?;
+                        let op = reduce_op(node.args().get(1)).map_err(|m| err(&line, m))?;
                         let tt = trace
                             .ty(buf)
                             .and_then(Type::as_tensor)
                             .ok_or_else(|| err(&line, "all_reduce_async takes a tensor".into()))?;
-                        let group = match node.args.get(2) {
+                        let group = match node.args().get(2) {
                             Some(Arg::Str(s)) => s.clone(),
                             Some(Arg::Opaque(o)) => o.printed_name(),
                             _ => "world".into(),
@@ -204,14 +204,14 @@ impl Plan {
                             numel: tt.numel(),
                             group,
                         });
-                        if let Some(f) = node.outputs.first() {
+                        if let Some(f) = node.outputs().first() {
                             bucket_of_future[f.0 as usize] = Some(bucket);
                         }
                         (InstrKind::AllReduce { op, bucket }, vec![buf])
                     }
                     ops::WAIT => {
                         let f = node
-                            .args
+                            .args()
                             .first()
                             .and_then(Arg::as_value)
                             .ok_or_else(|| err(&line, "wait takes a future".into()))?;
@@ -225,12 +225,12 @@ impl Plan {
                     }
                     ops::UNPACK => {
                         let buf = node
-                            .args
+                            .args()
                             .first()
                             .and_then(Arg::as_value)
                             .ok_or_else(|| err(&line, "unpack takes a buffer".into()))?;
                         let shapes: Vec<Vec<usize>> = node
-                            .outputs
+                            .outputs()
                             .iter()
                             .map(|o| {
                                 trace
@@ -275,7 +275,7 @@ impl Plan {
                     .map(|v| slot(v, &mut slot_names))
                     .collect(),
                 outputs: node
-                    .outputs
+                    .outputs()
                     .iter()
                     .map(|&v| slot(v, &mut slot_names))
                     .collect(),
