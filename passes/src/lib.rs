@@ -23,10 +23,20 @@ pub mod manager;
 pub mod no_sync;
 pub mod pass;
 pub mod pipeline;
+pub mod registry;
 pub mod sort_waits;
 
-pub use catalog::{build_pass, PASS_NAMES};
+pub use accumulate::AccumulateGrads;
+pub use catalog::build_pass;
+pub use cse::Cse;
+pub use dce::Dce;
 pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
 pub use manager::{timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport};
-pub use pass::{Changed, Pass, PassContext, PassError, PassTiming};
-pub use pipeline::{parse_pipeline, print_pipeline, PassSpec};
+pub use no_sync::NoSync;
+pub use pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
+pub use pipeline::{parse_pipeline, print_pipeline, Anchor, PassSpec};
+pub use registry::{
+    BuiltPass, OptionDecl, OptionDefault, OptionKind, OptionValue, OptionValues, PassDecl,
+    PassLevel, PassRegistry, Show,
+};
+pub use sort_waits::SortWaits;
