@@ -17,6 +17,7 @@ use std::fmt;
 pub struct Diagnostic {
     /// The statement as printed, or a description of the place (`signature`, `return`).
     pub line: String,
+    /// What is wrong.
     pub message: String,
 }
 
@@ -29,7 +30,9 @@ impl fmt::Display for Diagnostic {
 /// All the ways a trace failed verification.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct VerifyError {
+    /// The trace's name.
     pub trace: String,
+    /// Every violation, in schedule order.
     pub diagnostics: Vec<Diagnostic>,
 }
 
@@ -54,6 +57,7 @@ pub fn verify(t: &Trace) -> Result<(), VerifyError> {
     verify_with(t, OpRegistry::builtin())
 }
 
+/// Verifies with the ops of `reg`: returns every violation at once.
 pub fn verify_with(t: &Trace, reg: &OpRegistry) -> Result<(), VerifyError> {
     let mut v = Verifier {
         t,

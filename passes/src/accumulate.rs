@@ -6,6 +6,7 @@ use crate::pass::{Changed, Pass, PassContext, PassError};
 use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{Arg, Node, Program, Rewriter, ValueId};
 
+/// The `accumulate-grads` pass (program-level: it needs the parameters).
 pub struct AccumulateGrads;
 
 /// The op the added nodes run.

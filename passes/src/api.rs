@@ -41,7 +41,9 @@ pub fn ddp(program: &mut Program, world_size: usize, args: DdpArgs) -> Result<()
 /// Keyword arguments of [`ddp`], with Thunder's defaults.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DdpArgs {
+    /// The rank whose initial parameters every rank starts from (`None`: no broadcast).
     pub broadcast_from: Option<usize>,
+    /// Bucket cap in MiB.
     pub bucket_size_in_mb: f64,
 }
 
@@ -65,7 +67,9 @@ impl Default for DdpArgs {
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct DdpPlugin {
+    /// Bucket cap in MiB.
     pub bucket_size_in_mb: f64,
+    /// The rank whose initial parameters every rank starts from (`None`: no broadcast).
     pub broadcast_from: Option<usize>,
     /// Process group name; `None` is the default group (`world`).
     pub process_group: Option<String>,

@@ -5,6 +5,7 @@ use crate::pass::{Changed, PassContext, PassError, TracePass};
 use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{ops, Effect, OpRegistry, RewriteError, Rewriter, Trace};
 
+/// The `cse` pass (trace-level).
 pub struct Cse;
 
 /// Merges duplicates; returns how many nodes were removed.

@@ -5,6 +5,7 @@ use tracepass_ir::{
     Edge, Effect, NodeIndex, OpRegistry, RewriteError, Rewriter, Trace, ValueIdSet,
 };
 
+/// The `dce` pass (trace-level).
 pub struct Dce;
 
 /// Removes dead pure nodes; returns how many. A node's readers are counted from the graph's

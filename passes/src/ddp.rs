@@ -26,11 +26,13 @@ pub enum Average {
 /// Options of the ddp pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DdpOptions {
+    /// Number of ranks the gradients are averaged over (at least 1).
     pub world_size: usize,
     /// Bucket cap in MiB; `<= 0` means one all-reduce per gradient.
     pub bucket_mb: f64,
     /// Cap of the first bucket (PyTorch-style small first bucket, so communication starts early).
     pub first_bucket_mb: Option<f64>,
+    /// Where the division by the world size happens.
     pub average: Average,
     /// Process group the collectives run on.
     pub group: String,
@@ -338,15 +340,21 @@ fn report_left_alone(p: &Program, groups: &[GradGroup], cx: &mut PassContext) {
 /// One bucket of the plan.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bucket {
+    /// Its name (`b0`, `b1`, ...), in closing order.
     pub id: String,
     /// Gradient values, in production order.
     pub members: Vec<ValueId>,
     /// Element offset of each member in the flat buffer.
     pub offsets: Vec<usize>,
+    /// Element count of each member.
     pub numels: Vec<usize>,
+    /// Shape of each member.
     pub shapes: Vec<Shape>,
+    /// Bytes of the flat buffer.
     pub nbytes: usize,
+    /// The members' dtype.
     pub dtype: DType,
+    /// The members' device.
     pub device: Device,
 }
 

@@ -6,6 +6,7 @@ use crate::pass::{Changed, PassContext, PassError, TracePass};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use tracepass_ir::{ops, Arg, RewriteError, Rewriter, Trace, ValueId};
 
+/// The `no-sync` pass (trace-level).
 pub struct NoSync;
 
 const DIVS: &[&str] = &[ops::DIV, ops::TRUE_DIVIDE, "ltorch.div"];

@@ -5,6 +5,7 @@ use crate::pass::{Changed, PassContext, PassError, TracePass};
 use std::collections::VecDeque;
 use tracepass_ir::{ops, Effect, RewriteError, Rewriter, Trace, UNSCHEDULED};
 
+/// The `sort-waits` pass (trace-level).
 pub struct SortWaits;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
