@@ -192,7 +192,7 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
             }
             _ => {
                 let d = decode(trace, n).map_err(err)?;
-                let dt = op_time(trace, &d.kernel, &d.inputs, &n.outputs(), dev);
+                let dt = op_time(trace, &d.kernel, &d.inputs, n.outputs(), dev);
                 push_busy(&mut now, dt, &mut busy);
                 ops_count += 1;
             }
