@@ -23,8 +23,11 @@ pub enum DeviceSpelling {
 /// (`_DistributedReduceOps_SUM_0`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Opaque {
+    /// The Python type (`torch.dtype`, `DDPType`).
     pub type_name: String,
+    /// The member after the dot (`float32`), if any.
     pub member: Option<String>,
+    /// Which occurrence of an unprintable object this is (printed as `<type_N>`).
     pub counter: u32,
 }
 
@@ -57,6 +60,7 @@ impl Opaque {
             counter,
         })
     }
+    /// The name as printed.
     pub fn printed_name(&self) -> String {
         match &self.member {
             Some(m) => format!("_{}_{}_{}", self.type_name, m, self.counter),
@@ -134,12 +138,14 @@ impl Arg {
             _ => {}
         }
     }
+    /// The value this operand reads, if it is one.
     pub fn as_value(&self) -> Option<ValueId> {
         match self {
             Arg::Value(v) => Some(*v),
             _ => Option::None,
         }
     }
+    /// The integer literal, if it is one.
     pub fn as_int(&self) -> Option<i64> {
         match self {
             Arg::Int(v) => Some(*v),
@@ -147,6 +153,7 @@ impl Arg {
             _ => Option::None,
         }
     }
+    /// The number literal (integers too), if it is one.
     pub fn as_f64(&self) -> Option<f64> {
         match self {
             Arg::Float(v) => Some(*v),
@@ -155,6 +162,7 @@ impl Arg {
             _ => Option::None,
         }
     }
+    /// The string literal, if it is one.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Arg::Str(s) => Some(s),
@@ -180,6 +188,7 @@ impl Arg {
     pub fn int_tuple(v: impl IntoIterator<Item = i64>) -> Arg {
         Arg::Tuple(v.into_iter().map(Arg::Int).collect())
     }
+    /// One value operand per value.
     pub fn values(values: impl IntoIterator<Item = ValueId>) -> Vec<Arg> {
         values.into_iter().map(Arg::Value).collect()
     }

@@ -12,7 +12,9 @@ use petgraph::stable_graph::NodeIndex;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot build `{op}`: {message}")]
 pub struct BuildError {
+    /// The op being added.
     pub op: String,
+    /// What is wrong.
     pub message: String,
 }
 
@@ -60,12 +62,14 @@ pub struct TraceBuilder<'r> {
 }
 
 impl TraceBuilder<'static> {
+    /// A builder of an empty trace, with the built-in op registry.
     pub fn new(name: &str, kind: TraceKind) -> Self {
         TraceBuilder::with_registry(name, kind, OpRegistry::builtin())
     }
 }
 
 impl<'r> TraceBuilder<'r> {
+    /// A builder of an empty trace whose ops come from `reg`.
     pub fn with_registry(name: &str, kind: TraceKind, reg: &'r OpRegistry) -> Self {
         TraceBuilder {
             trace: Trace::new(name, kind),
@@ -73,6 +77,7 @@ impl<'r> TraceBuilder<'r> {
             counter: 0,
         }
     }
+    /// Appends a trace argument.
     pub fn arg(&mut self, name: &str, ty: Type) -> ValueId {
         self.trace.push_arg(name, ty)
     }
@@ -85,6 +90,7 @@ impl<'r> TraceBuilder<'r> {
     pub fn op(&mut self, op: &str, args: Vec<Arg>) -> Result<ValueId, BuildError> {
         self.op_kw(op, args, Vec::new())
     }
+    /// Appends a node with keyword operands; its output types come from the op's meta.
     pub fn op_kw(
         &mut self,
         op: &str,
@@ -171,12 +177,15 @@ impl<'r> TraceBuilder<'r> {
             }
         }
     }
+    /// Sets the return structure.
     pub fn ret(&mut self, ret: Arg) {
         self.trace.ret = ret;
     }
+    /// The trace built so far.
     pub fn trace(&self) -> &Trace {
         &self.trace
     }
+    /// The trace.
     pub fn finish(self) -> Trace {
         self.trace
     }

@@ -10,6 +10,7 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
+/// The trace as a Graphviz digraph (data and order edges).
 pub fn to_dot(t: &Trace) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "digraph \"{}\" {{", escape(&t.name));

@@ -23,6 +23,7 @@ pub enum Format {
 }
 
 impl Format {
+    /// The format a file's extension names.
     pub fn from_path(path: &Path) -> Result<Format, FileError> {
         match path.extension().and_then(|e| e.to_str()) {
             Some("trace") | Some("py") => Ok(Format::Text),
@@ -88,6 +89,7 @@ pub fn load(path: &Path) -> Result<Module, FileError> {
     load_with(path, OpRegistry::builtin())
 }
 
+/// Loads a file whose ops come from `reg`.
 pub fn load_with(path: &Path, reg: &OpRegistry) -> Result<Module, FileError> {
     let format = Format::from_path(path)?;
     let bytes = fs::read(path).map_err(io_err(path))?;

@@ -1,9 +1,27 @@
-//! tracepass-ir: Lightning Thunder's training traces as a petgraph DAG with a schedule.
+//! tracepass-ir: Lightning Thunder's training traces as a DAG with a schedule.
 //!
-//! - [`Trace`]: nodes in a `StableDiGraph` (data and order edges), the schedule, the value table.
+//! - [`Trace`]: nodes with data and order edges, the schedule (a topological order), the
+//!   value table.
+//! - [`Rewriter`]: how passes edit a trace: queue insertions, replacements, erasures and a new
+//!   return, then apply them at once, edges and schedule kept consistent.
 //! - [`Program`]: forward + backward + parameters.
 //! - [`OpRegistry`]: ops, their effects and meta functions, Thunder's spellings of them.
-//! - [`verify`], [`print_trace`], [`parse_trace`], [`codec`], [`fsio`]: checking and formats.
+//! - [`verify()`], [`print_trace`], [`parse_trace`], [`codec`], [`fsio`]: checking and formats.
+//!
+//! ```
+//! use tracepass_ir::{parse_trace, print_trace, verify, TraceBuilder, Arg, DType, Device, Type};
+//! // build a trace: its output types come from the ops' meta functions
+//! let mut b = TraceBuilder::new("f", tracepass_ir::TraceKind::Forward);
+//! let x = b.arg("x", Type::tensor([2, 3], DType::F32, Device::CPU));
+//! let y = b.op("prims.neg", vec![Arg::Value(x)]).unwrap();
+//! b.ret(Arg::Value(y));
+//! let t = b.finish();
+//! verify(&t).unwrap();
+//! // print it as Thunder does; read back, it prints the same
+//! let text = print_trace(&t);
+//! assert!(text.contains("prims.neg(x)"));
+//! assert_eq!(print_trace(&parse_trace(&text).unwrap()), text);
+//! ```
 
 // Policy: no panics on user input. `unwrap()` is denied in library code (clippy checks it);
 // `expect()` is used only for invariants the code itself established, its message naming the
@@ -11,14 +29,19 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 // Nothing here needs `unsafe`; the speed comes from layout (see `columns`, `rebuild`).
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
+#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod arg;
 pub mod builder;
 pub mod canon;
+#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod codec;
 mod columns;
 pub mod dot;
+#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod error;
+#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod export;
 pub mod fsio;
 mod meta;
@@ -27,17 +50,22 @@ mod name_text;
 pub mod node;
 pub mod op_name;
 mod op_table;
+#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod parse;
 pub mod print;
+#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod program;
+#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod prologue;
 pub mod pyfloat;
 mod rebuild;
 pub mod registry;
+pub mod rewriter;
 pub mod signature;
 pub mod synth;
 pub mod trace;
 mod type_table;
+#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod types;
 pub mod value;
 pub mod verify;
@@ -58,6 +86,7 @@ pub use prologue::{parse_prologue, ModuleTensor, Prologue, TensorKind};
 pub use registry::{
     ops, DTypeRule, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry, OpSpec, RegistryError,
 };
+pub use rewriter::{Applied, NewNode, NodeRef, RewriteError, Rewriter};
 pub use signature::{Bound, Signature};
 pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
 pub use types::{

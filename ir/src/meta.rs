@@ -14,11 +14,13 @@ pub(crate) enum Operand<'a> {
 }
 
 impl<'a> MetaCx<'a> {
+    /// Positional operand `i` (an error naming it when missing).
     pub fn arg(&self, i: usize) -> R<&'a Arg> {
         self.args
             .get(i)
             .ok_or_else(|| format!("{} expects an operand at position {i}", self.op))
     }
+    /// A keyword operand by name.
     pub fn kwarg(&self, key: &str) -> Option<&'a Arg> {
         self.kwargs.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
@@ -26,6 +28,7 @@ impl<'a> MetaCx<'a> {
     pub fn arg_or_kwarg(&self, i: usize, key: &str) -> Option<&'a Arg> {
         self.args.get(i).or_else(|| self.kwarg(key))
     }
+    /// The type of an operand: a value's type, or a literal's.
     pub fn type_of(&self, a: &Arg) -> R<Type> {
         Ok(match a {
             Arg::Value(v) => self
@@ -41,6 +44,7 @@ impl<'a> MetaCx<'a> {
             _ => Type::Any,
         })
     }
+    /// Positional operand `i` as a tensor type (an error when it is not one).
     pub fn tensor(&self, i: usize) -> R<TensorType> {
         self.tensor_arg(self.arg(i)?, i)
     }

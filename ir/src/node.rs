@@ -25,7 +25,9 @@ pub enum Lhs {
 /// it documents the op and is never executed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SubSymbol {
+    /// The comment line, without `#`.
     pub text: String,
+    /// Nested decomposition lines.
     pub children: Vec<SubSymbol>,
 }
 
@@ -39,8 +41,12 @@ pub struct SubSymbol {
 pub struct Node {
     /// Canonical op name (`ltorch.linear`, `dist.wait`), the key into the op registry.
     pub op: OpName,
-    pub args: Vec<Arg>,
-    pub outputs: Vec<ValueId>,
+    /// Positional operands (private: a node in a trace changes them through the
+    /// [`crate::Rewriter`], which keeps the graph's edges in step).
+    pub(crate) args: Vec<Arg>,
+    /// The values the node defines.
+    pub(crate) outputs: Vec<ValueId>,
+    /// How the outputs are bound on the left-hand side.
     pub lhs: Lhs,
     extra: Option<Box<NodeExtra>>,
 }
@@ -78,9 +84,27 @@ impl Node {
             extra: None,
         }
     }
+    /// Positional operands, in printed order.
+    pub fn args(&self) -> &[Arg] {
+        &self.args
+    }
+    /// The values the node defines, in order.
+    pub fn outputs(&self) -> &[ValueId] {
+        &self.outputs
+    }
+    /// A node with the same op, keywords and rest, reading `args` and defining `outputs`
+    /// (to queue with the [`crate::Rewriter`] in place of this one).
+    pub fn with_operands(&self, args: Vec<Arg>, outputs: Vec<ValueId>) -> Node {
+        Node {
+            args,
+            outputs,
+            ..self.clone()
+        }
+    }
     fn extra_mut(&mut self) -> &mut NodeExtra {
         self.extra.get_or_insert_with(Default::default)
     }
+    /// The node with one more keyword operand.
     pub fn with_kwarg(mut self, key: impl Into<String>, value: Arg) -> Node {
         self.extra_mut().kwargs.push((key.into(), value));
         self
@@ -90,6 +114,7 @@ impl Node {
     pub fn callee(&self) -> Option<&str> {
         self.extra.as_ref().and_then(|e| e.callee.as_deref())
     }
+    /// Sets the callee spelling (`None`: the op's name).
     pub fn set_callee(&mut self, callee: Option<String>) {
         if callee.is_some() || self.extra.is_some() {
             self.extra_mut().callee = callee;
@@ -123,6 +148,7 @@ impl Node {
     pub(crate) fn has_extra(&self) -> bool {
         self.extra.is_some()
     }
+    /// A keyword operand by name.
     pub fn kwarg(&self, key: &str) -> Option<&Arg> {
         self.kwargs().iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
@@ -130,6 +156,7 @@ impl Node {
     pub fn subsymbols(&self) -> &[SubSymbol] {
         self.extra.as_ref().map_or(&[], |e| &e.subsymbols)
     }
+    /// The decomposition comments, to edit.
     pub fn subsymbols_mut(&mut self) -> &mut Vec<SubSymbol> {
         &mut self.extra_mut().subsymbols
     }
@@ -143,6 +170,7 @@ impl Node {
     pub fn source(&self) -> Option<&str> {
         self.extra.as_ref().and_then(|e| e.source.as_deref())
     }
+    /// Sets the source-location comment.
     pub fn set_source(&mut self, source: Option<String>) {
         if source.is_some() || self.extra.is_some() {
             self.extra_mut().source = source;
@@ -154,12 +182,14 @@ impl Node {
         self.for_each_operand(&mut |v| out.push(v));
         out
     }
+    /// Calls `f` on every value the node reads, in printed order (repeats included).
     pub fn for_each_operand(&self, f: &mut impl FnMut(ValueId)) {
         self.args.iter().for_each(|a| a.for_each_value(f));
         if let Some(e) = &self.extra {
             e.kwargs.iter().for_each(|(_, a)| a.for_each_value(f));
         }
     }
+    /// Replaces every value the node reads by `f` of it (for a node not in a trace: in a trace, use the [`crate::Rewriter`]).
     pub fn map_operands(&mut self, f: &mut impl FnMut(ValueId) -> ValueId) {
         self.args.iter_mut().for_each(|a| a.map_values(f));
         if let Some(e) = &mut self.extra {
@@ -247,7 +277,10 @@ impl<'de> Deserialize<'de> for Node {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Edge {
     /// The source node defines `value`, which the target reads.
-    Data { value: ValueId },
+    Data {
+        /// The value the edge carries.
+        value: ValueId,
+    },
     /// The source must run before the target, with no data between them (collective order,
     /// side effects).
     Order,

@@ -11,6 +11,7 @@ use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 use std::sync::Arc;
 
+/// An op's canonical name (`prims.div`), cheap to copy and compare.
 #[derive(Clone)]
 pub struct OpName(Repr);
 
@@ -21,6 +22,7 @@ enum Repr {
 }
 
 impl OpName {
+    /// The name `name`.
     pub fn new(name: &str) -> OpName {
         match OpRegistry::builtin().builtin_name(name) {
             Some(b) => OpName(Repr::Builtin(b)),
@@ -33,6 +35,7 @@ impl OpName {
     pub fn addr(&self) -> usize {
         self.as_str().as_ptr() as usize
     }
+    /// The name as text.
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Builtin(s) => s,

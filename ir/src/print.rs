@@ -51,6 +51,7 @@ pub fn print_trace(t: &Trace) -> String {
     print_trace_with(t, PrintOptions::default())
 }
 
+/// The trace as Thunder prints it, with options.
 pub fn print_trace_with(t: &Trace, opts: PrintOptions) -> String {
     let mut out = String::with_capacity(112 * t.node_count() + 256);
     if opts.provenance {

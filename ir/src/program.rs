@@ -17,8 +17,11 @@ pub struct Param {
     pub forward_arg: usize,
     /// Position of its gradient in the backward's return tuple (`None`: no gradient computed).
     pub grad_output: Option<usize>,
+    /// Its shape.
     pub shape: Vec<usize>,
+    /// Its dtype.
     pub dtype: DType,
+    /// Its device.
     pub device: Device,
     /// Frozen parameters get no gradient synchronization.
     pub requires_grad: bool,
@@ -91,8 +94,11 @@ impl<'de> Deserialize<'de> for Param {
 /// `(saved_for_backward, cotangents)` and returns one gradient (or `None`) per forward argument.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Program {
+    /// The forward trace (an empty placeholder for a lone trace: see [`Program::lone`]).
     pub forward: Trace,
+    /// The backward trace (or the lone trace).
     pub backward: Trace,
+    /// The parameters and buffers, in the module's order.
     pub params: Vec<Param>,
     /// Rank whose parameters every rank takes before the first step (`None`: no broadcast).
     pub broadcast_from: Option<usize>,
@@ -414,6 +420,7 @@ impl Program {
         self.forward.name.is_empty() && self.forward.node_count() == 0 && self.params.is_empty()
     }
 
+    /// The parameter named `fqn`.
     pub fn param(&self, fqn: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.fqn == fqn)
     }

@@ -13,17 +13,29 @@ use std::sync::OnceLock;
 
 /// Canonical names of the ops that passes and runtimes refer to by name.
 pub mod ops {
+    /// Division (`ddp` pre- and post-averages with it).
     pub const DIV: &str = "prims.div";
+    /// Packs gradients into a bucket's flat buffer.
     pub const BUCKET_PACK: &str = "dist.bucket_pack";
+    /// Starts an asynchronous all-reduce; its output is a future.
     pub const ALL_REDUCE: &str = "dist.all_reduce_async";
+    /// Waits on a future.
     pub const WAIT: &str = "dist.wait";
+    /// Unpacks a reduced bucket into gradients.
     pub const UNPACK: &str = "dist.unpack";
+    /// Thunder's bucket view update.
     pub const UPDATE_BUCKET_VIEW: &str = "dist.update_bucket_view";
+    /// Python sequence unpacking (`a, b, = x`).
     pub const UNPACK_SEQUENCE: &str = "prims.unpack_sequence";
+    /// Thunder's `clear_mutable_collection`.
     pub const CLEAR_COLLECTION: &str = "python.clear_mutable_collection";
+    /// `torch.true_divide`.
     pub const TRUE_DIVIDE: &str = "ltorch.true_divide";
+    /// Addition (tied gradients, gradient accumulation).
     pub const ADD: &str = "ltorch.add";
+    /// Thunder's in-place copy.
     pub const COPY: &str = "python.copy_";
+    /// Thunder's alias bookkeeping.
     pub const UPDATE_ALIASES: &str = "python.update_aliases";
 }
 
@@ -70,12 +82,17 @@ pub enum MetaOut {
 
 /// The operands a meta function sees, with value types resolved through the trace.
 pub struct MetaCx<'a> {
+    /// The op's canonical name.
     pub op: &'a str,
+    /// Positional operands.
     pub args: &'a [Arg],
+    /// Keyword operands.
     pub kwargs: &'a [(String, Arg)],
+    /// The trace, to read operand types.
     pub trace: &'a Trace,
     /// The operands bound to the op's signature (`None` for ops declared without one).
     pub bound: Option<Bound<'a>>,
+    /// How the op's result dtype follows from its operands'.
     pub dtype_rule: DTypeRule,
 }
 
@@ -90,22 +107,30 @@ pub struct OpSpec {
     /// Every other name Thunder prints for it (`torch.mul`, `Tensor.expand`,
     /// `torch_pad_prim_impl`, `torch.nn.functional.silu`).
     pub spellings: &'static [&'static str],
+    /// Pure, collective, side effect or random.
     pub effect: Effect,
     /// Python-style parameter list: `"a, dim=None, keepdim=False, *, dtype=None"`.
     pub signature: &'static str,
+    /// How the result dtype follows from the operands'.
     pub dtype: DTypeRule,
+    /// Shape and dtype inference.
     pub meta: MetaFn,
 }
 
 /// One op's declaration, as the registry holds it.
 #[derive(Clone)]
 pub struct OpDef {
+    /// Canonical name.
     pub name: String,
+    /// Every other name Thunder prints for it.
     pub spellings: Vec<String>,
+    /// Pure, collective, side effect or random.
     pub effect: Effect,
     /// `None`: any operands are accepted (ops registered with [`OpRegistry::register`]).
     pub signature: Option<Signature>,
+    /// How the result dtype follows from the operands'.
     pub dtype: DTypeRule,
+    /// Shape and dtype inference.
     pub meta: MetaFn,
 }
 
@@ -118,6 +143,7 @@ pub struct EffectCache<'a> {
 }
 
 impl EffectCache<'_> {
+    /// The effect of `op` (looked up once per distinct op).
     pub fn effect(&mut self, op: &OpName) -> Effect {
         let reg = self.reg;
         *self.seen.entry(op.addr()).or_insert_with(|| reg.effect(op))
@@ -135,12 +161,22 @@ pub struct OpRegistry {
 /// Why a declaration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {
+    /// An op's signature does not parse.
     #[error("op `{op}`: bad signature: {message}")]
-    Signature { op: String, message: String },
+    Signature {
+        /// The op.
+        op: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A spelling already names another op.
     #[error("`{spelling}` already names `{existing}`; it cannot also name `{op}`")]
     SpellingTaken {
+        /// The spelling.
         spelling: String,
+        /// The op it names.
         existing: String,
+        /// The op being registered.
         op: String,
     },
 }
@@ -185,6 +221,7 @@ impl OpRegistry {
         self.allow_unregistered = allow;
         self
     }
+    /// Whether unknown ops are kept opaque rather than refused.
     pub fn allows_unregistered(&self) -> bool {
         self.allow_unregistered
     }
@@ -250,6 +287,7 @@ impl OpRegistry {
         }
         self.aliases.get(callee).map(String::as_str)
     }
+    /// The op named or spelled `name`.
     pub fn get(&self, name: &str) -> Option<&OpDef> {
         self.ops.get(name)
     }
@@ -259,6 +297,7 @@ impl OpRegistry {
         v.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         v
     }
+    /// The effect of the op named `name` (unknown ops: side effect).
     pub fn effect(&self, name: &str) -> Effect {
         self.get(name).map_or(Effect::SideEffect, |d| d.effect)
     }

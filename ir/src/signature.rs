@@ -21,7 +21,9 @@ pub enum ParamKind {
 /// One parameter of an op.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Param {
+    /// Its name.
     pub name: String,
+    /// Positional, keyword or both.
     pub kind: ParamKind,
     /// `None`: required.
     pub default: Option<Arg>,
@@ -30,6 +32,7 @@ pub struct Param {
 /// An op's parameter list.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Signature {
+    /// The parameters, in order.
     pub params: Vec<Param>,
     /// `**kwargs`: keywords outside the list are accepted (ops whose keywords Thunder forwards
     /// to PyTorch unchanged).

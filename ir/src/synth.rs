@@ -12,19 +12,25 @@ use crate::value::ValueId;
 
 /// sqrt(2/pi), as Thunder prints it.
 pub const GELU_C: f64 = 0.7978845608028654;
+/// The tanh GELU's cubic coefficient.
 pub const GELU_K: f64 = 0.044715;
 
 /// The shape of an MLP: `dims[i] -> dims[i+1]` per layer, GELU after the layers that ask for it.
 #[derive(Clone, Debug)]
 pub struct MlpSpec {
+    /// Rows of the input batch.
     pub batch: usize,
+    /// Layer widths, input first.
     pub dims: Vec<usize>,
+    /// Whether each layer is followed by a GELU.
     pub gelu: Vec<bool>,
     /// Module names of the layers (`l1`, `l2`): parameters are `<name>.weight`, `<name>.bias`.
     pub names: Vec<String>,
     /// Whether the backward also returns the input's gradient.
     pub input_grad: bool,
+    /// The parameters' dtype.
     pub dtype: DType,
+    /// The parameters' device.
     pub device: Device,
 }
 
@@ -57,6 +63,7 @@ impl MlpSpec {
     pub fn deep_with_backward_nodes(nodes: usize, width: usize) -> MlpSpec {
         MlpSpec::deep(nodes.div_ceil(21).max(1), width, 8)
     }
+    /// Number of linear layers.
     pub fn layers(&self) -> usize {
         self.dims.len() - 1
     }
@@ -278,8 +285,10 @@ pub fn mlp_program(spec: &MlpSpec) -> Result<Program, SynthError> {
 /// A synthetic program could not be built (a bug in the spec, such as mismatched dims).
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
+    /// The trace could not be built.
     #[error(transparent)]
     Build(#[from] BuildError),
+    /// The traces do not form a program.
     #[error(transparent)]
     Program(#[from] ProgramError),
 }

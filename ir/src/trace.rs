@@ -18,8 +18,11 @@ use std::collections::{HashMap, HashSet};
 /// Which pass of a training step a trace computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum TraceKind {
+    /// The forward pass.
     Forward,
+    /// The backward pass.
     Backward,
+    /// Forward and backward in one trace.
     Joint,
     /// A trace before autodiff (`thunder.last_traces`' first entry), or one of unknown role.
     Computation,
@@ -28,7 +31,9 @@ pub enum TraceKind {
 /// One `# Constructed by <pass> (took N milliseconds)` record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Provenance {
+    /// The pass (as a pipeline spells it).
     pub pass: String,
+    /// How long it took, when recorded.
     pub millis: Option<u64>,
 }
 
@@ -36,7 +41,9 @@ pub struct Provenance {
 /// data and order edges; `schedule` is the execution order, always a topological order of the graph.
 #[derive(Debug)]
 pub struct Trace {
+    /// The function's name.
     pub name: String,
+    /// Which pass of a training step it computes.
     pub kind: TraceKind,
     pub(crate) args: Vec<ValueId>,
     pub(crate) graph: StableDiGraph<Node, Edge>,
@@ -55,6 +62,7 @@ pub struct Trace {
     pub ret: Arg,
     /// Decorators printed above `def` (without the `@`).
     pub decorators: Vec<String>,
+    /// The passes that made it, oldest first (`# Constructed by ...`).
     pub provenance: Vec<Provenance>,
 }
 
@@ -66,7 +74,7 @@ pub(crate) fn growth_room(len: usize) -> usize {
 }
 
 impl Clone for Trace {
-    /// A copy with [`growth_room`] in its node, edge, schedule and value tables.
+    /// A copy with room for growth (a quarter more) in its node, edge, schedule and value tables.
     fn clone(&self) -> Trace {
         // bounds, not counts: a graph with removed nodes or edges keeps their slots
         let (nodes, edges) = (
@@ -117,6 +125,7 @@ pub fn default_decorators() -> Vec<String> {
 }
 
 impl Trace {
+    /// An empty trace.
     pub fn new(name: impl Into<String>, kind: TraceKind) -> Trace {
         Trace {
             name: name.into(),
@@ -221,6 +230,7 @@ impl Trace {
         }
         self.args.push(id);
     }
+    /// The trace's arguments, in order.
     pub fn args(&self) -> &[ValueId] {
         &self.args
     }
@@ -232,6 +242,7 @@ impl Trace {
             def: v.def,
         }
     }
+    /// A value's name, type and definition.
     pub fn value(&self, id: ValueId) -> Option<ValueRef<'_>> {
         self.entry(id).map(|v| self.view(v))
     }
@@ -268,9 +279,11 @@ impl Trace {
     pub fn value_name(&self, id: ValueId) -> Option<&str> {
         self.entry(id).map(|v| self.names.get(v.name))
     }
+    /// A value's type.
     pub fn ty(&self, id: ValueId) -> Option<&Type> {
         self.entry(id).map(|v| self.types.get(v.ty))
     }
+    /// Every value, in table order.
     pub fn values(&self) -> impl Iterator<Item = (ValueId, ValueRef<'_>)> {
         self.values.iter().map(|(k, v)| (*k, self.view(v)))
     }
@@ -278,6 +291,7 @@ impl Trace {
     pub fn value_bound(&self) -> usize {
         self.next_value as usize
     }
+    /// The number of values.
     pub fn value_count(&self) -> usize {
         self.values.len()
     }
@@ -355,15 +369,17 @@ impl Trace {
     pub fn add_order_edge(&mut self, before: NodeIndex, after: NodeIndex) {
         self.graph.add_edge(before, after, Edge::Order);
     }
+    /// A node.
     pub fn node(&self, idx: NodeIndex) -> Option<&Node> {
         self.graph.node_weight(idx)
     }
-    /// Mutable access to a node. Changing its operands or outputs needs `rewire_node` after.
-    pub fn node_mut(&mut self, idx: NodeIndex) -> Option<&mut Node> {
+    /// Mutable access to a node. Changing its operands or outputs needs `rewire_node` after;
+    /// outside this crate, edits go through the [`crate::Rewriter`].
+    pub(crate) fn node_mut(&mut self, idx: NodeIndex) -> Option<&mut Node> {
         self.graph.node_weight_mut(idx)
     }
     /// Rebuilds the incoming data edges and output definitions of a node after an edit.
-    pub fn rewire_node(&mut self, idx: NodeIndex) {
+    pub(crate) fn rewire_node(&mut self, idx: NodeIndex) {
         let Some(node) = self.graph.node_weight(idx) else {
             return;
         };
@@ -408,7 +424,13 @@ impl Trace {
         }
         self.schedule = kept;
     }
-    fn detach_node(&mut self, idx: NodeIndex) -> Option<Node> {
+    /// Sets the definition of a value (no-op for an unknown handle).
+    pub(crate) fn set_def(&mut self, id: ValueId, def: Def) {
+        if let Some(v) = self.entry_mut(id) {
+            v.def = def;
+        }
+    }
+    pub(crate) fn detach_node(&mut self, idx: NodeIndex) -> Option<Node> {
         let node = self.graph.remove_node(idx)?;
         for out in &node.outputs {
             if let Some(v) = self.entry_mut(*out) {
@@ -419,11 +441,42 @@ impl Trace {
         }
         Some(node)
     }
+    /// The number of nodes.
     pub fn node_count(&self) -> usize {
         self.graph.node_count()
     }
-    pub fn graph(&self) -> &StableDiGraph<Node, Edge> {
+    /// The graph itself, for the crate's own views (petgraph stays an implementation detail).
+    pub(crate) fn graph(&self) -> &StableDiGraph<Node, Edge> {
         &self.graph
+    }
+    /// One more than the largest node index in use: the size of a table indexed by
+    /// `NodeIndex::index()`.
+    pub fn node_bound(&self) -> usize {
+        petgraph::visit::NodeIndexable::node_bound(&self.graph)
+    }
+    /// The number of edges (data and order).
+    pub fn edge_count(&self) -> usize {
+        self.graph.edge_count()
+    }
+    /// Every edge as (source, target, kind), in storage order.
+    pub fn edges(&self) -> impl Iterator<Item = (NodeIndex, NodeIndex, Edge)> + '_ {
+        self.graph
+            .edge_references()
+            .map(|e| (e.source(), e.target(), *e.weight()))
+    }
+    /// The edges into `idx`, as (source, kind): the producers of its operands (one edge per
+    /// operand read) and the nodes ordered before it.
+    pub fn predecessors(&self, idx: NodeIndex) -> impl Iterator<Item = (NodeIndex, Edge)> + '_ {
+        self.graph
+            .edges_directed(idx, Direction::Incoming)
+            .map(|e| (e.source(), *e.weight()))
+    }
+    /// The edges out of `idx`, as (target, kind): its readers (one edge per operand read) and
+    /// the nodes ordered after it.
+    pub fn successors(&self, idx: NodeIndex) -> impl Iterator<Item = (NodeIndex, Edge)> + '_ {
+        self.graph
+            .edges_directed(idx, Direction::Outgoing)
+            .map(|e| (e.target(), *e.weight()))
     }
     /// The execution order.
     pub fn schedule(&self) -> &[NodeIndex] {
@@ -551,6 +604,7 @@ impl NameGen {
             next: HashMap::new(),
         }
     }
+    /// A generator of names not used in `trace`.
     pub fn new(trace: &Trace) -> NameGen {
         let scanned;
         let counters = match &trace.name_counters {
@@ -801,7 +855,7 @@ impl TryFrom<TraceRepr> for Trace {
     }
 }
 
-/// Binary formats get columns (see [`crate::columns`]), text formats (JSON) rows.
+/// Binary formats get columns (the `columns` module), text formats (JSON) rows.
 impl Serialize for Trace {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if s.is_human_readable() {

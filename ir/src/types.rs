@@ -69,15 +69,18 @@ impl DType {
     pub fn torch_name(self) -> &'static str {
         self.entry().3
     }
+    /// The dtype of a short spelling (`f32`, `bf16`).
     pub fn from_short(s: &str) -> Option<DType> {
         DTYPE_NAMES.iter().find(|e| e.1 == s).map(|e| e.0)
     }
+    /// The dtype of a Thunder spelling (`dtypes.float32`).
     pub fn from_thunder(s: &str) -> Option<DType> {
         DTYPE_NAMES
             .iter()
             .find(|e| e.2 == s || (s == "bool" && e.0 == DType::Bool))
             .map(|e| e.0)
     }
+    /// The dtype of a PyTorch spelling (`torch.float32`).
     pub fn from_torch(s: &str) -> Option<DType> {
         DTYPE_NAMES.iter().find(|e| e.3 == s).map(|e| e.0)
     }
@@ -90,6 +93,7 @@ impl DType {
             _ => 1,
         }
     }
+    /// Whether it is a floating-point dtype.
     pub fn is_float(self) -> bool {
         matches!(
             self,
@@ -136,15 +140,19 @@ pub enum DeviceKind {
 /// A device: `cpu`, `cuda:0`, `meta`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Device {
+    /// CPU or CUDA.
     pub kind: DeviceKind,
+    /// The device index (`cuda:1`), if any.
     pub index: Option<u32>,
 }
 
 impl Device {
+    /// The CPU.
     pub const CPU: Device = Device {
         kind: DeviceKind::Cpu,
         index: None,
     };
+    /// The CUDA device `index`.
     pub fn cuda(index: u32) -> Device {
         Device {
             kind: DeviceKind::Cuda,
@@ -201,8 +209,11 @@ pub type Shape = smallvec::SmallVec<[usize; 4]>;
 /// Shape, dtype and device of a tensor.
 #[derive(Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TensorType {
+    /// Its shape.
     pub shape: Shape,
+    /// Its dtype.
     pub dtype: DType,
+    /// Its device.
     pub device: Device,
 }
 
@@ -227,6 +238,7 @@ impl Clone for TensorType {
 }
 
 impl TensorType {
+    /// A tensor type.
     pub fn new(shape: impl AsRef<[usize]>, dtype: DType, device: Device) -> Self {
         TensorType {
             shape: Shape::from_slice(shape.as_ref()),
@@ -251,6 +263,7 @@ impl TensorType {
             .try_fold(self.dtype.size_bytes(), |n, d| n.checked_mul(*d))
             .filter(|n| *n <= MAX_TENSOR_BYTES)
     }
+    /// The same type with another shape.
     pub fn with_shape(&self, shape: impl AsRef<[usize]>) -> TensorType {
         TensorType {
             shape: Shape::from_slice(shape.as_ref()),
@@ -336,15 +349,18 @@ impl PartialEq for Type {
 pub const MAX_TENSOR_BYTES: usize = i64::MAX as usize;
 
 impl Type {
+    /// A tensor type.
     pub fn tensor(shape: impl AsRef<[usize]>, dtype: DType, device: Device) -> Type {
         Type::Tensor(TensorType::new(shape, dtype, device))
     }
+    /// The tensor type, if it is one.
     pub fn as_tensor(&self) -> Option<&TensorType> {
         match self {
             Type::Tensor(t) => Some(t),
             _ => None,
         }
     }
+    /// Whether it is a future.
     pub fn is_future(&self) -> bool {
         matches!(self, Type::Future(_))
     }

@@ -45,8 +45,11 @@ pub(crate) struct Value {
 /// A value read from its trace: its name, type and definition.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ValueRef<'t> {
+    /// Its name.
     pub name: &'t str,
+    /// Its type.
     pub ty: &'t Type,
+    /// What defines it.
     pub def: Def,
 }
 

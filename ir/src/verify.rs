@@ -17,6 +17,7 @@ use std::fmt;
 pub struct Diagnostic {
     /// The statement as printed, or a description of the place (`signature`, `return`).
     pub line: String,
+    /// What is wrong.
     pub message: String,
 }
 
@@ -29,7 +30,9 @@ impl fmt::Display for Diagnostic {
 /// All the ways a trace failed verification.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct VerifyError {
+    /// The trace's name.
     pub trace: String,
+    /// Every violation, in schedule order.
     pub diagnostics: Vec<Diagnostic>,
 }
 
@@ -54,6 +57,7 @@ pub fn verify(t: &Trace) -> Result<(), VerifyError> {
     verify_with(t, OpRegistry::builtin())
 }
 
+/// Verifies with the ops of `reg`: returns every violation at once.
 pub fn verify_with(t: &Trace, reg: &OpRegistry) -> Result<(), VerifyError> {
     let mut v = Verifier {
         t,
@@ -151,6 +155,9 @@ impl Verifier<'_> {
         }
         let mut future_waits: HashMap<ValueId, usize> = HashMap::default();
         let mut reduced_buffers: HashMap<ValueId, NodeIndex> = HashMap::default();
+        // (producer, value) per operand read, and per incoming data edge
+        let mut want: Vec<(NodeIndex, ValueId)> = Vec::new();
+        let mut have: Vec<(NodeIndex, ValueId)> = Vec::new();
         for (i, &idx) in t.schedule().iter().enumerate() {
             let Some(node) = t.node(idx) else { continue };
             let mut problems = Vec::new();
@@ -201,6 +208,49 @@ impl Verifier<'_> {
             if node.op == ops::ALL_REDUCE {
                 if let Some(b) = node.args.first().and_then(|a| a.as_value()) {
                     reduced_buffers.insert(b, idx);
+                }
+            }
+            // the graph's data edges into the node are its operands' producers, one per read
+            want.clear();
+            have.clear();
+            node.for_each_operand(&mut |v| {
+                if let Some(p) = t.producer(v) {
+                    want.push((p, v));
+                }
+            });
+            for e in t.graph().edges_directed(idx, petgraph::Direction::Incoming) {
+                if let Edge::Data { value } = e.weight() {
+                    have.push((e.source(), *value));
+                }
+            }
+            if want != have {
+                want.sort_unstable();
+                have.sort_unstable();
+                if want != have {
+                    for (p, v) in &have {
+                        if !want.contains(&(*p, *v)) {
+                            problems.push(format!(
+                                "stale graph edge: an edge from `{}` says it reads `{}`, which it does not",
+                                print_node_line(t, *p),
+                                t.name(*v)
+                            ));
+                        }
+                    }
+                    for (_, v) in &want {
+                        if !have.iter().any(|(_, h)| h == v) {
+                            problems.push(format!(
+                                "stale graph edge: it reads `{}` but no edge comes from its producer",
+                                t.name(*v)
+                            ));
+                        }
+                    }
+                    if problems.is_empty() {
+                        problems.push(format!(
+                            "stale graph edges: {} data edges for {} operand reads",
+                            have.len(),
+                            want.len()
+                        ));
+                    }
                 }
             }
             // edges point forward in the schedule
@@ -303,5 +353,44 @@ fn type_matches(have: &Type, want: &Type) -> bool {
         | (Type::Bool(_), Type::Bool(_)) => true,
         (_, Type::Any) | (Type::Any, _) => true,
         _ => have == want,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{parse_trace, Arg};
+
+    const SRC: &str = "def f(x):\n  # x: \"cpu f32[4]\"\n  a = prims.neg(x)  # a: \"cpu f32[4]\"\n  b = prims.neg(a)  # b: \"cpu f32[4]\"\n  c = prims.add(a, b)  # c: \"cpu f32[4]\"\n  return c\n";
+
+    #[test]
+    fn an_operand_edited_without_its_edge_is_reported_as_a_stale_edge() {
+        let mut t = parse_trace(SRC).unwrap();
+        super::verify(&t).unwrap();
+        let [x, c] = ["x", "c"].map(|n| t.find_value(n).unwrap());
+        let add = t.producer(c).unwrap();
+        // `c = prims.add(x, b)` by hand: the edge from `a`'s producer stays
+        t.node_mut(add).unwrap().args[0] = Arg::Value(x);
+        let e = super::verify(&t).unwrap_err();
+        assert!(
+            e.diagnostics
+                .iter()
+                .any(|d| d.line.contains("c = prims.add(x, b)")
+                    && d.message.contains("stale graph edge")
+                    && d.message.contains("`a`")),
+            "{e}"
+        );
+        // rebuilding the node's edges makes it valid again
+        t.rewire_node(add);
+        super::verify(&t).unwrap();
+        // and a missing edge is reported too
+        let a = t.find_value("a").unwrap();
+        t.node_mut(add).unwrap().args[0] = Arg::Value(a);
+        let e = super::verify(&t).unwrap_err();
+        assert!(
+            e.diagnostics.iter().any(|d| d
+                .message
+                .contains("reads `a` but no edge comes from its producer")),
+            "{e}"
+        );
     }
 }

@@ -15,7 +15,7 @@ fn infer(args: &[(&str, &str)], stmt: &str) -> Result<Vec<String>, String> {
     let t: Trace = parse_trace(&text).map_err(|e| e.message)?;
     let (_, node) = t.nodes().last().unwrap();
     Ok(node
-        .outputs
+        .outputs()
         .iter()
         .map(|o| t.ty(*o).unwrap().to_string())
         .collect())

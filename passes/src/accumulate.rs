@@ -4,8 +4,9 @@
 
 use crate::pass::{Changed, Pass, PassContext, PassError};
 use rustc_hash::FxHashMap as HashMap;
-use tracepass_ir::{Arg, Node, NodeIndex, Program, ValueId};
+use tracepass_ir::{Arg, Node, Program, Rewriter, ValueId};
 
+/// The `accumulate-grads` pass (program-level: it needs the parameters).
 pub struct AccumulateGrads;
 
 /// The op the added nodes run.
@@ -41,13 +42,7 @@ impl Pass for AccumulateGrads {
         }
         let t = &mut p.backward;
         let mut names = t.name_gen();
-        let pos: HashMap<NodeIndex, usize> = t
-            .schedule()
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (*n, i))
-            .collect();
-        let mut after: HashMap<Option<usize>, Vec<NodeIndex>> = HashMap::default();
+        let mut rw = Rewriter::new();
         let mut replaced: HashMap<ValueId, ValueId> = HashMap::default();
         for (_, g) in &targets {
             let ty = t.ty(*g).cloned().ok_or_else(|| PassError::Failed {
@@ -60,27 +55,16 @@ impl Pass for AccumulateGrads {
             }
             let acc = t.push_arg(acc_name, ty.clone());
             let sum = t.new_value(names.fresh_for(&ty), ty);
-            let slot = t.producer(*g).and_then(|n| pos.get(&n).copied());
-            let idx = t.add_node(Node::new(
-                ADD,
-                vec![Arg::Value(*g), Arg::Value(acc)],
-                vec![sum],
-            ));
-            after.entry(slot).or_default().push(idx);
+            let add = Node::new(ADD, vec![Arg::Value(*g), Arg::Value(acc)], vec![sum]);
+            match t.producer(*g) {
+                Some(n) => rw.insert_after(n, add),
+                None => rw.insert_at_start(add),
+            };
             replaced.insert(*g, sum);
         }
-        let old = t.schedule().to_vec();
-        let mut sched = Vec::with_capacity(old.len() + targets.len());
-        sched.extend(after.remove(&None).unwrap_or_default());
-        for (i, n) in old.into_iter().enumerate() {
-            sched.push(n);
-            if let Some(extra) = after.remove(&Some(i)) {
-                sched.extend(extra);
-            }
-        }
-        t.set_schedule(sched);
         // only the returned gradients change; other readers keep the local value
-        if let Arg::Tuple(items) | Arg::List(items) = &mut t.ret {
+        let mut ret = t.ret.clone();
+        if let Arg::Tuple(items) | Arg::List(items) = &mut ret {
             for (i, g) in &targets {
                 if let Some(slot) = items.get_mut(*i) {
                     if slot.as_value() == Some(*g) {
@@ -89,6 +73,9 @@ impl Pass for AccumulateGrads {
                 }
             }
         }
+        rw.set_return(ret);
+        rw.apply(t)
+            .map_err(|e| PassError::rewrite("accumulate-grads", e))?;
         cx.stat("accumulate-grads.gradients", targets.len() as u64);
         Ok(Changed::from(!targets.is_empty()))
     }

@@ -6,7 +6,7 @@
 
 use crate::ddp::{Ddp, DdpOptions};
 use crate::manager::{PassManager, RunError};
-use crate::pass::Pass;
+use crate::pass::{OnTraces, Pass, PassError};
 use crate::sort_waits::SortWaits;
 use tracepass_ir::{OpRegistry, Program};
 
@@ -22,12 +22,17 @@ use tracepass_ir::{OpRegistry, Program};
 /// ```
 pub fn ddp(program: &mut Program, world_size: usize, args: DdpArgs) -> Result<(), RunError> {
     let mut pm = PassManager::new();
-    pm.add(Ddp::new(DdpOptions {
+    let pass = Ddp::new(DdpOptions {
         world_size,
         bucket_mb: args.bucket_size_in_mb,
         ..DdpOptions::default()
-    }));
-    pm.add(SortWaits);
+    })
+    .map_err(|error| RunError {
+        error,
+        reproducer: None,
+    })?;
+    pm.add(pass);
+    pm.add_trace_pass(SortWaits);
     pm.run(program, OpRegistry::builtin())?;
     program.broadcast_from = args.broadcast_from;
     Ok(())
@@ -36,7 +41,9 @@ pub fn ddp(program: &mut Program, world_size: usize, args: DdpArgs) -> Result<()
 /// Keyword arguments of [`ddp`], with Thunder's defaults.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DdpArgs {
+    /// The rank whose initial parameters every rank starts from (`None`: no broadcast).
     pub broadcast_from: Option<usize>,
+    /// Bucket cap in MiB.
     pub bucket_size_in_mb: f64,
 }
 
@@ -55,12 +62,14 @@ impl Default for DdpArgs {
 /// use tracepass_passes::api::DdpPlugin;
 /// let plugin = DdpPlugin::default();
 /// assert_eq!(plugin.broadcast_from, None);
-/// let names: Vec<String> = plugin.setup_transforms(8).iter().map(|p| p.spec()).collect();
+/// let names: Vec<String> = plugin.setup_transforms(8).unwrap().iter().map(|p| p.spec()).collect();
 /// assert_eq!(names, ["ddp(world_size=8,bucket_mb=25)", "sort-waits"]);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct DdpPlugin {
+    /// Bucket cap in MiB.
     pub bucket_size_in_mb: f64,
+    /// The rank whose initial parameters every rank starts from (`None`: no broadcast).
     pub broadcast_from: Option<usize>,
     /// Process group name; `None` is the default group (`world`).
     pub process_group: Option<String>,
@@ -77,22 +86,29 @@ impl Default for DdpPlugin {
 }
 
 impl DdpPlugin {
-    /// The passes this plugin contributes, for a job of `world_size` ranks.
-    pub fn setup_transforms(&self, world_size: usize) -> Vec<Box<dyn Pass>> {
-        vec![
+    /// The passes this plugin contributes, for a job of `world_size` ranks (a world size of
+    /// 0 or a bucket size that is not a finite number is an error).
+    pub fn setup_transforms(&self, world_size: usize) -> Result<Vec<Box<dyn Pass>>, PassError> {
+        Ok(vec![
             Box::new(Ddp::new(DdpOptions {
                 world_size,
                 bucket_mb: self.bucket_size_in_mb,
                 group: self.process_group.clone().unwrap_or_else(|| "world".into()),
                 ..DdpOptions::default()
-            })),
-            Box::new(SortWaits),
-        ]
+            })?),
+            Box::new(OnTraces::new(SortWaits, None)),
+        ])
     }
     /// Runs the transforms on a program and records `broadcast_from`.
     pub fn apply(&self, program: &mut Program, world_size: usize) -> Result<(), RunError> {
         let mut pm = PassManager::new();
-        for p in self.setup_transforms(world_size) {
+        let passes = self
+            .setup_transforms(world_size)
+            .map_err(|error| RunError {
+                error,
+                reproducer: None,
+            })?;
+        for p in passes {
             pm.add_boxed(p);
         }
         pm.run(program, OpRegistry::builtin())?;

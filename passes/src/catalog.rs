@@ -1,54 +1,73 @@
-//! The passes known by name, built from pipeline specs.
+//! The built-in passes' declarations, and the registry that holds them.
 
 use crate::accumulate::AccumulateGrads;
 use crate::cse::Cse;
 use crate::dce::Dce;
-use crate::ddp::Ddp;
+use crate::ddp::{Ddp, DdpOptions, DDP};
 use crate::no_sync::NoSync;
-use crate::pass::{Pass, PassError};
-use crate::pipeline::{Options, PassSpec};
+use crate::pass::PassError;
+use crate::pipeline::PassSpec;
+use crate::registry::{BuiltPass, PassDecl, PassLevel, PassRegistry};
 use crate::sort_waits::SortWaits;
 
-/// Pass names, as pipelines spell them.
-pub const PASS_NAMES: &[&str] = &[
-    "ddp",
-    "sort-waits",
-    "no-sync",
-    "accumulate-grads",
-    "dce",
-    "cse",
-];
+/// `sort-waits`: see [`crate::sort_waits`].
+pub static SORT_WAITS: PassDecl = PassDecl {
+    name: "sort-waits",
+    help: "collectives as early as their operands allow, waits right before their first reader",
+    level: PassLevel::Trace,
+    options: &[],
+};
+/// `no-sync`: see [`crate::no_sync`].
+pub static NO_SYNC: PassDecl = PassDecl {
+    name: "no-sync",
+    help: "removes gradient synchronization (divisions, packs, all-reduces, waits, unpacks)",
+    level: PassLevel::Trace,
+    options: &[],
+};
+/// `accumulate-grads`: see [`crate::accumulate`].
+pub static ACCUMULATE_GRADS: PassDecl = PassDecl {
+    name: "accumulate-grads",
+    help: "adds each parameter gradient to a new `acc_<grad>` argument (gradient accumulation)",
+    level: PassLevel::Program,
+    options: &[],
+};
+/// `dce`: see [`crate::dce`].
+pub static DCE: PassDecl = PassDecl {
+    name: "dce",
+    help: "removes pure nodes whose outputs nothing reads or returns",
+    level: PassLevel::Trace,
+    options: &[],
+};
+/// `cse`: see [`crate::cse`].
+pub static CSE: PassDecl = PassDecl {
+    name: "cse",
+    help: "replaces a pure node identical to an earlier one by it",
+    level: PassLevel::Trace,
+    options: &[],
+};
 
-/// Builds a pass from its spec; unknown names and options are errors that list what is valid.
-pub fn build_pass(spec: &PassSpec) -> Result<Box<dyn Pass>, PassError> {
-    let no_options = |spec: &PassSpec| Options::new(spec, &[]).map(|_| ());
-    Ok(match spec.name.as_str() {
-        "ddp" => Box::new(Ddp::from_spec(spec)?),
-        "sort-waits" => {
-            no_options(spec)?;
-            Box::new(SortWaits)
-        }
-        "no-sync" => {
-            no_options(spec)?;
-            Box::new(NoSync)
-        }
-        "accumulate-grads" => {
-            no_options(spec)?;
-            Box::new(AccumulateGrads)
-        }
-        "dce" => {
-            no_options(spec)?;
-            Box::new(Dce)
-        }
-        "cse" => {
-            no_options(spec)?;
-            Box::new(Cse)
-        }
-        other => {
-            return Err(PassError::UnknownPass {
-                name: other.to_string(),
-                valid: PASS_NAMES.join(", "),
-            })
-        }
-    })
+/// The built-in passes, in the order `--help` lists them.
+pub(crate) fn builtin_registry() -> PassRegistry {
+    let mut r = PassRegistry::new();
+    let all = [
+        r.register_pass(&DDP, |o| Ddp::new(DdpOptions::from_values(o)))
+            .map(|_| ()),
+        r.register_trace_pass(&SORT_WAITS, |_| Ok(SortWaits))
+            .map(|_| ()),
+        r.register_trace_pass(&NO_SYNC, |_| Ok(NoSync)).map(|_| ()),
+        r.register_pass(&ACCUMULATE_GRADS, |_| Ok(AccumulateGrads))
+            .map(|_| ()),
+        r.register_trace_pass(&DCE, |_| Ok(Dce)).map(|_| ()),
+        r.register_trace_pass(&CSE, |_| Ok(Cse)).map(|_| ()),
+    ];
+    for res in all {
+        res.expect("built-in passes have distinct, valid names");
+    }
+    r
+}
+
+/// Builds a built-in pass from its spec; unknown names and options are errors that list what
+/// is valid. Use [`PassRegistry::build`] for a registry with passes of your own.
+pub fn build_pass(spec: &PassSpec) -> Result<BuiltPass, PassError> {
+    PassRegistry::builtin().build(spec)
 }

@@ -1,25 +1,26 @@
 //! Common subexpression elimination: a pure node identical to an earlier one (same op, same
 //! operands) is replaced by it.
 
-use crate::pass::{Changed, Pass, PassContext, PassError};
+use crate::pass::{Changed, PassContext, PassError, TracePass};
 use rustc_hash::FxHashMap as HashMap;
-use tracepass_ir::{ops, Effect, OpRegistry, Program, Trace};
+use tracepass_ir::{ops, Effect, OpRegistry, RewriteError, Rewriter, Trace};
 
+/// The `cse` pass (trace-level).
 pub struct Cse;
 
 /// Merges duplicates; returns how many nodes were removed.
-pub fn cse(t: &mut Trace, reg: &OpRegistry) -> usize {
+pub fn cse(t: &mut Trace, reg: &OpRegistry) -> Result<usize, RewriteError> {
     let mut seen: HashMap<String, tracepass_ir::NodeIndex> = HashMap::default();
     let mut dupes = Vec::new();
     let mut effects = reg.effects();
     for (idx, n) in t.nodes() {
         if effects.effect(&n.op) != Effect::Pure
             || n.op == ops::UNPACK_SEQUENCE
-            || n.outputs.is_empty()
+            || n.outputs().is_empty()
         {
             continue;
         }
-        let key = format!("{}|{:?}|{:?}", n.op, n.args, n.kwargs());
+        let key = format!("{}|{:?}|{:?}", n.op, n.args(), n.kwargs());
         match seen.get(&key) {
             Some(&first) => dupes.push((idx, first)),
             None => {
@@ -27,29 +28,27 @@ pub fn cse(t: &mut Trace, reg: &OpRegistry) -> usize {
             }
         }
     }
+    let mut rw = Rewriter::new();
     for (dup, first) in &dupes {
         let (a, b) = (
-            t.node(*dup).expect("dup").outputs.clone(),
-            t.node(*first).expect("first").outputs.clone(),
+            t.node(*dup).expect("dup").outputs(),
+            t.node(*first).expect("first").outputs(),
         );
-        for (old, new) in a.into_iter().zip(b) {
-            t.replace_all_uses(old, new);
+        for (old, new) in a.iter().zip(b) {
+            rw.replace_all_uses(*old, *new);
         }
+        rw.erase(*dup);
     }
-    if !dupes.is_empty() {
-        let gone: rustc_hash::FxHashSet<_> = dupes.iter().map(|d| d.0).collect();
-        t.retain_nodes(|_, idx| !gone.contains(&idx));
-        t.purge_undefined_values();
-    }
-    dupes.len()
+    rw.apply(t)?;
+    Ok(dupes.len())
 }
 
-impl Pass for Cse {
+impl TracePass for Cse {
     fn name(&self) -> &str {
         "cse"
     }
-    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
-        let n = cse(&mut p.backward, cx.registry);
+    fn run_on_trace(&self, t: &mut Trace, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let n = cse(t, cx.registry).map_err(|e| PassError::rewrite("cse", e))?;
         cx.stat("cse.removed", n as u64);
         Ok((n > 0).into())
     }

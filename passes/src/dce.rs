@@ -1,23 +1,22 @@
 //! Dead code elimination: removes pure nodes none of whose outputs is used or returned.
 
-use crate::pass::{Changed, Pass, PassContext, PassError};
-use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
-use petgraph::Direction;
-use rustc_hash::FxHashSet;
-use tracepass_ir::{Edge, Effect, NodeIndex, OpRegistry, Program, Trace, ValueIdSet};
+use crate::pass::{Changed, PassContext, PassError, TracePass};
+use tracepass_ir::{
+    Edge, Effect, NodeIndex, OpRegistry, RewriteError, Rewriter, Trace, ValueIdSet,
+};
 
+/// The `dce` pass (trace-level).
 pub struct Dce;
 
 /// Removes dead pure nodes; returns how many. A node's readers are counted from the graph's
 /// data edges (one sweep over the edge list, which is compact) rather than by walking every
 /// node's operands; each distinct op's effect is looked up once.
-pub fn dce(t: &mut Trace, reg: &OpRegistry) -> usize {
-    let g = t.graph();
+pub fn dce(t: &mut Trace, reg: &OpRegistry) -> Result<usize, RewriteError> {
     // readers per node: one per data edge out of it (an operand read twice counts twice)
-    let mut readers = vec![0u32; g.node_bound()];
-    for e in g.edge_references() {
-        if matches!(e.weight(), Edge::Data { .. }) {
-            readers[e.source().index()] += 1;
+    let mut readers = vec![0u32; t.node_bound()];
+    for (source, _, e) in t.edges() {
+        if matches!(e, Edge::Data { .. }) {
+            readers[source.index()] += 1;
         }
     }
     let returned: ValueIdSet = t.returned_values().into_iter().collect();
@@ -30,34 +29,35 @@ pub fn dce(t: &mut Trace, reg: &OpRegistry) -> usize {
         }
         let Some(n) = t.node(idx) else { continue };
         if effects.effect(&n.op) != Effect::Pure
-            || n.outputs.is_empty()
-            || n.outputs.iter().any(|o| returned.contains(o))
+            || n.outputs().is_empty()
+            || n.outputs().iter().any(|o| returned.contains(o))
         {
             continue;
         }
         dead.push(idx);
-        for e in g.edges_directed(idx, Direction::Incoming) {
-            if matches!(e.weight(), Edge::Data { .. }) {
-                let r = &mut readers[e.source().index()];
+        for (source, e) in t.predecessors(idx) {
+            if matches!(e, Edge::Data { .. }) {
+                let r = &mut readers[source.index()];
                 *r = r.saturating_sub(1);
             }
         }
     }
     let removed = dead.len();
-    if !dead.is_empty() {
-        let dead: FxHashSet<NodeIndex> = dead.into_iter().collect();
-        t.retain_nodes(|_, idx| !dead.contains(&idx));
-        t.purge_undefined_values();
+    let mut rw = Rewriter::new();
+    // in schedule order
+    for idx in dead.into_iter().rev() {
+        rw.erase(idx);
     }
-    removed
+    rw.apply(t)?;
+    Ok(removed)
 }
 
-impl Pass for Dce {
+impl TracePass for Dce {
     fn name(&self) -> &str {
         "dce"
     }
-    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
-        let n = dce(&mut p.backward, cx.registry);
+    fn run_on_trace(&self, t: &mut Trace, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let n = dce(t, cx.registry).map_err(|e| PassError::rewrite("dce", e))?;
         cx.stat("dce.removed", n as u64);
         Ok((n > 0).into())
     }

@@ -3,12 +3,14 @@
 //! is ready, and wait/unpack at the end (sort-waits then moves each wait to its first consumer).
 
 use crate::pass::{Changed, Pass, PassContext, PassError};
-use crate::pipeline::{Options, PassSpec};
-use petgraph::stable_graph::NodeIndex;
+use crate::pipeline::PassSpec;
+use crate::registry::{
+    OptionDecl, OptionDefault, OptionKind, OptionValue, OptionValues, PassDecl, PassLevel, Show,
+};
 use rustc_hash::FxHashMap as HashMap;
 use tracepass_ir::{
-    ops, Arg, DType, Def, Device, Node, Program, Shape, Type, ValueId, ValueIdMap, ValueIdSet,
-    MAX_TENSOR_BYTES, UNSCHEDULED,
+    ops, Arg, DType, Def, Device, NewNode, Node, Program, Rewriter, Shape, Type, ValueId,
+    ValueIdMap, ValueIdSet, MAX_TENSOR_BYTES, UNSCHEDULED,
 };
 
 /// Where the division by the world size happens.
@@ -24,11 +26,13 @@ pub enum Average {
 /// Options of the ddp pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DdpOptions {
+    /// Number of ranks the gradients are averaged over (at least 1).
     pub world_size: usize,
     /// Bucket cap in MiB; `<= 0` means one all-reduce per gradient.
     pub bucket_mb: f64,
     /// Cap of the first bucket (PyTorch-style small first bucket, so communication starts early).
     pub first_bucket_mb: Option<f64>,
+    /// Where the division by the world size happens.
     pub average: Average,
     /// Process group the collectives run on.
     pub group: String,
@@ -59,51 +63,144 @@ impl Default for DdpOptions {
     }
 }
 
+/// The ddp pass. Build it with [`Ddp::new`], which checks the options as a pipeline would.
+#[derive(Debug)]
 pub struct Ddp {
-    pub options: DdpOptions,
+    options: DdpOptions,
 }
 
-const VALID: &[&str] = &[
-    "world_size",
-    "bucket_mb",
-    "first_bucket_mb",
-    "average",
-    "group",
-    "launch",
-];
+const MIB_RANGE: OptionKind = OptionKind::Float {
+    min: f64::NEG_INFINITY,
+    min_inclusive: true,
+};
+
+/// `ddp`: its options, declared once (parsing, checking, printing and `--help` come from here).
+pub static DDP: PassDecl = PassDecl {
+    name: "ddp",
+    help: "pre-averages parameter gradients, packs them into buckets, all-reduces each bucket asynchronously",
+    level: PassLevel::Program,
+    options: &[
+        OptionDecl {
+            name: "world_size",
+            kind: OptionKind::Int {
+                min: 1,
+                max: u32::MAX as u64,
+            },
+            default: OptionDefault::Required,
+            help: "number of ranks the gradients are averaged over",
+            show: Show::Always,
+        },
+        OptionDecl {
+            name: "bucket_mb",
+            kind: MIB_RANGE,
+            default: OptionDefault::Value("25"),
+            help: "bucket cap in MiB; <= 0: one all-reduce per gradient",
+            show: Show::Always,
+        },
+        OptionDecl {
+            name: "first_bucket_mb",
+            kind: OptionKind::Float {
+                min: 0.0,
+                min_inclusive: false,
+            },
+            default: OptionDefault::Absent,
+            help: "cap of the first bucket (PyTorch-style small first bucket)",
+            show: Show::IfChanged,
+        },
+        OptionDecl {
+            name: "average",
+            kind: OptionKind::Choice(&["pre", "post"]),
+            default: OptionDefault::Value("pre"),
+            help: "divide by the world size before the all-reduce, or after the wait",
+            show: Show::IfChanged,
+        },
+        OptionDecl {
+            name: "group",
+            kind: OptionKind::Word,
+            default: OptionDefault::Value("world"),
+            help: "process group the collectives run on",
+            show: Show::IfChanged,
+        },
+        OptionDecl {
+            name: "launch",
+            kind: OptionKind::Choice(&["ready", "end"]),
+            default: OptionDefault::Value("ready"),
+            help: "start each all-reduce when its bucket is ready, or after the backward",
+            show: Show::IfChanged,
+        },
+    ],
+};
+
+impl DdpOptions {
+    /// The options as values of [`DDP`]'s declaration.
+    pub fn to_values(&self) -> OptionValues {
+        let mut v = OptionValues::defaults(&DDP);
+        v.set("world_size", Some(OptionValue::Int(self.world_size as u64)))
+            .set("bucket_mb", Some(OptionValue::Float(self.bucket_mb)))
+            .set(
+                "first_bucket_mb",
+                self.first_bucket_mb.map(OptionValue::Float),
+            )
+            .set(
+                "average",
+                Some(OptionValue::Word(
+                    match self.average {
+                        Average::Pre => "pre",
+                        Average::Post => "post",
+                    }
+                    .into(),
+                )),
+            )
+            .set("group", Some(OptionValue::Word(self.group.clone())))
+            .set(
+                "launch",
+                Some(OptionValue::Word(
+                    match self.launch {
+                        Launch::Ready => "ready",
+                        Launch::End => "end",
+                    }
+                    .into(),
+                )),
+            );
+        v
+    }
+    /// The options from checked values of [`DDP`]'s declaration.
+    pub fn from_values(v: &OptionValues) -> DdpOptions {
+        DdpOptions {
+            world_size: v.int("world_size") as usize,
+            bucket_mb: v.float("bucket_mb").unwrap_or(25.0),
+            first_bucket_mb: v.float("first_bucket_mb"),
+            average: match v.word("average") {
+                Some("post") => Average::Post,
+                _ => Average::Pre,
+            },
+            group: v.word("group").unwrap_or("world").to_string(),
+            launch: match v.word("launch") {
+                Some("end") => Launch::End,
+                _ => Launch::Ready,
+            },
+        }
+    }
+    /// Checks the options as parsing them would (`world_size` at least 1, finite sizes, ...).
+    pub fn check(&self) -> Result<(), PassError> {
+        DDP.check(&self.to_values())
+    }
+}
 
 impl Ddp {
-    pub fn new(options: DdpOptions) -> Ddp {
-        Ddp { options }
+    /// The pass with checked options: `world_size: 0`, a NaN or infinite size, a first bucket
+    /// of at most 0 MiB or a group that is not a word are errors.
+    pub fn new(options: DdpOptions) -> Result<Ddp, PassError> {
+        options.check()?;
+        Ok(Ddp { options })
     }
+    /// Its options.
+    pub fn options(&self) -> &DdpOptions {
+        &self.options
+    }
+    /// The pass from a pipeline spec (`ddp(world_size=4)`).
     pub fn from_spec(spec: &PassSpec) -> Result<Ddp, PassError> {
-        let o = Options::new(spec, VALID)?;
-        let world_size = o.require("world_size", o.usize("world_size")?)?;
-        o.check(world_size > 0, "world_size", "must be at least 1")?;
-        let bucket_mb = o.f64("bucket_mb")?.unwrap_or(25.0);
-        let first_bucket_mb = o.f64("first_bucket_mb")?;
-        o.check(
-            first_bucket_mb.is_none_or(|f| f > 0.0),
-            "first_bucket_mb",
-            "must be positive",
-        )?;
-        let average = match o.choice("average", &["pre", "post"])? {
-            Some("post") => Average::Post,
-            _ => Average::Pre,
-        };
-        let group = o.raw("group").unwrap_or("world").to_string();
-        let launch = match o.choice("launch", &["ready", "end"])? {
-            Some("end") => Launch::End,
-            _ => Launch::Ready,
-        };
-        Ok(Ddp::new(DdpOptions {
-            world_size,
-            bucket_mb,
-            first_bucket_mb,
-            average,
-            group,
-            launch,
-        }))
+        Ddp::new(DdpOptions::from_values(&DDP.parse(&spec.options)?))
     }
 }
 
@@ -243,15 +340,21 @@ fn report_left_alone(p: &Program, groups: &[GradGroup], cx: &mut PassContext) {
 /// One bucket of the plan.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bucket {
+    /// Its name (`b0`, `b1`, ...), in closing order.
     pub id: String,
     /// Gradient values, in production order.
     pub members: Vec<ValueId>,
     /// Element offset of each member in the flat buffer.
     pub offsets: Vec<usize>,
+    /// Element count of each member.
     pub numels: Vec<usize>,
+    /// Shape of each member.
     pub shapes: Vec<Shape>,
+    /// Bytes of the flat buffer.
     pub nbytes: usize,
+    /// The members' dtype.
     pub dtype: DType,
+    /// The members' device.
     pub device: Device,
 }
 
@@ -331,7 +434,7 @@ pub fn recorded_plan(t: &tracepass_ir::Trace) -> Vec<(String, Vec<ValueId>, usiz
                 .unwrap_or("")
                 .to_string();
             let members = n
-                .args
+                .args()
                 .first()
                 .and_then(Arg::as_seq)
                 .map_or_else(Vec::new, |s| s.iter().filter_map(Arg::as_value).collect());
@@ -353,21 +456,7 @@ impl Pass for Ddp {
         "ddp"
     }
     fn spec(&self) -> String {
-        let o = &self.options;
-        let mut s = format!("ddp(world_size={},bucket_mb={}", o.world_size, o.bucket_mb);
-        if let Some(f) = o.first_bucket_mb {
-            s += &format!(",first_bucket_mb={f}");
-        }
-        if o.average == Average::Post {
-            s += ",average=post";
-        }
-        if o.group != "world" {
-            s += &format!(",group={}", o.group);
-        }
-        if o.launch == Launch::End {
-            s += ",launch=end";
-        }
-        s + ")"
+        DDP.spell(&self.options.to_values())
     }
 
     fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
@@ -401,7 +490,7 @@ impl Pass for Ddp {
         };
         // tied tensors' gradients add up first: `ltorch.add` after the later of the two
         let mut names = t.name_gen();
-        let mut sums: ValueIdMap<(NodeIndex, Option<usize>)> = ValueIdMap::default();
+        let mut sums: ValueIdMap<(Node, Option<usize>)> = ValueIdMap::default();
         let mut grads: Vec<ValueId> = Vec::with_capacity(groups.len());
         for g in &groups {
             let mut acc = g.values[0];
@@ -413,12 +502,8 @@ impl Pass for Ddp {
                     None => slot_of_value(t, acc),
                 };
                 let slot = acc_slot.max(slot_of_value(t, v));
-                let idx = t.add_node(Node::new(
-                    ops::ADD,
-                    vec![Arg::Value(acc), Arg::Value(v)],
-                    vec![out],
-                ));
-                sums.insert(out, (idx, slot));
+                let add = Node::new(ops::ADD, vec![Arg::Value(acc), Arg::Value(v)], vec![out]);
+                sums.insert(out, (add, slot));
                 acc = out;
             }
             grads.push(acc);
@@ -479,19 +564,31 @@ impl Pass for Ddp {
             groups.iter().filter(|g| g.fqns.len() > 1).count() as u64,
         );
 
-        // 2. rewrite: new nodes are spliced into the schedule after their trigger
+        // 2. rewrite: new nodes go right after their trigger (the gradient's producer), waits
+        // and unpacks at the end
         let per_grad = if opts.average == Average::Post { 2 } else { 1 };
         let added = per_grad * described.len() + 4 * buckets.len();
         t.reserve(added, added + described.len());
+        let mut rw = Rewriter::new();
+        rw.reserve(added + sums.len());
         let ws = opts.world_size as f64;
-        // (trigger slot, new node) in gradient order, which is slot order
-        let mut after: Vec<(Option<usize>, NodeIndex)> = Vec::with_capacity(described.len() * 2);
+        // queues a node after the gradient in `slot` (at the start for a gradient that is an
+        // argument; at the end with `launch=end`)
+        let queue =
+            |rw: &mut Rewriter, t: &tracepass_ir::Trace, slot: Option<usize>, n: Node| match (
+                slot,
+                opts.launch,
+            ) {
+                (None, _) => rw.insert_at_start(n),
+                (Some(_), Launch::End) => rw.insert_at_end(n),
+                (Some(s), Launch::Ready) => rw.insert_after(t.schedule()[s], n),
+            };
         let mut divided: ValueIdMap<ValueId> =
             ValueIdMap::with_capacity_and_hasher(described.len(), Default::default());
-        let mut tail: Vec<NodeIndex> = Vec::new();
+        let mut tail: Vec<Node> = Vec::new();
         let mut replacement: ValueIdMap<ValueId> =
             ValueIdMap::with_capacity_and_hasher(described.len(), Default::default());
-        let mut last_collective: Option<NodeIndex> = None;
+        let mut last_collective: Option<NewNode> = None;
         let bucket_of_last: ValueIdMap<usize> = buckets
             .iter()
             .enumerate()
@@ -499,25 +596,23 @@ impl Pass for Ddp {
             .collect();
         for (g, shape, dtype, device) in &described {
             let slot = slot_of[g];
-            if let Some((add, _)) = sums.get(g) {
+            if let Some((add, _)) = sums.remove(g) {
                 // the sum of tied gradients: its own adds are in `sums`, chained before it
-                let mut chain = vec![*add];
-                let mut cur = t.node(*add).and_then(|n| n.args[0].as_value());
-                while let Some((prev, _)) = cur.and_then(|c| sums.get(&c)) {
-                    chain.push(*prev);
-                    cur = t.node(*prev).and_then(|n| n.args[0].as_value());
+                let mut cur = add.args().first().and_then(Arg::as_value);
+                let mut chain = vec![add];
+                while let Some((prev, _)) = cur.and_then(|c| sums.remove(&c)) {
+                    cur = prev.args().first().and_then(Arg::as_value);
+                    chain.push(prev);
                 }
-                after.extend(chain.into_iter().rev().map(|n| (slot, n)));
+                for n in chain.into_iter().rev() {
+                    queue(&mut rw, t, slot, n);
+                }
             }
             if opts.average == Average::Pre {
                 let ty = Type::tensor(shape.clone(), *dtype, *device);
                 let out = t.new_value(names.fresh("t"), ty);
-                let idx = t.add_node(Node::new(
-                    ops::DIV,
-                    vec![Arg::Value(*g), Arg::Float(ws)],
-                    vec![out],
-                ));
-                after.push((slot, idx));
+                let div = Node::new(ops::DIV, vec![Arg::Value(*g), Arg::Float(ws)], vec![out]);
+                queue(&mut rw, t, slot, div);
                 divided.insert(*g, out);
             } else {
                 divided.insert(*g, *g);
@@ -538,7 +633,7 @@ impl Pass for Ddp {
                     Arg::int_tuple(b.offsets.iter().map(|o| *o as i64)),
                 )
                 .with_kwarg("nbytes", Arg::Int(b.nbytes as i64));
-            let pack_idx = t.add_node(pack);
+            queue(&mut rw, t, slot, pack);
             let fut_ty = match &buf_ty {
                 Type::Tensor(tt) => Type::Future(tt.clone()),
                 _ => unreachable!("buffer is a tensor"),
@@ -553,15 +648,14 @@ impl Pass for Ddp {
                 ],
                 vec![fut],
             );
-            let ar_idx = t.add_node(ar);
+            let ar_idx = queue(&mut rw, t, slot, ar);
             if let Some(prev) = last_collective {
-                t.add_order_edge(prev, ar_idx);
+                rw.add_order_edge(prev, ar_idx);
             }
             last_collective = Some(ar_idx);
-            after.extend([(slot, pack_idx), (slot, ar_idx)]);
             // wait + unpack at the end
             let reduced = t.new_value(names.fresh("t"), buf_ty);
-            let wait_idx = t.add_node(Node::new(ops::WAIT, vec![Arg::Value(fut)], vec![reduced]));
+            let wait = Node::new(ops::WAIT, vec![Arg::Value(fut)], vec![reduced]);
             let outs: Vec<ValueId> = b
                 .members
                 .iter()
@@ -583,17 +677,16 @@ impl Pass for Ddp {
                     Arg::int_tuple(b.offsets.iter().map(|o| *o as i64)),
                 )
                 .with_kwarg("shapes", shapes);
-            let unpack_idx = t.add_node(unpack);
-            tail.extend([wait_idx, unpack_idx]);
+            tail.extend([wait, unpack]);
             for (m, o) in b.members.iter().zip(&outs) {
                 let fin = if opts.average == Average::Post {
                     let ty = t.ty(*o).cloned().expect("just made");
                     let d = t.new_value(names.fresh("t"), ty);
-                    tail.push(t.add_node(Node::new(
+                    tail.push(Node::new(
                         ops::DIV,
                         vec![Arg::Value(*o), Arg::Float(ws)],
                         vec![d],
-                    )));
+                    ));
                     d
                 } else {
                     *o
@@ -601,36 +694,13 @@ impl Pass for Ddp {
                 replacement.insert(*m, fin);
             }
         }
-        // 3. splice the schedule and return the synchronized gradients
-        let old = t.schedule().to_vec();
-        let mut sched = Vec::with_capacity(old.len() + after.len() + tail.len());
-        // `after` is sorted by trigger slot (None first); merge it behind the old schedule
-        let mut extra = after.into_iter().peekable();
-        while let Some((None, n)) = extra.peek().copied() {
-            sched.push(n);
-            extra.next();
+        for n in tail {
+            rw.insert_at_end(n);
         }
-        let mut deferred = Vec::new();
-        for (i, n) in old.into_iter().enumerate() {
-            sched.push(n);
-            while let Some((Some(s), x)) = extra.peek().copied() {
-                if s != i {
-                    break;
-                }
-                match opts.launch {
-                    Launch::Ready => sched.push(x),
-                    Launch::End => deferred.push(x),
-                }
-                extra.next();
-            }
-        }
-        sched.extend(extra.map(|(_, x)| x));
-        sched.extend(deferred);
-        sched.extend(tail);
-        t.set_schedule(sched);
-        // every group's synchronized gradient goes to its primary position; tied positions
+        // 3. every group's synchronized gradient goes to its primary position; tied positions
         // return None (the tensor is one, and so is its gradient)
-        let (Arg::Tuple(items) | Arg::List(items)) = &mut t.ret else {
+        let mut ret = t.ret.clone();
+        let (Arg::Tuple(items) | Arg::List(items)) = &mut ret else {
             return Err(fail("the backward's return is no longer a tuple".into()));
         };
         for (g, sum) in groups.iter().zip(&grads) {
@@ -645,6 +715,8 @@ impl Pass for Ddp {
             }
             items[g.primary_pos] = Arg::Value(fin);
         }
+        rw.set_return(ret);
+        rw.apply(t).map_err(|e| PassError::rewrite("ddp", e))?;
         for g in &groups {
             for (fqn, pos) in g.fqns.iter().zip(&g.member_positions) {
                 if let Some(param) = p.params.iter_mut().find(|x| &x.fqn == fqn) {

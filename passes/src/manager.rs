@@ -1,27 +1,33 @@
 //! The PassManager: runs a pipeline with verification after every pass, IR printing, timing, and
 //! a reproducer file when a pass fails.
 
-use crate::catalog::build_pass;
-use crate::pass::{Changed, Pass, PassContext, PassError, PassTiming};
+use crate::pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
 use crate::pipeline::{parse_pipeline, print_pipeline, PassSpec};
+use crate::registry::{BuiltPass, PassRegistry};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tracepass_ir::{print_trace, verify_with, Module, OpRegistry, Program, Provenance, Trace};
 
-/// When to print the IR.
+/// When to print the IR (every trace of the program: forward, then backward).
 #[derive(Clone, Debug, Default)]
 pub struct PrintIr {
+    /// Before each pass with one of these names.
     pub before: Vec<String>,
+    /// After each pass with one of these names.
     pub after: Vec<String>,
+    /// After every pass.
     pub after_all: bool,
+    /// After every pass that changed the program.
     pub after_change: bool,
 }
 
 /// A pass pipeline and how to run it.
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
+    /// Verify every trace before the first pass and after each pass (on by default).
     pub verify_each: bool,
+    /// When to print the IR.
     pub print_ir: PrintIr,
     /// Record pass times in the provenance (off by default so output is deterministic).
     pub record_time: bool,
@@ -32,7 +38,9 @@ pub struct PassManager {
 /// What a pipeline run produced besides the program.
 #[derive(Clone, Debug, Default)]
 pub struct RunReport {
+    /// Each pass's time and whether it changed the program, in pipeline order.
     pub timings: Vec<PassTiming>,
+    /// The counters passes reported, in order.
     pub stats: Vec<(String, u64)>,
     /// Named findings of the passes (`ddp.frozen`, `ddp.inputs`), in order.
     pub notes: Vec<(String, String)>,
@@ -43,13 +51,18 @@ pub struct RunReport {
 /// The input of a failed pipeline, replayable with `tracepass opt --reproduce FILE`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Reproducer {
+    /// The pipeline that failed.
     pub pipeline: String,
+    /// The pass that failed.
     pub failed_pass: String,
+    /// Its error, printed.
     pub error: String,
+    /// The pipeline's input.
     pub input: Module,
 }
 
 impl Reproducer {
+    /// Reads a reproducer file.
     pub fn load(path: &Path) -> Result<Reproducer, String> {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
         serde_json::from_slice(&bytes)
@@ -61,11 +74,14 @@ impl Reproducer {
 #[derive(Debug, thiserror::Error)]
 #[error("{error}{}", reproducer.as_ref().map(|p| format!("\nreproducer written to {}", p.display())).unwrap_or_default())]
 pub struct RunError {
+    /// What went wrong.
     pub error: PassError,
+    /// The reproducer file written for it, if any.
     pub reproducer: Option<PathBuf>,
 }
 
 impl PassManager {
+    /// An empty pipeline that verifies after each pass.
     pub fn new() -> PassManager {
         PassManager {
             passes: Vec::new(),
@@ -75,36 +91,89 @@ impl PassManager {
             reproducer_dir: None,
         }
     }
-    /// Builds a manager from a pipeline string.
+    /// Builds a manager from a pipeline string of built-in passes.
     pub fn parse(pipeline: &str) -> Result<PassManager, PassError> {
+        PassManager::parse_with(PassRegistry::builtin(), pipeline)
+    }
+    /// Builds a manager from a pipeline string of the passes `registry` knows.
+    pub fn parse_with(registry: &PassRegistry, pipeline: &str) -> Result<PassManager, PassError> {
         let specs = parse_pipeline(pipeline)?;
         let mut pm = PassManager::new();
         for s in &specs {
-            pm.add_boxed(build_pass(s)?);
+            pm.passes.push(build(registry, s)?);
         }
         Ok(pm)
     }
+    /// Appends a program-level pass.
     pub fn add(&mut self, p: impl Pass + 'static) -> &mut Self {
         self.passes.push(Box::new(p));
         self
     }
+    /// Appends a boxed program-level pass.
     pub fn add_boxed(&mut self, p: Box<dyn Pass>) -> &mut Self {
         self.passes.push(p);
         self
+    }
+    /// Appends a trace-level pass that runs on every trace of the program.
+    pub fn add_trace_pass(&mut self, p: impl TracePass + 'static) -> &mut Self {
+        self.add(OnTraces::new(p, None))
+    }
+    /// Appends the passes of a pipeline string, built from `registry`.
+    pub fn extend_parsed(
+        &mut self,
+        registry: &PassRegistry,
+        pipeline: &str,
+    ) -> Result<&mut Self, PassError> {
+        let built = parse_pipeline(pipeline)?
+            .iter()
+            .map(|s| build(registry, s))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.passes.extend(built);
+        Ok(self)
+    }
+    /// Inserts a pass at position `at` (0: first; `len()`: last).
+    pub fn insert(&mut self, at: usize, p: Box<dyn Pass>) -> Result<&mut Self, PassError> {
+        if at > self.passes.len() {
+            return Err(PassError::NoSuchPosition {
+                at,
+                len: self.passes.len(),
+            });
+        }
+        self.passes.insert(at, p);
+        Ok(self)
+    }
+    /// Removes the pass at position `at` and returns it.
+    pub fn remove(&mut self, at: usize) -> Result<Box<dyn Pass>, PassError> {
+        if at >= self.passes.len() {
+            return Err(PassError::NoSuchPosition {
+                at,
+                len: self.passes.len(),
+            });
+        }
+        Ok(self.passes.remove(at))
+    }
+    /// Where the first pass named `name` is.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.passes.iter().position(|p| p.name() == name)
+    }
+    /// How many passes the pipeline has.
+    pub fn len(&self) -> usize {
+        self.passes.len()
+    }
+    /// Whether the pipeline has no pass.
+    pub fn is_empty(&self) -> bool {
+        self.passes.is_empty()
     }
     /// The pipeline, printed back.
     pub fn pipeline(&self) -> String {
         let specs: Vec<PassSpec> = self
             .passes
             .iter()
-            .map(|p| {
+            .flat_map(|p| {
                 parse_pipeline(&p.spec())
                     .ok()
-                    .and_then(|mut v| v.pop())
-                    .unwrap_or(PassSpec {
-                        name: p.name().to_string(),
-                        options: Vec::new(),
-                    })
+                    .filter(|v| !v.is_empty())
+                    .unwrap_or_else(|| vec![PassSpec::new(p.name())])
             })
             .collect();
         print_pipeline(&specs)
@@ -112,7 +181,12 @@ impl PassManager {
 
     fn dump(&self, report: &mut RunReport, heading: String, p: &Program) {
         let mut s = format!("// ----- {heading} -----\n");
-        s += &print_trace(&p.backward);
+        if p.is_lone() {
+            s += &print_trace(&p.backward);
+        } else {
+            s += &print_trace(&p.forward);
+            s += &print_trace(&p.backward);
+        }
         report.dumps.push(s);
     }
 
@@ -140,13 +214,23 @@ impl PassManager {
                 self.dump(&mut report, format!("IR before {name}"), p);
             }
             let start = Instant::now();
+            cx.touched = [false; 2];
             let changed = pass.run(p, &mut cx).map_err(|e| fail(e, &name))?;
             let time = start.elapsed();
             if changed == Changed::Yes {
-                p.backward.provenance.push(Provenance {
+                // on the traces the pass changed; a program-level pass that names none
+                // changed the backward
+                let [fwd, bwd] = cx.touched;
+                let record = Provenance {
                     pass: pass.spec(),
                     millis: self.record_time.then_some(time.as_millis() as u64),
-                });
+                };
+                if fwd && !p.is_lone() {
+                    p.forward.provenance.push(record.clone());
+                }
+                if bwd || !fwd {
+                    p.backward.provenance.push(record);
+                }
             }
             if self.verify_each {
                 for t in traces(p) {
@@ -200,6 +284,18 @@ impl PassManager {
 impl Default for PassManager {
     fn default() -> Self {
         PassManager::new()
+    }
+}
+
+/// A pass built from a spec, anchored where the spec says.
+fn build(registry: &PassRegistry, spec: &PassSpec) -> Result<Box<dyn Pass>, PassError> {
+    match (registry.build(spec)?, spec.anchor) {
+        (BuiltPass::Program(p), None) => Ok(p),
+        (BuiltPass::Program(_), Some(a)) => Err(PassError::NotTraceLevel {
+            pass: spec.name.clone(),
+            anchor: a.name().to_string(),
+        }),
+        (BuiltPass::Trace(t), anchor) => Ok(Box::new(OnTraces { pass: t, anchor })),
     }
 }
 

@@ -2,10 +2,11 @@
 //! unpack, bucket views) so a backward computes local gradients again: the step of gradient
 //! accumulation, or the first step of re-bucketing Thunder's own DDP output.
 
-use crate::pass::{Changed, Pass, PassContext, PassError};
+use crate::pass::{Changed, PassContext, PassError, TracePass};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use tracepass_ir::{ops, Arg, Program, Trace, ValueId};
+use tracepass_ir::{ops, Arg, RewriteError, Rewriter, Trace, ValueId};
 
+/// The `no-sync` pass (trace-level).
 pub struct NoSync;
 
 const DIVS: &[&str] = &[ops::DIV, ops::TRUE_DIVIDE, "ltorch.div"];
@@ -17,9 +18,9 @@ fn strip(t: &Trace, mut v: ValueId, removable: &mut HashSet<tracepass_ir::NodeIn
         let n = t.node(p).expect("producer");
         let is_view = n.op == ops::UPDATE_BUCKET_VIEW;
         let is_const_div =
-            DIVS.contains(&n.op.as_str()) && n.args.get(1).and_then(Arg::as_f64).is_some();
+            DIVS.contains(&n.op.as_str()) && n.args().get(1).and_then(Arg::as_f64).is_some();
         let next = if is_view || is_const_div {
-            n.args.first().and_then(Arg::as_value)
+            n.args().first().and_then(Arg::as_value)
         } else {
             None
         };
@@ -34,7 +35,7 @@ fn strip(t: &Trace, mut v: ValueId, removable: &mut HashSet<tracepass_ir::NodeIn
 }
 
 /// Removes synchronization; returns the number of collectives removed.
-pub fn no_sync(t: &mut Trace) -> usize {
+pub fn no_sync(t: &mut Trace) -> Result<usize, RewriteError> {
     let mut removable = HashSet::default();
     let mut replace: HashMap<ValueId, ValueId> = HashMap::default();
     let reduces: Vec<_> = t
@@ -46,8 +47,8 @@ pub fn no_sync(t: &mut Trace) -> usize {
         removable.insert(*ar);
         let ar_node = t.node(*ar).expect("all-reduce");
         let (Some(buf), Some(fut)) = (
-            ar_node.args.first().and_then(Arg::as_value),
-            ar_node.outputs.first().copied(),
+            ar_node.args().first().and_then(Arg::as_value),
+            ar_node.outputs().first().copied(),
         ) else {
             continue;
         };
@@ -58,7 +59,7 @@ pub fn no_sync(t: &mut Trace) -> usize {
         let members: Option<Vec<ValueId>> = pack.map(|p| {
             removable.insert(p);
             t.node(p)
-                .and_then(|n| n.args.first())
+                .and_then(|n| n.args().first())
                 .and_then(Arg::as_seq)
                 .map_or_else(Vec::new, |s| s.iter().filter_map(Arg::as_value).collect())
         });
@@ -69,7 +70,7 @@ pub fn no_sync(t: &mut Trace) -> usize {
                 continue;
             }
             removable.insert(w);
-            let Some(&reduced) = wn.outputs.first() else {
+            let Some(&reduced) = wn.outputs().first() else {
                 continue;
             };
             match &members {
@@ -85,11 +86,11 @@ pub fn no_sync(t: &mut Trace) -> usize {
                         }
                         removable.insert(u);
                         // Thunder's unpack names template tensors; ours follows the pack order
-                        let sources: Vec<ValueId> = match un.args.get(1).and_then(Arg::as_seq) {
+                        let sources: Vec<ValueId> = match un.args().get(1).and_then(Arg::as_seq) {
                             Some(tpl) => tpl.iter().filter_map(Arg::as_value).collect(),
                             None => ms.clone(),
                         };
-                        for (o, s) in un.outputs.clone().into_iter().zip(sources) {
+                        for (o, s) in un.outputs().to_vec().into_iter().zip(sources) {
                             let local = strip(t, s, &mut removable);
                             replace.insert(o, local);
                         }
@@ -108,8 +109,8 @@ pub fn no_sync(t: &mut Trace) -> usize {
     for (&synced, &local) in &replace {
         for u in t.users(synced) {
             let n = t.node(u).expect("user");
-            if DIVS.contains(&n.op.as_str()) && n.args.get(1).and_then(Arg::as_f64).is_some() {
-                if let Some(&o) = n.outputs.first() {
+            if DIVS.contains(&n.op.as_str()) && n.args().get(1).and_then(Arg::as_f64).is_some() {
+                if let Some(&o) = n.outputs().first() {
                     removable.insert(u);
                     extra.insert(o, local);
                 }
@@ -117,15 +118,17 @@ pub fn no_sync(t: &mut Trace) -> usize {
         }
     }
     replace.extend(extra);
+    let mut rw = Rewriter::new();
     for (old, new) in &replace {
-        t.replace_all_uses(*old, *new);
+        rw.replace_all_uses(*old, *new);
     }
+    rw.apply(t)?;
     let n = reduces.len();
     // remove the synchronization nodes whose outputs nothing else needs
     let returned: HashSet<ValueId> = t.returned_values().into_iter().collect();
     let still_used = |t: &Trace, idx| {
         t.node(idx).is_some_and(|n| {
-            n.outputs
+            n.outputs()
                 .iter()
                 .any(|o| returned.contains(o) || t.users(*o).iter().any(|u| !removable.contains(u)))
         })
@@ -148,17 +151,22 @@ pub fn no_sync(t: &mut Trace) -> usize {
             }
         });
     }
-    t.retain_nodes(|_, idx| !removable.contains(&idx) || keep.contains(&idx));
-    t.purge_undefined_values();
-    n
+    let mut rw = Rewriter::new();
+    for idx in t.schedule() {
+        if removable.contains(idx) && !keep.contains(idx) {
+            rw.erase(*idx);
+        }
+    }
+    rw.apply(t)?;
+    Ok(n)
 }
 
-impl Pass for NoSync {
+impl TracePass for NoSync {
     fn name(&self) -> &str {
         "no-sync"
     }
-    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
-        let n = no_sync(&mut p.backward);
+    fn run_on_trace(&self, t: &mut Trace, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let n = no_sync(t).map_err(|e| PassError::rewrite("no-sync", e))?;
         cx.stat("no-sync.collectives_removed", n as u64);
         Ok((n > 0).into())
     }

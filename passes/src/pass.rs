@@ -1,12 +1,15 @@
-//! The Pass trait and what passes share.
+//! The pass traits and what passes share.
 
+use crate::pipeline::Anchor;
 use std::time::Duration;
-use tracepass_ir::{OpRegistry, Program, VerifyError};
+use tracepass_ir::{OpRegistry, Program, Trace, VerifyError};
 
 /// Whether a pass changed the program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Changed {
+    /// Something changed.
     Yes,
+    /// Nothing changed.
     No,
 }
 
@@ -22,22 +25,27 @@ impl From<bool> for Changed {
 
 /// State shared by the passes of one pipeline run.
 pub struct PassContext<'r> {
+    /// The ops the traces use (effects, meta functions).
     pub registry: &'r OpRegistry,
     /// Counters passes report (`ddp.buckets`, `dce.removed`), in insertion order.
     pub stats: Vec<(String, u64)>,
     /// Named findings passes report (`ddp.frozen`: the frozen parameters it left alone).
     pub notes: Vec<(String, String)>,
+    /// Which traces the running pass changed (forward, backward), for their provenance.
+    pub(crate) touched: [bool; 2],
 }
 
 impl<'r> PassContext<'r> {
+    /// A context for passes over traces that use the ops of `registry`.
     pub fn new(registry: &'r OpRegistry) -> Self {
         PassContext {
             registry,
             stats: Vec::new(),
             notes: Vec::new(),
+            touched: [false; 2],
         }
     }
-    /// Reports a counter.
+    /// Reports a counter (`dce.removed`), listed in the run's [`crate::RunReport::stats`].
     pub fn stat(&mut self, key: impl Into<String>, value: u64) {
         self.stats.push((key.into(), value));
     }
@@ -45,57 +53,222 @@ impl<'r> PassContext<'r> {
     pub fn note(&mut self, key: impl Into<String>, text: impl Into<String>) {
         self.notes.push((key.into(), text.into()));
     }
+    /// Records that a program-level pass changed the forward (or the backward): the pass's
+    /// provenance line goes on the traces it changed (the backward when it names none).
+    pub fn changed_trace(&mut self, forward: bool) {
+        self.touched[usize::from(!forward)] = true;
+    }
 }
 
-/// A program transformation. Passes never execute anything.
+/// A program-level transformation: it sees the forward, the backward and the parameters.
+/// Passes never execute anything.
 pub trait Pass {
-    /// The name used in pipelines (`ddp`, `sort-waits`).
+    /// The name used in pipelines (`ddp`).
     fn name(&self) -> &str;
     /// The pass with its options, as a pipeline would spell it.
     fn spec(&self) -> String {
         self.name().to_string()
     }
+    /// Rewrites `p`; says whether anything changed.
     fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError>;
+}
+
+/// A trace-level transformation: it rewrites one trace at a time. In a pipeline it runs on
+/// every trace of the program, or on the ones an anchor names (`forward(cse)`, `backward(dce)`).
+pub trait TracePass {
+    /// The name used in pipelines (`dce`).
+    fn name(&self) -> &str;
+    /// The pass with its options, as a pipeline would spell it.
+    fn spec(&self) -> String {
+        self.name().to_string()
+    }
+    /// Rewrites `t`; says whether anything changed.
+    fn run_on_trace(&self, t: &mut Trace, cx: &mut PassContext) -> Result<Changed, PassError>;
+}
+
+/// A trace-level pass on the traces an anchor selects (`None`: every trace of the program; a
+/// lone trace has no forward).
+pub struct OnTraces {
+    /// The pass.
+    pub pass: Box<dyn TracePass>,
+    /// Which traces it runs on.
+    pub anchor: Option<Anchor>,
+}
+
+impl OnTraces {
+    /// `pass` on the traces `anchor` selects.
+    pub fn new(pass: impl TracePass + 'static, anchor: Option<Anchor>) -> OnTraces {
+        OnTraces {
+            pass: Box::new(pass),
+            anchor,
+        }
+    }
+}
+
+impl Pass for OnTraces {
+    fn name(&self) -> &str {
+        self.pass.name()
+    }
+    fn spec(&self) -> String {
+        match self.anchor {
+            Some(a) => format!("{}({})", a.name(), self.pass.spec()),
+            None => self.pass.spec(),
+        }
+    }
+    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let lone = p.is_lone();
+        let (run_fwd, run_bwd) = match self.anchor {
+            None => (!lone, true),
+            Some(Anchor::Forward) if lone => {
+                return Err(PassError::NoForward { pass: self.spec() })
+            }
+            Some(Anchor::Forward) => (true, false),
+            Some(Anchor::Backward) => (false, true),
+        };
+        let mut changed = false;
+        if run_fwd && self.pass.run_on_trace(&mut p.forward, cx)? == Changed::Yes {
+            cx.touched[0] = true;
+            changed = true;
+        }
+        if run_bwd && self.pass.run_on_trace(&mut p.backward, cx)? == Changed::Yes {
+            cx.touched[1] = true;
+            changed = true;
+        }
+        Ok(changed.into())
+    }
 }
 
 /// Why a pipeline could not be built or run.
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
+    /// A pipeline names a pass the registry does not know.
     #[error("unknown pass `{name}`; valid passes: {valid}")]
-    UnknownPass { name: String, valid: String },
-    #[error("pass `{pass}` has no option `{option}`; valid options: {valid}")]
-    UnknownOption {
-        pass: String,
-        option: String,
+    UnknownPass {
+        /// The name as written.
+        name: String,
+        /// The registered names.
         valid: String,
     },
+    /// A pass is given an option it does not declare.
+    #[error("pass `{pass}` has no option `{option}`; valid options: {valid}")]
+    UnknownOption {
+        /// The pass.
+        pass: String,
+        /// The option as written.
+        option: String,
+        /// The declared options.
+        valid: String,
+    },
+    /// An option value of the wrong type or out of range.
     #[error("pass `{pass}`: bad value `{value}` for `{option}`: {reason}")]
     BadValue {
+        /// The pass.
         pass: String,
+        /// The option.
         option: String,
+        /// The value as written.
         value: String,
+        /// What is wrong with it.
         reason: String,
     },
+    /// A required option is missing.
     #[error("pass `{pass}`: missing required option `{option}`")]
-    MissingOption { pass: String, option: String },
+    MissingOption {
+        /// The pass.
+        pass: String,
+        /// The option.
+        option: String,
+    },
+    /// A pipeline string that does not parse.
     #[error("bad pipeline `{pipeline}` at character {at}: {reason}")]
     Syntax {
+        /// The pipeline.
         pipeline: String,
+        /// Where (1-based character).
         at: usize,
+        /// What was expected.
         reason: String,
     },
+    /// A program-level pass under an anchor (`forward(ddp)`).
+    #[error("pass `{pass}` rewrites the whole program and cannot be anchored to one trace (`{anchor}(...)`)")]
+    NotTraceLevel {
+        /// The pass.
+        pass: String,
+        /// The anchor it was put under.
+        anchor: String,
+    },
+    /// A pass anchored to the forward of a lone trace.
+    #[error("`{pass}`: a lone trace has no forward")]
+    NoForward {
+        /// The pass as spelled.
+        pass: String,
+    },
+    /// A registration under a name already taken.
+    #[error("a pass named `{name}` is already registered")]
+    Duplicate {
+        /// The name.
+        name: String,
+    },
+    /// A registration under a name pipelines cannot spell (or an anchor's name).
+    #[error("`{name}` cannot name a pass: use letters, digits, `-` and `_`, and not `forward` or `backward`")]
+    BadPassName {
+        /// The name.
+        name: String,
+    },
+    /// A [`crate::PassManager::remove`] or `insert` at a position past the end.
+    #[error("no pass at position {at}: the pipeline has {len}")]
+    NoSuchPosition {
+        /// The position.
+        at: usize,
+        /// The pipeline's length.
+        len: usize,
+    },
+    /// A pass refused its input.
     #[error("pass `{pass}` failed: {message}")]
-    Failed { pass: String, message: String },
+    Failed {
+        /// The pass.
+        pass: String,
+        /// Why.
+        message: String,
+    },
+    /// A pass's edits could not be applied.
+    #[error("pass `{pass}`: {error}")]
+    Rewrite {
+        /// The pass.
+        pass: String,
+        /// What the rewriter refused.
+        error: Box<tracepass_ir::RewriteError>,
+    },
+    /// The verifier rejected a pass's output.
     #[error("the IR is invalid after pass `{pass}`: {error}")]
-    Verify { pass: String, error: VerifyError },
+    Verify {
+        /// The pass.
+        pass: String,
+        /// Every violation.
+        error: VerifyError,
+    },
+    /// The verifier rejected the pipeline's input.
     #[error("the input is invalid (before any pass): {0}")]
     InvalidInput(VerifyError),
+}
+
+impl PassError {
+    /// A [`PassError::Rewrite`] of pass `pass`.
+    pub fn rewrite(pass: impl Into<String>, error: tracepass_ir::RewriteError) -> PassError {
+        PassError::Rewrite {
+            pass: pass.into(),
+            error: Box::new(error),
+        }
+    }
 }
 
 /// Per-pass result of a pipeline run.
 #[derive(Clone, Debug)]
 pub struct PassTiming {
+    /// The pass as spelled.
     pub pass: String,
+    /// How long it ran.
     pub time: Duration,
+    /// Whether it changed the program.
     pub changed: Changed,
 }

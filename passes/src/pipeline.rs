@@ -1,17 +1,71 @@
 //! Pipelines as strings: `ddp(world_size=4,bucket_mb=25),sort-waits,dce`, parsed and printed back.
+//! A trace-level pass can be anchored to one trace: `forward(cse),backward(dce,sort-waits)`.
 
 use crate::pass::PassError;
 use std::fmt;
 
+/// Which trace an anchored trace-level pass runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Anchor {
+    /// `forward(...)`.
+    Forward,
+    /// `backward(...)`.
+    Backward,
+}
+
+impl Anchor {
+    /// The anchor a pipeline spells `name`, if any.
+    pub fn from_name(name: &str) -> Option<Anchor> {
+        match name {
+            "forward" => Some(Anchor::Forward),
+            "backward" => Some(Anchor::Backward),
+            _ => None,
+        }
+    }
+    /// How a pipeline spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Anchor::Forward => "forward",
+            Anchor::Backward => "backward",
+        }
+    }
+}
+
 /// One pass and its options as written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PassSpec {
+    /// The pass's name.
     pub name: String,
+    /// Its options, `key=value` as written, in order.
     pub options: Vec<(String, String)>,
+    /// The trace it is anchored to (`forward(cse)`), if any.
+    pub anchor: Option<Anchor>,
+}
+
+impl PassSpec {
+    /// A pass with no options and no anchor.
+    pub fn new(name: impl Into<String>) -> PassSpec {
+        PassSpec {
+            name: name.into(),
+            options: Vec::new(),
+            anchor: None,
+        }
+    }
+    /// The spec without its anchor, printed.
+    fn bare(&self) -> String {
+        PassSpec {
+            anchor: None,
+            ..self.clone()
+        }
+        .to_string()
+    }
 }
 
 impl fmt::Display for PassSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(a) = self.anchor {
+            return write!(f, "{}({})", a.name(), self.bare());
+        }
         f.write_str(&self.name)?;
         if !self.options.is_empty() {
             f.write_str("(")?;
@@ -27,7 +81,8 @@ impl fmt::Display for PassSpec {
     }
 }
 
-/// Parses a pipeline string into pass specs.
+/// Parses a pipeline string into pass specs; `forward(a,b)` gives `a` and `b` anchored to the
+/// forward.
 pub fn parse_pipeline(s: &str) -> Result<Vec<PassSpec>, PassError> {
     let err = |at: usize, reason: &str| PassError::Syntax {
         pipeline: s.to_string(),
@@ -69,6 +124,56 @@ pub fn parse_pipeline(s: &str) -> Result<Vec<PassSpec>, PassError> {
                 "a pass name is letters, digits, `-` and `_`; separate passes with `,`",
             ));
         }
+        if let Some(anchor) = Anchor::from_name(&name) {
+            // a nested pipeline of passes without anchors: `forward(cse,dce)`
+            skip_ws(&mut i);
+            if i >= b.len() || b[i] != b'(' {
+                return Err(err(i, "expected `(` and passes after an anchor"));
+            }
+            let open = i;
+            let mut depth = 0usize;
+            let mut close = None;
+            for (k, c) in b.iter().enumerate().skip(open) {
+                match c {
+                    b'(' => depth += 1,
+                    b')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            close = Some(k);
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let Some(close) = close else {
+                return Err(err(open, "unclosed `(`"));
+            };
+            let inner = parse_pipeline(&s[open + 1..close]).map_err(|e| match e {
+                PassError::Syntax { at: k, reason, .. } => err(open + k, &reason),
+                other => other,
+            })?;
+            if inner.is_empty() {
+                return Err(err(open, "expected passes inside the anchor"));
+            }
+            for mut spec in inner {
+                if spec.anchor.is_some() {
+                    return Err(err(open, "anchors do not nest"));
+                }
+                spec.anchor = Some(anchor);
+                out.push(spec);
+            }
+            i = close + 1;
+            skip_ws(&mut i);
+            if i == b.len() {
+                break;
+            }
+            if b[i] != b',' {
+                return Err(err(i, "expected `,` between passes"));
+            }
+            i += 1;
+            continue;
+        }
         let mut options = Vec::new();
         if i < b.len() && b[i] == b'(' {
             i += 1;
@@ -99,7 +204,11 @@ pub fn parse_pipeline(s: &str) -> Result<Vec<PassSpec>, PassError> {
                 }
             }
         }
-        out.push(PassSpec { name, options });
+        out.push(PassSpec {
+            name,
+            options,
+            anchor: None,
+        });
         skip_ws(&mut i);
         if i == b.len() {
             break;
@@ -112,111 +221,28 @@ pub fn parse_pipeline(s: &str) -> Result<Vec<PassSpec>, PassError> {
     Ok(out)
 }
 
-/// Prints specs back as a pipeline string.
+/// Prints specs back as a pipeline string; neighbours with one anchor share it
+/// (`forward(cse,dce)`).
 pub fn print_pipeline(specs: &[PassSpec]) -> String {
-    specs
-        .iter()
-        .map(|s| s.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Reads a pass's options, refusing unknown keys and bad values.
-pub struct Options<'a> {
-    pass: &'a str,
-    given: &'a [(String, String)],
-    valid: &'static [&'static str],
-}
-
-impl<'a> Options<'a> {
-    pub fn new(spec: &'a PassSpec, valid: &'static [&'static str]) -> Result<Self, PassError> {
-        for (k, _) in &spec.options {
-            if !valid.contains(&k.as_str()) {
-                return Err(PassError::UnknownOption {
-                    pass: spec.name.clone(),
-                    option: k.clone(),
-                    valid: if valid.is_empty() {
-                        "(none)".into()
-                    } else {
-                        valid.join(", ")
-                    },
-                });
+    let mut out: Vec<String> = Vec::new();
+    let mut k = 0;
+    while k < specs.len() {
+        match specs[k].anchor {
+            None => {
+                out.push(specs[k].to_string());
+                k += 1;
+            }
+            Some(a) => {
+                let mut group = Vec::new();
+                while k < specs.len() && specs[k].anchor == Some(a) {
+                    group.push(specs[k].bare());
+                    k += 1;
+                }
+                out.push(format!("{}({})", a.name(), group.join(",")));
             }
         }
-        let mut seen = std::collections::HashSet::new();
-        for (k, v) in &spec.options {
-            if !seen.insert(k) {
-                return Err(PassError::BadValue {
-                    pass: spec.name.clone(),
-                    option: k.clone(),
-                    value: v.clone(),
-                    reason: "given twice".into(),
-                });
-            }
-        }
-        Ok(Options {
-            pass: &spec.name,
-            given: &spec.options,
-            valid,
-        })
     }
-    pub fn raw(&self, key: &str) -> Option<&'a str> {
-        debug_assert!(self.valid.contains(&key));
-        self.given
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-    fn bad(&self, key: &str, value: &str, reason: &str) -> PassError {
-        PassError::BadValue {
-            pass: self.pass.to_string(),
-            option: key.to_string(),
-            value: value.to_string(),
-            reason: reason.to_string(),
-        }
-    }
-    pub fn f64(&self, key: &str) -> Result<Option<f64>, PassError> {
-        self.raw(key)
-            .map(|v| match v.parse::<f64>() {
-                Ok(x) if x.is_finite() => Ok(x),
-                Ok(_) => Err(self.bad(key, v, "must be a finite number")),
-                Err(_) => Err(self.bad(key, v, "not a number")),
-            })
-            .transpose()
-    }
-    pub fn usize(&self, key: &str) -> Result<Option<usize>, PassError> {
-        self.raw(key)
-            .map(|v| {
-                v.parse::<usize>().map_err(|e| match e.kind() {
-                    std::num::IntErrorKind::PosOverflow => {
-                        self.bad(key, v, &format!("too large (at most {})", usize::MAX))
-                    }
-                    _ => self.bad(key, v, "not a non-negative integer"),
-                })
-            })
-            .transpose()
-    }
-    pub fn choice(&self, key: &str, choices: &[&str]) -> Result<Option<&'a str>, PassError> {
-        match self.raw(key) {
-            Some(v) if !choices.contains(&v) => {
-                Err(self.bad(key, v, &format!("expected one of {}", choices.join(", "))))
-            }
-            other => Ok(other),
-        }
-    }
-    pub fn require<T>(&self, key: &str, v: Option<T>) -> Result<T, PassError> {
-        v.ok_or_else(|| PassError::MissingOption {
-            pass: self.pass.to_string(),
-            option: key.to_string(),
-        })
-    }
-    pub fn check(&self, ok: bool, key: &str, reason: &str) -> Result<(), PassError> {
-        if ok {
-            Ok(())
-        } else {
-            Err(self.bad(key, self.raw(key).unwrap_or(""), reason))
-        }
-    }
+    out.join(",")
 }
 
 #[cfg(test)]
@@ -241,6 +267,34 @@ mod tests {
             "ddp(world_size=2),dce"
         );
         assert!(parse_pipeline("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn anchors_spread_over_their_passes_and_print_back_grouped() {
+        let s = "forward(cse, dce),ddp(world_size=2),backward(dce)";
+        let p = parse_pipeline(s).unwrap();
+        let got: Vec<_> = p.iter().map(|x| (x.name.as_str(), x.anchor)).collect();
+        assert_eq!(
+            got,
+            [
+                ("cse", Some(Anchor::Forward)),
+                ("dce", Some(Anchor::Forward)),
+                ("ddp", None),
+                ("dce", Some(Anchor::Backward)),
+            ]
+        );
+        assert_eq!(
+            print_pipeline(&p),
+            "forward(cse,dce),ddp(world_size=2),backward(dce)"
+        );
+        assert!(matches!(
+            parse_pipeline("forward(backward(dce))"),
+            Err(PassError::Syntax { reason, .. }) if reason == "anchors do not nest"
+        ));
+        assert!(parse_pipeline("forward()").is_err());
+        assert!(parse_pipeline("forward(dce").is_err());
+        assert!(parse_pipeline("forward").is_err());
+        assert!(parse_pipeline("forward(dce) cse").is_err());
     }
 
     #[test]

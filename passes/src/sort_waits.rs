@@ -1,12 +1,11 @@
 //! sort-waits: every collective as early as its operands allow, every wait immediately before its
 //! first consumer, all other nodes in their relative order. Linear in nodes + edges.
 
-use crate::pass::{Changed, Pass, PassContext, PassError};
-use petgraph::visit::EdgeRef;
-use petgraph::Direction;
+use crate::pass::{Changed, PassContext, PassError, TracePass};
 use std::collections::VecDeque;
-use tracepass_ir::{ops, Effect, Program, Trace, UNSCHEDULED};
+use tracepass_ir::{ops, Effect, RewriteError, Rewriter, Trace, UNSCHEDULED};
 
+/// The `sort-waits` pass (trace-level).
 pub struct SortWaits;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -21,7 +20,7 @@ enum Class {
 type Pos = u32;
 
 /// Reorders a trace's schedule; returns whether it changed.
-pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
+pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> Result<bool, RewriteError> {
     let old = t.schedule().to_vec();
     // a schedule lists each node once and node indices are `u32` below petgraph's end marker,
     // so every position fits below `UNSCHEDULED`; so does every edge count (edge indices are
@@ -29,11 +28,10 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     let n = old.len();
     let slot = t.schedule_positions();
     let mut effects = reg.effects();
-    let g = t.graph();
     // One sweep over the nodes: each node's class and its predecessors by schedule position,
     // in one flat table (no vector per node).
     let mut class: Vec<Class> = Vec::with_capacity(n);
-    let mut preds = Adjacency::with_capacity(n, g.edge_count());
+    let mut preds = Adjacency::with_capacity(n, t.edge_count());
     let mut row = Vec::new();
     for idx in &old {
         let node = t.node(*idx).expect("scheduled node exists");
@@ -46,8 +44,8 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
         });
         row.clear();
         row.extend(
-            g.edges_directed(*idx, Direction::Incoming)
-                .map(|e| slot[e.source().index()])
+            t.predecessors(*idx)
+                .map(|(source, _)| slot[source.index()])
                 .filter(|s| *s != UNSCHEDULED),
         );
         row.sort_unstable();
@@ -96,9 +94,11 @@ pub fn sort_waits(t: &mut Trace, reg: &tracepass_ir::OpRegistry) -> bool {
     let order = st.order;
     let changed = order.iter().enumerate().any(|(k, &i)| k != i as usize);
     if changed {
-        t.set_schedule(order.into_iter().map(|i| old[i as usize]).collect());
+        let mut rw = Rewriter::new();
+        rw.set_order(order.into_iter().map(|i| old[i as usize]).collect());
+        rw.apply(t)?;
     }
-    changed
+    Ok(changed)
 }
 
 /// Builds the new order: regular nodes in turn, pulling the waits they need just before them,
@@ -203,11 +203,13 @@ impl Placer<'_> {
     }
 }
 
-impl Pass for SortWaits {
+impl TracePass for SortWaits {
     fn name(&self) -> &str {
         "sort-waits"
     }
-    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
-        Ok(sort_waits(&mut p.backward, cx.registry).into())
+    fn run_on_trace(&self, t: &mut Trace, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let changed =
+            sort_waits(t, cx.registry).map_err(|e| PassError::rewrite("sort-waits", e))?;
+        Ok(changed.into())
     }
 }

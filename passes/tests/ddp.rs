@@ -152,16 +152,16 @@ fn check_ddp(before: &Program, after: &Program, bucket_mb: f64) {
         {
             j -= 1;
         }
-        let buf = n.args[0].as_value().unwrap();
+        let buf = n.args()[0].as_value().unwrap();
         let pack = t.node(t.producer(buf).unwrap()).unwrap();
-        let last_div = pack.args[0]
+        let last_div = pack.args()[0]
             .as_seq()
             .unwrap()
             .last()
             .unwrap()
             .as_value()
             .unwrap();
-        let local = t.node(t.producer(last_div).unwrap()).unwrap().args[0]
+        let local = t.node(t.producer(last_div).unwrap()).unwrap().args()[0]
             .as_value()
             .unwrap();
         match t.producer(local) {
@@ -177,7 +177,12 @@ fn check_ddp(before: &Program, after: &Program, bucket_mb: f64) {
     // each wait right before its first consumer
     for (idx, n) in t.nodes() {
         if n.op == ops::WAIT {
-            let first = t.users(n.outputs[0]).iter().map(|u| pos[u]).min().unwrap();
+            let first = t
+                .users(n.outputs()[0])
+                .iter()
+                .map(|u| pos[u])
+                .min()
+                .unwrap();
             assert_eq!(
                 first,
                 pos[&idx] + 1,
@@ -599,7 +604,7 @@ fn accumulate_grads_adds_an_argument_per_parameter_gradient() {
             .nodes()
             .filter(|(_, n)| {
                 n.op == "ltorch.add"
-                    && n.args
+                    && n.args()
                         .get(1)
                         .and_then(Arg::as_value)
                         .is_some_and(|v| b.name(v).starts_with("acc_"))
@@ -613,7 +618,7 @@ fn accumulate_grads_adds_an_argument_per_parameter_gradient() {
             let prod = b.producer(g).unwrap();
             let node = b.node(prod).unwrap();
             assert_eq!(node.op, "ltorch.add", "{name}: {}", q.fqn);
-            let local = node.args[0].as_value().unwrap();
+            let local = node.args()[0].as_value().unwrap();
             let pos = |n| b.schedule().iter().position(|x| *x == n).unwrap();
             assert_eq!(pos(prod), pos(b.producer(local).unwrap()) + 1, "{name}");
         }

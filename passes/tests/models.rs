@@ -172,7 +172,12 @@ fn check_rewrite(name: &str, before: &Program, after: &Program, bucket_mb: f64) 
         .collect();
     for (idx, n) in t.nodes() {
         if n.op == ops::WAIT {
-            let first = t.users(n.outputs[0]).iter().map(|u| pos[u]).min().unwrap();
+            let first = t
+                .users(n.outputs()[0])
+                .iter()
+                .map(|u| pos[u])
+                .min()
+                .unwrap();
             assert_eq!(first, pos[&idx] + 1, "{name}: a wait is early");
         }
     }
@@ -306,7 +311,7 @@ fn ties_are_reduced_once_and_named() {
             let t = &after.backward;
             let unpack = t.node(t.producer(v).unwrap()).unwrap();
             let reduced_in = t
-                .node(t.producer(unpack.args[0].as_value().unwrap()).unwrap())
+                .node(t.producer(unpack.args()[0].as_value().unwrap()).unwrap())
                 .unwrap();
             assert_eq!(reduced_in.op, ops::WAIT);
             let sums = t
@@ -316,8 +321,8 @@ fn ties_are_reduced_once_and_named() {
                         let before_outs = e.program.gradient_values();
                         let a = before_outs[p.forward_arg].unwrap();
                         let b = before_outs[prim.forward_arg].unwrap();
-                        n.args == [Arg::Value(b), Arg::Value(a)]
-                            || n.args == [Arg::Value(a), Arg::Value(b)]
+                        n.args() == [Arg::Value(b), Arg::Value(a)]
+                            || n.args() == [Arg::Value(a), Arg::Value(b)]
                     }
                 })
                 .count();

@@ -80,7 +80,7 @@ proptest! {
         let b = &q.backward;
         let mut packed = 0usize;
         for (_, n) in b.nodes().filter(|(_, n)| n.op == ops::BUCKET_PACK) {
-            packed += n.args[0].as_seq().unwrap().len();
+            packed += n.args()[0].as_seq().unwrap().len();
         }
         prop_assert_eq!(packed, p.params.len());
         let reduces = b.nodes().filter(|(_, n)| n.op == ops::ALL_REDUCE).count();

@@ -541,7 +541,13 @@ fn opt(args: OptArgs) -> Result<()> {
     let mut pm = PassManager::new();
     for spec in &specs {
         pm.add_boxed(Box::new(Watched {
-            inner: build_pass(spec)?,
+            inner: match build_pass(spec)? {
+                tracepass_passes::BuiltPass::Program(p) => p,
+                tracepass_passes::BuiltPass::Trace(t) => Box::new(tracepass_passes::OnTraces {
+                    pass: t,
+                    anchor: spec.anchor,
+                }),
+            },
             print: print.clone(),
             fault: fault
                 .as_ref()

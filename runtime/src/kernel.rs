@@ -277,7 +277,7 @@ struct Operands<'a> {
 
 impl<'a> Operands<'a> {
     fn side(&mut self, i: usize) -> Result<Side, String> {
-        match self.node.args.get(i) {
+        match self.node.args().get(i) {
             Some(Arg::Value(v)) => {
                 self.inputs.push(*v);
                 Ok(Side::Input(self.inputs.len() - 1))
@@ -299,7 +299,7 @@ impl<'a> Operands<'a> {
 
 fn out_type(trace: &Trace, node: &Node) -> Result<tracepass_ir::TensorType, String> {
     let out = node
-        .outputs
+        .outputs()
         .first()
         .ok_or_else(|| "the node has no output".to_string())?;
     trace
@@ -342,7 +342,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
         match node
             .kwarg("approximate")
             .and_then(Arg::as_str)
-            .or_else(|| node.args.get(1).and_then(Arg::as_str))
+            .or_else(|| node.args().get(1).and_then(Arg::as_str))
         {
             None | Some("none") => Kernel::Unary(UnaryOp::Gelu),
             Some("tanh") => Kernel::Unary(UnaryOp::GeluTanh),
@@ -361,7 +361,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
         }
         let alpha = match node.kwarg("alpha").or_else(|| {
             if matches!(b, BinaryOp::Add | BinaryOp::Sub) {
-                node.args.get(2)
+                node.args().get(2)
             } else {
                 None
             }
@@ -387,11 +387,11 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
                 o.tensor(0)?;
                 Kernel::Reshape(out_type(trace, node)?.shape.to_vec())
             }
-            "permute" | "transpose" if node.args.len() == 2 => {
+            "permute" | "transpose" if node.args().len() == 2 => {
                 o.tensor(0)?;
                 let rank = in_rank(trace, o.inputs[0])?;
                 let perm = node
-                    .args
+                    .args()
                     .get(1)
                     .and_then(Arg::as_int_list)
                     .ok_or("the permutation must be a tuple of ints")?;
@@ -405,7 +405,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
                 o.tensor(0)?;
                 let rank = in_rank(trace, o.inputs[0])?;
                 let d = |i: usize| {
-                    node.args
+                    node.args()
                         .get(i)
                         .and_then(Arg::as_int)
                         .ok_or_else(|| format!("transpose needs dimension {i}"))
@@ -439,7 +439,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
             "linear" => {
                 o.tensor(0)?;
                 o.tensor(1)?;
-                let bias = match node.args.get(2).or_else(|| node.kwarg("bias")) {
+                let bias = match node.args().get(2).or_else(|| node.kwarg("bias")) {
                     None | Some(Arg::None) => false,
                     Some(Arg::Value(v)) => {
                         o.inputs.push(*v);
@@ -454,7 +454,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
             "sum" | "mean" | "amax" => {
                 o.tensor(0)?;
                 let rank = in_rank(trace, o.inputs[0])?;
-                let dims = match node.args.get(1).or_else(|| node.kwarg("dim")) {
+                let dims = match node.args().get(1).or_else(|| node.kwarg("dim")) {
                     None | Some(Arg::None) => (0..rank).collect(),
                     Some(a) => {
                         let list = a
@@ -470,7 +470,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
                     }
                 };
                 let keepdim = node
-                    .args
+                    .args()
                     .get(2)
                     .or_else(|| node.kwarg("keepdim"))
                     .and_then(|a| match a {
@@ -494,7 +494,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
                 o.tensor(0)?;
                 let rank = in_rank(trace, o.inputs[0])?;
                 let dim = node
-                    .args
+                    .args()
                     .get(1)
                     .or_else(|| node.kwarg("dim"))
                     .and_then(Arg::as_int)

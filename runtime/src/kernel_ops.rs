@@ -95,7 +95,7 @@ struct Ops<'a> {
 impl Ops<'_> {
     fn arg(&self, i: usize, key: &str) -> Option<&Arg> {
         self.node
-            .args
+            .args()
             .get(i)
             .or_else(|| self.node.kwarg(key))
             .filter(|a| !matches!(a, Arg::None))
@@ -168,7 +168,7 @@ impl Ops<'_> {
     fn out(&self, k: usize) -> Result<&tracepass_ir::TensorType, String> {
         let v = self
             .node
-            .outputs
+            .outputs()
             .get(k)
             .ok_or_else(|| format!("the node has no output {k}"))?;
         self.trace
@@ -265,7 +265,7 @@ fn embedding_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
 fn var_mean(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "input")?;
     let dims = o.ints(1, "dim")?;
-    let (correction, keepdim) = match o.node.args.get(2) {
+    let (correction, keepdim) = match o.node.args().get(2) {
         Some(Arg::Bool(unbiased)) => (if *unbiased { 1.0 } else { 0.0 }, o.flag(3, "keepdim")?),
         _ => (
             match o
@@ -354,7 +354,7 @@ fn split(o: &mut Ops<'_>) -> Result<Kernel, String> {
 /// `cat(tensors, dim=0)`.
 fn cat(o: &mut Ops<'_>) -> Result<Kernel, String> {
     let node = o.node;
-    match node.args.first().or_else(|| node.kwarg("tensors")) {
+    match node.args().first().or_else(|| node.kwarg("tensors")) {
         Some(Arg::Tuple(items) | Arg::List(items)) => {
             for t in items {
                 match t {
@@ -373,8 +373,8 @@ fn cat(o: &mut Ops<'_>) -> Result<Kernel, String> {
 /// `Tensor.expand(x, shape)` or `Tensor.expand(x, *sizes)`.
 fn expand(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "self")?;
-    let sizes = if o.node.args.len() > 2 {
-        o.node.args[1..]
+    let sizes = if o.node.args().len() > 2 {
+        o.node.args()[1..]
             .iter()
             .map(|a| {
                 a.as_int()

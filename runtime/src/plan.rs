@@ -146,128 +146,129 @@ impl Plan {
                     .for_each(|a| a.for_each_value(&mut |x| v.push(x)));
                 v
             };
-            let (kind, inputs): (InstrKind, Vec<ValueId>) =
-                match node.op.as_str() {
-                    ops::UNPACK_SEQUENCE => (
-                        InstrKind::UnpackSequence,
-                        values(&node.args[..node.args.len().min(1)]),
-                    ),
-                    ops::CLEAR_COLLECTION => (InstrKind::Nop, values(&node.args)),
-                    ops::BUCKET_PACK => {
-                        let members = node.args.first().and_then(Arg::as_seq).ok_or_else(|| {
+            let (kind, inputs): (InstrKind, Vec<ValueId>) = match node.op.as_str() {
+                ops::UNPACK_SEQUENCE => (
+                    InstrKind::UnpackSequence,
+                    values(&node.args()[..node.args().len().min(1)]),
+                ),
+                ops::CLEAR_COLLECTION => (InstrKind::Nop, values(node.args())),
+                ops::BUCKET_PACK => {
+                    let members =
+                        node.args().first().and_then(Arg::as_seq).ok_or_else(|| {
                             err(&line, "bucket_pack takes a list of tensors".into())
                         })?;
-                        let label = node
-                            .kwarg("bucket")
-                            .and_then(Arg::as_str)
-                            .map(str::to_string)
-                            .or_else(|| {
-                                node.args
-                                    .get(1)
-                                    .and_then(Arg::as_str)
-                                    .map(|_| format!("bucket{}", collectives.len()))
-                            })
-                            .unwrap_or_else(|| format!("bucket{}", collectives.len()));
-                        if let Some(out) = node.outputs.first() {
-                            bucket_label[out.0 as usize] = Some(label);
-                        }
-                        (
-                            InstrKind::Pack {
-                                divisors: Vec::new(),
-                            },
-                            values(members),
+                    let label = node
+                        .kwarg("bucket")
+                        .and_then(Arg::as_str)
+                        .map(str::to_string)
+                        .or_else(|| {
+                            node.args()
+                                .get(1)
+                                .and_then(Arg::as_str)
+                                .map(|_| format!("bucket{}", collectives.len()))
+                        })
+                        .unwrap_or_else(|| format!("bucket{}", collectives.len()));
+                    if let Some(out) = node.outputs().first() {
+                        bucket_label[out.0 as usize] = Some(label);
+                    }
+                    (
+                        InstrKind::Pack {
+                            divisors: Vec::new(),
+                        },
+                        values(members),
+                    )
+                }
+                ops::ALL_REDUCE => {
+                    let buf = node
+                        .args()
+                        .first()
+                        .and_then(Arg::as_value)
+                        .ok_or_else(|| err(&line, "all_reduce_async takes a tensor".into()))?;
+                    let op = reduce_op(node.args().get(1)).map_err(|m| err(&line, m))?;
+                    let tt = trace
+                        .ty(buf)
+                        .and_then(Type::as_tensor)
+                        .ok_or_else(|| err(&line, "all_reduce_async takes a tensor".into()))?;
+                    let group = match node.args().get(2) {
+                        Some(Arg::Str(s)) => s.clone(),
+                        Some(Arg::Opaque(o)) => o.printed_name(),
+                        _ => "world".into(),
+                    };
+                    let label = bucket_label[buf.0 as usize]
+                        .clone()
+                        .unwrap_or_else(|| trace.name(buf));
+                    let bucket = collectives.len();
+                    collectives.push(CollectiveInfo {
+                        label,
+                        op,
+                        dtype: tt.dtype,
+                        numel: tt.numel(),
+                        group,
+                    });
+                    if let Some(f) = node.outputs().first() {
+                        bucket_of_future[f.0 as usize] = Some(bucket);
+                    }
+                    (InstrKind::AllReduce { op, bucket }, vec![buf])
+                }
+                ops::WAIT => {
+                    let f = node
+                        .args()
+                        .first()
+                        .and_then(Arg::as_value)
+                        .ok_or_else(|| err(&line, "wait takes a future".into()))?;
+                    let bucket = bucket_of_future[f.0 as usize].ok_or_else(|| {
+                        err(
+                            &line,
+                            format!("`{}` is not the future of an all-reduce", trace.name(f)),
                         )
-                    }
-                    ops::ALL_REDUCE => {
-                        let buf =
-                            node.args.first().and_then(Arg::as_value).ok_or_else(|| {
-                                err(&line, "all_reduce_async takes a tensor".into())
-                            })?;
-                        let op = reduce_op(node.args.get(1)).map_err(|m| err(&line, m))?;
-                        let tt = trace
-                            .ty(buf)
-                            .and_then(Type::as_tensor)
-                            .ok_or_else(|| err(&line, "all_reduce_async takes a tensor".into()))?;
-                        let group = match node.args.get(2) {
-                            Some(Arg::Str(s)) => s.clone(),
-                            Some(Arg::Opaque(o)) => o.printed_name(),
-                            _ => "world".into(),
-                        };
-                        let label = bucket_label[buf.0 as usize]
-                            .clone()
-                            .unwrap_or_else(|| trace.name(buf));
-                        let bucket = collectives.len();
-                        collectives.push(CollectiveInfo {
-                            label,
-                            op,
-                            dtype: tt.dtype,
-                            numel: tt.numel(),
-                            group,
-                        });
-                        if let Some(f) = node.outputs.first() {
-                            bucket_of_future[f.0 as usize] = Some(bucket);
-                        }
-                        (InstrKind::AllReduce { op, bucket }, vec![buf])
-                    }
-                    ops::WAIT => {
-                        let f = node
-                            .args
-                            .first()
-                            .and_then(Arg::as_value)
-                            .ok_or_else(|| err(&line, "wait takes a future".into()))?;
-                        let bucket = bucket_of_future[f.0 as usize].ok_or_else(|| {
-                            err(
-                                &line,
-                                format!("`{}` is not the future of an all-reduce", trace.name(f)),
-                            )
-                        })?;
-                        (InstrKind::Wait { bucket }, vec![f])
-                    }
-                    ops::UNPACK => {
-                        let buf = node
-                            .args
-                            .first()
-                            .and_then(Arg::as_value)
-                            .ok_or_else(|| err(&line, "unpack takes a buffer".into()))?;
-                        let shapes: Vec<Vec<usize>> = node
-                            .outputs
-                            .iter()
-                            .map(|o| {
-                                trace
-                                    .ty(*o)
-                                    .and_then(Type::as_tensor)
-                                    .map(|t| t.shape.to_vec())
-                                    .ok_or_else(|| {
-                                        err(
-                                            &line,
-                                            format!("output `{}` is not a tensor", trace.name(*o)),
-                                        )
-                                    })
-                            })
-                            .collect::<Result<_, _>>()?;
-                        let offsets = match node.kwarg("offsets").and_then(Arg::as_int_list) {
-                            Some(o) if o.len() == shapes.len() && o.iter().all(|x| *x >= 0) => {
-                                o.into_iter().map(|x| x as usize).collect()
-                            }
-                            Some(_) => {
-                                return Err(err(&line, "offsets do not match the outputs".into()))
-                            }
-                            None => shapes
-                                .iter()
-                                .scan(0usize, |acc, s| {
-                                    let o = *acc;
-                                    *acc += s.iter().product::<usize>();
-                                    Some(o)
+                    })?;
+                    (InstrKind::Wait { bucket }, vec![f])
+                }
+                ops::UNPACK => {
+                    let buf = node
+                        .args()
+                        .first()
+                        .and_then(Arg::as_value)
+                        .ok_or_else(|| err(&line, "unpack takes a buffer".into()))?;
+                    let shapes: Vec<Vec<usize>> = node
+                        .outputs()
+                        .iter()
+                        .map(|o| {
+                            trace
+                                .ty(*o)
+                                .and_then(Type::as_tensor)
+                                .map(|t| t.shape.to_vec())
+                                .ok_or_else(|| {
+                                    err(
+                                        &line,
+                                        format!("output `{}` is not a tensor", trace.name(*o)),
+                                    )
                                 })
-                                .collect(),
-                        };
-                        (InstrKind::Unpack { offsets, shapes }, vec![buf])
-                    }
-                    _ => {
-                        let d = decode(trace, node).map_err(|m| err(&line, m))?;
-                        (InstrKind::Compute(d.kernel), d.inputs)
-                    }
-                };
+                        })
+                        .collect::<Result<_, _>>()?;
+                    let offsets = match node.kwarg("offsets").and_then(Arg::as_int_list) {
+                        Some(o) if o.len() == shapes.len() && o.iter().all(|x| *x >= 0) => {
+                            o.into_iter().map(|x| x as usize).collect()
+                        }
+                        Some(_) => {
+                            return Err(err(&line, "offsets do not match the outputs".into()))
+                        }
+                        None => shapes
+                            .iter()
+                            .scan(0usize, |acc, s| {
+                                let o = *acc;
+                                *acc += s.iter().product::<usize>();
+                                Some(o)
+                            })
+                            .collect(),
+                    };
+                    (InstrKind::Unpack { offsets, shapes }, vec![buf])
+                }
+                _ => {
+                    let d = decode(trace, node).map_err(|m| err(&line, m))?;
+                    (InstrKind::Compute(d.kernel), d.inputs)
+                }
+            };
             instrs.push(Instr {
                 kind,
                 inputs: inputs
@@ -275,7 +276,7 @@ impl Plan {
                     .map(|v| slot(v, &mut slot_names))
                     .collect(),
                 outputs: node
-                    .outputs
+                    .outputs()
                     .iter()
                     .map(|&v| slot(v, &mut slot_names))
                     .collect(),

@@ -170,7 +170,7 @@ pub struct TrainReport {
 fn exported_world_size(t: &Trace) -> Option<f64> {
     t.nodes()
         .filter(|(_, n)| n.op == ops::DIV || n.op == ops::TRUE_DIVIDE)
-        .find_map(|(_, n)| n.args.get(1).and_then(Arg::as_f64))
+        .find_map(|(_, n)| n.args().get(1).and_then(Arg::as_f64))
 }
 
 fn rewrite(program: &Program, pipeline: &str) -> Result<Program, TrainError> {

@@ -690,7 +690,7 @@ fn every_option_is_documented() {
         }
     }
     let opt = stdout(&run(&["opt", "--help"]));
-    for pass in tracepass_passes::PASS_NAMES {
+    for pass in tracepass_passes::PassRegistry::builtin().names() {
         assert!(opt.contains(pass), "opt --help does not list `{pass}`");
         assert!(cli_doc.contains(pass), "docs/CLI.md does not list `{pass}`");
     }

@@ -130,9 +130,9 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
         match n.op.as_str() {
             ops::UNPACK_SEQUENCE | ops::CLEAR_COLLECTION | ops::UNPACK => {}
             ops::BUCKET_PACK => {
-                let bytes: usize = n.outputs.iter().map(|o| tensor_bytes(trace, *o)).sum();
+                let bytes: usize = n.outputs().iter().map(|o| tensor_bytes(trace, *o)).sum();
                 if let (Some(o), Some(b)) =
-                    (n.outputs.first(), n.kwarg("bucket").and_then(Arg::as_str))
+                    (n.outputs().first(), n.kwarg("bucket").and_then(Arg::as_str))
                 {
                     label_of.insert(*o, b.to_string());
                 }
@@ -144,7 +144,7 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
             }
             ops::ALL_REDUCE => {
                 let buf = n
-                    .args
+                    .args()
                     .first()
                     .and_then(Arg::as_value)
                     .ok_or_else(|| err("all-reduce of no tensor".into()))?;
@@ -163,7 +163,7 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
                     start_us: start * 1e6,
                     end_us: end * 1e6,
                 });
-                if let Some(f) = n.outputs.first() {
+                if let Some(f) = n.outputs().first() {
                     future_bucket.insert(*f, buckets.len());
                 }
                 buckets.push(SimBucket {
@@ -180,7 +180,7 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
             }
             ops::WAIT => {
                 let f = n
-                    .args
+                    .args()
                     .first()
                     .and_then(Arg::as_value)
                     .ok_or_else(|| err("wait on no future".into()))?;
@@ -192,7 +192,7 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
             }
             _ => {
                 let d = decode(trace, n).map_err(err)?;
-                let dt = op_time(trace, &d.kernel, &d.inputs, &n.outputs, dev);
+                let dt = op_time(trace, &d.kernel, &d.inputs, n.outputs(), dev);
                 push_busy(&mut now, dt, &mut busy);
                 ops_count += 1;
             }
