@@ -76,7 +76,7 @@ fn bad_inputs_fail_with_a_message_naming_the_file() {
     let o = run(&["verify", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("bad.trace: line 45, column 10: unknown op `torch.permutate`"),
+        stderr(&o).contains("bad.trace: line 45, column 10: 1 unknown op: `torch.permutate`"),
         "{}",
         stderr(&o)
     );

@@ -615,9 +615,9 @@ fn verify_reports_every_error_with_its_line() {
     fails_with(
         &o,
         &[
-            "bad.trace: line 45, column 10: unknown op `torch.permutate`",
-            "bad.trace: line 130, column 10: unknown op `torch.permutate`",
-            "2 parse errors",
+            // every unknown op of the trace is listed at once, with each line it is on
+            "bad.trace: line 45, column 10: 1 unknown op: `torch.permutate` (line 45, 2 uses)",
+            "1 parse error",
         ],
     );
     // what follows from a bad line (its names undefined later) is not reported again
