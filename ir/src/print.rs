@@ -167,6 +167,12 @@ fn imports(t: &Trace) -> Vec<String> {
             "python" => {
                 set.insert("import tracepass.python as python".into());
             }
+            // `Tensor.expand`: a method of torch's Tensor, imported as Thunder does
+            "Tensor" => {
+                set.insert("from torch import Tensor".into());
+            }
+            // `torch.torch.ops.aten.x`: Thunder's spelling, reachable through `import torch`
+            m if m.starts_with("torch.torch.") => {}
             m => {
                 set.insert(format!("import {m}"));
             }

@@ -200,7 +200,7 @@ fn parse_value(decl: &PassDecl, o: &OptionDecl, raw: &str) -> Result<OptionValue
                     decl.name,
                     o.name,
                     raw,
-                    &format!("too large (at most {})", u64::MAX),
+                    format!("too large (at most {})", u64::MAX),
                 ),
                 _ => bad(decl.name, o.name, raw, "not a non-negative integer"),
             })?)

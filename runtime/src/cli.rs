@@ -21,11 +21,43 @@ use tracepass_passes::{
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Keep ops no table entry knows as opaque nodes (their declared types trusted, ordered as
+    /// side effects) instead of refusing the trace, as mlir-opt's flag of that name does.
+    #[arg(long, global = true)]
+    pub allow_unregistered: bool,
+}
+
+static ALLOW_UNREGISTERED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// The op registry the command line reads with (`--allow-unregistered` or not).
+pub fn registry() -> &'static OpRegistry {
+    if ALLOW_UNREGISTERED.load(std::sync::atomic::Ordering::Relaxed) {
+        OpRegistry::builtin_allowing_unregistered()
+    } else {
+        OpRegistry::builtin()
+    }
+}
+
+/// A trace or program file, or an export directory (read as the program it holds).
+pub fn load_module(path: &Path) -> Result<Module> {
+    if tracepass_ir::is_export_dir(path) {
+        return Ok(Module::Program(
+            tracepass_ir::load_export_with(path, registry())?.program,
+        ));
+    }
+    if path.is_dir() {
+        bail!(
+            "{}: is a folder without export.json, not an export directory",
+            path.display()
+        );
+    }
+    Ok(fsio::load_with(path, registry())?)
 }
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Pretty-print a trace (.trace, .tpb or .json).
+    /// Pretty-print a trace (.trace, .tpb, .json, or an export directory: its backward).
     Show {
         file: PathBuf,
         /// Leave out decompositions (the indented comments under each statement).
@@ -40,7 +72,8 @@ pub enum Command {
     },
     /// Convert between formats; the extension decides (.trace text, .tpb binary, .json).
     Convert { input: PathBuf, output: PathBuf },
-    /// Check every invariant; prints every violation (parse errors included) with its line.
+    /// Check every invariant; prints every violation (parse errors included) with its line. An
+    /// export directory: its forward and backward, its prologue, and how they pair.
     Verify { file: PathBuf },
     /// Pair a forward and its backward into one program file (forward, backward, parameters).
     Pack {
@@ -48,8 +81,8 @@ pub enum Command {
         forward: PathBuf,
         /// The backward trace (a program file stands for its backward).
         backward: PathBuf,
-        /// Thunder's prologue trace (which forward argument is which parameter). Not read by
-        /// this build yet: giving it is an error rather than a silent no-op.
+        /// Thunder's prologue trace: which forward argument is which parameter or buffer, by
+        /// its PyTorch name. Without it, parameters are recognised by Thunder's `t_` names.
         #[arg(long)]
         prologue: Option<PathBuf>,
         /// The program file to write: .tpb or .json.
@@ -111,7 +144,7 @@ current folder.";
 #[derive(clap::Args, Debug)]
 #[command(after_help = PASSES_HELP)]
 pub struct OptArgs {
-    /// Input trace or program (.trace, .tpb, .json).
+    /// Input trace or program (.trace, .tpb, .json), or an export directory.
     pub input: Option<PathBuf>,
     /// Pipeline, e.g. `ddp(world_size=4,bucket_mb=25),sort-waits,dce` (passes listed below).
     #[arg(long)]
@@ -121,9 +154,17 @@ pub struct OptArgs {
     /// backward only.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// The forward trace a lone backward belongs to (names the parameters `t_<fqn>`).
+    /// The forward trace a lone backward belongs to.
     #[arg(long)]
     pub forward: Option<PathBuf>,
+    /// Thunder's prologue trace for --forward: which argument is which parameter, by PyTorch
+    /// name (without it, parameters are recognised by Thunder's `t_` names).
+    #[arg(long, requires = "forward")]
+    pub prologue: Option<PathBuf>,
+    /// Print the passes' statistics and notes to stderr (what ddp synchronized, and the
+    /// frozen parameters, buffers and inputs it left alone).
+    #[arg(long)]
+    pub stats: bool,
     /// Skip verification after each pass.
     #[arg(long)]
     pub no_verify: bool,
@@ -156,6 +197,7 @@ pub struct OptArgs {
 }
 
 pub fn run(cli: Cli) -> Result<()> {
+    ALLOW_UNREGISTERED.store(cli.allow_unregistered, std::sync::atomic::Ordering::Relaxed);
     match cli.command {
         Command::Show {
             file,
@@ -163,7 +205,7 @@ pub fn run(cli: Cli) -> Result<()> {
             no_dels,
             forward,
         } => {
-            let m = fsio::load(&file)?;
+            let m = load_module(&file)?;
             let t = match (&m, forward) {
                 (Module::Trace(t), false) => t,
                 (Module::Trace(_), true) => {
@@ -184,6 +226,30 @@ pub fn run(cli: Cli) -> Result<()> {
             let m = fsio::load(&input)?;
             fsio::save(&output, &m)?;
             Ok(())
+        }
+        Command::Verify { file } if tracepass_ir::is_export_dir(&file) => {
+            for name in ["forward.trace", "backward.trace"] {
+                crate::verify_cmd::run(&file.join(name))?;
+            }
+            let e = tracepass_ir::load_export_with(&file, registry())?;
+            let p = &e.program;
+            out(&format!(
+                "{}: ok: {} parameters ({} trainable, {} frozen, {} tied), {} buffers, data {}\n",
+                file.display(),
+                p.params.iter().filter(|x| !x.buffer).count(),
+                p.params.iter().filter(|x| x.requires_grad).count(),
+                p.params
+                    .iter()
+                    .filter(|x| !x.buffer && !x.requires_grad)
+                    .count(),
+                p.params.iter().filter(|x| x.tied_to.is_some()).count(),
+                p.params.iter().filter(|x| x.buffer).count(),
+                p.data_inputs()
+                    .into_iter()
+                    .map(|(_, n)| n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
         }
         Command::Verify { file } => crate::verify_cmd::run(&file),
         Command::Pack {
@@ -324,11 +390,11 @@ pub fn check_output(path: &Path, what: &str) -> Result<()> {
 fn load_trace(path: &Path, forward: bool) -> Result<Trace> {
     if path.is_dir() {
         bail!(
-            "{}: is a folder; export directories are not read by this build (give the trace files)",
+            "{}: is a folder; give a trace file here (an export directory is read whole where a program is expected)",
             path.display()
         );
     }
-    Ok(match fsio::load(path)? {
+    Ok(match fsio::load_with(path, registry())? {
         Module::Trace(t) => t,
         Module::Program(p) if forward => p.forward,
         Module::Program(p) => p.backward,
@@ -342,27 +408,29 @@ pub fn program_from_traces(
     backward: &Path,
     prologue: Option<&Path>,
 ) -> Result<Program> {
-    if let Some(pro) = prologue {
-        bail!(
-            "--prologue {}: this build does not read prologues yet; without one, the parameters are the forward's arguments named t_<module path>",
-            pro.display()
-        );
-    }
     let (f, b) = (load_trace(forward, true)?, load_trace(backward, false)?);
-    Program::from_thunder(f, b)
-        .with_context(|| format!("pairing {} with {}", forward.display(), backward.display()))
+    let ctx = || format!("pairing {} with {}", forward.display(), backward.display());
+    match prologue {
+        Some(pro) => {
+            let text = std::fs::read_to_string(pro)
+                .with_context(|| format!("--prologue {}", pro.display()))?;
+            let prologue = tracepass_ir::parse_prologue(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", pro.display()))?;
+            Program::from_prologue(f, b, &prologue, &[]).with_context(ctx)
+        }
+        None => {
+            eprintln!(
+                "note: no --prologue: parameters are the forward's arguments named t_<module path> (give Thunder's prologue to be exact)"
+            );
+            Program::from_thunder(f, b).with_context(ctx)
+        }
+    }
 }
 
 /// The one place a whole program is read from a path: a `.tpb` or `.json` program file (an
 /// export directory will be dispatched here too).
 pub fn load_program(path: &Path) -> Result<Program> {
-    if path.is_dir() {
-        bail!(
-            "{}: is a folder; export directories are not read by this build (pair the traces with `tracepass pack FORWARD BACKWARD -o prog.tpb`)",
-            path.display()
-        );
-    }
-    match fsio::load(path)? {
+    match load_module(path)? {
         Module::Program(p) => Ok(p),
         Module::Trace(_) => bail!(
             "{}: holds one trace, not a program; pair a forward with its backward (`tracepass pack FORWARD BACKWARD -o prog.tpb`, or --forward F --backward B)",
@@ -373,22 +441,22 @@ pub fn load_program(path: &Path) -> Result<Program> {
 
 /// Reads the input of `opt` and `simulate`: a program file, or a trace (paired with
 /// `--forward` when given). The flag says whether the input was a lone trace.
-pub fn load_input(input: &Path, forward: Option<&Path>) -> Result<(Program, bool)> {
-    let m = fsio::load(input)?;
+pub fn load_input(
+    input: &Path,
+    forward: Option<&Path>,
+    prologue: Option<&Path>,
+) -> Result<(Program, bool)> {
+    if prologue.is_some() && forward.is_none() {
+        bail!("--prologue pairs a backward with its --forward; give --forward too");
+    }
+    let m = load_module(input)?;
     Ok(match (m, forward) {
         (Module::Program(p), None) => (p, false),
         (Module::Program(_), Some(_)) => bail!(
             "{}: already a program; --forward is only for a lone backward trace",
             input.display()
         ),
-        (Module::Trace(b), Some(f)) => {
-            let fwd = load_trace(f, true)?;
-            (
-                Program::from_thunder(fwd, b)
-                    .with_context(|| format!("pairing {} with {}", input.display(), f.display()))?,
-                false,
-            )
-        }
+        (Module::Trace(_), Some(f)) => (program_from_traces(f, input, prologue)?, false),
         (Module::Trace(t), None) => (Program::lone(t), true),
     })
 }
@@ -494,7 +562,7 @@ fn opt(args: OptArgs) -> Result<()> {
                 .as_deref()
                 .context("an input file is needed (or --reproduce FILE)")?;
             let pipeline = args.passes.clone().context("--passes PIPELINE is needed")?;
-            let (p, lone) = load_input(input, args.forward.as_deref())?;
+            let (p, lone) = load_input(input, args.forward.as_deref(), args.prologue.as_deref())?;
             (p, lone, pipeline)
         }
     };
@@ -558,7 +626,7 @@ fn opt(args: OptArgs) -> Result<()> {
     }
     pm.verify_each = !args.no_verify;
     pm.record_time = args.timing;
-    let report = match pm.run(&mut program, OpRegistry::builtin()) {
+    let report = match pm.run(&mut program, registry()) {
         Ok(r) => r,
         Err(e) => {
             let internal = panicked.get() || matches!(e.error, PassError::Verify { .. });
@@ -583,6 +651,14 @@ fn opt(args: OptArgs) -> Result<()> {
     if args.timing {
         eprint!("{}", timing_table(&report));
     }
+    if args.stats {
+        for (k, v) in &report.stats {
+            eprintln!("stat {k}: {v}");
+        }
+        for (k, v) in &report.notes {
+            eprintln!("note {k}: {v}");
+        }
+    }
     match (&args.output, lone) {
         (Some(o), true) => fsio::save(o, &Module::Trace(program.backward))?,
         (Some(o), false) => {
@@ -604,7 +680,7 @@ fn opt(args: OptArgs) -> Result<()> {
 /// Writes the input of a failed run (read again from its files) and its pipeline.
 fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result<PathBuf> {
     let input = args.input.as_deref().context("no input file")?;
-    let (p, lone) = load_input(input, args.forward.as_deref())?;
+    let (p, lone) = load_input(input, args.forward.as_deref(), args.prologue.as_deref())?;
     let failed_pass = match error {
         PassError::Failed { pass, .. } | PassError::Verify { pass, .. } => pass.clone(),
         _ => "<input>".to_string(),

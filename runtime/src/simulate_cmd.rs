@@ -103,7 +103,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         }
         crate::trainer::check_pipeline(pl, args.world_size)?;
     }
-    let (program, _) = load_input(&args.input, args.forward.as_deref())?;
+    let (program, _) = load_input(&args.input, args.forward.as_deref(), None)?;
     let mut text = format!(
         "device: {}\nlink: {} us/hop, {} Gb/s bus bandwidth; world size {}\n",
         opts.device.name, opts.link.latency_us, opts.link.bandwidth_gbps, opts.world_size

@@ -49,7 +49,7 @@ pub struct TrainArgs {
     /// The backward trace belonging to --forward (plain, or Thunder's own DDP export).
     #[arg(long, requires = "forward")]
     pub backward: Option<PathBuf>,
-    /// Thunder's prologue trace for --forward (not read by this build yet: an error).
+    /// Thunder's prologue trace for --forward: names the parameters by their PyTorch names.
     #[arg(long, requires = "forward")]
     pub prologue: Option<PathBuf>,
     /// `adamw` (PyTorch defaults) or `sgd`.

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 use std::path::Path;
-use tracepass_ir::{fsio, parse_trace, verify, Diagnostic, Module};
+use tracepass_ir::{fsio, parse_trace_with, verify_with, Diagnostic, Module};
 
 /// At most this many parse errors are reported for one file.
 const MAX_PARSE_ERRORS: usize = 100;
@@ -35,7 +35,7 @@ pub fn parse_errors(text: &str) -> Vec<tracepass_ir::ParseError> {
     let mut lost: std::collections::HashSet<String> = std::collections::HashSet::new();
     while errors.len() < MAX_PARSE_ERRORS {
         let joined = lines.join("\n");
-        let Err(e) = parse_trace(&joined) else {
+        let Err(e) = parse_trace_with(&joined, crate::cli::registry()) else {
             break;
         };
         let at = e.line.saturating_sub(1);
@@ -106,14 +106,14 @@ pub fn run(file: &Path) -> Result<()> {
             );
         }
     }
-    let m = fsio::load(file)?;
+    let m = fsio::load_with(file, crate::cli::registry())?;
     let traces = match &m {
         Module::Trace(t) => vec![t],
         Module::Program(p) => vec![&p.forward, &p.backward],
     };
     let mut count = 0;
     for t in traces {
-        if let Err(e) = verify(t) {
+        if let Err(e) = verify_with(t, crate::cli::registry()) {
             for d in &e.diagnostics {
                 count += 1;
                 match text.as_deref().and_then(|x| line_of(x, d)) {

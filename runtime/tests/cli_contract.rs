@@ -214,7 +214,14 @@ fn programs_round_trip_through_opt_pack_and_train() {
         "-o",
         &p("y.tpb"),
     ]);
-    fails_with(&o, &["--prologue", "does not read prologues"]);
+    // a file that is not a prologue is refused, naming it and the line
+    fails_with(
+        &o,
+        &[
+            "forward.trace: line 16, column 3",
+            "not a statement Thunder prints in a prologue",
+        ],
+    );
     assert!(!dir.path().join("y.tpb").exists());
 }
 
