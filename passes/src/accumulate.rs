@@ -77,6 +77,8 @@ impl Pass for AccumulateGrads {
         rw.apply(t)
             .map_err(|e| PassError::rewrite("accumulate-grads", e))?;
         cx.stat("accumulate-grads.gradients", targets.len() as u64);
+        // only the backward changes
+        cx.changed_trace(false);
         Ok(Changed::from(!targets.is_empty()))
     }
 }

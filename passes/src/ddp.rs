@@ -724,6 +724,8 @@ impl Pass for Ddp {
                 }
             }
         }
+        // only the backward changes
+        cx.changed_trace(false);
         Ok(Changed::from(!buckets.is_empty()))
     }
 }

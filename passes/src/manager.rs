@@ -25,7 +25,8 @@ pub struct PrintIr {
 /// A pass pipeline and how to run it.
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
-    /// Verify every trace before the first pass and after each pass (on by default).
+    /// Verify every trace before the first pass, and the traces a pass changed after it (on by
+    /// default).
     pub verify_each: bool,
     /// When to print the IR.
     pub print_ir: PrintIr,
@@ -190,7 +191,8 @@ impl PassManager {
         report.dumps.push(s);
     }
 
-    /// Runs every pass in order on `p`, verifying after each (when `verify_each`).
+    /// Runs every pass in order on `p`; with `verify_each`, verifies the input and, after each
+    /// pass that changed something, the traces it changed.
     pub fn run(&self, p: &mut Program, reg: &OpRegistry) -> Result<RunReport, RunError> {
         // the input is kept only when a failure would write a reproducer of it (a copy of a
         // million-node program costs more than the passes)
@@ -217,10 +219,13 @@ impl PassManager {
             cx.touched = [false; 2];
             let changed = pass.run(p, &mut cx).map_err(|e| fail(e, &name))?;
             let time = start.elapsed();
+            // the traces the pass changed; a program-level pass that names none may have
+            // changed either
+            let [fwd, bwd] = cx.touched;
+            let unnamed = !fwd && !bwd;
             if changed == Changed::Yes {
-                // on the traces the pass changed; a program-level pass that names none
-                // changed the backward
-                let [fwd, bwd] = cx.touched;
+                // the provenance line goes on the traces the pass changed, the backward when
+                // it names none
                 let record = Provenance {
                     pass: pass.spec(),
                     millis: self.record_time.then_some(time.as_millis() as u64),
@@ -232,8 +237,15 @@ impl PassManager {
                     p.backward.provenance.push(record);
                 }
             }
-            if self.verify_each {
-                for t in traces(p) {
+            // as MLIR's pass manager does: a pass that changed nothing leaves verified IR
+            // verified, so only the traces it may have changed are checked again
+            if self.verify_each && changed == Changed::Yes {
+                let changed_traces = traces(p).into_iter().filter(|t| {
+                    unnamed
+                        || (fwd && std::ptr::eq(*t, &p.forward))
+                        || (bwd && std::ptr::eq(*t, &p.backward))
+                });
+                for t in changed_traces {
                     verify_with(t, reg).map_err(|error| {
                         fail(
                             PassError::Verify {

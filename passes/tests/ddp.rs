@@ -570,6 +570,32 @@ fn verify_after_each_pass_names_the_pass() {
 }
 
 #[test]
+fn a_program_pass_that_names_no_trace_has_both_verified() {
+    // it breaks the forward without saying which trace it changed
+    struct ForwardBreaker;
+    impl Pass for ForwardBreaker {
+        fn name(&self) -> &str {
+            "forward-breaker"
+        }
+        fn run(&self, p: &mut Program, _: &mut PassContext) -> Result<Changed, PassError> {
+            let mut s = p.forward.schedule().to_vec();
+            s.reverse();
+            p.forward.set_schedule(s);
+            Ok(Changed::Yes)
+        }
+    }
+    let mut p = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    let mut pm = PassManager::new();
+    pm.add(ForwardBreaker);
+    let err = pm.run(&mut p, OpRegistry::builtin()).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("the IR is invalid after pass `forward-breaker`"),
+        "{err}"
+    );
+}
+
+#[test]
 fn seed_apis_have_thunders_defaults() {
     let mut p = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
     api::ddp(&mut p, 2, api::DdpArgs::default()).unwrap();
