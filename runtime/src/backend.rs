@@ -1,5 +1,6 @@
 //! The device interface the executor drives: kernels, bucket packing, host transfers.
 
+pub use crate::cpu::random::RngKey;
 use crate::kernel::{BinaryOp, Kernel, Side};
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
@@ -46,6 +47,15 @@ pub trait Backend: Send + Sync + 'static {
         inputs: &[Input<'_, Self::Tensor>],
     ) -> Result<Vec<Self::Tensor>, KernelError> {
         self.run(kernel, inputs).map(|t| vec![t])
+    }
+    /// Runs a random kernel (`Kernel::Uniform`) drawing from the stream `key` names, so a
+    /// value depends on (seed, rank, step, node) and its index only.
+    fn random(&self, kernel: &Kernel, key: RngKey) -> Result<Self::Tensor, KernelError> {
+        let _ = key;
+        Err(KernelError(format!(
+            "{kernel:?}: random numbers are not implemented on the {} backend",
+            self.name()
+        )))
     }
     /// Concatenates the flattened members into one 1-d bucket buffer.
     fn pack(&self, members: &[&Self::Tensor]) -> Result<Self::Tensor, KernelError>;

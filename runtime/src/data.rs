@@ -1,12 +1,13 @@
 //! Training data and initial parameters: from safetensors files, or drawn from a seed.
 
 use crate::cpu;
+use crate::model::{LossKind, Model};
 use crate::tensor::{Storage, Tensor};
 use crate::tensorfile::{TensorFile, TensorFileError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
-use tracepass_ir::{DType, Param, TensorType};
+use tracepass_ir::{DType, Param};
 
 /// A deterministic stream per (purpose, a, b), independent of everything else.
 fn rng(seed: u64, purpose: u64, a: u64, b: u64) -> StdRng {
@@ -28,66 +29,144 @@ fn tensor_of(shape: &[usize], dtype: DType, v: Vec<f64>) -> Result<Tensor, Strin
 pub enum DataSource {
     /// `x = randn(x_shape)`, `y = randn(y_shape).softmax(dim=1)`, one stream per micro-batch and rank.
     Seeded { seed: u64 },
-    /// Tensors `x.<micro-batch>.<rank>` and `y.<micro-batch>.<rank>`.
-    File(TensorFile),
+    /// Tensors `<arg>.<micro-batch>.<rank>` for every data argument, and
+    /// `<targets>.<micro-batch>.<rank>`. With `wrap`, a micro-batch the file lacks uses batch
+    /// `micro mod n` (n: the micro-batches present for that rank), as an export directory says.
+    File { file: TensorFile, wrap: bool },
+}
+
+/// One rank's inputs for one micro-batch.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    /// One tensor per data argument of the model, in its order.
+    pub data: Vec<Tensor>,
+    /// What the loss compares the output with (`None` for losses that need none).
+    pub targets: Option<Tensor>,
 }
 
 impl DataSource {
     /// The batch of `rank` for micro-batch `micro` (= step when there is no accumulation).
-    pub fn batch(
-        &self,
-        micro: usize,
-        rank: usize,
-        x_ty: &TensorType,
-        y_shape: Option<&[usize]>,
-    ) -> Result<(Tensor, Option<Tensor>), String> {
+    pub fn batch(&self, micro: usize, rank: usize, model: &Model) -> Result<Batch, String> {
+        let needs_targets = model.loss.needs_targets();
         match self {
             DataSource::Seeded { seed } => {
                 let mut r = rng(*seed, 1, micro as u64, rank as u64);
-                let x = values_for("input `x`", &x_ty.shape, || {
-                    r.sample::<f64, _>(StandardNormal)
-                })?;
-                let x = tensor_of(&x_ty.shape, x_ty.dtype, x)?;
-                let y = match y_shape {
-                    Some(s) => {
+                let mut data = Vec::new();
+                for a in &model.data_args {
+                    if !a.ty.dtype.is_float() {
+                        return Err(format!(
+                            "data argument `{}` is {}: random data is only drawn for float inputs; give the batches (--data FILE.safetensors)",
+                            a.name, a.ty.dtype
+                        ));
+                    }
+                    let v = values_for(&format!("input `{}`", a.name), &a.ty.shape, || {
+                        r.sample::<f64, _>(StandardNormal)
+                    })?;
+                    data.push(tensor_of(&a.ty.shape, a.ty.dtype, v)?);
+                }
+                let targets = match model.loss {
+                    LossKind::SeedCrossEntropy => {
+                        let s = model
+                            .output_type()
+                            .map(|t| t.shape.to_vec())
+                            .ok_or("the model output is not a tensor")?;
                         let n: usize = s.iter().product();
                         let y: Vec<f64> =
                             (0..n).map(|_| r.sample::<f64, _>(StandardNormal)).collect();
-                        let y =
-                            Tensor::from_f32(s.to_vec(), y.into_iter().map(|v| v as f32).collect());
+                        let y = Tensor::from_f32(s, y.into_iter().map(|v| v as f32).collect());
                         Some(cpu::softmax(&y, 1, false)?)
                     }
-                    None => None,
-                };
-                Ok((x, y))
-            }
-            DataSource::File(f) => {
-                let get = |name: String, shape: &[usize]| -> Result<Tensor, String> {
-                    let t = f.get(&name).map_err(|e| e.to_string())?;
-                    if t.shape() != shape {
+                    _ if needs_targets => {
                         return Err(format!(
-                            "{}: `{name}` has shape {:?} but the model takes {:?}",
-                            f.path.display(),
-                            t.shape(),
-                            shape
-                        ));
+                        "the {:?} loss needs targets: give the batches (--data FILE.safetensors)",
+                        model.loss
+                    ))
+                    }
+                    _ => None,
+                };
+                Ok(Batch { data, targets })
+            }
+            DataSource::File { file, wrap } => {
+                let get = |name: &str, shape: Option<&[usize]>| -> Result<Tensor, String> {
+                    let key = file_key(file, name, micro, rank, *wrap)?;
+                    let t = file.get(&key).map_err(|e| e.to_string())?;
+                    if let Some(shape) = shape {
+                        if t.shape() != shape {
+                            return Err(format!(
+                                "{}: `{key}` has shape {:?} but the model takes {:?}",
+                                file.path.display(),
+                                t.shape(),
+                                shape
+                            ));
+                        }
                     }
                     Ok(t.clone())
                 };
-                let x = get(format!("x.{micro}.{rank}"), &x_ty.shape)?;
-                let x = if x.dtype() == x_ty.dtype {
-                    x
+                let mut data = Vec::new();
+                for a in &model.data_args {
+                    let t = get(&a.name, Some(&a.ty.shape))?;
+                    data.push(if t.dtype() == a.ty.dtype {
+                        t
+                    } else {
+                        t.to_dtype(a.ty.dtype).ok_or_else(|| {
+                            format!(
+                                "data `{}`: cannot convert {} to {}",
+                                a.name,
+                                t.dtype(),
+                                a.ty.dtype
+                            )
+                        })?
+                    });
+                }
+                let targets = if needs_targets {
+                    let shape = match model.loss {
+                        LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape.to_vec()),
+                        _ => None,
+                    };
+                    Some(get(&model.targets, shape.as_deref())?)
                 } else {
-                    x.to_dtype(x_ty.dtype).ok_or("x dtype")?
+                    None
                 };
-                let y = match y_shape {
-                    Some(s) => Some(get(format!("y.{micro}.{rank}"), s)?),
-                    None => None,
-                };
-                Ok((x, y))
+                Ok(Batch { data, targets })
             }
         }
     }
+}
+
+/// The key of `name`'s batch for (`micro`, `rank`): `<name>.<micro>.<rank>`, or with `wrap`
+/// that of micro-batch `micro mod n` when the file has only n of them for this rank.
+fn file_key(
+    file: &TensorFile,
+    name: &str,
+    micro: usize,
+    rank: usize,
+    wrap: bool,
+) -> Result<String, String> {
+    let key = |m: usize| format!("{name}.{m}.{rank}");
+    if !wrap || file.tensors.contains_key(&key(micro)) {
+        return Ok(key(micro));
+    }
+    let n = (0..)
+        .take_while(|m| file.tensors.contains_key(&key(*m)))
+        .count();
+    if n == 0 {
+        let ranks = (0..)
+            .take_while(|r| file.tensors.contains_key(&format!("{name}.0.{r}")))
+            .count();
+        return Err(if ranks > 0 && rank >= ranks {
+            format!(
+                "{}: has batches of `{name}` for {ranks} rank(s) (`{name}.<step>.<rank>`), none for rank {rank}; train on at most {ranks} ranks or export more",
+                file.path.display()
+            )
+        } else {
+            format!(
+                "{}: no batch `{}` (data arguments are stored as `<arg>.<step>.<rank>`)",
+                file.path.display(),
+                key(0)
+            )
+        });
+    }
+    Ok(key(micro % n))
 }
 
 /// The elements of `shape`, drawn from `next` in order, or an error naming `what` when they

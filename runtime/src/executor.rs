@@ -1,8 +1,9 @@
 //! Runs a compiled plan on one rank: kernels on the backend, collectives on the communicator,
 //! each value dropped after its last use, timings recorded as it goes.
 
-use crate::backend::{Backend, Input};
+use crate::backend::{Backend, Input, RngKey};
 use crate::comm::{CommError, Communicator};
+use crate::kernel::Kernel;
 use crate::metrics::{BucketRecord, Clock, Event, Recording, Span};
 use crate::plan::{InstrKind, Plan};
 use std::time::Instant;
@@ -83,6 +84,9 @@ pub struct Executor<B: Backend, C: Communicator<Tensor = B::Tensor>> {
     futures: Vec<Option<C::Handle>>,
     pack_started: Vec<f64>,
     buckets: Vec<Option<BucketRecord>>,
+    /// The random stream of this run (seed, rank, step); each random node draws from it with
+    /// its own instruction index as the node key.
+    rng: Option<RngKey>,
 }
 
 impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Default for Executor<B, C> {
@@ -92,6 +96,7 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Default for Executor<B, C>
             futures: Vec::new(),
             pack_started: Vec::new(),
             buckets: Vec::new(),
+            rng: None,
         }
     }
 }
@@ -131,6 +136,17 @@ fn check_input<B: Backend>(backend: &B, ty: &Type, v: &RValue<B::Tensor>) -> Res
 impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Keys the random nodes of the next runs (dropout's `uniform`) by (seed, rank, step):
+    /// without a key they are an error, never an unseeded draw.
+    pub fn set_rng(&mut self, seed: u64, rank: usize, step: usize) {
+        self.rng = Some(RngKey {
+            seed,
+            rank: rank as u64,
+            step: step as u64,
+            node: 0,
+        });
     }
 
     /// Runs `plan` once with `inputs` (one per trace argument); returns the plan's results.
@@ -227,7 +243,25 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                                 }
                             });
                         }
-                        if k.outputs() > 1 {
+                        if let Kernel::Uniform { .. } = k {
+                            let key = self.rng.ok_or_else(|| {
+                                Failure::Node(
+                                    i,
+                                    "a random node needs a stream keyed by (seed, rank, step); this run has none".into(),
+                                )
+                            })?;
+                            Produced::One(
+                                backend
+                                    .random(
+                                        k,
+                                        RngKey {
+                                            node: i as u64,
+                                            ..key
+                                        },
+                                    )
+                                    .map_err(|e| Failure::Node(i, e.0))?,
+                            )
+                        } else if k.outputs() > 1 {
                             Produced::Many(
                                 backend
                                     .run_multi(k, &args)

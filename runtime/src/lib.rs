@@ -13,6 +13,7 @@
 pub mod affinity;
 pub mod alloc;
 pub mod backend;
+pub mod buffer_updates;
 pub mod checkpoint;
 pub mod cli;
 pub mod comm;

@@ -60,6 +60,39 @@ pub fn loss_and_grad(
             let g = grad.to_dtype(out.dtype()).ok_or("output dtype")?;
             Ok((loss, g))
         }
+        LossKind::CrossEntropy { ignore_index } => {
+            let y = y.ok_or("the cross-entropy loss needs integer targets")?;
+            cross_entropy(out, y, ignore_index)
+        }
+        LossKind::Mse => {
+            let y = y.ok_or("the mse loss needs targets")?;
+            if y.shape() != out.shape() {
+                return Err(format!(
+                    "mse: targets {:?} and output {:?} must have the same shape",
+                    y.shape(),
+                    out.shape()
+                ));
+            }
+            let (o, t) = (out.to_f64_vec(), y.to_f64_vec());
+            let n = o.len().max(1) as f64;
+            let loss = o
+                .iter()
+                .zip(&t)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f64>()
+                / n;
+            let grad: Vec<f64> = o.iter().zip(&t).map(|(a, b)| 2.0 * (a - b) / n).collect();
+            Ok((loss, of(out, grad)?))
+        }
+        LossKind::Output => {
+            if out.numel() != 1 {
+                return Err(format!(
+                    "loss `output`: the model output must be the loss, one number, but it has shape {:?}",
+                    out.shape()
+                ));
+            }
+            Ok((out.to_f64_vec()[0], of(out, vec![1.0])?))
+        }
         LossKind::Sum => {
             let loss: f64 = out.to_f64_vec().iter().sum();
             let ones = Tensor::new(
@@ -69,6 +102,62 @@ pub fn loss_and_grad(
             Ok((loss, ones))
         }
     }
+}
+
+/// A tensor shaped and typed like `like`, holding `v`.
+fn of(like: &Tensor, v: Vec<f64>) -> Result<Tensor, String> {
+    Ok(Tensor::new(
+        like.shape().to_vec(),
+        Storage::from_f64(like.dtype(), &v)
+            .ok_or_else(|| format!("output dtype {} is not supported", like.dtype()))?,
+    ))
+}
+
+/// `F.cross_entropy(out.view(-1, C), targets.view(-1), ignore_index=..)`: the classes are the
+/// output's last dim; the loss is the mean over the targets that are not `ignore_index`, in f64.
+fn cross_entropy(out: &Tensor, y: &Tensor, ignore_index: i64) -> Result<(f64, Tensor), String> {
+    let c = *out
+        .shape()
+        .last()
+        .ok_or("cross-entropy: the output is a scalar; it needs a class dim")?;
+    let rows = if c == 0 { 0 } else { out.numel() / c };
+    if y.numel() != rows || y.dtype().is_float() {
+        return Err(format!(
+            "cross-entropy: targets {:?} {} must be integers, one per row of the output {:?} (its last dim, {c}, holds the classes)",
+            y.shape(),
+            y.dtype(),
+            out.shape()
+        ));
+    }
+    let x = out.to_f64_vec();
+    let targets = y.to_f64_vec();
+    let mut grad = vec![0.0f64; x.len()];
+    let (mut total, mut counted) = (0.0f64, 0usize);
+    for r in 0..rows {
+        let t = targets[r] as i64;
+        if t == ignore_index {
+            continue;
+        }
+        if t < 0 || t as usize >= c {
+            return Err(format!(
+                "cross-entropy: target {t} at position {r} is not a class of 0..{c}"
+            ));
+        }
+        let row = &x[r * c..(r + 1) * c];
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        let lse = m + sum.ln();
+        total += lse - row[t as usize];
+        counted += 1;
+        for j in 0..c {
+            grad[r * c + j] = (row[j] - lse).exp();
+        }
+        grad[r * c + t as usize] -= 1.0;
+    }
+    // PyTorch's mean over zero targets is NaN
+    let n = counted as f64;
+    grad.iter_mut().for_each(|g| *g /= n);
+    Ok((total / n, of(out, grad)?))
 }
 
 #[cfg(test)]
@@ -93,5 +182,52 @@ mod tests {
         let (s, ones) = loss_and_grad(LossKind::Sum, &out, None).expect("ok");
         assert!((s - 2.0).abs() < 1e-6);
         assert_eq!(ones.to_f32_vec(), vec![1.0; 6]);
+    }
+
+    #[test]
+    fn integer_cross_entropy_is_pytorchs_over_leading_dims_and_ignores_minus_100() {
+        // logits [2, 2, 3]: four rows, the last target ignored
+        let out = Tensor::from_f32(
+            vec![2, 2, 3],
+            vec![1.0, 2.0, 3.0, 0.0, 0.0, 0.0, -1.0, 0.5, 2.0, 4.0, 4.0, 4.0],
+        );
+        let y = Tensor::new(vec![2, 2], Storage::I64(vec![2, 0, 1, -100]));
+        let kind = LossKind::CrossEntropy { ignore_index: -100 };
+        let (l, g) = loss_and_grad(kind, &out, Some(&y)).expect("ok");
+        let lse = |r: [f64; 3]| r.iter().map(|v| v.exp()).sum::<f64>().ln();
+        let want = ((lse([1.0, 2.0, 3.0]) - 3.0)
+            + (lse([0.0, 0.0, 0.0]) - 0.0)
+            + (lse([-1.0, 0.5, 2.0]) - 0.5))
+            / 3.0;
+        assert!((l - want).abs() < 1e-12, "{l} vs {want}");
+        let g = g.to_f64_vec();
+        // the ignored row gets no gradient; each counted row sums to zero
+        assert_eq!(&g[9..12], &[0.0, 0.0, 0.0]);
+        for r in 0..3 {
+            assert!(g[r * 3..r * 3 + 3].iter().sum::<f64>().abs() < 1e-6);
+        }
+        // finite differences on one logit
+        let mut bumped = out.to_f32_vec();
+        bumped[4] += 1e-3;
+        let (l2, _) =
+            loss_and_grad(kind, &Tensor::from_f32(vec![2, 2, 3], bumped), Some(&y)).expect("ok");
+        assert!(((l2 - l) / 1e-3 - g[4]).abs() < 1e-3);
+        let bad = Tensor::new(vec![2, 2], Storage::I64(vec![2, 0, 3, 0]));
+        let e = loss_and_grad(kind, &out, Some(&bad)).unwrap_err();
+        assert!(e.contains("target 3 at position 2"), "{e}");
+    }
+
+    #[test]
+    fn mse_and_output_losses() {
+        let out = Tensor::from_f32(vec![2], vec![1.0, 3.0]);
+        let y = Tensor::from_f32(vec![2], vec![0.0, 1.0]);
+        let (l, g) = loss_and_grad(LossKind::Mse, &out, Some(&y)).expect("ok");
+        assert!((l - 2.5).abs() < 1e-12);
+        assert_eq!(g.to_f32_vec(), vec![1.0, 2.0]);
+        let scalar = Tensor::from_f32(vec![], vec![0.75]);
+        let (l, g) = loss_and_grad(LossKind::Output, &scalar, None).expect("ok");
+        assert!((l - 0.75).abs() < 1e-12);
+        assert_eq!(g.to_f32_vec(), vec![1.0]);
+        assert!(loss_and_grad(LossKind::Output, &out, None).is_err());
     }
 }

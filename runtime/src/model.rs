@@ -1,9 +1,11 @@
-//! The model a trainer runs: a forward/backward program, its inputs, and how its output becomes
-//! a loss. The seed example's Thunder traces are built into the binary.
+//! The model a trainer runs: a forward/backward program, which forward argument is a
+//! parameter, a buffer or data, how its output becomes a loss, and which buffers the forward
+//! updates. The seed example's Thunder traces are built into the binary.
 
+use crate::buffer_updates::{buffer_updates, BufferUpdate};
 use crate::executor::RValue;
 use std::path::PathBuf;
-use tracepass_ir::{parse_trace, synth, Arg, DType, Program, TensorType, Trace, ValueId};
+use tracepass_ir::{parse_trace, synth, Arg, Program, TensorType, Trace, ValueId};
 
 /// Thunder's export of the seed model (testdata/thunder/mlp), final forward and backward.
 pub const SEED_FORWARD: &str = include_str!("../../testdata/thunder/mlp/forward.trace");
@@ -19,6 +21,9 @@ pub enum ModelSource {
     Files { forward: PathBuf, backward: PathBuf },
     /// A whole program, already loaded (`tracepass pack`, `opt -o prog.tpb`).
     Program(Box<Program>),
+    /// An export directory (`forward.trace`, `backward.trace`, `prologue.trace`,
+    /// `params.safetensors`, `data.safetensors`, `export.json`).
+    Export(PathBuf),
     /// `layers` x [Linear(width, width), tanh GELU], generated in Thunder's export shape.
     DeepMlp {
         layers: usize,
@@ -32,8 +37,37 @@ pub enum ModelSource {
 pub enum LossKind {
     /// The seed's `F.cross_entropy(y, out)`: y is the input (logits), out the soft target.
     SeedCrossEntropy,
+    /// `F.cross_entropy(out.view(-1, C), targets.view(-1))`: integer class targets over any
+    /// leading dims, mean over the targets that are not `ignore_index` (PyTorch's -100).
+    CrossEntropy { ignore_index: i64 },
+    /// `F.mse_loss(out, targets)`: mean of the squared differences.
+    Mse,
     /// `out.sum()`.
     Sum,
+    /// The model output is the loss already (a scalar).
+    Output,
+}
+
+impl LossKind {
+    /// The loss `export.json` names.
+    pub fn from_export(name: &str) -> Result<LossKind, String> {
+        match name {
+            "cross_entropy" => Ok(LossKind::CrossEntropy { ignore_index: -100 }),
+            "mse" => Ok(LossKind::Mse),
+            "sum" => Ok(LossKind::Sum),
+            "output" => Ok(LossKind::Output),
+            other => Err(format!(
+                "unknown loss `{other}` (valid: cross_entropy, mse, sum, output)"
+            )),
+        }
+    }
+    /// Whether the loss reads a targets tensor.
+    pub fn needs_targets(self) -> bool {
+        matches!(
+            self,
+            LossKind::SeedCrossEntropy | LossKind::CrossEntropy { .. } | LossKind::Mse
+        )
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,12 +76,27 @@ pub enum ModelError {
     Load { what: String, message: String },
     #[error("the forward trace's output could not be found: it must return `({{'output': (out,), ...}}, (saved, ()))` or `(out, ...)`")]
     NoOutput,
+    #[error("the forward has no model output {index} (export.json `output`)")]
+    NoOutputAt { index: usize },
     #[error(
         "forward argument `{name}` is neither a parameter (`t_<module path>`) nor the input `x`"
     )]
     UnknownInput { name: String },
+    #[error("{0}")]
+    Export(String),
     #[error("forward argument `{name}` has type {ty}; inputs must be tensors")]
     InputNotTensor { name: String, ty: String },
+}
+
+/// A forward argument that is data: a batch tensor the data source gives each step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DataArg {
+    /// Its position among the forward's arguments.
+    pub position: usize,
+    /// Its name in the forward's signature (`idx`, `input_ids`, `x`): the data file's key.
+    pub name: String,
+    /// Its shape and dtype.
+    pub ty: TensorType,
 }
 
 /// A loaded model: the plain (unsynchronized) program plus what the trainer needs to feed it.
@@ -55,22 +104,41 @@ pub enum ModelError {
 pub struct Model {
     pub program: Program,
     pub output: ValueId,
-    /// The data input `x`: its position among the forward's arguments and its type.
-    pub input: (usize, TensorType),
+    /// The data arguments, in forward-argument order (every argument that is not a parameter
+    /// or a buffer).
+    pub data_args: Vec<DataArg>,
     pub loss: LossKind,
+    /// The targets' name in a data file (`targets`; `y` for the seed's soft targets).
+    pub targets: String,
+    /// Buffers the forward updates, carried to the next forward.
+    pub buffer_updates: Vec<BufferUpdate>,
+    /// Groups of parameters that are one tensor (indices into `program.params`, the primary
+    /// first): their gradients add up at the primary, and every member takes its value.
+    pub ties: Vec<Vec<usize>>,
+    /// The export's own parameters and data files, used when no other is given.
+    pub default_params: Option<PathBuf>,
+    pub default_data: Option<PathBuf>,
+    /// The world size an export's backward already holds Thunder's DDP for.
+    pub exported_world_size: Option<usize>,
     pub description: String,
 }
 
 /// The forward's model output: `{'output': (out,)}` in Thunder's dict, or the first returned value.
 pub fn forward_output(forward: &Trace) -> Option<ValueId> {
+    forward_output_at(forward, 0)
+}
+
+/// The forward's `index`-th model output: `{'output': (out0, out1, ...)}` in Thunder's dict,
+/// or the first returned value for index 0.
+pub fn forward_output_at(forward: &Trace, index: usize) -> Option<ValueId> {
     let first = match &forward.ret {
         Arg::Tuple(items) | Arg::List(items) => items.first()?,
         other => other,
     };
     let pick = |a: &Arg| -> Option<ValueId> {
         match a {
-            Arg::Value(v) => Some(*v),
-            Arg::Tuple(x) | Arg::List(x) => x.first().and_then(Arg::as_value),
+            Arg::Value(v) if index == 0 => Some(*v),
+            Arg::Tuple(x) | Arg::List(x) => x.get(index).and_then(Arg::as_value),
             _ => None,
         }
     };
@@ -90,16 +158,30 @@ fn parse(what: &str, text: &str) -> Result<Trace, ModelError> {
     })
 }
 
+/// What an export directory adds to its program: the loss, the output, the files.
+struct ExportParts {
+    output_index: usize,
+    targets: String,
+    params: PathBuf,
+    data: PathBuf,
+    world_size: Option<usize>,
+}
+
+fn load_err(what: impl Into<String>, message: impl ToString) -> ModelError {
+    ModelError::Load {
+        what: what.into(),
+        message: message.to_string(),
+    }
+}
+
 impl Model {
     pub fn load(source: &ModelSource) -> Result<Model, ModelError> {
+        let mut export = None;
         let (program, loss, description) = match source {
             ModelSource::Seed => {
                 let f = parse("built-in seed forward", SEED_FORWARD)?;
                 let b = parse("built-in seed backward", SEED_BACKWARD)?;
-                let p = Program::from_thunder(f, b).map_err(|e| ModelError::Load {
-                    what: "seed program".into(),
-                    message: e.to_string(),
-                })?;
+                let p = Program::from_thunder(f, b).map_err(|e| load_err("seed program", e))?;
                 (
                     p,
                     LossKind::SeedCrossEntropy,
@@ -108,10 +190,8 @@ impl Model {
             }
             ModelSource::Files { forward, backward } => {
                 let read = |p: &PathBuf, forward: bool| {
-                    let m = tracepass_ir::fsio::load(p).map_err(|e| ModelError::Load {
-                        what: p.display().to_string(),
-                        message: e.to_string(),
-                    })?;
+                    let m = tracepass_ir::fsio::load(p)
+                        .map_err(|e| load_err(p.display().to_string(), e))?;
                     Ok::<_, ModelError>(match m {
                         tracepass_ir::Module::Trace(t) => t,
                         tracepass_ir::Module::Program(p) if forward => p.forward,
@@ -119,9 +199,8 @@ impl Model {
                     })
                 };
                 let (f, b) = (read(forward, true)?, read(backward, false)?);
-                let p = Program::from_thunder(f, b).map_err(|e| ModelError::Load {
-                    what: format!("{} + {}", forward.display(), backward.display()),
-                    message: e.to_string(),
+                let p = Program::from_thunder(f, b).map_err(|e| {
+                    load_err(format!("{} + {}", forward.display(), backward.display()), e)
                 })?;
                 (
                     p,
@@ -131,10 +210,7 @@ impl Model {
             }
             ModelSource::Program(p) => {
                 if p.is_lone() || p.params.is_empty() {
-                    return Err(ModelError::Load {
-                        what: "the program".into(),
-                        message: "it has no forward or no parameters; pair a forward with its backward (tracepass pack FORWARD BACKWARD -o prog.tpb)".into(),
-                    });
+                    return Err(load_err("the program", "it has no forward or no parameters; pair a forward with its backward (tracepass pack FORWARD BACKWARD -o prog.tpb)"));
                 }
                 (
                     (**p).clone(),
@@ -142,16 +218,28 @@ impl Model {
                     "program file".to_string(),
                 )
             }
+            ModelSource::Export(dir) => {
+                let e = tracepass_ir::load_export(dir)
+                    .map_err(|e| load_err(dir.display().to_string(), e))?;
+                let loss = LossKind::from_export(&e.info.loss)
+                    .map_err(|m| load_err(dir.join("export.json").display().to_string(), m))?;
+                let description = format!("export {} ({})", e.info.model, dir.display());
+                export = Some(ExportParts {
+                    output_index: e.info.output,
+                    targets: e.info.targets.clone(),
+                    params: e.file("params.safetensors"),
+                    data: e.file("data.safetensors"),
+                    world_size: e.info.world_size,
+                });
+                (e.program, loss, description)
+            }
             ModelSource::DeepMlp {
                 layers,
                 width,
                 batch,
             } => {
                 let spec = synth::MlpSpec::deep(*layers, *width, *batch);
-                let p = synth::mlp_program(&spec).map_err(|e| ModelError::Load {
-                    what: "deep MLP".into(),
-                    message: e.to_string(),
-                })?;
+                let p = synth::mlp_program(&spec).map_err(|e| load_err("deep MLP", e))?;
                 (
                     p,
                     LossKind::Sum,
@@ -159,33 +247,31 @@ impl Model {
                 )
             }
         };
-        let output = forward_output(&program.forward).ok_or(ModelError::NoOutput)?;
-        let mut input = None;
-        for (i, &a) in program.forward.args().iter().enumerate() {
-            if program.params.iter().any(|p| p.forward_arg == i) {
-                continue;
-            }
-            let name = program.forward.name(a);
-            let ty = program.forward.ty(a).cloned();
-            match (name.as_str(), ty.as_ref().and_then(|t| t.as_tensor())) {
-                ("x", Some(tt)) if input.is_none() => input = Some((i, tt.clone())),
-                ("x", None) => {
-                    return Err(ModelError::InputNotTensor {
-                        name,
-                        ty: ty.map_or("unknown".into(), |t| t.to_string()),
-                    })
+        let output_index = export.as_ref().map_or(0, |e| e.output_index);
+        let output =
+            forward_output_at(&program.forward, output_index).ok_or(if output_index == 0 {
+                ModelError::NoOutput
+            } else {
+                ModelError::NoOutputAt {
+                    index: output_index,
                 }
-                _ => return Err(ModelError::UnknownInput { name }),
-            }
-        }
-        let input = input.ok_or_else(|| ModelError::UnknownInput {
-            name: "x (missing)".into(),
-        })?;
+            })?;
+        let data_args = data_args(&program, export.is_some())?;
+        let buffer_updates = buffer_updates(&program).map_err(ModelError::Export)?;
+        let ties = ties(&program).map_err(ModelError::Export)?;
         Ok(Model {
-            program,
             output,
-            input,
+            data_args,
             loss,
+            targets: export
+                .as_ref()
+                .map_or_else(|| "y".to_string(), |e| e.targets.clone()),
+            buffer_updates,
+            ties,
+            default_params: export.as_ref().map(|e| e.params.clone()),
+            default_data: export.as_ref().map(|e| e.data.clone()),
+            exported_world_size: export.as_ref().and_then(|e| e.world_size),
+            program,
             description,
         })
     }
@@ -197,10 +283,6 @@ impl Model {
             .ty(self.output)
             .and_then(|t| t.as_tensor())
             .cloned()
-    }
-
-    pub fn dtype(&self) -> DType {
-        self.input.1.dtype
     }
 
     /// The parameters' module paths (`l1.weight`, ...), in parameter order.
@@ -217,18 +299,31 @@ impl Model {
             .collect()
     }
 
-    /// The forward's arguments in signature order: the batch `x` and the parameters.
-    pub fn forward_inputs<T: Clone>(&self, x: T, params: &[T]) -> Vec<RValue<T>> {
+    /// The forward's arguments in signature order: the data (one per [`DataArg`]) and the
+    /// parameters and buffers.
+    pub fn forward_inputs<T: Clone>(&self, data: Vec<T>, params: &[T]) -> Vec<RValue<T>> {
         let mut inputs = vec![RValue::None; self.program.forward.args().len()];
-        inputs[self.input.0] = RValue::Tensor(x);
+        for (a, t) in self.data_args.iter().zip(data) {
+            inputs[a.position] = RValue::Tensor(t);
+        }
         for (p, t) in self.program.params.iter().zip(params) {
             inputs[p.forward_arg] = RValue::Tensor(t.clone());
         }
         inputs
     }
 
-    /// Per parameter, its gradient among the backward's results (`None`: no gradient).
-    pub fn param_grads<T: Clone>(&self, results: &[RValue<T>]) -> Vec<Option<T>> {
+    /// Per parameter, its gradient among the backward's results (`None`: no gradient), with
+    /// the ties' gradients added up ([`Model::sum_ties`]).
+    pub fn param_grads<T: Clone>(
+        &self,
+        results: &[RValue<T>],
+        add: impl Fn(&T, &T) -> Result<T, String>,
+    ) -> Result<Vec<Option<T>>, String> {
+        self.sum_ties(self.raw_param_grads(results), add)
+    }
+
+    /// Per parameter, its gradient among the backward's results as the backward returns it.
+    pub fn raw_param_grads<T: Clone>(&self, results: &[RValue<T>]) -> Vec<Option<T>> {
         self.program
             .params
             .iter()
@@ -239,4 +334,102 @@ impl Model {
             })
             .collect()
     }
+
+    /// The members of a tie are one tensor: their gradients are added at the primary (the
+    /// others get `None`), and [`Model::share_ties`] copies the primary's update to them.
+    pub fn sum_ties<T>(
+        &self,
+        mut grads: Vec<Option<T>>,
+        add: impl Fn(&T, &T) -> Result<T, String>,
+    ) -> Result<Vec<Option<T>>, String> {
+        for group in &self.ties {
+            let mut sum: Option<T> = None;
+            for &i in group {
+                if let Some(g) = grads[i].take() {
+                    sum = Some(match sum {
+                        None => g,
+                        Some(s) => add(&s, &g)?,
+                    });
+                }
+            }
+            grads[group[0]] = sum;
+        }
+        Ok(grads)
+    }
+
+    /// Gives every tied parameter its primary's value (after an optimizer step).
+    pub fn share_ties<T: Clone>(&self, params: &mut [T]) {
+        for group in &self.ties {
+            for &i in &group[1..] {
+                params[i] = params[group[0]].clone();
+            }
+        }
+    }
+
+    /// Whether parameter `i` is trained: it needs a gradient and is not a buffer.
+    pub fn trainable(&self, i: usize) -> bool {
+        self.program
+            .params
+            .get(i)
+            .is_some_and(|p| p.requires_grad && !p.buffer)
+    }
+}
+
+/// The forward arguments that are neither parameters nor buffers. Without an export the seed
+/// convention holds: the one input is `x`.
+fn data_args(program: &Program, from_export: bool) -> Result<Vec<DataArg>, ModelError> {
+    let mut out = Vec::new();
+    for (i, &a) in program.forward.args().iter().enumerate() {
+        if program.params.iter().any(|p| p.forward_arg == i) {
+            continue;
+        }
+        let name = program.forward.name(a);
+        let ty = program.forward.ty(a).cloned();
+        let Some(tt) = ty.as_ref().and_then(|t| t.as_tensor()) else {
+            return Err(ModelError::InputNotTensor {
+                name,
+                ty: ty.map_or("unknown".into(), |t| t.to_string()),
+            });
+        };
+        if !from_export && (name != "x" || !out.is_empty()) {
+            return Err(ModelError::UnknownInput { name });
+        }
+        out.push(DataArg {
+            position: i,
+            name,
+            ty: tt.clone(),
+        });
+    }
+    if out.is_empty() && !from_export {
+        return Err(ModelError::UnknownInput {
+            name: "x (missing)".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// The program's ties as index groups, the primary (the parameter others are `tied_to`) first.
+fn ties(program: &Program) -> Result<Vec<Vec<usize>>, String> {
+    let params = &program.params;
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, p) in params.iter().enumerate() {
+        let Some(primary) = &p.tied_to else { continue };
+        let Some(j) = params.iter().position(|q| &q.fqn == primary) else {
+            return Err(format!(
+                "parameter `{}` is tied to `{primary}`, which is not a parameter of the model",
+                p.fqn
+            ));
+        };
+        if params[j].shape != p.shape || params[j].dtype != p.dtype {
+            return Err(format!(
+                "tied parameters `{}` {:?} {} and `{primary}` {:?} {} differ in shape or dtype",
+                p.fqn, p.shape, p.dtype, params[j].shape, params[j].dtype
+            ));
+        }
+        match groups.iter_mut().find(|g| g[0] == j) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![j, i]),
+        }
+    }
+    Ok(groups)
 }

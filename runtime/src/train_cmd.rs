@@ -20,10 +20,13 @@ pub struct TrainArgs {
     /// Gradient bucket cap in MiB; 0 or less: one all-reduce per gradient.
     #[arg(long, default_value_t = 25.0, allow_negative_numbers = true)]
     pub bucket_mb: f64,
-    /// Initial parameters by module path (`l1.weight`, ...); without it a seeded init.
+    /// Initial parameters and buffers by module path (`l1.weight`, ...); without it the export's
+    /// params.safetensors, or a seeded init.
     #[arg(long, value_name = "FILE.safetensors")]
     pub params: Option<PathBuf>,
-    /// Batches `x.<micro-batch>.<rank>` and `y.<micro-batch>.<rank>`; without it seeded random data.
+    /// Batches `<arg>.<micro-batch>.<rank>` for every data argument (`x`, `idx`, ...) and the
+    /// targets (`y`, or the export's `targets`); without it the export's data.safetensors, or
+    /// seeded random data.
     #[arg(long, value_name = "FILE.safetensors")]
     pub data: Option<PathBuf>,
     /// Write rank 0's synchronized gradients of the first step, by module path.
@@ -38,8 +41,9 @@ pub struct TrainArgs {
     /// Seed for the parameter init (without --params) and the random data (without --data).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = count64)]
     pub seed: u64,
-    /// `seed` (the built-in Thunder traces), `deep-mlp:LAYERS,WIDTH,BATCH`, or a program file
-    /// (.tpb or .json, from `tracepass pack` or `opt --forward F -o prog.tpb`).
+    /// `seed` (the built-in Thunder traces), `deep-mlp:LAYERS,WIDTH,BATCH`, an export directory
+    /// (its parameters, data and loss come with it; see docs/EXPORT_FORMAT.md), or a program
+    /// file (.tpb or .json, from `tracepass pack` or `opt --forward F -o prog.tpb`).
     #[arg(long, default_value = "seed", conflicts_with_all = ["forward", "backward"])]
     pub model: String,
     /// A forward trace to train instead of the built-in model (needs --backward); .trace, .tpb
@@ -156,13 +160,22 @@ fn model_source(args: &TrainArgs) -> Result<ModelSource> {
         });
     }
     let path = std::path::Path::new(&args.model);
+    if path.is_dir() {
+        if !path.join("export.json").is_file() {
+            bail!(
+                "--model {}: a directory must be an export directory (forward.trace, backward.trace, prologue.trace, export.json, params.safetensors, data.safetensors); it has no export.json",
+                args.model
+            );
+        }
+        return Ok(ModelSource::Export(path.to_path_buf()));
+    }
     if path.exists() || path.extension().is_some() {
         let p =
             crate::cli::load_program(path).with_context(|| format!("--model {}", args.model))?;
         return Ok(ModelSource::Program(Box::new(p)));
     }
     bail!(
-        "--model {}: unknown model (valid: seed, deep-mlp:LAYERS,WIDTH,BATCH, or a program file .tpb/.json)",
+        "--model {}: unknown model (valid: seed, deep-mlp:LAYERS,WIDTH,BATCH, an export directory, or a program file .tpb/.json)",
         args.model
     )
 }

@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::comm::{Communicator, LinkModel, ReduceOp};
 use crate::cpu::CpuBackend;
-use crate::data::{file_params, seeded_params, DataSource};
+use crate::data::{file_params, seeded_params, Batch, DataSource};
 use crate::executor::{ExecError, Executor, RValue};
 use crate::loss::loss_and_grad;
 use crate::metrics::{Clock, Event, Recording, Span, StepMetrics};
@@ -166,11 +166,25 @@ pub struct TrainReport {
     pub first_step: usize,
 }
 
-/// The divisor an exported DDP backward applies before its all-reduces, if it is a constant.
+/// The divisor an exported DDP backward applies before its all-reduces, if it is a constant:
+/// the constant of a division whose result an all-reduce reads (other divisions, such as an
+/// attention scale, say nothing about the world size).
 fn exported_world_size(t: &Trace) -> Option<f64> {
+    let reg = OpRegistry::builtin();
+    let canonical = |op: &str| reg.resolve(op).unwrap_or(op).to_string();
     t.nodes()
-        .filter(|(_, n)| n.op == ops::DIV || n.op == ops::TRUE_DIVIDE)
-        .find_map(|(_, n)| n.args().get(1).and_then(Arg::as_f64))
+        .filter(|(_, n)| canonical(n.op.as_str()) == ops::ALL_REDUCE)
+        .filter_map(|(_, n)| n.args().first().and_then(Arg::as_value))
+        .find_map(|v| {
+            let tracepass_ir::Def::Node(d, _) = t.value(v)?.def else {
+                return None;
+            };
+            let div = t.node(d)?;
+            let op = canonical(div.op.as_str());
+            (op == ops::DIV || op == ops::TRUE_DIVIDE)
+                .then(|| div.args().get(1).and_then(Arg::as_f64))
+                .flatten()
+        })
 }
 
 fn rewrite(program: &Program, pipeline: &str) -> Result<Program, TrainError> {
@@ -188,6 +202,8 @@ fn rewrite(program: &Program, pipeline: &str) -> Result<Program, TrainError> {
 /// The three backward variants a run may need, compiled.
 pub(crate) struct Plans {
     pub(crate) forward: Plan,
+    /// How many buffer values follow the forward's output among its results.
+    pub(crate) buffers: usize,
     /// Values the forward returns as `saved_for_backward`, as a tree.
     pub(crate) saved: Arg,
     /// Local gradients (no communication): accumulation micro-steps.
@@ -200,12 +216,18 @@ pub(crate) struct Plans {
     pub(crate) pipeline: String,
 }
 
-/// What a forward run hands on: its output tensor and the saved-for-backward values.
-pub(crate) type ForwardOut<T> = (T, RValue<T>);
+/// What a forward run hands on: its output tensor, the buffers' new values (in
+/// `Model::buffer_updates` order) and the saved-for-backward values.
+pub(crate) struct ForwardOut<T> {
+    pub(crate) output: T,
+    pub(crate) buffers: Vec<T>,
+    pub(crate) saved: RValue<T>,
+}
 
 impl Plans {
-    /// Runs the forward: its output tensor (`None` when it returns none) and the values it
-    /// saves for the backward, shaped as the backward's first argument.
+    /// Runs the forward: its output tensor (`None` when it returns none), the buffers it
+    /// updated, and the values it saves for the backward, shaped as the backward's first
+    /// argument.
     pub(crate) fn run_forward<B, C>(
         &self,
         exec: &mut Executor<B, C>,
@@ -222,10 +244,21 @@ impl Plans {
         let mut res = exec
             .run(&self.forward, backend, comm, inputs, clock, rec)?
             .into_iter();
-        let Some(out) = res.next().and_then(RValue::tensor) else {
+        let Some(output) = res.next().and_then(RValue::tensor) else {
             return Ok(None);
         };
-        Ok(Some((out, tree(&self.saved, &mut res))))
+        let mut buffers = Vec::with_capacity(self.buffers);
+        for _ in 0..self.buffers {
+            match res.next().and_then(RValue::tensor) {
+                Some(t) => buffers.push(t),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(ForwardOut {
+            output,
+            buffers,
+            saved: tree(&self.saved, &mut res),
+        }))
     }
 }
 
@@ -274,7 +307,9 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
             ))
         }
     };
+    // the model output, the buffers' values after the forward, then the saved tensors
     let mut fwd_results = vec![Some(model.output)];
+    fwd_results.extend(model.buffer_updates.iter().map(|u| Some(u.value)));
     ret.for_each_value(&mut |v| fwd_results.push(Some(v)));
     let forward = Plan::compile(&p.forward, &fwd_results)?;
     let already = synchronizes(&p.backward);
@@ -286,7 +321,14 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
     let (local_prog, sync_pipeline) = if already {
         // Thunder's own DDP backward: run it as exported; strip it for local micro-steps.
         if cfg.passes.is_none() {
-            if let Some(d) = exported_world_size(&p.backward) {
+            if let Some(w) = model.exported_world_size {
+                if w != ws {
+                    return Err(TrainError::Config(format!(
+                        "the export's backward holds Thunder's DDP for world size {w} (export.json), but this run has --world-size {ws}; train with --world-size {w}, or re-bucket it with --passes 'no-sync,{ddp}'"
+                    )));
+                }
+            }
+            if let (None, Some(d)) = (model.exported_world_size, exported_world_size(&p.backward)) {
                 if (d - ws as f64).abs() > 1e-9 {
                     return Err(TrainError::Config(format!(
                         "the backward was exported with DDP for world size {d} (it divides gradients by {d}); run it with --world-size {d}, or re-bucket it with --passes 'no-sync,{ddp}'"
@@ -364,6 +406,7 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
     }
     Ok(Plans {
         forward,
+        buffers: model.buffer_updates.len(),
         saved: ret,
         local,
         sync,
@@ -403,7 +446,24 @@ struct Shared<'a> {
     init: &'a [Tensor],
     resume: Option<&'a crate::checkpoint::Checkpoint>,
     clock: Clock,
-    y_shape: Option<Vec<usize>>,
+}
+
+/// `a + b` on the CPU backend.
+pub(crate) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+    crate::cpu::CpuBackend
+        .run(
+            &crate::kernel::Kernel::Binary {
+                op: crate::kernel::BinaryOp::Add,
+                a: crate::kernel::Side::Input(0),
+                b: crate::kernel::Side::Input(1),
+                alpha: 1.0,
+            },
+            &[
+                crate::backend::Input::Tensor(a),
+                crate::backend::Input::Tensor(b),
+            ],
+        )
+        .map_err(|e| e.0)
 }
 
 fn add_into(acc: &mut [Option<Tensor>], grads: &[RValue<Tensor>]) -> Result<(), String> {
@@ -411,20 +471,7 @@ fn add_into(acc: &mut [Option<Tensor>], grads: &[RValue<Tensor>]) -> Result<(), 
         if let RValue::Tensor(g) = g {
             *a = Some(match a.take() {
                 None => g.clone(),
-                Some(prev) => crate::cpu::CpuBackend
-                    .run(
-                        &crate::kernel::Kernel::Binary {
-                            op: crate::kernel::BinaryOp::Add,
-                            a: crate::kernel::Side::Input(0),
-                            b: crate::kernel::Side::Input(1),
-                            alpha: 1.0,
-                        },
-                        &[
-                            crate::backend::Input::Tensor(&prev),
-                            crate::backend::Input::Tensor(g),
-                        ],
-                    )
-                    .map_err(|e| e.0)?,
+                Some(prev) => add(&prev, g)?,
             });
         }
     }
@@ -499,25 +546,31 @@ fn rank_main(
                     });
                 }
             }
-            let (x, y) = sh
+            let batch = sh
                 .data
-                .batch(m, rank, &model.input.1, sh.y_shape.as_deref())
+                .batch(m, rank, model)
                 .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
             // forward
-            let inputs = model.forward_inputs(x, &params);
+            let inputs = model.forward_inputs(batch.data, &params);
             let mut rec = Recording::default();
             let t_fwd = Instant::now();
+            exec.set_rng(cfg.seed, rank, m);
             let forward = plans
                 .run_forward(&mut exec, &backend, &mut comm, inputs, &sh.clock, &mut rec)
                 .map_err(exec_err)?;
             forward_s += t_fwd.elapsed().as_secs_f64();
             recs.push(std::mem::take(&mut rec));
-            let (out_t, saved) = forward.ok_or_else(|| TrainError::Rank {
+            let forward = forward.ok_or_else(|| TrainError::Rank {
                 rank,
                 message: "the forward produced no output tensor".into(),
             })?;
-            let (loss, cot) =
-                loss_and_grad(model.loss, &out_t, y.as_ref()).map_err(|e| TrainError::Rank {
+            // buffers the forward updated (running statistics) hold their new values next time
+            for (u, b) in model.buffer_updates.iter().zip(forward.buffers) {
+                params[u.param] = b;
+            }
+            let saved = forward.saved;
+            let (loss, cot) = loss_and_grad(model.loss, &forward.output, batch.targets.as_ref())
+                .map_err(|e| TrainError::Rank {
                     rank,
                     message: format!("loss: {e}"),
                 })?;
@@ -563,12 +616,16 @@ fn rank_main(
             loss_sum += t.to_f64_vec().first().copied().unwrap_or(f64::NAN);
         }
         let loss = loss_sum / (cfg.world_size * micro_per_step) as f64;
-        let grads: Vec<Option<Tensor>> = model.param_grads(&synced);
+        let grads: Vec<Option<Tensor>> = model
+            .param_grads(&synced, add)
+            .map_err(|m| TrainError::Rank { rank, message: m })?;
         if step == first_step && (rank == 0 || cfg.keep_all_ranks) {
             out.grads0 = grads.clone();
         }
         opt.step(&mut params, &grads)
             .map_err(|m| TrainError::Rank { rank, message: m })?;
+        // a tie is one tensor: every member takes the primary's new value
+        model.share_ties(&mut params);
         let end = Instant::now();
         let refs: Vec<&Recording> = recs.iter().collect();
         let mut m = StepMetrics::from_recordings(
@@ -749,7 +806,7 @@ pub(crate) fn initial_params(
     };
     let init = match (&resume, &cfg.params) {
         (Some(ck), _) => ck.params.clone(),
-        (None, params) => match params {
+        (None, params) => match params.as_ref().or(model.default_params.as_ref()) {
             Some(path) => {
                 let f = TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?;
                 file_params(&model.program.params, &f).map_err(TrainError::Input)?
@@ -758,6 +815,23 @@ pub(crate) fn initial_params(
         },
     };
     Ok((init, resume))
+}
+
+/// Where a run's batches come from: `--data`, else the export's `data.safetensors`, else
+/// seeded random data.
+pub(crate) fn data_source(cfg: &TrainConfig, model: &Model) -> Result<DataSource, TrainError> {
+    let (path, wrap) = match (&cfg.data, &model.default_data) {
+        (Some(p), _) => (Some(p), model.default_data.is_some()),
+        (None, Some(p)) => (Some(p), true),
+        (None, None) => (None, false),
+    };
+    Ok(match path {
+        Some(path) => DataSource::File {
+            file: TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?,
+            wrap,
+        },
+        None => DataSource::Seeded { seed: cfg.seed },
+    })
 }
 
 /// Trains on `cfg.world_size` thread ranks; `on_step(step, loss)` is called by rank 0 as each
@@ -804,16 +878,7 @@ pub fn train_with(
     check_link_timeout(&plans, cfg)?;
     check_memory(&model, cfg.world_size)?;
     let (init, resume) = initial_params(cfg, &model)?;
-    let data = match &cfg.data {
-        Some(path) => {
-            DataSource::File(TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?)
-        }
-        None => DataSource::Seeded { seed: cfg.seed },
-    };
-    let y_shape = match model.loss {
-        crate::model::LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape.to_vec()),
-        crate::model::LossKind::Sum => None,
-    };
+    let data = data_source(cfg, &model)?;
     let group = ThreadGroup::new(
         cfg.world_size,
         CommOptions {
@@ -846,7 +911,6 @@ pub fn train_with(
         init: &init,
         resume: resume.as_ref(),
         clock: Clock::new(cfg.timeline),
-        y_shape,
     };
     on_ready(&plans.backward, &plans.pipeline);
     let start = Instant::now();
@@ -966,8 +1030,18 @@ pub fn train_with(
 pub fn local_gradients(
     model: &Model,
     params: &[Tensor],
-    x: Tensor,
-    y: Option<Tensor>,
+    batch: Batch,
+) -> Result<(f64, Vec<Option<Tensor>>), TrainError> {
+    local_gradients_at(model, params, batch, (0, 0, 0))
+}
+
+/// As [`local_gradients`], with random nodes (dropout) drawing the stream of `(seed, rank,
+/// step)`, as that rank draws it in training with `--seed seed`.
+pub fn local_gradients_at(
+    model: &Model,
+    params: &[Tensor],
+    batch: Batch,
+    (seed, rank, step): (u64, usize, usize),
 ) -> Result<(f64, Vec<Option<Tensor>>), TrainError> {
     let cfg = TrainConfig {
         world_size: 1,
@@ -994,13 +1068,16 @@ pub fn local_gradients(
         rank: 0,
         message: e.to_string(),
     };
-    let inputs = model.forward_inputs(x, params);
+    let inputs = model.forward_inputs(batch.data, params);
     let mut rec = Recording::default();
-    let (out, saved) = plans
+    exec.set_rng(seed, rank, step);
+    let fwd = plans
         .run_forward(&mut exec, &backend, &mut comm, inputs, &clock, &mut rec)
         .map_err(err)?
         .ok_or_else(|| TrainError::Input("the forward produced no output".into()))?;
-    let (loss, cot) = loss_and_grad(model.loss, &out, y.as_ref()).map_err(TrainError::Input)?;
+    let saved = fwd.saved;
+    let (loss, cot) = loss_and_grad(model.loss, &fwd.output, batch.targets.as_ref())
+        .map_err(TrainError::Input)?;
     let grads = exec
         .run(
             &plans.sync,
@@ -1011,5 +1088,6 @@ pub fn local_gradients(
             &mut rec,
         )
         .map_err(err)?;
-    Ok((loss, model.param_grads(&grads)))
+    let grads = model.param_grads(&grads, add).map_err(TrainError::Input)?;
+    Ok((loss, grads))
 }

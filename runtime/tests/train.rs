@@ -115,13 +115,12 @@ fn ddp_gradients_are_the_mean_of_local_gradients_bitwise_for_any_bucketing() {
     let model = Model::load(&ModelSource::Seed).unwrap();
     let params = seeded_params(&model.program.params, 0).unwrap();
     let data = DataSource::Seeded { seed: 0 };
-    let y_shape = model.output_type().unwrap().shape;
     for world in [1usize, 2, 4] {
         // the mean of each rank's local gradients, in f64
         let mut mean: Vec<Vec<f64>> = Vec::new();
         for rank in 0..world {
-            let (x, y) = data.batch(0, rank, &model.input.1, Some(&y_shape)).unwrap();
-            let (_, g) = local_gradients(&model, &params, x, y).unwrap();
+            let batch = data.batch(0, rank, &model).unwrap();
+            let (_, g) = local_gradients(&model, &params, batch).unwrap();
             for (i, gi) in g.iter().enumerate() {
                 let v = gi.as_ref().unwrap().to_f64_vec();
                 if mean.len() <= i {
@@ -259,7 +258,7 @@ fn model_f64() -> Model {
     for p in &mut m.program.params {
         p.dtype = DType::F64;
     }
-    m.input.1.dtype = DType::F64;
+    m.data_args[0].ty.dtype = DType::F64;
     m
 }
 
@@ -269,9 +268,8 @@ fn gradients_match_finite_differences() {
     let m = model_f64();
     let params = seeded_params(&m.program.params, 3).unwrap();
     let data = DataSource::Seeded { seed: 3 };
-    let y_shape = m.output_type().unwrap().shape;
-    let (x, y) = data.batch(0, 0, &m.input.1, Some(&y_shape)).unwrap();
-    let (loss, grads) = local_gradients(&m, &params, x.clone(), y.clone()).unwrap();
+    let batch = data.batch(0, 0, &m).unwrap();
+    let (loss, grads) = local_gradients(&m, &params, batch.clone()).unwrap();
     assert!(loss.is_finite());
     let h = 1e-6;
     let mut checked = 0;
@@ -285,7 +283,7 @@ fn gradients_match_finite_differences() {
                 v[k] += delta;
                 let mut ps = params.clone();
                 ps[pi] = Tensor::from_f64(p.shape().to_vec(), v);
-                local_gradients(&m, &ps, x.clone(), y.clone()).unwrap().0
+                local_gradients(&m, &ps, batch.clone()).unwrap().0
             };
             let fd = (at(h) - at(-h)) / (2.0 * h);
             assert!(
@@ -318,14 +316,11 @@ fn gradient_accumulation_reduces_the_sum_of_micro_steps() {
     let model = Model::load(&ModelSource::Seed).unwrap();
     let params = seeded_params(&model.program.params, 0).unwrap();
     let data = DataSource::Seeded { seed: 0 };
-    let y_shape = model.output_type().unwrap().shape;
     let mut want: Vec<Vec<f64>> = vec![Vec::new(); params.len()];
     for rank in 0..2 {
         for micro in 0..=k {
-            let (x, y) = data
-                .batch(micro, rank, &model.input.1, Some(&y_shape))
-                .unwrap();
-            let (_, g) = local_gradients(&model, &params, x, y).unwrap();
+            let batch = data.batch(micro, rank, &model).unwrap();
+            let (_, g) = local_gradients(&model, &params, batch).unwrap();
             for (i, gi) in g.iter().enumerate() {
                 let v = gi.as_ref().unwrap().to_f64_vec();
                 if want[i].is_empty() {

@@ -149,6 +149,18 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn random(&self, kernel: &Kernel, key: random::RngKey) -> Result<Tensor, KernelError> {
+        match kernel {
+            Kernel::Uniform {
+                shape,
+                minval,
+                maxval,
+                dtype,
+            } => random::uniform(shape, *minval, *maxval, *dtype, key).map_err(KernelError),
+            other => Err(KernelError(format!("{other:?} is not a random kernel"))),
+        }
+    }
+
     fn run(&self, kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, KernelError> {
         let r = match kernel {
             Kernel::Unary(op) => elementwise::unary(*op, tensor(inputs, 0)?),

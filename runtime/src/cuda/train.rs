@@ -13,11 +13,10 @@ use crate::data::DataSource;
 use crate::executor::{Executor, RValue};
 use crate::loss::loss_and_grad;
 use crate::metrics::{Clock, Recording, Span, StepMetrics};
-use crate::model::{LossKind, Model};
+use crate::model::Model;
 use crate::optim::Optimizer;
 use crate::rendezvous::{exchange, DistEnv};
 use crate::tensor::Tensor;
-use crate::tensorfile::TensorFile;
 use crate::trainer::{
     build_plans, check_memory, collective_lines, initial_params, Plans, TrainConfig, TrainError,
     TrainReport,
@@ -112,16 +111,7 @@ pub fn train(
     // this process makes the first copy of the parameters in host memory
     check_memory(&model, 1)?;
     let (init, resume) = initial_params(&cfg, &model)?;
-    let data = match &cfg.data {
-        Some(path) => {
-            DataSource::File(TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?)
-        }
-        None => DataSource::Seeded { seed: cfg.seed },
-    };
-    let y_shape = match model.loss {
-        LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape.to_vec()),
-        LossKind::Sum => None,
-    };
+    let data = crate::trainer::data_source(&cfg, &model)?;
     let setup = Setup {
         cfg: &cfg,
         rank,
@@ -132,7 +122,6 @@ pub fn train(
         init,
         resume,
         data,
-        y_shape,
     };
     if env.world_size == 1 {
         // one GPU: no NCCL (it need not be installed), nothing to communicate
@@ -168,7 +157,6 @@ struct Setup<'a> {
     init: Vec<Tensor>,
     resume: Option<crate::checkpoint::Checkpoint>,
     data: DataSource,
-    y_shape: Option<Vec<usize>>,
 }
 
 fn run<C: DeviceComm>(
@@ -186,7 +174,6 @@ fn run<C: DeviceComm>(
         init,
         resume,
         data,
-        y_shape,
     } = s;
     let fail = rank_err(rank);
     crate::fingerprint::check(comm, backend, &collective_lines(plans, 0, DType::F32))
@@ -230,16 +217,22 @@ fn run<C: DeviceComm>(
     let start = Instant::now();
     for step in first_step..cfg.steps {
         let t0 = Instant::now();
-        let (x, y) = data
-            .batch(step, rank, &model.input.1, y_shape.as_deref())
+        let batch = data
+            .batch(step, rank, model)
             .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
-        let inputs = model.forward_inputs(up(&x)?, &dev_params);
+        let dev_data: Vec<CudaTensor> = batch.data.iter().map(&up).collect::<Result<_, _>>()?;
+        let inputs = model.forward_inputs(dev_data, &dev_params);
         let mut rec_f = Recording::default();
-        let (out, saved) = plans
+        exec.set_rng(cfg.seed, rank, step);
+        let fwd = plans
             .run_forward(&mut exec, backend, comm, inputs, &clock, &mut rec_f)
             .map_err(|e| fail(e.to_string()))?
             .ok_or_else(|| fail("the forward produced no output".into()))?;
-        let (loss, cot) = loss_and_grad(model.loss, &down(&out)?, y.as_ref())
+        for (u, b) in model.buffer_updates.iter().zip(&fwd.buffers) {
+            params[u.param] = down(b)?;
+        }
+        let saved = fwd.saved;
+        let (loss, cot) = loss_and_grad(model.loss, &down(&fwd.output)?, batch.targets.as_ref())
             .map_err(|e| fail(format!("loss: {e}")))?;
         let loss_h = comm
             .all_reduce_async(
@@ -268,14 +261,18 @@ fn run<C: DeviceComm>(
                 .unwrap_or(f32::NAN),
         ) / world as f64;
         let host_grads: Vec<Option<Tensor>> = model
-            .param_grads(&grads)
+            .raw_param_grads(&grads)
             .iter()
             .map(|g| g.as_ref().map(&down).transpose())
             .collect::<Result<_, _>>()?;
+        let host_grads = model
+            .sum_ties(host_grads, crate::trainer::add)
+            .map_err(&fail)?;
         if step == first_step {
             report.grads_step0.push(host_grads.clone());
         }
         opt.step(&mut params, &host_grads).map_err(&fail)?;
+        model.share_ties(&mut params);
         dev_params = params.iter().map(&up).collect::<Result<_, _>>()?;
         backend.synchronize().map_err(|e| fail(e.0))?;
         if let Some((r, m)) = comm.failure() {

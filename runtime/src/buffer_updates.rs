@@ -1,0 +1,179 @@
+//! What a forward writes in place, and so what the trainer must carry to the next step.
+//!
+//! Thunder keeps PyTorch's in-place updates in the forward: BatchNorm's running statistics and
+//! its step counter are written by `copy_(new, buffer)`, often through a view made by
+//! `update_aliases((buffer,))`, and the forward's `flat_args` return says what each argument
+//! holds afterwards. The executor runs SSA values, so `copy_` yields the new value as its own
+//! result; this module finds, per buffer, the value it holds when the forward ends, and refuses
+//! a forward whose meaning would depend on the write happening in place (a later read of an
+//! older alias of the written tensor, or a write into a parameter or a data input).
+
+use std::collections::HashMap;
+use tracepass_ir::{ops, print_node_line, Arg, OpRegistry, Program, ValueId};
+
+/// A buffer the forward updates: after each forward, parameter `param` (a buffer) becomes the
+/// forward's value `value`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferUpdate {
+    /// Index into `Program::params`.
+    pub param: usize,
+    /// The value the buffer holds when the forward returns.
+    pub value: ValueId,
+}
+
+/// The buffers `p`'s forward updates, in parameter order; an error names the statement whose
+/// in-place meaning this runtime cannot reproduce.
+pub fn buffer_updates(p: &Program) -> Result<Vec<BufferUpdate>, String> {
+    let t = &p.forward;
+    let reg = OpRegistry::builtin();
+    // alias -> the tensor whose storage it shares
+    let mut root: HashMap<ValueId, ValueId> = HashMap::new();
+    let root_of = |root: &HashMap<ValueId, ValueId>, v: ValueId| *root.get(&v).unwrap_or(&v);
+    // storage -> the value it holds after its latest write
+    let mut latest: HashMap<ValueId, ValueId> = HashMap::new();
+    let stale = |root: &HashMap<ValueId, ValueId>, latest: &HashMap<ValueId, ValueId>, v| {
+        let r = root_of(root, v);
+        latest.get(&r).is_some_and(|&now| now != v)
+    };
+    for &idx in t.schedule() {
+        let Some(node) = t.node(idx) else { continue };
+        let op = reg.resolve(node.op.as_str()).unwrap_or(node.op.as_str());
+        let line = || print_node_line(t, idx);
+        if op == ops::COPY {
+            let (Some(src), Some(dst)) = (
+                node.args().first().and_then(Arg::as_value),
+                node.args().get(1).and_then(Arg::as_value),
+            ) else {
+                return Err(format!(
+                    "`{}`: copy_ needs a source and a destination tensor",
+                    line()
+                ));
+            };
+            if stale(&root, &latest, src) || stale(&root, &latest, dst) {
+                return Err(format!(
+                    "`{}` reads a tensor after an earlier copy_ wrote into it: the result depends on the write happening in place, which this runtime does not model",
+                    line()
+                ));
+            }
+            let r = root_of(&root, dst);
+            if let Some(&out) = node.outputs().first() {
+                root.insert(out, r);
+                latest.insert(r, out);
+            }
+            continue;
+        }
+        let mut bad = None;
+        node.for_each_operand(&mut |v| {
+            if bad.is_none() && stale(&root, &latest, v) {
+                bad = Some(v);
+            }
+        });
+        if let Some(v) = bad {
+            return Err(format!(
+                "`{}` reads `{}` after a copy_ wrote into it: the result depends on the write happening in place, which this runtime does not model",
+                line(),
+                t.name(v)
+            ));
+        }
+        if op == ops::UPDATE_ALIASES {
+            let mut inputs = Vec::new();
+            if let Some(a) = node.args().first() {
+                a.for_each_value(&mut |v| inputs.push(v));
+            }
+            if inputs.len() != node.outputs().len() {
+                return Err(format!(
+                    "`{}`: update_aliases gives {} values for {} tensors",
+                    line(),
+                    node.outputs().len(),
+                    inputs.len()
+                ));
+            }
+            for (&out, &inp) in node.outputs().iter().zip(&inputs) {
+                let r = root_of(&root, inp);
+                root.insert(out, r);
+            }
+        }
+    }
+    // what every argument holds afterwards, as Thunder's `flat_args` return lists it
+    let flat_args = flat_args(&t.ret);
+    let mut saved_reads = Vec::new();
+    if let Arg::Tuple(items) = &t.ret {
+        for (i, item) in items.iter().enumerate() {
+            match item {
+                Arg::Dict(entries) if i == 0 => {
+                    for (k, v) in entries {
+                        if k.as_str() != Some("flat_args") {
+                            v.for_each_value(&mut |x| saved_reads.push(x));
+                        }
+                    }
+                }
+                other => other.for_each_value(&mut |x| saved_reads.push(x)),
+            }
+        }
+    }
+    if let Some(v) = saved_reads.into_iter().find(|&v| stale(&root, &latest, v)) {
+        return Err(format!(
+            "the forward returns `{}` after a copy_ wrote into it: the result depends on the write happening in place, which this runtime does not model",
+            t.name(v)
+        ));
+    }
+    let args = t.args();
+    if let Some(flat) = &flat_args {
+        for (i, a) in flat.iter().enumerate() {
+            let (Some(v), Some(&arg)) = (a.as_value(), args.get(i)) else {
+                continue;
+            };
+            if root_of(&root, v) != arg {
+                return Err(format!(
+                    "the forward's flat_args[{i}] is `{}`, which is not argument `{}` or a view of it",
+                    t.name(v),
+                    t.name(arg)
+                ));
+            }
+        }
+    }
+    let mut updates = Vec::new();
+    for (pos, &arg) in args.iter().enumerate() {
+        let Some(&now) = latest.get(&arg) else {
+            continue;
+        };
+        match p.params.iter().position(|q| q.forward_arg == pos) {
+            Some(i) if p.params[i].buffer => updates.push(BufferUpdate {
+                param: i,
+                value: now,
+            }),
+            Some(i) => {
+                return Err(format!(
+                    "the forward writes into parameter `{}` in place (copy_ into `{}`); only buffers may be updated by the forward",
+                    p.params[i].fqn,
+                    t.name(arg)
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "the forward writes into its data input `{}` in place (copy_); only buffers may be updated by the forward",
+                    t.name(arg)
+                ))
+            }
+        }
+    }
+    updates.sort_by_key(|u| u.param);
+    Ok(updates)
+}
+
+/// Thunder's `{'output': ..., 'flat_args': [...]}` entry of the forward's return.
+fn flat_args(ret: &Arg) -> Option<Vec<Arg>> {
+    let first = match ret {
+        Arg::Tuple(items) | Arg::List(items) => items.first()?,
+        _ => return None,
+    };
+    let Arg::Dict(entries) = first else {
+        return None;
+    };
+    entries.iter().find_map(|(k, v)| match v {
+        Arg::List(items) | Arg::Tuple(items) if k.as_str() == Some("flat_args") => {
+            Some(items.clone())
+        }
+        _ => None,
+    })
+}
