@@ -120,7 +120,7 @@ fn cross_entropy(out: &Tensor, y: &Tensor, ignore_index: i64) -> Result<(f64, Te
         .shape()
         .last()
         .ok_or("cross-entropy: the output is a scalar; it needs a class dim")?;
-    let rows = if c == 0 { 0 } else { out.numel() / c };
+    let rows = out.numel().checked_div(c).unwrap_or(0);
     if y.numel() != rows || y.dtype().is_float() {
         return Err(format!(
             "cross-entropy: targets {:?} {} must be integers, one per row of the output {:?} (its last dim, {c}, holds the classes)",
