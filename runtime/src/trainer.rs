@@ -879,6 +879,12 @@ pub fn train_with(
     check_memory(&model, cfg.world_size)?;
     let (init, resume) = initial_params(cfg, &model)?;
     let data = data_source(cfg, &model)?;
+    // every rank's first batch is there and fits, before any rank starts
+    let first_micro = resume.as_ref().map_or(0, |c| c.step) * (cfg.no_sync_steps + 1);
+    for rank in 0..cfg.world_size {
+        data.batch(first_micro, rank, &model)
+            .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
+    }
     let group = ThreadGroup::new(
         cfg.world_size,
         CommOptions {

@@ -11,6 +11,7 @@ use timing::{
     CACHE_STATES,
 };
 
+mod bench_models;
 mod bench_opt;
 mod cuda;
 mod timing;
@@ -27,7 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU), opt (the export corpus).
+    /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU), opt (the export
+    /// corpus through `opt`), models (the export corpus trained, against PyTorch).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
@@ -102,8 +104,11 @@ fn main() -> Result<()> {
             "overlap" => bench_overlap(ranks, layers),
             "cuda" => cuda::bench().map(|_| ()),
             "opt" => bench_opt::bench_opt(),
+            "models" => bench_models::bench_models(true),
             other => {
-                bail!("unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt")
+                bail!(
+                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models"
+                )
             }
         },
         Cmd::GenTestdata => gen_testdata(),
