@@ -177,3 +177,91 @@ fn flat_args(ret: &Arg) -> Option<Vec<Arg>> {
         _ => None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracepass_ir::{parse_trace, DType, Device, Param};
+
+    /// `forward(x, t_w, t_rm)`: `t_rm` is a buffer updated through an alias, as BatchNorm's
+    /// running mean is; `body` is what follows the update.
+    fn program(body: &str, ret: &str) -> Program {
+        let text = format!(
+            r#"def computation(x, t_w, t_rm):
+  # x: "cpu f32[4]"
+  # t_w: "cpu f32[4]"
+  # t_rm: "cpu f32[4]"
+  t1 = torch.mul(x, t_w)  # t1: "cpu f32[4]"
+  (t2,) = update_aliases((t_rm,))
+  t3 = torch.add(t2, t1, alpha=1)  # t3: "cpu f32[4]"
+  t4 = copy_(t3, t2, grad_enabled=True)  # t4: "cpu f32[4]"
+{body}  return {ret}
+"#
+        );
+        let forward = parse_trace(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let mut p = Program::lone(forward.clone());
+        p.forward = forward;
+        let param = |fqn: &str, arg: usize, buffer: bool| Param {
+            fqn: fqn.into(),
+            forward_arg: arg,
+            grad_output: None,
+            shape: vec![4],
+            dtype: DType::F32,
+            device: Device::CPU,
+            requires_grad: !buffer,
+            tied_to: None,
+            buffer,
+        };
+        p.params = vec![param("w", 1, false), param("rm", 2, true)];
+        p
+    }
+
+    #[test]
+    fn a_buffer_written_through_an_alias_takes_the_copy() {
+        let p = program(
+            "",
+            "{'output': (t1,), 'flat_args': [x, t_w, t4]}, ((x, t_w), ())",
+        );
+        let u = buffer_updates(&p).unwrap();
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].param, 1);
+        assert_eq!(p.forward.name(u[0].value), "t4");
+        // Thunder may also list the buffer itself: it holds the copy afterwards
+        let p = program(
+            "",
+            "{'output': (t1,), 'flat_args': [x, t_w, t_rm]}, ((x, t_w), ())",
+        );
+        assert_eq!(p.forward.name(buffer_updates(&p).unwrap()[0].value), "t4");
+    }
+
+    #[test]
+    fn reading_an_older_alias_after_the_write_is_refused() {
+        // in PyTorch `t2` holds the new value after copy_; an SSA run would read the old one
+        let p = program(
+            "  t5 = torch.mul(t2, t1)  # t5: \"cpu f32[4]\"\n",
+            "{'output': (t5,), 'flat_args': [x, t_w, t4]}, ((x, t_w), ())",
+        );
+        let e = buffer_updates(&p).unwrap_err();
+        assert!(e.contains("t2") && e.contains("in place"), "{e}");
+        // returning it for the backward is the same read
+        let p = program(
+            "",
+            "{'output': (t1,), 'flat_args': [x, t_w, t4]}, ((x, t_rm), ())",
+        );
+        assert!(buffer_updates(&p).unwrap_err().contains("t_rm"));
+    }
+
+    #[test]
+    fn writing_into_a_parameter_or_data_is_refused() {
+        let mut p = program(
+            "",
+            "{'output': (t1,), 'flat_args': [x, t_w, t4]}, ((x, t_w), ())",
+        );
+        p.params[1].buffer = false;
+        let e = buffer_updates(&p).unwrap_err();
+        assert!(e.contains("parameter `rm`"), "{e}");
+        p.params.pop();
+        let e = buffer_updates(&p).unwrap_err();
+        assert!(e.contains("data input `t_rm`"), "{e}");
+    }
+}
