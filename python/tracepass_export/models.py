@@ -191,6 +191,43 @@ def batch_bert(gen: torch.Generator) -> Batch:
     return OrderedDict(input_ids=input_ids, attention_mask=attention_mask), targets
 
 
+# ---- small heads for the other losses and dtypes ---------------------------------------------
+
+
+def make_regress_bf16() -> nn.Module:
+    """A bf16 regression MLP (parameters and activations in bfloat16)."""
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 8)).to(torch.bfloat16)
+
+
+def batch_regress_bf16(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 16, generator=gen).to(torch.bfloat16)
+    targets = torch.randn(4, 8, generator=gen).to(torch.bfloat16)
+    # nn.Sequential's forward names its argument `input`
+    return OrderedDict(input=x), targets
+
+
+class SelfLoss(nn.Module):
+    """A classifier that returns its own loss: the forward's output is the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.fc2(torch.relu(self.fc1(x))), labels)
+
+
+def make_selfloss() -> nn.Module:
+    return SelfLoss()
+
+
+def batch_selfloss(gen: torch.Generator) -> Batch:
+    x = torch.randn(6, 16, generator=gen)
+    labels = torch.randint(0, 5, (6,), generator=gen, dtype=torch.int64)
+    return OrderedDict(x=x, labels=labels), torch.zeros(())
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -238,6 +275,22 @@ MODELS: dict[str, ModelSpec] = {
             description="HF BertForSequenceClassification: vocab 128, hidden 64, 2 layers, 4 heads, intermediate 128, "
             "4 labels, dropout 0, `return_dict=False`",
             notes=["data `input_ids` and `attention_mask` (i64, row 1 padded); output is a tuple"],
+        ),
+        ModelSpec(
+            "regress-bf16",
+            make_regress_bf16,
+            batch_regress_bf16,
+            loss="mse",
+            description="bf16 Linear(16,32) + tanh GELU + Linear(32,8), MSE against bf16 targets",
+            notes=["parameters, data and targets in bfloat16"],
+        ),
+        ModelSpec(
+            "selfloss",
+            make_selfloss,
+            batch_selfloss,
+            loss="output",
+            description="Linear(16,32) + ReLU + Linear(32,5) returning its own cross-entropy (labels are data)",
+            notes=["the forward's output is the loss; the targets tensor is unused"],
         ),
     ]
 }

@@ -3,7 +3,7 @@
 //! ones, the loss falling, buffers carried, ties shared, and dropout's keep rate.
 
 use std::path::{Path, PathBuf};
-use tracepass_ir::{OpRegistry, ValueId};
+use tracepass_ir::{DType, OpRegistry, ValueId};
 use tracepass_runtime::comm::Communicator;
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::data::{file_params, DataSource};
@@ -94,8 +94,22 @@ fn step0_loss_and_gradients_match_eager_pytorch() {
             .as_f64()
             .unwrap();
         let got = r.losses[0];
+        // a bf16/f16 model's values carry 8/11 significant bits: PyTorch rounds its loss and
+        // its fused kernels round at other points (Thunder itself is 1e-2 off eager on the
+        // bf16 export), so the bars are bf16's: 1e-2 on the loss, 3e-2 on gradients
+        let low_precision = Model::load(&ModelSource::Export(dir.clone()))
+            .unwrap()
+            .program
+            .params
+            .iter()
+            .any(|p| matches!(p.dtype, DType::BF16 | DType::F16));
+        let (loss_bar, grad_bar) = if low_precision {
+            (1e-2, 3e-2)
+        } else {
+            (1e-5, 1e-4)
+        };
         assert!(
-            ((got - want) / want).abs() < 1e-5,
+            ((got - want) / want).abs() < loss_bar,
             "{}: step-0 loss {got} vs PyTorch {want}",
             name(&dir)
         );
@@ -118,7 +132,7 @@ fn step0_loss_and_gradients_match_eager_pytorch() {
                 .unwrap_or_else(|| panic!("{}: no gradient for `{fqn}`", name(&dir)));
             assert_eq!(g.shape(), want.shape(), "{}: {fqn}", name(&dir));
             let e = rel_err(&g.to_f64_vec(), &want.to_f64_vec(), floor);
-            assert!(e < 1e-4, "{}: `{fqn}` off by {e:e}", name(&dir));
+            assert!(e < grad_bar, "{}: `{fqn}` off by {e:e}", name(&dir));
         }
         // every gradient tracepass computed is one PyTorch has (a tie under its first name)
         let computed = grads.iter().filter(|g| g.is_some()).count();

@@ -3,7 +3,7 @@
 
 use super::op;
 use crate::arg::Arg;
-use crate::meta::{dim_of, linear, many, matmul, one};
+use crate::meta::{dim_of, linear, many, matmul, norm_dim, one};
 use crate::registry::DTypeRule::{First, Meta};
 use crate::registry::Effect::{Pure, Random};
 use crate::registry::{MetaCx, MetaOut, OpSpec};
@@ -285,6 +285,66 @@ fn embedding_backward(cx: &MetaCx) -> R {
     one(g.with_shape([n as usize, dim]))
 }
 
+/// `take_along_dim(a, indices, dim)`: `a`'s values at `indices` along `dim`; the other dims
+/// broadcast. Without `dim`, along the flattened `a`: shaped like `indices`, flattened.
+fn take_along_dim(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("a")?;
+    let idx = cx.tensor_param("indices")?;
+    if idx.dtype.is_float() || idx.dtype == DType::Bool {
+        return Err(format!(
+            "{}: indices must be integers, got {}",
+            cx.op, idx.dtype
+        ));
+    }
+    let Some(_) = cx.opt("dim") else {
+        let n: usize = idx.shape.iter().product();
+        return one(a.with_shape([n]));
+    };
+    let dim = norm_dim(cx.int_param("dim")?, a.shape.len(), cx.op)?;
+    if a.shape.len() != idx.shape.len() {
+        return Err(format!(
+            "{}: a {:?} and indices {:?} must have the same number of dims",
+            cx.op, a.shape, idx.shape
+        ));
+    }
+    let mut shape = Vec::with_capacity(a.shape.len());
+    for (i, (&x, &y)) in a.shape.iter().zip(&idx.shape).enumerate() {
+        shape.push(match (i == dim, x, y) {
+            (true, _, y) => y,
+            (false, x, y) if x == y || y == 1 => x,
+            (false, 1, y) => y,
+            _ => {
+                return Err(format!(
+                    "{}: a {:?} and indices {:?} do not broadcast outside dim {dim}",
+                    cx.op, a.shape, idx.shape
+                ))
+            }
+        });
+    }
+    one(a.with_shape(shape))
+}
+
+/// `nll_loss_backward(grad, a, target, ...)`: the gradient with respect to `a`.
+fn nll_loss_backward(cx: &MetaCx) -> R {
+    one(cx.tensor_param("a")?)
+}
+
+/// `_softmax_backward_data` / `_log_softmax_backward_data`: shaped like `grad_output`, in
+/// `input_dtype`.
+fn softmax_backward(cx: &MetaCx) -> R {
+    let g = cx.tensor_param("grad_output")?;
+    let out = cx.tensor_param("output")?;
+    if g.shape != out.shape {
+        return Err(format!(
+            "{}: grad_output {:?} and output {:?} differ in shape",
+            cx.op, g.shape, out.shape
+        ));
+    }
+    norm_dim(cx.int_param("dim")?, g.shape.len(), cx.op)?;
+    let dtype = cx.dtype_param("input_dtype").unwrap_or(g.dtype);
+    one(TensorType::new(g.shape.clone(), dtype, g.device))
+}
+
 /// Normalizations: shaped like the input.
 fn like_input(cx: &MetaCx) -> R {
     one(cx.tensor_param("a")?)
@@ -424,6 +484,10 @@ const OPS: &[OpSpec] = &[
     op("ltorch.cross_entropy", &["torch.nn.functional.cross_entropy"], Pure, "a, /, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', label_smoothing=0.0", First, loss),
     op("ltorch.nll_loss", &["torch.nn.functional.nll_loss"], Pure, "a, /, target, weight=None, ignore_index=-100, reduction='mean'", First, loss),
     op("ltorch.mse_loss", &["torch.nn.functional.mse_loss"], Pure, "a, /, target, size_average=None, reduce=None, reduction='mean'", First, loss),
+    op("ltorch.nll_loss_backward", &["torch_nll_loss_backward_impl"], Pure, "grad, a, target, weight, reduction, ignore_index, total_weight", First, nll_loss_backward),
+    op("ltorch.log_softmax_backward", &["torch.torch.ops.aten._log_softmax_backward_data", "torch.ops.aten._log_softmax_backward_data"], Pure, "grad_output, output, dim, input_dtype", Meta, softmax_backward),
+    op("ltorch.softmax_backward", &["torch.torch.ops.aten._softmax_backward_data", "torch.ops.aten._softmax_backward_data"], Pure, "grad_output, output, dim, input_dtype", Meta, softmax_backward),
+    op("ltorch.take_along_dim", &["torch.take_along_dim", "Tensor.take_along_dim"], Pure, "a, /, indices, dim=None", First, take_along_dim),
     op("ltorch.one_hot", &["torch.nn.functional.one_hot"], Pure, "a, /, num_classes=-1", Meta, one_hot),
     op("ltorch.pad", &["torch.nn.functional.pad"], Pure, "a, /, pad, mode='constant', value=None", First, f_pad),
 ];
