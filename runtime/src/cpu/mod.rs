@@ -13,6 +13,7 @@ pub mod fill;
 mod gemm;
 pub mod integer;
 pub mod layout;
+pub mod loss_grad;
 pub mod pool;
 pub mod promote;
 pub mod random;
