@@ -379,9 +379,14 @@ fn check_model(dir: &Path, steps: usize) -> Row {
     let cfg = TrainConfig {
         world_size: 1,
         steps,
-        model: ModelSource::Files {
-            forward: dir.join("forward.trace"),
-            backward: dir.join("backward.trace"),
+        // an export directory trains with its own parameters, data and loss
+        model: if dir.join("export.json").is_file() {
+            ModelSource::Export(dir.to_path_buf())
+        } else {
+            ModelSource::Files {
+                forward: dir.join("forward.trace"),
+                backward: dir.join("backward.trace"),
+            }
         },
         ..TrainConfig::default()
     };
@@ -488,7 +493,7 @@ pub fn gpu_check(extra_models: Vec<PathBuf>, skip_bench: bool) -> Result<()> {
 
     let mut roots = vec![
         root().join("testdata/thunder"),
-        root().join("shared/models"),
+        root().join("testdata/models"),
     ];
     roots.extend(extra_models);
     let dirs = model_dirs(&roots);

@@ -50,7 +50,7 @@ enum Cmd {
     /// prints one table (about 10 minutes at most).
     GpuCheck {
         /// More directories of model folders (each with forward.trace and backward.trace),
-        /// besides testdata/thunder and shared/models.
+        /// besides testdata/thunder and testdata/models.
         #[arg(long)]
         models: Vec<std::path::PathBuf>,
         /// Leave out `bench cuda`.

@@ -28,7 +28,9 @@ pub fn take_along_dim(a: &Tensor, indices: &Tensor, dim: Option<usize>) -> Resul
     let pick = |i: i64, n: usize| -> Result<usize, String> {
         let j = if i < 0 { i + n as i64 } else { i };
         if j < 0 || j as usize >= n {
-            return Err(format!("take_along_dim: index {i} is out of range for size {n}"));
+            return Err(format!(
+                "take_along_dim: index {i} is out of range for size {n}"
+            ));
         }
         Ok(j as usize)
     };
@@ -111,7 +113,11 @@ pub fn nll_loss_backward(
     let g = grad.to_f64_vec();
     let scale = match reduction {
         "mean" => {
-            let tw = total_weight.to_f64_vec().first().copied().unwrap_or(f64::NAN);
+            let tw = total_weight
+                .to_f64_vec()
+                .first()
+                .copied()
+                .unwrap_or(f64::NAN);
             1.0 / tw
         }
         "sum" | "none" => 1.0,
@@ -264,7 +270,11 @@ mod tests {
                 let mut xm = x.to_vec();
                 xm[j] -= 1e-6;
                 let fd = (f(&xp, log).1 - f(&xm, log).1) / 2e-6;
-                assert!((fd - d[j]).abs() < 1e-6, "log={log} [{j}]: {} vs {fd}", d[j]);
+                assert!(
+                    (fd - d[j]).abs() < 1e-6,
+                    "log={log} [{j}]: {} vs {fd}",
+                    d[j]
+                );
             }
         }
     }
