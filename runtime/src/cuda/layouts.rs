@@ -706,6 +706,112 @@ mod tests {
         }
     }
 
+    /// What the convolution kernel computes (its CUDA C loop, one output at a time).
+    fn conv_like_the_kernel(
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        g: &ConvLayout,
+    ) -> Vec<f32> {
+        let nd = g.nd as usize;
+        let op: i64 = g.out[..nd].iter().product();
+        let kp: i64 = g.kernel[..nd].iter().product();
+        let sp: i64 = g.input[..nd].iter().product();
+        let (cg, coutg) = (g.cin / g.groups as i64, g.cout / g.groups as i64);
+        (0..g.n * g.cout * op)
+            .map(|i| {
+                let (mut o, rest) = (i % op, i / op);
+                let (co, b) = (rest % g.cout, rest / g.cout);
+                let mut oi = [0i64; MAX_SPATIAL];
+                for j in (0..nd).rev() {
+                    oi[j] = o % g.out[j];
+                    o /= g.out[j];
+                }
+                let grp = co / coutg;
+                let mut acc = bias.map_or(0.0, |b| b[co as usize]);
+                for c in 0..cg {
+                    let xb = (b * g.cin + grp * cg + c) * sp;
+                    let wb = (co * cg + c) * kp;
+                    for k in 0..kp {
+                        let (mut r, mut off, mut step, mut inside) = (k, 0, 1, true);
+                        for j in (0..nd).rev() {
+                            let kj = r % g.kernel[j];
+                            r /= g.kernel[j];
+                            let p = oi[j] * g.stride[j] + kj * g.dilation[j] - g.padding[j];
+                            if p < 0 || p >= g.input[j] {
+                                inside = false;
+                                break;
+                            }
+                            off += p * step;
+                            step *= g.input[j];
+                        }
+                        if inside {
+                            acc += x[(xb + off) as usize] * w[(wb + k) as usize];
+                        }
+                    }
+                }
+                acc
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_convolution_loop_computes_the_cpu_convolution() {
+        let rnd = |shape: &[usize], seed: usize| {
+            let n: usize = shape.iter().product();
+            let v = (0..n).map(|i| (((i * 7919 + seed * 104_729) % 23) as f32 - 11.0) / 8.0);
+            Tensor::from_f32(shape.to_vec(), v.collect())
+        };
+        for (xs, ws, stride, padding, dilation, groups) in [
+            (
+                vec![2, 4, 7, 6],
+                vec![6, 2, 3, 2],
+                vec![2, 1],
+                vec![1],
+                vec![1, 2],
+                2,
+            ),
+            (vec![1, 3, 9], vec![4, 3, 3], vec![2], vec![2], vec![1], 1),
+            (
+                vec![1, 2, 4, 5, 3],
+                vec![2, 2, 2, 3, 1],
+                vec![1],
+                vec![0, 1, 0],
+                vec![1],
+                1,
+            ),
+            (
+                vec![2, 3, 5, 5],
+                vec![3, 1, 1, 1],
+                vec![1],
+                vec![0],
+                vec![1],
+                3,
+            ),
+        ] {
+            let (x, w, b) = (rnd(&xs, 1), rnd(&ws, 2), rnd(&ws[..1], 3));
+            let (shape, l) = convolution(&xs, &ws, &stride, &padding, &dilation, groups).unwrap();
+            let want = crate::cpu::conv::convolution(
+                &x,
+                &w,
+                Some(&b),
+                &stride,
+                &padding,
+                &dilation,
+                false,
+                &[0],
+                groups,
+            )
+            .unwrap();
+            assert_eq!(shape, want.shape());
+            let got =
+                conv_like_the_kernel(&x.to_f32_vec(), &w.to_f32_vec(), Some(&b.to_f32_vec()), &l);
+            for (g, e) in got.iter().zip(want.to_f32_vec()) {
+                assert!((g - e).abs() < 1e-4, "{xs:?} {ws:?}: {g} vs {e}");
+            }
+        }
+    }
+
     #[test]
     fn var_mean_rows_and_arange_lengths() {
         let r = var_mean(&[2, 3, 4, 5], Some(&[0, -2, 3]), false).unwrap();
