@@ -9,7 +9,7 @@ use tracepass_runtime::backend::{Backend, Input};
 use tracepass_runtime::cpu::random::{uniform, RngKey};
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::cuda::CudaBackend;
-use tracepass_runtime::kernel::{BinaryOp, CompareOp, Kernel, Side};
+use tracepass_runtime::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side};
 use tracepass_runtime::tensor::Tensor;
 
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -304,6 +304,21 @@ fn comparisons_where_silu_and_integer_ops_match_the_cpu() {
             &k,
             &[ints.clone(), random(&[2, 3], 18, d)],
             "i64 * float",
+        );
+    }
+    // a reduction to another dtype accumulates in f32 and rounds once, as on the CPU
+    for (from, to) in [(DType::BF16, DType::F32), (DType::F32, DType::BF16)] {
+        let k = Kernel::Reduce {
+            op: ReduceOp::Sum,
+            dims: vec![1],
+            keepdim: false,
+            dtype: to,
+        };
+        check(
+            &g,
+            &k,
+            &[random(&[3, 500], 19, from)],
+            "sum to another dtype",
         );
     }
     for op in [

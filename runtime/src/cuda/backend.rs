@@ -637,14 +637,18 @@ impl CudaBackend {
         let out_shape = layouts::broadcast_all(&shapes)?;
         let l = layouts::binary_layout(ta.map(|t| t.shape()), tb.map(|t| t.shape()), &out_shape)?;
         let int = !is_float(dtype) && !matches!(op, BinaryOp::Div | BinaryOp::Atan2);
-        // integers compute in i64 (bools too), true division and atan2 of integers in f32
+        // integers compute in i64 (bools too), true division and atan2 of integers in f32;
+        // floats in their dtype when every tensor has it, else in f32 from each operand's own
+        // values (as the CPU reads them), rounded once to the result's dtype
+        let same = [ta, tb].iter().flatten().all(|t| t.dtype == dtype);
         let ct = if int {
             DType::I64
-        } else if is_float(dtype) {
+        } else if is_float(dtype) && same {
             dtype
         } else {
             DType::F32
         };
+        let result = if is_float(dtype) { dtype } else { ct };
         let conv = |t: Option<&CudaTensor>| t.map(|t| self.convert_to(t, ct)).transpose();
         let (ca, cb) = (conv(ta)?, conv(tb)?);
         let out = self.empty(out_shape, ct)?;
@@ -710,7 +714,7 @@ impl CudaBackend {
                 &nn
             )?;
         }
-        Ok(out)
+        self.convert_to(&out, result)
     }
 
     fn matmul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor, KernelError> {
@@ -826,10 +830,20 @@ impl CudaBackend {
         dtype: DType,
     ) -> Result<CudaTensor, KernelError> {
         if dtype != x.dtype {
-            return Err(KernelError(format!(
-                "reduction from {} to {dtype} is not supported on cuda",
-                x.dtype
-            )));
+            // as the CPU: accumulate in f32 from the input's values, round once to `dtype`
+            if !is_float(dtype) {
+                return Err(KernelError(format!(
+                    "reduction to {dtype} is not supported (f32, bf16, f16)"
+                )));
+            }
+            let r = self.reduce(
+                &self.convert_to(x, DType::F32)?,
+                op,
+                dims,
+                keepdim,
+                DType::F32,
+            )?;
+            return self.convert_to(&r, dtype);
         }
         // bring the reduced dimensions last, then reduce contiguous runs
         let rank = x.shape.len();
