@@ -7,9 +7,12 @@
 //! [`elementwise_blocks`] blocks covers any element count. Reductions and softmax run one block
 //! per row (warp shuffles, then one value per warp through shared memory).
 //!
-//! [`catalog`] lists every kernel the backend can launch (every op x dtype); it is the one
-//! source of truth the NVRTC test compiles, and the op lists it is built from are checked
-//! against the op enums at compile time (a new op that is not listed does not build).
+//! [`catalog`] lists every kernel the backend can launch (every `Kernel` variant x every dtype
+//! of [`ALL_DTYPES`] it has a kernel for); it is the one source of truth the NVRTC test
+//! compiles, and the op lists it is built from are checked against the op enums at compile
+//! time (a new op or `Kernel` variant that is not listed does not build). The real models'
+//! kernels (convolution, pooling, embedding, var_mean, layout, comparisons, fills, random
+//! numbers, integer ops) are generated in [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
 use crate::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, UnaryOp};
