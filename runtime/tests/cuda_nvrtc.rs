@@ -3,7 +3,9 @@
 //! environment variable PTXAS names one, or else built by NVRTC itself as a CUBIN for sm_80 /
 //! sm_90 (what the backend loads on a device; `the_device_build_prefers_a_cubin_for_the_device`
 //! checks that path with PTXAS set too). The kernels come from `cuda::kernels::catalog()`, the
-//! one list of them, so a new op cannot be left out.
+//! one list of them: every `Kernel` variant (the list is an exhaustive match, so a new variant
+//! does not build until it is listed) x every dtype of `ALL_DTYPES` it has a kernel for, so a
+//! new op cannot be left out.
 //!
 //! Without libnvrtc the test prints why and passes; with `TRACEPASS_REQUIRE_NVRTC=1` (CI)
 //! that is a failure. NVRTC comes with the CUDA toolkit or from PyPI:
@@ -14,7 +16,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
-use tracepass_runtime::cuda::kernels::{catalog, Source};
+use tracepass_runtime::cuda::kernels::{catalog, every_kernel, sources, Source};
+use tracepass_runtime::cuda::model_kernels::ALL_DTYPES;
 use tracepass_runtime::cuda::nvrtc::{self, Image};
 
 const ARCHS: [(&str, &str); 2] = [("compute_80", "sm_80"), ("compute_90", "sm_90")];
@@ -190,4 +193,24 @@ fn the_device_build_prefers_a_cubin_for_the_device() {
     let (img, arch) = nvrtc::compile_for_device(k, (99, 9)).expect("falls back to PTX");
     assert!(arch.starts_with("compute_"), "{arch}");
     assert!(img.ptx_text().is_some());
+}
+
+#[test]
+fn the_catalog_holds_every_kernel_variant_in_every_dtype() {
+    // no NVRTC needed: what the backend launches for each variant and dtype is compiled above
+    let c = catalog();
+    let mut launched = 0;
+    for k in every_kernel() {
+        for d in ALL_DTYPES {
+            for s in sources(&k, d) {
+                assert!(c.contains(&s), "{} ({k:?} in {d}) is not compiled", s.name);
+                launched += 1;
+            }
+        }
+    }
+    assert!(
+        launched >= c.len(),
+        "{launched} launches, {} kernels",
+        c.len()
+    );
 }

@@ -2,11 +2,14 @@
 //! through cuBLAS, everything else through NVRTC kernels compiled once per op and dtype.
 //! Tensors are contiguous; permutes copy, bucket views share their buffer.
 
-use super::kernels::{self, Layout, Source, MAX_RANK};
+use super::kernels::{self, Source, MAX_RANK};
+use super::layouts::{self, View};
+use super::model_kernels;
 use super::CudaError;
 use crate::backend::{Backend, Input, KernelError};
-use crate::kernel::{Kernel, Side};
-use crate::tensor::{contiguous_strides, Storage, Tensor};
+use crate::cpu::promote::{promote_types, promote_with_scalar};
+use crate::kernel::{BinaryOp, CompareOp, Kernel, Side};
+use crate::tensor::{is_float, Storage, Tensor};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
@@ -21,6 +24,8 @@ pub enum DevBuf {
     F32(CudaSlice<f32>),
     BF16(CudaSlice<bf16>),
     F16(CudaSlice<f16>),
+    I64(CudaSlice<i64>),
+    Bool(CudaSlice<bool>),
 }
 
 impl DevBuf {
@@ -29,6 +34,8 @@ impl DevBuf {
             DevBuf::F32(_) => DType::F32,
             DevBuf::BF16(_) => DType::BF16,
             DevBuf::F16(_) => DType::F16,
+            DevBuf::I64(_) => DType::I64,
+            DevBuf::Bool(_) => DType::Bool,
         }
     }
     /// Raw device address of element 0 (the kernels and cuBLAS take raw pointers; ordering is
@@ -38,6 +45,8 @@ impl DevBuf {
             DevBuf::F32(s) => s.device_ptr(stream).0,
             DevBuf::BF16(s) => s.device_ptr(stream).0,
             DevBuf::F16(s) => s.device_ptr(stream).0,
+            DevBuf::I64(s) => s.device_ptr(stream).0,
+            DevBuf::Bool(s) => s.device_ptr(stream).0,
         }
     }
 }
@@ -313,7 +322,7 @@ impl CudaBackend {
     fn function(&self, src: Option<Source>, what: &str) -> Result<CudaFunction, KernelError> {
         let src = src.ok_or_else(|| {
             KernelError(format!(
-                "{what}: dtype not supported on cuda (f32, bf16, f16)"
+                "{what}: no cuda kernel for this dtype (see cuda::kernels::catalog)"
             ))
         })?;
         let mut cache = self.functions.lock().unwrap_or_else(|e| e.into_inner());
@@ -343,9 +352,13 @@ impl CudaBackend {
                     DevBuf::BF16(self.stream.alloc::<bf16>(n).map_err(kerr("cudaMalloc"))?)
                 }
                 DType::F16 => DevBuf::F16(self.stream.alloc::<f16>(n).map_err(kerr("cudaMalloc"))?),
+                DType::I64 => DevBuf::I64(self.stream.alloc::<i64>(n).map_err(kerr("cudaMalloc"))?),
+                DType::Bool => {
+                    DevBuf::Bool(self.stream.alloc::<bool>(n).map_err(kerr("cudaMalloc"))?)
+                }
                 other => {
                     return Err(KernelError(format!(
-                        "dtype {other} is not supported on cuda (f32, bf16, f16)"
+                        "dtype {other} is not supported on cuda (f32, bf16, f16, i64, bool)"
                     )))
                 }
             }
@@ -539,26 +552,75 @@ impl CudaBackend {
                 x.shape.len()
             )));
         }
-        let strides = contiguous_strides(&x.shape);
-        let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
-        let mut l = Layout {
-            rank: perm.len() as i32,
-            ..Layout::default()
+        let own = View::of(&x.shape);
+        let v = View {
+            offset: 0,
+            shape: perm.iter().map(|&p| x.shape[p]).collect(),
+            strides: perm.iter().map(|&p| own.strides[p]).collect(),
         };
-        for (i, &p) in perm.iter().enumerate() {
-            l.shape[i] = x.shape[p] as i64;
-            l.stride_a[i] = strides[p] as i64;
-        }
-        let out = self.empty(shape, x.dtype)?;
+        self.gather(x, &v)
+    }
+
+    /// Copies the strided view `v` of contiguous `x` into a new contiguous tensor.
+    fn gather(&self, x: &CudaTensor, v: &View) -> Result<CudaTensor, KernelError> {
+        let l = v.layout()?;
+        let out = self.empty(v.shape.clone(), x.dtype)?;
         let n = out.numel();
-        let f = self.function(kernels::permute(x.dtype), "permute")?;
-        let (pi, po, nn) = (
-            x.ptr(&self.stream),
-            out.ptr(&self.stream),
-            count(n, "permute")?,
-        );
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(kernels::permute(x.dtype), "gather")?;
+        let es = x.dtype.size_bytes() as i64;
+        let pi = x.ptr(&self.stream).wrapping_add_signed(v.offset * es);
+        let (po, nn) = (out.ptr(&self.stream), count(n, "gather")?);
         launch!(self, f, grid(n), &pi, &l, &po, &nn)?;
         Ok(out)
+    }
+
+    /// `x` in dtype `to` (the same tensor when it has it).
+    fn convert_to(&self, x: &CudaTensor, to: DType) -> Result<CudaTensor, KernelError> {
+        if x.dtype == to {
+            return Ok(x.clone());
+        }
+        self.map(x, to, kernels::convert(x.dtype, to), "dtype conversion")
+    }
+
+    /// A zeroed device buffer of `n` elements (at least one).
+    fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>, KernelError> {
+        self.stream
+            .alloc_zeros::<T>(n.max(1))
+            .map_err(kerr("cudaMalloc"))
+    }
+
+    /// Reads the error flag kernels set (waits for the stream): `Err(what)` when it is set.
+    fn check_flag(&self, flag: &CudaSlice<i32>, what: &str) -> Result<(), KernelError> {
+        let v = self
+            .stream
+            .clone_dtoh(flag)
+            .map_err(kerr("reading an error flag"))?;
+        if v.first().copied().unwrap_or(0) != 0 {
+            return Err(KernelError(what.to_string()));
+        }
+        Ok(())
+    }
+
+    /// An f32 accumulation buffer as a tensor of `shape`, rounded to `dtype`.
+    fn accumulated(
+        &self,
+        acc: CudaSlice<f32>,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Result<CudaTensor, KernelError> {
+        let t = CudaTensor {
+            shape,
+            dtype: DType::F32,
+            offset: 0,
+            buf: Arc::new(DevBuf::F32(acc)),
+        };
+        self.convert_to(&t, dtype)
     }
 
     fn binary(
@@ -569,86 +631,90 @@ impl CudaBackend {
         let Kernel::Binary { op, a, b, alpha } = k else {
             return Err(KernelError("not a binary kernel".into()));
         };
-        let side = |s: &Side| -> Result<(Option<&CudaTensor>, f32), KernelError> {
-            match s {
-                Side::Scalar(x) => Ok((None, *x as f32)),
-                Side::Input(i) => match inputs.get(*i) {
-                    Some(Input::Tensor(t)) => Ok((Some(*t), 0.0)),
-                    Some(Input::Scalar(x)) => Ok((None, *x as f32)),
-                    None => Err(KernelError(format!("input {i} is missing"))),
-                },
-            }
+        let ((ta, sa), (tb, sb)) = (operand(inputs, a)?, operand(inputs, b)?);
+        let dtype = binary_dtype(ta.map(|t| t.dtype), tb.map(|t| t.dtype), sa, sb, *alpha)?;
+        let shapes: Vec<&[usize]> = [ta, tb].iter().flatten().map(|t| t.shape()).collect();
+        let out_shape = layouts::broadcast_all(&shapes)?;
+        let l = layouts::binary_layout(ta.map(|t| t.shape()), tb.map(|t| t.shape()), &out_shape)?;
+        let int = !is_float(dtype) && !matches!(op, BinaryOp::Div | BinaryOp::Atan2);
+        // integers compute in i64 (bools too), true division and atan2 of integers in f32;
+        // floats in their dtype when every tensor has it, else in f32 from each operand's own
+        // values (as the CPU reads them), rounded once to the result's dtype
+        let same = [ta, tb].iter().flatten().all(|t| t.dtype == dtype);
+        let ct = if int {
+            DType::I64
+        } else if is_float(dtype) && same {
+            dtype
+        } else {
+            DType::F32
         };
-        let ((ta, sa), (tb, sb)) = (side(a)?, side(b)?);
-        let first = ta.or(tb).ok_or("both operands are numbers")?;
-        let dtype = first.dtype;
-        if let (Some(x), Some(y)) = (ta, tb) {
-            if x.dtype != y.dtype {
-                return Err(KernelError(format!(
-                    "cuda binary ops need one dtype, got {} and {}",
-                    x.dtype, y.dtype
-                )));
-            }
-        }
-        let sa_shape = ta.map(|t| t.shape.clone()).unwrap_or_default();
-        let sb_shape = tb.map(|t| t.shape.clone()).unwrap_or_default();
-        let out_shape = tracepass_ir::broadcast_shapes(&sa_shape, &sb_shape).ok_or_else(|| {
-            KernelError(format!(
-                "shapes {sa_shape:?} and {sb_shape:?} do not broadcast"
-            ))
-        })?;
-        if out_shape.len() > MAX_RANK {
-            return Err(KernelError(format!(
-                "rank {} is above the cuda limit {MAX_RANK}",
-                out_shape.len()
-            )));
-        }
-        let mut l = Layout {
-            rank: out_shape.len() as i32,
-            ..Layout::default()
-        };
-        let bs = |s: &[usize]| -> Vec<i64> {
-            let own = contiguous_strides(s);
-            let lead = out_shape.len() - s.len();
-            (0..out_shape.len())
-                .map(|i| {
-                    if i < lead || s[i - lead] == 1 {
-                        0
-                    } else {
-                        own[i - lead] as i64
-                    }
-                })
-                .collect()
-        };
-        let (va, vb) = (bs(&sa_shape), bs(&sb_shape));
-        for i in 0..out_shape.len() {
-            l.shape[i] = out_shape[i] as i64;
-            l.stride_a[i] = va[i];
-            l.stride_b[i] = vb[i];
-        }
-        let out = self.empty(out_shape, dtype)?;
+        let result = if is_float(dtype) { dtype } else { ct };
+        let conv = |t: Option<&CudaTensor>| t.map(|t| self.convert_to(t, ct)).transpose();
+        let (ca, cb) = (conv(ta)?, conv(tb)?);
+        let out = self.empty(out_shape, ct)?;
         let n = out.numel();
-        let f = self.function(kernels::binary(*op, dtype), "binary op")?;
-        let pa = ta.map_or(0u64, |t| t.ptr(&self.stream));
-        let pb = tb.map_or(0u64, |t| t.ptr(&self.stream));
-        let (a_num, b_num) = (i32::from(ta.is_none()), i32::from(tb.is_none()));
-        let (alpha, po, nn) = (*alpha as f32, out.ptr(&self.stream), count(n, "binary op")?);
-        launch!(
-            self,
-            f,
-            grid(n),
-            &pa,
-            &pb,
-            &sa,
-            &sb,
-            &a_num,
-            &b_num,
-            &alpha,
-            &l,
-            &po,
-            &nn
-        )?;
-        Ok(out)
+        let pa = ca.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+        let pb = cb.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+        let (a_num, b_num) = (i32::from(ca.is_none()), i32::from(cb.is_none()));
+        let (po, nn) = (out.ptr(&self.stream), count(n, "binary op")?);
+        if int {
+            let ia = if ca.is_none() {
+                whole(sa, "operand")?
+            } else {
+                0
+            };
+            let ib = if cb.is_none() {
+                whole(sb, "operand")?
+            } else {
+                0
+            };
+            let al = whole(*alpha, "alpha")?;
+            let f = self.function(model_kernels::binary_int(*op), "integer op")?;
+            let bad = self.zeros::<i32>(1)?;
+            let pbad = bad.device_ptr(&self.stream).0;
+            if n > 0 {
+                launch!(
+                    self,
+                    f,
+                    grid(n),
+                    &pa,
+                    &pb,
+                    &ia,
+                    &ib,
+                    &a_num,
+                    &b_num,
+                    &al,
+                    &l,
+                    &po,
+                    &nn,
+                    &pbad
+                )?;
+            }
+            if *op == BinaryOp::Pow {
+                self.check_flag(&bad, "integer pow with a negative exponent")?;
+            }
+            return self.convert_to(&out, dtype);
+        }
+        let f = self.function(kernels::binary(*op, ct), "binary op")?;
+        let (alpha, fa, fb) = (*alpha as f32, sa as f32, sb as f32);
+        if n > 0 {
+            launch!(
+                self,
+                f,
+                grid(n),
+                &pa,
+                &pb,
+                &fa,
+                &fb,
+                &a_num,
+                &b_num,
+                &alpha,
+                &l,
+                &po,
+                &nn
+            )?;
+        }
+        self.convert_to(&out, result)
     }
 
     fn matmul(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor, KernelError> {
@@ -764,10 +830,20 @@ impl CudaBackend {
         dtype: DType,
     ) -> Result<CudaTensor, KernelError> {
         if dtype != x.dtype {
-            return Err(KernelError(format!(
-                "reduction from {} to {dtype} is not supported on cuda",
-                x.dtype
-            )));
+            // as the CPU: accumulate in f32 from the input's values, round once to `dtype`
+            if !is_float(dtype) {
+                return Err(KernelError(format!(
+                    "reduction to {dtype} is not supported (f32, bf16, f16)"
+                )));
+            }
+            let r = self.reduce(
+                &self.convert_to(x, DType::F32)?,
+                op,
+                dims,
+                keepdim,
+                DType::F32,
+            )?;
+            return self.convert_to(&r, dtype);
         }
         // bring the reduced dimensions last, then reduce contiguous runs
         let rank = x.shape.len();
@@ -836,13 +912,760 @@ impl CudaBackend {
             Storage::F64(_) => {
                 return Err(KernelError("f64 tensors are not supported on cuda".into()))
             }
-            Storage::I64(_) | Storage::I32(_) | Storage::Bool(_) => {
+            Storage::I64(v) => DevBuf::I64(
+                self.stream
+                    .clone_htod(&v[o..o + n])
+                    .map_err(kerr("upload"))?,
+            ),
+            Storage::Bool(v) => DevBuf::Bool(
+                self.stream
+                    .clone_htod(&v[o..o + n])
+                    .map_err(kerr("upload"))?,
+            ),
+            Storage::I32(_) => {
                 return Err(KernelError(format!(
                     "{} tensors are not supported on cuda",
                     t.dtype()
                 )))
             }
         })
+    }
+}
+
+/// An operand of an elementwise kernel: a tensor, or a number (0 for a tensor).
+fn operand<'a>(
+    inputs: &'a [Input<'_, CudaTensor>],
+    s: &Side,
+) -> Result<(Option<&'a CudaTensor>, f64), KernelError> {
+    match s {
+        Side::Scalar(x) => Ok((None, *x)),
+        Side::Input(i) => match inputs.get(*i) {
+            Some(Input::Tensor(t)) => Ok((Some(*t), 0.0)),
+            Some(Input::Scalar(x)) => Ok((None, *x)),
+            None => Err(KernelError(format!("input {i} is missing"))),
+        },
+    }
+}
+
+fn fractional(x: f64) -> bool {
+    x.fract() != 0.0 || !x.is_finite()
+}
+
+/// The dtype a binary op's result has (as `cpu::elementwise::binary`): float tensors promote
+/// among floats, other tensors by category, a number promotes an integer tensor to f32 when
+/// it (or alpha) has a fraction.
+pub fn binary_dtype(
+    a: Option<DType>,
+    b: Option<DType>,
+    sa: f64,
+    sb: f64,
+    alpha: f64,
+) -> Result<DType, KernelError> {
+    Ok(match (a, b) {
+        (Some(x), Some(y)) if is_float(x) && is_float(y) => crate::cpu::promote(x, y),
+        (Some(x), Some(y)) => promote_types(x, y),
+        (Some(x), None) => promote_with_scalar(x, fractional(sb) || fractional(alpha)),
+        (None, Some(y)) => promote_with_scalar(y, fractional(sa) || fractional(alpha)),
+        (None, None) => return Err(KernelError("both operands are numbers".into())),
+    })
+}
+
+/// The dtype a comparison computes in (as `cpu::compare::compare`).
+pub fn compare_dtype(
+    a: Option<DType>,
+    b: Option<DType>,
+    sa: f64,
+    sb: f64,
+) -> Result<DType, KernelError> {
+    Ok(match (a, b) {
+        (Some(x), Some(y)) => promote_types(x, y),
+        (Some(x), None) => promote_with_scalar(x, fractional(sb)),
+        (None, Some(y)) => promote_with_scalar(y, fractional(sa)),
+        (None, None) => return Err(KernelError("compare: both operands are numbers".into())),
+    })
+}
+
+/// A number as an integer operand (the CPU's integer kernels refuse fractions).
+fn whole(x: f64, what: &str) -> Result<i64, KernelError> {
+    if fractional(x) {
+        Err(KernelError(format!("{what} {x} is not an integer")))
+    } else {
+        Ok(x as i64)
+    }
+}
+
+/// The bits of `value` in `dtype` (low bytes first), converted as the CPU kernels convert a
+/// number to a tensor element (`cpu::fill::full`).
+pub fn value_bits(value: f64, dtype: DType) -> Result<u64, KernelError> {
+    let t = crate::cpu::fill::full(&[], value, dtype).map_err(KernelError)?;
+    Ok(match t.storage() {
+        Storage::F32(v) => u64::from(v[0].to_bits()),
+        Storage::BF16(v) => u64::from(v[0].to_bits()),
+        Storage::F16(v) => u64::from(v[0].to_bits()),
+        Storage::I64(v) => v[0] as u64,
+        Storage::Bool(v) => u64::from(v[0]),
+        _ => {
+            return Err(KernelError(format!(
+                "dtype {dtype} is not supported on cuda (f32, bf16, f16, i64, bool)"
+            )))
+        }
+    })
+}
+
+/// A number rounded to float `dtype` and back (as `cpu::compare` rounds a comparison's number).
+fn round_to(value: f64, dtype: DType) -> f64 {
+    if !is_float(dtype) {
+        return value;
+    }
+    Tensor::from_f64(vec![], vec![value])
+        .to_dtype(dtype)
+        .map_or(value, |t| t.to_f64_vec()[0])
+}
+
+impl CudaBackend {
+    fn view_of(&self, x: &CudaTensor, shape: Vec<usize>) -> CudaTensor {
+        CudaTensor { shape, ..x.clone() }
+    }
+
+    fn compare(
+        &self,
+        op: CompareOp,
+        a: &Side,
+        b: &Side,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<CudaTensor, KernelError> {
+        let ((ta, sa), (tb, sb)) = (operand(inputs, a)?, operand(inputs, b)?);
+        let dtype = compare_dtype(ta.map(|t| t.dtype), tb.map(|t| t.dtype), sa, sb)?;
+        let shapes: Vec<&[usize]> = [ta, tb].iter().flatten().map(|t| t.shape()).collect();
+        let shape = layouts::broadcast_all(&shapes)?;
+        let l = layouts::binary_layout(ta.map(|t| t.shape()), tb.map(|t| t.shape()), &shape)?;
+        // the kernel's dtype: the operands' own when they share one (every float type loads
+        // to f32 exactly, bool compares as i64), else f32 for floats and i64 for integers
+        let dtypes: Vec<DType> = [ta, tb].iter().flatten().map(|t| t.dtype).collect();
+        let shared = dtypes.windows(2).all(|w| w[0] == w[1]);
+        let kd = match dtypes.first() {
+            Some(&d) if shared && is_float(d) == is_float(dtype) => d,
+            _ if is_float(dtype) => DType::F32,
+            _ => DType::I64,
+        };
+        let conv = |t: Option<&CudaTensor>| t.map(|t| self.convert_to(t, kd)).transpose();
+        let (ca, cb) = (conv(ta)?, conv(tb)?);
+        let (sa, sb) = (round_to(sa, dtype), round_to(sb, dtype));
+        let out = self.empty(shape, DType::Bool)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::compare(op, kd), "compare")?;
+        let pa = ca.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+        let pb = cb.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+        let (a_num, b_num) = (i32::from(ca.is_none()), i32::from(cb.is_none()));
+        let (po, nn) = (out.ptr(&self.stream), count(n, "compare")?);
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pa,
+            &pb,
+            &sa,
+            &sb,
+            &a_num,
+            &b_num,
+            &l,
+            &po,
+            &nn
+        )?;
+        Ok(out)
+    }
+
+    fn where_(
+        &self,
+        a: &Side,
+        b: &Side,
+        dtype: DType,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<CudaTensor, KernelError> {
+        let c = tensor(inputs, 0)?;
+        if c.dtype != DType::Bool {
+            return Err(KernelError(format!(
+                "where: the condition must be a bool tensor, got {}",
+                c.dtype
+            )));
+        }
+        let ((ta, sa), (tb, sb)) = (operand(inputs, a)?, operand(inputs, b)?);
+        let mut shapes: Vec<&[usize]> = vec![c.shape()];
+        shapes.extend([ta, tb].iter().flatten().map(|t| t.shape()));
+        let shape = layouts::broadcast_all(&shapes)?;
+        let l = layouts::binary_layout(ta.map(|t| t.shape()), tb.map(|t| t.shape()), &shape)?;
+        let lc = layouts::binary_layout(Some(c.shape()), None, &shape)?;
+        let conv = |t: Option<&CudaTensor>| t.map(|t| self.convert_to(t, dtype)).transpose();
+        let (ca, cb) = (conv(ta)?, conv(tb)?);
+        let (va, vb) = (
+            if ca.is_none() {
+                value_bits(sa, dtype)?
+            } else {
+                0
+            },
+            if cb.is_none() {
+                value_bits(sb, dtype)?
+            } else {
+                0
+            },
+        );
+        let out = self.empty(shape, dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::where_(dtype), "where")?;
+        let pc = c.ptr(&self.stream);
+        let pa = ca.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+        let pb = cb.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+        let (a_num, b_num) = (i32::from(ca.is_none()), i32::from(cb.is_none()));
+        let (po, nn) = (out.ptr(&self.stream), count(n, "where")?);
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pc,
+            &pa,
+            &pb,
+            &va,
+            &vb,
+            &a_num,
+            &b_num,
+            &l,
+            &lc,
+            &po,
+            &nn
+        )?;
+        Ok(out)
+    }
+
+    fn pad(
+        &self,
+        x: &CudaTensor,
+        value: f64,
+        config: &[(i64, i64, i64)],
+    ) -> Result<CudaTensor, KernelError> {
+        let (shape, l) = layouts::pad(&x.shape, config)?;
+        let bits = value_bits(value, x.dtype)?;
+        let out = self.empty(shape, x.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::pad(x.dtype), "pad")?;
+        let (pi, po, nn) = (x.ptr(&self.stream), out.ptr(&self.stream), count(n, "pad")?);
+        launch!(self, f, grid(n), &pi, &l, &bits, &po, &nn)?;
+        Ok(out)
+    }
+
+    fn cat(&self, xs: &[&CudaTensor], dim: i64) -> Result<CudaTensor, KernelError> {
+        let shapes: Vec<&[usize]> = xs.iter().map(|t| t.shape()).collect();
+        let plan = layouts::cat(&shapes, dim)?;
+        let live: Vec<&&CudaTensor> = xs.iter().filter(|t| t.shape != [0]).collect();
+        let dtype = match live.first() {
+            Some(first) => live
+                .iter()
+                .fold(first.dtype, |d, t| promote_types(d, t.dtype)),
+            None => xs.first().map_or(DType::F32, |t| t.dtype),
+        };
+        let out = self.empty(plan.shape.clone(), dtype)?;
+        let f = self.function(model_kernels::cat_copy(dtype), "cat")?;
+        let (po, bo) = (out.ptr(&self.stream), count(plan.block_out, "cat")?);
+        for (x, part) in xs.iter().zip(&plan.parts) {
+            let Some((block_in, at)) = *part else {
+                continue;
+            };
+            if x.numel() == 0 {
+                continue;
+            }
+            let x = self.convert_to(x, dtype)?;
+            let pi = x.ptr(&self.stream);
+            let (bi, at, n) = (
+                count(block_in, "cat")?,
+                count(at, "cat")?,
+                count(x.numel(), "cat")?,
+            );
+            launch!(self, f, grid(x.numel()), &pi, &po, &bi, &bo, &at, &n)?;
+        }
+        Ok(out)
+    }
+
+    fn fill(&self, shape: &[usize], value: f64, dtype: DType) -> Result<CudaTensor, KernelError> {
+        let bits = value_bits(value, dtype)?;
+        let out = self.empty(shape.to_vec(), dtype)?;
+        let n = out.numel();
+        if n > 0 {
+            let f = self.function(model_kernels::fill(dtype), "full")?;
+            let (po, nn) = (out.ptr(&self.stream), count(n, "full")?);
+            launch!(self, f, grid(n), &po, &bits, &nn)?;
+        }
+        Ok(out)
+    }
+
+    fn arange(
+        &self,
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+    ) -> Result<CudaTensor, KernelError> {
+        let n = layouts::arange_len(start, end, step)?;
+        let out = self.empty(vec![n], dtype)?;
+        let f = self.function(model_kernels::arange(dtype), "arange")?;
+        if n > 0 {
+            let (po, nn) = (out.ptr(&self.stream), count(n, "arange")?);
+            launch!(self, f, grid(n), &po, &start, &step, &nn)?;
+        }
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn convolution(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        stride: &[i64],
+        padding: &[i64],
+        dilation: &[i64],
+        groups: i64,
+    ) -> Result<CudaTensor, KernelError> {
+        if x.dtype != w.dtype || bias.is_some_and(|b| b.dtype != x.dtype) {
+            return Err(KernelError(format!(
+                "convolution: input {}, weight {} and bias {:?} must share a dtype",
+                x.dtype,
+                w.dtype,
+                bias.map(|b| b.dtype)
+            )));
+        }
+        let (shape, l) =
+            layouts::convolution(&x.shape, &w.shape, stride, padding, dilation, groups)?;
+        if let Some(b) = bias {
+            if b.shape != [shape[1]] {
+                return Err(KernelError(format!(
+                    "convolution: bias {:?} must be [{}]",
+                    b.shape, shape[1]
+                )));
+            }
+        }
+        let out = self.empty(shape, x.dtype)?;
+        let n = out.numel();
+        let f = self.function(model_kernels::convolution(x.dtype), "convolution")?;
+        if n > 0 {
+            let (px, pw) = (x.ptr(&self.stream), w.ptr(&self.stream));
+            let pb = bias.map_or(0u64, |b| b.ptr(&self.stream));
+            let has_bias = i32::from(bias.is_some());
+            let (po, nn) = (out.ptr(&self.stream), count(n, "convolution")?);
+            launch!(self, f, grid(n), &px, &pw, &pb, &has_bias, &l, &po, &nn)?;
+        }
+        Ok(out)
+    }
+
+    fn max_pool2d(
+        &self,
+        x: &CudaTensor,
+        p: &crate::cpu::pool::Pool2d,
+    ) -> Result<Vec<CudaTensor>, KernelError> {
+        let (shape, l) = layouts::max_pool2d(&x.shape, p)?;
+        let f = self.function(model_kernels::max_pool2d(x.dtype), "max_pool2d")?;
+        let vals = self.empty(shape.clone(), x.dtype)?;
+        let idx = self.empty(shape, DType::I64)?;
+        let n = vals.numel();
+        if n > 0 {
+            let (px, pv, pi) = (
+                x.ptr(&self.stream),
+                vals.ptr(&self.stream),
+                idx.ptr(&self.stream),
+            );
+            let nn = count(n, "max_pool2d")?;
+            launch!(self, f, grid(n), &px, &l, &pv, &pi, &nn)?;
+        }
+        Ok(vec![vals, idx])
+    }
+
+    fn max_pool2d_backward(
+        &self,
+        grad: &CudaTensor,
+        x: &CudaTensor,
+        indices: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        let (planes, h, w) = match x.shape.as_slice() {
+            [n, c, h, w] => (n * c, *h, *w),
+            [c, h, w] => (*c, *h, *w),
+            other => {
+                return Err(KernelError(format!(
+                    "max_pool2d: the input must be 3-d or 4-d, got {other:?}"
+                )))
+            }
+        };
+        if grad.shape != indices.shape || grad.shape.len() != x.shape.len() {
+            return Err(KernelError(format!(
+                "max_pool2d_backward: grad {:?}, indices {:?} and input {:?} do not fit",
+                grad.shape, indices.shape, x.shape
+            )));
+        }
+        if indices.dtype != DType::I64 {
+            return Err(KernelError(
+                "max_pool2d_backward: indices must be i64".into(),
+            ));
+        }
+        let f = self.function(
+            model_kernels::max_pool2d_backward(grad.dtype),
+            "max_pool2d_backward",
+        )?;
+        let acc = self.zeros::<f32>(planes * h * w)?;
+        let n = grad.numel();
+        if n > 0 {
+            let bad = self.zeros::<i32>(1)?;
+            let (pg, pi) = (grad.ptr(&self.stream), indices.ptr(&self.stream));
+            let (pa, pbad) = (
+                acc.device_ptr(&self.stream).0,
+                bad.device_ptr(&self.stream).0,
+            );
+            let (per_plane, size, nn) = (
+                count(n / planes.max(1), "max_pool2d_backward")?,
+                count(h * w, "max_pool2d_backward")?,
+                count(n, "max_pool2d_backward")?,
+            );
+            launch!(
+                self,
+                f,
+                grid(n),
+                &pg,
+                &pi,
+                &pa,
+                &per_plane,
+                &size,
+                &nn,
+                &pbad
+            )?;
+            self.check_flag(
+                &bad,
+                &format!("max_pool2d_backward: an index is outside a {h} x {w} plane"),
+            )?;
+        }
+        self.accumulated(acc, x.shape.clone(), grad.dtype)
+    }
+
+    fn embedding(&self, idx: &CudaTensor, weight: &CudaTensor) -> Result<CudaTensor, KernelError> {
+        let [rows, dim] = weight.shape[..] else {
+            return Err(KernelError(format!(
+                "embedding: the weight must be 2-d, got {:?}",
+                weight.shape
+            )));
+        };
+        if idx.dtype != DType::I64 {
+            return Err(KernelError(format!(
+                "embedding: indices must be i64 on cuda, got {}",
+                idx.dtype
+            )));
+        }
+        let mut shape = idx.shape.clone();
+        shape.push(dim);
+        let out = self.empty(shape, weight.dtype)?;
+        let f = self.function(model_kernels::embedding(weight.dtype), "embedding")?;
+        let n = out.numel();
+        if n > 0 {
+            let bad = self.zeros::<i32>(1)?;
+            let (pi, pw, po) = (
+                idx.ptr(&self.stream),
+                weight.ptr(&self.stream),
+                out.ptr(&self.stream),
+            );
+            let pbad = bad.device_ptr(&self.stream).0;
+            let (r, d, nn) = (
+                count(rows, "embedding")?,
+                count(dim, "embedding")?,
+                count(n, "embedding")?,
+            );
+            launch!(self, f, grid(n), &pi, &pw, &po, &r, &d, &nn, &pbad)?;
+            self.check_flag(
+                &bad,
+                &format!("embedding: an index is out of range for {rows} rows"),
+            )?;
+        }
+        Ok(out)
+    }
+
+    fn embedding_backward(
+        &self,
+        grad: &CudaTensor,
+        idx: &CudaTensor,
+        num_weights: usize,
+        padding_idx: i64,
+        scale_grad_by_freq: bool,
+    ) -> Result<CudaTensor, KernelError> {
+        let gs = &grad.shape;
+        if gs.len() != idx.shape.len() + 1 || gs[..gs.len() - 1] != idx.shape[..] {
+            return Err(KernelError(format!(
+                "embedding_backward: grad {gs:?} does not fit indices {:?}",
+                idx.shape
+            )));
+        }
+        if idx.dtype != DType::I64 {
+            return Err(KernelError(format!(
+                "embedding_backward: indices must be i64 on cuda, got {}",
+                idx.dtype
+            )));
+        }
+        let dim = gs[gs.len() - 1];
+        let f = self.function(
+            model_kernels::embedding_backward(grad.dtype),
+            "embedding_backward",
+        )?;
+        let acc = self.zeros::<f32>(num_weights * dim)?;
+        let bad = self.zeros::<i32>(1)?;
+        let pbad = bad.device_ptr(&self.stream).0;
+        let pi = idx.ptr(&self.stream);
+        let rows = count(num_weights, "embedding_backward")?;
+        let counts = if scale_grad_by_freq && idx.numel() > 0 {
+            let c = self.zeros::<u32>(num_weights)?;
+            let fc = self.function(Some(model_kernels::embedding_count()), "embedding_backward")?;
+            let pc = c.device_ptr(&self.stream).0;
+            let k = count(idx.numel(), "embedding_backward")?;
+            launch!(self, fc, grid(idx.numel()), &pi, &pc, &rows, &k, &pbad)?;
+            Some(c)
+        } else {
+            None
+        };
+        let n = grad.numel();
+        if n > 0 {
+            let pc = counts
+                .as_ref()
+                .map_or(0u64, |c| c.device_ptr(&self.stream).0);
+            let (pg, pa) = (grad.ptr(&self.stream), acc.device_ptr(&self.stream).0);
+            let (d, nn) = (
+                count(dim, "embedding_backward")?,
+                count(n, "embedding_backward")?,
+            );
+            launch!(
+                self,
+                f,
+                grid(n),
+                &pg,
+                &pi,
+                &pc,
+                &pa,
+                &rows,
+                &d,
+                &padding_idx,
+                &nn,
+                &pbad
+            )?;
+        }
+        if idx.numel() > 0 {
+            self.check_flag(
+                &bad,
+                &format!("embedding_backward: an index is out of range for {num_weights} rows"),
+            )?;
+        }
+        self.accumulated(acc, vec![num_weights, dim], grad.dtype)
+    }
+
+    fn var_mean(
+        &self,
+        x: &CudaTensor,
+        dims: Option<&[i64]>,
+        correction: f64,
+        keepdim: bool,
+    ) -> Result<Vec<CudaTensor>, KernelError> {
+        let f = self.function(model_kernels::var_mean(x.dtype), "var_mean")?;
+        let plan = layouts::var_mean(&x.shape, dims, keepdim)?;
+        let src = if plan.perm.iter().enumerate().all(|(i, p)| i == *p) {
+            x.clone()
+        } else {
+            self.permute(x, &plan.perm)?
+        };
+        let var = self.empty(plan.shape.clone(), x.dtype)?;
+        let mean = self.empty(plan.shape.clone(), x.dtype)?;
+        if plan.rows > 0 {
+            let divisor = (plan.len as f64 - correction).max(0.0);
+            let (pi, pv, pm) = (
+                src.ptr(&self.stream),
+                var.ptr(&self.stream),
+                mean.ptr(&self.stream),
+            );
+            let (o, c) = (count(plan.rows, "var_mean")?, count(plan.len, "var_mean")?);
+            launch!(
+                self,
+                f,
+                rows(plan.rows, plan.len),
+                &pi,
+                &pv,
+                &pm,
+                &o,
+                &c,
+                &divisor
+            )?;
+        }
+        Ok(vec![var, mean])
+    }
+
+    /// Thunder's `uniform` drawn from the random stream of `key`: element for element the
+    /// values `cpu::random::uniform` gives for the same key (ChaCha8, word `i` for element
+    /// `i`, mapped in f32 as on the CPU). f64 is not a cuda dtype.
+    pub fn uniform(
+        &self,
+        shape: &[usize],
+        minval: f64,
+        maxval: f64,
+        dtype: DType,
+        key: crate::cpu::random::RngKey,
+    ) -> Result<CudaTensor, KernelError> {
+        if minval > maxval || !minval.is_finite() || !maxval.is_finite() {
+            return Err(KernelError(format!(
+                "uniform: the range [{minval}, {maxval}) must be finite and not reversed"
+            )));
+        }
+        let f = self.function(model_kernels::uniform(dtype), "uniform")?;
+        let out = self.empty(shape.to_vec(), dtype)?;
+        let n = out.numel();
+        if n > 0 {
+            let (lo, width) = (minval as f32, (maxval - minval) as f32);
+            let (po, nn) = (out.ptr(&self.stream), count(n, "uniform")?);
+            launch!(
+                self,
+                f,
+                grid(n.div_ceil(16)),
+                &po,
+                &key.seed,
+                &key.rank,
+                &key.step,
+                &key.node,
+                &lo,
+                &width,
+                &nn
+            )?;
+        }
+        Ok(out)
+    }
+
+    /// The real models' multi-output kernels.
+    fn run_multi_op(
+        &self,
+        kernel: &Kernel,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<Vec<CudaTensor>, KernelError> {
+        match kernel {
+            Kernel::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+                dilation,
+                ceil_mode,
+            } => {
+                let p =
+                    crate::cpu::pool::Pool2d::new(kernel, stride, padding, dilation, *ceil_mode)?;
+                self.max_pool2d(tensor(inputs, 0)?, &p)
+            }
+            Kernel::VarMean {
+                dims,
+                correction,
+                keepdim,
+            } => self.var_mean(tensor(inputs, 0)?, dims.as_deref(), *correction, *keepdim),
+            Kernel::Split { sizes, dim } => {
+                let x = tensor(inputs, 0)?;
+                layouts::split(&x.shape, sizes, *dim)?
+                    .iter()
+                    .map(|v| self.gather(x, v))
+                    .collect()
+            }
+            other => self.run(other, inputs).map(|t| vec![t]),
+        }
+    }
+
+    /// The real models' single-output kernels.
+    fn run_model_op(
+        &self,
+        kernel: &Kernel,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<CudaTensor, KernelError> {
+        let t = |i: usize| tensor(inputs, i);
+        match kernel {
+            Kernel::Convolution {
+                stride,
+                padding,
+                dilation,
+                groups,
+                bias,
+            } => {
+                let b = if *bias { Some(t(2)?) } else { None };
+                self.convolution(t(0)?, t(1)?, b, stride, padding, dilation, *groups)
+            }
+            Kernel::MaxPool2dBackward => self.max_pool2d_backward(t(0)?, t(1)?, t(2)?),
+            Kernel::Embedding => self.embedding(t(0)?, t(1)?),
+            Kernel::EmbeddingBackward {
+                num_weights,
+                padding_idx,
+                scale_grad_by_freq,
+            } => self.embedding_backward(
+                t(0)?,
+                t(1)?,
+                *num_weights,
+                *padding_idx,
+                *scale_grad_by_freq,
+            ),
+            Kernel::Pad { value, config } => self.pad(t(0)?, *value, config),
+            Kernel::Slice { start, end, step } => {
+                let x = t(0)?;
+                self.gather(x, &layouts::slice(&x.shape, start, end, step)?)
+            }
+            Kernel::Cat { dim } => {
+                let all = (0..inputs.len()).map(t).collect::<Result<Vec<_>, _>>()?;
+                self.cat(&all, *dim)
+            }
+            Kernel::Expand(shape) => {
+                let x = t(0)?;
+                self.gather(x, &layouts::expand(&x.shape, shape)?)
+            }
+            Kernel::Flip(dims) => {
+                let x = t(0)?;
+                self.gather(x, &layouts::flip(&x.shape, dims)?)
+            }
+            Kernel::Squeeze(dims) => {
+                let x = t(0)?;
+                Ok(self.view_of(x, layouts::squeeze(&x.shape, dims.as_deref())?))
+            }
+            Kernel::Unsqueeze(dim) => {
+                let x = t(0)?;
+                Ok(self.view_of(x, layouts::unsqueeze(&x.shape, *dim)?))
+            }
+            Kernel::Arange {
+                start,
+                end,
+                step,
+                dtype,
+            } => self.arange(*start, *end, *step, *dtype),
+            Kernel::Full {
+                shape,
+                value,
+                dtype,
+            } => self.fill(shape, *value, *dtype),
+            Kernel::Compare { op, a, b } => self.compare(*op, a, b, inputs),
+            Kernel::Where { a, b, dtype } => self.where_(a, b, *dtype, inputs),
+            Kernel::Silu => {
+                let x = t(0)?;
+                self.map(x, x.dtype, model_kernels::silu(x.dtype), "silu")
+            }
+            Kernel::Copy => {
+                let (src, dst) = (t(0)?, t(1)?);
+                let target: Vec<i64> = dst.shape.iter().map(|&s| s as i64).collect();
+                let v = layouts::expand(&src.shape, &target).map_err(|e| format!("copy_: {e}"))?;
+                let e = self.gather(src, &v)?;
+                self.convert_to(&e, dst.dtype)
+            }
+            Kernel::Uniform { .. } => Err(KernelError(
+                "uniform needs a random stream keyed by (seed, rank, step, node), which this \
+                 executor does not provide yet (CudaBackend::uniform computes it)"
+                    .into(),
+            )),
+            other => Err(KernelError(format!(
+                "{other:?} is not a kernel of the real models' ops"
+            ))),
+        }
     }
 }
 
@@ -938,10 +1761,26 @@ impl Backend for CudaBackend {
                 }
                 Ok(out)
             }
-            other => Err(KernelError(format!(
-                "{other:?} is not supported by the cuda backend yet"
-            ))),
+            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } | Kernel::Split { .. } => {
+                let mut outs = self.run_multi_op(kernel, inputs)?;
+                if outs.len() != 1 {
+                    return Err(KernelError(format!(
+                        "{kernel:?} gives {} tensors; the node must name each",
+                        outs.len()
+                    )));
+                }
+                Ok(outs.remove(0))
+            }
+            other => self.run_model_op(other, inputs),
         }
+    }
+
+    fn run_multi(
+        &self,
+        kernel: &Kernel,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<Vec<CudaTensor>, KernelError> {
+        self.run_multi_op(kernel, inputs)
     }
 
     fn pack(&self, members: &[&CudaTensor]) -> Result<CudaTensor, KernelError> {
@@ -958,6 +1797,8 @@ impl Backend for CudaBackend {
                         DevBuf::F32(s) => s.len() == total,
                         DevBuf::BF16(s) => s.len() == total,
                         DevBuf::F16(s) => s.len() == total,
+                        DevBuf::I64(s) => s.len() == total,
+                        DevBuf::Bool(s) => s.len() == total,
                     }
             });
             match free {
@@ -1052,6 +1893,16 @@ impl Backend for CudaBackend {
                     .clone_dtoh(&s.slice(o..o + n))
                     .map_err(kerr("download"))?,
             ),
+            DevBuf::I64(s) => Storage::I64(
+                self.stream
+                    .clone_dtoh(&s.slice(o..o + n))
+                    .map_err(kerr("download"))?,
+            ),
+            DevBuf::Bool(s) => Storage::Bool(
+                self.stream
+                    .clone_dtoh(&s.slice(o..o + n))
+                    .map_err(kerr("download"))?,
+            ),
         };
         Tensor::try_new(t.shape.clone(), storage).map_err(KernelError)
     }
@@ -1072,6 +1923,44 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn promotion_and_numbers_follow_the_cpu_kernels() {
+        use DType::*;
+        assert_eq!(
+            binary_dtype(Some(BF16), Some(F16), 0., 0., 1.).unwrap(),
+            F32
+        );
+        assert_eq!(
+            binary_dtype(Some(BF16), Some(BF16), 0., 0., 1.).unwrap(),
+            BF16
+        );
+        assert_eq!(binary_dtype(Some(I64), None, 0., 0.5, 1.).unwrap(), F32);
+        assert_eq!(binary_dtype(Some(I64), None, 0., 2.0, 1.).unwrap(), I64);
+        assert_eq!(binary_dtype(None, Some(I64), 2.0, 0., 0.5).unwrap(), F32);
+        assert_eq!(
+            binary_dtype(Some(Bool), Some(Bool), 0., 0., 1.).unwrap(),
+            Bool
+        );
+        assert_eq!(
+            binary_dtype(Some(I64), Some(BF16), 0., 0., 1.).unwrap(),
+            BF16
+        );
+        assert!(binary_dtype(None, None, 1., 2., 1.).is_err());
+        assert_eq!(compare_dtype(Some(I64), None, 0., 0.5).unwrap(), F32);
+        assert_eq!(compare_dtype(Some(Bool), None, 0., 1.0).unwrap(), I64);
+        assert_eq!(compare_dtype(Some(F16), Some(I64), 0., 0.).unwrap(), F16);
+        assert_eq!(value_bits(1.0, F32).unwrap(), u64::from(1.0f32.to_bits()));
+        assert_eq!(value_bits(-1.0, BF16).unwrap(), 0xbf80);
+        assert_eq!(value_bits(-1.0, F16).unwrap(), 0xbc00);
+        assert_eq!(value_bits(-3.7, I64).unwrap(), (-3i64) as u64);
+        assert_eq!(value_bits(0.5, Bool).unwrap(), 1);
+        assert!(value_bits(1.0, F64).is_err());
+        assert_eq!(round_to(0.9, BF16), 0.8984375);
+        assert_eq!(round_to(0.9, I64), 0.9);
+        assert_eq!(whole(3.0, "x").unwrap(), 3);
+        assert!(whole(2.5, "x").is_err());
+    }
 
     #[test]
     fn zero_size_gemms_never_pass_a_leading_dimension_of_zero() {

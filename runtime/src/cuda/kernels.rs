@@ -7,11 +7,15 @@
 //! [`elementwise_blocks`] blocks covers any element count. Reductions and softmax run one block
 //! per row (warp shuffles, then one value per warp through shared memory).
 //!
-//! [`catalog`] lists every kernel the backend can launch (every op x dtype); it is the one
-//! source of truth the NVRTC test compiles, and the op lists it is built from are checked
-//! against the op enums at compile time (a new op that is not listed does not build).
+//! [`catalog`] lists every kernel the backend can launch (every `Kernel` variant x every dtype
+//! of [`ALL_DTYPES`] it has a kernel for); it is the one source of truth the NVRTC test
+//! compiles, and the op lists it is built from are checked against the op enums at compile
+//! time (a new op or `Kernel` variant that is not listed does not build). The real models'
+//! kernels (convolution, pooling, embedding, var_mean, layout, comparisons, fills, random
+//! numbers, integer ops) are generated in [`super::model_kernels`].
 
-use crate::kernel::{BinaryOp, Kernel, ReduceOp, UnaryOp};
+use super::model_kernels::{self, ALL_DTYPES};
+use crate::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, UnaryOp};
 use tracepass_ir::DType;
 
 /// Largest rank the shape-carrying kernels handle.
@@ -88,7 +92,7 @@ pub fn row_launch(rows: usize, row_len: usize) -> (u32, u32) {
     (blocks, u32::try_from(threads).unwrap_or(ROW_BLOCK))
 }
 
-const PRELUDE: &str = r#"
+pub(crate) const PRELUDE: &str = r#"
 #define NEG_INF __int_as_float(0xff800000)
 #define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 struct Layout { int rank; int pad; long long shape[6]; long long sa[6]; long long sb[6]; };
@@ -119,14 +123,14 @@ __device__ __forceinline__ void offsets(const Layout& l, long long i, long long*
     }
     *a = oa; *b = ob;
 }
-struct SumOp { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
+struct SumOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
 // NaN wins, as in torch.amax
 struct MaxOp { __device__ __forceinline__ float operator()(float a, float b) const { return (b != b || b > a) ? b : a; } };
 // Reduces `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
 // the result. `id` is the operation's identity.
-template <typename Op>
-__device__ __forceinline__ float block_reduce(float v, Op op, float id) {
-    __shared__ float part[32];
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, Op op, T id) {
+    __shared__ T part[32];
     for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     __syncthreads();
@@ -219,28 +223,16 @@ pub fn binary(op: BinaryOp, d: DType) -> Option<Source> {
     Some(Source { name, code })
 }
 
-/// Copies `in` read through `Layout.sa` (a permuted view) into contiguous `out`.
+/// Copies `in` read through `Layout.sa` (a permuted view) into contiguous `out`; every dtype
+/// of [`ALL_DTYPES`] (see [`model_kernels::gather`]).
 pub fn permute(d: DType) -> Option<Source> {
-    let (t, _, _) = ctype(d)?;
-    let name = format!("permute_{d}").to_lowercase();
-    let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    out[i] = in[oa];\n  }}\n}}\n"
-    );
-    Some(Source { name, code })
+    model_kernels::gather(d)
 }
 
-/// Converts between two different dtypes (the same dtype needs no kernel: `None`).
+/// Converts between two different dtypes of [`ALL_DTYPES`] (the same dtype needs no kernel:
+/// `None`; see [`model_kernels::convert`]).
 pub fn convert(from: DType, to: DType) -> Option<Source> {
-    if from == to {
-        return None;
-    }
-    let (ti, ld, _) = ctype(from)?;
-    let (to_t, _, st) = ctype(to)?;
-    let name = format!("convert_{from}_{to}").to_lowercase();
-    let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {ti}* in, {to_t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{ {st}(out, i, {ld}(in, i)); }}\n}}\n"
-    );
-    Some(Source { name, code })
+    model_kernels::convert(from, to)
 }
 
 /// One block per output row: reduces the `count` contiguous inputs of row `r` at `r * count`.
@@ -281,15 +273,35 @@ pub fn fill_rows(d: DType) -> Option<Source> {
     Some(Source { name, code })
 }
 
+/// Every comparison.
+pub const COMPARE_OPS: &[CompareOp] = &every!(CompareOp: Lt, Le, Gt, Ge, Eq, Ne);
+
 /// The NVRTC kernels the backend launches for `kernel` on inputs of dtype `d` (none for those
-/// that are metadata changes or cuBLAS calls). The backend takes its sources from the same
-/// generators; this match is exhaustive, so a new `Kernel` must say what it launches.
+/// that are metadata changes or cuBLAS calls, or for a dtype the op has no kernel for). The
+/// backend takes its sources from the same generators; this match is exhaustive, so a new
+/// `Kernel` must say what it launches.
 pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
+    use model_kernels as m;
     let v = match kernel {
         Kernel::Unary(op) => vec![unary(*op, d)],
-        Kernel::Binary { op, .. } => vec![binary(*op, d)],
+        // floats compute here; integers (and bools, as i64) in wrapping i64, divisions of
+        // integers in f32 after a conversion
+        Kernel::Binary { op, .. } => vec![
+            binary(*op, d),
+            if d == DType::I64 {
+                m::binary_int(*op)
+            } else {
+                None
+            },
+        ],
         Kernel::Identity | Kernel::Reshape(_) | Kernel::Matmul => vec![],
-        Kernel::Permute(_) => vec![permute(d)],
+        // views: a shape on the same buffer
+        Kernel::Squeeze(_) | Kernel::Unsqueeze(_) => vec![],
+        Kernel::Permute(_)
+        | Kernel::Expand(_)
+        | Kernel::Slice { .. }
+        | Kernel::Flip(_)
+        | Kernel::Split { .. } => vec![permute(d)],
         Kernel::Convert(to) => vec![convert(d, *to)],
         Kernel::Linear { bias } => {
             if *bias {
@@ -301,66 +313,35 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         // the reduced dimensions are permuted last first
         Kernel::Reduce { op, .. } => vec![permute(d), reduce(*op, d)],
         Kernel::Softmax { log, .. } => vec![softmax(*log, d)],
-        // the real models' ops have CPU kernels only so far: the CUDA backend refuses them
-        // with an error naming the op (see `not_on_cuda`)
-        Kernel::Convolution { .. }
-        | Kernel::MaxPool2d { .. }
-        | Kernel::MaxPool2dBackward
-        | Kernel::Embedding
-        | Kernel::EmbeddingBackward { .. }
-        | Kernel::VarMean { .. }
-        | Kernel::Pad { .. }
-        | Kernel::Slice { .. }
-        | Kernel::Split { .. }
-        | Kernel::Cat { .. }
-        | Kernel::Expand { .. }
-        | Kernel::Flip { .. }
-        | Kernel::Squeeze { .. }
-        | Kernel::Unsqueeze { .. }
-        | Kernel::Arange { .. }
-        | Kernel::Full { .. }
-        | Kernel::Compare { .. }
-        | Kernel::Where { .. }
-        | Kernel::Silu
-        | Kernel::Copy
-        | Kernel::Uniform { .. } => vec![],
+        Kernel::Convolution { .. } => vec![m::convolution(d)],
+        Kernel::MaxPool2d { .. } => vec![m::max_pool2d(d)],
+        // f32 accumulation, then rounded to the dtype
+        Kernel::MaxPool2dBackward => vec![m::max_pool2d_backward(d), convert(DType::F32, d)],
+        Kernel::Embedding => vec![m::embedding(d)],
+        Kernel::EmbeddingBackward { .. } => vec![
+            m::embedding_backward(d),
+            Some(m::embedding_count()),
+            convert(DType::F32, d),
+        ],
+        Kernel::VarMean { .. } => vec![permute(d), m::var_mean(d)],
+        Kernel::Pad { .. } => vec![m::pad(d)],
+        Kernel::Cat { .. } => vec![m::cat_copy(d)],
+        Kernel::Arange { .. } => vec![m::arange(d)],
+        Kernel::Full { .. } => vec![m::fill(d)],
+        Kernel::Compare { op, .. } => vec![m::compare(*op, d)],
+        Kernel::Where { .. } => vec![m::where_(d)],
+        Kernel::Silu => vec![m::silu(d)],
+        // expanded to the destination's shape, converted to its dtype
+        Kernel::Copy => vec![permute(d)],
+        Kernel::Uniform { .. } => vec![m::uniform(d)],
     };
     v.into_iter().flatten().collect()
-}
-
-/// Kernels the CUDA backend has no implementation of yet (it refuses them with an error naming
-/// the op; the CPU backend runs them).
-pub fn not_on_cuda(k: &Kernel) -> bool {
-    matches!(
-        k,
-        Kernel::Convolution { .. }
-            | Kernel::MaxPool2d { .. }
-            | Kernel::MaxPool2dBackward
-            | Kernel::Embedding
-            | Kernel::EmbeddingBackward { .. }
-            | Kernel::VarMean { .. }
-            | Kernel::Pad { .. }
-            | Kernel::Slice { .. }
-            | Kernel::Split { .. }
-            | Kernel::Cat { .. }
-            | Kernel::Expand { .. }
-            | Kernel::Flip { .. }
-            | Kernel::Squeeze { .. }
-            | Kernel::Unsqueeze { .. }
-            | Kernel::Arange { .. }
-            | Kernel::Full { .. }
-            | Kernel::Compare { .. }
-            | Kernel::Where { .. }
-            | Kernel::Silu
-            | Kernel::Copy
-            | Kernel::Uniform { .. }
-    )
 }
 
 /// One kernel of each kind with each op (the shape-like fields do not change the source).
 pub fn every_kernel() -> Vec<Kernel> {
     use crate::kernel::Side;
-    // exhaustive: a new Kernel variant must be added to the list below
+    // exhaustive: a new Kernel variant does not build until it is listed below
     fn listed(k: &Kernel) {
         match k {
             Kernel::Unary(_)
@@ -372,9 +353,28 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Matmul
             | Kernel::Linear { .. }
             | Kernel::Reduce { .. }
-            | Kernel::Softmax { .. } => (),
-            k if not_on_cuda(k) => (),
-            _ => unreachable!("every kernel is listed or marked not on CUDA"),
+            | Kernel::Softmax { .. }
+            | Kernel::Convolution { .. }
+            | Kernel::MaxPool2d { .. }
+            | Kernel::MaxPool2dBackward
+            | Kernel::Embedding
+            | Kernel::EmbeddingBackward { .. }
+            | Kernel::VarMean { .. }
+            | Kernel::Pad { .. }
+            | Kernel::Slice { .. }
+            | Kernel::Split { .. }
+            | Kernel::Cat { .. }
+            | Kernel::Expand(_)
+            | Kernel::Flip(_)
+            | Kernel::Squeeze(_)
+            | Kernel::Unsqueeze(_)
+            | Kernel::Arange { .. }
+            | Kernel::Full { .. }
+            | Kernel::Compare { .. }
+            | Kernel::Where { .. }
+            | Kernel::Silu
+            | Kernel::Copy
+            | Kernel::Uniform { .. } => (),
         }
     }
     let mut ks: Vec<Kernel> = UNARY_OPS.iter().map(|&op| Kernel::Unary(op)).collect();
@@ -392,7 +392,7 @@ pub fn every_kernel() -> Vec<Kernel> {
         Kernel::Linear { bias: false },
         Kernel::Linear { bias: true },
     ]);
-    ks.extend(DTYPES.iter().map(|&d| Kernel::Convert(d)));
+    ks.extend(ALL_DTYPES.iter().map(|&d| Kernel::Convert(d)));
     ks.extend(REDUCE_OPS.iter().map(|&op| Kernel::Reduce {
         op,
         dims: vec![],
@@ -400,15 +400,90 @@ pub fn every_kernel() -> Vec<Kernel> {
         dtype: DType::F32,
     }));
     ks.extend([false, true].map(|log| Kernel::Softmax { dim: 0, log }));
+    ks.extend([
+        Kernel::Convolution {
+            stride: vec![1],
+            padding: vec![0],
+            dilation: vec![1],
+            groups: 1,
+            bias: true,
+        },
+        Kernel::MaxPool2d {
+            kernel: vec![2],
+            stride: vec![],
+            padding: vec![0],
+            dilation: vec![1],
+            ceil_mode: false,
+        },
+        Kernel::MaxPool2dBackward,
+        Kernel::Embedding,
+        Kernel::EmbeddingBackward {
+            num_weights: 1,
+            padding_idx: -1,
+            scale_grad_by_freq: true,
+        },
+        Kernel::VarMean {
+            dims: None,
+            correction: 1.0,
+            keepdim: false,
+        },
+        Kernel::Pad {
+            value: 0.0,
+            config: vec![],
+        },
+        Kernel::Slice {
+            start: vec![],
+            end: vec![],
+            step: vec![],
+        },
+        Kernel::Split {
+            sizes: vec![],
+            dim: 0,
+        },
+        Kernel::Cat { dim: 0 },
+        Kernel::Expand(vec![]),
+        Kernel::Flip(vec![]),
+        Kernel::Squeeze(None),
+        Kernel::Unsqueeze(0),
+        Kernel::Arange {
+            start: 0.0,
+            end: 1.0,
+            step: 1.0,
+            dtype: DType::F32,
+        },
+        Kernel::Full {
+            shape: vec![],
+            value: 0.0,
+            dtype: DType::F32,
+        },
+        Kernel::Where {
+            a: Side::Input(1),
+            b: Side::Input(2),
+            dtype: DType::F32,
+        },
+        Kernel::Silu,
+        Kernel::Copy,
+        Kernel::Uniform {
+            shape: vec![],
+            minval: 0.0,
+            maxval: 1.0,
+            dtype: DType::F32,
+        },
+    ]);
+    ks.extend(COMPARE_OPS.iter().map(|&op| Kernel::Compare {
+        op,
+        a: Side::Input(0),
+        b: Side::Input(1),
+    }));
     ks.iter().for_each(listed);
     ks
 }
 
-/// Every kernel the backend can launch: each op x dtype (x target dtype for conversions),
-/// each once, in a fixed order. The NVRTC test compiles all of them.
+/// Every kernel the backend can launch: each op x dtype of [`ALL_DTYPES`] (x target dtype for
+/// conversions), each once, in a fixed order. The NVRTC test compiles all of them.
 pub fn catalog() -> Vec<Source> {
     let mut out: Vec<Source> = Vec::new();
-    for d in DTYPES {
+    for d in ALL_DTYPES {
         for k in every_kernel() {
             for s in sources(&k, d) {
                 if !out.iter().any(|o| o.name == s.name) {
@@ -422,33 +497,70 @@ pub fn catalog() -> Vec<Source> {
 
 #[cfg(test)]
 mod tests {
+    use super::model_kernels::INT_OPS;
     use super::*;
 
     #[test]
     fn the_catalog_has_every_op_for_every_dtype_once() {
         let c = catalog();
-        let per_dtype = UNARY_OPS.len() + BINARY_OPS.len() + 1 + REDUCE_OPS.len() + 2 + 1;
-        let converts = DTYPES.len() * (DTYPES.len() - 1);
-        assert_eq!(c.len(), DTYPES.len() * per_dtype + converts);
+        let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
+        // conv, pool, pool backward, embedding backward, var_mean, silu, uniform
+        let float_models = 7;
+        // permute, pad, cat, fill, arange, embedding, where, and the comparisons
+        let every = 7 + COMPARE_OPS.len();
+        let converts = ALL_DTYPES.len() * (ALL_DTYPES.len() - 1);
+        let want = DTYPES.len() * (float + float_models)
+            + ALL_DTYPES.len() * every
+            + converts
+            + INT_OPS.len()
+            + 1; // embedding_count
+        assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), c.len(), "kernel names are unique");
+        let has = |name: String| assert!(names.contains(&name.as_str()), "{name} missing");
         for d in DTYPES {
             for &op in UNARY_OPS {
-                let name = format!("unary_{op:?}_{d}").to_lowercase();
-                assert!(names.contains(&name.as_str()), "{name} missing");
+                has(format!("unary_{op:?}_{d}").to_lowercase());
             }
             for name in [
                 "reduce_amax",
                 "softmax",
                 "log_softmax",
                 "fill_rows",
-                "permute",
+                "convolution",
+                "max_pool2d",
+                "max_pool2d_backward",
+                "embedding_backward",
+                "var_mean",
+                "silu",
+                "uniform",
             ] {
-                let name = format!("{name}_{d}");
-                assert!(names.contains(&name.as_str()), "{name} missing");
+                has(format!("{name}_{d}"));
             }
+        }
+        for d in ALL_DTYPES {
+            for name in [
+                "permute",
+                "pad",
+                "cat_copy",
+                "fill",
+                "arange",
+                "embedding",
+                "where",
+            ] {
+                has(format!("{name}_{d}"));
+            }
+            for &op in COMPARE_OPS {
+                has(format!("compare_{op:?}_{d}").to_lowercase());
+            }
+            for to in ALL_DTYPES.iter().filter(|&&to| to != d) {
+                has(format!("convert_{d}_{to}"));
+            }
+        }
+        for op in INT_OPS {
+            has(format!("binary_int_{op:?}").to_lowercase());
         }
         // each source defines the entry point it is named by
         for s in &c {
@@ -457,6 +569,28 @@ mod tests {
                 "{} does not define its entry point",
                 s.name
             );
+        }
+    }
+
+    #[test]
+    fn every_kernel_variant_launches_a_kernel_in_the_catalog() {
+        // only views and cuBLAS calls launch no NVRTC kernel
+        let c = catalog();
+        for k in every_kernel() {
+            let srcs: Vec<Source> = ALL_DTYPES.iter().flat_map(|&d| sources(&k, d)).collect();
+            let metadata = matches!(
+                k,
+                Kernel::Identity
+                    | Kernel::Reshape(_)
+                    | Kernel::Matmul
+                    | Kernel::Linear { bias: false }
+                    | Kernel::Squeeze(_)
+                    | Kernel::Unsqueeze(_)
+            );
+            assert_eq!(srcs.is_empty(), metadata, "{k:?}");
+            for s in srcs {
+                assert!(c.contains(&s), "{} of {k:?} is not in the catalog", s.name);
+            }
         }
     }
 
@@ -483,11 +617,14 @@ mod tests {
         assert_eq!(elementwise_blocks(usize::MAX), MAX_BLOCKS);
         // every elementwise kernel loops over the grid, so a capped grid still covers n
         for s in catalog() {
-            let row = s.name.starts_with("reduce_") || s.name.contains("softmax_");
+            let row = s.name.starts_with("reduce_")
+                || s.name.contains("softmax_")
+                || s.name.starts_with("var_mean_");
             let strided = if row {
                 s.code.contains("row += gridDim.x")
             } else {
-                s.code.contains("GRID_STRIDE(i, n)")
+                // the macro's definition, then a use
+                s.code.matches("GRID_STRIDE(").count() >= 2
             };
             assert!(strided, "{} has no grid-stride loop", s.name);
             assert!(!s.code.contains("if (i >= n) return"), "{}", s.name);
@@ -511,8 +648,12 @@ mod tests {
     #[test]
     fn reductions_and_softmax_are_block_level() {
         for s in catalog() {
-            if s.name.starts_with("reduce_") || s.name.contains("softmax_") {
+            if s.name.starts_with("reduce_")
+                || s.name.contains("softmax_")
+                || s.name.starts_with("var_mean_")
+            {
                 assert!(s.code.contains("block_reduce("), "{}", s.name);
+                assert!(s.code.contains("row += gridDim.x"), "{}", s.name);
                 assert!(s.code.contains("k += blockDim.x") || s.code.contains("j += blockDim.x"));
             }
         }

@@ -4,6 +4,8 @@
 
 pub mod backend;
 pub mod kernels;
+pub mod layouts;
+pub mod model_kernels;
 pub mod nccl;
 pub mod nvrtc;
 pub mod solo;

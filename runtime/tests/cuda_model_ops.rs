@@ -1,0 +1,364 @@
+//! GPU tests of the real models' kernels (feature `cuda`): each against the CPU backend, the
+//! reference, on the same inputs, in every dtype it has. Without a CUDA GPU each test prints
+//! why it skips (`TRACEPASS_REQUIRE_GPU=1` makes that a failure). NVRTC alone (no GPU) is
+//! checked by `cuda_nvrtc.rs`.
+#![cfg(feature = "cuda")]
+
+use tracepass_ir::DType;
+use tracepass_runtime::backend::{Backend, Input};
+use tracepass_runtime::cpu::random::{uniform, RngKey};
+use tracepass_runtime::cpu::CpuBackend;
+use tracepass_runtime::cuda::CudaBackend;
+use tracepass_runtime::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side};
+use tracepass_runtime::tensor::Tensor;
+
+const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            let required = std::env::var("TRACEPASS_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "TRACEPASS_REQUIRE_GPU=1 but {e}");
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr().lock(), "skipping GPU test: {e}");
+            None
+        }
+    }
+}
+
+fn tol(d: DType) -> f64 {
+    match d {
+        DType::F32 => 1e-4,
+        DType::F16 => 4e-3,
+        DType::BF16 => 3e-2,
+        _ => 0.0,
+    }
+}
+
+fn random(shape: &[usize], seed: u64, dtype: DType) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    Tensor::from_f32(shape.to_vec(), v).to_dtype(dtype).unwrap()
+}
+
+fn close(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    let d = want.dtype();
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let scale = w.iter().fold(1e-6f64, |m, x| m.max(x.abs()));
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let same = a == b || (a.is_nan() && b.is_nan());
+        assert!(
+            same || (a - b).abs() / scale <= tol(d),
+            "{what} in {d}: element {i} is {a}, the CPU gives {b}"
+        );
+    }
+}
+
+/// Runs `k` on both backends (inputs as tensors, in order) and compares every output.
+fn check(g: &CudaBackend, k: &Kernel, inputs: &[Tensor], what: &str) {
+    let cpu_in: Vec<Input<'_, Tensor>> = inputs.iter().map(Input::Tensor).collect();
+    let want = CpuBackend.run_multi(k, &cpu_in).unwrap();
+    let dev: Vec<_> = inputs.iter().map(|t| g.upload(t).unwrap()).collect();
+    let dev_in: Vec<Input<'_, _>> = dev.iter().map(Input::Tensor).collect();
+    let got = g
+        .run_multi(k, &dev_in)
+        .unwrap_or_else(|e| panic!("{what}: {}", e.0));
+    assert_eq!(got.len(), want.len(), "{what}: outputs");
+    for (i, (gt, w)) in got.iter().zip(&want).enumerate() {
+        close(&g.download(gt).unwrap(), w, &format!("{what} output {i}"));
+    }
+}
+
+fn pool_indices(d: DType, shape: &[usize]) -> Tensor {
+    let x = random(shape, 11, d);
+    let k = Kernel::MaxPool2d {
+        kernel: vec![3],
+        stride: vec![2],
+        padding: vec![1],
+        dilation: vec![1],
+        ceil_mode: false,
+    };
+    CpuBackend
+        .run_multi(&k, &[Input::Tensor(&x)])
+        .unwrap()
+        .remove(1)
+}
+
+#[test]
+fn convolution_pooling_and_embedding_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        let x = random(&[2, 4, 9, 8], 1, d);
+        let w = random(&[6, 2, 3, 3], 2, d);
+        let b = random(&[6], 3, d);
+        for (stride, padding, dilation, bias) in [
+            (vec![1], vec![0], vec![1], false),
+            (vec![2, 1], vec![1], vec![1, 2], true),
+        ] {
+            let k = Kernel::Convolution {
+                stride,
+                padding,
+                dilation,
+                groups: 2,
+                bias,
+            };
+            let ins = if bias {
+                vec![x.clone(), w.clone(), b.clone()]
+            } else {
+                vec![x.clone(), w.clone()]
+            };
+            check(&g, &k, &ins, &format!("{k:?}"));
+        }
+        let x1 = random(&[2, 3, 17], 4, d);
+        let w1 = random(&[5, 3, 4], 5, d);
+        let k1 = Kernel::Convolution {
+            stride: vec![2],
+            padding: vec![2],
+            dilation: vec![1],
+            groups: 1,
+            bias: false,
+        };
+        check(&g, &k1, &[x1, w1], "conv1d");
+        for ceil_mode in [false, true] {
+            let k = Kernel::MaxPool2d {
+                kernel: vec![3],
+                stride: vec![2],
+                padding: vec![1],
+                dilation: vec![1],
+                ceil_mode,
+            };
+            check(&g, &k, std::slice::from_ref(&x), &format!("{k:?}"));
+        }
+        let idx = pool_indices(d, &[2, 4, 9, 8]);
+        let grad = random(idx.shape(), 6, d);
+        check(
+            &g,
+            &Kernel::MaxPool2dBackward,
+            &[grad, x.clone(), idx],
+            "max_pool2d_backward",
+        );
+        let table = random(&[10, 7], 7, d);
+        let ids = Tensor::from_i64(vec![2, 5], vec![0, 3, 9, 3, 1, 2, 2, 2, 8, 0]);
+        check(&g, &Kernel::Embedding, &[ids.clone(), table], "embedding");
+        let grad = random(&[2, 5, 7], 8, d);
+        for (padding_idx, scale_grad_by_freq) in [(-1, false), (2, true)] {
+            let k = Kernel::EmbeddingBackward {
+                num_weights: 10,
+                padding_idx,
+                scale_grad_by_freq,
+            };
+            check(&g, &k, &[grad.clone(), ids.clone()], &format!("{k:?}"));
+        }
+        // an index out of range is an error, as on the CPU
+        let bad = g.upload(&Tensor::from_i64(vec![1], vec![10])).unwrap();
+        let t = g.upload(&random(&[10, 7], 7, d)).unwrap();
+        assert!(g
+            .run(
+                &Kernel::Embedding,
+                &[Input::Tensor(&bad), Input::Tensor(&t)]
+            )
+            .is_err());
+    }
+}
+
+#[test]
+fn var_mean_is_block_level_and_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        let x = random(&[3, 5, 40, 7], 9, d);
+        for (dims, correction, keepdim) in [
+            (Some(vec![-1]), 0.0, false),
+            (Some(vec![0, 2, 3]), 1.0, true),
+            (None, 1.0, false),
+        ] {
+            let k = Kernel::VarMean {
+                dims,
+                correction,
+                keepdim,
+            };
+            check(&g, &k, std::slice::from_ref(&x), &format!("{k:?}"));
+        }
+        // a row far longer than a block
+        let long = random(&[2, 100_000], 10, d);
+        let k = Kernel::VarMean {
+            dims: Some(vec![1]),
+            correction: 1.0,
+            keepdim: false,
+        };
+        check(&g, &k, &[long], "var_mean over 100000");
+    }
+}
+
+#[test]
+fn layout_ops_match_the_cpu_in_every_dtype() {
+    let Some(g) = gpu() else { return };
+    for d in [DType::F32, DType::BF16, DType::F16, DType::I64, DType::Bool] {
+        let x = random(&[2, 3, 4], 12, DType::F32).to_dtype(d).unwrap();
+        let one = |k: Kernel| check(&g, &k, std::slice::from_ref(&x), &format!("{k:?} {d}"));
+        one(Kernel::Pad {
+            value: 2.0,
+            config: vec![(1, 0, 0), (-1, 2, 1), (0, 1, 2)],
+        });
+        one(Kernel::Slice {
+            start: vec![0, 1, 1],
+            end: vec![2, 3, 4],
+            step: vec![1, 1, 2],
+        });
+        one(Kernel::Split {
+            sizes: vec![1, 2],
+            dim: 1,
+        });
+        one(Kernel::Flip(vec![0, -1]));
+        one(Kernel::Squeeze(None));
+        one(Kernel::Unsqueeze(-1));
+        one(Kernel::Permute(vec![2, 0, 1]));
+        let col = random(&[3, 1], 13, DType::F32).to_dtype(d).unwrap();
+        check(&g, &Kernel::Expand(vec![2, -1, 4]), &[col], "expand");
+        let y = random(&[2, 1, 4], 14, DType::F32).to_dtype(d).unwrap();
+        check(&g, &Kernel::Cat { dim: 1 }, &[x.clone(), y], "cat");
+        let dst = Tensor::zeros(vec![2, 3, 4], DType::F32).unwrap();
+        check(&g, &Kernel::Copy, &[x.clone(), dst], "copy_");
+        for to in [DType::F32, DType::BF16, DType::F16, DType::I64, DType::Bool] {
+            one(Kernel::Convert(to));
+        }
+        let full = Kernel::Full {
+            shape: vec![3, 2],
+            value: -1.5,
+            dtype: d,
+        };
+        check(&g, &full, &[], "full");
+        let ar = Kernel::Arange {
+            start: 1.0,
+            end: 9.0,
+            step: 0.7,
+            dtype: d,
+        };
+        check(&g, &ar, &[], "arange");
+    }
+}
+
+#[test]
+fn comparisons_where_silu_and_integer_ops_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let ints = Tensor::from_i64(vec![2, 3], vec![-3, 0, 2, 7, -1, 4]);
+    let row = Tensor::from_i64(vec![3], vec![2, 0, -2]);
+    for d in [DType::F32, DType::BF16, DType::F16, DType::I64] {
+        let a = random(&[2, 3], 15, DType::F32).to_dtype(d).unwrap();
+        let b = random(&[3], 16, DType::F32).to_dtype(d).unwrap();
+        for op in [
+            CompareOp::Lt,
+            CompareOp::Le,
+            CompareOp::Gt,
+            CompareOp::Ge,
+            CompareOp::Eq,
+            CompareOp::Ne,
+        ] {
+            let k = Kernel::Compare {
+                op,
+                a: Side::Input(0),
+                b: Side::Input(1),
+            };
+            check(&g, &k, &[a.clone(), b.clone()], &format!("{op:?} {d}"));
+            let ks = Kernel::Compare {
+                op,
+                a: Side::Input(0),
+                b: Side::Scalar(0.5),
+            };
+            check(
+                &g,
+                &ks,
+                std::slice::from_ref(&a),
+                &format!("{op:?} 0.5 {d}"),
+            );
+        }
+        let cond = Tensor::from_bool(vec![2, 1], vec![true, false]);
+        let k = Kernel::Where {
+            a: Side::Input(1),
+            b: Side::Scalar(-2.0),
+            dtype: d,
+        };
+        check(&g, &k, &[cond, a], &format!("where {d}"));
+    }
+    for d in FLOATS {
+        check(&g, &Kernel::Silu, &[random(&[4, 33], 17, d)], "silu");
+        // an integer tensor and a float tensor promote to the float
+        let k = Kernel::Binary {
+            op: BinaryOp::Mul,
+            a: Side::Input(0),
+            b: Side::Input(1),
+            alpha: 1.0,
+        };
+        check(
+            &g,
+            &k,
+            &[ints.clone(), random(&[2, 3], 18, d)],
+            "i64 * float",
+        );
+    }
+    // a reduction to another dtype accumulates in f32 and rounds once, as on the CPU
+    for (from, to) in [(DType::BF16, DType::F32), (DType::F32, DType::BF16)] {
+        let k = Kernel::Reduce {
+            op: ReduceOp::Sum,
+            dims: vec![1],
+            keepdim: false,
+            dtype: to,
+        };
+        check(
+            &g,
+            &k,
+            &[random(&[3, 500], 19, from)],
+            "sum to another dtype",
+        );
+    }
+    for op in [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Pow,
+        BinaryOp::Div,
+    ] {
+        let k = Kernel::Binary {
+            op,
+            a: Side::Input(0),
+            b: Side::Input(1),
+            alpha: if op == BinaryOp::Add { 3.0 } else { 1.0 },
+        };
+        let rhs = if op == BinaryOp::Pow {
+            Tensor::from_i64(vec![3], vec![2, 0, 3])
+        } else {
+            row.clone()
+        };
+        check(&g, &k, &[ints.clone(), rhs], &format!("i64 {op:?}"));
+    }
+}
+
+#[test]
+fn uniform_on_the_gpu_is_the_cpus_stream() {
+    let Some(g) = gpu() else { return };
+    let key = RngKey {
+        seed: 42,
+        rank: 1,
+        step: 3,
+        node: 9,
+    };
+    for d in FLOATS {
+        let want = uniform(&[7, 301], -1.0, 3.0, d, key).unwrap();
+        let got = g
+            .download(&g.uniform(&[7, 301], -1.0, 3.0, d, key).unwrap())
+            .unwrap();
+        assert!(got.bitwise_eq(&want), "uniform in {d}");
+    }
+}
