@@ -124,8 +124,8 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         Kernel::Silu => activation::silu(t(0)?),
         Kernel::Copy => layout::copy_into(t(0)?, t(1)?),
         Kernel::Uniform { .. } => Err(
-            "uniform needs a random stream keyed by (seed, rank, step, node), which this \
-             executor does not provide yet (cpu::random::uniform computes it)"
+            "uniform draws from a keyed random stream: the executor runs it through \
+             `Backend::random`"
                 .into(),
         ),
         other => Err(format!("{other:?} is not a kernel of the real models' ops")),

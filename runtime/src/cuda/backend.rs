@@ -1658,8 +1658,8 @@ impl CudaBackend {
                 self.convert_to(&e, dst.dtype)
             }
             Kernel::Uniform { .. } => Err(KernelError(
-                "uniform needs a random stream keyed by (seed, rank, step, node), which this \
-                 executor does not provide yet (CudaBackend::uniform computes it)"
+                "uniform draws from a keyed random stream: the executor runs it through \
+                 `Backend::random`"
                     .into(),
             )),
             other => Err(KernelError(format!(
@@ -1687,6 +1687,22 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn random(
+        &self,
+        kernel: &Kernel,
+        key: crate::cpu::random::RngKey,
+    ) -> Result<CudaTensor, KernelError> {
+        match kernel {
+            Kernel::Uniform {
+                shape,
+                minval,
+                maxval,
+                dtype,
+            } => self.uniform(shape, *minval, *maxval, *dtype, key),
+            other => Err(KernelError(format!("{other:?} is not a random kernel"))),
+        }
     }
 
     fn run(
