@@ -322,6 +322,12 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     computed = false;
                 }
                 InstrKind::Nop => computed = false,
+                InstrKind::Alias => {
+                    for (&o, &s) in ins.outputs.iter().zip(&ins.inputs) {
+                        self.slots[o] = self.slots[s].clone();
+                    }
+                    computed = false;
+                }
                 InstrKind::Pack { divisors } => {
                     self.pack_started[ins.outputs[0]] = clock.us(t0);
                     let out = {

@@ -1,109 +1,552 @@
-//! Decoding the real models' ops into [`Kernel`]s: one function per op, reading the node's
-//! operands in PyTorch's (or Thunder's prim's) argument order, positional or keyword. The name
-//! mapping is [`decode_op`]'s one `match`, to re-key onto the IR's op table.
+//! Decoding ops into [`Kernel`]s, registered per op against the IR's op table: [`KERNELS`]
+//! maps every canonical op name (`OpRegistry::builtin()`) to its CPU decoder, to the plan
+//! compiler (collectives, bucket packing, sequence unpacking), or to an explicit
+//! [`KernelEntry::Unsupported`] mark with the reason. A node's op is resolved to its canonical
+//! name first, so every spelling Thunder prints (`torch.mul`, `Tensor.__mul__`,
+//! `torch_div_prim_impl`, ...) finds the one entry of its op; nothing is matched by a name
+//! rebuilt from a spelling. Each decoder reads the node's operands in the op's signature order,
+//! positional or keyword.
 
-use crate::kernel::{CompareOp, Decoded, Kernel, Side};
-use tracepass_ir::{Arg, DType, Node, Trace, ValueId};
+use crate::kernel::{BinaryOp, CompareOp, Decoded, Kernel, ReduceOp, Side, UnaryOp};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use tracepass_ir::{ops, Arg, Node, OpRegistry, Trace, ValueId};
 
-/// The op's base name with the spellings of Thunder's executors removed: `ltorch.pad`,
-/// `prims.pad`, `torch.pad`, `Tensor.expand`, `torch.nn.functional.silu`,
-/// `torch.torch.ops.aten.embedding_backward`, `torch_pad_prim_impl`,
-/// `torch_prims_reshape_impl` and `prims.slice_prim` all name their base op.
-pub fn canonical_base(op: &str) -> &str {
-    const PREFIXES: &[&str] = &[
-        "torch.torch.ops.aten.",
-        "torch.ops.aten.",
-        "torch.nn.functional.",
-        "torch.Tensor.",
-        "Tensor.",
-        "ltorch.",
-        "prims.",
-        "dist.",
-        "torch.",
-    ];
-    let mut base = op;
-    for p in PREFIXES {
-        if let Some(rest) = base.strip_prefix(p) {
-            base = rest;
-            break;
-        }
-    }
-    if let Some(rest) = base
-        .strip_prefix("torch_prims_")
-        .and_then(|r| r.strip_suffix("_impl"))
-    {
-        return rest;
-    }
-    if let Some(rest) = base
-        .strip_prefix("torch_")
-        .and_then(|r| r.strip_suffix("_prim_impl"))
-    {
-        return rest;
-    }
-    base.strip_suffix("_prim").unwrap_or(base)
+/// Reads a node's operands and gives its kernel.
+pub type Decoder = fn(&mut Ops<'_>) -> Result<Kernel, String>;
+
+/// How the runtime runs an op of the table.
+#[derive(Clone, Copy)]
+pub enum KernelEntry {
+    /// A CPU kernel, decoded from the node by this function.
+    Cpu(Decoder),
+    /// Compiled by [`crate::plan::Plan::compile`] into an instruction of its own (no kernel).
+    Plan,
+    /// Not runnable by this runtime, and why.
+    Unsupported { reason: &'static str },
 }
 
-/// Decodes the ops this module knows; `Ok(None)` for any other.
-pub fn decode_op(trace: &Trace, node: &Node) -> Result<Option<Decoded>, String> {
+impl std::fmt::Debug for KernelEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelEntry::Cpu(_) => f.write_str("Cpu(..)"),
+            KernelEntry::Plan => f.write_str("Plan"),
+            KernelEntry::Unsupported { reason } => f
+                .debug_struct("Unsupported")
+                .field("reason", reason)
+                .finish(),
+        }
+    }
+}
+
+const ELEMENTWISE_FN: &str = "no CPU kernel computes this elementwise function: the kernel set's \
+     UnaryOp/BinaryOp lack it, and a new one needs the CUDA backend's kernel too";
+const BITS: &str = "no CPU kernel for bitwise or logical ops on integer and bool tensors";
+const FLOAT_CLASS: &str = "no CPU kernel classifies floats this way (only isnan, as x != x)";
+const TERNARY: &str = "a three-operand elementwise op: no CPU kernel (the kernel set's \
+     elementwise kernels take two operands)";
+const ACTIVATION: &str = "no CPU kernel for this activation (relu, gelu, silu, tanh and sigmoid \
+     have one)";
+const NORM: &str = "a normalization composite with no fused CPU kernel: Thunder's traces of \
+     the corpus decompose it into reductions and elementwise ops, which have kernels";
+const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes the loss outside \
+     the traces, and Thunder's traces decompose losses into prims";
+const REDUCTION: &str = "no CPU kernel for this reduction (the kernel set reduces by sum, mean \
+     and amax, plus var_mean)";
+const INDICES: &str = "no CPU kernel for ops that produce indices (arg-reductions, top-k, sort)";
+const SCAN: &str = "no CPU kernel for cumulative scans";
+const POOL: &str = "the CPU pooling kernel is 2-d max pooling with indices \
+     (max_pool2d_with_indices, as Thunder's torch executor prints it)";
+
+/// Every op of the IR's op table, by canonical name, and how the runtime runs it.
+pub static KERNELS: &[(&str, KernelEntry)] = {
+    use KernelEntry::{Cpu, Plan, Unsupported};
+    &[
+        // ----- elementwise, unary -----
+        ("ltorch.exp", Cpu(|o| unary(o, UnaryOp::Exp))),
+        ("prims.exp", Cpu(|o| unary(o, UnaryOp::Exp))),
+        ("ltorch.expm1", Cpu(|o| unary(o, UnaryOp::Expm1))),
+        ("prims.expm1", Cpu(|o| unary(o, UnaryOp::Expm1))),
+        ("ltorch.log", Cpu(|o| unary(o, UnaryOp::Log))),
+        ("prims.log", Cpu(|o| unary(o, UnaryOp::Log))),
+        ("ltorch.log1p", Cpu(|o| unary(o, UnaryOp::Log1p))),
+        ("prims.log1p", Cpu(|o| unary(o, UnaryOp::Log1p))),
+        ("ltorch.sqrt", Cpu(|o| unary(o, UnaryOp::Sqrt))),
+        ("prims.sqrt", Cpu(|o| unary(o, UnaryOp::Sqrt))),
+        ("ltorch.rsqrt", Cpu(|o| unary(o, UnaryOp::Rsqrt))),
+        ("prims.rsqrt", Cpu(|o| unary(o, UnaryOp::Rsqrt))),
+        ("ltorch.reciprocal", Cpu(|o| unary(o, UnaryOp::Reciprocal))),
+        ("prims.reciprocal", Cpu(|o| unary(o, UnaryOp::Reciprocal))),
+        ("ltorch.sin", Cpu(|o| unary(o, UnaryOp::Sin))),
+        ("prims.sin", Cpu(|o| unary(o, UnaryOp::Sin))),
+        ("ltorch.cos", Cpu(|o| unary(o, UnaryOp::Cos))),
+        ("prims.cos", Cpu(|o| unary(o, UnaryOp::Cos))),
+        ("ltorch.tanh", Cpu(|o| unary(o, UnaryOp::Tanh))),
+        ("prims.tanh", Cpu(|o| unary(o, UnaryOp::Tanh))),
+        ("ltorch.erf", Cpu(|o| unary(o, UnaryOp::Erf))),
+        ("prims.erf", Cpu(|o| unary(o, UnaryOp::Erf))),
+        ("ltorch.sigmoid", Cpu(|o| unary(o, UnaryOp::Sigmoid))),
+        ("prims.sigmoid", Cpu(|o| unary(o, UnaryOp::Sigmoid))),
+        ("ltorch.neg", Cpu(|o| unary(o, UnaryOp::Neg))),
+        ("prims.neg", Cpu(|o| unary(o, UnaryOp::Neg))),
+        ("ltorch.abs", Cpu(|o| unary(o, UnaryOp::Abs))),
+        ("prims.abs", Cpu(|o| unary(o, UnaryOp::Abs))),
+        ("ltorch.sign", Cpu(|o| unary(o, UnaryOp::Sign))),
+        ("prims.sign", Cpu(|o| unary(o, UnaryOp::Sign))),
+        ("ltorch.relu", Cpu(relu)),
+        ("prims.relu", Cpu(|o| unary(o, UnaryOp::Relu))),
+        ("ltorch.gelu", Cpu(gelu)),
+        ("prims.gelu", Cpu(gelu)),
+        ("ltorch.silu", Cpu(silu)),
+        ("ltorch.logical_not", Cpu(logical_not)),
+        ("ltorch.isnan", Cpu(isnan)),
+        (
+            "ltorch.exp2",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.log2",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.log10",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.tan",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.asin",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.acos",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.atan",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.sinh",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.cosh",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.asinh",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.acosh",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.atanh",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.erfc",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.erfinv",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.lgamma",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.digamma",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.floor",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.ceil",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.round",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.trunc",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        ("ltorch.bitwise_not", Unsupported { reason: BITS }),
+        (
+            "ltorch.isinf",
+            Unsupported {
+                reason: FLOAT_CLASS,
+            },
+        ),
+        (
+            "ltorch.isfinite",
+            Unsupported {
+                reason: FLOAT_CLASS,
+            },
+        ),
+        (
+            "ltorch.signbit",
+            Unsupported {
+                reason: FLOAT_CLASS,
+            },
+        ),
+        // ----- elementwise, binary -----
+        ("ltorch.add", Cpu(|o| binary(o, BinaryOp::Add))),
+        ("prims.add", Cpu(|o| binary(o, BinaryOp::Add))),
+        ("ltorch.sub", Cpu(|o| binary(o, BinaryOp::Sub))),
+        ("prims.sub", Cpu(|o| binary(o, BinaryOp::Sub))),
+        ("ltorch.mul", Cpu(|o| binary(o, BinaryOp::Mul))),
+        ("prims.mul", Cpu(|o| binary(o, BinaryOp::Mul))),
+        ("ltorch.div", Cpu(|o| binary(o, BinaryOp::Div))),
+        ("prims.div", Cpu(|o| binary(o, BinaryOp::Div))),
+        ("ltorch.true_divide", Cpu(|o| binary(o, BinaryOp::Div))),
+        ("prims.true_divide", Cpu(|o| binary(o, BinaryOp::Div))),
+        ("ltorch.pow", Cpu(|o| binary(o, BinaryOp::Pow))),
+        ("prims.pow", Cpu(|o| binary(o, BinaryOp::Pow))),
+        ("ltorch.maximum", Cpu(|o| binary(o, BinaryOp::Maximum))),
+        ("prims.maximum", Cpu(|o| binary(o, BinaryOp::Maximum))),
+        ("ltorch.minimum", Cpu(|o| binary(o, BinaryOp::Minimum))),
+        ("prims.minimum", Cpu(|o| binary(o, BinaryOp::Minimum))),
+        ("ltorch.atan2", Cpu(|o| binary(o, BinaryOp::Atan2))),
+        ("prims.atan2", Cpu(|o| binary(o, BinaryOp::Atan2))),
+        (
+            "ltorch.floor_divide",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.remainder",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.fmod",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.copysign",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
+            "ltorch.nextafter",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        ("ltorch.bitwise_and", Unsupported { reason: BITS }),
+        ("ltorch.bitwise_or", Unsupported { reason: BITS }),
+        ("ltorch.bitwise_xor", Unsupported { reason: BITS }),
+        ("ltorch.logical_and", Unsupported { reason: BITS }),
+        ("ltorch.logical_or", Unsupported { reason: BITS }),
+        ("ltorch.logical_xor", Unsupported { reason: BITS }),
+        // ----- comparisons and selection -----
+        ("ltorch.eq", Cpu(|o| compare(o, CompareOp::Eq))),
+        ("prims.eq", Cpu(|o| compare(o, CompareOp::Eq))),
+        ("ltorch.ne", Cpu(|o| compare(o, CompareOp::Ne))),
+        ("prims.ne", Cpu(|o| compare(o, CompareOp::Ne))),
+        ("ltorch.lt", Cpu(|o| compare(o, CompareOp::Lt))),
+        ("prims.lt", Cpu(|o| compare(o, CompareOp::Lt))),
+        ("ltorch.le", Cpu(|o| compare(o, CompareOp::Le))),
+        ("prims.le", Cpu(|o| compare(o, CompareOp::Le))),
+        ("ltorch.gt", Cpu(|o| compare(o, CompareOp::Gt))),
+        ("prims.gt", Cpu(|o| compare(o, CompareOp::Gt))),
+        ("ltorch.ge", Cpu(|o| compare(o, CompareOp::Ge))),
+        ("prims.ge", Cpu(|o| compare(o, CompareOp::Ge))),
+        ("ltorch.where", Cpu(where_)),
+        ("prims.where", Cpu(where_)),
+        ("ltorch.masked_fill", Cpu(masked_fill)),
+        ("ltorch.clamp", Unsupported { reason: TERNARY }),
+        ("ltorch.lerp", Unsupported { reason: TERNARY }),
+        ("ltorch.addcmul", Unsupported { reason: TERNARY }),
+        ("ltorch.addcdiv", Unsupported { reason: TERNARY }),
+        // ----- activations -----
+        ("ltorch.relu6", Unsupported { reason: ACTIVATION }),
+        ("ltorch.mish", Unsupported { reason: ACTIVATION }),
+        ("ltorch.selu", Unsupported { reason: ACTIVATION }),
+        ("ltorch.elu", Unsupported { reason: ACTIVATION }),
+        ("ltorch.celu", Unsupported { reason: ACTIVATION }),
+        ("ltorch.leaky_relu", Unsupported { reason: ACTIVATION }),
+        ("ltorch.hardtanh", Unsupported { reason: ACTIVATION }),
+        ("ltorch.hardswish", Unsupported { reason: ACTIVATION }),
+        ("ltorch.hardsigmoid", Unsupported { reason: ACTIVATION }),
+        ("ltorch.softplus", Unsupported { reason: ACTIVATION }),
+        ("ltorch.logsigmoid", Unsupported { reason: ACTIVATION }),
+        ("ltorch.softsign", Unsupported { reason: ACTIVATION }),
+        ("ltorch.tanhshrink", Unsupported { reason: ACTIVATION }),
+        // ----- linear algebra and convolution -----
+        ("ltorch.matmul", Cpu(matmul)),
+        ("prims.matmul", Cpu(matmul)),
+        ("ltorch.bmm", Cpu(matmul)),
+        ("ltorch.linear", Cpu(linear)),
+        ("prims.linear", Cpu(linear)),
+        ("ltorch.convolution", Cpu(convolution)),
+        ("prims.convolution", Cpu(convolution)),
+        ("ltorch.conv1d", Cpu(conv_nd)),
+        ("ltorch.conv2d", Cpu(conv_nd)),
+        ("ltorch.conv3d", Cpu(conv_nd)),
+        // ----- pooling, embedding, normalization, losses -----
+        ("ltorch.max_pool2d_with_indices", Cpu(max_pool2d)),
+        (
+            "ltorch.max_pool2d_with_indices_backward",
+            Cpu(max_pool2d_backward),
+        ),
+        (
+            "ltorch.max_pool1d_with_indices",
+            Unsupported { reason: POOL },
+        ),
+        (
+            "ltorch.max_pool3d_with_indices",
+            Unsupported { reason: POOL },
+        ),
+        (
+            "ltorch.max_pool3d_with_indices_backward",
+            Unsupported { reason: POOL },
+        ),
+        ("ltorch.max_pool1d", Unsupported { reason: POOL }),
+        ("ltorch.max_pool2d", Unsupported { reason: POOL }),
+        ("ltorch.max_pool3d", Unsupported { reason: POOL }),
+        (
+            "ltorch.adaptive_avg_pool2d",
+            Unsupported {
+                reason: "no CPU kernel for average pooling",
+            },
+        ),
+        ("ltorch.embedding", Cpu(embedding)),
+        ("ltorch.embedding_backward", Cpu(embedding_backward)),
+        ("ltorch.layer_norm", Unsupported { reason: NORM }),
+        ("ltorch.rms_norm", Unsupported { reason: NORM }),
+        ("ltorch.batch_norm", Unsupported { reason: NORM }),
+        ("ltorch.group_norm", Unsupported { reason: NORM }),
+        ("ltorch.instance_norm", Unsupported { reason: NORM }),
+        (
+            "ltorch.dropout",
+            Unsupported {
+                reason: "Thunder traces dropout as uniform, lt, mul and div; the composite \
+                         itself has no CPU kernel",
+            },
+        ),
+        (
+            "ltorch.glu",
+            Unsupported {
+                reason: "no CPU kernel for glu (Thunder decomposes it into split, sigmoid \
+                         and mul)",
+            },
+        ),
+        (
+            "ltorch.scaled_dot_product_attention",
+            Unsupported {
+                reason: "no fused attention kernel on the CPU (the corpus's models trace \
+                         attention as matmul, softmax and matmul)",
+            },
+        ),
+        ("ltorch.cross_entropy", Unsupported { reason: LOSS }),
+        ("ltorch.nll_loss", Unsupported { reason: LOSS }),
+        ("ltorch.mse_loss", Unsupported { reason: LOSS }),
+        (
+            "ltorch.one_hot",
+            Unsupported {
+                reason: "no CPU kernel scatters indices into a one-hot tensor",
+            },
+        ),
+        // ----- reductions -----
+        ("ltorch.sum", Cpu(|o| reduce(o, ReduceOp::Sum))),
+        ("prims.sum", Cpu(|o| reduce(o, ReduceOp::Sum))),
+        ("ltorch.mean", Cpu(|o| reduce(o, ReduceOp::Mean))),
+        ("ltorch.amax", Cpu(|o| reduce(o, ReduceOp::Amax))),
+        ("prims.amax", Cpu(|o| reduce(o, ReduceOp::Amax))),
+        ("ltorch.var_mean", Cpu(var_mean)),
+        ("prims.var_mean", Cpu(var_mean)),
+        ("ltorch.softmax", Cpu(|o| softmax(o, false))),
+        ("ltorch.log_softmax", Cpu(|o| softmax(o, true))),
+        ("ltorch.prod", Unsupported { reason: REDUCTION }),
+        ("ltorch.amin", Unsupported { reason: REDUCTION }),
+        ("prims.amin", Unsupported { reason: REDUCTION }),
+        ("ltorch.var", Unsupported { reason: REDUCTION }),
+        ("ltorch.std", Unsupported { reason: REDUCTION }),
+        ("ltorch.logsumexp", Unsupported { reason: REDUCTION }),
+        ("ltorch.argmax", Unsupported { reason: INDICES }),
+        ("ltorch.argmin", Unsupported { reason: INDICES }),
+        ("ltorch.cumsum", Unsupported { reason: SCAN }),
+        ("ltorch.topk", Unsupported { reason: INDICES }),
+        ("ltorch.sort", Unsupported { reason: INDICES }),
+        // ----- shapes and layout -----
+        ("ltorch.reshape", Cpu(reshape)),
+        ("ltorch.view", Cpu(reshape)),
+        ("prims.reshape", Cpu(reshape)),
+        ("ltorch.flatten", Cpu(reshape)),
+        ("ltorch.expand", Cpu(expand)),
+        ("ltorch.unsqueeze", Cpu(unsqueeze)),
+        ("ltorch.squeeze", Cpu(squeeze)),
+        ("ltorch.flip", Cpu(flip)),
+        ("ltorch.permute", Cpu(permute)),
+        ("prims.transpose", Cpu(permute)),
+        ("ltorch.transpose", Cpu(transpose)),
+        ("ltorch.cat", Cpu(cat)),
+        (
+            "ltorch.stack",
+            Unsupported {
+                reason: "no CPU kernel stacks tensors along a new dimension (cat of \
+                         unsqueezed tensors would be two kernels)",
+            },
+        ),
+        ("ltorch.split", Cpu(split)),
+        ("ltorch.chunk", Cpu(chunk)),
+        ("prims.slice_prim", Cpu(slice)),
+        ("prims.pad", Cpu(pad)),
+        ("ltorch.pad", Cpu(functional_pad)),
+        ("ltorch.getitem", Cpu(getitem)),
+        ("ltorch.contiguous", Cpu(identity)),
+        ("ltorch.clone", Cpu(identity)),
+        ("prims.shallow_copy", Cpu(identity)),
+        ("ltorch.to", Cpu(convert)),
+        ("prims.convert_element_type", Cpu(convert)),
+        // ----- creation -----
+        ("ltorch.arange", Cpu(arange)),
+        ("ltorch.full", Cpu(full)),
+        ("prims.full", Cpu(full)),
+        ("ltorch.full_like", Cpu(full)),
+        ("ltorch.zeros", Cpu(|o| filled(o, 0.0))),
+        ("ltorch.zeros_like", Cpu(|o| filled(o, 0.0))),
+        ("ltorch.empty", Cpu(|o| filled(o, 0.0))),
+        ("ltorch.ones", Cpu(|o| filled(o, 1.0))),
+        ("ltorch.ones_like", Cpu(|o| filled(o, 1.0))),
+        ("prims.uniform", Cpu(uniform)),
+        ("ltorch.rand", Cpu(rand)),
+        (
+            "ltorch.randn",
+            Unsupported {
+                reason: "no CPU kernel draws normal samples (the random kernel is uniform)",
+            },
+        ),
+        // ----- plumbing, in-place updates, gradients -----
+        (ops::COPY, Cpu(copy)),
+        (ops::UPDATE_ALIASES, Plan),
+        (ops::UNPACK_SEQUENCE, Plan),
+        (ops::CLEAR_COLLECTION, Plan),
+        ("prims.get_grad", Cpu(identity)),
+        // ----- communication -----
+        (ops::ALL_REDUCE, Plan),
+        (ops::WAIT, Plan),
+        (ops::BUCKET_PACK, Plan),
+        (ops::UNPACK, Plan),
+        (ops::UPDATE_BUCKET_VIEW, Cpu(identity)),
+    ]
+};
+
+/// The entry of a canonical op name, if the table has one.
+pub fn kernel_entry(canonical: &str) -> Option<KernelEntry> {
+    static INDEX: OnceLock<HashMap<&'static str, KernelEntry>> = OnceLock::new();
+    INDEX
+        .get_or_init(|| KERNELS.iter().copied().collect())
+        .get(canonical)
+        .copied()
+}
+
+/// Decodes a compute node: its op resolved to the op table's canonical name, then that name's
+/// entry of [`KERNELS`]. `Err` says why the node cannot run (the caller adds where).
+pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
+    let spelled = node.op.as_str();
+    // parsed nodes carry canonical names; a node built by hand may carry a spelling
+    let op = OpRegistry::builtin().resolve(spelled).unwrap_or(spelled);
+    let decoder = match kernel_entry(op) {
+        Some(KernelEntry::Cpu(d)) => d,
+        Some(KernelEntry::Plan) => {
+            return Err(format!(
+                "`{op}` is compiled by the plan compiler, not decoded to a kernel"
+            ))
+        }
+        Some(KernelEntry::Unsupported { reason }) => {
+            return Err(format!("no kernel for op `{op}`: {reason}"))
+        }
+        None => return Err(format!("no kernel for op `{op}`")),
+    };
     let mut o = Ops {
         trace,
         node,
         inputs: Vec::new(),
+        then: None,
     };
-    // the op table's canonical name (a node built by hand may carry a spelling): exact names,
-    // since ops that share a base name differ (`prims.pad` is Thunder's, `ltorch.pad` is F.pad)
-    let op = tracepass_ir::OpRegistry::builtin()
-        .resolve(node.op.as_str())
-        .unwrap_or(node.op.as_str());
-    let kernel = match op {
-        "ltorch.convolution" | "prims.convolution" => convolution(&mut o)?,
-        "ltorch.max_pool2d_with_indices" => max_pool2d(&mut o)?,
-        "ltorch.max_pool2d_with_indices_backward" => max_pool2d_backward(&mut o)?,
-        "ltorch.embedding" => embedding(&mut o)?,
-        "ltorch.embedding_backward" => embedding_backward(&mut o)?,
-        "ltorch.var_mean" => var_mean(&mut o)?,
-        "prims.pad" => pad(&mut o)?,
-        "prims.slice_prim" => slice(&mut o)?,
-        "ltorch.split" => split(&mut o)?,
-        "ltorch.cat" => cat(&mut o)?,
-        "ltorch.expand" => expand(&mut o)?,
-        "ltorch.flip" => flip(&mut o)?,
-        "ltorch.squeeze" => squeeze(&mut o)?,
-        "ltorch.unsqueeze" => unsqueeze(&mut o)?,
-        "ltorch.arange" => arange(&mut o)?,
-        "ltorch.full" | "prims.full" => full(&mut o)?,
-        "ltorch.lt" | "prims.lt" => compare(&mut o, CompareOp::Lt)?,
-        "ltorch.le" | "prims.le" => compare(&mut o, CompareOp::Le)?,
-        "ltorch.gt" | "prims.gt" => compare(&mut o, CompareOp::Gt)?,
-        "ltorch.ge" | "prims.ge" => compare(&mut o, CompareOp::Ge)?,
-        "ltorch.eq" | "prims.eq" => compare(&mut o, CompareOp::Eq)?,
-        "ltorch.ne" | "prims.ne" => compare(&mut o, CompareOp::Ne)?,
-        "ltorch.where" | "prims.where" => where_(&mut o)?,
-        "ltorch.silu" => silu(&mut o)?,
-        tracepass_ir::ops::COPY => copy(&mut o)?,
-        "prims.uniform" => uniform(&mut o)?,
-        _ => return Ok(None),
-    };
-    Ok(Some(Decoded {
+    let kernel = decoder(&mut o)?;
+    Ok(Decoded {
         kernel,
         inputs: o.inputs,
-    }))
+        then: o.then,
+    })
 }
 
-/// A node's operands, read positionally or by keyword; tensor operands are collected in order.
-struct Ops<'a> {
+/// A node's operands, read positionally or by keyword; tensor operands are collected in order
+/// (they become the kernel's `Side::Input`s).
+pub struct Ops<'a> {
     trace: &'a Trace,
     node: &'a Node,
     inputs: Vec<ValueId>,
+    /// A second kernel on the first one's output ([`Decoded::then`]).
+    then: Option<Kernel>,
 }
 
 impl Ops<'_> {
+    /// Operand `i`, or keyword `key`; `None` when absent or Python's `None`.
     fn arg(&self, i: usize, key: &str) -> Option<&Arg> {
-        self.node
-            .args()
-            .get(i)
-            .or_else(|| self.node.kwarg(key))
-            .filter(|a| !matches!(a, Arg::None))
+        self.raw(i, key).filter(|a| !matches!(a, Arg::None))
+    }
+    /// Operand `i`, or keyword `key`, as written (`None` included).
+    fn raw(&self, i: usize, key: &str) -> Option<&Arg> {
+        self.node.args().get(i).or_else(|| self.node.kwarg(key))
     }
     fn tensor(&mut self, i: usize, key: &str) -> Result<(), String> {
         match self.arg(i, key) {
@@ -147,6 +590,23 @@ impl Ops<'_> {
     fn ints_or(&self, i: usize, key: &str, default: &[i64]) -> Result<Vec<i64>, String> {
         Ok(self.ints(i, key)?.unwrap_or_else(|| default.to_vec()))
     }
+    /// Ints given as one sequence at `i` or spread over the operands from `i` on
+    /// (`permute(x, 1, 0)` and `permute(x, (1, 0))`).
+    fn int_varargs(&self, i: usize, key: &str) -> Result<Option<Vec<i64>>, String> {
+        let args = self.node.args();
+        if args.len() > i + 1 {
+            args[i..]
+                .iter()
+                .map(|a| {
+                    a.as_int()
+                        .ok_or_else(|| format!("operand {a:?} (`{key}`) is not an int"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some)
+        } else {
+            self.ints(i, key)
+        }
+    }
     fn int(&self, i: usize, key: &str) -> Result<Option<i64>, String> {
         self.arg(i, key)
             .map(|a| {
@@ -181,19 +641,163 @@ impl Ops<'_> {
             .and_then(|t| t.as_tensor())
             .ok_or_else(|| format!("output `{}` is not a tensor", self.trace.name(*v)))
     }
-    fn in_shape(&self, input: usize) -> Result<Vec<usize>, String> {
+    /// The type of the kernel's input `input` (a tensor operand already read).
+    fn in_type(&self, input: usize) -> Result<&tracepass_ir::TensorType, String> {
         let v = self.inputs[input];
         self.trace
             .ty(v)
             .and_then(|t| t.as_tensor())
-            .map(|t| t.shape.to_vec())
             .ok_or_else(|| format!("`{}` is not a tensor", self.trace.name(v)))
+    }
+    fn in_shape(&self, input: usize) -> Result<Vec<usize>, String> {
+        self.in_type(input).map(|t| t.shape.to_vec())
     }
 }
 
-/// `convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)`.
+/// A dimension in `0..rank`; a scalar (rank 0) takes dimension 0 or -1.
+fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
+    let r = rank.max(1) as i64;
+    let n = if d < 0 { d + r } else { d };
+    if n < 0 || n >= r {
+        return Err(format!("dimension {d} is out of range for rank {rank}"));
+    }
+    Ok(n as usize)
+}
+
+// ----- elementwise -----
+
+fn unary(o: &mut Ops<'_>, op: UnaryOp) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    Ok(Kernel::Unary(op))
+}
+
+/// `relu(a, inplace=False)`.
+fn relu(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    if o.flag(1, "inplace")? {
+        return Err("in-place relu is not supported".into());
+    }
+    Ok(Kernel::Unary(UnaryOp::Relu))
+}
+
+/// `gelu(a, approximate='none')`.
+fn gelu(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    match o.arg(1, "approximate").and_then(Arg::as_str) {
+        None | Some("none") => Ok(Kernel::Unary(UnaryOp::Gelu)),
+        Some("tanh") => Ok(Kernel::Unary(UnaryOp::GeluTanh)),
+        Some(other) => Err(format!("gelu approximation '{other}' is not supported")),
+    }
+}
+
+fn silu(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    if o.flag(1, "inplace")? {
+        return Err("in-place silu is not supported".into());
+    }
+    Ok(Kernel::Silu)
+}
+
+/// `logical_not(a)`: `a == 0`, a bool tensor.
+fn logical_not(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    Ok(Kernel::Compare {
+        op: CompareOp::Eq,
+        a: Side::Input(0),
+        b: Side::Scalar(0.0),
+    })
+}
+
+/// `isnan(a)`: `a != a`, true exactly where `a` is NaN.
+fn isnan(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    Ok(Kernel::Compare {
+        op: CompareOp::Ne,
+        a: Side::Input(0),
+        b: Side::Input(0),
+    })
+}
+
+/// `op(a, b)`, and `add`/`sub` with `alpha` (`a op alpha * b`).
+fn binary(o: &mut Ops<'_>, op: BinaryOp) -> Result<Kernel, String> {
+    if let Some(mode) = o.node.kwarg("rounding_mode") {
+        if !matches!(mode, Arg::None) {
+            return Err(format!("div with rounding_mode {mode:?} is not supported"));
+        }
+    }
+    let a = o.side(0, "a")?;
+    let b = o.side(1, "b")?;
+    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
+        return Err("both operands are numbers; nothing to compute on a tensor".into());
+    }
+    let alpha = if matches!(op, BinaryOp::Add | BinaryOp::Sub) {
+        o.number(2, "alpha")?.unwrap_or(1.0)
+    } else {
+        1.0
+    };
+    Ok(Kernel::Binary { op, a, b, alpha })
+}
+
+fn compare(o: &mut Ops<'_>, op: CompareOp) -> Result<Kernel, String> {
+    let a = o.side(0, "a")?;
+    let b = o.side(1, "b")?;
+    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
+        return Err("both operands are numbers".into());
+    }
+    Ok(Kernel::Compare { op, a, b })
+}
+
+/// `where(pred, a, b)`: the output's dtype is the operands' promotion.
+fn where_(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "pred")?;
+    if o.arg(1, "a").is_none() && o.arg(2, "b").is_none() {
+        return Err(
+            "where(condition) alone (the indices of true elements) is not supported".into(),
+        );
+    }
+    let a = o.side(1, "a")?;
+    let b = o.side(2, "b")?;
+    Ok(Kernel::Where {
+        a,
+        b,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `masked_fill(a, mask, value)`: `where(mask, value, a)`, keeping `a`'s dtype.
+fn masked_fill(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(1, "mask")?;
+    let value = o.side(2, "value")?;
+    let a = o.side(0, "a")?;
+    if !matches!(a, Side::Input(_)) {
+        return Err("masked_fill fills a tensor, got a number".into());
+    }
+    Ok(Kernel::Where {
+        a: value,
+        b: a,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+// ----- linear algebra and convolution -----
+
+fn matmul(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "b")?;
+    Ok(Kernel::Matmul)
+}
+
+/// `linear(a, w, bias=None)`.
+fn linear(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "w")?;
+    let bias = o.opt_tensor(2, "bias")?;
+    Ok(Kernel::Linear { bias })
+}
+
+/// `convolution(a, weight, bias, stride, padding, dilation, transposed, output_padding, groups)`.
 fn convolution(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "input")?;
+    o.tensor(0, "a")?;
     o.tensor(1, "weight")?;
     let bias = o.opt_tensor(2, "bias")?;
     if o.flag(6, "transposed")? {
@@ -214,9 +818,30 @@ fn convolution(o: &mut Ops<'_>) -> Result<Kernel, String> {
     })
 }
 
-/// `max_pool2d_with_indices(x, kernel_size, stride=[], padding=0, dilation=1, ceil_mode=False)`.
+/// `conv1d/conv2d/conv3d(a, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)`.
+fn conv_nd(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "weight")?;
+    let bias = o.opt_tensor(2, "bias")?;
+    if let Some(Arg::Str(mode)) = o.arg(4, "padding") {
+        return Err(format!(
+            "convolution with padding='{mode}' is not supported (give the padding in numbers)"
+        ));
+    }
+    Ok(Kernel::Convolution {
+        stride: o.ints_or(3, "stride", &[1])?,
+        padding: o.ints_or(4, "padding", &[0])?,
+        dilation: o.ints_or(5, "dilation", &[1])?,
+        groups: o.int(6, "groups")?.unwrap_or(1),
+        bias,
+    })
+}
+
+// ----- pooling and embedding -----
+
+/// `max_pool2d_with_indices(a, kernel_size, stride=[], padding=0, dilation=1, ceil_mode=False)`.
 fn max_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "input")?;
+    o.tensor(0, "a")?;
     Ok(Kernel::MaxPool2d {
         kernel: o
             .ints(1, "kernel_size")?
@@ -228,18 +853,18 @@ fn max_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     })
 }
 
-/// `max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation,
+/// `max_pool2d_with_indices_backward(grad, a, kernel_size, stride, padding, dilation,
 /// ceil_mode, indices)`: the indices say where each gradient goes.
 fn max_pool2d_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "grad_output")?;
-    o.tensor(1, "self")?;
-    o.tensor(7, "indices")?;
+    o.tensor(0, "grad")?;
+    o.tensor(1, "a")?;
+    o.tensor(7, "result1")?;
     Ok(Kernel::MaxPool2dBackward)
 }
 
-/// `embedding(idx, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)`.
+/// `embedding(a, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)`.
 fn embedding(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "input")?;
+    o.tensor(0, "a")?;
     o.tensor(1, "weight")?;
     if o.arg(3, "max_norm").is_some() {
         return Err("embedding with max_norm (an in-place renorm) is not supported".into());
@@ -247,7 +872,8 @@ fn embedding(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Embedding)
 }
 
-/// `aten.embedding_backward(grad, idx, num_weights, padding_idx, scale_grad_by_freq, sparse)`.
+/// `aten.embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq,
+/// sparse)`.
 fn embedding_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "grad")?;
     o.tensor(1, "indices")?;
@@ -265,11 +891,62 @@ fn embedding_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
     })
 }
 
-/// `var_mean(x, dim, *, correction=1, keepdim=False)` (also the older `(x, dim, unbiased,
-/// keepdim)` form and `prims.var_mean(x, dims, correction=)`).
+// ----- reductions -----
+
+/// `sum/mean/amax(a, dim=None, keepdim=False, *, dtype=None)` and the prims'
+/// `(a, dims, *, output_dtype=None)`; the result's dtype is the output's.
+fn reduce(o: &mut Ops<'_>, op: ReduceOp) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let dims = match o.arg(1, "dim").or_else(|| o.node.kwarg("dims")) {
+        None | Some(Arg::None) => (0..rank).collect(),
+        Some(a) => {
+            let list = a
+                .as_int_list()
+                .ok_or_else(|| format!("dims must be ints, got {a:?}"))?;
+            let mut dims = list
+                .into_iter()
+                .map(|d| norm_dim(d, rank))
+                .collect::<Result<Vec<_>, _>>()?;
+            dims.sort_unstable();
+            dims.dedup();
+            dims
+        }
+    };
+    Ok(Kernel::Reduce {
+        op,
+        dims,
+        keepdim: o.flag(2, "keepdim")?,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `softmax/log_softmax(a, dim, dtype=None)`; the kernel keeps the input's dtype.
+fn softmax(o: &mut Ops<'_>, log: bool) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let input = o.in_type(0)?.dtype;
+    let rank = o.in_shape(0)?.len();
+    let dim = o.int(1, "dim")?.ok_or("softmax needs a dim")?;
+    let out = o.out(0)?.dtype;
+    if out != input {
+        return Err(format!(
+            "softmax of a {input} tensor into {out} is not supported (the kernel keeps the dtype)"
+        ));
+    }
+    Ok(Kernel::Softmax {
+        dim: norm_dim(dim, rank)?,
+        log,
+    })
+}
+
+/// `var_mean(a, dim, *, correction=1, keepdim=False)` (also the older `(a, dim, unbiased,
+/// keepdim)` form and `prims.var_mean(a, dims, correction=)`).
 fn var_mean(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "input")?;
-    let dims = o.ints(1, "dim")?;
+    o.tensor(0, "a")?;
+    let dims = match o.ints(1, "dim")? {
+        Some(d) => Some(d),
+        None => o.ints(1, "dims")?,
+    };
     let (correction, keepdim) = match o.node.args().get(2) {
         Some(Arg::Bool(unbiased)) => (if *unbiased { 1.0 } else { 0.0 }, o.flag(3, "keepdim")?),
         _ => (
@@ -296,7 +973,64 @@ fn var_mean(o: &mut Ops<'_>) -> Result<Kernel, String> {
     })
 }
 
-/// `prims.pad(x, padding_value, padding_config)`.
+// ----- shapes and layout -----
+
+fn identity(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    Ok(Kernel::Identity)
+}
+
+/// `reshape/view/flatten`: the output's shape.
+fn reshape(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    Ok(Kernel::Reshape(o.out(0)?.shape.to_vec()))
+}
+
+/// `permute(a, *dims)` and `prims.transpose(a, permutation)`.
+fn permute(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let perm = match o.int_varargs(1, "dims")? {
+        Some(p) => p,
+        None => o
+            .ints(1, "permutation")?
+            .ok_or("the permutation must be a tuple of ints")?,
+    };
+    let perm = perm
+        .into_iter()
+        .map(|d| norm_dim(d, rank))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Kernel::Permute(perm))
+}
+
+/// `transpose(a, dim0, dim1)`.
+fn transpose(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let d0 = o.int(1, "dim0")?.ok_or("transpose needs dim0")?;
+    let d1 = o.int(2, "dim1")?.ok_or("transpose needs dim1")?;
+    let mut perm: Vec<usize> = (0..rank).collect();
+    if rank > 0 {
+        perm.swap(norm_dim(d0, rank)?, norm_dim(d1, rank)?);
+    }
+    Ok(Kernel::Permute(perm))
+}
+
+/// `to(a, dtype_or_device, ...)` and `convert_element_type(a, dtype)`: a dtype conversion on
+/// the input's device.
+fn convert(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let out = o.out(0)?;
+    if o.in_type(0)?.device != out.device {
+        return Err(format!(
+            "moving a tensor to {} is not supported",
+            out.device
+        ));
+    }
+    Ok(Kernel::Convert(out.dtype))
+}
+
+/// `prims.pad(a, padding_value, padding_config)`: `(lo, hi, interior)` per dim.
 fn pad(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
     let value = o.number(1, "padding_value")?.unwrap_or(0.0);
@@ -319,7 +1053,32 @@ fn pad(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Pad { value, config })
 }
 
-/// `prims.slice_prim(x, start_indices, end_indices, strides=None)`.
+/// `F.pad(a, pad, mode='constant', value=None)`: `pad` is `(lo, hi)` pairs from the last
+/// dimension backwards.
+fn functional_pad(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    match o.arg(2, "mode").and_then(Arg::as_str) {
+        None | Some("constant") => {}
+        Some(mode) => return Err(format!("pad mode '{mode}' is not supported")),
+    }
+    let pads = o.ints(1, "pad")?.ok_or("pad needs the padding")?;
+    if pads.len() % 2 != 0 || pads.len() / 2 > rank {
+        return Err(format!(
+            "pad {pads:?} must be (lo, hi) pairs for at most {rank} dimensions"
+        ));
+    }
+    let mut config = vec![(0, 0, 0); rank];
+    for (j, pair) in pads.chunks(2).enumerate() {
+        config[rank - 1 - j] = (pair[0], pair[1], 0);
+    }
+    Ok(Kernel::Pad {
+        value: o.number(3, "value")?.unwrap_or(0.0),
+        config,
+    })
+}
+
+/// `prims.slice_prim(a, start_indices, end_indices, strides=None)`.
 fn slice(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
     let start = o
@@ -330,13 +1089,118 @@ fn slice(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Slice { start, end, step })
 }
 
-/// `split(x, split_size_or_sections, dim=0)`, resolved to explicit sizes from the input shape.
+/// `x[key]` with basic indexing: ints, slices with a positive step, `None` and `...`: a
+/// slice (Python's clamping rules, resolved against the input's shape here), then a reshape
+/// to the output (ints drop their dimension, `None` adds one); either alone when the other
+/// changes nothing.
+fn getitem(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let shape = o.in_shape(0)?;
+    let rank = shape.len();
+    let key = o.raw(1, "key").ok_or("getitem needs an index")?;
+    let items: Vec<&Arg> = match key {
+        Arg::Tuple(items) => items.iter().collect(),
+        other => vec![other],
+    };
+    let consumed = items
+        .iter()
+        .filter(|a| !matches!(a, Arg::None | Arg::Ellipsis))
+        .count();
+    if consumed > rank {
+        return Err(format!("{consumed} indices for a tensor of rank {rank}"));
+    }
+    if items.iter().filter(|a| matches!(a, Arg::Ellipsis)).count() > 1 {
+        return Err("an index can hold one ellipsis (...)".into());
+    }
+    let (mut start, mut end, mut step) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out = Vec::new();
+    let whole = |n: usize, start: &mut Vec<i64>, end: &mut Vec<i64>, step: &mut Vec<i64>| {
+        start.push(0);
+        end.push(n as i64);
+        step.push(1);
+        n
+    };
+    let mut d = 0;
+    for item in items {
+        match item {
+            Arg::None => out.push(1),
+            Arg::Ellipsis => {
+                for _ in 0..rank - consumed {
+                    out.push(whole(shape[d], &mut start, &mut end, &mut step));
+                    d += 1;
+                }
+            }
+            Arg::Int(i) => {
+                let n = shape[d] as i64;
+                let at = if *i < 0 { i + n } else { *i };
+                if at < 0 || at >= n {
+                    return Err(format!("index {i} is out of range for a dimension of {n}"));
+                }
+                start.push(at);
+                end.push(at + 1);
+                step.push(1);
+                d += 1;
+            }
+            Arg::Slice(s) => {
+                let n = shape[d] as i64;
+                let [lo, hi, k] = **s;
+                let k = k.unwrap_or(1);
+                if k <= 0 {
+                    return Err(format!("slice step {k} must be positive"));
+                }
+                let clamp = |x: i64| if x < 0 { (x + n).max(0) } else { x.min(n) };
+                let lo = lo.map_or(0, clamp);
+                let hi = hi.map_or(n, clamp).max(lo);
+                start.push(lo);
+                end.push(hi);
+                step.push(k);
+                out.push(((hi - lo + k - 1) / k) as usize);
+                d += 1;
+            }
+            other => {
+                return Err(format!(
+                    "indexing with {other:?} is not supported (ints, slices, None and ... are)"
+                ))
+            }
+        }
+    }
+    while d < rank {
+        out.push(whole(shape[d], &mut start, &mut end, &mut step));
+        d += 1;
+    }
+    let declared = o.out(0)?.shape.to_vec();
+    if declared != out {
+        return Err(format!(
+            "indexing {shape:?} gives {out:?}, but the output is declared {declared:?}"
+        ));
+    }
+    // the slice's own shape: every input dimension, each cut to its range
+    let sliced: Vec<usize> = (0..rank)
+        .map(|d| ((end[d] - start[d] + step[d] - 1) / step[d]) as usize)
+        .collect();
+    let slice = Kernel::Slice { start, end, step };
+    if sliced == out {
+        return Ok(slice);
+    }
+    let reshape = Kernel::Reshape(out);
+    if sliced == shape {
+        // nothing cut: only dimensions added (None) or dropped (ints on dimensions of 1)
+        return Ok(reshape);
+    }
+    o.then = Some(reshape);
+    Ok(slice)
+}
+
+/// `split(a, size_or_sections, dim=0)`, resolved to explicit sizes from the input shape.
 fn split(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "tensor")?;
+    o.tensor(0, "a")?;
     let shape = o.in_shape(0)?;
     let dim = o.int(2, "dim")?.unwrap_or(0);
     let d = crate::cpu::layout::norm_dim(dim, shape.len())?;
-    let sizes = match o.arg(1, "split_size_or_sections") {
+    let sizes = match o
+        .arg(1, "size_or_sections")
+        .or_else(|| o.node.kwarg("split_size_or_sections"))
+    {
         Some(Arg::Int(c)) => {
             let c = usize::try_from(*c).map_err(|_| format!("split size {c} is negative"))?;
             if c == 0 {
@@ -351,8 +1215,40 @@ fn split(o: &mut Ops<'_>) -> Result<Kernel, String> {
             .as_int_list()
             .and_then(|v| v.into_iter().map(|x| usize::try_from(x).ok()).collect())
             .ok_or_else(|| format!("split sizes must be non-negative ints, got {a:?}"))?,
-        None => return Err("split needs split_size_or_sections".into()),
+        None => return Err("split needs size_or_sections".into()),
     };
+    Ok(Kernel::Split { sizes, dim })
+}
+
+/// `chunk(a, chunks, dim=0)`: pieces of `ceil(n / chunks)` along `dim`, the last one smaller,
+/// so there may be fewer than `chunks` (as in PyTorch).
+fn chunk(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let shape = o.in_shape(0)?;
+    let dim = o.int(2, "dim")?.unwrap_or(0);
+    let d = crate::cpu::layout::norm_dim(dim, shape.len())?;
+    let chunks = o.int(1, "chunks")?.ok_or("chunk needs chunks")?;
+    let chunks = usize::try_from(chunks)
+        .ok()
+        .filter(|&c| c > 0)
+        .ok_or_else(|| format!("chunks must be positive, got {chunks}"))?;
+    let n = shape[d];
+    let size = n.div_ceil(chunks);
+    // an empty dimension gives one empty piece (as the op table's meta says)
+    let sizes: Vec<usize> = if size == 0 {
+        vec![0]
+    } else {
+        (0..n.div_ceil(size))
+            .map(|i| size.min(n - i * size))
+            .collect()
+    };
+    if sizes.len() != o.node.outputs().len() {
+        return Err(format!(
+            "chunk gives {} pieces {sizes:?} but the node names {} outputs",
+            sizes.len(),
+            o.node.outputs().len()
+        ));
+    }
     Ok(Kernel::Split { sizes, dim })
 }
 
@@ -375,39 +1271,35 @@ fn cat(o: &mut Ops<'_>) -> Result<Kernel, String> {
     })
 }
 
-/// `Tensor.expand(x, shape)` or `Tensor.expand(x, *sizes)`.
+/// `Tensor.expand(a, shape)` or `Tensor.expand(a, *sizes)`.
 fn expand(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "self")?;
-    let sizes = if o.node.args().len() > 2 {
-        o.node.args()[1..]
-            .iter()
-            .map(|a| {
-                a.as_int()
-                    .ok_or_else(|| format!("expand size {a:?} is not an int"))
-            })
-            .collect::<Result<Vec<_>, _>>()?
-    } else {
-        o.ints(1, "size")?.ok_or("expand needs a shape")?
-    };
-    Ok(Kernel::Expand(sizes))
+    o.tensor(0, "a")?;
+    Ok(Kernel::Expand(
+        o.int_varargs(1, "shape")?.ok_or("expand needs a shape")?,
+    ))
 }
 
+/// `flip(a, dims)` or `flip(a, *dims)`.
 fn flip(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "input")?;
-    Ok(Kernel::Flip(o.ints(1, "dims")?.ok_or("flip needs dims")?))
+    o.tensor(0, "a")?;
+    Ok(Kernel::Flip(
+        o.int_varargs(1, "dims")?.ok_or("flip needs dims")?,
+    ))
 }
 
 fn squeeze(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "input")?;
+    o.tensor(0, "a")?;
     Ok(Kernel::Squeeze(o.ints(1, "dim")?))
 }
 
 fn unsqueeze(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "input")?;
+    o.tensor(0, "a")?;
     Ok(Kernel::Unsqueeze(
         o.int(1, "dim")?.ok_or("unsqueeze needs a dim")?,
     ))
 }
+
+// ----- creation -----
 
 /// `arange(start, end=None, step=1, device=, dtype=)`; the dtype is the output's.
 fn arange(o: &mut Ops<'_>) -> Result<Kernel, String> {
@@ -424,90 +1316,52 @@ fn arange(o: &mut Ops<'_>) -> Result<Kernel, String> {
     })
 }
 
-/// `full(shape, fill_value, device=, dtype=)`; the dtype is the output's.
+/// `full(shape, fill_value, ...)` and `full_like(a, fill_value, ...)`: the output's shape and
+/// dtype, filled.
 fn full(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let value = o.number(1, "fill_value")?.ok_or("full needs fill_value")?;
+    filled(o, value)
+}
+
+/// `zeros/ones/empty(*size)` and `zeros_like/ones_like(a)`: the output's shape and dtype
+/// filled with `value` (`empty` with zeros).
+fn filled(o: &mut Ops<'_>, value: f64) -> Result<Kernel, String> {
     let out = o.out(0)?;
     Ok(Kernel::Full {
         shape: out.shape.to_vec(),
-        value: o.number(1, "fill_value")?.ok_or("full needs fill_value")?,
+        value,
         dtype: out.dtype,
     })
-}
-
-fn compare(o: &mut Ops<'_>, op: CompareOp) -> Result<Kernel, String> {
-    let a = o.side(0, "input")?;
-    let b = o.side(1, "other")?;
-    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
-        return Err("both operands are numbers".into());
-    }
-    Ok(Kernel::Compare { op, a, b })
-}
-
-/// `where(cond, a, b)`: the output's dtype is the operands' promotion.
-fn where_(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "condition")?;
-    let a = o.side(1, "input")?;
-    let b = o.side(2, "other")?;
-    Ok(Kernel::Where {
-        a,
-        b,
-        dtype: o.out(0)?.dtype,
-    })
-}
-
-fn silu(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "input")?;
-    if o.flag(1, "inplace")? {
-        return Err("in-place silu is not supported".into());
-    }
-    Ok(Kernel::Silu)
-}
-
-/// `copy_(src, dst)`: the value `dst` holds afterwards.
-fn copy(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    o.tensor(0, "copy_from")?;
-    o.tensor(1, "copy_to")?;
-    Ok(Kernel::Copy)
 }
 
 /// `uniform(shape, minval, maxval, device=, dtype=)`.
 fn uniform(o: &mut Ops<'_>) -> Result<Kernel, String> {
     let out = o.out(0)?;
-    let dtype: DType = out.dtype;
     Ok(Kernel::Uniform {
         shape: out.shape.to_vec(),
         minval: o.number(1, "minval")?.unwrap_or(0.0),
         maxval: o.number(2, "maxval")?.unwrap_or(1.0),
-        dtype,
+        dtype: out.dtype,
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// `rand(*size)`: uniform on [0, 1).
+fn rand(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let out = o.out(0)?;
+    Ok(Kernel::Uniform {
+        shape: out.shape.to_vec(),
+        minval: 0.0,
+        maxval: 1.0,
+        dtype: out.dtype,
+    })
+}
 
-    #[test]
-    fn executor_spellings_reduce_to_one_name() {
-        for (spelled, base) in [
-            ("torch.convolution", "convolution"),
-            ("ltorch.convolution", "convolution"),
-            ("torch_pad_prim_impl", "pad"),
-            ("prims.pad", "pad"),
-            ("torch_slice_prim_impl", "slice"),
-            ("prims.slice_prim", "slice"),
-            ("torch_prims_reshape_impl", "reshape"),
-            (
-                "torch.torch.ops.aten.embedding_backward",
-                "embedding_backward",
-            ),
-            ("torch.nn.functional.silu", "silu"),
-            ("Tensor.expand", "expand"),
-            ("torch.Tensor.to", "to"),
-            ("max_pool2d_with_indices", "max_pool2d_with_indices"),
-            ("copy_", "copy_"),
-            ("dist.all_reduce", "all_reduce"),
-        ] {
-            assert_eq!(canonical_base(spelled), base, "{spelled}");
-        }
-    }
+// ----- in-place updates -----
+
+/// `copy_(copy_from, copy_to)`: the value `copy_to` holds afterwards (`copy_from` in its
+/// dtype); the runtime rebinds the buffer elsewhere.
+fn copy(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "copy_from")?;
+    o.tensor(1, "copy_to")?;
+    Ok(Kernel::Copy)
 }

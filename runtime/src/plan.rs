@@ -15,6 +15,8 @@ pub enum InstrKind {
     UnpackSequence,
     /// Thunder's `clear_mutable_collection`: nothing to do once the collection is unpacked.
     Nop,
+    /// Thunder's `update_aliases((a, b, ...))`: output `k` is input `k`, the same value.
+    Alias,
     /// Inputs are the members, in bucket order; a member with a divisor is divided by it while
     /// it is copied in (a `prims.div` read only by the pack, fused into it).
     Pack {
@@ -63,14 +65,78 @@ pub struct ArgSpec {
     pub slot: Slot,
 }
 
-/// Why a trace cannot be compiled for execution.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("trace `{trace}`: cannot run `{line}`: {message}")]
+/// Why a trace cannot be compiled for execution. When nodes have no kernel, `missing` lists
+/// every such op of the trace (`line` and `message` are then the first node's).
+#[derive(Debug, Clone, PartialEq)]
 pub struct PlanError {
     pub trace: String,
     pub line: String,
     pub message: String,
+    pub missing: Vec<MissingKernel>,
 }
+
+/// An op of a trace whose nodes cannot be decoded to a kernel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MissingKernel {
+    /// The op's canonical name.
+    pub op: String,
+    /// How many nodes of the trace call it.
+    pub count: usize,
+    /// The first such node as printed.
+    pub first_line: String,
+    /// Why the first one cannot run.
+    pub message: String,
+}
+
+impl std::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.missing.as_slice() {
+            [] => write!(
+                f,
+                "trace `{}`: cannot run `{}`: {}",
+                self.trace, self.line, self.message
+            ),
+            [one] if one.count == 1 => write!(
+                f,
+                "trace `{}`: cannot run `{}`: {}",
+                self.trace, one.first_line, one.message
+            ),
+            all => {
+                let nodes: usize = all.iter().map(|m| m.count).sum();
+                write!(
+                    f,
+                    "trace `{}`: {} op{} without a kernel ({nodes} node{}):",
+                    self.trace,
+                    all.len(),
+                    if all.len() == 1 { "" } else { "s" },
+                    if nodes == 1 { "" } else { "s" },
+                )?;
+                for m in all {
+                    write!(
+                        f,
+                        "\n  `{}` x{}, first `{}`: {}",
+                        m.op, m.count, m.first_line, m.message
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+/// The ops [`Plan::compile`] turns into instructions of their own (no kernel); the op table's
+/// kernel registrations mark them [`crate::kernel_ops::KernelEntry::Plan`].
+pub const PLANNED_OPS: &[&str] = &[
+    ops::UNPACK_SEQUENCE,
+    ops::CLEAR_COLLECTION,
+    ops::UPDATE_ALIASES,
+    ops::BUCKET_PACK,
+    ops::ALL_REDUCE,
+    ops::WAIT,
+    ops::UNPACK,
+];
 
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -120,7 +186,10 @@ impl Plan {
             trace: trace.name.clone(),
             line: line.to_string(),
             message,
+            missing: Vec::new(),
         };
+        // nodes without a kernel, by op in order of first appearance: all reported at once
+        let mut missing: Vec<MissingKernel> = Vec::new();
         let args = trace
             .args()
             .iter()
@@ -152,6 +221,32 @@ impl Plan {
                     values(&node.args()[..node.args().len().min(1)]),
                 ),
                 ops::CLEAR_COLLECTION => (InstrKind::Nop, values(node.args())),
+                ops::UPDATE_ALIASES => {
+                    let aliases = node
+                        .args()
+                        .first()
+                        .and_then(Arg::as_seq)
+                        .ok_or_else(|| err(&line, "update_aliases takes a tuple".into()))?;
+                    let inputs = aliases
+                        .iter()
+                        .map(|a| {
+                            a.as_value().ok_or_else(|| {
+                                err(&line, format!("update_aliases of {a:?}, not a value"))
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    if inputs.len() != node.outputs().len() {
+                        return Err(err(
+                            &line,
+                            format!(
+                                "update_aliases of {} values names {} outputs",
+                                inputs.len(),
+                                node.outputs().len()
+                            ),
+                        ));
+                    }
+                    (InstrKind::Alias, inputs)
+                }
                 ops::BUCKET_PACK => {
                     let members =
                         node.args().first().and_then(Arg::as_seq).ok_or_else(|| {
@@ -264,10 +359,54 @@ impl Plan {
                     };
                     (InstrKind::Unpack { offsets, shapes }, vec![buf])
                 }
-                _ => {
-                    let d = decode(trace, node).map_err(|m| err(&line, m))?;
-                    (InstrKind::Compute(d.kernel), d.inputs)
-                }
+                _ => match decode(trace, node) {
+                    Ok(crate::kernel::Decoded {
+                        kernel,
+                        inputs,
+                        then: Some(then),
+                    }) => {
+                        // two instructions: the first into a slot of its own
+                        let mid = slot_names.len();
+                        let named = node.outputs().first().map(|&v| trace.name(v));
+                        slot_names.push(format!("{}~", named.unwrap_or_default()));
+                        instrs.push(Instr {
+                            kind: InstrKind::Compute(kernel),
+                            inputs: inputs
+                                .into_iter()
+                                .map(|v| slot(v, &mut slot_names))
+                                .collect(),
+                            outputs: vec![mid],
+                            free: Vec::new(),
+                            line: line.clone(),
+                        });
+                        instrs.push(Instr {
+                            kind: InstrKind::Compute(then),
+                            inputs: vec![mid],
+                            outputs: node
+                                .outputs()
+                                .iter()
+                                .map(|&v| slot(v, &mut slot_names))
+                                .collect(),
+                            free: Vec::new(),
+                            line,
+                        });
+                        continue;
+                    }
+                    Ok(d) => (InstrKind::Compute(d.kernel), d.inputs),
+                    Err(message) => {
+                        let op = node.op.as_str();
+                        match missing.iter_mut().find(|m| m.op == op) {
+                            Some(m) => m.count += 1,
+                            None => missing.push(MissingKernel {
+                                op: op.to_string(),
+                                count: 1,
+                                first_line: line,
+                                message,
+                            }),
+                        }
+                        continue;
+                    }
+                },
             };
             instrs.push(Instr {
                 kind,
@@ -282,6 +421,14 @@ impl Plan {
                     .collect(),
                 free: Vec::new(),
                 line,
+            });
+        }
+        if let Some(first) = missing.first() {
+            return Err(PlanError {
+                trace: trace.name.clone(),
+                line: first.first_line.clone(),
+                message: first.message.clone(),
+                missing,
             });
         }
         let results: Vec<Option<Slot>> = results

@@ -1,0 +1,571 @@
+//! The kernels registered for the op table's ops, through the plan compiler and the executor
+//! on hand-made traces, against values computed by hand.
+
+use tracepass_ir::{Arg, DType, Device, Trace, TraceBuilder, TraceKind, Type, ValueId};
+use tracepass_runtime::cpu::CpuBackend;
+use tracepass_runtime::executor::{Executor, RValue};
+use tracepass_runtime::kernel::Kernel;
+use tracepass_runtime::metrics::{Clock, Recording};
+use tracepass_runtime::plan::{InstrKind, Plan};
+use tracepass_runtime::tensor::Tensor;
+use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
+
+fn ty(shape: &[usize], dtype: DType) -> Type {
+    Type::tensor(shape, dtype, Device::CPU)
+}
+
+fn iota(shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::from_f32(shape.to_vec(), (0..n).map(|i| i as f32).collect())
+}
+
+fn slice(a: Option<i64>, b: Option<i64>, c: Option<i64>) -> Arg {
+    Arg::Slice(Box::new([a, b, c]))
+}
+
+fn all() -> Arg {
+    slice(None, None, None)
+}
+
+fn run(t: &Trace, results: &[ValueId], inputs: Vec<Tensor>) -> Vec<Tensor> {
+    let results: Vec<Option<ValueId>> = results.iter().map(|r| Some(*r)).collect();
+    let plan = Plan::compile(t, &results).unwrap_or_else(|e| panic!("{e}"));
+    let g = ThreadGroup::new(1, CommOptions::default());
+    let mut comm = g.comm(0);
+    let mut e: Executor<CpuBackend, ThreadComm> = Executor::new();
+    e.run(
+        &plan,
+        &CpuBackend,
+        &mut comm,
+        inputs.into_iter().map(RValue::Tensor).collect(),
+        &Clock::new(false),
+        &mut Recording::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .into_iter()
+    .map(|v| match v {
+        RValue::Tensor(t) => t,
+        other => panic!("expected a tensor, got {other:?}"),
+    })
+    .collect()
+}
+
+fn bools(t: &Tensor) -> Vec<bool> {
+    assert_eq!(t.dtype(), DType::Bool);
+    t.contiguous()
+        .elems::<bool>()
+        .expect("bool storage")
+        .to_vec()
+}
+
+/// The kernel the plan compiled for the trace's last node.
+fn last_kernel(t: &Trace, result: ValueId) -> Kernel {
+    let plan = Plan::compile(t, &[Some(result)]).unwrap_or_else(|e| panic!("{e}"));
+    match &plan.instrs.last().expect("an instruction").kind {
+        InstrKind::Compute(k) => k.clone(),
+        other => panic!("expected a kernel, got {other:?}"),
+    }
+}
+
+#[test]
+fn getitem_takes_ints_slices_none_and_ellipsis() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[3, 4], DType::F32));
+    let key = |items: Vec<Arg>| Arg::Tuple(items);
+    let g = |b: &mut TraceBuilder, k: Arg| b.op("ltorch.getitem", vec![x.into(), k]).unwrap();
+    // x[:, None, 1::2]
+    let y1 = g(
+        &mut b,
+        key(vec![all(), Arg::None, slice(Some(1), None, Some(2))]),
+    );
+    // x[-1]
+    let y2 = g(&mut b, Arg::Int(-1));
+    // x[..., 0]
+    let y3 = g(&mut b, key(vec![Arg::Ellipsis, Arg::Int(0)]));
+    // x[-2:, :-1]
+    let y4 = g(
+        &mut b,
+        key(vec![
+            slice(Some(-2), None, None),
+            slice(None, Some(-1), None),
+        ]),
+    );
+    // x[5:10]: clamped to an empty slice
+    let y5 = g(&mut b, slice(Some(5), Some(10), None));
+    b.ret(Arg::Tuple(vec![
+        y1.into(),
+        y2.into(),
+        y3.into(),
+        y4.into(),
+        y5.into(),
+    ]));
+    let t = b.finish();
+    let out = run(&t, &[y1, y2, y3, y4, y5], vec![iota(&[3, 4])]);
+    // x = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert_eq!(out[0].shape(), &[3, 1, 2]);
+    assert_eq!(out[0].to_f32_vec(), vec![1., 3., 5., 7., 9., 11.]);
+    assert_eq!(out[1].shape(), &[4]);
+    assert_eq!(out[1].to_f32_vec(), vec![8., 9., 10., 11.]);
+    assert_eq!(out[2].shape(), &[3]);
+    assert_eq!(out[2].to_f32_vec(), vec![0., 4., 8.]);
+    assert_eq!(out[3].shape(), &[2, 3]);
+    assert_eq!(out[3].to_f32_vec(), vec![4., 5., 6., 8., 9., 10.]);
+    assert_eq!(out[4].shape(), &[0, 4]);
+    assert!(out[4].to_f32_vec().is_empty());
+}
+
+#[test]
+fn getitem_compiles_to_a_slice_a_reshape_or_both() {
+    let kernels = |key: Arg| -> Vec<Kernel> {
+        let mut b = TraceBuilder::new("f", TraceKind::Forward);
+        let x = b.arg("x", ty(&[3, 4], DType::F32));
+        let y = b.op("ltorch.getitem", vec![x.into(), key]).unwrap();
+        b.ret(Arg::Value(y));
+        let plan = Plan::compile(&b.finish(), &[Some(y)]).unwrap();
+        plan.instrs
+            .iter()
+            .map(|i| match &i.kind {
+                InstrKind::Compute(k) => k.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    // x[:, 1:3]: a slice alone
+    assert_eq!(
+        kernels(Arg::Tuple(vec![all(), slice(Some(1), Some(3), None)])),
+        vec![Kernel::Slice {
+            start: vec![0, 1],
+            end: vec![3, 3],
+            step: vec![1, 1],
+        }]
+    );
+    // x[:, None, :]: a reshape alone
+    assert_eq!(
+        kernels(Arg::Tuple(vec![all(), Arg::None, all()])),
+        vec![Kernel::Reshape(vec![3, 1, 4])]
+    );
+    // x[1]: the row, then its dimension dropped
+    assert_eq!(
+        kernels(Arg::Int(1)),
+        vec![
+            Kernel::Slice {
+                start: vec![1, 0],
+                end: vec![2, 4],
+                step: vec![1, 1],
+            },
+            Kernel::Reshape(vec![4]),
+        ]
+    );
+}
+
+#[test]
+fn getitem_of_an_i64_mask_as_bert_indexes_it() {
+    // attention_mask[:, None, None, :]
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let m = b.arg("m", ty(&[2, 3], DType::I64));
+    let y = b
+        .op(
+            "ltorch.getitem",
+            vec![
+                m.into(),
+                Arg::Tuple(vec![all(), Arg::None, Arg::None, all()]),
+            ],
+        )
+        .unwrap();
+    b.ret(Arg::Value(y));
+    let t = b.finish();
+    let out = run(
+        &t,
+        &[y],
+        vec![Tensor::from_i64(vec![2, 3], vec![1, 1, 0, 1, 0, 0])],
+    );
+    assert_eq!(out[0].dtype(), DType::I64);
+    assert_eq!(out[0].shape(), &[2, 1, 1, 3]);
+    assert_eq!(out[0].to_i64_vec(), vec![1, 1, 0, 1, 0, 0]);
+}
+
+#[test]
+fn getitem_with_a_tensor_index_is_refused_when_planning() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[3], DType::F32));
+    let i = b.arg("i", ty(&[2], DType::I64));
+    let y = b.op_declared(
+        "ltorch.getitem",
+        vec![x.into(), i.into()],
+        vec![("y".into(), ty(&[2], DType::F32))],
+        tracepass_ir::Lhs::Single,
+    )[0];
+    b.ret(Arg::Value(y));
+    let t = b.finish();
+    let e = Plan::compile(&t, &[Some(y)]).expect_err("advanced indexing has no kernel");
+    assert!(e.to_string().contains("is not supported"), "{e}");
+}
+
+#[test]
+fn masked_fill_writes_the_value_where_the_mask_is_true() {
+    for dtype in [DType::F32, DType::BF16] {
+        let mut b = TraceBuilder::new("f", TraceKind::Forward);
+        let a = b.arg("a", ty(&[4], dtype));
+        let m = b.arg("m", ty(&[4], DType::Bool));
+        let y = b
+            .op(
+                "ltorch.masked_fill",
+                vec![a.into(), m.into(), Arg::Float(-1.0)],
+            )
+            .unwrap();
+        b.ret(Arg::Value(y));
+        let t = b.finish();
+        let av = Tensor::from_f32(vec![4], vec![1., 2., 3., 4.])
+            .to_dtype(dtype)
+            .expect("representable");
+        let mv = Tensor::from_bool(vec![4], vec![true, false, true, false]);
+        let out = run(&t, &[y], vec![av, mv]);
+        assert_eq!(out[0].dtype(), dtype);
+        assert_eq!(out[0].to_f32_vec(), vec![-1., 2., -1., 4.]);
+    }
+}
+
+#[test]
+fn logical_not_and_isnan_give_bool_tensors() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let p = b.arg("p", ty(&[3], DType::Bool));
+    let x = b.arg("x", ty(&[4], DType::F32));
+    let np = b.op("ltorch.logical_not", vec![p.into()]).unwrap();
+    let nx = b.op("ltorch.logical_not", vec![x.into()]).unwrap();
+    let nan = b.op("ltorch.isnan", vec![x.into()]).unwrap();
+    b.ret(Arg::Tuple(vec![np.into(), nx.into(), nan.into()]));
+    let t = b.finish();
+    let out = run(
+        &t,
+        &[np, nx, nan],
+        vec![
+            Tensor::from_bool(vec![3], vec![true, false, true]),
+            Tensor::from_f32(vec![4], vec![0.0, 2.5, f32::NAN, -0.0]),
+        ],
+    );
+    assert_eq!(bools(&out[0]), vec![false, true, false]);
+    // NaN is truthy in PyTorch: not(NaN) is false; -0.0 is zero
+    assert_eq!(bools(&out[1]), vec![true, false, false, true]);
+    assert_eq!(bools(&out[2]), vec![false, false, true, false]);
+}
+
+#[test]
+fn chunk_splits_into_ceil_sized_pieces() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[5], DType::F32));
+    let two = b
+        .op_multi("ltorch.chunk", vec![x.into(), Arg::Int(2)], vec![])
+        .unwrap();
+    let three = b
+        .op_multi("ltorch.chunk", vec![x.into(), Arg::Int(3)], vec![])
+        .unwrap();
+    assert_eq!((two.len(), three.len()), (2, 3));
+    let mut all_out = two.clone();
+    all_out.extend(&three);
+    b.ret(Arg::Tuple(all_out.iter().map(|v| Arg::Value(*v)).collect()));
+    let t = b.finish();
+    let out = run(&t, &all_out, vec![iota(&[5])]);
+    let vals: Vec<Vec<f32>> = out.iter().map(Tensor::to_f32_vec).collect();
+    assert_eq!(
+        vals,
+        vec![
+            vec![0., 1., 2.],
+            vec![3., 4.],
+            vec![0., 1.],
+            vec![2., 3.],
+            vec![4.],
+        ]
+    );
+}
+
+#[test]
+fn functional_pad_pads_the_last_dimensions_first() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2, 2], DType::F32));
+    let p1 = b
+        .op_kw(
+            "ltorch.pad",
+            vec![x.into(), Arg::int_tuple([1, 0])],
+            vec![("value".into(), Arg::Float(9.0))],
+        )
+        .unwrap();
+    let p2 = b
+        .op("ltorch.pad", vec![x.into(), Arg::int_tuple([0, 1, 1, 0])])
+        .unwrap();
+    b.ret(Arg::Tuple(vec![p1.into(), p2.into()]));
+    let t = b.finish();
+    let x0 = Tensor::from_f32(vec![2, 2], vec![1., 2., 3., 4.]);
+    let out = run(&t, &[p1, p2], vec![x0]);
+    assert_eq!(out[0].shape(), &[2, 3]);
+    assert_eq!(out[0].to_f32_vec(), vec![9., 1., 2., 9., 3., 4.]);
+    assert_eq!(out[1].shape(), &[3, 3]);
+    assert_eq!(
+        out[1].to_f32_vec(),
+        vec![0., 0., 0., 1., 2., 0., 3., 4., 0.]
+    );
+}
+
+#[test]
+fn creation_ops_fill_the_declared_shape_and_dtype() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2], DType::I64));
+    let z = b
+        .op("ltorch.zeros", vec![Arg::Int(2), Arg::Int(3)])
+        .unwrap();
+    let o = b.op("ltorch.ones_like", vec![x.into()]).unwrap();
+    let f = b
+        .op("ltorch.full_like", vec![x.into(), Arg::Int(7)])
+        .unwrap();
+    b.ret(Arg::Tuple(vec![z.into(), o.into(), f.into()]));
+    let t = b.finish();
+    let out = run(&t, &[z, o, f], vec![Tensor::from_i64(vec![2], vec![5, 6])]);
+    assert_eq!(out[0].shape(), &[2, 3]);
+    assert_eq!(out[0].to_f32_vec(), vec![0.0; 6]);
+    assert_eq!(out[1].dtype(), DType::I64);
+    assert_eq!(out[1].to_i64_vec(), vec![1, 1]);
+    assert_eq!(out[2].dtype(), DType::I64);
+    assert_eq!(out[2].to_i64_vec(), vec![7, 7]);
+}
+
+#[test]
+fn conv1d_and_conv2d_run_the_convolution_kernel() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[1, 1, 4], DType::F32));
+    let w = b.arg("w", ty(&[1, 1, 2], DType::F32));
+    let bias = b.arg("bias", ty(&[1], DType::F32));
+    let y = b
+        .op("ltorch.conv1d", vec![x.into(), w.into(), bias.into()])
+        .unwrap();
+    let s = b
+        .op_kw(
+            "ltorch.conv1d",
+            vec![x.into(), w.into()],
+            vec![("stride".into(), Arg::Int(2))],
+        )
+        .unwrap();
+    let x2 = b.arg("x2", ty(&[1, 1, 2, 2], DType::F32));
+    let w2 = b.arg("w2", ty(&[1, 1, 2, 2], DType::F32));
+    let c2 = b.op("ltorch.conv2d", vec![x2.into(), w2.into()]).unwrap();
+    b.ret(Arg::Tuple(vec![y.into(), s.into(), c2.into()]));
+    let t = b.finish();
+    let out = run(
+        &t,
+        &[y, s, c2],
+        vec![
+            Tensor::from_f32(vec![1, 1, 4], vec![1., 2., 3., 4.]),
+            Tensor::from_f32(vec![1, 1, 2], vec![1., -1.]),
+            Tensor::from_f32(vec![1], vec![10.]),
+            Tensor::from_f32(vec![1, 1, 2, 2], vec![1., 2., 3., 4.]),
+            Tensor::from_f32(vec![1, 1, 2, 2], vec![1., 0., 0., 2.]),
+        ],
+    );
+    // (1 - 2) + 10, (2 - 3) + 10, (3 - 4) + 10
+    assert_eq!(out[0].shape(), &[1, 1, 3]);
+    assert_eq!(out[0].to_f32_vec(), vec![9., 9., 9.]);
+    // windows at 0 and 2: 1 - 2, 3 - 4
+    assert_eq!(out[1].to_f32_vec(), vec![-1., -1.]);
+    // 1 * 1 + 4 * 2
+    assert_eq!(out[2].shape(), &[1, 1, 1, 1]);
+    assert_eq!(out[2].to_f32_vec(), vec![9.]);
+}
+
+#[test]
+fn bmm_flatten_permute_and_transpose_spellings() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let a = b.arg("a", ty(&[1, 2, 2], DType::F32));
+    let c = b.arg("c", ty(&[1, 2, 2], DType::F32));
+    let x = b.arg("x", ty(&[2, 3], DType::F32));
+    let m = b.op("ltorch.bmm", vec![a.into(), c.into()]).unwrap();
+    let f = b.op("ltorch.flatten", vec![m.into()]).unwrap();
+    // permute(x, 1, 0): the dims spread over the operands
+    let p = b
+        .op("ltorch.permute", vec![x.into(), Arg::Int(1), Arg::Int(0)])
+        .unwrap();
+    let tr = b
+        .op(
+            "ltorch.transpose",
+            vec![x.into(), Arg::Int(-1), Arg::Int(0)],
+        )
+        .unwrap();
+    b.ret(Arg::Tuple(vec![f.into(), p.into(), tr.into()]));
+    let t = b.finish();
+    let out = run(
+        &t,
+        &[f, p, tr],
+        vec![
+            Tensor::from_f32(vec![1, 2, 2], vec![1., 2., 3., 4.]),
+            Tensor::from_f32(vec![1, 2, 2], vec![5., 6., 7., 8.]),
+            iota(&[2, 3]),
+        ],
+    );
+    // [[1*5 + 2*7, 1*6 + 2*8], [3*5 + 4*7, 3*6 + 4*8]]
+    assert_eq!(out[0].shape(), &[4]);
+    assert_eq!(out[0].to_f32_vec(), vec![19., 22., 43., 50.]);
+    assert_eq!(out[1].shape(), &[3, 2]);
+    assert_eq!(out[1].to_f32_vec(), vec![0., 3., 1., 4., 2., 5.]);
+    assert_eq!(out[2].to_f32_vec(), vec![0., 3., 1., 4., 2., 5.]);
+}
+
+#[test]
+fn update_aliases_binds_each_output_to_its_input() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2], DType::F32));
+    let n = b.arg("n", ty(&[], DType::I64));
+    let al = b
+        .op_multi(
+            "python.update_aliases",
+            vec![Arg::Tuple(vec![x.into(), n.into()])],
+            vec![],
+        )
+        .unwrap();
+    assert_eq!(al.len(), 2);
+    // num_batches_tracked + 1, as BatchNorm's forward does it
+    let n1 = b.op("ltorch.add", vec![al[1].into(), Arg::Int(1)]).unwrap();
+    let y = b.op("ltorch.mul", vec![al[0].into(), Arg::Int(2)]).unwrap();
+    b.ret(Arg::Tuple(vec![y.into(), n1.into()]));
+    let t = b.finish();
+    let plan = Plan::compile(&t, &[Some(y), Some(n1)]).unwrap();
+    assert!(matches!(plan.instrs[0].kind, InstrKind::Alias));
+    let out = run(
+        &t,
+        &[y, n1, al[0]],
+        vec![
+            Tensor::from_f32(vec![2], vec![1.5, -2.0]),
+            Tensor::from_i64(vec![], vec![41]),
+        ],
+    );
+    assert_eq!(out[0].to_f32_vec(), vec![3.0, -4.0]);
+    assert_eq!(out[1].dtype(), DType::I64);
+    assert_eq!(out[1].to_i64_vec(), vec![42]);
+    assert_eq!(out[2].to_f32_vec(), vec![1.5, -2.0]);
+}
+
+#[test]
+fn copy_gives_the_source_in_the_destination_dtype() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let src = b.arg("src", ty(&[2], DType::BF16));
+    let dst = b.arg("dst", ty(&[2], DType::BF16));
+    let y = b
+        .op_kw(
+            "python.copy_",
+            vec![src.into(), dst.into()],
+            vec![("grad_enabled".into(), Arg::Bool(true))],
+        )
+        .unwrap();
+    b.ret(Arg::Value(y));
+    let t = b.finish();
+    let s = Tensor::from_f32(vec![2], vec![0.5, 3.0])
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let d = Tensor::from_f32(vec![2], vec![7.0, 7.0])
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let out = run(&t, &[y], vec![s, d]);
+    assert_eq!(out[0].dtype(), DType::BF16);
+    assert_eq!(out[0].to_f32_vec(), vec![0.5, 3.0]);
+}
+
+#[test]
+fn decoders_read_the_ops_options() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2, 3], DType::F32));
+    let g = b
+        .op_kw(
+            "ltorch.gelu",
+            vec![x.into()],
+            vec![("approximate".into(), Arg::Str("tanh".into()))],
+        )
+        .unwrap();
+    let t = b.finish();
+    assert_eq!(
+        last_kernel(&t, g),
+        Kernel::Unary(tracepass_runtime::kernel::UnaryOp::GeluTanh)
+    );
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let r = b.op("ltorch.rand", vec![Arg::Int(2), Arg::Int(3)]).unwrap();
+    let t = b.finish();
+    assert!(
+        matches!(last_kernel(&t, r), Kernel::Uniform { shape, minval, maxval, .. }
+            if shape == vec![2, 3] && minval == 0.0 && maxval == 1.0)
+    );
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2, 3], DType::F32));
+    let r = b
+        .op_kw(
+            "ltorch.relu",
+            vec![x.into()],
+            vec![("inplace".into(), Arg::Bool(true))],
+        )
+        .unwrap();
+    b.ret(Arg::Value(r));
+    let t = b.finish();
+    let e = Plan::compile(&t, &[Some(r)]).expect_err("in-place relu");
+    assert!(e.to_string().contains("in-place relu"), "{e}");
+}
+
+#[test]
+fn prims_and_torch_level_spellings_run_their_registered_kernels() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2, 3], DType::F32));
+    let s = b
+        .op("prims.sum", vec![x.into(), Arg::int_tuple([1])])
+        .unwrap();
+    let m = b
+        .op("prims.amax", vec![x.into(), Arg::int_tuple([0])])
+        .unwrap();
+    let t = b
+        .op("prims.transpose", vec![x.into(), Arg::int_tuple([1, 0])])
+        .unwrap();
+    let c = b
+        .op(
+            "prims.convert_element_type",
+            vec![
+                x.into(),
+                Arg::DType(DType::F64, tracepass_ir::DTypeSpelling::Thunder),
+            ],
+        )
+        .unwrap();
+    let vm = b
+        .op_multi(
+            "prims.var_mean",
+            vec![x.into(), Arg::int_tuple([1])],
+            vec![("correction".into(), Arg::Int(0))],
+        )
+        .unwrap();
+    let mean = b.op("ltorch.mean", vec![x.into(), Arg::Int(1)]).unwrap();
+    let cl = b.op("ltorch.clone", vec![x.into()]).unwrap();
+    let e = b.op("ltorch.empty", vec![Arg::Int(2)]).unwrap();
+    let z = b.op("ltorch.zeros_like", vec![x.into()]).unwrap();
+    let ls = b
+        .op("ltorch.log_softmax", vec![x.into(), Arg::Int(1)])
+        .unwrap();
+    let outs = vec![s, m, t, c, vm[0], vm[1], mean, cl, e, z, ls];
+    b.ret(Arg::Tuple(outs.iter().map(|v| Arg::Value(*v)).collect()));
+    let tr = b.finish();
+    // x = [[1, 2, 3], [4, 5, 6]]
+    let x0 = Tensor::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]);
+    let out = run(&tr, &outs, vec![x0]);
+    assert_eq!(out[0].to_f32_vec(), vec![6., 15.]);
+    assert_eq!(out[1].to_f32_vec(), vec![4., 5., 6.]);
+    assert_eq!(out[2].shape(), &[3, 2]);
+    assert_eq!(out[2].to_f32_vec(), vec![1., 4., 2., 5., 3., 6.]);
+    assert_eq!(out[3].dtype(), DType::F64);
+    assert_eq!(out[3].to_f64_vec(), vec![1., 2., 3., 4., 5., 6.]);
+    // population variance of (1, 2, 3) and of (4, 5, 6): ((-1)^2 + 0 + 1^2) / 3
+    let var = out[4].to_f32_vec();
+    assert!(var.iter().all(|v| (v - 2.0 / 3.0).abs() < 1e-6), "{var:?}");
+    assert_eq!(out[5].to_f32_vec(), vec![2., 5.]);
+    assert_eq!(out[6].to_f32_vec(), vec![2., 5.]);
+    assert_eq!(out[7].to_f32_vec(), vec![1., 2., 3., 4., 5., 6.]);
+    assert_eq!(out[8].shape(), &[2]);
+    assert_eq!(out[9].to_f32_vec(), vec![0.0; 6]);
+    // log_softmax of (1, 2, 3): x - 3 - ln(e^-2 + e^-1 + 1)
+    let lse = ((-2.0f64).exp() + (-1.0f64).exp() + 1.0).ln();
+    let want: Vec<f64> = [-2.0, -1.0, 0.0, -2.0, -1.0, 0.0]
+        .iter()
+        .map(|d| d - lse)
+        .collect();
+    for (got, w) in out[10].to_f32_vec().iter().zip(&want) {
+        assert!((*got as f64 - w).abs() < 1e-6, "{got} vs {w}");
+    }
+}
