@@ -167,6 +167,24 @@ pub enum Kernel {
     Silu,
     /// `copy_(src, dst)` as a value: inputs `src, dst`.
     Copy,
+    /// `take_along_dim(a, indices, dim)`: inputs `a, indices`.
+    TakeAlongDim {
+        dim: Option<usize>,
+    },
+    /// `nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight)`:
+    /// inputs `grad, a, target, total_weight` and, when `weighted`, `weight`.
+    NllLossBackward {
+        reduction: LossReduction,
+        ignore_index: i64,
+        weighted: bool,
+    },
+    /// `_log_softmax_backward_data` (`log`) / `_softmax_backward_data`: inputs `grad, output`;
+    /// the result has `dtype`.
+    SoftmaxBackward {
+        dim: usize,
+        log: bool,
+        dtype: DType,
+    },
     /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
     Uniform {
         shape: Vec<usize>,
@@ -174,6 +192,34 @@ pub enum Kernel {
         maxval: f64,
         dtype: DType,
     },
+}
+
+/// How a loss reduces over its elements (PyTorch's `reduction=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossReduction {
+    Mean,
+    Sum,
+    None,
+}
+
+impl LossReduction {
+    /// PyTorch's spelling: `mean`, `sum`, `none`.
+    pub fn parse(s: &str) -> Option<LossReduction> {
+        match s {
+            "mean" => Some(LossReduction::Mean),
+            "sum" => Some(LossReduction::Sum),
+            "none" => Some(LossReduction::None),
+            _ => None,
+        }
+    }
+    /// PyTorch's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReduction::Mean => "mean",
+            LossReduction::Sum => "sum",
+            LossReduction::None => "none",
+        }
+    }
 }
 
 /// A comparison; the result is a bool tensor.

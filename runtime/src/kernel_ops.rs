@@ -7,7 +7,7 @@
 //! rebuilt from a spelling. Each decoder reads the node's operands in the op's signature order,
 //! positional or keyword.
 
-use crate::kernel::{BinaryOp, CompareOp, Decoded, Kernel, ReduceOp, Side, UnaryOp};
+use crate::kernel::{BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use tracepass_ir::{ops, Arg, Node, OpRegistry, Trace, ValueId};
@@ -367,6 +367,16 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
             },
         ),
         ("ltorch.embedding", Cpu(embedding)),
+        ("ltorch.take_along_dim", Cpu(take_along_dim)),
+        ("ltorch.nll_loss_backward", Cpu(nll_loss_backward)),
+        (
+            "ltorch.log_softmax_backward",
+            Cpu(|o| softmax_backward(o, true)),
+        ),
+        (
+            "ltorch.softmax_backward",
+            Cpu(|o| softmax_backward(o, false)),
+        ),
         ("ltorch.embedding_backward", Cpu(embedding_backward)),
         ("ltorch.layer_norm", Unsupported { reason: NORM }),
         ("ltorch.rms_norm", Unsupported { reason: NORM }),
@@ -870,6 +880,57 @@ fn embedding(o: &mut Ops<'_>) -> Result<Kernel, String> {
         return Err("embedding with max_norm (an in-place renorm) is not supported".into());
     }
     Ok(Kernel::Embedding)
+}
+
+/// `take_along_dim(a, indices, dim=None)`.
+fn take_along_dim(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "indices")?;
+    let rank = o.in_shape(0)?.len();
+    let dim = match o.int(2, "dim")? {
+        Some(d) => Some(norm_dim(d, rank)?),
+        None => None,
+    };
+    Ok(Kernel::TakeAlongDim { dim })
+}
+
+/// `nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight)`.
+fn nll_loss_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "grad")?;
+    o.tensor(1, "a")?;
+    o.tensor(2, "target")?;
+    o.tensor(6, "total_weight")?;
+    let weighted = o.opt_tensor(3, "weight")?;
+    let reduction = match o.arg(4, "reduction") {
+        Some(a) => {
+            let s = a
+                .as_str()
+                .ok_or("nll_loss_backward: reduction must be a string")?;
+            LossReduction::parse(s)
+                .ok_or_else(|| format!("nll_loss_backward: unknown reduction `{s}`"))?
+        }
+        None => LossReduction::Mean,
+    };
+    let ignore_index = o.int(5, "ignore_index")?.unwrap_or(-100);
+    Ok(Kernel::NllLossBackward {
+        reduction,
+        ignore_index,
+        weighted,
+    })
+}
+
+/// `_log_softmax_backward_data(grad_output, output, dim, input_dtype)` and
+/// `_softmax_backward_data(...)`.
+fn softmax_backward(o: &mut Ops<'_>, log: bool) -> Result<Kernel, String> {
+    o.tensor(0, "grad_output")?;
+    o.tensor(1, "output")?;
+    let rank = o.in_shape(0)?.len();
+    let dim = o.int(2, "dim")?.ok_or("softmax backward needs a dim")?;
+    Ok(Kernel::SoftmaxBackward {
+        dim: norm_dim(dim, rank)?,
+        log,
+        dtype: o.out(0)?.dtype,
+    })
 }
 
 /// `aten.embedding_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq,

@@ -123,6 +123,23 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         }
         Kernel::Silu => activation::silu(t(0)?),
         Kernel::Copy => layout::copy_into(t(0)?, t(1)?),
+        Kernel::TakeAlongDim { dim } => loss_grad::take_along_dim(t(0)?, t(1)?, *dim),
+        Kernel::NllLossBackward {
+            reduction,
+            ignore_index,
+            weighted,
+        } => loss_grad::nll_loss_backward(
+            t(0)?,
+            t(1)?,
+            t(2)?,
+            if *weighted { Some(t(4)?) } else { None },
+            reduction.as_str(),
+            *ignore_index,
+            t(3)?,
+        ),
+        Kernel::SoftmaxBackward { dim, log, dtype } => {
+            loss_grad::softmax_backward(t(0)?, t(1)?, *dim, *log, *dtype)
+        }
         Kernel::Uniform { .. } => Err(
             "uniform draws from a keyed random stream: the executor runs it through \
              `Backend::random`"

@@ -95,7 +95,14 @@ pub fn reduce(
     let ct = match dtype {
         DType::F64 => DType::F64,
         DType::F32 | DType::BF16 | DType::F16 => DType::F32,
-        other => return Err(format!("dtype {other} is not supported by the cpu backend")),
+        DType::I64 | DType::I32 if op != ReduceOp::Mean => {
+            return reduce_int(x, op, dims, keepdim, dtype)
+        }
+        other => {
+            return Err(format!(
+                "{op:?} into {other} is not supported by the cpu backend"
+            ))
+        }
     };
     let r = match ct {
         DType::F64 => reduce_typed::<f64>(x, op, dims, keepdim)?,
@@ -193,5 +200,84 @@ mod tests {
         assert!(l[2].abs() < 1e-12 && l[3] < -999.0);
         let s = softmax(&x, 0, false).expect("ok").to_f64_vec();
         assert!((s[1] - 0.5).abs() < 1e-12);
+    }
+}
+
+/// Sum or max of bools or integers into an integer dtype (`torch.sum(mask)` counts), exact in
+/// wrapping i64 as PyTorch's integer sums are.
+fn reduce_int(
+    x: &Tensor,
+    op: ReduceOp,
+    dims: &[usize],
+    keepdim: bool,
+    dtype: DType,
+) -> Result<Tensor, String> {
+    let shape = x.shape();
+    if dims.iter().any(|&d| d >= shape.len().max(1)) {
+        return Err(format!(
+            "reduction dims {dims:?} out of range for {shape:?}"
+        ));
+    }
+    let v = x.to_i64_vec();
+    let kept: Vec<usize> = (0..shape.len())
+        .map(|i| if dims.contains(&i) { 1 } else { shape[i] })
+        .collect();
+    let out_n: usize = kept.iter().product();
+    let mut acc = vec![if op == ReduceOp::Amax { i64::MIN } else { 0 }; out_n];
+    let out_strides = contiguous_strides(&kept);
+    let mut idx = vec![0usize; shape.len()];
+    for (k, &e) in v.iter().enumerate() {
+        if k > 0 {
+            for d in (0..shape.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        let pos: usize = (0..shape.len())
+            .filter(|i| !dims.contains(i))
+            .map(|i| idx[i] * out_strides[i] as usize)
+            .sum();
+        acc[pos] = match op {
+            ReduceOp::Amax => acc[pos].max(e),
+            _ => acc[pos].wrapping_add(e),
+        };
+    }
+    let out_shape: Vec<usize> = if keepdim {
+        kept
+    } else {
+        (0..shape.len())
+            .filter(|i| !dims.contains(i))
+            .map(|i| shape[i])
+            .collect()
+    };
+    let r = Tensor::from_i64(out_shape, acc);
+    if dtype == DType::I64 {
+        Ok(r)
+    } else {
+        r.to_dtype(dtype)
+            .ok_or_else(|| format!("cannot convert to {dtype}"))
+    }
+}
+
+#[cfg(test)]
+mod int_tests {
+    use super::*;
+
+    #[test]
+    fn bools_and_integers_sum_exactly_into_integers() {
+        let m = Tensor::from_bool(vec![2, 3], vec![true, false, true, true, true, false]);
+        let all = reduce(&m, ReduceOp::Sum, &[0, 1], false, DType::I64).unwrap();
+        assert_eq!(all.shape(), &[] as &[usize]);
+        assert_eq!(all.to_i64_vec(), vec![4]);
+        let rows = reduce(&m, ReduceOp::Sum, &[1], true, DType::I64).unwrap();
+        assert_eq!(rows.shape(), &[2, 1]);
+        assert_eq!(rows.to_i64_vec(), vec![2, 2]);
+        let i = Tensor::from_i64(vec![2, 2], vec![5, -7, 9, 1]);
+        let cols = reduce(&i, ReduceOp::Amax, &[0], false, DType::I64).unwrap();
+        assert_eq!(cols.to_i64_vec(), vec![9, 1]);
+        assert!(reduce(&i, ReduceOp::Mean, &[0], false, DType::I64).is_err());
     }
 }
