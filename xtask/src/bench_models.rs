@@ -68,7 +68,11 @@ fn breakdown(r: &TrainReport) -> Vec<(String, f64)> {
     let Some((_, events)) = r.events.first() else {
         return Vec::new();
     };
-    for e in events.iter().filter(|e| !e.comm) {
+    // waits are communication the compute did not hide, not an op
+    for e in events
+        .iter()
+        .filter(|e| !e.comm && !e.name.starts_with("wait "))
+    {
         let us = e.span.end_us - e.span.start_us;
         *by_op.entry(e.name.clone()).or_default() += us;
         total += us;
