@@ -5,39 +5,25 @@ use crate::kernel::ReduceOp;
 use crate::tensor::{contiguous_strides, Tensor};
 use tracepass_ir::DType;
 
-fn reduce_typed<T: Real>(
-    x: &Tensor,
-    op: ReduceOp,
+/// Folds the elements of a row-major tensor of `shape` into one accumulator per output
+/// position (the reduced `dims` kept as size 1): the accumulators and the kept shape.
+fn fold_dims<E: Copy, A: Copy>(
+    v: &[E],
+    shape: &[usize],
     dims: &[usize],
-    keepdim: bool,
-) -> Result<Tensor, String> {
-    let shape = x.shape();
+    init: A,
+    combine: impl Fn(A, E) -> A,
+) -> Result<(Vec<A>, Vec<usize>), String> {
     if dims.iter().any(|&d| d >= shape.len().max(1)) {
         return Err(format!(
             "reduction dims {dims:?} out of range for {shape:?}"
         ));
     }
-    let v = T::elems(x);
     let kept: Vec<usize> = (0..shape.len())
         .map(|i| if dims.contains(&i) { 1 } else { shape[i] })
         .collect();
     let out_n: usize = kept.iter().product();
-    let count = (x.numel() / out_n.max(1)).max(1);
-    let init = match op {
-        ReduceOp::Amax => T::of(f64::NEG_INFINITY),
-        _ => T::ZERO,
-    };
     let mut acc = vec![init; out_n];
-    let combine = |a: T, b: T| match op {
-        ReduceOp::Amax => {
-            if b.is_nan() || b > a {
-                b
-            } else {
-                a
-            }
-        }
-        _ => a + b,
-    };
     // Reducing the leading dimensions of a row-major tensor: add whole rows (vectorizes).
     let leading = dims.iter().enumerate().all(|(i, &d)| i == d);
     if leading && !v.is_empty() {
@@ -69,18 +55,50 @@ fn reduce_typed<T: Real>(
             *a = combine(*a, e);
         }
     }
-    if op == ReduceOp::Mean {
-        let c = T::of(count as f64);
-        acc.iter_mut().for_each(|a| *a = *a / c);
-    }
-    let out_shape = if keepdim {
+    Ok((acc, kept))
+}
+
+/// The output shape of a reduction: `kept` with the reduced dims dropped unless `keepdim`.
+fn reduced_shape(shape: &[usize], dims: &[usize], kept: Vec<usize>, keepdim: bool) -> Vec<usize> {
+    if keepdim {
         kept
     } else {
         (0..shape.len())
             .filter(|i| !dims.contains(i))
             .map(|i| shape[i])
             .collect()
+    }
+}
+
+fn reduce_typed<T: Real>(
+    x: &Tensor,
+    op: ReduceOp,
+    dims: &[usize],
+    keepdim: bool,
+) -> Result<Tensor, String> {
+    let shape = x.shape();
+    let v = T::elems(x);
+    let init = match op {
+        ReduceOp::Amax => T::of(f64::NEG_INFINITY),
+        _ => T::ZERO,
     };
+    let combine = |a: T, b: T| match op {
+        ReduceOp::Amax => {
+            if b.is_nan() || b > a {
+                b
+            } else {
+                a
+            }
+        }
+        _ => a + b,
+    };
+    let (mut acc, kept) = fold_dims(&v, shape, dims, init, combine)?;
+    if op == ReduceOp::Mean {
+        let count = (x.numel() / acc.len().max(1)).max(1);
+        let c = T::of(count as f64);
+        acc.iter_mut().for_each(|a| *a = *a / c);
+    }
+    let out_shape = reduced_shape(shape, dims, kept, keepdim);
     Ok(Tensor::new(out_shape, T::storage(acc)))
 }
 
@@ -213,47 +231,12 @@ fn reduce_int(
     dtype: DType,
 ) -> Result<Tensor, String> {
     let shape = x.shape();
-    if dims.iter().any(|&d| d >= shape.len().max(1)) {
-        return Err(format!(
-            "reduction dims {dims:?} out of range for {shape:?}"
-        ));
-    }
-    let v = x.to_i64_vec();
-    let kept: Vec<usize> = (0..shape.len())
-        .map(|i| if dims.contains(&i) { 1 } else { shape[i] })
-        .collect();
-    let out_n: usize = kept.iter().product();
-    let mut acc = vec![if op == ReduceOp::Amax { i64::MIN } else { 0 }; out_n];
-    let out_strides = contiguous_strides(&kept);
-    let mut idx = vec![0usize; shape.len()];
-    for (k, &e) in v.iter().enumerate() {
-        if k > 0 {
-            for d in (0..shape.len()).rev() {
-                idx[d] += 1;
-                if idx[d] < shape[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-        }
-        let pos: usize = (0..shape.len())
-            .filter(|i| !dims.contains(i))
-            .map(|i| idx[i] * out_strides[i] as usize)
-            .sum();
-        acc[pos] = match op {
-            ReduceOp::Amax => acc[pos].max(e),
-            _ => acc[pos].wrapping_add(e),
-        };
-    }
-    let out_shape: Vec<usize> = if keepdim {
-        kept
-    } else {
-        (0..shape.len())
-            .filter(|i| !dims.contains(i))
-            .map(|i| shape[i])
-            .collect()
+    let (init, combine): (i64, fn(i64, i64) -> i64) = match op {
+        ReduceOp::Amax => (i64::MIN, i64::max),
+        _ => (0, i64::wrapping_add),
     };
-    let r = Tensor::from_i64(out_shape, acc);
+    let (acc, kept) = fold_dims(&x.to_i64_vec(), shape, dims, init, combine)?;
+    let r = Tensor::from_i64(reduced_shape(shape, dims, kept, keepdim), acc);
     if dtype == DType::I64 {
         Ok(r)
     } else {
