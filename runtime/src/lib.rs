@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod plan;
+pub mod rank_loop;
 pub mod reduction;
 pub mod rendezvous;
 pub mod sim;

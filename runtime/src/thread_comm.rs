@@ -543,6 +543,9 @@ impl Drop for ThreadComm {
     }
 }
 
+/// A failure elsewhere in the group surfaces at the end of the step.
+impl crate::rank_loop::StepComm for ThreadComm {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,10 +8,11 @@ use crate::cpu::CpuBackend;
 use crate::data::{file_params, seeded_params, Batch, DataSource};
 use crate::executor::{ExecError, Executor, RValue};
 use crate::loss::loss_and_grad;
-use crate::metrics::{Clock, Event, Recording, Span, StepMetrics};
+use crate::metrics::{Clock, Event, Recording, StepMetrics};
 use crate::model::{Model, ModelSource};
-use crate::optim::{Optimizer, OptimizerKind};
+use crate::optim::OptimizerKind;
 use crate::plan::{Plan, PlanError};
+use crate::rank_loop::{run_rank, RankOut, RankSetup};
 use crate::tensor::Tensor;
 use crate::tensorfile::{save_tensors, TensorFile};
 use crate::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
@@ -428,14 +429,6 @@ fn tree<T>(arg: &Arg, flat: &mut std::vec::IntoIter<RValue<T>>) -> RValue<T> {
     }
 }
 
-struct RankOut {
-    losses: Vec<f64>,
-    metrics: Vec<StepMetrics>,
-    grads0: Vec<Option<Tensor>>,
-    params: Vec<Tensor>,
-    events: Vec<Event>,
-}
-
 struct Shared<'a> {
     cfg: &'a TrainConfig,
     model: &'a Model,
@@ -466,208 +459,30 @@ pub(crate) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
         .map_err(|e| e.0)
 }
 
-fn add_into(acc: &mut [Option<Tensor>], grads: &[RValue<Tensor>]) -> Result<(), String> {
-    for (a, g) in acc.iter_mut().zip(grads) {
-        if let RValue::Tensor(g) = g {
-            *a = Some(match a.take() {
-                None => g.clone(),
-                Some(prev) => add(&prev, g)?,
-            });
-        }
-    }
-    Ok(())
-}
-
 fn rank_main(
     rank: usize,
     mut comm: ThreadComm,
     sh: &Shared,
     on_step: &(dyn Fn(usize, f64) + Sync),
 ) -> Result<RankOut, TrainError> {
-    let cfg = sh.cfg;
-    let model = sh.model;
     let plans = match sh.other {
         Some((r, p)) if r == rank => p,
         _ => sh.plans,
     };
-    let backend = CpuBackend;
-    let exec_err = |e: ExecError| TrainError::Rank {
+    let setup = RankSetup {
+        cfg: sh.cfg,
         rank,
-        message: e.to_string(),
+        model: sh.model,
+        plans,
+        data: sh.data,
+        init: sh.init,
+        resume: sh.resume,
+        clock: sh.clock,
+        backend: &CpuBackend,
+        loss_dtype: tracepass_ir::DType::F64,
+        keep: rank == 0 || sh.cfg.keep_all_ranks,
     };
-    let comm_err = |e: crate::comm::CommError| TrainError::Rank {
-        rank,
-        message: e.to_string(),
-    };
-    let mut exec: Executor<CpuBackend, ThreadComm> = Executor::new();
-    // every rank must be about to issue the same collectives as rank 0
-    crate::fingerprint::check(
-        &mut comm,
-        &backend,
-        &collective_lines(plans, cfg.no_sync_steps, tracepass_ir::DType::F64),
-    )
-    .map_err(comm_err)?;
-    let mut params: Vec<Tensor> = sh.init.to_vec();
-    if let Some(root) = cfg.broadcast_from {
-        for p in params.iter_mut() {
-            *p = comm.broadcast(p.clone(), root).map_err(comm_err)?;
-        }
-    }
-    let mut opt = Optimizer::new(cfg.optimizer, &params);
-    let first_step = sh.resume.map_or(0, |c| c.step);
-    if let Some(ck) = sh.resume {
-        opt.restore(ck.optimizer_step, ck.exp_avg.clone(), ck.exp_avg_sq.clone())
-            .map_err(|m| TrainError::Input(format!("resuming: {m}")))?;
-    }
-    let n_params = model.program.params.len();
-    let n_grads = model.program.gradient_values().len();
-    let mut out = RankOut {
-        losses: Vec::with_capacity(cfg.steps),
-        metrics: Vec::with_capacity(cfg.steps),
-        grads0: Vec::new(),
-        params: Vec::new(),
-        events: Vec::new(),
-    };
-    let micro_per_step = cfg.no_sync_steps + 1;
-    for step in first_step..cfg.steps {
-        let step_start = Instant::now();
-        let mut recs: Vec<Recording> = Vec::new();
-        let mut acc: Vec<Option<Tensor>> = vec![None; n_grads];
-        let mut loss_handles = Vec::new();
-        let mut synced: Vec<RValue<Tensor>> = Vec::new();
-        let (mut forward_s, mut backward_s, mut backward_compute_s) = (0.0, 0.0, 0.0);
-        for micro in 0..micro_per_step {
-            let m = step * micro_per_step + micro;
-            if let Some(Fault::Vanish { rank: r, step: s }) = cfg.fault {
-                if r == rank && s == step {
-                    return Err(TrainError::Rank {
-                        rank,
-                        message: format!("injected fault: left before step {step}"),
-                    });
-                }
-            }
-            let batch = sh
-                .data
-                .batch(m, rank, model)
-                .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
-            // forward
-            let inputs = model.forward_inputs(batch.data, &params);
-            let mut rec = Recording::default();
-            let t_fwd = Instant::now();
-            exec.set_rng(cfg.seed, rank, m);
-            let forward = plans
-                .run_forward(&mut exec, &backend, &mut comm, inputs, &sh.clock, &mut rec)
-                .map_err(exec_err)?;
-            forward_s += t_fwd.elapsed().as_secs_f64();
-            recs.push(std::mem::take(&mut rec));
-            let forward = forward.ok_or_else(|| TrainError::Rank {
-                rank,
-                message: "the forward produced no output tensor".into(),
-            })?;
-            // buffers the forward updated (running statistics) hold their new values next time
-            for (u, b) in model.buffer_updates.iter().zip(forward.buffers) {
-                params[u.param] = b;
-            }
-            let saved = forward.saved;
-            let (loss, cot) = loss_and_grad(model.loss, &forward.output, batch.targets.as_ref())
-                .map_err(|e| TrainError::Rank {
-                    rank,
-                    message: format!("loss: {e}"),
-                })?;
-            if let Some(Fault::Panic { rank: r, step: s }) = cfg.fault {
-                if r == rank && s == step {
-                    panic!("injected fault: rank {rank} panics in step {step}");
-                }
-            }
-            // the loss average travels while the backward computes
-            loss_handles.push(
-                comm.all_reduce_async(Tensor::from_f64(vec![1], vec![loss]), ReduceOp::Sum, "loss")
-                    .map_err(comm_err)?,
-            );
-            let mut binputs = vec![saved, RValue::Seq(vec![RValue::Tensor(cot)])];
-            let last = micro + 1 == micro_per_step;
-            let plan = if last {
-                for &pos in &plans.acc_targets {
-                    binputs.push(match &acc[pos] {
-                        Some(t) => RValue::Tensor(t.clone()),
-                        None => RValue::None,
-                    });
-                }
-                &plans.sync
-            } else {
-                plans.local.as_ref().unwrap_or(&plans.sync)
-            };
-            let t_bwd = Instant::now();
-            let grads = exec
-                .run(plan, &backend, &mut comm, binputs, &sh.clock, &mut rec)
-                .map_err(exec_err)?;
-            backward_s += t_bwd.elapsed().as_secs_f64();
-            backward_compute_s += crate::metrics::busy(&rec.compute) * 1e-6;
-            recs.push(rec);
-            if last {
-                synced = grads;
-            } else {
-                add_into(&mut acc, &grads).map_err(|m| TrainError::Rank { rank, message: m })?;
-            }
-        }
-        let mut loss_sum = 0.0;
-        for h in loss_handles {
-            let (t, _) = comm.wait(h).map_err(comm_err)?;
-            loss_sum += t.to_f64_vec().first().copied().unwrap_or(f64::NAN);
-        }
-        let loss = loss_sum / (cfg.world_size * micro_per_step) as f64;
-        let grads: Vec<Option<Tensor>> = model
-            .param_grads(&synced, add)
-            .map_err(|m| TrainError::Rank { rank, message: m })?;
-        if step == first_step && (rank == 0 || cfg.keep_all_ranks) {
-            out.grads0 = grads.clone();
-        }
-        opt.step(&mut params, &grads)
-            .map_err(|m| TrainError::Rank { rank, message: m })?;
-        // a tie is one tensor: every member takes the primary's new value
-        model.share_ties(&mut params);
-        let end = Instant::now();
-        let refs: Vec<&Recording> = recs.iter().collect();
-        let mut m = StepMetrics::from_recordings(
-            step,
-            rank,
-            Span {
-                start_us: sh.clock.us(step_start),
-                end_us: sh.clock.us(end),
-            },
-            &refs,
-        );
-        m.forward_s = forward_s;
-        m.backward_s = backward_s;
-        m.backward_compute_s = backward_compute_s;
-        out.metrics.push(m);
-        if sh.clock.events {
-            out.events.extend(recs.into_iter().flat_map(|r| r.events));
-        }
-        out.losses.push(loss);
-        if rank == 0 {
-            if let Some(path) = &cfg.save {
-                let done = step + 1;
-                if cfg.checkpoint_due(done) {
-                    crate::checkpoint::save_for(
-                        path,
-                        done,
-                        &model.param_names(),
-                        &params,
-                        &opt,
-                        Some(cfg.world_size),
-                    )
-                    .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
-                }
-            }
-            on_step(step, loss);
-        }
-    }
-    debug_assert_eq!(params.len(), n_params);
-    if rank == 0 || cfg.keep_all_ranks {
-        out.params = params;
-    }
-    Ok(out)
+    run_rank(setup, &mut comm, on_step)
 }
 
 /// The collectives one training step issues, in order: the loss average of every micro-step,

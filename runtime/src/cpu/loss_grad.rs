@@ -123,6 +123,13 @@ pub fn nll_loss_backward(
         "sum" | "none" => 1.0,
         other => return Err(format!("nll_loss_backward: unknown reduction `{other}`")),
     };
+    if reduction == "none" && g.len() != n * inner {
+        return Err(format!(
+            "nll_loss_backward: reduction `none` takes one gradient per target ({}), got {:?}",
+            n * inner,
+            grad.shape()
+        ));
+    }
     if reduction != "none" && g.len() != 1 {
         return Err(format!(
             "nll_loss_backward: reduction `{reduction}` takes a scalar gradient, got {:?}",

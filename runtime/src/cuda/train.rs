@@ -1,49 +1,42 @@
 //! One rank of data-parallel training on one GPU (one process per GPU, started by torchrun or
-//! `tracepass launch`): the executor on the CUDA backend and NCCL (no NCCL for a world of
-//! one); loss head and optimizer on the host (small next to the model's kernels for the
-//! models here). A failing rank aborts its communicator; the others' watchdogs end them
-//! within `--collective-timeout`, each with an error naming its rank and the collective.
+//! `tracepass launch`): the rank loop the CPU trainer runs (`rank_loop`), on the CUDA backend
+//! and NCCL (no NCCL for a world of one); loss head and optimizer on the host (small next to
+//! the model's kernels for the models here). A failing rank aborts its communicator; the
+//! others' watchdogs end them within `--collective-timeout`, each with an error naming its
+//! rank and the collective.
 
 use super::backend::{CudaBackend, CudaTensor};
 use super::nccl::{unique_id, NcclComm};
 use super::solo::SoloComm;
-use crate::backend::Backend;
-use crate::comm::{CommError, CommTiming, Communicator, ReduceOp};
-use crate::data::DataSource;
-use crate::executor::{Executor, RValue};
-use crate::loss::loss_and_grad;
-use crate::metrics::{Clock, Recording, Span, StepMetrics};
+use crate::comm::{CommTiming, Communicator};
+use crate::metrics::{Clock, Recording, Span};
 use crate::model::Model;
-use crate::optim::Optimizer;
+use crate::rank_loop::{run_rank, RankOut, RankSetup, StepComm};
 use crate::rendezvous::{exchange, DistEnv};
-use crate::tensor::Tensor;
 use crate::trainer::{
-    build_plans, check_memory, collective_lines, initial_params, Plans, TrainConfig, TrainError,
+    build_plans, check_link_timeout, check_memory, initial_params, Fault, TrainConfig, TrainError,
     TrainReport,
 };
 use std::collections::VecDeque;
 use std::time::Instant;
 use tracepass_ir::DType;
 
-/// A communicator of CUDA tensors that reports the device time of its collectives.
-pub trait DeviceComm: Communicator<Tensor = CudaTensor> {
-    /// The collectives waited on since the last call, with their device times (call once the
-    /// step is synchronized).
-    fn take_timings(&mut self) -> Result<Vec<(String, CommTiming)>, CommError>;
-}
-
-impl DeviceComm for NcclComm {
-    fn take_timings(&mut self) -> Result<Vec<(String, CommTiming)>, CommError> {
-        NcclComm::take_timings(self)
+/// After each step, the device times of the step's collectives replace the host times taken
+/// at `wait`, and an asynchronous NCCL error seen by the watchdog ends the rank.
+impl StepComm for NcclComm {
+    fn end_step(&mut self, recs: &mut [Recording], clock: &Clock) -> Result<(), String> {
+        let timings = self.take_timings().map_err(|e| e.to_string())?;
+        let mut refs: Vec<&mut Recording> = recs.iter_mut().collect();
+        apply_comm_timings(&mut refs, timings, clock);
+        match self.failure() {
+            Some((rank, reason)) => Err(format!("rank {rank} failed: {reason}")),
+            None => Ok(()),
+        }
     }
 }
 
-impl DeviceComm for SoloComm<CudaTensor> {
-    fn take_timings(&mut self) -> Result<Vec<(String, CommTiming)>, CommError> {
-        // nothing is communicated: the times `wait` gave are exact
-        Ok(Vec::new())
-    }
-}
+/// Nothing is communicated: the times `wait` gave are exact.
+impl StepComm for SoloComm<CudaTensor> {}
 
 /// Replaces the host-side times of each bucket's collective (taken at `wait`) by the device's
 /// (`timings`, in wait order, matched by label), in the bucket records and timeline events.
@@ -78,10 +71,6 @@ pub fn apply_comm_timings(
     }
 }
 
-fn rank_err(rank: usize) -> impl Fn(String) -> TrainError {
-    move |message| TrainError::Rank { rank, message }
-}
-
 /// Trains as rank `env.rank` of `env.world_size` on GPU `env.local_rank`.
 pub fn train(
     cfg: &TrainConfig,
@@ -89,17 +78,7 @@ pub fn train(
     on_step: &dyn Fn(usize, f64),
 ) -> Result<TrainReport, TrainError> {
     let rank = env.rank;
-    let fail = rank_err(rank);
-    if cfg.no_sync_steps > 0 {
-        return Err(TrainError::Config(
-            "--no-sync-steps is not supported with --device cuda yet".into(),
-        ));
-    }
-    if cfg.fault.is_some() {
-        return Err(TrainError::Config(
-            "--inject-fault is for the CPU trainer".into(),
-        ));
-    }
+    let fail = |message: String| TrainError::Rank { rank, message };
     let backend = CudaBackend::new(env.local_rank)
         .map_err(|e| TrainError::Config(format!("--device cuda: {e}")))?;
     let cfg = TrainConfig {
@@ -107,25 +86,58 @@ pub fn train(
         ..cfg.clone()
     };
     let model = Model::load(&cfg.model)?;
-    let plans = build_plans(&model, &cfg)?;
+    let mut plans = build_plans(&model, &cfg)?;
+    if let Some(Fault::Mismatch { rank: r }) = cfg.fault {
+        if r == rank {
+            // this rank buckets differently from the others
+            let other_mb = if cfg.bucket_mb > 0.0 { 0.0 } else { 25.0 };
+            plans = build_plans(
+                &model,
+                &TrainConfig {
+                    bucket_mb: other_mb,
+                    ..cfg.clone()
+                },
+            )?;
+        }
+    }
+    check_link_timeout(&plans, &cfg)?;
     // this process makes the first copy of the parameters in host memory
     check_memory(&model, 1)?;
     let (init, resume) = initial_params(&cfg, &model)?;
     let data = crate::trainer::data_source(&cfg, &model)?;
-    let setup = Setup {
+    let first_micro = resume.as_ref().map_or(0, |c| c.step) * (cfg.no_sync_steps + 1);
+    data.batch(first_micro, rank, &model)
+        .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
+    let setup = RankSetup {
         cfg: &cfg,
         rank,
-        world: env.world_size,
-        backend: &backend,
         model: &model,
         plans: &plans,
-        init,
-        resume,
-        data,
+        data: &data,
+        init: &init,
+        resume: resume.as_ref(),
+        clock: Clock::new(cfg.timeline),
+        backend: &backend,
+        // CUDA tensors have no f64
+        loss_dtype: DType::F32,
+        keep: true,
+    };
+    let start = Instant::now();
+    let report = |out: RankOut| TrainReport {
+        losses: out.losses,
+        metrics: vec![out.metrics],
+        param_names: model.param_names(),
+        grads_step0: vec![out.grads0],
+        params: vec![out.params],
+        events: vec![(rank, out.events)],
+        backward: plans.backward.clone(),
+        pipeline: plans.pipeline.clone(),
+        wall: start.elapsed(),
+        first_step: resume.as_ref().map_or(0, |c| c.step),
     };
     if env.world_size == 1 {
         // one GPU: no NCCL (it need not be installed), nothing to communicate
-        return run(setup, &mut SoloComm::default(), on_step);
+        return run_rank(setup, &mut SoloComm::default(), on_step).map(report);
     }
     // NCCL group: rank 0's id through the TCP rendezvous
     let id = if rank == 0 {
@@ -137,177 +149,22 @@ pub fn train(
         exchange(env, id.as_deref(), cfg.collective_timeout).map_err(|e| fail(e.to_string()))?;
     let mut comm = NcclComm::new(&backend, rank, env.world_size, &id, cfg.collective_timeout)
         .map_err(|e| fail(e.to_string()))?;
-    let r = run(setup, &mut comm, on_step);
+    // an injected panic must still abort the communicator, so the peers stop too
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_rank(setup, &mut comm, on_step)
+    }))
+    .unwrap_or_else(|p| {
+        Err(fail(format!(
+            "panicked: {}",
+            crate::trainer::panic_message(p)
+        )))
+    });
     if let Err(e) = &r {
         // the peers stop at their next collective (or their watchdog's timeout) instead of
         // waiting for this rank; the aborted communicator is not destroyed again on drop
         comm.abort(&e.to_string());
     }
-    r
-}
-
-/// What `run` needs from the setup.
-struct Setup<'a> {
-    cfg: &'a TrainConfig,
-    rank: usize,
-    world: usize,
-    backend: &'a CudaBackend,
-    model: &'a Model,
-    plans: &'a Plans,
-    init: Vec<Tensor>,
-    resume: Option<crate::checkpoint::Checkpoint>,
-    data: DataSource,
-}
-
-fn run<C: DeviceComm>(
-    s: Setup<'_>,
-    comm: &mut C,
-    on_step: &dyn Fn(usize, f64),
-) -> Result<TrainReport, TrainError> {
-    let Setup {
-        cfg,
-        rank,
-        world,
-        backend,
-        model,
-        plans,
-        init,
-        resume,
-        data,
-    } = s;
-    let fail = rank_err(rank);
-    crate::fingerprint::check(comm, backend, &collective_lines(plans, 0, DType::F32))
-        .map_err(|e| fail(e.to_string()))?;
-    let up = |t: &Tensor| backend.upload(t).map_err(|e| fail(format!("upload: {e}")));
-    let down = |t: &CudaTensor| {
-        backend
-            .download(t)
-            .map_err(|e| fail(format!("download: {e}")))
-    };
-    let mut params = init;
-    let mut dev_params: Vec<CudaTensor> = params.iter().map(&up).collect::<Result<_, _>>()?;
-    if let Some(root) = cfg.broadcast_from {
-        for p in dev_params.iter_mut() {
-            *p = comm
-                .broadcast(p.clone(), root)
-                .map_err(|e| fail(e.to_string()))?;
-        }
-        params = dev_params.iter().map(&down).collect::<Result<_, _>>()?;
-    }
-    let mut opt = Optimizer::new(cfg.optimizer, &params);
-    let first_step = resume.as_ref().map_or(0, |c| c.step);
-    if let Some(ck) = &resume {
-        opt.restore(ck.optimizer_step, ck.exp_avg.clone(), ck.exp_avg_sq.clone())
-            .map_err(|m| TrainError::Input(format!("resuming: {m}")))?;
-    }
-    let clock = Clock::new(cfg.timeline);
-    let mut exec: Executor<CudaBackend, C> = Executor::new();
-    let mut report = TrainReport {
-        losses: Vec::new(),
-        metrics: vec![Vec::new()],
-        param_names: model.param_names(),
-        grads_step0: Vec::new(),
-        params: Vec::new(),
-        events: Vec::new(),
-        backward: plans.backward.clone(),
-        pipeline: plans.pipeline.clone(),
-        wall: std::time::Duration::ZERO,
-        first_step,
-    };
-    let start = Instant::now();
-    for step in first_step..cfg.steps {
-        let t0 = Instant::now();
-        let batch = data
-            .batch(step, rank, model)
-            .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
-        let dev_data: Vec<CudaTensor> = batch.data.iter().map(&up).collect::<Result<_, _>>()?;
-        let inputs = model.forward_inputs(dev_data, &dev_params);
-        let mut rec_f = Recording::default();
-        exec.set_rng(cfg.seed, rank, step);
-        let fwd = plans
-            .run_forward(&mut exec, backend, comm, inputs, &clock, &mut rec_f)
-            .map_err(|e| fail(e.to_string()))?
-            .ok_or_else(|| fail("the forward produced no output".into()))?;
-        for (u, b) in model.buffer_updates.iter().zip(&fwd.buffers) {
-            params[u.param] = down(b)?;
-        }
-        let saved = fwd.saved;
-        let (loss, cot) = loss_and_grad(model.loss, &down(&fwd.output)?, batch.targets.as_ref())
-            .map_err(|e| fail(format!("loss: {e}")))?;
-        let loss_h = comm
-            .all_reduce_async(
-                up(&Tensor::from_f32(vec![1], vec![loss as f32]))?,
-                ReduceOp::Sum,
-                "loss",
-            )
-            .map_err(|e| fail(e.to_string()))?;
-        let mut rec_b = Recording::default();
-        let grads = exec
-            .run(
-                &plans.sync,
-                backend,
-                comm,
-                vec![saved, RValue::Seq(vec![RValue::Tensor(up(&cot)?)])],
-                &clock,
-                &mut rec_b,
-            )
-            .map_err(|e| fail(e.to_string()))?;
-        let (loss_sum, _) = comm.wait(loss_h).map_err(|e| fail(e.to_string()))?;
-        let loss_avg = f64::from(
-            down(&loss_sum)?
-                .to_f32_vec()
-                .first()
-                .copied()
-                .unwrap_or(f32::NAN),
-        ) / world as f64;
-        let host_grads: Vec<Option<Tensor>> = model
-            .raw_param_grads(&grads)
-            .iter()
-            .map(|g| g.as_ref().map(&down).transpose())
-            .collect::<Result<_, _>>()?;
-        let host_grads = model
-            .sum_ties(host_grads, crate::trainer::add)
-            .map_err(&fail)?;
-        if step == first_step {
-            report.grads_step0.push(host_grads.clone());
-        }
-        opt.step(&mut params, &host_grads).map_err(&fail)?;
-        model.share_ties(&mut params);
-        dev_params = params.iter().map(&up).collect::<Result<_, _>>()?;
-        backend.synchronize().map_err(|e| fail(e.0))?;
-        if let Some((r, m)) = comm.failure() {
-            return Err(TrainError::Rank {
-                rank: r,
-                message: m,
-            });
-        }
-        let end = Instant::now();
-        let timings = comm.take_timings().map_err(|e| fail(e.to_string()))?;
-        apply_comm_timings(&mut [&mut rec_f, &mut rec_b], timings, &clock);
-        report.metrics[0].push(StepMetrics::from_recordings(
-            step,
-            rank,
-            Span {
-                start_us: clock.us(t0),
-                end_us: clock.us(end),
-            },
-            &[&rec_f, &rec_b],
-        ));
-        report.losses.push(loss_avg);
-        if let (Some(path), 0) = (&cfg.save, rank) {
-            let done = step + 1;
-            if cfg.checkpoint_due(done) {
-                crate::checkpoint::save(path, done, &report.param_names, &params, &opt)
-                    .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
-            }
-        }
-        if rank == 0 {
-            on_step(step, loss_avg);
-        }
-    }
-    report.wall = start.elapsed();
-    report.params.push(params);
-    Ok(report)
+    r.map(report)
 }
 
 #[cfg(test)]

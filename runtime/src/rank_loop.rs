@@ -1,0 +1,286 @@
+//! One rank's training loop, for any device and communicator: the CPU trainer runs it on a
+//! thread per rank, the CUDA trainer in a process per GPU. Micro-steps without
+//! synchronization (`--no-sync-steps`), buffers the forward updates, ties, checkpoints and the
+//! injected faults behave the same on both. Parameters and the optimizer live on the host;
+//! the traces run on the device.
+
+use crate::backend::{Backend, Input};
+use crate::checkpoint::Checkpoint;
+use crate::comm::{CommError, Communicator, ReduceOp};
+use crate::data::DataSource;
+use crate::executor::{ExecError, Executor, RValue};
+use crate::kernel::{BinaryOp, Kernel, Side};
+use crate::loss::loss_and_grad;
+use crate::metrics::{Clock, Event, Recording, Span, StepMetrics};
+use crate::model::Model;
+use crate::optim::Optimizer;
+use crate::tensor::Tensor;
+use crate::trainer::{add, collective_lines, Fault, Plans, TrainConfig, TrainError};
+use std::time::Instant;
+use tracepass_ir::DType;
+
+/// A communicator as a rank loop drives it: after each step it may replace the host-side
+/// times of the step's collectives by the device's and report a failure seen in the
+/// background (an asynchronous NCCL error).
+pub trait StepComm: Communicator {
+    /// Called once the step's work is done and the device synchronized.
+    fn end_step(&mut self, recs: &mut [Recording], clock: &Clock) -> Result<(), String> {
+        let _ = (recs, clock);
+        match self.failure() {
+            Some((rank, reason)) => Err(format!("rank {rank} failed: {reason}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What one rank trains with.
+pub(crate) struct RankSetup<'a, B: Backend> {
+    pub(crate) cfg: &'a TrainConfig,
+    pub(crate) rank: usize,
+    pub(crate) model: &'a Model,
+    pub(crate) plans: &'a Plans,
+    pub(crate) data: &'a DataSource,
+    pub(crate) init: &'a [Tensor],
+    pub(crate) resume: Option<&'a Checkpoint>,
+    pub(crate) clock: Clock,
+    pub(crate) backend: &'a B,
+    /// The dtype of the loss all-reduce (f64 where the device has it).
+    pub(crate) loss_dtype: DType,
+    /// Keep this rank's first-step gradients and final parameters in its output.
+    pub(crate) keep: bool,
+}
+
+/// What one rank gives back.
+pub(crate) struct RankOut {
+    pub(crate) losses: Vec<f64>,
+    pub(crate) metrics: Vec<StepMetrics>,
+    pub(crate) grads0: Vec<Option<Tensor>>,
+    pub(crate) params: Vec<Tensor>,
+    pub(crate) events: Vec<Event>,
+}
+
+/// `a + b` on the device.
+fn device_add<B: Backend>(backend: &B, a: &B::Tensor, b: &B::Tensor) -> Result<B::Tensor, String> {
+    backend
+        .run(
+            &Kernel::Binary {
+                op: BinaryOp::Add,
+                a: Side::Input(0),
+                b: Side::Input(1),
+                alpha: 1.0,
+            },
+            &[Input::Tensor(a), Input::Tensor(b)],
+        )
+        .map_err(|e| e.0)
+}
+
+/// Trains `s.cfg.steps` steps (from the checkpoint's, when resuming) as rank `s.rank`;
+/// `on_step(step, loss)` is called by rank 0 as each step ends.
+pub(crate) fn run_rank<B, C>(
+    s: RankSetup<'_, B>,
+    comm: &mut C,
+    on_step: &dyn Fn(usize, f64),
+) -> Result<RankOut, TrainError>
+where
+    B: Backend,
+    C: StepComm<Tensor = B::Tensor>,
+{
+    let RankSetup {
+        cfg,
+        rank,
+        model,
+        plans,
+        data,
+        init,
+        resume,
+        clock,
+        backend,
+        loss_dtype,
+        keep,
+    } = s;
+    let fail = |message: String| TrainError::Rank { rank, message };
+    let exec_err = |e: ExecError| fail(e.to_string());
+    let comm_err = |e: CommError| fail(e.to_string());
+    let up = |t: &Tensor| backend.upload(t).map_err(|e| fail(format!("upload: {e}")));
+    let down = |t: &B::Tensor| {
+        backend
+            .download(t)
+            .map_err(|e| fail(format!("download: {e}")))
+    };
+    let mut exec: Executor<B, C> = Executor::new();
+    // every rank must be about to issue the same collectives as rank 0
+    crate::fingerprint::check(
+        comm,
+        backend,
+        &collective_lines(plans, cfg.no_sync_steps, loss_dtype),
+    )
+    .map_err(comm_err)?;
+    let mut params: Vec<Tensor> = init.to_vec();
+    let mut dev_params: Vec<B::Tensor> = params.iter().map(&up).collect::<Result<_, _>>()?;
+    if let Some(root) = cfg.broadcast_from {
+        for p in dev_params.iter_mut() {
+            *p = comm.broadcast(p.clone(), root).map_err(comm_err)?;
+        }
+        params = dev_params.iter().map(&down).collect::<Result<_, _>>()?;
+    }
+    let mut opt = Optimizer::new(cfg.optimizer, &params);
+    let first_step = resume.map_or(0, |c| c.step);
+    if let Some(ck) = resume {
+        opt.restore(ck.optimizer_step, ck.exp_avg.clone(), ck.exp_avg_sq.clone())
+            .map_err(|m| TrainError::Input(format!("resuming: {m}")))?;
+    }
+    let n_grads = model.program.gradient_values().len();
+    let mut out = RankOut {
+        losses: Vec::with_capacity(cfg.steps),
+        metrics: Vec::with_capacity(cfg.steps),
+        grads0: Vec::new(),
+        params: Vec::new(),
+        events: Vec::new(),
+    };
+    let micro_per_step = cfg.no_sync_steps + 1;
+    for step in first_step..cfg.steps {
+        let step_start = Instant::now();
+        let mut recs: Vec<Recording> = Vec::new();
+        let mut acc: Vec<Option<B::Tensor>> = vec![None; n_grads];
+        let mut loss_handles = Vec::new();
+        let mut synced: Vec<RValue<B::Tensor>> = Vec::new();
+        let (mut forward_s, mut backward_s, mut backward_compute_s) = (0.0, 0.0, 0.0);
+        for micro in 0..micro_per_step {
+            let m = step * micro_per_step + micro;
+            if let Some(Fault::Vanish { rank: r, step: s }) = cfg.fault {
+                if r == rank && s == step {
+                    return Err(fail(format!("injected fault: left before step {step}")));
+                }
+            }
+            let batch = data
+                .batch(m, rank, model)
+                .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
+            let dev_data: Vec<B::Tensor> = batch.data.iter().map(&up).collect::<Result<_, _>>()?;
+            // forward
+            let inputs = model.forward_inputs(dev_data, &dev_params);
+            let mut rec = Recording::default();
+            let t_fwd = Instant::now();
+            exec.set_rng(cfg.seed, rank, m);
+            let forward = plans
+                .run_forward(&mut exec, backend, comm, inputs, &clock, &mut rec)
+                .map_err(exec_err)?
+                .ok_or_else(|| fail("the forward produced no output tensor".into()))?;
+            forward_s += t_fwd.elapsed().as_secs_f64();
+            recs.push(std::mem::take(&mut rec));
+            // buffers the forward updated (running statistics) hold their new values next time
+            for (u, b) in model.buffer_updates.iter().zip(forward.buffers) {
+                params[u.param] = down(&b)?;
+                dev_params[u.param] = b;
+            }
+            let (loss, cot) =
+                loss_and_grad(model.loss, &down(&forward.output)?, batch.targets.as_ref())
+                    .map_err(|e| fail(format!("loss: {e}")))?;
+            if let Some(Fault::Panic { rank: r, step: s }) = cfg.fault {
+                if r == rank && s == step {
+                    panic!("injected fault: rank {rank} panics in step {step}");
+                }
+            }
+            // the loss average travels while the backward computes
+            let loss_t = Tensor::from_f64(vec![1], vec![loss])
+                .to_dtype(loss_dtype)
+                .ok_or_else(|| fail(format!("the loss cannot be held in {loss_dtype}")))?;
+            loss_handles.push(
+                comm.all_reduce_async(up(&loss_t)?, ReduceOp::Sum, "loss")
+                    .map_err(comm_err)?,
+            );
+            let mut binputs = vec![forward.saved, RValue::Seq(vec![RValue::Tensor(up(&cot)?)])];
+            let last = micro + 1 == micro_per_step;
+            let plan = if last {
+                for &pos in &plans.acc_targets {
+                    binputs.push(match &acc[pos] {
+                        Some(t) => RValue::Tensor(t.clone()),
+                        None => RValue::None,
+                    });
+                }
+                &plans.sync
+            } else {
+                plans.local.as_ref().unwrap_or(&plans.sync)
+            };
+            let t_bwd = Instant::now();
+            let grads = exec
+                .run(plan, backend, comm, binputs, &clock, &mut rec)
+                .map_err(exec_err)?;
+            backward_s += t_bwd.elapsed().as_secs_f64();
+            backward_compute_s += crate::metrics::busy(&rec.compute) * 1e-6;
+            recs.push(rec);
+            if last {
+                synced = grads;
+            } else {
+                for (a, g) in acc.iter_mut().zip(&grads) {
+                    if let RValue::Tensor(g) = g {
+                        *a = Some(match a.take() {
+                            None => g.clone(),
+                            Some(prev) => device_add(backend, &prev, g).map_err(&fail)?,
+                        });
+                    }
+                }
+            }
+        }
+        let mut loss_sum = 0.0;
+        for h in loss_handles {
+            let (t, _) = comm.wait(h).map_err(comm_err)?;
+            loss_sum += down(&t)?.to_f64_vec().first().copied().unwrap_or(f64::NAN);
+        }
+        let loss = loss_sum / (cfg.world_size * micro_per_step) as f64;
+        let host_grads: Vec<Option<Tensor>> = model
+            .raw_param_grads(&synced)
+            .iter()
+            .map(|g| g.as_ref().map(&down).transpose())
+            .collect::<Result<_, _>>()?;
+        let grads = model.sum_ties(host_grads, add).map_err(&fail)?;
+        if step == first_step && keep {
+            out.grads0 = grads.clone();
+        }
+        opt.step(&mut params, &grads).map_err(&fail)?;
+        // a tie is one tensor: every member takes the primary's new value
+        model.share_ties(&mut params);
+        dev_params = params.iter().map(&up).collect::<Result<_, _>>()?;
+        backend.synchronize().map_err(|e| fail(e.0))?;
+        comm.end_step(&mut recs, &clock).map_err(&fail)?;
+        let end = Instant::now();
+        let refs: Vec<&Recording> = recs.iter().collect();
+        let mut m = StepMetrics::from_recordings(
+            step,
+            rank,
+            Span {
+                start_us: clock.us(step_start),
+                end_us: clock.us(end),
+            },
+            &refs,
+        );
+        m.forward_s = forward_s;
+        m.backward_s = backward_s;
+        m.backward_compute_s = backward_compute_s;
+        out.metrics.push(m);
+        if clock.events {
+            out.events.extend(recs.into_iter().flat_map(|r| r.events));
+        }
+        out.losses.push(loss);
+        if rank == 0 {
+            if let Some(path) = &cfg.save {
+                let done = step + 1;
+                if cfg.checkpoint_due(done) {
+                    crate::checkpoint::save_for(
+                        path,
+                        done,
+                        &model.param_names(),
+                        &params,
+                        &opt,
+                        Some(cfg.world_size),
+                    )
+                    .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
+                }
+            }
+            on_step(step, loss);
+        }
+    }
+    if keep {
+        out.params = params;
+    }
+    Ok(out)
+}
