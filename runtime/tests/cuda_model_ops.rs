@@ -9,7 +9,7 @@ use tracepass_runtime::backend::{Backend, Input};
 use tracepass_runtime::cpu::random::{uniform, RngKey};
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::cuda::CudaBackend;
-use tracepass_runtime::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side};
+use tracepass_runtime::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
 use tracepass_runtime::tensor::Tensor;
 
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -360,5 +360,172 @@ fn uniform_on_the_gpu_is_the_cpus_stream() {
             .download(&g.uniform(&[7, 301], -1.0, 3.0, d, key).unwrap())
             .unwrap();
         assert!(got.bitwise_eq(&want), "uniform in {d}");
+    }
+}
+
+#[test]
+fn cross_entropy_backward_ops_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        // take_along_dim: along a dim with broadcasting both ways and negative indices, and
+        // over the flattened input
+        let a = random(&[3, 1, 50], 20, d);
+        let idx = Tensor::from_i64(
+            vec![3, 4, 2],
+            vec![
+                0, 49, -1, -50, 7, 3, 12, 48, 0, 1, 2, 3, 4, 5, 6, 7, -8, -9, 10, 11, 12, 13, 14,
+                15,
+            ],
+        );
+        check(
+            &g,
+            &Kernel::TakeAlongDim { dim: Some(2) },
+            &[a.clone(), idx],
+            &format!("take_along_dim {d}"),
+        );
+        let flat = Tensor::from_i64(vec![2, 2], vec![149, 0, -150, 77]);
+        check(
+            &g,
+            &Kernel::TakeAlongDim { dim: None },
+            &[a.clone(), flat],
+            &format!("take_along_dim flat {d}"),
+        );
+        // an index out of range is an error, as on the CPU
+        let bad = g
+            .upload(&Tensor::from_i64(vec![3, 1, 1], vec![0, 50, 0]))
+            .unwrap();
+        let da = g.upload(&a).unwrap();
+        assert!(g
+            .run(
+                &Kernel::TakeAlongDim { dim: Some(2) },
+                &[Input::Tensor(&da), Input::Tensor(&bad)]
+            )
+            .is_err());
+
+        // nll_loss_backward over [N, C] and [N, C, d], every reduction, with and without
+        // class weights, with ignored targets
+        for (ish, tsh, tv) in [
+            (vec![6, 37], vec![6], vec![3, -100, 36, 0, 17, 3]),
+            (vec![2, 5, 3], vec![2, 3], vec![4, 0, -100, 2, 2, 1]),
+        ] {
+            let input = random(&ish, 21, d);
+            let target = Tensor::from_i64(tsh.clone(), tv);
+            let weight = random(&[ish[1]], 22, d);
+            let tw = Tensor::from_f32(vec![], vec![4.0]).to_dtype(d).unwrap();
+            for reduction in [LossReduction::Mean, LossReduction::Sum, LossReduction::None] {
+                let grad = if reduction == LossReduction::None {
+                    random(&tsh, 23, d)
+                } else {
+                    random(&[], 24, d)
+                };
+                for weighted in [false, true] {
+                    let k = Kernel::NllLossBackward {
+                        reduction,
+                        ignore_index: -100,
+                        weighted,
+                    };
+                    let mut ins = vec![grad.clone(), input.clone(), target.clone(), tw.clone()];
+                    if weighted {
+                        ins.push(weight.clone());
+                    }
+                    check(&g, &k, &ins, &format!("{k:?} {ish:?} {d}"));
+                }
+            }
+        }
+        // a total_weight given as an i64 count, as the CPU test gives it
+        let k = Kernel::NllLossBackward {
+            reduction: LossReduction::Mean,
+            ignore_index: -100,
+            weighted: false,
+        };
+        check(
+            &g,
+            &k,
+            &[
+                random(&[], 25, d),
+                random(&[3, 4], 26, d),
+                Tensor::from_i64(vec![3], vec![1, -100, 3]),
+                Tensor::from_i64(vec![], vec![2]),
+            ],
+            &format!("nll_loss_backward i64 total_weight {d}"),
+        );
+        let bad_t = [
+            g.upload(&random(&[], 25, d)).unwrap(),
+            g.upload(&random(&[3, 4], 26, d)).unwrap(),
+            g.upload(&Tensor::from_i64(vec![3], vec![1, 4, 3])).unwrap(),
+            g.upload(&Tensor::from_i64(vec![], vec![2])).unwrap(),
+        ];
+        let ins: Vec<Input<'_, _>> = bad_t.iter().map(Input::Tensor).collect();
+        assert!(
+            g.run(&k, &ins).is_err(),
+            "a target out of range is an error"
+        );
+
+        // softmax backward: rows along the last, a middle and the first dim; a row far longer
+        // than a block; the result in another dtype
+        for log in [false, true] {
+            for (shape, dim) in [
+                (vec![4, 300], 1),
+                (vec![3, 7, 5], 1),
+                (vec![9, 6], 0),
+                (vec![2, 20_000], 1),
+            ] {
+                let x = random(&shape, 27, DType::F32);
+                let sm = Kernel::Softmax { dim, log };
+                let y = CpuBackend
+                    .run(&sm, &[Input::Tensor(&x)])
+                    .unwrap()
+                    .to_dtype(d)
+                    .unwrap();
+                let grad = random(&shape, 28, d);
+                for dtype in [d, DType::F32] {
+                    let k = Kernel::SoftmaxBackward { dim, log, dtype };
+                    check(
+                        &g,
+                        &k,
+                        &[grad.clone(), y.clone()],
+                        &format!("{k:?} {shape:?} from {d}"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_and_bool_sums_and_maxima_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let mask = Tensor::from_bool(vec![3, 700], (0..2100).map(|i| (i * 7) % 3 == 0).collect());
+    let ints = Tensor::from_i64(
+        vec![3, 700],
+        (0..2100i64).map(|i| (i * 7919) % 1001 - 500).collect(),
+    );
+    let floats = random(&[3, 700], 29, DType::F32);
+    for (x, what) in [(mask, "bool"), (ints, "i64"), (floats, "f32")] {
+        for op in [ReduceOp::Sum, ReduceOp::Amax] {
+            for (dims, keepdim) in [(vec![1], false), (vec![0, 1], false), (vec![0], true)] {
+                let k = Kernel::Reduce {
+                    op,
+                    dims,
+                    keepdim,
+                    dtype: DType::I64,
+                };
+                check(
+                    &g,
+                    &k,
+                    std::slice::from_ref(&x),
+                    &format!("{k:?} of {what}"),
+                );
+            }
+        }
+        // a mean into i64 is refused, as on the CPU
+        let k = Kernel::Reduce {
+            op: ReduceOp::Mean,
+            dims: vec![1],
+            keepdim: false,
+            dtype: DType::I64,
+        };
+        let dx = g.upload(&x).unwrap();
+        assert!(g.run(&k, &[Input::Tensor(&dx)]).is_err());
     }
 }

@@ -8,7 +8,7 @@ use super::model_kernels;
 use super::CudaError;
 use crate::backend::{Backend, Input, KernelError};
 use crate::cpu::promote::{promote_types, promote_with_scalar};
-use crate::kernel::{BinaryOp, CompareOp, Kernel, Side};
+use crate::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
 use crate::tensor::{is_float, Storage, Tensor};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
@@ -824,16 +824,28 @@ impl CudaBackend {
     fn reduce(
         &self,
         x: &CudaTensor,
-        op: crate::kernel::ReduceOp,
+        op: ReduceOp,
         dims: &[usize],
         keepdim: bool,
         dtype: DType,
     ) -> Result<CudaTensor, KernelError> {
-        if dtype != x.dtype {
+        if dtype == DType::I64 {
+            // as the CPU: sums and maxima into i64 are exact (wrapping) over the input's
+            // values as i64 (bools 0 or 1, floats truncated); a mean of integers is refused
+            if op == ReduceOp::Mean {
+                return Err(KernelError(format!(
+                    "{op:?} into {dtype} is not supported (a mean is a float)"
+                )));
+            }
+            if x.dtype != DType::I64 {
+                return self.reduce(&self.convert_to(x, DType::I64)?, op, dims, keepdim, dtype);
+            }
+        } else if dtype != x.dtype {
             // as the CPU: accumulate in f32 from the input's values, round once to `dtype`
             if !is_float(dtype) {
                 return Err(KernelError(format!(
-                    "reduction to {dtype} is not supported (f32, bf16, f16)"
+                    "reduction to {dtype} is not supported (f32, bf16, f16, and i64 for sums \
+                     and maxima)"
                 )));
             }
             let r = self.reduce(
@@ -876,7 +888,12 @@ impl CudaBackend {
                 .collect()
         };
         let out = self.empty(shape, x.dtype)?;
-        let f = self.function(kernels::reduce(op, x.dtype), "reduction")?;
+        let src_code = if x.dtype == DType::I64 {
+            model_kernels::reduce_int(op)
+        } else {
+            kernels::reduce(op, x.dtype)
+        };
+        let f = self.function(src_code, "reduction")?;
         let (pi, po, o, c) = (
             src.ptr(&self.stream),
             out.ptr(&self.stream),
@@ -1504,6 +1521,187 @@ impl CudaBackend {
         Ok(vec![var, mean])
     }
 
+    /// `take_along_dim`: `a` gathered by i64 indices (see [`layouts::take_along_dim`]); an
+    /// index out of range is an error, as on the CPU. Every dtype of `a`.
+    fn take_along_dim(
+        &self,
+        a: &CudaTensor,
+        idx: &CudaTensor,
+        dim: Option<usize>,
+    ) -> Result<CudaTensor, KernelError> {
+        if idx.dtype != DType::I64 {
+            return Err(KernelError(format!(
+                "take_along_dim: indices must be i64 on cuda, got {}",
+                idx.dtype
+            )));
+        }
+        let p = layouts::take_along_dim(&a.shape, &idx.shape, dim)?;
+        let out = self.empty(p.shape.clone(), a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::take_along_dim(a.dtype), "take_along_dim")?;
+        let bad = self.zeros::<i32>(1)?;
+        let (pa, pi, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let pbad = bad.device_ptr(&self.stream).0;
+        let nn = count(n, "take_along_dim")?;
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pa,
+            &pi,
+            &p.layout,
+            &p.dim_stride,
+            &p.dim_size,
+            &po,
+            &nn,
+            &pbad
+        )?;
+        self.check_flag(
+            &bad,
+            &format!(
+                "take_along_dim: an index is out of range for size {}",
+                p.dim_size
+            ),
+        )?;
+        Ok(out)
+    }
+
+    /// `nll_loss_backward` (see [`model_kernels::nll_loss_backward`]): the gradient,
+    /// `total_weight` and the class weights are read as f32 copies (exact for the float
+    /// dtypes), the result has the input's dtype; a target that is not a class and not
+    /// ignored is an error, as on the CPU.
+    #[allow(clippy::too_many_arguments)]
+    fn nll_loss_backward(
+        &self,
+        grad: &CudaTensor,
+        input: &CudaTensor,
+        target: &CudaTensor,
+        total_weight: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        reduction: LossReduction,
+        ignore_index: i64,
+    ) -> Result<CudaTensor, KernelError> {
+        if target.dtype != DType::I64 {
+            return Err(KernelError(format!(
+                "nll_loss_backward: targets must be i64 on cuda, got {}",
+                target.dtype
+            )));
+        }
+        let p = layouts::nll_loss_backward(
+            &grad.shape,
+            &input.shape,
+            &target.shape,
+            weight.map(|w| w.shape.as_slice()),
+            reduction,
+        )?;
+        let f = self.function(
+            model_kernels::nll_loss_backward(input.dtype),
+            "nll_loss_backward",
+        )?;
+        let out = self.empty(input.shape.clone(), input.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let g = self.convert_to(grad, DType::F32)?;
+        let tw = self.convert_to(total_weight, DType::F32)?;
+        let w = weight.map(|w| self.convert_to(w, DType::F32)).transpose()?;
+        let bad = self.zeros::<i32>(1)?;
+        let (pg, pt, ptw, po) = (
+            g.ptr(&self.stream),
+            target.ptr(&self.stream),
+            tw.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let pw = w.as_ref().map_or(0u64, |w| w.ptr(&self.stream));
+        let pbad = bad.device_ptr(&self.stream).0;
+        let what = "nll_loss_backward";
+        let (tw_n, classes, inner, nn) = (
+            count(tw.numel(), what)?,
+            count(p.classes, what)?,
+            count(p.inner, what)?,
+            count(n, what)?,
+        );
+        let (mean, per_element) = (
+            i32::from(reduction == LossReduction::Mean),
+            i32::from(p.per_element),
+        );
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pg,
+            &pt,
+            &pw,
+            &ptw,
+            &tw_n,
+            &mean,
+            &per_element,
+            &classes,
+            &inner,
+            &ignore_index,
+            &po,
+            &nn,
+            &pbad
+        )?;
+        self.check_flag(
+            &bad,
+            &format!(
+                "nll_loss_backward: a target is not a class of 0..{}",
+                p.classes
+            ),
+        )?;
+        Ok(out)
+    }
+
+    /// `_log_softmax_backward_data` / `_softmax_backward_data` (see
+    /// [`model_kernels::softmax_backward`]), one block per row. When the result's dtype is not
+    /// the inputs' (or the two inputs differ), the kernel runs on f32 copies and the result
+    /// is rounded once to `dtype`.
+    fn softmax_backward(
+        &self,
+        grad: &CudaTensor,
+        output: &CudaTensor,
+        dim: usize,
+        log: bool,
+        dtype: DType,
+    ) -> Result<CudaTensor, KernelError> {
+        let (outer, len, inner) = layouts::softmax_backward(&grad.shape, &output.shape, dim)?;
+        if grad.dtype != dtype || output.dtype != dtype {
+            let r = self.softmax_backward(
+                &self.convert_to(grad, DType::F32)?,
+                &self.convert_to(output, DType::F32)?,
+                dim,
+                log,
+                DType::F32,
+            )?;
+            return self.convert_to(&r, dtype);
+        }
+        let f = self.function(
+            model_kernels::softmax_backward(log, dtype),
+            "softmax backward",
+        )?;
+        let out = self.empty(output.shape.clone(), dtype)?;
+        if out.numel() > 0 {
+            let (pg, py, po) = (
+                grad.ptr(&self.stream),
+                output.ptr(&self.stream),
+                out.ptr(&self.stream),
+            );
+            let what = "softmax backward";
+            let (o, l, i) = (count(outer, what)?, count(len, what)?, count(inner, what)?);
+            launch!(self, f, rows(outer * inner, len), &pg, &py, &po, &o, &l, &i)?;
+        }
+        Ok(out)
+    }
+
     /// Thunder's `uniform` drawn from the random stream of `key`: element for element the
     /// values `cpu::random::uniform` gives for the same key (ChaCha8, word `i` for element
     /// `i`, mapped in f32 as on the CPU). f64 is not a cuda dtype.
@@ -1656,6 +1854,23 @@ impl CudaBackend {
                 let v = layouts::expand(&src.shape, &target).map_err(|e| format!("copy_: {e}"))?;
                 let e = self.gather(src, &v)?;
                 self.convert_to(&e, dst.dtype)
+            }
+            Kernel::TakeAlongDim { dim } => self.take_along_dim(t(0)?, t(1)?, *dim),
+            Kernel::NllLossBackward {
+                reduction,
+                ignore_index,
+                weighted,
+            } => self.nll_loss_backward(
+                t(0)?,
+                t(1)?,
+                t(2)?,
+                t(3)?,
+                if *weighted { Some(t(4)?) } else { None },
+                *reduction,
+                *ignore_index,
+            ),
+            Kernel::SoftmaxBackward { dim, log, dtype } => {
+                self.softmax_backward(t(0)?, t(1)?, *dim, *log, *dtype)
             }
             Kernel::Uniform { .. } => Err(KernelError(
                 "uniform draws from a keyed random stream: the executor runs it through \

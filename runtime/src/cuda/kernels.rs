@@ -12,10 +12,11 @@
 //! compiles, and the op lists it is built from are checked against the op enums at compile
 //! time (a new op or `Kernel` variant that is not listed does not build). The real models'
 //! kernels (convolution, pooling, embedding, var_mean, layout, comparisons, fills, random
-//! numbers, integer ops) are generated in [`super::model_kernels`].
+//! numbers, integer ops, take_along_dim, nll_loss and softmax backward) are generated in
+//! [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
-use crate::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, UnaryOp};
+use crate::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp};
 use tracepass_ir::DType;
 
 /// Largest rank the shape-carrying kernels handle.
@@ -310,8 +311,19 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
                 vec![]
             }
         }
-        // the reduced dimensions are permuted last first
-        Kernel::Reduce { op, .. } => vec![permute(d), reduce(*op, d)],
+        // the reduced dimensions are permuted last first; bools and integers sum and max in
+        // i64 (bools converted first)
+        Kernel::Reduce { op, .. } => {
+            if matches!(d, DType::I64 | DType::Bool) {
+                vec![
+                    convert(d, DType::I64),
+                    permute(DType::I64),
+                    m::reduce_int(*op),
+                ]
+            } else {
+                vec![permute(d), reduce(*op, d)]
+            }
+        }
         Kernel::Softmax { log, .. } => vec![softmax(*log, d)],
         Kernel::Convolution { .. } => vec![m::convolution(d)],
         Kernel::MaxPool2d { .. } => vec![m::max_pool2d(d)],
@@ -334,10 +346,21 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         // expanded to the destination's shape, converted to its dtype
         Kernel::Copy => vec![permute(d)],
         Kernel::Uniform { .. } => vec![m::uniform(d)],
-        // the ops of a model's own cross-entropy: CUDA kernels not written yet
-        Kernel::TakeAlongDim { .. }
-        | Kernel::NllLossBackward { .. }
-        | Kernel::SoftmaxBackward { .. } => vec![],
+        // the ops of a model's own cross-entropy
+        Kernel::TakeAlongDim { .. } => vec![m::take_along_dim(d)],
+        // grad, weight and total_weight are read as f32
+        Kernel::NllLossBackward { .. } if ctype(d).is_some() => {
+            vec![m::nll_loss_backward(d), convert(d, DType::F32)]
+        }
+        Kernel::NllLossBackward { .. } => vec![],
+        // another result dtype: computed from f32 copies, then rounded to it
+        Kernel::SoftmaxBackward { log, dtype, .. } if ctype(d).is_some() => vec![
+            m::softmax_backward(*log, d),
+            m::softmax_backward(*log, DType::F32),
+            convert(d, DType::F32),
+            convert(DType::F32, *dtype),
+        ],
+        Kernel::SoftmaxBackward { .. } => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -476,7 +499,26 @@ pub fn every_kernel() -> Vec<Kernel> {
             maxval: 1.0,
             dtype: DType::F32,
         },
+        Kernel::TakeAlongDim { dim: Some(0) },
+        Kernel::TakeAlongDim { dim: None },
     ]);
+    ks.extend(
+        [
+            (LossReduction::Mean, true),
+            (LossReduction::Sum, false),
+            (LossReduction::None, false),
+        ]
+        .map(|(reduction, weighted)| Kernel::NllLossBackward {
+            reduction,
+            ignore_index: -100,
+            weighted,
+        }),
+    );
+    ks.extend([false, true].map(|log| Kernel::SoftmaxBackward {
+        dim: 0,
+        log,
+        dtype: DType::F32,
+    }));
     ks.extend(COMPARE_OPS.iter().map(|&op| Kernel::Compare {
         op,
         a: Side::Input(0),
@@ -511,15 +553,18 @@ mod tests {
     fn the_catalog_has_every_op_for_every_dtype_once() {
         let c = catalog();
         let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
-        // conv, pool, pool backward, embedding backward, var_mean, silu, uniform
-        let float_models = 7;
-        // permute, pad, cat, fill, arange, embedding, where, and the comparisons
-        let every = 7 + COMPARE_OPS.len();
+        // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
+        // nll_loss_backward, softmax and log_softmax backward
+        let float_models = 10;
+        // permute, pad, cat, fill, arange, embedding, where, take_along_dim, and the
+        // comparisons
+        let every = 8 + COMPARE_OPS.len();
         let converts = ALL_DTYPES.len() * (ALL_DTYPES.len() - 1);
         let want = DTYPES.len() * (float + float_models)
             + ALL_DTYPES.len() * every
             + converts
             + INT_OPS.len()
+            + 2 // integer sum and amax
             + 1; // embedding_count
         assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
@@ -543,6 +588,9 @@ mod tests {
                 "var_mean",
                 "silu",
                 "uniform",
+                "nll_loss_backward",
+                "softmax_backward",
+                "log_softmax_backward",
             ] {
                 has(format!("{name}_{d}"));
             }
@@ -556,6 +604,7 @@ mod tests {
                 "arange",
                 "embedding",
                 "where",
+                "take_along_dim",
             ] {
                 has(format!("{name}_{d}"));
             }
@@ -569,6 +618,8 @@ mod tests {
         for op in INT_OPS {
             has(format!("binary_int_{op:?}").to_lowercase());
         }
+        has("reduce_int_sum".into());
+        has("reduce_int_amax".into());
         // each source defines the entry point it is named by
         for s in &c {
             assert!(

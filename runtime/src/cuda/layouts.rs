@@ -4,6 +4,7 @@
 
 use super::kernels::{Layout, MAX_RANK};
 use super::model_kernels::{ConvLayout, PadLayout, PoolLayout, MAX_SPATIAL};
+use crate::kernel::LossReduction;
 use crate::tensor::contiguous_strides;
 
 /// A strided view of a contiguous tensor: the element it starts at, its shape and strides
@@ -563,11 +564,161 @@ pub fn arange_len(start: f64, end: f64, step: f64) -> Result<usize, String> {
     Ok(((end - start) / step).ceil().max(0.0) as usize)
 }
 
+/// The geometry of a `take_along_dim` launch: the output shape, the layout (`sa`: `a`'s
+/// strides, 0 along `dim` and where `a` broadcasts; `sb`: the indices' strides, 0 where they
+/// broadcast) and `a`'s stride and size along `dim`. The checks and messages of
+/// `cpu::loss_grad::take_along_dim`; without a dim, the flattened `a` (rank 1).
+#[derive(Clone, Debug)]
+pub struct TakePlan {
+    pub shape: Vec<usize>,
+    pub layout: Layout,
+    pub dim_stride: i64,
+    pub dim_size: i64,
+}
+
+pub fn take_along_dim(a: &[usize], idx: &[usize], dim: Option<usize>) -> Result<TakePlan, String> {
+    let Some(dim) = dim else {
+        let n: usize = idx.iter().product();
+        let mut layout = Layout {
+            rank: 1,
+            ..Layout::default()
+        };
+        layout.shape[0] = n as i64;
+        layout.stride_b[0] = 1;
+        return Ok(TakePlan {
+            shape: vec![n],
+            layout,
+            dim_stride: 1,
+            dim_size: a.iter().product::<usize>() as i64,
+        });
+    };
+    if a.len() != idx.len() || dim >= a.len() {
+        return Err(format!(
+            "take_along_dim: a {a:?} and indices {idx:?} along dim {dim} do not match"
+        ));
+    }
+    let mut shape = Vec::with_capacity(a.len());
+    for d in 0..a.len() {
+        shape.push(if d == dim {
+            idx[d]
+        } else if a[d] == idx[d] || idx[d] == 1 {
+            a[d]
+        } else if a[d] == 1 {
+            idx[d]
+        } else {
+            return Err(format!(
+                "take_along_dim: a {a:?} and indices {idx:?} do not broadcast outside dim {dim}"
+            ));
+        });
+    }
+    if shape.len() > MAX_RANK {
+        return Err(format!(
+            "take_along_dim: rank {} is above the cuda limit {MAX_RANK}",
+            shape.len()
+        ));
+    }
+    let (sa, si) = (contiguous_strides(a), contiguous_strides(idx));
+    let mut layout = Layout {
+        rank: shape.len() as i32,
+        ..Layout::default()
+    };
+    for d in 0..shape.len() {
+        layout.shape[d] = shape[d] as i64;
+        layout.stride_a[d] = if d == dim || a[d] == 1 {
+            0
+        } else {
+            sa[d] as i64
+        };
+        layout.stride_b[d] = if idx[d] == 1 { 0 } else { si[d] as i64 };
+    }
+    Ok(TakePlan {
+        shape,
+        layout,
+        dim_stride: sa[dim] as i64,
+        dim_size: a[dim] as i64,
+    })
+}
+
+/// `nll_loss_backward`'s input as `[n, classes, inner]` and whether the gradient is read per
+/// element (reduction `none`) or is one number; the checks of
+/// `cpu::loss_grad::nll_loss_backward`, and for `none` a gradient of one element per target
+/// (the CPU indexes it so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NllPlan {
+    pub n: usize,
+    pub classes: usize,
+    pub inner: usize,
+    pub per_element: bool,
+}
+
+pub fn nll_loss_backward(
+    grad: &[usize],
+    input: &[usize],
+    target: &[usize],
+    weight: Option<&[usize]>,
+    reduction: LossReduction,
+) -> Result<NllPlan, String> {
+    let (n, classes, inner) = match input.len() {
+        0 => return Err("nll_loss_backward: the input is a scalar".into()),
+        1 => (1, input[0], 1),
+        _ => (input[0], input[1], input[2..].iter().product::<usize>()),
+    };
+    if target.iter().product::<usize>() != n * inner {
+        return Err(format!(
+            "nll_loss_backward: target {target:?} does not fit input {input:?}"
+        ));
+    }
+    if weight.is_some_and(|w| w.iter().product::<usize>() != classes) {
+        return Err(format!(
+            "nll_loss_backward: weight has not {classes} classes"
+        ));
+    }
+    let g: usize = grad.iter().product();
+    let per_element = reduction == LossReduction::None;
+    if !per_element && g != 1 {
+        return Err(format!(
+            "nll_loss_backward: reduction `{}` takes a scalar gradient, got {grad:?}",
+            reduction.as_str()
+        ));
+    }
+    if per_element && g != n * inner {
+        return Err(format!(
+            "nll_loss_backward: reduction `none` takes a gradient per target {target:?}, got \
+             {grad:?}"
+        ));
+    }
+    Ok(NllPlan {
+        n,
+        classes,
+        inner,
+        per_element,
+    })
+}
+
+/// A softmax backward's rows: `(outer, len, inner)` of `output` along `dim` (the kernels'
+/// `[outer, len, inner]`), with the checks of `cpu::loss_grad::softmax_backward`.
+pub fn softmax_backward(
+    grad: &[usize],
+    output: &[usize],
+    dim: usize,
+) -> Result<(usize, usize, usize), String> {
+    if grad != output || dim >= output.len().max(1) {
+        return Err(format!(
+            "softmax backward: grad {grad:?} and output {output:?} along dim {dim} do not match"
+        ));
+    }
+    let len = output.get(dim).copied().unwrap_or(1);
+    let inner: usize = output.get(dim + 1..).map_or(1, |s| s.iter().product());
+    let outer: usize = output.get(..dim).map_or(1, |s| s.iter().product());
+    Ok((outer, len, inner))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cpu::layout as cl;
     use crate::tensor::Tensor;
+    use tracepass_ir::DType;
 
     fn iota(shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();
@@ -835,5 +986,241 @@ mod tests {
         assert_eq!(&l.stride_b[..2], &[4, 1]);
         assert_eq!(broadcast_all(&[&[2, 1], &[3], &[]]).unwrap(), vec![2, 3]);
         assert!(broadcast_all(&[&[2], &[3]]).is_err());
+    }
+
+    /// What the take_along_dim kernel computes (the CUDA C loop); `None` where it sets `bad`.
+    fn take_kernel(a: &[f32], idx: &[i64], p: &TakePlan) -> Option<Vec<f32>> {
+        let l = &p.layout;
+        (0..p.shape.iter().product::<usize>())
+            .map(|i| {
+                let (mut r, mut oa, mut oi) = (i as i64, 0i64, 0i64);
+                for d in (0..l.rank as usize).rev() {
+                    let c = r % l.shape[d];
+                    r /= l.shape[d];
+                    oa += c * l.stride_a[d];
+                    oi += c * l.stride_b[d];
+                }
+                let mut j = idx[oi as usize];
+                if j < 0 {
+                    j += p.dim_size;
+                }
+                (0..p.dim_size)
+                    .contains(&j)
+                    .then(|| a[(oa + j * p.dim_stride) as usize])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn take_along_dim_plans_gather_what_the_cpu_gives() {
+        use crate::cpu::loss_grad;
+        let cases: &[(&[usize], &[usize], Option<usize>)] = &[
+            (&[2, 3], &[2, 1], Some(1)),
+            (&[2, 3], &[1, 2], Some(1)),
+            (&[2, 3, 4], &[1, 3, 5], Some(2)),
+            (&[2, 1, 4], &[3, 5, 1], Some(0)),
+            (&[3, 1, 4], &[3, 5, 2], Some(2)),
+            (&[2, 3, 4], &[4, 3], None),
+            (&[5], &[], None),
+        ];
+        for &(ash, ish, dim) in cases {
+            let a = iota(ash);
+            let n: usize = ish.iter().product();
+            let range = dim.map_or(ash.iter().product::<usize>(), |d| ash[d]) as i64;
+            // every index from -range to range - 1, negative ones wrapping
+            let iv: Vec<i64> = (0..n as i64)
+                .map(|k| (k * 7) % (2 * range) - range)
+                .collect();
+            let idx = Tensor::from_i64(ish.to_vec(), iv.clone());
+            let want = loss_grad::take_along_dim(&a, &idx, dim).unwrap();
+            let p = take_along_dim(ash, ish, dim).unwrap();
+            assert_eq!(p.shape, want.shape(), "{ash:?} {ish:?} {dim:?}");
+            let got = take_kernel(&a.to_f32_vec(), &iv, &p).expect("in range");
+            assert_eq!(got, want.to_f32_vec(), "{ash:?} {ish:?} {dim:?}");
+            // one index out of range: the kernel flags it, the CPU refuses it
+            let mut bad = iv.clone();
+            if let Some(b) = bad.last_mut() {
+                *b = range;
+                let t = Tensor::from_i64(ish.to_vec(), bad.clone());
+                assert!(loss_grad::take_along_dim(&a, &t, dim).is_err());
+                assert!(take_kernel(&a.to_f32_vec(), &bad, &p).is_none());
+            }
+        }
+        for (ash, ish) in [(&[2, 3][..], &[2, 3, 1][..]), (&[2, 3], &[3, 1])] {
+            let want = loss_grad::take_along_dim(
+                &iota(ash),
+                &Tensor::from_i64(ish.to_vec(), vec![0; ish.iter().product()]),
+                Some(1),
+            )
+            .unwrap_err();
+            assert_eq!(take_along_dim(ash, ish, Some(1)).unwrap_err(), want);
+        }
+        assert!(take_along_dim(&[2], &[2], Some(1)).is_err());
+        assert!(take_along_dim(&[1; 7], &[1; 7], Some(0)).is_err());
+    }
+
+    /// What the nll_loss_backward kernel computes; `None` where it sets `bad`.
+    #[allow(clippy::too_many_arguments)]
+    fn nll_kernel(
+        grad: &[f32],
+        target: &[i64],
+        weight: Option<&[f32]>,
+        tw: &[f32],
+        mean: bool,
+        p: &NllPlan,
+        ignore_index: i64,
+    ) -> Option<Vec<f32>> {
+        let scale = if !mean {
+            1.0
+        } else {
+            tw.first().map_or(f64::NAN, |&t| 1.0 / f64::from(t))
+        };
+        let (c, inner) = (p.classes as i64, p.inner as i64);
+        let n = p.n as i64 * c * inner;
+        let mut bad = false;
+        let out = (0..n)
+            .map(|e| {
+                let (s, cls, b) = (e % inner, (e / inner) % c, e / (inner * c));
+                let k = (b * inner + s) as usize;
+                let t = target[k];
+                let mut v = 0.0f64;
+                if t != ignore_index {
+                    if t < 0 || t >= c {
+                        bad = true;
+                    } else if t == cls {
+                        let w = weight.map_or(1.0, |w| f64::from(w[t as usize]));
+                        let g = f64::from(grad[if p.per_element { k } else { 0 }]);
+                        v = -w * g * scale;
+                    }
+                }
+                v as f32
+            })
+            .collect();
+        (!bad).then_some(out)
+    }
+
+    #[test]
+    fn nll_loss_backward_plans_compute_what_the_cpu_gives() {
+        use crate::cpu::loss_grad;
+        // [N, C], [C] and [N, C, d1, d2] inputs; ignored targets; every reduction
+        let cases: &[(&[usize], &[usize], Vec<i64>)] = &[
+            (&[4, 3], &[4], vec![2, -100, 0, 1]),
+            (&[5], &[], vec![3]),
+            (&[2, 3, 2, 2], &[2, 2, 2], vec![0, 1, 2, -100, 2, 2, 1, 0]),
+        ];
+        for (ish, tsh, tv) in cases {
+            let input = Tensor::zeros(ish.to_vec(), DType::F32).unwrap();
+            let target = Tensor::from_i64(tsh.to_vec(), tv.clone());
+            let classes = if ish.len() == 1 { ish[0] } else { ish[1] };
+            let wv: Vec<f32> = (0..classes).map(|c| 0.5 + c as f32).collect();
+            let weight = Tensor::from_f32(vec![classes], wv.clone());
+            let tw = Tensor::from_f32(vec![], vec![3.0]);
+            for reduction in [LossReduction::Mean, LossReduction::Sum, LossReduction::None] {
+                let gsh: Vec<usize> = if reduction == LossReduction::None {
+                    tsh.to_vec()
+                } else {
+                    vec![]
+                };
+                let gn: usize = gsh.iter().product();
+                let gv: Vec<f32> = (0..gn).map(|k| 0.25 - k as f32 * 0.75).collect();
+                let grad = Tensor::from_f32(gsh.clone(), gv.clone());
+                for weighted in [false, true] {
+                    let w = weighted.then_some(&weight);
+                    let want = loss_grad::nll_loss_backward(
+                        &grad,
+                        &input,
+                        &target,
+                        w,
+                        reduction.as_str(),
+                        -100,
+                        &tw,
+                    )
+                    .unwrap();
+                    let p =
+                        nll_loss_backward(&gsh, ish, tsh, w.map(|w| w.shape()), reduction).unwrap();
+                    let got = nll_kernel(
+                        &gv,
+                        tv,
+                        weighted.then_some(&wv[..]),
+                        &[3.0],
+                        reduction == LossReduction::Mean,
+                        &p,
+                        -100,
+                    )
+                    .expect("targets in range");
+                    assert_eq!(got, want.to_f32_vec(), "{ish:?} {reduction:?} {weighted}");
+                }
+            }
+            // a target out of range that is not ignored: flagged, as the CPU refuses it
+            let mut bad = tv.clone();
+            bad[0] = classes as i64;
+            let p = nll_loss_backward(&[], ish, tsh, None, LossReduction::Sum).unwrap();
+            assert!(nll_kernel(&[1.0], &bad, None, &[1.0], false, &p, -100).is_none());
+            assert!(loss_grad::nll_loss_backward(
+                &Tensor::from_f32(vec![], vec![1.0]),
+                &input,
+                &Tensor::from_i64(tsh.to_vec(), bad),
+                None,
+                "sum",
+                -100,
+                &tw,
+            )
+            .is_err());
+        }
+        // the CPU's shape checks
+        let sum = LossReduction::Sum;
+        assert!(nll_loss_backward(&[], &[], &[], None, sum).is_err());
+        assert!(nll_loss_backward(&[], &[4, 3], &[3], None, sum).is_err());
+        assert!(nll_loss_backward(&[], &[4, 3], &[4], Some(&[2]), sum).is_err());
+        assert!(nll_loss_backward(&[2], &[4, 3], &[4], None, sum).is_err());
+        assert!(nll_loss_backward(&[3], &[4, 3], &[4], None, LossReduction::None).is_err());
+        let p = nll_loss_backward(&[4], &[4, 3], &[4], None, LossReduction::None).unwrap();
+        assert!(p.per_element && (p.n, p.classes, p.inner) == (4, 3, 1));
+    }
+
+    #[test]
+    fn softmax_backward_rows_are_the_cpus() {
+        use crate::cpu::loss_grad;
+        let shape = [2, 3, 4];
+        for dim in 0..3 {
+            let (outer, len, inner) = softmax_backward(&shape, &shape, dim).unwrap();
+            assert_eq!(outer * len * inner, 24);
+            let g: Vec<f32> = (0..24).map(|k| (k as f32 * 0.37).sin()).collect();
+            let y: Vec<f32> = (0..24).map(|k| -0.1 - (k % 5) as f32 * 0.3).collect();
+            for log in [false, true] {
+                // the kernel: per row (o, r) a sum over len elements inner apart
+                let mut got = [0.0f32; 24];
+                for row in 0..outer * inner {
+                    let base = (row / inner) * len * inner + row % inner;
+                    let at = |j: usize| base + j * inner;
+                    let s: f32 = (0..len)
+                        .map(|j| if log { g[at(j)] } else { g[at(j)] * y[at(j)] })
+                        .sum();
+                    for j in 0..len {
+                        let (gv, yv) = (g[at(j)], y[at(j)]);
+                        got[at(j)] = if log {
+                            gv - yv.exp() * s
+                        } else {
+                            yv * (gv - s)
+                        };
+                    }
+                }
+                let want = loss_grad::softmax_backward(
+                    &Tensor::from_f32(shape.to_vec(), g.clone()),
+                    &Tensor::from_f32(shape.to_vec(), y.clone()),
+                    dim,
+                    log,
+                    DType::F32,
+                )
+                .unwrap()
+                .to_f32_vec();
+                for (a, b) in got.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-5, "dim {dim} log {log}: {a} vs {b}");
+                }
+            }
+        }
+        assert_eq!(softmax_backward(&[], &[], 0).unwrap(), (1, 1, 1));
+        assert!(softmax_backward(&[2, 3], &[3, 2], 0).is_err());
+        assert!(softmax_backward(&[2, 3], &[2, 3], 2).is_err());
     }
 }

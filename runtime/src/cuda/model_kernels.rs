@@ -1,6 +1,7 @@
 //! CUDA C sources of the real models' kernels (convolution, pooling, embedding, var_mean,
-//! layout, comparisons, fills, random numbers, integer ops), generated per dtype like those in
-//! [`super::kernels`], whose prelude and conventions they share. The CPU kernels in
+//! layout, comparisons, fills, random numbers, integer ops, a model's own cross-entropy
+//! backward), generated per dtype like those in [`super::kernels`], whose prelude and
+//! conventions they share. The CPU kernels in
 //! `crate::cpu` are the reference semantics; where a kernel differs (summation order of
 //! scatter-adds), its doc says so.
 //!
@@ -9,7 +10,7 @@
 //! integer ops).
 
 use super::kernels::{ctype, Source, MAX_RANK, PRELUDE};
-use crate::kernel::{BinaryOp, CompareOp};
+use crate::kernel::{BinaryOp, CompareOp, ReduceOp};
 use tracepass_ir::DType;
 
 /// Every dtype a CUDA tensor can have: the float types, i64 (indices) and bool (masks).
@@ -404,6 +405,88 @@ pub fn var_mean(d: DType) -> Option<Source> {
     let name = lower(format!("var_mean_{d}"));
     let body = format!(
         "extern \"C\" __global__ void {name}(const {t}* in, {t}* var, {t}* mean, long long outer, long long count, double divisor) {{\n  SumOp sm;\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    double s = 0.0;\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) s += (double){ld}(in, base + k);\n    s = block_reduce(s, sm, 0.0);\n    const double m = s / (double)count;\n    double ss = 0.0;\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) {{ double dv = (double){ld}(in, base + k) - m; ss += dv * dv; }}\n    ss = block_reduce(ss, sm, 0.0);\n    if (threadIdx.x == 0) {{ {st}(mean, row, (float)m); {st}(var, row, (float)(ss / divisor)); }}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// Sum or max of i64 over the last `count` contiguous elements of each row (the host converts
+/// bools and other dtypes to i64 and permutes the reduced dims last, as for
+/// [`super::kernels::reduce`]): one block per row, wrapping sums, as `cpu::reduce`'s integer
+/// path (`torch.sum(mask)` counts). A mean of integers has no kernel (`None`), as on the CPU.
+pub fn reduce_int(op: ReduceOp) -> Option<Source> {
+    let (functor, init) = match op {
+        ReduceOp::Sum => ("WrapAddOp", "0ll"),
+        ReduceOp::Amax => ("IMaxOp", "(-9223372036854775807ll - 1)"),
+        ReduceOp::Mean => return None,
+    };
+    let name = lower(format!("reduce_int_{op:?}"));
+    let body = format!(
+        "struct WrapAddOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return (long long)((unsigned long long)a + (unsigned long long)b); }} }};\nstruct IMaxOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return a > b ? a : b; }} }};\nextern \"C\" __global__ void {name}(const long long* in, long long* out, long long outer, long long count) {{\n  {functor} op;\n  const long long id = {init};\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    long long acc = id;\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) acc = op(acc, in[base + k]);\n    acc = block_reduce(acc, op, id);\n    if (threadIdx.x == 0) out[row] = acc;\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `take_along_dim`: output element `i` reads `a` at `l.sa`'s offset (0 along `dim` and where
+/// `a` broadcasts) plus `index * dim_stride`, the index read through `l.sb` (0 where the
+/// indices broadcast); negative indices count from the end; one out of `0..dim_size` sets
+/// `*bad` and writes zero. Without a dim the host passes the flattened `a` (rank 1, `sa` 0,
+/// `sb` 1, stride 1). Every dtype (a raw copy, as [`embedding`]).
+pub fn take_along_dim(d: DType) -> Option<Source> {
+    let t = elem(d)?;
+    let name = lower(format!("take_along_dim_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* a, const long long* idx, Layout l, long long dim_stride, long long dim_size, {t}* out, long long n, int* bad) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, oi; offsets(l, i, &oa, &oi);\n    long long j = idx[oi];\n    if (j < 0) j += dim_size;\n    if (j < 0 || j >= dim_size) {{ atomicExch(bad, 1); out[i] = ({t})0; continue; }}\n    out[i] = a[oa + j * dim_stride];\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `nll_loss_backward` over an input of `[n, classes, inner]`, one thread per element:
+/// `-weight[t] * grad * (1 / total_weight for mean)` at the target class `t` of its
+/// `(batch, position)`, zero elsewhere and where `t == ignore_index`; computed in f64 and
+/// rounded once to the dtype, as `cpu::loss_grad::nll_loss_backward`. `grad`, `weight` (null
+/// when unweighted) and `tw` come as f32 (the host converts them, exactly for the float
+/// dtypes); `grad` is read at the element's position when `per_element` (reduction `none`),
+/// else at 0; `tw_n == 0` gives NaN for a mean, as the CPU's empty `total_weight`. A target
+/// outside `0..classes` that is not ignored sets `*bad`.
+pub fn nll_loss_backward(d: DType) -> Option<Source> {
+    let (t, _, st) = ctype(d)?;
+    let name = lower(format!("nll_loss_backward_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const float* grad, const long long* target, const float* weight, const float* tw, long long tw_n, int mean, int per_element, long long classes, long long inner, long long ignore_index, {t}* out, long long n, int* bad) {{\n  const double scale = !mean ? 1.0 : (tw_n > 0 ? 1.0 / (double)tw[0] : __longlong_as_double(0x7ff8000000000000ll));\n  GRID_STRIDE(e, n) {{\n    const long long s = e % inner, cls = (e / inner) % classes, b = e / (inner * classes);\n    const long long k = b * inner + s;\n    const long long tk = target[k];\n    double v = 0.0;\n    if (tk != ignore_index) {{\n      if (tk < 0 || tk >= classes) {{ if (cls == 0) atomicExch(bad, 1); }}\n      else if (tk == cls) {{\n        const double w = weight ? (double)weight[tk] : 1.0;\n        const double g = (double)grad[per_element ? k : 0];\n        v = -w * g * scale;\n      }}\n    }}\n    {st}(out, e, (float)v);\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `_log_softmax_backward_data` (`log`: `grad - exp(output) * sum(grad)`) or
+/// `_softmax_backward_data` (`output * (grad - sum(grad * output))`) over the middle dimension
+/// of `[outer, len, inner]`, as [`super::kernels::softmax`]: one block per row `(o, r)`, the
+/// row's sum through warp shuffles and shared memory in f32 (the CPU sums in f64: equal
+/// within f32 rounding), the result in the inputs' dtype (the host converts for another).
+pub fn softmax_backward(log: bool, d: DType) -> Option<Source> {
+    let (t, ld, st) = ctype(d)?;
+    let name = lower(format!(
+        "{}softmax_backward_{d}",
+        if log { "log_" } else { "" }
+    ));
+    let (term, out) = if log {
+        (format!("{ld}(grad, at)"), "gv - expf(yv) * s")
+    } else {
+        (format!("{ld}(grad, at) * {ld}(y, at)"), "yv * (gv - s)")
+    };
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* grad, const {t}* y, {t}* out, long long outer, long long len, long long inner) {{\n  SumOp sm;\n  for (long long row = blockIdx.x; row < outer * inner; row += gridDim.x) {{\n    const long long base = (row / inner) * len * inner + row % inner;\n    float s = 0.0f;\n    for (long long j = threadIdx.x; j < len; j += blockDim.x) {{ const long long at = base + j * inner; s += {term}; }}\n    s = block_reduce(s, sm, 0.0f);\n    for (long long j = threadIdx.x; j < len; j += blockDim.x) {{ const long long at = base + j * inner; const float gv = {ld}(grad, at), yv = {ld}(y, at); {st}(out, at, {out}); }}\n  }}\n}}\n"
     );
     Some(Source {
         name,
