@@ -28,6 +28,42 @@ pub enum UnaryOp {
     Gelu,
     /// `gelu(x, approximate='tanh')`.
     GeluTanh,
+    Exp2,
+    Log2,
+    Log10,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    Floor,
+    Ceil,
+    /// Half to even, as `torch.round`.
+    Round,
+    Trunc,
+    Erfc,
+    /// `min(max(x, 0), 6)`.
+    Relu6,
+    /// `x * relu6(x + 3) / 6`.
+    Hardswish,
+    /// `relu6(x + 3) / 6`.
+    Hardsigmoid,
+    /// `log(1 + exp(x))`, linear above 20 (PyTorch's default threshold, beta 1).
+    Softplus,
+    /// `x * tanh(softplus(x))`.
+    Mish,
+    /// `log(sigmoid(x))`, computed without overflow.
+    Logsigmoid,
+    /// `x / (1 + |x|)`.
+    Softsign,
+    /// `x - tanh(x)`.
+    Tanhshrink,
+    /// `scale * (max(0, x) + min(0, alpha * (exp(x) - 1)))`, PyTorch's constants.
+    Selu,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -100,84 +100,19 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.silu", Cpu(silu)),
         ("ltorch.logical_not", Cpu(logical_not)),
         ("ltorch.isnan", Cpu(isnan)),
-        (
-            "ltorch.exp2",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.log2",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.log10",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.tan",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.asin",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.acos",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.atan",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.sinh",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.cosh",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.asinh",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.acosh",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.atanh",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.erfc",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
+        ("ltorch.exp2", Cpu(|o| unary(o, UnaryOp::Exp2))),
+        ("ltorch.log2", Cpu(|o| unary(o, UnaryOp::Log2))),
+        ("ltorch.log10", Cpu(|o| unary(o, UnaryOp::Log10))),
+        ("ltorch.tan", Cpu(|o| unary(o, UnaryOp::Tan))),
+        ("ltorch.asin", Cpu(|o| unary(o, UnaryOp::Asin))),
+        ("ltorch.acos", Cpu(|o| unary(o, UnaryOp::Acos))),
+        ("ltorch.atan", Cpu(|o| unary(o, UnaryOp::Atan))),
+        ("ltorch.sinh", Cpu(|o| unary(o, UnaryOp::Sinh))),
+        ("ltorch.cosh", Cpu(|o| unary(o, UnaryOp::Cosh))),
+        ("ltorch.asinh", Cpu(|o| unary(o, UnaryOp::Asinh))),
+        ("ltorch.acosh", Cpu(|o| unary(o, UnaryOp::Acosh))),
+        ("ltorch.atanh", Cpu(|o| unary(o, UnaryOp::Atanh))),
+        ("ltorch.erfc", Cpu(|o| unary(o, UnaryOp::Erfc))),
         (
             "ltorch.erfinv",
             Unsupported {
@@ -196,30 +131,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                 reason: ELEMENTWISE_FN,
             },
         ),
-        (
-            "ltorch.floor",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.ceil",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.round",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.trunc",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
+        ("ltorch.floor", Cpu(|o| unary(o, UnaryOp::Floor))),
+        ("ltorch.ceil", Cpu(|o| unary(o, UnaryOp::Ceil))),
+        ("ltorch.round", Cpu(|o| unary(o, UnaryOp::Round))),
+        ("ltorch.trunc", Cpu(|o| unary(o, UnaryOp::Trunc))),
         ("ltorch.bitwise_not", Unsupported { reason: BITS }),
         (
             "ltorch.isinf",
@@ -310,24 +225,30 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.where", Cpu(where_)),
         ("prims.where", Cpu(where_)),
         ("ltorch.masked_fill", Cpu(masked_fill)),
-        ("ltorch.clamp", Unsupported { reason: TERNARY }),
+        ("ltorch.clamp", Cpu(clamp)),
         ("ltorch.lerp", Unsupported { reason: TERNARY }),
         ("ltorch.addcmul", Unsupported { reason: TERNARY }),
         ("ltorch.addcdiv", Unsupported { reason: TERNARY }),
         // ----- activations -----
-        ("ltorch.relu6", Unsupported { reason: ACTIVATION }),
-        ("ltorch.mish", Unsupported { reason: ACTIVATION }),
-        ("ltorch.selu", Unsupported { reason: ACTIVATION }),
+        ("ltorch.relu6", Cpu(|o| activation(o, UnaryOp::Relu6))),
+        ("ltorch.mish", Cpu(|o| activation(o, UnaryOp::Mish))),
+        ("ltorch.selu", Cpu(|o| activation(o, UnaryOp::Selu))),
         ("ltorch.elu", Unsupported { reason: ACTIVATION }),
         ("ltorch.celu", Unsupported { reason: ACTIVATION }),
         ("ltorch.leaky_relu", Unsupported { reason: ACTIVATION }),
         ("ltorch.hardtanh", Unsupported { reason: ACTIVATION }),
-        ("ltorch.hardswish", Unsupported { reason: ACTIVATION }),
-        ("ltorch.hardsigmoid", Unsupported { reason: ACTIVATION }),
-        ("ltorch.softplus", Unsupported { reason: ACTIVATION }),
-        ("ltorch.logsigmoid", Unsupported { reason: ACTIVATION }),
-        ("ltorch.softsign", Unsupported { reason: ACTIVATION }),
-        ("ltorch.tanhshrink", Unsupported { reason: ACTIVATION }),
+        (
+            "ltorch.hardswish",
+            Cpu(|o| activation(o, UnaryOp::Hardswish)),
+        ),
+        (
+            "ltorch.hardsigmoid",
+            Cpu(|o| activation(o, UnaryOp::Hardsigmoid)),
+        ),
+        ("ltorch.softplus", Cpu(softplus)),
+        ("ltorch.logsigmoid", Cpu(|o| unary(o, UnaryOp::Logsigmoid))),
+        ("ltorch.softsign", Cpu(|o| unary(o, UnaryOp::Softsign))),
+        ("ltorch.tanhshrink", Cpu(|o| unary(o, UnaryOp::Tanhshrink))),
         // ----- linear algebra and convolution -----
         ("ltorch.matmul", Cpu(matmul)),
         ("prims.matmul", Cpu(matmul)),
@@ -679,6 +600,56 @@ fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
 fn unary(o: &mut Ops<'_>, op: UnaryOp) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
     Ok(Kernel::Unary(op))
+}
+
+/// An activation `f(a, inplace=False)`: the out-of-place form only.
+fn activation(o: &mut Ops<'_>, op: UnaryOp) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    if o.flag(1, "inplace")? {
+        return Err(format!("in-place {op:?} is not supported"));
+    }
+    Ok(Kernel::Unary(op))
+}
+
+/// `softplus(a, beta=1.0, threshold=20.0)`: PyTorch's defaults only.
+fn softplus(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let beta = o.number(1, "beta")?.unwrap_or(1.0);
+    let threshold = o.number(2, "threshold")?.unwrap_or(20.0);
+    if beta != 1.0 || threshold != 20.0 {
+        return Err(format!(
+            "softplus with beta {beta} and threshold {threshold} is not supported (only 1 and 20)"
+        ));
+    }
+    Ok(Kernel::Unary(UnaryOp::Softplus))
+}
+
+/// `clamp(a, min=None, max=None)`: `maximum(a, min)`, then `minimum(_, max)` on its output
+/// (`Decoded::then`, which reads only that output: with both bounds, the upper one must be a
+/// number).
+fn clamp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let bound = |op, b| Kernel::Binary {
+        op,
+        a: Side::Input(0),
+        b,
+        alpha: 1.0,
+    };
+    let has_min = o.arg(1, "min").is_some();
+    let has_max = o.arg(2, "max").is_some();
+    match (has_min, has_max) {
+        (true, true) => {
+            let lo = o.side(1, "min")?;
+            let hi = o.number(2, "max")?.ok_or(
+                "clamp with both bounds takes a number as max (a tensor max needs a kernel of its own)",
+            )?;
+            o.then = Some(bound(BinaryOp::Minimum, Side::Scalar(hi)));
+            Ok(bound(BinaryOp::Maximum, lo))
+        }
+        (true, false) => Ok(bound(BinaryOp::Maximum, o.side(1, "min")?)),
+        (false, true) => Ok(bound(BinaryOp::Minimum, o.side(2, "max")?)),
+        (false, false) => Err("clamp needs a min or a max".into()),
+    }
 }
 
 /// `relu(a, inplace=False)`.

@@ -101,6 +101,7 @@ fn every_kernel_matches_the_cpu_backend() {
         let a = random(&[4, 8, 16], 1, d);
         let b = random(&[4, 8, 16], 2, d);
         let row = random(&[16], 3, d);
+        // the ops defined on every real number (log, sqrt and the inverse functions are not)
         for op in [
             UnaryOp::Neg,
             UnaryOp::Abs,
@@ -114,6 +115,25 @@ fn every_kernel_matches_the_cpu_backend() {
             UnaryOp::Erf,
             UnaryOp::Gelu,
             UnaryOp::GeluTanh,
+            UnaryOp::Exp2,
+            UnaryOp::Atan,
+            UnaryOp::Sinh,
+            UnaryOp::Cosh,
+            UnaryOp::Asinh,
+            UnaryOp::Floor,
+            UnaryOp::Ceil,
+            UnaryOp::Round,
+            UnaryOp::Trunc,
+            UnaryOp::Erfc,
+            UnaryOp::Relu6,
+            UnaryOp::Hardswish,
+            UnaryOp::Hardsigmoid,
+            UnaryOp::Softplus,
+            UnaryOp::Mish,
+            UnaryOp::Logsigmoid,
+            UnaryOp::Softsign,
+            UnaryOp::Tanhshrink,
+            UnaryOp::Selu,
         ] {
             check(
                 &g,

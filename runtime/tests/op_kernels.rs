@@ -569,3 +569,133 @@ fn prims_and_torch_level_spellings_run_their_registered_kernels() {
         assert!((*got as f64 - w).abs() < 1e-6, "{got} vs {w}");
     }
 }
+
+/// The elementwise functions and activations beyond the first corpus, against hand-computed
+/// values (PyTorch's definitions: `round` halves to even, `selu`'s constants, `softplus`
+/// linear above 20).
+#[test]
+fn more_elementwise_functions_and_activations() {
+    let xs = [-2.5f32, -0.5, 0.0, 0.5, 1.0, 2.5, 30.0];
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[7], DType::F32));
+    let ops = [
+        "ltorch.floor",
+        "ltorch.ceil",
+        "ltorch.round",
+        "ltorch.trunc",
+        "ltorch.relu6",
+        "ltorch.hardswish",
+        "ltorch.hardsigmoid",
+        "ltorch.softsign",
+        "ltorch.softplus",
+        "ltorch.selu",
+        "ltorch.logsigmoid",
+        "ltorch.atan",
+        "ltorch.exp2",
+    ];
+    let ys: Vec<ValueId> = ops
+        .iter()
+        .map(|op| {
+            b.op(op, vec![x.into()])
+                .unwrap_or_else(|e| panic!("{op}: {e}"))
+        })
+        .collect();
+    b.ret(Arg::Tuple(ys.iter().map(|y| Arg::Value(*y)).collect()));
+    let out = run(
+        &b.finish(),
+        &ys,
+        vec![Tensor::from_f32(vec![7], xs.to_vec())],
+    );
+    let want: Vec<Vec<f64>> = vec![
+        vec![-3.0, -1.0, 0.0, 0.0, 1.0, 2.0, 30.0],
+        vec![-2.0, -0.0, 0.0, 1.0, 1.0, 3.0, 30.0],
+        vec![-2.0, -0.0, 0.0, 0.0, 1.0, 2.0, 30.0],
+        vec![-2.0, -0.0, 0.0, 0.0, 1.0, 2.0, 30.0],
+        vec![0.0, 0.0, 0.0, 0.5, 1.0, 2.5, 6.0],
+        vec![
+            -2.5 * 0.5 / 6.0,
+            -0.5 * 2.5 / 6.0,
+            0.0,
+            0.5 * 3.5 / 6.0,
+            4.0 / 6.0,
+            2.5 * 5.5 / 6.0,
+            30.0,
+        ],
+        vec![
+            0.5 / 6.0,
+            2.5 / 6.0,
+            0.5,
+            3.5 / 6.0,
+            4.0 / 6.0,
+            5.5 / 6.0,
+            1.0,
+        ],
+        vec![
+            -2.5 / 3.5,
+            -0.5 / 1.5,
+            0.0,
+            0.5 / 1.5,
+            0.5,
+            2.5 / 3.5,
+            30.0 / 31.0,
+        ],
+        xs.iter()
+            .map(|&x| {
+                if x > 20.0 {
+                    x as f64
+                } else {
+                    (x as f64).exp().ln_1p()
+                }
+            })
+            .collect(),
+        xs.iter()
+            .map(|&x| {
+                let x = x as f64;
+                1.0507009873554805
+                    * if x > 0.0 {
+                        x
+                    } else {
+                        1.6732632423543772 * x.exp_m1()
+                    }
+            })
+            .collect(),
+        xs.iter()
+            .map(|&x| (1.0 / (1.0 + (-(x as f64)).exp())).ln())
+            .collect(),
+        xs.iter().map(|&x| (x as f64).atan()).collect(),
+        xs.iter().map(|&x| (x as f64).exp2()).collect(),
+    ];
+    for ((op, got), want) in ops.iter().zip(&out).zip(&want) {
+        for (g, w) in got.to_f64_vec().iter().zip(want) {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                "{op}: {:?} vs {want:?}",
+                got.to_f64_vec()
+            );
+        }
+    }
+}
+
+/// `clamp` runs as `maximum` then `minimum`; one bound alone is one kernel.
+#[test]
+fn clamp_bounds_below_and_above() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[4], DType::F32));
+    let both = b
+        .op(
+            "ltorch.clamp",
+            vec![x.into(), Arg::Float(-1.0), Arg::Float(2.0)],
+        )
+        .unwrap();
+    let lo = b
+        .op("ltorch.clamp", vec![x.into(), Arg::Float(0.0)])
+        .unwrap();
+    b.ret(Arg::Tuple(vec![Arg::Value(both), Arg::Value(lo)]));
+    let out = run(
+        &b.finish(),
+        &[both, lo],
+        vec![Tensor::from_f32(vec![4], vec![-3.0, -0.5, 1.5, 7.0])],
+    );
+    assert_eq!(out[0].to_f32_vec(), vec![-1.0, -0.5, 1.5, 2.0]);
+    assert_eq!(out[1].to_f32_vec(), vec![0.0, 0.0, 1.5, 7.0]);
+}

@@ -68,6 +68,33 @@ macro_rules! for_unary_op {
                 let inner = <$t>::of(0.7978845608028654) * (x + <$t>::of(0.044715) * x * x * x);
                 <$t>::of(0.5) * x * (<$t>::ONE + inner.tanh())
             },
+            UnaryOp::Exp2 => |x: $t| x.via(|x: f64| x.exp2()),
+            UnaryOp::Log2 => |x: $t| x.via(|x: f64| x.log2()),
+            UnaryOp::Log10 => |x: $t| x.via(|x: f64| x.log10()),
+            UnaryOp::Tan => |x: $t| x.via(|x: f64| x.tan()),
+            UnaryOp::Asin => |x: $t| x.via(|x: f64| x.asin()),
+            UnaryOp::Acos => |x: $t| x.via(|x: f64| x.acos()),
+            UnaryOp::Atan => |x: $t| x.via(|x: f64| x.atan()),
+            UnaryOp::Sinh => |x: $t| x.via(|x: f64| x.sinh()),
+            UnaryOp::Cosh => |x: $t| x.via(|x: f64| x.cosh()),
+            UnaryOp::Asinh => |x: $t| x.via(|x: f64| x.asinh()),
+            UnaryOp::Acosh => |x: $t| x.via(|x: f64| x.acosh()),
+            UnaryOp::Atanh => |x: $t| x.via(|x: f64| x.atanh()),
+            UnaryOp::Floor => |x: $t| x.via(|x: f64| x.floor()),
+            UnaryOp::Ceil => |x: $t| x.via(|x: f64| x.ceil()),
+            UnaryOp::Round => |x: $t| x.via(|x: f64| x.round_ties_even()),
+            UnaryOp::Trunc => |x: $t| x.via(|x: f64| x.trunc()),
+            UnaryOp::Erfc => |x: $t| x.via(|x: f64| libm::erfc(x)),
+            UnaryOp::Relu6 => |x: $t| x.via(|x: f64| if x.is_nan() { x } else { x.clamp(0.0, 6.0) }),
+            UnaryOp::Hardswish => |x: $t| x.via(|x: f64| x * (x + 3.0).clamp(0.0, 6.0) / 6.0),
+            UnaryOp::Hardsigmoid => |x: $t| x.via(|x: f64| (x + 3.0).clamp(0.0, 6.0) / 6.0),
+            UnaryOp::Softplus => |x: $t| x.via(|x: f64| if x > 20.0 { x } else { x.exp().ln_1p() }),
+            UnaryOp::Mish => |x: $t| x.via(|x: f64| x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh()),
+            UnaryOp::Logsigmoid => |x: $t| x.via(|x: f64| x.min(0.0) - (-x.abs()).exp().ln_1p()),
+            UnaryOp::Softsign => |x: $t| x.via(|x: f64| x / (1.0 + x.abs())),
+            UnaryOp::Tanhshrink => |x: $t| x.via(|x: f64| x - x.tanh()),
+            UnaryOp::Selu => |x: $t| x.via(|x: f64| 1.0507009873554805 * if x > 0.0 { x } else { 1.6732632423543772 * x.exp_m1() }),
+
         )
     };
 }

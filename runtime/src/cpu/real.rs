@@ -32,6 +32,9 @@ pub trait Real:
     fn atan2(self, o: Self) -> Self;
     fn erf(self) -> Self;
     fn is_nan(self) -> bool;
+    /// `f` computed in f64 and rounded once to this type (the elementwise functions the
+    /// hardware has no fast path for).
+    fn via(self, f: fn(f64) -> f64) -> Self;
     /// The storage variant holding this type, if `s` is one.
     fn slice(s: &Storage) -> Option<&[Self]>;
     fn storage(v: Vec<Self>) -> Storage;
@@ -99,6 +102,10 @@ macro_rules! real {
             #[inline(always)]
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
+            }
+            #[inline(always)]
+            fn via(self, f: fn(f64) -> f64) -> Self {
+                f(self as f64) as $t
             }
             fn slice(s: &Storage) -> Option<&[Self]> {
                 match s {

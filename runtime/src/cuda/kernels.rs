@@ -51,7 +51,9 @@ macro_rules! every {
 
 /// Every unary op.
 pub const UNARY_OPS: &[UnaryOp] = &every!(UnaryOp: Neg, Abs, Exp, Log, Log1p, Expm1, Sqrt,
-    Rsqrt, Tanh, Sigmoid, Relu, Sin, Cos, Reciprocal, Sign, Erf, Gelu, GeluTanh);
+    Rsqrt, Tanh, Sigmoid, Relu, Sin, Cos, Reciprocal, Sign, Erf, Gelu, GeluTanh, Exp2, Log2,
+    Log10, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Floor, Ceil, Round, Trunc,
+    Erfc, Relu6, Hardswish, Hardsigmoid, Softplus, Mish, Logsigmoid, Softsign, Tanhshrink, Selu);
 
 /// Every binary op.
 pub const BINARY_OPS: &[BinaryOp] =
@@ -179,6 +181,32 @@ fn unary_expr(op: UnaryOp) -> &'static str {
         UnaryOp::GeluTanh => {
             "0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))"
         }
+        UnaryOp::Exp2 => "exp2f(x)",
+        UnaryOp::Log2 => "log2f(x)",
+        UnaryOp::Log10 => "log10f(x)",
+        UnaryOp::Tan => "tanf(x)",
+        UnaryOp::Asin => "asinf(x)",
+        UnaryOp::Acos => "acosf(x)",
+        UnaryOp::Atan => "atanf(x)",
+        UnaryOp::Sinh => "sinhf(x)",
+        UnaryOp::Cosh => "coshf(x)",
+        UnaryOp::Asinh => "asinhf(x)",
+        UnaryOp::Acosh => "acoshf(x)",
+        UnaryOp::Atanh => "atanhf(x)",
+        UnaryOp::Floor => "floorf(x)",
+        UnaryOp::Ceil => "ceilf(x)",
+        UnaryOp::Round => "rintf(x)",
+        UnaryOp::Trunc => "truncf(x)",
+        UnaryOp::Erfc => "erfcf(x)",
+        UnaryOp::Relu6 => "(x != x ? x : fminf(fmaxf(x, 0.0f), 6.0f))",
+        UnaryOp::Hardswish => "x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f",
+        UnaryOp::Hardsigmoid => "fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f",
+        UnaryOp::Softplus => "(x > 20.0f ? x : log1pf(expf(x)))",
+        UnaryOp::Mish => "x * tanhf(x > 20.0f ? x : log1pf(expf(x)))",
+        UnaryOp::Logsigmoid => "fminf(x, 0.0f) - log1pf(expf(-fabsf(x)))",
+        UnaryOp::Softsign => "x / (1.0f + fabsf(x))",
+        UnaryOp::Tanhshrink => "x - tanhf(x)",
+        UnaryOp::Selu => "1.0507009873554805f * (x > 0.0f ? x : 1.6732632423543772f * expm1f(x))",
     }
 }
 
