@@ -206,6 +206,38 @@ def batch_regress_bf16(gen: torch.Generator) -> Batch:
     return OrderedDict(input=x), targets
 
 
+class ResBlockNet(nn.Module):
+    """A small ResNet: a residual block (conv, BatchNorm, ReLU, conv, BatchNorm, + skip) and
+    global average pooling (`AdaptiveAvgPool2d(1)`) before the classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(8)
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn0(self.stem(x)))
+        y = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(x + self.bn2(self.conv2(y)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def make_resnet() -> nn.Module:
+    return ResBlockNet()
+
+
+def batch_resnet(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 8, 8, generator=gen)
+    targets = torch.randint(0, 10, (4,), generator=gen, dtype=torch.int64)
+    return OrderedDict(x=x), targets
+
+
 class SelfLoss(nn.Module):
     """A classifier that returns its own loss: the forward's output is the loss."""
 
@@ -275,6 +307,13 @@ MODELS: dict[str, ModelSpec] = {
             description="HF BertForSequenceClassification: vocab 128, hidden 64, 2 layers, 4 heads, intermediate 128, "
             "4 labels, dropout 0, `return_dict=False`",
             notes=["data `input_ids` and `attention_mask` (i64, row 1 padded); output is a tuple"],
+        ),
+        ModelSpec(
+            "resnet",
+            make_resnet,
+            batch_resnet,
+            description="a residual block (conv + BatchNorm + ReLU, twice, + skip) after a conv stem, global average pooling, Linear(8,10)",
+            notes=["`AdaptiveAvgPool2d(1)`; BatchNorm running stats are buffers"],
         ),
         ModelSpec(
             "regress-bf16",

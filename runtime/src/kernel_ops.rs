@@ -281,11 +281,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.max_pool1d", Unsupported { reason: POOL }),
         ("ltorch.max_pool2d", Unsupported { reason: POOL }),
         ("ltorch.max_pool3d", Unsupported { reason: POOL }),
+        ("ltorch.adaptive_avg_pool2d", Cpu(adaptive_avg_pool2d)),
         (
-            "ltorch.adaptive_avg_pool2d",
-            Unsupported {
-                reason: "no CPU kernel for average pooling",
-            },
+            "ltorch.adaptive_avg_pool2d_backward",
+            Cpu(adaptive_avg_pool2d_backward),
         ),
         ("ltorch.embedding", Cpu(embedding)),
         ("ltorch.take_along_dim", Cpu(take_along_dim)),
@@ -851,6 +850,75 @@ fn embedding(o: &mut Ops<'_>) -> Result<Kernel, String> {
         return Err("embedding with max_norm (an in-place renorm) is not supported".into());
     }
     Ok(Kernel::Embedding)
+}
+
+/// `adaptive_avg_pool2d(a, output_size)` where the output size divides the input's (global
+/// average pooling, `output_size=1`, above all): the means of equal windows, as a reshape to
+/// `[..., oh, kh, ow, kw]` then a mean over `kh` and `kw`.
+fn adaptive_avg_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let shape = o.in_shape(0)?;
+    let r = shape.len();
+    let out = match o.ints(1, "output_size")? {
+        Some(v) if v.len() == 2 => v,
+        Some(v) if v.len() == 1 => vec![v[0], v[0]],
+        _ => {
+            let n = o
+                .int(1, "output_size")?
+                .ok_or("adaptive_avg_pool2d needs an output size")?;
+            vec![n, n]
+        }
+    };
+    if r < 3 || out.iter().any(|&s| s <= 0) {
+        return Err(format!(
+            "adaptive_avg_pool2d: input {shape:?} with output size {out:?}"
+        ));
+    }
+    let (h, w) = (shape[r - 2], shape[r - 1]);
+    let (oh, ow) = (out[0] as usize, out[1] as usize);
+    if h % oh != 0 || w % ow != 0 {
+        return Err(format!(
+            "adaptive_avg_pool2d from {h}x{w} to {oh}x{ow}: only output sizes that divide the input run (windows of one size)"
+        ));
+    }
+    let mut split = shape[..r - 2].to_vec();
+    split.extend([oh, h / oh, ow, w / ow]);
+    o.then = Some(Kernel::Reduce {
+        op: ReduceOp::Mean,
+        dims: vec![r - 1, r + 1],
+        keepdim: false,
+        dtype: o.out(0)?.dtype,
+    });
+    Ok(Kernel::Reshape(split))
+}
+
+/// `_adaptive_avg_pool2d_backward(grad, a)` of global average pooling (a 1x1 output): every
+/// input element gets `grad / (H * W)`.
+fn adaptive_avg_pool2d_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "grad")?;
+    let g = o.in_shape(0)?;
+    let a = match o.arg(1, "a").and_then(Arg::as_value) {
+        Some(v) => o
+            .trace
+            .ty(v)
+            .and_then(|t| t.as_tensor())
+            .map(|t| t.shape.to_vec())
+            .ok_or("adaptive_avg_pool2d_backward: `a` is not a tensor")?,
+        None => return Err("adaptive_avg_pool2d_backward needs the input `a`".into()),
+    };
+    let r = a.len();
+    if g.len() != r || r < 3 || g[r - 2..] != [1, 1] {
+        return Err(format!(
+            "adaptive_avg_pool2d_backward: only global average pooling (a 1x1 output) runs; grad {g:?}, input {a:?}"
+        ));
+    }
+    o.then = Some(Kernel::Expand(a.iter().map(|&d| d as i64).collect()));
+    Ok(Kernel::Binary {
+        op: BinaryOp::Div,
+        a: Side::Input(0),
+        b: Side::Scalar((a[r - 2] * a[r - 1]) as f64),
+        alpha: 1.0,
+    })
 }
 
 /// `take_along_dim(a, indices, dim=None)`.

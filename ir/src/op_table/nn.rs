@@ -256,6 +256,19 @@ fn adaptive_avg_pool2d(cx: &MetaCx) -> R {
     one(x.with_shape(shape))
 }
 
+/// `_adaptive_avg_pool2d_backward(grad, a)`: the gradient with respect to `a`.
+fn adaptive_avg_pool2d_backward(cx: &MetaCx) -> R {
+    let g = cx.tensor_param("grad")?;
+    let a = cx.tensor_param("a")?;
+    if g.shape.len() != a.shape.len() || a.shape.len() < 3 {
+        return Err(format!(
+            "{}: grad {:?} does not pool input {:?}",
+            cx.op, g.shape, a.shape
+        ));
+    }
+    one(g.with_shape(a.shape.clone()))
+}
+
 /// `embedding(a, weight, ...)`: indices of any shape, one weight row each.
 fn embedding(cx: &MetaCx) -> R {
     let idx = cx.tensor_param("a")?;
@@ -471,6 +484,7 @@ const OPS: &[OpSpec] = &[
     op("ltorch.max_pool2d", &["torch.nn.functional.max_pool2d"], Pure, "a, /, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False", Meta, max_pool2d),
     op("ltorch.max_pool3d", &["torch.nn.functional.max_pool3d"], Pure, "a, /, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False", Meta, max_pool3d),
     op("ltorch.adaptive_avg_pool2d", &["torch.nn.functional.adaptive_avg_pool2d"], Pure, "a, /, output_size", First, adaptive_avg_pool2d),
+    op("ltorch.adaptive_avg_pool2d_backward", &["torch.torch.ops.aten._adaptive_avg_pool2d_backward", "torch.ops.aten._adaptive_avg_pool2d_backward"], Pure, "grad, a", First, adaptive_avg_pool2d_backward),
     op("ltorch.embedding", &["torch.nn.functional.embedding"], Pure, "a, /, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False", Meta, embedding),
     op("ltorch.embedding_backward", &["torch.torch.ops.aten.embedding_backward", "torch.ops.aten.embedding_backward"], Pure, "grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse", First, embedding_backward),
     op("ltorch.layer_norm", &["torch.nn.functional.layer_norm"], Pure, "a, /, normalized_shape, weight=None, bias=None, eps=1e-05", First, like_input),
