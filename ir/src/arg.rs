@@ -7,14 +7,18 @@ use serde::{Deserialize, Serialize};
 /// How a dtype literal was spelled (`dtypes.float32` or `torch.float32`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DTypeSpelling {
+    /// `dtypes.float32`, as Thunder prints it.
     Thunder,
+    /// `torch.float32`, as PyTorch spells it.
     Torch,
 }
 
 /// How a device literal was spelled (`devices.Device("cuda:0")` or `torch.device("cuda:0")`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DeviceSpelling {
+    /// `devices.Device("cuda:0")`, as Thunder prints it.
     Thunder,
+    /// `torch.device("cuda:0")`, as PyTorch spells it.
     Torch,
 }
 
@@ -72,16 +76,27 @@ impl Opaque {
 /// A positional or keyword operand of a node, or the return structure of a trace.
 #[derive(Clone, Debug, Serialize)]
 pub enum Arg {
+    /// A value of the trace, by handle.
     Value(ValueId),
+    /// Python's `None`.
     None,
+    /// `True` or `False`.
     Bool(bool),
+    /// An integer literal.
     Int(i64),
+    /// A float literal; two are equal when their bits are.
     Float(#[serde(serialize_with = "float_text::serialize")] f64),
+    /// A string literal.
     Str(String),
+    /// A tuple, `(a, b)`.
     Tuple(Vec<Arg>),
+    /// A list, `[a, b]`.
     List(Vec<Arg>),
+    /// A dict, `{k: v}`: its key/value pairs in printed order.
     Dict(Vec<(Arg, Arg)>),
+    /// A dtype literal, and how it was spelled (printed back the same way).
     DType(DType, DTypeSpelling),
+    /// A device literal, and how it was spelled (printed back the same way).
     Device(Device, DeviceSpelling),
     /// Boxed: rare, and three times the size of every other operand.
     Opaque(Box<Opaque>),

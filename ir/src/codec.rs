@@ -21,20 +21,54 @@ const DECODE_LIMIT: usize = 1 << 34;
 /// Everything that can be wrong with a binary file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
+    /// The file does not start with [`MAGIC`]: it is not a `.tpb` file.
     #[error("not a tracepass binary file: expected magic {expected:?}, found {found:?}")]
-    BadMagic { expected: String, found: String },
+    BadMagic {
+        /// [`MAGIC`], as text.
+        expected: String,
+        /// The file's first bytes (up to eight), as text.
+        found: String,
+    },
+    /// The header's format version is one this build does not read.
     #[error("unsupported format version {found} (this build reads versions {OLDEST_READ_VERSION} to {supported})")]
-    UnsupportedVersion { found: u32, supported: u32 },
+    UnsupportedVersion {
+        /// The version in the header.
+        found: u32,
+        /// The newest version this build reads ([`FORMAT_VERSION`]).
+        supported: u32,
+    },
+    /// The payload is shorter than the header says: the file was cut off.
     #[error("truncated: the header says {expected} payload bytes, the file has {found}")]
-    Truncated { expected: u64, found: u64 },
+    Truncated {
+        /// Payload bytes the header announces.
+        expected: u64,
+        /// Payload bytes the file has.
+        found: u64,
+    },
+    /// The file ends inside the header.
     #[error("file too short for the {HEADER_LEN}-byte header ({found} bytes)")]
-    ShortHeader { found: usize },
+    ShortHeader {
+        /// The file's length in bytes.
+        found: usize,
+    },
+    /// The file goes on after the payload the header announces.
     #[error("{extra} bytes after the payload the header announces")]
-    TrailingBytes { extra: u64 },
+    TrailingBytes {
+        /// How many bytes follow the payload.
+        extra: u64,
+    },
+    /// The payload's CRC-32 is not the header's: the file is corrupt.
     #[error("checksum mismatch: header says {stored:#010x}, payload has {computed:#010x} (the file is corrupt)")]
-    ChecksumMismatch { stored: u32, computed: u32 },
+    ChecksumMismatch {
+        /// The checksum in the header.
+        stored: u32,
+        /// The checksum of the payload as read.
+        computed: u32,
+    },
+    /// The header is sound but the payload is not a module (bincode's message, or unread bytes).
     #[error("payload does not decode: {0}")]
     Decode(String),
+    /// Bincode could not encode the module (its message).
     #[error("cannot encode: {0}")]
     Encode(String),
 }

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 /// `export.json`: how to train the exported model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportInfo {
+    /// The version of the export format ([`EXPORT_FORMAT`] is the one this build reads).
     pub format: u32,
+    /// The model's name (`nanogpt`), for messages and reports.
     pub model: String,
     /// `cross_entropy`, `mse`, `sum` or `output`.
     pub loss: String,
@@ -30,8 +32,10 @@ pub struct ExportInfo {
     /// `None` for a plain export; N when the backward already holds Thunder's DDP for N ranks.
     #[serde(default)]
     pub world_size: Option<usize>,
+    /// The Thunder version that made the traces (`0.2.6`), when recorded.
     #[serde(default)]
     pub thunder: Option<String>,
+    /// The PyTorch version it ran with (`2.9.0`), when recorded.
     #[serde(default)]
     pub torch: Option<String>,
 }
@@ -46,8 +50,11 @@ pub const EXPORT_FORMAT: u32 = 1;
 /// An export directory, read.
 #[derive(Clone, Debug)]
 pub struct Export {
+    /// The directory, where the tensors are read from later.
     pub dir: PathBuf,
+    /// Its `export.json`.
     pub info: ExportInfo,
+    /// Forward and backward, paired by the prologue, with ties applied.
     pub program: Program,
 }
 

@@ -31,17 +31,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod arg;
 pub mod builder;
 pub mod canon;
-#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod codec;
 mod columns;
 pub mod dot;
-#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod error;
-#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod export;
 pub mod fsio;
 mod meta;
@@ -50,12 +46,9 @@ mod name_text;
 pub mod node;
 pub mod op_name;
 mod op_table;
-#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod parse;
 pub mod print;
-#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod program;
-#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod prologue;
 pub mod pyfloat;
 mod rebuild;
@@ -65,7 +58,6 @@ pub mod signature;
 pub mod synth;
 pub mod trace;
 mod type_table;
-#[allow(missing_docs)] // to do (issue 17): its variants and fields
 pub mod types;
 pub mod value;
 pub mod verify;

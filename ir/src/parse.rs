@@ -15,9 +15,13 @@ use std::fmt;
 /// A parse error: where, what, and the line as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ParseError {
+    /// The line, counting from 1.
     pub line: usize,
+    /// The column, counting from 1.
     pub col: usize,
+    /// What is wrong.
     pub message: String,
+    /// The line as written (empty when there is none, as at the end of the text).
     pub text: String,
 }
 

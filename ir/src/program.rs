@@ -107,32 +107,73 @@ pub struct Program {
 /// Why a forward and a backward do not make a program.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProgramError {
+    /// The backward returns something other than a tuple (or list) of gradients.
     #[error("the backward trace must return a tuple of gradients, one per forward argument; it returns something else")]
     BackwardReturnNotTuple,
+    /// The backward returns more or fewer gradients than the forward takes arguments.
     #[error("the forward takes {forward} arguments but the backward returns {backward} gradients")]
-    GradientCount { forward: usize, backward: usize },
+    GradientCount {
+        /// The forward's argument count.
+        forward: usize,
+        /// The backward's gradient count.
+        backward: usize,
+    },
+    /// A parameter (or buffer) argument is not a tensor.
     #[error("forward argument `{name}` is a parameter but has type {ty}, not a tensor")]
-    ParamNotTensor { name: String, ty: String },
+    ParamNotTensor {
+        /// The argument's name in the forward.
+        name: String,
+        /// Its type, as printed.
+        ty: String,
+    },
+    /// The forward saves a different number of values than the backward unpacks.
     #[error("the forward returns {forward} saved values but the backward unpacks {backward}")]
-    SavedCount { forward: usize, backward: usize },
+    SavedCount {
+        /// Values the forward saves for the backward.
+        forward: usize,
+        /// Values the backward unpacks.
+        backward: usize,
+    },
+    /// A forward argument the prologue does not provide: the traces are not from one run.
     #[error("forward argument `{name}` is not among the values the prologue returns")]
-    NotInPrologue { name: String },
+    NotInPrologue {
+        /// The argument's name in the forward.
+        name: String,
+    },
+    /// A tie names a parameter the forward does not take.
     #[error("tie {group:?}: `{fqn}` is not a parameter the forward takes")]
-    TieUnknown { group: Vec<String>, fqn: String },
+    TieUnknown {
+        /// The tie group, as given.
+        group: Vec<String>,
+        /// The name that is not a parameter.
+        fqn: String,
+    },
+    /// Tied parameters differ in shape, dtype or device, so they cannot be one tensor.
     #[error("tie {group:?}: `{a}` is {a_ty} but `{b}` is {b_ty}; tied parameters are one tensor")]
     TieMismatch {
+        /// The tie group, as given.
         group: Vec<String>,
+        /// The group's first parameter in the module's order, the one the others are tied to.
         a: String,
+        /// Its type, as printed.
         a_ty: String,
+        /// The parameter that differs from it.
         b: String,
+        /// Its type, as printed.
         b_ty: String,
     },
+    /// A gradient's shape is not its parameter's.
     #[error("gradient {index} (`{name}`) has type {ty} but parameter `{param}` is {param_ty}")]
     GradientType {
+        /// Its position in the backward's return tuple.
         index: usize,
+        /// The gradient's name in the backward.
         name: String,
+        /// The gradient's type, as printed.
         ty: String,
+        /// The parameter's fqn.
         param: String,
+        /// The parameter's type, as printed.
         param_ty: String,
     },
 }
@@ -430,6 +471,8 @@ impl Program {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[allow(clippy::large_enum_variant)] // one per file: boxing buys nothing
 pub enum Module {
+    /// A single trace (a `.trace` file, or any trace on its own).
     Trace(Trace),
+    /// Forward, backward and parameters.
     Program(Program),
 }

@@ -23,6 +23,7 @@ pub struct ModuleTensor {
     pub name: String,
     /// Its PyTorch name (fully qualified).
     pub fqn: String,
+    /// Parameter or buffer (which `module.get_*` fetches it).
     pub kind: TensorKind,
     /// From its `check_tensor_metadata` line; `None` when the prologue does not check it.
     pub requires_grad: Option<bool>,

@@ -6,19 +6,35 @@ use std::fmt;
 /// Element type of a tensor. Short names follow Thunder's printer (`f32`, `bf16`, `b8`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DType {
+    /// 64-bit float (`f64`, `float64`).
     F64,
+    /// 32-bit float (`f32`, `float32`).
     F32,
+    /// IEEE half precision (`f16`, `float16`).
     F16,
+    /// bfloat16: float32's exponent, 8 bits of mantissa (`bf16`, `bfloat16`).
     BF16,
+    /// 8-bit float, 4 exponent and 3 mantissa bits, finite only (`f8_e4m3fn`, `float8_e4m3fn`).
     F8E4M3,
+    /// 8-bit float, 5 exponent and 2 mantissa bits (`f8_e5m2`, `float8_e5m2`).
     F8E5M2,
+    /// Like [`DType::F8E4M3`], with no negative zero and another exponent bias (AMD's;
+    /// `float8_e4m3fnuz`).
     F8E4M3Fnuz,
+    /// Like [`DType::F8E5M2`] but finite, with no negative zero and another exponent bias
+    /// (AMD's; `float8_e5m2fnuz`).
     F8E5M2Fnuz,
+    /// 64-bit signed integer (`i64`, `int64`).
     I64,
+    /// 32-bit signed integer (`i32`, `int32`).
     I32,
+    /// 16-bit signed integer (`i16`, `int16`).
     I16,
+    /// 8-bit signed integer (`i8`, `int8`).
     I8,
+    /// 8-bit unsigned integer (`u8`, `uint8`).
     U8,
+    /// Boolean, one byte an element (`b8`; Thunder's `bool8`, PyTorch's `bool`).
     Bool,
 }
 
@@ -132,8 +148,11 @@ impl fmt::Display for DType {
 /// Kind of device a tensor lives on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DeviceKind {
+    /// The host (`cpu`).
     Cpu,
+    /// An NVIDIA GPU (`cuda`, `cuda:0`).
     Cuda,
+    /// PyTorch's `meta` device: shapes and dtypes, no data.
     Meta,
 }
 
@@ -293,18 +312,27 @@ impl fmt::Display for TensorType {
 /// The type of a value, as Thunder's type comments write it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Type {
+    /// A tensor: `cpu f32[8, 64]`.
     Tensor(TensorType),
     /// Result of an asynchronous collective; `dist.wait` turns it into the tensor.
     Future(TensorType),
+    /// An integer: `int`, or `int 3` when the value is known at trace time.
     Int(Option<i64>),
+    /// A float: `float`, or `float 0.5` when known; compared by bits.
     Float(Option<f64>),
+    /// A boolean: `bool`, or `bool True` when known.
     Bool(Option<bool>),
+    /// A string (`str`).
     Str,
+    /// Python's `None` (`None`, `NoneType`).
     None,
+    /// A tuple, list or dict of values (`Collection`), such as `saved_for_backward`.
     Collection,
+    /// Unknown (`Any`): what a type comment does not say, or says as `Any`.
     Any,
     /// Process groups, enum members and other objects the IR carries but does not look into.
     Opaque {
+        /// The Python type's name (`opaque <name>` in a type comment).
         type_name: String,
     },
 }

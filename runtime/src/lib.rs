@@ -4,6 +4,24 @@
 //! - [`comm::Communicator`] and [`thread_comm::ThreadComm`]: collectives between ranks.
 //! - [`plan::Plan`] and [`executor::Executor`]: a trace compiled to slots, run step by step.
 //! - [`trainer`]: forward, loss, DDP backward, optimizer on N ranks; `tracepass train`.
+//!
+//! Training the built-in seed model for two steps on two ranks (threads on the CPU backend,
+//! joined by a [`thread_comm::ThreadComm`]); the backward is rewritten by the DDP pipeline:
+//!
+//! ```
+//! use tracepass_runtime::trainer::{train, TrainConfig};
+//! let cfg = TrainConfig {
+//!     world_size: 2,
+//!     steps: 2,
+//!     // leave the threads where the OS puts them (doc tests run side by side)
+//!     pin_ranks: false,
+//!     ..TrainConfig::default()
+//! };
+//! let report = train(&cfg, &|step, loss| println!("step {step}: loss {loss}")).unwrap();
+//! assert_eq!(report.losses.len(), 2);
+//! assert!(report.losses.iter().all(|l| l.is_finite()), "{:?}", report.losses);
+//! assert!(report.pipeline.starts_with("ddp("), "{}", report.pipeline);
+//! ```
 
 // Policy: no panics on user input. `unwrap()` is denied in library code (clippy checks it);
 // `expect()` is used only for invariants the code itself established, its message naming the
