@@ -172,12 +172,38 @@ pub fn softmax(x: &Tensor, dim: usize, log: bool) -> Result<Tensor, String> {
         DType::F32 | DType::BF16 | DType::F16 => softmax_typed::<f32>(x, dim, log),
         other => return Err(format!("dtype {other} is not supported by the cpu backend")),
     };
+    in_dtype(r, dtype)
+}
+
+/// `r` as `dtype` (itself when it already is).
+fn in_dtype(r: Tensor, dtype: DType) -> Result<Tensor, String> {
     if r.dtype() == dtype {
         Ok(r)
     } else {
         r.to_dtype(dtype)
             .ok_or_else(|| format!("cannot convert to {dtype}"))
     }
+}
+
+/// Sum or max of bools or integers into an integer dtype (`torch.sum(mask)` counts), exact in
+/// wrapping i64 as PyTorch's integer sums are.
+fn reduce_int(
+    x: &Tensor,
+    op: ReduceOp,
+    dims: &[usize],
+    keepdim: bool,
+    dtype: DType,
+) -> Result<Tensor, String> {
+    let shape = x.shape();
+    let (init, combine): (i64, fn(i64, i64) -> i64) = match op {
+        ReduceOp::Amax => (i64::MIN, i64::max),
+        _ => (0, i64::wrapping_add),
+    };
+    let (acc, kept) = fold_dims(&x.to_i64_vec(), shape, dims, init, combine)?;
+    in_dtype(
+        Tensor::from_i64(reduced_shape(shape, dims, kept, keepdim), acc),
+        dtype,
+    )
 }
 
 #[cfg(test)]
@@ -219,35 +245,6 @@ mod tests {
         let s = softmax(&x, 0, false).expect("ok").to_f64_vec();
         assert!((s[1] - 0.5).abs() < 1e-12);
     }
-}
-
-/// Sum or max of bools or integers into an integer dtype (`torch.sum(mask)` counts), exact in
-/// wrapping i64 as PyTorch's integer sums are.
-fn reduce_int(
-    x: &Tensor,
-    op: ReduceOp,
-    dims: &[usize],
-    keepdim: bool,
-    dtype: DType,
-) -> Result<Tensor, String> {
-    let shape = x.shape();
-    let (init, combine): (i64, fn(i64, i64) -> i64) = match op {
-        ReduceOp::Amax => (i64::MIN, i64::max),
-        _ => (0, i64::wrapping_add),
-    };
-    let (acc, kept) = fold_dims(&x.to_i64_vec(), shape, dims, init, combine)?;
-    let r = Tensor::from_i64(reduced_shape(shape, dims, kept, keepdim), acc);
-    if dtype == DType::I64 {
-        Ok(r)
-    } else {
-        r.to_dtype(dtype)
-            .ok_or_else(|| format!("cannot convert to {dtype}"))
-    }
-}
-
-#[cfg(test)]
-mod int_tests {
-    use super::*;
 
     #[test]
     fn bools_and_integers_sum_exactly_into_integers() {
