@@ -470,10 +470,26 @@ impl Pass for Ddp {
             ));
         }
         if synchronizes(&p.backward) {
-            return Err(fail(
-                "the backward already synchronizes gradients; run `no-sync` first to re-bucket it"
-                    .into(),
-            ));
+            // this pipeline (or the one that wrote the file) ran ddp already: a second would
+            // reduce every gradient twice
+            if p.backward
+                .provenance
+                .iter()
+                .any(|r| r.pass.starts_with("ddp"))
+            {
+                return Err(fail(
+                    "the backward already synchronizes gradients (ddp ran on it); run `no-sync` first to re-bucket it"
+                        .into(),
+                ));
+            }
+            // Thunder's own DDP (an export traced under `thunder.distributed.ddp`): its
+            // divisions and all-reduces are replaced by this pass's, as `no-sync,ddp` would
+            let n = crate::no_sync::no_sync(&mut p.backward)
+                .map_err(|e| PassError::rewrite("ddp", e))?;
+            cx.note(
+                "ddp.replaced",
+                format!("the exported DDP backward's {n} collectives (Thunder's) were replaced"),
+            );
         }
         let opts = &self.options;
         // 1. the gradients to synchronize: one per trainable tensor (a tie is one tensor)

@@ -444,19 +444,25 @@ fn pipeline_errors_list_what_is_valid() {
 }
 
 #[test]
-fn ddp_needs_parameters_and_refuses_synchronized_input() {
+fn ddp_needs_parameters_and_replaces_thunders_ddp() {
     let lone = Program::lone(load("mlp/backward.trace"));
     let err = PassManager::parse("ddp(world_size=2)")
         .unwrap()
         .run(&mut lone.clone(), OpRegistry::builtin())
         .unwrap_err();
     assert!(err.to_string().contains("no parameter metadata"), "{err}");
+    // Thunder's own DDP backward: `ddp` replaces its collectives, as `no-sync,ddp` does
     let (_, synced, _) = thunder_programs().into_iter().nth(1).unwrap();
-    let err = PassManager::parse("ddp(world_size=2)")
-        .unwrap()
-        .run(&mut synced.clone(), OpRegistry::builtin())
-        .unwrap_err();
-    assert!(err.to_string().contains("run `no-sync` first"), "{err}");
+    let direct = run(&synced, "ddp(world_size=2)");
+    let rebucketed = run(&synced, "no-sync,ddp(world_size=2)");
+    assert_eq!(
+        count(&direct.backward, ops::ALL_REDUCE),
+        count(&rebucketed.backward, ops::ALL_REDUCE)
+    );
+    assert_eq!(
+        count(&direct.backward, ops::DIV),
+        count(&rebucketed.backward, ops::DIV)
+    );
 }
 
 #[test]

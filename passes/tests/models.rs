@@ -275,6 +275,18 @@ fn thunder_ddp_rebucketed_equals_ddp_on_the_plain_backward() {
                 buckets_by_param(&ours),
                 "{name} at {mb} MiB: buckets differ"
             );
+            // `ddp` alone replaces Thunder's DDP the same way
+            let (direct, report) = run(&e.program, &ddp);
+            assert_eq!(
+                canonical_text(&direct.backward),
+                canonical_text(&rebucketed.backward).replacen("# Constructed by no-sync\n", "", 1),
+                "{name} at {mb} MiB"
+            );
+            assert!(
+                report.notes.iter().any(|(k, _)| k == "ddp.replaced"),
+                "{name}: {:?}",
+                report.notes
+            );
         }
         pairs += 1;
     }
