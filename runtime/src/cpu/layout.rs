@@ -21,7 +21,17 @@ pub fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
 /// `Tensor.expand(shape)`: size-1 dims (and new leading dims) broadcast with stride 0; `-1`
 /// keeps a dim's size. A view.
 pub fn expand(x: &Tensor, shape: &[i64]) -> Result<Tensor, String> {
-    let (xs, st) = (x.shape(), x.strides());
+    let (out, strides) = expand_dims(x.shape(), x.strides(), shape)?;
+    x.view(out, strides, x.offset())
+}
+
+/// The shape and strides `expand` gives a view of `shape` with `strides` (the CUDA backend
+/// plans its copies with it too).
+pub fn expand_dims(
+    xs: &[usize],
+    st: &[isize],
+    shape: &[i64],
+) -> Result<(Vec<usize>, Vec<isize>), String> {
     if shape.len() < xs.len() {
         return Err(format!(
             "expand: the shape {shape:?} has fewer dims than the tensor's {xs:?}"
@@ -54,7 +64,7 @@ pub fn expand(x: &Tensor, shape: &[i64]) -> Result<Tensor, String> {
             ));
         }
     }
-    x.view(out, strides, x.offset())
+    Ok((out, strides))
 }
 
 /// `torch.unsqueeze(x, dim)`: a new size-1 dim at `dim` (in `-rank-1..=rank`). A view.

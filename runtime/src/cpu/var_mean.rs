@@ -18,30 +18,12 @@ pub fn var_mean(
     if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
         return Err(format!("var_mean: dtype {dtype} is not a float type"));
     }
-    let shape = x.shape();
-    let rank = shape.len();
-    let mut reduced = vec![false; rank];
-    match dims {
-        None => reduced.iter_mut().for_each(|r| *r = true),
-        Some(ds) => {
-            for &d in ds {
-                let d = if rank == 0 {
-                    norm_dim(d, 1).map(|_| 0)?
-                } else {
-                    norm_dim(d, rank)?
-                };
-                if rank > 0 && std::mem::replace(&mut reduced[d], true) {
-                    return Err(format!("var_mean: dim {d} is listed twice in {ds:?}"));
-                }
-            }
-        }
-    }
-    // kept dims first, reduced dims last: each output element reduces one contiguous row
-    let kept: Vec<usize> = (0..rank).filter(|&d| !reduced[d]).collect();
-    let red: Vec<usize> = (0..rank).filter(|&d| reduced[d]).collect();
-    let perm: Vec<usize> = kept.iter().chain(&red).copied().collect();
-    let row: usize = red.iter().map(|&d| shape[d]).product();
-    let rows: usize = kept.iter().map(|&d| shape[d]).product();
+    let RowReduction {
+        perm,
+        rows,
+        len: row,
+        shape: out_shape,
+    } = row_reduction(x.shape(), dims, keepdim)?;
     let p = x.permute(&perm)?;
     let divisor = (row as f64 - correction).max(0.0);
     let mut var = Vec::with_capacity(rows);
@@ -69,19 +51,62 @@ pub fn var_mean(
         DType::F32 => rows!(p.elems::<f32>().ok_or("var_mean: f32 storage")?),
         _ => rows!(p.to_f32_vec()),
     }
-    let out_shape: Vec<usize> = if keepdim {
-        (0..rank)
-            .map(|d| if reduced[d] { 1 } else { shape[d] })
-            .collect()
-    } else {
-        kept.iter().map(|&d| shape[d]).collect()
-    };
     let make = |v: Vec<f64>| -> Result<Tensor, String> {
         Tensor::from_f64(out_shape.clone(), v)
             .to_dtype(dtype)
             .ok_or_else(|| format!("var_mean: cannot convert to {dtype}"))
     };
     Ok((make(var)?, make(mean)?))
+}
+
+/// Which dims `var_mean` reduces (`None` is all, a dim listed twice is an error), the
+/// permutation bringing them last (kept dims first: each output element reduces one
+/// contiguous row), the row count and row length, and the output shape. The CUDA backend
+/// plans with it too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowReduction {
+    pub perm: Vec<usize>,
+    pub rows: usize,
+    pub len: usize,
+    pub shape: Vec<usize>,
+}
+
+pub fn row_reduction(
+    x: &[usize],
+    dims: Option<&[i64]>,
+    keepdim: bool,
+) -> Result<RowReduction, String> {
+    let rank = x.len();
+    let mut reduced = vec![false; rank];
+    match dims {
+        None => reduced.iter_mut().for_each(|r| *r = true),
+        Some(ds) => {
+            for &d in ds {
+                let d = if rank == 0 {
+                    norm_dim(d, 1).map(|_| 0)?
+                } else {
+                    norm_dim(d, rank)?
+                };
+                if rank > 0 && std::mem::replace(&mut reduced[d], true) {
+                    return Err(format!("var_mean: dim {d} is listed twice in {ds:?}"));
+                }
+            }
+        }
+    }
+    let kept: Vec<usize> = (0..rank).filter(|&d| !reduced[d]).collect();
+    let red: Vec<usize> = (0..rank).filter(|&d| reduced[d]).collect();
+    Ok(RowReduction {
+        perm: kept.iter().chain(&red).copied().collect(),
+        rows: kept.iter().map(|&d| x[d]).product(),
+        len: red.iter().map(|&d| x[d]).product(),
+        shape: if keepdim {
+            (0..rank)
+                .map(|d| if reduced[d] { 1 } else { x[d] })
+                .collect()
+        } else {
+            kept.iter().map(|&d| x[d]).collect()
+        },
+    })
 }
 
 #[cfg(test)]

@@ -119,46 +119,18 @@ pub fn binary_layout(
     Ok(l)
 }
 
-/// `expand` (as `cpu::layout::expand`): -1 keeps a dim, size-1 dims repeat, new leading
-/// dims repeat.
+/// `expand`: the CPU's plan (`cpu::layout::expand_dims`) over a contiguous tensor.
 pub fn expand(shape: &[usize], target: &[i64]) -> Result<View, String> {
-    let st = View::of(shape).strides;
-    if target.len() < shape.len() {
-        return Err(format!(
-            "expand: the shape {target:?} has fewer dims than the tensor's {shape:?}"
-        ));
-    }
-    let lead = target.len() - shape.len();
-    let mut out = Vec::with_capacity(target.len());
-    let mut strides = Vec::with_capacity(target.len());
-    for (i, &want) in target.iter().enumerate() {
-        if i < lead {
-            if want < 0 {
-                return Err(format!(
-                    "expand: size {want} is not allowed for the new leading dim {i}"
-                ));
-            }
-            out.push(want as usize);
-            strides.push(0);
-            continue;
-        }
-        let (have, s) = (shape[i - lead], st[i - lead]);
-        if want == -1 || want >= 0 && want as usize == have {
-            out.push(have);
-            strides.push(s);
-        } else if have == 1 && want >= 0 {
-            out.push(want as usize);
-            strides.push(0);
-        } else {
-            return Err(format!(
-                "expand: dim {i} of {shape:?} cannot be expanded to {want} (target {target:?})"
-            ));
-        }
-    }
+    let st: Vec<isize> = View::of(shape)
+        .strides
+        .iter()
+        .map(|&s| s as isize)
+        .collect();
+    let (shape, strides) = crate::cpu::layout::expand_dims(shape, &st, target)?;
     Ok(View {
         offset: 0,
-        shape: out,
-        strides,
+        shape,
+        strides: strides.into_iter().map(|s| s as i64).collect(),
     })
 }
 
@@ -504,50 +476,8 @@ pub fn max_pool2d(
     ))
 }
 
-/// Which dims `var_mean` reduces (as `cpu::var_mean`: `None` is all, a dim listed twice is
-/// an error), the permutation bringing them last, the row count and row length, and the
-/// output shape.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RowReduction {
-    pub perm: Vec<usize>,
-    pub rows: usize,
-    pub len: usize,
-    pub shape: Vec<usize>,
-}
-
-pub fn var_mean(x: &[usize], dims: Option<&[i64]>, keepdim: bool) -> Result<RowReduction, String> {
-    let rank = x.len();
-    let mut reduced = vec![false; rank];
-    match dims {
-        None => reduced.iter_mut().for_each(|r| *r = true),
-        Some(ds) => {
-            for &d in ds {
-                let d = if rank == 0 {
-                    norm_dim(d, 1).map(|_| 0)?
-                } else {
-                    norm_dim(d, rank)?
-                };
-                if rank > 0 && std::mem::replace(&mut reduced[d], true) {
-                    return Err(format!("var_mean: dim {d} is listed twice in {ds:?}"));
-                }
-            }
-        }
-    }
-    let kept: Vec<usize> = (0..rank).filter(|&d| !reduced[d]).collect();
-    let red: Vec<usize> = (0..rank).filter(|&d| reduced[d]).collect();
-    Ok(RowReduction {
-        perm: kept.iter().chain(&red).copied().collect(),
-        rows: kept.iter().map(|&d| x[d]).product(),
-        len: red.iter().map(|&d| x[d]).product(),
-        shape: if keepdim {
-            (0..rank)
-                .map(|d| if reduced[d] { 1 } else { x[d] })
-                .collect()
-        } else {
-            kept.iter().map(|&d| x[d]).collect()
-        },
-    })
-}
+/// Which dims `var_mean` reduces: the CPU kernel's own plan.
+pub use crate::cpu::var_mean::{row_reduction as var_mean, RowReduction};
 
 /// `arange`'s element count (the checks of `cpu::fill::arange`).
 pub fn arange_len(start: f64, end: f64, step: f64) -> Result<usize, String> {
