@@ -60,7 +60,11 @@ pub(crate) struct RankOut {
 }
 
 /// `a + b` on the device.
-fn device_add<B: Backend>(backend: &B, a: &B::Tensor, b: &B::Tensor) -> Result<B::Tensor, String> {
+pub(crate) fn device_add<B: Backend>(
+    backend: &B,
+    a: &B::Tensor,
+    b: &B::Tensor,
+) -> Result<B::Tensor, String> {
     backend
         .run(
             &Kernel::Binary {

@@ -443,20 +443,7 @@ struct Shared<'a> {
 
 /// `a + b` on the CPU backend.
 pub(crate) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
-    crate::cpu::CpuBackend
-        .run(
-            &crate::kernel::Kernel::Binary {
-                op: crate::kernel::BinaryOp::Add,
-                a: crate::kernel::Side::Input(0),
-                b: crate::kernel::Side::Input(1),
-                alpha: 1.0,
-            },
-            &[
-                crate::backend::Input::Tensor(a),
-                crate::backend::Input::Tensor(b),
-            ],
-        )
-        .map_err(|e| e.0)
+    crate::rank_loop::device_add(&CpuBackend, a, b)
 }
 
 fn rank_main(
@@ -649,6 +636,21 @@ pub(crate) fn data_source(cfg: &TrainConfig, model: &Model) -> Result<DataSource
     })
 }
 
+/// Checks, before any rank starts, that `rank`'s first batch (of this run: a resumed run
+/// starts at the checkpoint's step) is there and fits the model.
+pub(crate) fn check_first_batch(
+    data: &DataSource,
+    cfg: &TrainConfig,
+    model: &Model,
+    resume: Option<&crate::checkpoint::Checkpoint>,
+    rank: usize,
+) -> Result<(), TrainError> {
+    let first_micro = resume.map_or(0, |c| c.step) * (cfg.no_sync_steps + 1);
+    data.batch(first_micro, rank, model)
+        .map(|_| ())
+        .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))
+}
+
 /// Trains on `cfg.world_size` thread ranks; `on_step(step, loss)` is called by rank 0 as each
 /// step ends.
 pub fn train(
@@ -694,11 +696,8 @@ pub fn train_with(
     check_memory(&model, cfg.world_size)?;
     let (init, resume) = initial_params(cfg, &model)?;
     let data = data_source(cfg, &model)?;
-    // every rank's first batch is there and fits, before any rank starts
-    let first_micro = resume.as_ref().map_or(0, |c| c.step) * (cfg.no_sync_steps + 1);
     for rank in 0..cfg.world_size {
-        data.batch(first_micro, rank, &model)
-            .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
+        check_first_batch(&data, cfg, &model, resume.as_ref(), rank)?;
     }
     let group = ThreadGroup::new(
         cfg.world_size,

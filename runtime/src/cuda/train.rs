@@ -105,9 +105,7 @@ pub fn train(
     check_memory(&model, 1)?;
     let (init, resume) = initial_params(&cfg, &model)?;
     let data = crate::trainer::data_source(&cfg, &model)?;
-    let first_micro = resume.as_ref().map_or(0, |c| c.step) * (cfg.no_sync_steps + 1);
-    data.batch(first_micro, rank, &model)
-        .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
+    crate::trainer::check_first_batch(&data, &cfg, &model, resume.as_ref(), rank)?;
     let setup = RankSetup {
         cfg: &cfg,
         rank,
