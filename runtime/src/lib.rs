@@ -1,15 +1,23 @@
-//! tracepass-runtime: runs rewritten traces on ranks.
+//! tracepass-runtime: runs rewritten traces on ranks. One folder per concern:
 //!
-//! - [`backend::Backend`] and the [`cpu::CpuBackend`]: kernels over [`tensor::Tensor`]s.
-//! - [`comm::Communicator`] and [`thread_comm::ThreadComm`]: collectives between ranks.
-//! - [`plan::Plan`] and [`executor::Executor`]: a trace compiled to slots, run step by step.
-//! - [`trainer`]: forward, loss, DDP backward, optimizer on N ranks; `tracepass train`.
+//! - [`exec`]: a trace compiled to a [`Plan`] and run step by step by an [`Executor`] on a
+//!   [`Backend`], whose [`exec::Kernel`]s each op of the op table maps to.
+//! - [`cpu`] and `cuda` (feature `cuda`): the backends; `cuda` also holds the NCCL
+//!   communicator.
+//! - [`comm`]: the [`Communicator`] interface, [`comm::ThreadComm`] between thread ranks, and
+//!   the rendezvous of process ranks.
+//! - [`train`]: forward, loss, DDP backward and optimizer on N ranks, one rank loop for every
+//!   backend; what `tracepass train` runs.
+//! - [`sim`]: step time predicted on a modelled device and network.
+//! - [`tensor`]: host [`Tensor`]s and safetensors files.
+//!
+//! The `tracepass` command line is its own crate, `tracepass-cli` (in `runtime/cli`).
 //!
 //! Training the built-in seed model for two steps on two ranks (threads on the CPU backend,
-//! joined by a [`thread_comm::ThreadComm`]); the backward is rewritten by the DDP pipeline:
+//! joined by a [`comm::ThreadComm`]); the backward is rewritten by the DDP pipeline:
 //!
 //! ```
-//! use tracepass_runtime::trainer::{train, TrainConfig};
+//! use tracepass_runtime::{train, TrainConfig};
 //! let cfg = TrainConfig {
 //!     world_size: 2,
 //!     steps: 2,
@@ -28,36 +36,16 @@
 // invariant. Everything a user controls (files, options, traces, ranks) returns a typed error.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub mod affinity;
-pub mod alloc;
-pub mod backend;
-pub mod buffer_updates;
-pub mod checkpoint;
-pub mod cli;
 pub mod comm;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod data;
-pub mod executor;
-pub mod fingerprint;
-pub mod kernel;
-pub mod kernel_ops;
-pub mod launch;
-pub mod loss;
-pub mod memory;
-pub mod metrics;
-pub mod model;
-pub mod optim;
-pub mod plan;
-pub mod rank_loop;
-pub mod reduction;
-pub mod rendezvous;
+pub mod exec;
 pub mod sim;
-pub mod simulate_cmd;
 pub mod tensor;
-pub mod tensorfile;
-pub mod thread_comm;
-pub mod train_cmd;
-pub mod trainer;
-pub mod verify_cmd;
+pub mod train;
+
+pub use comm::Communicator;
+pub use exec::{Backend, Executor, Plan};
+pub use tensor::Tensor;
+pub use train::{train, Model, ModelSource, TrainConfig, TrainReport};

@@ -6,14 +6,14 @@
 
 use std::path::{Path, PathBuf};
 use tracepass_ir::{load_export, Arg};
+use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
 use tracepass_runtime::cpu::CpuBackend;
-use tracepass_runtime::executor::{Executor, RValue};
-use tracepass_runtime::metrics::{Clock, Recording};
-use tracepass_runtime::model::forward_output;
-use tracepass_runtime::plan::Plan;
+use tracepass_runtime::exec::Plan;
+use tracepass_runtime::exec::{Clock, Recording};
+use tracepass_runtime::exec::{Executor, RValue};
 use tracepass_runtime::tensor::Tensor;
-use tracepass_runtime::tensorfile::TensorFile;
-use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
+use tracepass_runtime::tensor::TensorFile;
+use tracepass_runtime::train::forward_output;
 
 fn model(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 use tracepass_ir::{load_export, Arg};
-use tracepass_runtime::model::forward_output;
-use tracepass_runtime::plan::Plan;
+use tracepass_runtime::exec::Plan;
+use tracepass_runtime::train::forward_output;
 
 fn corpus() -> Vec<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/models");

@@ -7,14 +7,14 @@
 #![cfg(feature = "cuda")]
 
 use tracepass_ir::DType;
-use tracepass_runtime::backend::{Backend, Input};
 use tracepass_runtime::comm::Communicator;
+use tracepass_runtime::comm::DistEnv;
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::cuda::{CudaBackend, NcclComm};
-use tracepass_runtime::kernel::{BinaryOp, Kernel, ReduceOp, Side, UnaryOp};
-use tracepass_runtime::rendezvous::DistEnv;
+use tracepass_runtime::exec::{Backend, Input};
+use tracepass_runtime::exec::{BinaryOp, Kernel, ReduceOp, Side, UnaryOp};
 use tracepass_runtime::tensor::Tensor;
-use tracepass_runtime::trainer::{train, TrainConfig};
+use tracepass_runtime::train::{train, TrainConfig};
 
 fn required() -> bool {
     std::env::var("TRACEPASS_REQUIRE_GPU").is_ok_and(|v| v == "1")

@@ -5,11 +5,11 @@
 #![cfg(feature = "cuda")]
 
 use tracepass_ir::DType;
-use tracepass_runtime::backend::{Backend, Input};
 use tracepass_runtime::cpu::random::{uniform, RngKey};
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::cuda::CudaBackend;
-use tracepass_runtime::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
+use tracepass_runtime::exec::{Backend, Input};
+use tracepass_runtime::exec::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
 use tracepass_runtime::tensor::Tensor;
 
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];

@@ -1,13 +1,13 @@
 //! The plan compiler and executor on small hand-made traces: kernels, liveness, errors.
 
 use tracepass_ir::{Arg, DType, DTypeSpelling, Device, TraceBuilder, TraceKind, Type};
+use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
 use tracepass_runtime::cpu::CpuBackend;
-use tracepass_runtime::executor::{Executor, RValue};
-use tracepass_runtime::metrics::{Clock, Recording};
-use tracepass_runtime::model::{Model, ModelSource};
-use tracepass_runtime::plan::{InstrKind, Plan};
+use tracepass_runtime::exec::{Clock, Recording};
+use tracepass_runtime::exec::{Executor, RValue};
+use tracepass_runtime::exec::{InstrKind, Plan};
 use tracepass_runtime::tensor::Tensor;
-use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
+use tracepass_runtime::train::{Model, ModelSource};
 
 fn f32t(s: &[usize]) -> Type {
     Type::tensor(s, DType::F32, Device::CPU)
@@ -200,8 +200,8 @@ def backward_fn(g, h):
         .unwrap();
     let inputs = || vec![RValue::Tensor(g.clone()), RValue::Tensor(h.clone())];
     let divided = |x: &Tensor| {
-        use tracepass_runtime::backend::{Backend, Input};
-        use tracepass_runtime::kernel::{BinaryOp, Kernel, Side};
+        use tracepass_runtime::exec::{Backend, Input};
+        use tracepass_runtime::exec::{BinaryOp, Kernel, Side};
         let div = Kernel::Binary {
             op: BinaryOp::Div,
             a: Side::Input(0),

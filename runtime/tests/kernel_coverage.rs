@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 use tracepass_ir::{Arg, DType, Device, OpRegistry, TraceBuilder, TraceKind, Type};
-use tracepass_runtime::kernel_ops::{kernel_entry, KernelEntry, KERNELS};
-use tracepass_runtime::plan::{Plan, PLANNED_OPS};
+use tracepass_runtime::exec::{kernel_entry, KernelEntry, KERNELS};
+use tracepass_runtime::exec::{Plan, PLANNED_OPS};
 
 #[test]
 fn every_op_of_the_table_has_a_kernel_or_an_explicit_mark() {

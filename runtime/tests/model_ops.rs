@@ -3,12 +3,12 @@
 //! equal the kernels called directly.
 
 use tracepass_ir::{Arg, DType, Device, Lhs, Node, Trace, TraceKind, Type, ValueId};
+use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
 use tracepass_runtime::cpu::{compare, conv, layout, pool, var_mean, CpuBackend};
-use tracepass_runtime::executor::{Executor, RValue};
-use tracepass_runtime::metrics::{Clock, Recording};
-use tracepass_runtime::plan::Plan;
+use tracepass_runtime::exec::Plan;
+use tracepass_runtime::exec::{Clock, Recording};
+use tracepass_runtime::exec::{Executor, RValue};
 use tracepass_runtime::tensor::Tensor;
-use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
 
 fn exec(plan: &Plan, inputs: Vec<RValue<Tensor>>) -> Result<Vec<RValue<Tensor>>, String> {
     let g = ThreadGroup::new(1, CommOptions::default());

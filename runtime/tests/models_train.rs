@@ -5,17 +5,17 @@
 use std::path::{Path, PathBuf};
 use tracepass_ir::{DType, OpRegistry, ValueId};
 use tracepass_runtime::comm::Communicator;
+use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
 use tracepass_runtime::cpu::CpuBackend;
-use tracepass_runtime::data::{file_params, DataSource};
-use tracepass_runtime::executor::{Executor, RValue};
-use tracepass_runtime::metrics::{Clock, Recording};
-use tracepass_runtime::model::{Model, ModelSource};
-use tracepass_runtime::optim::OptimizerKind;
-use tracepass_runtime::plan::Plan;
+use tracepass_runtime::exec::Plan;
+use tracepass_runtime::exec::{Clock, Recording};
+use tracepass_runtime::exec::{Executor, RValue};
 use tracepass_runtime::tensor::Tensor;
-use tracepass_runtime::tensorfile::TensorFile;
-use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
-use tracepass_runtime::trainer::{local_gradients_at, train, TrainConfig, TrainReport};
+use tracepass_runtime::tensor::TensorFile;
+use tracepass_runtime::train::OptimizerKind;
+use tracepass_runtime::train::{file_params, DataSource};
+use tracepass_runtime::train::{local_gradients_at, train, TrainConfig, TrainReport};
+use tracepass_runtime::train::{Model, ModelSource};
 
 fn corpus() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models");

@@ -2,13 +2,13 @@
 //! on hand-made traces, against values computed by hand.
 
 use tracepass_ir::{Arg, DType, Device, Trace, TraceBuilder, TraceKind, Type, ValueId};
+use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
 use tracepass_runtime::cpu::CpuBackend;
-use tracepass_runtime::executor::{Executor, RValue};
-use tracepass_runtime::kernel::Kernel;
-use tracepass_runtime::metrics::{Clock, Recording};
-use tracepass_runtime::plan::{InstrKind, Plan};
+use tracepass_runtime::exec::Kernel;
+use tracepass_runtime::exec::{Clock, Recording};
+use tracepass_runtime::exec::{Executor, RValue};
+use tracepass_runtime::exec::{InstrKind, Plan};
 use tracepass_runtime::tensor::Tensor;
-use tracepass_runtime::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
 
 fn ty(shape: &[usize], dtype: DType) -> Type {
     Type::tensor(shape, dtype, Device::CPU)
@@ -479,7 +479,7 @@ fn decoders_read_the_ops_options() {
     let t = b.finish();
     assert_eq!(
         last_kernel(&t, g),
-        Kernel::Unary(tracepass_runtime::kernel::UnaryOp::GeluTanh)
+        Kernel::Unary(tracepass_runtime::exec::UnaryOp::GeluTanh)
     );
     let mut b = TraceBuilder::new("f", TraceKind::Forward);
     let r = b.op("ltorch.rand", vec![Arg::Int(2), Arg::Int(3)]).unwrap();

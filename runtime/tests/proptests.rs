@@ -1,7 +1,7 @@
 //! Property test: the synchronized gradients do not depend on the bucket size, to the bit.
 
 use proptest::prelude::*;
-use tracepass_runtime::trainer::{train, TrainConfig};
+use tracepass_runtime::train::{train, TrainConfig};
 
 fn grads(world: usize, bucket_mb: f64, seed: u64) -> Vec<Vec<u32>> {
     let r = train(

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tracepass_ir::DType;
-use tracepass_runtime::data::{seeded_params, DataSource};
-use tracepass_runtime::model::{Model, ModelSource};
 use tracepass_runtime::tensor::Tensor;
-use tracepass_runtime::trainer::{
+use tracepass_runtime::train::{
     local_gradients, train, Fault, TrainConfig, TrainError, TrainReport,
 };
+use tracepass_runtime::train::{seeded_params, DataSource};
+use tracepass_runtime::train::{Model, ModelSource};
 
 fn reference(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -372,7 +372,7 @@ fn metrics_record_every_bucket_in_order() {
             }
         }
     }
-    let tl = tracepass_runtime::metrics::timeline_json(&r.events);
+    let tl = tracepass_runtime::exec::timeline_json(&r.events);
     let events = tl["traceEvents"].as_array().unwrap();
     let comm = events
         .iter()
@@ -403,7 +403,7 @@ fn parameters_that_do_not_fit_the_trace_are_named() {
         .zip(seeded_params(&model.program.params, 0).unwrap())
         .collect();
     params[1].1 = Tensor::from_f32(vec![3], vec![0.0; 3]);
-    tracepass_runtime::tensorfile::save_tensors(&p, &params).unwrap();
+    tracepass_runtime::tensor::save_tensors(&p, &params).unwrap();
     let e = fails(&TrainConfig {
         params: Some(p.clone()),
         ..TrainConfig::default()
@@ -413,7 +413,7 @@ fn parameters_that_do_not_fit_the_trace_are_named() {
         "{e}"
     );
     params.remove(0);
-    tracepass_runtime::tensorfile::save_tensors(&p, &params).unwrap();
+    tracepass_runtime::tensor::save_tensors(&p, &params).unwrap();
     let e = fails(&TrainConfig {
         params: Some(p),
         ..TrainConfig::default()
@@ -456,7 +456,7 @@ fn inputs_that_do_not_match_the_trace_are_errors() {
     let d = dir.path().join("d.safetensors");
     let x = Tensor::from_f32(vec![8, 16], vec![0.0; 128]);
     let y = Tensor::from_f32(vec![8, 4], vec![0.25; 32]);
-    tracepass_runtime::tensorfile::save_tensors(&d, &[("x.0.0".into(), x), ("y.0.0".into(), y)])
+    tracepass_runtime::tensor::save_tensors(&d, &[("x.0.0".into(), x), ("y.0.0".into(), y)])
         .unwrap();
     let e = fails(&TrainConfig {
         data: Some(d),
@@ -665,7 +665,7 @@ fn a_resumed_run_continues_with_the_same_losses() {
         world_size: 2,
         steps: 9,
         resume: Some(ck.clone()),
-        optimizer: tracepass_runtime::optim::OptimizerKind::Sgd { lr: 0.1 },
+        optimizer: tracepass_runtime::train::OptimizerKind::Sgd { lr: 0.1 },
         ..TrainConfig::default()
     });
     assert!(e.contains("saved by adamw, but this run uses sgd"), "{e}");

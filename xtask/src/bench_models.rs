@@ -7,8 +7,8 @@
 use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use tracepass_runtime::model::ModelSource;
-use tracepass_runtime::trainer::{train, TrainConfig, TrainReport};
+use tracepass_runtime::train::ModelSource;
+use tracepass_runtime::train::{train, TrainConfig, TrainReport};
 
 const WARMUP: usize = 5;
 const TIMED: usize = 30;

@@ -6,15 +6,15 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tracepass_runtime::backend::{Backend, Input};
+use tracepass_runtime::comm::DistEnv;
 use tracepass_runtime::comm::{Communicator, ReduceOp};
 use tracepass_runtime::cuda::{nccl, CudaBackend, NcclComm};
-use tracepass_runtime::kernel::{BinaryOp, Kernel, Side};
-use tracepass_runtime::model::ModelSource;
-use tracepass_runtime::rendezvous::DistEnv;
+use tracepass_runtime::exec::{Backend, Input};
+use tracepass_runtime::exec::{BinaryOp, Kernel, Side};
 use tracepass_runtime::sim::DeviceModel;
 use tracepass_runtime::tensor::Tensor;
-use tracepass_runtime::trainer::TrainConfig;
+use tracepass_runtime::train::ModelSource;
+use tracepass_runtime::train::TrainConfig;
 
 /// A line of the final table: what was checked, the verdict or figure, details.
 pub type Row = (String, String, String);
@@ -390,7 +390,7 @@ fn check_model(dir: &Path, steps: usize) -> Row {
         },
         ..TrainConfig::default()
     };
-    let cpu = match tracepass_runtime::trainer::train(&cfg, &|_, _| {}) {
+    let cpu = match tracepass_runtime::train::train(&cfg, &|_, _| {}) {
         Ok(r) => r,
         Err(e) => {
             return row(
@@ -459,7 +459,7 @@ pub fn gpu_check(extra_models: Vec<PathBuf>, skip_bench: bool) -> Result<()> {
             "build",
             "--release",
             "-p",
-            "tracepass-runtime",
+            "tracepass-cli",
             "--features",
             "cuda",
         ]),

@@ -90,7 +90,7 @@ enum Cmd {
 }
 
 fn main() -> Result<()> {
-    tracepass_runtime::alloc::keep_freed_memory();
+    tracepass_cli::alloc::keep_freed_memory();
     match Cli::parse().cmd {
         Cmd::Bench {
             suite,
@@ -394,9 +394,9 @@ fn peak_gflops() -> (f64, String) {
 
 fn bench_runtime() -> Result<()> {
     use tracepass_runtime::cpu;
-    use tracepass_runtime::model::ModelSource;
     use tracepass_runtime::tensor::Tensor;
-    use tracepass_runtime::trainer::{train, TrainConfig};
+    use tracepass_runtime::train::ModelSource;
+    use tracepass_runtime::train::{train, TrainConfig};
 
     let (peak, cpu_desc) = peak_gflops();
     println!(
@@ -476,7 +476,7 @@ fn bench_runtime() -> Result<()> {
 }
 
 /// Mean over ranks and the steady-state steps of (backward, backward compute, comm, overlap).
-fn steady(r: &tracepass_runtime::trainer::TrainReport, skip: usize) -> (f64, f64, f64, f64, usize) {
+fn steady(r: &tracepass_runtime::train::TrainReport, skip: usize) -> (f64, f64, f64, f64, usize) {
     let mut acc = (0.0, 0.0, 0.0, 0.0, 0usize);
     let mut n = 0.0;
     for per_rank in &r.metrics {
@@ -494,9 +494,9 @@ fn steady(r: &tracepass_runtime::trainer::TrainReport, skip: usize) -> (f64, f64
 
 fn bench_overlap(world: usize, layers: usize) -> Result<()> {
     use tracepass_runtime::comm::LinkModel;
-    use tracepass_runtime::model::ModelSource;
-    use tracepass_runtime::optim::OptimizerKind;
-    use tracepass_runtime::trainer::{train, TrainConfig};
+    use tracepass_runtime::train::ModelSource;
+    use tracepass_runtime::train::OptimizerKind;
+    use tracepass_runtime::train::{train, TrainConfig};
     let (width, steps, skip) = (1024usize, 20usize, 4usize);
     if world < 2 {
         bail!("--ranks must be at least 2 for an overlap benchmark");

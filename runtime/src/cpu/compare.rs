@@ -7,7 +7,7 @@ use crate::with_elem;
 use std::borrow::Cow;
 use tracepass_ir::DType;
 
-pub use crate::kernel::CompareOp;
+pub use crate::exec::kernel::CompareOp;
 
 /// An operand that is a tensor or a Python number.
 #[derive(Clone, Copy, Debug)]

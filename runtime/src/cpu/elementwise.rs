@@ -2,8 +2,8 @@
 
 use super::promote::{promote_types, promote_with_scalar};
 use super::real::Real;
-use crate::backend::Input;
-use crate::kernel::{BinaryOp, Side, UnaryOp};
+use crate::exec::backend::Input;
+use crate::exec::kernel::{BinaryOp, Side, UnaryOp};
 use crate::tensor::{contiguous_strides, is_float, Tensor};
 use tracepass_ir::DType;
 

@@ -3,7 +3,7 @@
 //! integer kernels.
 
 use super::compare::{broadcast_all, broadcast_to, Operand};
-use crate::kernel::BinaryOp;
+use crate::exec::kernel::BinaryOp;
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
 

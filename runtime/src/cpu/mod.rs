@@ -21,8 +21,8 @@ mod real;
 mod reduce;
 pub mod var_mean;
 
-use crate::backend::{Backend, Input, KernelError};
-use crate::kernel::{Kernel, Side};
+use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::kernel::{Kernel, Side};
 use crate::tensor::{supported_dtype, Storage, Tensor};
 use tracepass_ir::DType;
 
@@ -57,7 +57,7 @@ fn operand<'a>(inputs: &'a [Input<'_, Tensor>], s: Side) -> Result<compare::Oper
     })
 }
 
-/// The real models' single-output kernels (see [`crate::kernel_ops`]).
+/// The real models' single-output kernels (see [`crate::exec::kernel_ops`]).
 fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, String> {
     let t = |i: usize| tensor(inputs, i).map_err(|e| e.0);
     match kernel {

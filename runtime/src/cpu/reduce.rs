@@ -1,7 +1,7 @@
 //! Reductions over dimensions and (log-)softmax.
 
 use super::real::Real;
-use crate::kernel::ReduceOp;
+use crate::exec::kernel::ReduceOp;
 use crate::tensor::{contiguous_strides, Tensor};
 use tracepass_ir::DType;
 

@@ -6,9 +6,9 @@ use super::kernels::{self, Source, MAX_RANK};
 use super::layouts::{self, View};
 use super::model_kernels;
 use super::CudaError;
-use crate::backend::{Backend, Input, KernelError};
 use crate::cpu::promote::{promote_types, promote_with_scalar};
-use crate::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
+use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
 use crate::tensor::{is_float, Storage, Tensor};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{

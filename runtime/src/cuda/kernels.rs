@@ -16,7 +16,7 @@
 //! [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
-use crate::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp};
+use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp};
 use tracepass_ir::DType;
 
 /// Largest rank the shape-carrying kernels handle.
@@ -395,7 +395,7 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
 
 /// One kernel of each kind with each op (the shape-like fields do not change the source).
 pub fn every_kernel() -> Vec<Kernel> {
-    use crate::kernel::Side;
+    use crate::exec::kernel::Side;
     // exhaustive: a new Kernel variant does not build until it is listed below
     fn listed(k: &Kernel) {
         match k {

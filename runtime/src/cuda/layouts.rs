@@ -4,7 +4,7 @@
 
 use super::kernels::{Layout, MAX_RANK};
 use super::model_kernels::{ConvLayout, PadLayout, PoolLayout, MAX_SPATIAL};
-use crate::kernel::LossReduction;
+use crate::exec::kernel::LossReduction;
 use crate::tensor::contiguous_strides;
 
 /// A strided view of a contiguous tensor: the element it starts at, its shape and strides

@@ -10,7 +10,7 @@
 //! integer ops).
 
 use super::kernels::{ctype, Source, MAX_RANK, PRELUDE};
-use crate::kernel::{BinaryOp, CompareOp, ReduceOp};
+use crate::exec::kernel::{BinaryOp, CompareOp, ReduceOp};
 use tracepass_ir::DType;
 
 /// Every dtype a CUDA tensor can have: the float types, i64 (indices) and bool (masks).

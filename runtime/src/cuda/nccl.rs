@@ -221,7 +221,7 @@ impl NcclComm {
             let _ = ctx.bind_to_thread();
         })
         .map_err(|e| drv(format!("starting the NCCL watchdog: {e}")))?;
-        let scratch = crate::backend::Backend::upload(
+        let scratch = crate::exec::backend::Backend::upload(
             backend,
             &crate::tensor::Tensor::from_f32(vec![1], vec![0.0]),
         )

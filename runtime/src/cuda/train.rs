@@ -8,12 +8,12 @@
 use super::backend::{CudaBackend, CudaTensor};
 use super::nccl::{unique_id, NcclComm};
 use super::solo::SoloComm;
+use crate::comm::rendezvous::{exchange, DistEnv};
 use crate::comm::{CommTiming, Communicator};
-use crate::metrics::{Clock, Recording, Span};
-use crate::model::Model;
-use crate::rank_loop::{run_rank, RankOut, RankSetup, StepComm};
-use crate::rendezvous::{exchange, DistEnv};
-use crate::trainer::{
+use crate::exec::metrics::{Clock, Recording, Span};
+use crate::train::model::Model;
+use crate::train::rank_loop::{run_rank, RankOut, RankSetup, StepComm};
+use crate::train::trainer::{
     build_plans, check_link_timeout, check_memory, initial_params, Fault, TrainConfig, TrainError,
     TrainReport,
 };
@@ -104,8 +104,8 @@ pub fn train(
     // this process makes the first copy of the parameters in host memory
     check_memory(&model, 1)?;
     let (init, resume) = initial_params(&cfg, &model)?;
-    let data = crate::trainer::data_source(&cfg, &model)?;
-    crate::trainer::check_first_batch(&data, &cfg, &model, resume.as_ref(), rank)?;
+    let data = crate::train::trainer::data_source(&cfg, &model)?;
+    crate::train::trainer::check_first_batch(&data, &cfg, &model, resume.as_ref(), rank)?;
     let setup = RankSetup {
         cfg: &cfg,
         rank,
@@ -154,7 +154,7 @@ pub fn train(
     .unwrap_or_else(|p| {
         Err(fail(format!(
             "panicked: {}",
-            crate::trainer::panic_message(p)
+            crate::train::trainer::panic_message(p)
         )))
     });
     if let Err(e) = &r {
@@ -168,7 +168,7 @@ pub fn train(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{BucketRecord, Event};
+    use crate::exec::metrics::{BucketRecord, Event};
     use std::time::Duration;
 
     fn bucket(label: &str, start: f64, end: f64) -> BucketRecord {

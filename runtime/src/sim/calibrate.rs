@@ -1,9 +1,9 @@
 //! A model of this CPU, measured: what the simulator needs to predict a thread-rank run.
 
 use super::device::DeviceModel;
-use crate::backend::{Backend, Input};
 use crate::cpu::{self, CpuBackend};
-use crate::kernel::{BinaryOp, Kernel, Side};
+use crate::exec::backend::{Backend, Input};
+use crate::exec::kernel::{BinaryOp, Kernel, Side};
 use crate::tensor::Tensor;
 use std::time::Instant;
 

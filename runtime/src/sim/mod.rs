@@ -1,8 +1,8 @@
 //! Step-time simulator: a cost model of devices and links over rewritten traces.
 
-pub mod calibrate;
-pub mod device;
-pub mod simulate;
+pub(crate) mod calibrate;
+pub(crate) mod device;
+pub(crate) mod simulate;
 
 pub use calibrate::cpu_model;
 pub use device::{named_link, parse_link, DeviceModel, LINK_NAMES};

@@ -4,8 +4,9 @@
 
 use super::device::DeviceModel;
 use crate::comm::LinkModel;
-use crate::kernel::{decode, Kernel};
-use crate::metrics::{OverlapSummary, Span};
+use crate::exec::kernel::Kernel;
+use crate::exec::kernel_ops::decode;
+use crate::exec::metrics::{OverlapSummary, Span};
 use serde::Serialize;
 use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
 

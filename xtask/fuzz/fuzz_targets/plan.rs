@@ -5,7 +5,7 @@ mod seed_pairing;
 use libfuzzer_sys::fuzz_target;
 use tracepass_ir::{parse_trace, verify, OpRegistry, ValueId};
 use tracepass_passes::PassManager;
-use tracepass_runtime::plan::Plan;
+use tracepass_runtime::exec::Plan;
 
 const PIPELINES: &[&str] = &[
     "",

@@ -1,11 +1,11 @@
 //! Runs a compiled plan on one rank: kernels on the backend, collectives on the communicator,
 //! each value dropped after its last use, timings recorded as it goes.
 
-use crate::backend::{Backend, Input, RngKey};
 use crate::comm::{CommError, Communicator};
-use crate::kernel::Kernel;
-use crate::metrics::{BucketRecord, Clock, Event, Recording, Span};
-use crate::plan::{InstrKind, Plan};
+use crate::exec::backend::{Backend, Input, RngKey};
+use crate::exec::kernel::Kernel;
+use crate::exec::metrics::{BucketRecord, Clock, Event, Recording, Span};
+use crate::exec::plan::{InstrKind, Plan};
 use std::time::Instant;
 use tracepass_ir::Type;
 

@@ -1,13 +1,13 @@
 //! `tracepass train`: options, progress and output of the trainer.
 
-use crate::comm::LinkModel;
-use crate::metrics::timeline_json;
-use crate::model::ModelSource;
-use crate::optim::OptimizerKind;
-use crate::trainer::{Fault, TrainConfig, TrainReport};
+use crate::input::{check_output, load_program, program_from_traces};
+use crate::numbers::{count, count64};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
+use tracepass_runtime::comm::LinkModel;
+use tracepass_runtime::exec::timeline_json;
+use tracepass_runtime::train::{Fault, ModelSource, OptimizerKind, TrainConfig, TrainReport};
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
@@ -107,30 +107,9 @@ pub struct TrainArgs {
     pub inject_fault: Option<String>,
 }
 
-/// A count option (`--world-size`, `--steps`, ...): a whole number, with a message that says
-/// what is wrong with anything else (clap's own says `unexpected argument '-1'`).
-pub fn count(s: &str) -> Result<usize, String> {
-    count64(s).and_then(|n| {
-        usize::try_from(n).map_err(|_| format!("{s} is too large (at most {})", usize::MAX))
-    })
-}
-
-/// As [`count`], for 64-bit values (`--seed`).
-pub fn count64(s: &str) -> Result<u64, String> {
-    use std::num::IntErrorKind;
-    s.trim().parse::<u64>().map_err(|e| match e.kind() {
-        IntErrorKind::PosOverflow => format!("{s} is too large (at most {})", u64::MAX),
-        IntErrorKind::Empty => "expected a whole number, got nothing".to_string(),
-        _ if s.trim().starts_with('-') && s.trim()[1..].parse::<f64>().is_ok() => {
-            format!("{s} is negative; expected a whole number of at least 0")
-        }
-        _ => format!("{s} is not a whole number"),
-    })
-}
-
 fn model_source(args: &TrainArgs) -> Result<ModelSource> {
     if let (Some(f), Some(b)) = (&args.forward, &args.backward) {
-        let p = crate::cli::program_from_traces(f, b, args.prologue.as_deref())?;
+        let p = program_from_traces(f, b, args.prologue.as_deref())?;
         return Ok(ModelSource::Program(Box::new(p)));
     }
     if args.model == "seed" {
@@ -170,8 +149,7 @@ fn model_source(args: &TrainArgs) -> Result<ModelSource> {
         return Ok(ModelSource::Export(path.to_path_buf()));
     }
     if path.exists() || path.extension().is_some() {
-        let p =
-            crate::cli::load_program(path).with_context(|| format!("--model {}", args.model))?;
+        let p = load_program(path).with_context(|| format!("--model {}", args.model))?;
         return Ok(ModelSource::Program(Box::new(p)));
     }
     bail!(
@@ -238,7 +216,7 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
     }
     let link: Option<LinkModel> = match &args.link {
         Some(l) => Some(
-            crate::sim::parse_link(l)
+            tracepass_runtime::sim::parse_link(l)
                 .map_err(anyhow::Error::msg)
                 .context("--link")?,
         ),
@@ -331,7 +309,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         ("--metrics-json", &args.metrics_json),
     ] {
         if let Some(p) = path {
-            crate::cli::check_output(p, flag)?;
+            check_output(p, flag)?;
         }
     }
     let cfg = config(&args)?;
@@ -374,7 +352,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let report = if args.device == "cuda" {
         run_cuda(&cfg, &on_step)?
     } else {
-        crate::trainer::train_with(&cfg, &on_ready, &on_step)?
+        tracepass_runtime::train::train_with(&cfg, &on_ready, &on_step)?
     };
     if let Some(pb) = &bar {
         pb.finish_and_clear();
@@ -419,8 +397,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
 /// One GPU rank per process; the torchrun environment (or its absence: one rank) says which.
 #[cfg(feature = "cuda")]
 fn run_cuda(cfg: &TrainConfig, on_step: &dyn Fn(usize, f64)) -> Result<TrainReport> {
-    let env = crate::rendezvous::DistEnv::from_env()?;
-    Ok(crate::cuda::train::train(cfg, &env, on_step)?)
+    let env = tracepass_runtime::comm::DistEnv::from_env()?;
+    Ok(tracepass_runtime::cuda::train::train(cfg, &env, on_step)?)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -2,8 +2,8 @@
 //! all-reduce runs while the rank computes. The reduction adds the ranks' buffers in rank order
 //! (0, 1, 2, ...) for every element, so every rank gets the same bits, whatever the bucketing.
 
+use crate::comm::reduction::Reduction;
 use crate::comm::{CommError, CommTiming, Communicator, LinkModel, ReduceOp};
-use crate::reduction::Reduction;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -544,7 +544,7 @@ impl Drop for ThreadComm {
 }
 
 /// A failure elsewhere in the group surfaces at the end of the step.
-impl crate::rank_loop::StepComm for ThreadComm {}
+impl crate::train::rank_loop::StepComm for ThreadComm {}
 
 #[cfg(test)]
 mod tests {

@@ -2,20 +2,20 @@
 //! `ddp` + `sort-waits` passes), optimizer, for N steps; every rank a thread with its own
 //! communication worker.
 
-use crate::backend::Backend;
+use crate::comm::thread::{CommOptions, ThreadComm, ThreadGroup};
 use crate::comm::{Communicator, LinkModel, ReduceOp};
 use crate::cpu::CpuBackend;
-use crate::data::{file_params, seeded_params, Batch, DataSource};
-use crate::executor::{ExecError, Executor, RValue};
-use crate::loss::loss_and_grad;
-use crate::metrics::{Clock, Event, Recording, StepMetrics};
-use crate::model::{Model, ModelSource};
-use crate::optim::OptimizerKind;
-use crate::plan::{Plan, PlanError};
-use crate::rank_loop::{run_rank, RankOut, RankSetup};
+use crate::exec::backend::Backend;
+use crate::exec::executor::{ExecError, Executor, RValue};
+use crate::exec::metrics::{Clock, Event, Recording, StepMetrics};
+use crate::exec::plan::{Plan, PlanError};
+use crate::tensor::file::{save_tensors, TensorFile};
 use crate::tensor::Tensor;
-use crate::tensorfile::{save_tensors, TensorFile};
-use crate::thread_comm::{CommOptions, ThreadComm, ThreadGroup};
+use crate::train::data::{file_params, seeded_params, Batch, DataSource};
+use crate::train::loss::loss_and_grad;
+use crate::train::model::{Model, ModelSource};
+use crate::train::optim::OptimizerKind;
+use crate::train::rank_loop::{run_rank, RankOut, RankSetup};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -132,7 +132,7 @@ pub enum TrainError {
     #[error("invalid option: {0}")]
     Config(String),
     #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
+    Model(#[from] crate::train::model::ModelError),
     #[error("rewriting the backward with `{pipeline}`: {message}")]
     Rewrite { pipeline: String, message: String },
     #[error(transparent)]
@@ -437,13 +437,13 @@ struct Shared<'a> {
     other: Option<(usize, &'a Plans)>,
     data: &'a DataSource,
     init: &'a [Tensor],
-    resume: Option<&'a crate::checkpoint::Checkpoint>,
+    resume: Option<&'a crate::train::checkpoint::Checkpoint>,
     clock: Clock,
 }
 
 /// `a + b` on the CPU backend.
 pub(crate) fn add(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
-    crate::rank_loop::device_add(&CpuBackend, a, b)
+    crate::train::rank_loop::device_add(&CpuBackend, a, b)
 }
 
 fn rank_main(
@@ -479,7 +479,7 @@ pub(crate) fn collective_lines(
     no_sync_steps: usize,
     loss_dtype: tracepass_ir::DType,
 ) -> Vec<String> {
-    let loss = crate::plan::CollectiveInfo {
+    let loss = crate::exec::plan::CollectiveInfo {
         label: "loss".into(),
         op: ReduceOp::Sum,
         dtype: loss_dtype,
@@ -489,10 +489,11 @@ pub(crate) fn collective_lines(
     let mut list = vec![loss; no_sync_steps + 1];
     list.extend(plans.forward.collectives.iter().cloned());
     list.extend(plans.sync.collectives.iter().cloned());
-    crate::fingerprint::describe(&list)
+    crate::train::fingerprint::describe(&list)
 }
 
-pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+/// The message of a caught panic's payload (a `&str` or `String`; otherwise a placeholder).
+pub fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -559,12 +560,12 @@ pub(crate) fn check_memory(model: &Model, world_size: usize) -> Result<(), Train
         .saturating_add(elements.saturating_mul(8))
         .saturating_mul(world_size as u64);
     let need = first_copy.max(training);
-    match crate::memory::available_bytes() {
+    match crate::train::memory::available_bytes() {
         Some(avail) if need > avail => Err(TrainError::Input(format!(
             "the model does not fit in memory: its {elements} parameters ({}) need at least {} (parameters, gradients and optimizer moments on each of {world_size} rank(s), or the first copy in f64), and {} is available",
-            crate::memory::gib(bytes),
-            crate::memory::gib(need),
-            crate::memory::gib(avail)
+            crate::train::memory::gib(bytes),
+            crate::train::memory::gib(need),
+            crate::train::memory::gib(avail)
         ))),
         _ => Ok(()),
     }
@@ -575,10 +576,10 @@ pub(crate) fn check_memory(model: &Model, world_size: usize) -> Result<(), Train
 pub(crate) fn initial_params(
     cfg: &TrainConfig,
     model: &Model,
-) -> Result<(Vec<Tensor>, Option<crate::checkpoint::Checkpoint>), TrainError> {
+) -> Result<(Vec<Tensor>, Option<crate::train::checkpoint::Checkpoint>), TrainError> {
     let resume = match &cfg.resume {
         Some(path) => {
-            let ck = crate::checkpoint::load(
+            let ck = crate::train::checkpoint::load(
                 path,
                 &model.param_names(),
                 &model.param_shapes(),
@@ -642,7 +643,7 @@ pub(crate) fn check_first_batch(
     data: &DataSource,
     cfg: &TrainConfig,
     model: &Model,
-    resume: Option<&crate::checkpoint::Checkpoint>,
+    resume: Option<&crate::train::checkpoint::Checkpoint>,
     rank: usize,
 ) -> Result<(), TrainError> {
     let first_micro = resume.map_or(0, |c| c.step) * (cfg.no_sync_steps + 1);
@@ -745,7 +746,7 @@ pub fn train_with(
                     .spawn_scoped(s, move || {
                         if shared.cfg.pin_ranks {
                             // best effort: an unpinned rank is slower to line up, not wrong
-                            let _ = crate::affinity::pin_current_thread(rank);
+                            let _ = crate::train::affinity::pin_current_thread(rank);
                         }
                         let r = catch_unwind(AssertUnwindSafe(|| {
                             rank_main(rank, comm, shared, on_step)

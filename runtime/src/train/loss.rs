@@ -1,8 +1,8 @@
 //! Loss heads: the loss value and its gradient with respect to the model output.
 
 use crate::cpu;
-use crate::model::LossKind;
 use crate::tensor::{Storage, Tensor};
+use crate::train::model::LossKind;
 use tracepass_ir::DType;
 
 /// `(loss, d loss / d out)`; `y` is the target batch (unused by `Sum`).

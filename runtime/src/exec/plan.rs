@@ -2,7 +2,8 @@
 //! with their kernels decoded, and each instruction lists the slots that die after it.
 
 use crate::comm::ReduceOp;
-use crate::kernel::{decode, BinaryOp, Kernel, Side};
+use crate::exec::kernel::{BinaryOp, Kernel, Side};
+use crate::exec::kernel_ops::decode;
 use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
 
 /// Index of a value's slot in the executor's table.
@@ -127,7 +128,7 @@ impl std::fmt::Display for PlanError {
 impl std::error::Error for PlanError {}
 
 /// The ops [`Plan::compile`] turns into instructions of their own (no kernel); the op table's
-/// kernel registrations mark them [`crate::kernel_ops::KernelEntry::Plan`].
+/// kernel registrations mark them [`crate::exec::kernel_ops::KernelEntry::Plan`].
 pub const PLANNED_OPS: &[&str] = &[
     ops::UNPACK_SEQUENCE,
     ops::CLEAR_COLLECTION,
@@ -360,7 +361,7 @@ impl Plan {
                     (InstrKind::Unpack { offsets, shapes }, vec![buf])
                 }
                 _ => match decode(trace, node) {
-                    Ok(crate::kernel::Decoded {
+                    Ok(crate::exec::kernel::Decoded {
                         kernel,
                         inputs,
                         then: Some(then),

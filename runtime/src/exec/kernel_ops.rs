@@ -7,7 +7,9 @@
 //! rebuilt from a spelling. Each decoder reads the node's operands in the op's signature order,
 //! positional or keyword.
 
-use crate::kernel::{BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp};
+use crate::exec::kernel::{
+    BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
+};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use tracepass_ir::{ops, Arg, Node, OpRegistry, Trace, ValueId};
@@ -20,7 +22,7 @@ pub type Decoder = fn(&mut Ops<'_>) -> Result<Kernel, String>;
 pub enum KernelEntry {
     /// A CPU kernel, decoded from the node by this function.
     Cpu(Decoder),
-    /// Compiled by [`crate::plan::Plan::compile`] into an instruction of its own (no kernel).
+    /// Compiled by [`crate::exec::plan::Plan::compile`] into an instruction of its own (no kernel).
     Plan,
     /// Not runnable by this runtime, and why.
     Unsupported { reason: &'static str },

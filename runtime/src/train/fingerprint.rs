@@ -6,9 +6,9 @@
 //! The check uses only `broadcast` and `all_reduce` of fixed-shape tensors, so it works with
 //! any communicator.
 
-use crate::backend::Backend;
 use crate::comm::{CommError, Communicator, ReduceOp};
-use crate::plan::CollectiveInfo;
+use crate::exec::backend::Backend;
+use crate::exec::plan::CollectiveInfo;
 use crate::tensor::Tensor;
 
 /// One line per collective: op, element count, dtype, group and bucket.

@@ -1,12 +1,12 @@
 //! `tracepass simulate`: predicted step time, overlap and exposed communication of a backward
 //! on a modelled device and network, and the best bucket size (`--sweep-bucket-mb`).
 
-use crate::cli::{load_input, out};
-use crate::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions, SimReport};
+use crate::input::{load_input, out};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use tracepass_ir::{OpRegistry, Program};
 use tracepass_passes::PassManager;
+use tracepass_runtime::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions, SimReport};
 
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
@@ -19,7 +19,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub passes: Option<String>,
     /// Ranks to model (must match any ddp(world_size=...) in --passes).
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::train_cmd::count)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::numbers::count)]
     pub world_size: usize,
     /// Device: h100, h200, a100, l40s, or cpu (measured on this machine).
     #[arg(long, default_value = "h100")]
@@ -101,7 +101,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         if args.sweep_bucket_mb {
             bail!("--passes and --sweep-bucket-mb: the sweep makes its own pipelines (ddp(world_size=N,bucket_mb=B),sort-waits); give one or the other");
         }
-        crate::trainer::check_pipeline(pl, args.world_size)?;
+        tracepass_runtime::train::check_pipeline(pl, args.world_size)?;
     }
     let (program, _) = load_input(&args.input, args.forward.as_deref(), None)?;
     let mut text = format!(

@@ -2,9 +2,9 @@
 //!
 //! Decoding happens when a trace is compiled into a plan, so running a step does no string
 //! matching; which decoder an op has is registered per canonical op name in
-//! [`crate::kernel_ops::KERNELS`]. Every backend implements the same `Kernel` set.
+//! [`crate::exec::kernel_ops::KERNELS`]. Every backend implements the same `Kernel` set.
 
-use tracepass_ir::{DType, Node, Trace, ValueId};
+use tracepass_ir::{DType, ValueId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnaryOp {
@@ -315,10 +315,4 @@ pub struct Decoded {
     /// A second kernel run on `kernel`'s single output, whose result is the node's output
     /// (`x[:, 0]`: a slice, then a reshape that drops the indexed dimension).
     pub then: Option<Kernel>,
-}
-
-/// Decodes a compute node through the op table's kernel registrations
-/// ([`crate::kernel_ops::KERNELS`]). `Err` says why the node cannot run (the caller adds where).
-pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
-    crate::kernel_ops::decode(trace, node)
 }

@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use tracepass_runtime::tensorfile::TensorFile;
+use tracepass_runtime::tensor::TensorFile;
 
 fn model(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../testdata/models")
+        .join("../../testdata/models")
         .join(name)
 }
 

@@ -1,4 +1,13 @@
-//! Collective communication between ranks: the interface the executor and trainer use.
+//! Collective communication between ranks: the [`Communicator`] interface the executor and
+//! trainer use, the [`ThreadComm`] that joins thread ranks of one process, and the
+//! torchrun-style [`DistEnv`] with the TCP rendezvous of process ranks.
+
+pub(crate) mod reduction;
+pub(crate) mod rendezvous;
+pub(crate) mod thread;
+
+pub use rendezvous::{exchange, DistEnv, RendezvousError};
+pub use thread::{CommOptions, Completion, ThreadComm, ThreadGroup, ThreadHandle};
 
 use std::time::{Duration, Instant};
 

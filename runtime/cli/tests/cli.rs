@@ -8,7 +8,7 @@ fn bin() -> Command {
 }
 fn td(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../testdata/thunder")
+        .join("../../testdata/thunder")
         .join(rel)
 }
 fn run(args: &[&str]) -> Output {
@@ -181,7 +181,7 @@ fn opt_errors_and_reproducer() {
 
 fn reference(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../testdata/reference")
+        .join("../../testdata/reference")
         .join(name)
 }
 
@@ -220,7 +220,7 @@ fn train_is_the_main_job() {
     );
     assert!(out.contains("overlap%"));
     assert!(stderr(&o).contains("trained 10 steps on 2 rank(s)"));
-    let g = tracepass_runtime::tensorfile::TensorFile::load(&grads).unwrap();
+    let g = tracepass_runtime::tensor::TensorFile::load(&grads).unwrap();
     assert_eq!(
         g.tensors.keys().collect::<Vec<_>>(),
         vec!["l1.bias", "l1.weight", "l2.bias", "l2.weight"]
@@ -369,9 +369,9 @@ fn simulate_predicts_and_sweeps_bucket_sizes() {
 
 #[test]
 fn killing_a_writer_leaves_the_previous_checkpoint_intact() {
-    use tracepass_runtime::checkpoint;
-    use tracepass_runtime::model::{Model, ModelSource};
-    use tracepass_runtime::optim::OptimizerKind;
+    use tracepass_runtime::train::checkpoint;
+    use tracepass_runtime::train::OptimizerKind;
+    use tracepass_runtime::train::{Model, ModelSource};
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck.safetensors");
     let model = Model::load(&ModelSource::DeepMlp {

@@ -1,9 +1,9 @@
 //! Training checkpoints: parameters, optimizer state and the step, in one safetensors file,
 //! written atomically, so a run resumes exactly where it stopped.
 
-use crate::optim::{Optimizer, OptimizerKind};
+use crate::tensor::file::{save_tensors_with, TensorFile};
 use crate::tensor::Tensor;
-use crate::tensorfile::{save_tensors_with, TensorFile};
+use crate::train::optim::{Optimizer, OptimizerKind};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -12,7 +12,7 @@ const FORMAT: &str = "tracepass-checkpoint-1";
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("{0}")]
-    File(#[from] crate::tensorfile::TensorFileError),
+    File(#[from] crate::tensor::file::TensorFileError),
     #[error("{path}: not a tracepass checkpoint ({what})")]
     Format { path: String, what: String },
     #[error("{path}: {what}")]

@@ -3,6 +3,10 @@
 //! Storage is behind an `Arc`, so reshapes, transposes, bucket views and the result of an
 //! all-reduce (one buffer read by every rank) cost no copy. Kernels write fresh storage.
 
+pub(crate) mod file;
+
+pub use file::{save_tensors, save_tensors_with, TensorFile, TensorFileError};
+
 use half::{bf16, f16};
 use std::sync::Arc;
 use tracepass_ir::DType;

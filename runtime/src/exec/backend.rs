@@ -1,7 +1,7 @@
 //! The device interface the executor drives: kernels, bucket packing, host transfers.
 
 pub use crate::cpu::random::RngKey;
-use crate::kernel::{BinaryOp, Kernel, Side};
+use crate::exec::kernel::{BinaryOp, Kernel, Side};
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
 

@@ -9,9 +9,9 @@ use tracepass_ir::synth::{mlp_program, MlpSpec};
 use tracepass_ir::{OpRegistry, Program};
 use tracepass_passes::PassManager;
 use tracepass_runtime::comm::LinkModel;
-use tracepass_runtime::model::ModelSource;
 use tracepass_runtime::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions};
-use tracepass_runtime::trainer::{train, TrainConfig};
+use tracepass_runtime::train::ModelSource;
+use tracepass_runtime::train::{train, TrainConfig};
 
 /// Tests of this file run one at a time: one of them measures time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -119,7 +119,7 @@ fn prediction_matches_a_measured_thread_comm_run() {
         &p,
         &format!("ddp(world_size={world},bucket_mb=25),sort-waits"),
     );
-    tracepass_runtime::alloc::keep_freed_memory();
+    tracepass_cli::alloc::keep_freed_memory();
     let mut last = String::new();
     for attempt in 0..3 {
         let opts = SimOptions {

@@ -2,14 +2,14 @@
 //! parameter, a buffer or data, how its output becomes a loss, and which buffers the forward
 //! updates. The seed example's Thunder traces are built into the binary.
 
-use crate::buffer_updates::{buffer_updates, BufferUpdate};
-use crate::executor::RValue;
+use crate::exec::executor::RValue;
+use crate::train::buffer_updates::{buffer_updates, BufferUpdate};
 use std::path::PathBuf;
 use tracepass_ir::{parse_trace, synth, Arg, Program, TensorType, Trace, ValueId};
 
 /// Thunder's export of the seed model (testdata/thunder/mlp), final forward and backward.
-pub const SEED_FORWARD: &str = include_str!("../../testdata/thunder/mlp/forward.trace");
-pub const SEED_BACKWARD: &str = include_str!("../../testdata/thunder/mlp/backward.trace");
+pub const SEED_FORWARD: &str = include_str!("../../../testdata/thunder/mlp/forward.trace");
+pub const SEED_BACKWARD: &str = include_str!("../../../testdata/thunder/mlp/backward.trace");
 
 /// Where the traces come from.
 #[derive(Clone, Debug, PartialEq)]

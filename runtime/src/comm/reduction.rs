@@ -157,7 +157,8 @@ impl Reduction {
         }
     }
 
-    /// Chunks no worker has taken yet (for a timeout's report).
+    /// Chunks no worker has taken yet.
+    #[cfg(test)]
     pub fn unclaimed(&self) -> Vec<usize> {
         (0..self.claimed.len())
             .filter(|&i| !self.claimed[i].load(Ordering::Acquire))

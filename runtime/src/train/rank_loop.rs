@@ -4,18 +4,18 @@
 //! injected faults behave the same on both. Parameters and the optimizer live on the host;
 //! the traces run on the device.
 
-use crate::backend::{Backend, Input};
-use crate::checkpoint::Checkpoint;
 use crate::comm::{CommError, Communicator, ReduceOp};
-use crate::data::DataSource;
-use crate::executor::{ExecError, Executor, RValue};
-use crate::kernel::{BinaryOp, Kernel, Side};
-use crate::loss::loss_and_grad;
-use crate::metrics::{Clock, Event, Recording, Span, StepMetrics};
-use crate::model::Model;
-use crate::optim::Optimizer;
+use crate::exec::backend::{Backend, Input};
+use crate::exec::executor::{ExecError, Executor, RValue};
+use crate::exec::kernel::{BinaryOp, Kernel, Side};
+use crate::exec::metrics::{Clock, Event, Recording, Span, StepMetrics};
 use crate::tensor::Tensor;
-use crate::trainer::{add, collective_lines, Fault, Plans, TrainConfig, TrainError};
+use crate::train::checkpoint::Checkpoint;
+use crate::train::data::DataSource;
+use crate::train::loss::loss_and_grad;
+use crate::train::model::Model;
+use crate::train::optim::Optimizer;
+use crate::train::trainer::{add, collective_lines, Fault, Plans, TrainConfig, TrainError};
 use std::time::Instant;
 use tracepass_ir::DType;
 
@@ -113,7 +113,7 @@ where
     };
     let mut exec: Executor<B, C> = Executor::new();
     // every rank must be about to issue the same collectives as rank 0
-    crate::fingerprint::check(
+    crate::train::fingerprint::check(
         comm,
         backend,
         &collective_lines(plans, cfg.no_sync_steps, loss_dtype),
@@ -210,7 +210,7 @@ where
                 .run(plan, backend, comm, binputs, &clock, &mut rec)
                 .map_err(exec_err)?;
             backward_s += t_bwd.elapsed().as_secs_f64();
-            backward_compute_s += crate::metrics::busy(&rec.compute) * 1e-6;
+            backward_compute_s += crate::exec::metrics::busy(&rec.compute) * 1e-6;
             recs.push(rec);
             if last {
                 synced = grads;
@@ -269,7 +269,7 @@ where
             if let Some(path) = &cfg.save {
                 let done = step + 1;
                 if cfg.checkpoint_due(done) {
-                    crate::checkpoint::save_for(
+                    crate::train::checkpoint::save_for(
                         path,
                         done,
                         &model.param_names(),

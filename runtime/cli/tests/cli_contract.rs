@@ -7,7 +7,7 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tracepass"))
 }
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 fn td(rel: &str) -> String {
     root()

@@ -1,9 +1,9 @@
 //! Training data and initial parameters: from safetensors files, or drawn from a seed.
 
 use crate::cpu;
-use crate::model::{LossKind, Model};
+use crate::tensor::file::{TensorFile, TensorFileError};
 use crate::tensor::{Storage, Tensor};
-use crate::tensorfile::{TensorFile, TensorFileError};
+use crate::train::model::{LossKind, Model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;

@@ -35,7 +35,7 @@ pub fn parse_errors(text: &str) -> Vec<tracepass_ir::ParseError> {
     let mut lost: std::collections::HashSet<String> = std::collections::HashSet::new();
     while errors.len() < MAX_PARSE_ERRORS {
         let joined = lines.join("\n");
-        let Err(e) = parse_trace_with(&joined, crate::cli::registry()) else {
+        let Err(e) = parse_trace_with(&joined, crate::input::registry()) else {
             break;
         };
         let at = e.line.saturating_sub(1);
@@ -106,14 +106,14 @@ pub fn run(file: &Path) -> Result<()> {
             );
         }
     }
-    let m = fsio::load_with(file, crate::cli::registry())?;
+    let m = fsio::load_with(file, crate::input::registry())?;
     let traces = match &m {
         Module::Trace(t) => vec![t],
         Module::Program(p) => vec![&p.forward, &p.backward],
     };
     let mut count = 0;
     for t in traces {
-        if let Err(e) = verify_with(t, crate::cli::registry()) {
+        if let Err(e) = verify_with(t, crate::input::registry()) {
             for d in &e.diagnostics {
                 count += 1;
                 match text.as_deref().and_then(|x| line_of(x, d)) {
@@ -129,5 +129,5 @@ pub fn run(file: &Path) -> Result<()> {
             if count == 1 { "" } else { "s" }
         );
     }
-    crate::cli::out(&format!("{shown}: ok\n"))
+    crate::input::out(&format!("{shown}: ok\n"))
 }

@@ -1,0 +1,328 @@
+//! `tracepass opt`: a pass pipeline run over a trace, program or export directory, like
+//! mlir-opt, with IR printing around passes, timing, statistics and reproducers of failures.
+
+use crate::input::{check_output, load_input, out, registry};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use tracepass_ir::{fsio, Module, Program};
+use tracepass_passes::{
+    build_pass, timing_table, Changed, Pass, PassContext, PassError, PassManager, PrintIr,
+    Reproducer,
+};
+
+/// The passes a pipeline may name, for help texts.
+const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
+  ddp(world_size=N[,bucket_mb=25][,first_bucket_mb=MB][,average=pre|post][,group=world][,launch=ready|end])
+      pre-average, bucket and all-reduce the gradients asynchronously (needs the forward)
+  sort-waits        move each wait to just before its first use
+  no-sync           remove gradient synchronization (Thunder's own DDP included)
+  accumulate-grads  the synchronized step of gradient accumulation (adds acc_* arguments)
+  dce               remove dead code
+  cse               merge identical pure computations
+
+A reproducer (input + pipeline, replay with --reproduce) is written only when a pass fails
+internally (panics or leaves invalid IR): to --reproducer-dir, else next to -o, else the
+current folder.";
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = PASSES_HELP)]
+pub struct OptArgs {
+    /// Input trace or program (.trace, .tpb, .json), or an export directory.
+    pub input: Option<PathBuf>,
+    /// Pipeline, e.g. `ddp(world_size=4,bucket_mb=25),sort-waits,dce` (passes listed below).
+    #[arg(long)]
+    pub passes: Option<String>,
+    /// Output file (format from its extension). With --forward or a program input, .tpb and
+    /// .json get the whole program (forward, backward, parameters); .trace and stdout the
+    /// backward only.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// The forward trace a lone backward belongs to.
+    #[arg(long)]
+    pub forward: Option<PathBuf>,
+    /// Thunder's prologue trace for --forward: which argument is which parameter, by PyTorch
+    /// name (without it, parameters are recognised by Thunder's `t_` names).
+    #[arg(long, requires = "forward")]
+    pub prologue: Option<PathBuf>,
+    /// Print the passes' statistics and notes to stderr (what ddp synchronized, and the
+    /// frozen parameters, buffers and inputs it left alone).
+    #[arg(long)]
+    pub stats: bool,
+    /// Skip verification after each pass.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Print the backward to stderr before each run of PASS (repeatable).
+    #[arg(long, value_name = "PASS")]
+    pub print_ir_before: Vec<String>,
+    /// Print the backward to stderr after each run of PASS (repeatable).
+    #[arg(long, value_name = "PASS")]
+    pub print_ir_after: Vec<String>,
+    /// Print the backward to stderr after every pass (as each pass ends, so a later failure
+    /// still shows what came before).
+    #[arg(long)]
+    pub print_ir_after_all: bool,
+    /// Print the backward to stderr after every pass that changed it.
+    #[arg(long)]
+    pub print_ir_after_change: bool,
+    /// Print a table of pass times to stderr (and record them in the provenance).
+    #[arg(long)]
+    pub timing: bool,
+    /// Replay a reproducer file written by a failed run.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "passes", "forward"])]
+    pub reproduce: Option<PathBuf>,
+    /// Where an internal failure writes its reproducer (default: the folder of -o, else the
+    /// current folder).
+    #[arg(long, value_name = "DIR")]
+    pub reproducer_dir: Option<PathBuf>,
+    /// Testing aid: `PASS:panic` or `PASS:corrupt` (the pass breaks the IR after running).
+    #[arg(long, hide = true)]
+    pub inject_fault: Option<String>,
+}
+
+/// What `--inject-fault` does to a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PassFault {
+    Panic,
+    /// The pass runs, then breaks the IR (the schedule reversed: uses before definitions).
+    Corrupt,
+}
+
+/// A pass as `opt` runs it: the IR printed as it goes (so a later failure still shows what came
+/// before), a panic turned into an error and remembered as an internal failure.
+struct Watched {
+    inner: Box<dyn Pass>,
+    print: std::rc::Rc<PrintIr>,
+    fault: Option<PassFault>,
+    panicked: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+fn dump(heading: &str, p: &Program) {
+    eprint!(
+        "// ----- {heading} -----\n{}",
+        tracepass_ir::print_trace(&p.backward)
+    );
+}
+
+impl Pass for Watched {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn spec(&self) -> String {
+        self.inner.spec()
+    }
+    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let name = self.inner.name().to_string();
+        if self.print.before.contains(&name) {
+            dump(&format!("IR before {name}"), p);
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let r = self.inner.run(p, cx);
+            match self.fault {
+                Some(PassFault::Panic) => panic!("injected fault: pass `{name}` panics"),
+                Some(PassFault::Corrupt) => {
+                    let mut order = p.backward.schedule().to_vec();
+                    order.reverse();
+                    p.backward.set_schedule(order);
+                    r.map(|_| Changed::Yes)
+                }
+                None => r,
+            }
+        }));
+        let changed = match r {
+            Ok(r) => r?,
+            Err(payload) => {
+                self.panicked.set(true);
+                return Err(PassError::Failed {
+                    pass: name,
+                    message: format!(
+                        "internal error: panicked: {}",
+                        tracepass_runtime::train::panic_message(payload)
+                    ),
+                });
+            }
+        };
+        if self.print.after_all
+            || self.print.after.contains(&name)
+            || (self.print.after_change && changed == Changed::Yes)
+        {
+            dump(&format!("IR after {name}"), p);
+        }
+        Ok(changed)
+    }
+}
+
+/// Runs `tracepass opt`.
+pub fn run(args: OptArgs) -> Result<()> {
+    if let Some(o) = &args.output {
+        check_output(o, "-o")?;
+        fsio::Format::from_path(o)?;
+    }
+    if let Some(d) = &args.reproducer_dir {
+        if !d.is_dir() {
+            bail!("--reproducer-dir {}: not an existing folder", d.display());
+        }
+    }
+    let (mut program, lone, pipeline) = match &args.reproduce {
+        Some(r) => {
+            let repro = Reproducer::load(r).map_err(anyhow::Error::msg)?;
+            let (p, lone) = match repro.input {
+                Module::Program(p) => (p, false),
+                Module::Trace(t) => (Program::lone(t), true),
+            };
+            eprintln!(
+                "replaying `{}` (failed in `{}`: {})",
+                repro.pipeline, repro.failed_pass, repro.error
+            );
+            (p, lone, repro.pipeline)
+        }
+        None => {
+            let input = args
+                .input
+                .as_deref()
+                .context("an input file is needed (or --reproduce FILE)")?;
+            let pipeline = args.passes.clone().context("--passes PIPELINE is needed")?;
+            let (p, lone) = load_input(input, args.forward.as_deref(), args.prologue.as_deref())?;
+            (p, lone, pipeline)
+        }
+    };
+    let specs = tracepass_passes::parse_pipeline(&pipeline)?;
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    for (flag, asked) in [
+        ("--print-ir-before", &args.print_ir_before),
+        ("--print-ir-after", &args.print_ir_after),
+    ] {
+        for a in asked {
+            if !names.contains(&a.as_str()) {
+                bail!(
+                    "{flag}={a}: the pipeline has no pass `{a}` (it runs: {})",
+                    if names.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                );
+            }
+        }
+    }
+    let fault = match &args.inject_fault {
+        Some(f) => {
+            let (pass, kind) = f
+                .split_once(':')
+                .with_context(|| format!("--inject-fault {f}: expected PASS:panic|corrupt"))?;
+            let kind = match kind {
+                "panic" => PassFault::Panic,
+                "corrupt" => PassFault::Corrupt,
+                _ => bail!("--inject-fault {f}: expected PASS:panic|corrupt"),
+            };
+            Some((pass.to_string(), kind))
+        }
+        None => None,
+    };
+    let print = std::rc::Rc::new(PrintIr {
+        before: args.print_ir_before.clone(),
+        after: args.print_ir_after.clone(),
+        after_all: args.print_ir_after_all,
+        after_change: args.print_ir_after_change,
+    });
+    let panicked = std::rc::Rc::new(std::cell::Cell::new(false));
+    let mut pm = PassManager::new();
+    for spec in &specs {
+        pm.add_boxed(Box::new(Watched {
+            inner: match build_pass(spec)? {
+                tracepass_passes::BuiltPass::Program(p) => p,
+                tracepass_passes::BuiltPass::Trace(t) => Box::new(tracepass_passes::OnTraces {
+                    pass: t,
+                    anchor: spec.anchor,
+                }),
+            },
+            print: print.clone(),
+            fault: fault
+                .as_ref()
+                .filter(|(p, _)| *p == spec.name)
+                .map(|(_, k)| *k),
+            panicked: panicked.clone(),
+        }));
+    }
+    pm.verify_each = !args.no_verify;
+    pm.record_time = args.timing;
+    let report = match pm.run(&mut program, registry()) {
+        Ok(r) => r,
+        Err(e) => {
+            let internal = panicked.get() || matches!(e.error, PassError::Verify { .. });
+            if !internal || args.reproduce.is_some() {
+                return Err(e.error.into());
+            }
+            let written = write_reproducer(&args, &pm.pipeline(), &e.error);
+            return Err(match written {
+                Ok(path) => anyhow::anyhow!(
+                    "{}\nthis is a bug in tracepass; reproducer written to {} (replay: tracepass opt --reproduce {})",
+                    e.error,
+                    path.display(),
+                    path.display()
+                ),
+                Err(w) => anyhow::anyhow!(
+                    "{}\nthis is a bug in tracepass; no reproducer could be written: {w:#}",
+                    e.error
+                ),
+            });
+        }
+    };
+    if args.timing {
+        eprint!("{}", timing_table(&report));
+    }
+    if args.stats {
+        for (k, v) in &report.stats {
+            eprintln!("stat {k}: {v}");
+        }
+        for (k, v) in &report.notes {
+            eprintln!("note {k}: {v}");
+        }
+    }
+    match (&args.output, lone) {
+        (Some(o), true) => fsio::save(o, &Module::Trace(program.backward))?,
+        (Some(o), false) => {
+            if fsio::Format::from_path(o)? == fsio::Format::Text {
+                eprintln!(
+                    "note: {} holds the backward only (a .trace file holds one trace); write .tpb or .json for the whole program",
+                    o.display()
+                );
+                fsio::save(o, &Module::Trace(program.backward))?
+            } else {
+                fsio::save(o, &Module::Program(program))?
+            }
+        }
+        (None, _) => out(&tracepass_ir::print_trace(&program.backward))?,
+    }
+    Ok(())
+}
+
+/// Writes the input of a failed run (read again from its files) and its pipeline.
+fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result<PathBuf> {
+    let input = args.input.as_deref().context("no input file")?;
+    let (p, lone) = load_input(input, args.forward.as_deref(), args.prologue.as_deref())?;
+    let failed_pass = match error {
+        PassError::Failed { pass, .. } | PassError::Verify { pass, .. } => pass.clone(),
+        _ => "<input>".to_string(),
+    };
+    let repro = Reproducer {
+        pipeline: pipeline.to_string(),
+        failed_pass,
+        error: error.to_string(),
+        input: if lone {
+            Module::Trace(p.backward)
+        } else {
+            Module::Program(p)
+        },
+    };
+    let dir = match (&args.reproducer_dir, &args.output) {
+        (Some(d), _) => d.clone(),
+        (None, Some(o)) => match o.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+        (None, None) => PathBuf::from("."),
+    };
+    let path = dir.join(format!("tracepass-reproducer-{}.json", std::process::id()));
+    fsio::write_atomic(&path, &serde_json::to_vec_pretty(&repro)?)?;
+    Ok(path)
+}

@@ -1,0 +1,23 @@
+//! Running one trace: a [`Plan`] compiled from it (slots, instructions, collectives), the
+//! [`Executor`] that runs a plan step by step on a [`Backend`], the [`Kernel`]s a backend
+//! implements, the op table's [`KERNELS`] entries that map each op to one, and the
+//! [`Recording`]s of what a step did and when.
+
+pub(crate) mod backend;
+pub(crate) mod executor;
+pub(crate) mod kernel;
+pub(crate) mod kernel_ops;
+pub(crate) mod metrics;
+pub(crate) mod plan;
+
+pub use backend::{Backend, Input, KernelError, RngKey};
+pub use executor::{ExecError, Executor, RValue};
+pub use kernel::{BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp};
+pub use kernel_ops::{decode, kernel_entry, Decoder, KernelEntry, Ops, KERNELS};
+pub use metrics::{
+    busy, overlap, timeline_json, BucketRecord, Clock, Event, OverlapSummary, Recording, Span,
+    StepMetrics,
+};
+pub use plan::{
+    ArgSpec, CollectiveInfo, Instr, InstrKind, MissingKernel, Plan, PlanError, Slot, PLANNED_OPS,
+};

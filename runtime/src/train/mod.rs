@@ -1,0 +1,27 @@
+//! Training on N ranks: a [`Model`] (the seed example, a program, or an export directory),
+//! its data and loss, the DDP-rewritten backward, the optimizer and checkpoints, and the one
+//! rank loop that runs a step on any [`crate::exec::Backend`] and communicator.
+
+pub(crate) mod affinity;
+pub(crate) mod buffer_updates;
+pub mod checkpoint;
+pub(crate) mod data;
+pub(crate) mod fingerprint;
+pub(crate) mod loss;
+pub(crate) mod memory;
+pub(crate) mod model;
+pub(crate) mod optim;
+pub(crate) mod rank_loop;
+pub(crate) mod trainer;
+
+pub use data::{file_params, seeded_params, Batch, DataSource};
+pub use model::{
+    forward_output, forward_output_at, DataArg, LossKind, Model, ModelError, ModelSource,
+    SEED_BACKWARD, SEED_FORWARD,
+};
+pub use optim::{Optimizer, OptimizerKind};
+pub use rank_loop::StepComm;
+pub use trainer::{
+    check_pipeline, local_gradients, local_gradients_at, panic_message, train, train_with, Fault,
+    TrainConfig, TrainError, TrainReport,
+};
