@@ -8,7 +8,7 @@ use crate::comm::ReduceOp;
 use crate::tensor::{Storage, Tensor};
 use half::{bf16, f16};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Elements reduced at a time: 16 KiB of f32, well inside L1 with the parts' blocks.
@@ -37,11 +37,13 @@ pub struct Reduction {
     others: Vec<Tensor>,
     /// Which chunks a worker has taken; a chunk is written by exactly one worker.
     claimed: Vec<AtomicBool>,
+    /// Chunks whose writes are complete (released by their writer, acquired by `finish`).
+    done: AtomicUsize,
 }
 
 // SAFETY: the output is written only through `reduce_chunk`, which hands each chunk index (a
-// disjoint element range) to at most one caller, and read back only by `finish`, which owns the
-// reduction; the inputs in `others` are only read.
+// disjoint element range) to at most one caller, and read back only by `finish` once every
+// chunk's writer has released its writes (`done`); the inputs in `others` are only read.
 unsafe impl Send for Reduction {}
 unsafe impl Sync for Reduction {}
 
@@ -75,6 +77,7 @@ impl Reduction {
             len,
             others,
             claimed: (0..chunks.max(1)).map(|_| AtomicBool::new(false)).collect(),
+            done: AtomicUsize::new(0),
         }
     }
 
@@ -155,6 +158,7 @@ impl Reduction {
             // a sum or max of booleans is their `or`
             Base::Bool(p) => native!(p, Bool),
         }
+        self.done.fetch_add(1, Ordering::Release);
     }
 
     /// Chunks no worker has taken yet.
@@ -165,16 +169,21 @@ impl Reduction {
             .collect()
     }
 
-    /// The reduced tensor, once every chunk is done and no worker holds the reduction any more.
-    pub fn finish(self: Arc<Self>) -> Tensor {
-        match Arc::try_unwrap(self) {
+    /// The reduced tensor, once every chunk is done; until then the reduction comes back
+    /// unchanged (`Err`), so nothing ever reads the output while a worker may still write it.
+    pub fn finish(self: Arc<Self>) -> Result<Tensor, Arc<Self>> {
+        if self.done.load(Ordering::Acquire) < self.claimed.len() {
+            return Err(self);
+        }
+        Ok(match Arc::try_unwrap(self) {
             Ok(r) => Tensor::new(r.shape, r.out.into_inner()),
             Err(shared) => {
-                // SAFETY: every chunk is done (the caller's contract), so nothing writes any more.
+                // SAFETY: every chunk's writes happened before its `done` increment, which the
+                // load above acquired; no chunk can be claimed again, so nothing writes any more.
                 let data = unsafe { (*shared.out.get()).clone() };
                 Tensor::new(shared.shape.clone(), data)
             }
-        }
+        })
     }
 }
 
@@ -246,6 +255,27 @@ mod tests {
             .collect()
     }
 
+    /// The result of a reduction every chunk of which is done.
+    fn done(r: Arc<Reduction>) -> Tensor {
+        match r.finish() {
+            Ok(t) => t,
+            Err(_) => panic!("a chunk is not reduced yet"),
+        }
+    }
+
+    #[test]
+    fn finish_gives_nothing_while_a_chunk_is_not_reduced() {
+        let r = Arc::new(Reduction::new(ReduceOp::Sum, ranks(2, 6), 2));
+        r.reduce_chunk(1);
+        let r = match r.finish() {
+            Ok(_) => panic!("finished with chunk 0 not reduced"),
+            Err(r) => r,
+        };
+        assert_eq!(r.unclaimed(), vec![0]);
+        r.reduce_chunk(0);
+        assert_eq!(done(r).shape(), &[6]);
+    }
+
     #[test]
     fn chunks_in_any_order_give_the_rank_order_sum() {
         let parts = ranks(3, 11);
@@ -260,7 +290,7 @@ mod tests {
             r.reduce_chunk(i);
         }
         assert!(r.unclaimed().is_empty());
-        let out = r.finish();
+        let out = done(r);
         assert_eq!(out.shape(), &[11]);
         assert_eq!(out.to_f32_vec(), want);
     }
@@ -273,14 +303,14 @@ mod tests {
         ];
         let r = Arc::new(Reduction::new(ReduceOp::Sum, parts, 2));
         (0..2).for_each(|i| r.reduce_chunk(i));
-        assert_eq!(r.finish().to_i64_vec(), vec![11, 3, i64::MIN]);
+        assert_eq!(done(r).to_i64_vec(), vec![11, 3, i64::MIN]);
         let parts = vec![
             Tensor::from_bool(vec![3], vec![true, false, false]),
             Tensor::from_bool(vec![3], vec![false, false, true]),
         ];
         let r = Arc::new(Reduction::new(ReduceOp::Max, parts, 1));
         r.reduce_chunk(0);
-        assert_eq!(r.finish().to_bool_vec(), vec![true, false, true]);
+        assert_eq!(done(r).to_bool_vec(), vec![true, false, true]);
     }
 
     #[test]
@@ -297,7 +327,7 @@ mod tests {
         for i in 0..3 {
             r.reduce_chunk(i);
         }
-        assert_eq!(r.finish().to_f32_vec(), want);
+        assert_eq!(done(r).to_f32_vec(), want);
     }
 
     #[test]
@@ -310,7 +340,7 @@ mod tests {
         r.reduce_chunk(0);
         assert_eq!(r.unclaimed(), vec![1]);
         r.reduce_chunk(1);
-        let out = r.finish();
+        let out = done(r);
         assert_eq!(keep.to_f32_vec(), before);
         assert!(out.to_f32_vec().iter().zip(&before).all(|(o, b)| o >= b));
     }
@@ -325,7 +355,7 @@ mod tests {
         for i in 0..4 {
             r.reduce_chunk(i);
         }
-        let out = r.finish().to_f32_vec();
+        let out = done(r).to_f32_vec();
         assert_eq!(out[0], 4.0);
         assert_eq!(
             out[1],

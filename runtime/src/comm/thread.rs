@@ -211,7 +211,11 @@ impl Shared {
                         slot.chunk_done[rank] = true;
                         if slot.chunk_done.iter().all(|d| *d) {
                             if let Some(r) = slot.reduction.take() {
-                                slot.result = Some(r.finish());
+                                match r.finish() {
+                                    Ok(t) => slot.result = Some(t),
+                                    // every rank marked its chunk done after reducing it
+                                    Err(r) => slot.reduction = Some(r),
+                                }
                             }
                             self.cv.notify_all();
                         }
