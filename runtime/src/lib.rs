@@ -6,7 +6,7 @@
 //!   communicator.
 //! - [`comm`]: the [`Communicator`] interface, [`comm::ThreadComm`] between thread ranks, and
 //!   the rendezvous of process ranks.
-//! - [`train`]: forward, loss, DDP backward and optimizer on N ranks, one rank loop for every
+//! - [`train`](mod@train): forward, loss, DDP backward and optimizer on N ranks, one rank loop for every
 //!   backend; what `tracepass train` runs.
 //! - [`sim`]: step time predicted on a modelled device and network.
 //! - [`tensor`]: host [`Tensor`]s and safetensors files.

@@ -326,7 +326,7 @@ fn seed_model_trains_like_the_cpu() {
     };
     let cpu = train(&cfg, &|_, _| {}).unwrap();
     let env = DistEnv::from_lookup(|_| None).unwrap();
-    let gpu = tracepass_runtime::cuda::train::train(&cfg, &env, &|_, _| {}).unwrap();
+    let gpu = tracepass_runtime::cuda::train(&cfg, &env, &|_, _| {}).unwrap();
     assert_eq!(gpu.losses.len(), 10);
     for (i, (a, b)) in gpu.losses.iter().zip(&cpu.losses).enumerate() {
         assert!(
@@ -509,7 +509,7 @@ fn zero_size_and_broadcast_gemms() {
 #[test]
 fn one_gpu_trains_without_nccl_and_a_second_gpu_all_reduces() {
     let Some((a, b)) = two_gpus() else { return };
-    let id = tracepass_runtime::cuda::nccl::unique_id().unwrap();
+    let id = tracepass_runtime::cuda::unique_id().unwrap();
     let timeout = std::time::Duration::from_secs(60);
     let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
         let hs: Vec<_> = [(0usize, &a), (1, &b)]
@@ -541,7 +541,7 @@ fn one_gpu_trains_without_nccl_and_a_second_gpu_all_reduces() {
 #[test]
 fn a_collective_a_peer_never_joins_ends_with_the_rank_and_label() {
     let Some((a, b)) = two_gpus() else { return };
-    let id = tracepass_runtime::cuda::nccl::unique_id().unwrap();
+    let id = tracepass_runtime::cuda::unique_id().unwrap();
     let timeout = std::time::Duration::from_secs(3);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let result = std::thread::scope(|s| {

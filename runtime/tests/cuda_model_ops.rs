@@ -5,9 +5,10 @@
 #![cfg(feature = "cuda")]
 
 use tracepass_ir::DType;
-use tracepass_runtime::cpu::random::{uniform, RngKey};
+use tracepass_runtime::cpu::kernels::uniform;
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::cuda::CudaBackend;
+use tracepass_runtime::exec::RngKey;
 use tracepass_runtime::exec::{Backend, Input};
 use tracepass_runtime::exec::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
 use tracepass_runtime::tensor::Tensor;

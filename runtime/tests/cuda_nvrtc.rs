@@ -16,9 +16,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
-use tracepass_runtime::cuda::kernels::{catalog, every_kernel, sources, Source};
-use tracepass_runtime::cuda::model_kernels::ALL_DTYPES;
 use tracepass_runtime::cuda::nvrtc::{self, Image};
+use tracepass_runtime::cuda::{catalog, every_kernel, sources, Source, ALL_DTYPES};
 
 const ARCHS: [(&str, &str); 2] = [("compute_80", "sm_80"), ("compute_90", "sm_90")];
 

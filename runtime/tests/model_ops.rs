@@ -4,7 +4,7 @@
 
 use tracepass_ir::{Arg, DType, Device, Lhs, Node, Trace, TraceKind, Type, ValueId};
 use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
-use tracepass_runtime::cpu::{compare, conv, layout, pool, var_mean, CpuBackend};
+use tracepass_runtime::cpu::{kernels, CpuBackend};
 use tracepass_runtime::exec::Plan;
 use tracepass_runtime::exec::{Clock, Recording};
 use tracepass_runtime::exec::{Executor, RValue};
@@ -265,7 +265,7 @@ fn a_cnn_shaped_trace_runs_on_the_cpu_kernels() {
     .expect("runs");
 
     // the same chain, calling the kernels directly
-    let t0 = conv::convolution(
+    let t0 = kernels::convolution(
         &x,
         &w,
         Some(&b),
@@ -277,10 +277,10 @@ fn a_cnn_shaped_trace_runs_on_the_cpu_kernels() {
         1,
     )
     .expect("conv");
-    let (var, mean) = var_mean::var_mean(&t0, Some(&[0, 2, 3]), 0.0, false).expect("var_mean");
+    let (var, mean) = kernels::var_mean(&t0, Some(&[0, 2, 3]), 0.0, false).expect("var_mean");
     assert!(tensor(&out[0]).bitwise_eq(&var));
-    let m =
-        layout::expand(&mean.reshape(vec![1, 4, 1, 1]).expect("4"), &[2, 4, 6, 6]).expect("expand");
+    let m = kernels::expand(&mean.reshape(vec![1, 4, 1, 1]).expect("4"), &[2, 4, 6, 6])
+        .expect("expand");
     let centered: Vec<f32> = t0
         .to_f32_vec()
         .iter()
@@ -288,28 +288,28 @@ fn a_cnn_shaped_trace_runs_on_the_cpu_kernels() {
         .map(|(a, b)| a - b)
         .collect();
     let t7 = Tensor::from_f32(vec![2, 4, 6, 6], centered);
-    let mask = compare::compare(
-        compare::CompareOp::Gt,
-        compare::Operand::Tensor(&t7),
-        compare::Operand::Scalar(0.0),
+    let mask = kernels::compare(
+        tracepass_runtime::exec::CompareOp::Gt,
+        kernels::Operand::Tensor(&t7),
+        kernels::Operand::Scalar(0.0),
     )
     .expect("gt");
-    let t9 = compare::where_(
+    let t9 = kernels::where_(
         &mask,
-        compare::Operand::Tensor(&t7),
-        compare::Operand::Scalar(0.0),
+        kernels::Operand::Tensor(&t7),
+        kernels::Operand::Scalar(0.0),
         tracepass_ir::DType::F32,
     )
     .expect("where");
-    let p = pool::Pool2d::new(&[2], &[2], &[0], &[1], false).expect("pool");
-    let (v, idx) = pool::max_pool2d_with_indices(&t9, &p).expect("pool");
+    let p = kernels::Pool2d::new(&[2], &[2], &[0], &[1], false).expect("pool");
+    let (v, idx) = kernels::max_pool2d_with_indices(&t9, &p).expect("pool");
     assert!(tensor(&out[2]).bitwise_eq(&idx));
-    let g = pool::max_pool2d_with_indices_backward(&v, &t9, &idx).expect("backward");
+    let g = kernels::max_pool2d_with_indices_backward(&v, &t9, &idx).expect("backward");
     let cropped =
-        layout::pad(&g, 0.0, &[(0, 0, 0), (0, 0, 0), (-1, -1, 0), (-1, -1, 0)]).expect("pad");
-    let flipped = layout::flip(&cropped, &[2, 3]).expect("flip");
-    let halves = layout::split(&flipped, &layout::SplitSizes::Chunk(2), 1).expect("split");
-    let swapped = layout::cat(&[&halves[1], &halves[0]], 1).expect("cat");
+        kernels::pad(&g, 0.0, &[(0, 0, 0), (0, 0, 0), (-1, -1, 0), (-1, -1, 0)]).expect("pad");
+    let flipped = kernels::flip(&cropped, &[2, 3]).expect("flip");
+    let halves = kernels::split(&flipped, &kernels::SplitSizes::Chunk(2), 1).expect("split");
+    let swapped = kernels::cat(&[&halves[1], &halves[0]], 1).expect("cat");
     assert_eq!(tensor(&out[1]).shape(), &[2, 4, 4, 4]);
     assert!(tensor(&out[1]).bitwise_eq(&swapped));
     assert_eq!(tensor(&out[3]).to_i64_vec(), vec![0, 1, 2, 3]);

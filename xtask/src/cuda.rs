@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use tracepass_runtime::comm::DistEnv;
 use tracepass_runtime::comm::{Communicator, ReduceOp};
-use tracepass_runtime::cuda::{nccl, CudaBackend, NcclComm};
+use tracepass_runtime::cuda::{unique_id, CudaBackend, NcclComm};
 use tracepass_runtime::exec::{Backend, Input};
 use tracepass_runtime::exec::{BinaryOp, Kernel, Side};
 use tracepass_runtime::sim::DeviceModel;
@@ -248,7 +248,7 @@ pub fn bench() -> Result<Vec<Row>> {
                 count,
                 &sizes,
                 10,
-                || Ok(nccl::unique_id()?),
+                || Ok(unique_id()?),
                 |r, id| {
                     let backend = CudaBackend::new(r)?;
                     let comm = NcclComm::new(&backend, r, count, id, Duration::from_secs(120))?;
@@ -297,7 +297,7 @@ pub fn bench() -> Result<Vec<Row>> {
             model: m,
             ..TrainConfig::default()
         };
-        let r = tracepass_runtime::cuda::train::train(&cfg, &env, &|_, _| {})?;
+        let r = tracepass_runtime::cuda::train(&cfg, &env, &|_, _| {})?;
         let sps = steps as f64 / r.wall.as_secs_f64();
         println!("| {label} | {sps:.1} |");
         summary.push(row(
@@ -404,7 +404,7 @@ fn check_model(dir: &Path, steps: usize) -> Row {
         Ok(e) => e,
         Err(e) => return row(name, "FAIL", e.to_string()),
     };
-    let gpu = match tracepass_runtime::cuda::train::train(&cfg, &env, &|_, _| {}) {
+    let gpu = match tracepass_runtime::cuda::train(&cfg, &env, &|_, _| {}) {
         Ok(r) => r,
         Err(e) if unsupported(&e.to_string()) => {
             return row(

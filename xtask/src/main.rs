@@ -421,7 +421,7 @@ fn bench_runtime() -> Result<()> {
         let reps = ((2e9 / (2.0 * (m * k * n) as f64)) as usize).clamp(3, 200);
         let (t, _) = time_hot(5, || {
             for _ in 0..reps {
-                std::hint::black_box(cpu::matmul(&a, &b).expect("fits"));
+                std::hint::black_box(cpu::kernels::matmul(&a, &b).expect("fits"));
             }
         });
         let per = t.as_secs_f64() / reps as f64;

@@ -398,7 +398,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
 #[cfg(feature = "cuda")]
 fn run_cuda(cfg: &TrainConfig, on_step: &dyn Fn(usize, f64)) -> Result<TrainReport> {
     let env = tracepass_runtime::comm::DistEnv::from_env()?;
-    Ok(tracepass_runtime::cuda::train::train(cfg, &env, on_step)?)
+    Ok(tracepass_runtime::cuda::train(cfg, &env, on_step)?)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -4,31 +4,44 @@
 //! Every kernel is a plain function over host tensors with explicit parameters, one concept
 //! per module, so it can be tested and benchmarked without a trace.
 
-pub mod activation;
-pub mod compare;
-pub mod conv;
-mod elementwise;
-pub mod embedding;
-pub mod fill;
-mod gemm;
-pub mod integer;
-pub mod layout;
-pub mod loss_grad;
-pub mod pool;
-pub mod promote;
-pub mod random;
-mod real;
-mod reduce;
-pub mod var_mean;
+pub(crate) mod activation;
+pub(crate) mod compare;
+pub(crate) mod conv;
+pub(crate) mod elementwise;
+pub(crate) mod embedding;
+pub(crate) mod fill;
+pub(crate) mod gemm;
+pub(crate) mod integer;
+pub(crate) mod layout;
+pub(crate) mod loss_grad;
+pub(crate) mod pool;
+pub(crate) mod promote;
+pub(crate) mod random;
+pub(crate) mod real;
+pub(crate) mod reduce;
+pub(crate) mod var_mean;
 
 use crate::exec::backend::{Backend, Input, KernelError};
 use crate::exec::kernel::{Kernel, Side};
 use crate::tensor::{supported_dtype, Storage, Tensor};
 use tracepass_ir::DType;
 
-pub use elementwise::promote;
-pub use gemm::{linear, matmul};
-pub use reduce::{reduce, softmax};
+pub(crate) use gemm::matmul;
+pub(crate) use reduce::softmax;
+
+/// The CPU kernels as plain functions over host tensors, to test and benchmark one kernel
+/// without a trace (the [`CpuBackend`] runs the same functions).
+pub mod kernels {
+    pub use super::compare::{compare, where_, Operand};
+    pub use super::conv::convolution;
+    pub use super::elementwise::promote;
+    pub use super::gemm::{linear, matmul};
+    pub use super::layout::{cat, expand, flip, pad, split, SplitSizes};
+    pub use super::pool::{max_pool2d_with_indices, max_pool2d_with_indices_backward, Pool2d};
+    pub use super::random::uniform;
+    pub use super::reduce::{reduce, softmax};
+    pub use super::var_mean::var_mean;
+}
 
 /// Runs kernels on the calling thread (one rank = one thread; no intra-op threads, as in the
 /// one-thread-per-process PyTorch baseline).

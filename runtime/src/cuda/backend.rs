@@ -979,7 +979,7 @@ pub fn binary_dtype(
     alpha: f64,
 ) -> Result<DType, KernelError> {
     Ok(match (a, b) {
-        (Some(x), Some(y)) if is_float(x) && is_float(y) => crate::cpu::promote(x, y),
+        (Some(x), Some(y)) if is_float(x) && is_float(y) => crate::cpu::elementwise::promote(x, y),
         (Some(x), Some(y)) => promote_types(x, y),
         (Some(x), None) => promote_with_scalar(x, fractional(sb) || fractional(alpha)),
         (None, Some(y)) => promote_with_scalar(y, fractional(sa) || fractional(alpha)),

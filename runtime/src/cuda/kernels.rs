@@ -33,6 +33,7 @@ pub const MAX_BLOCKS: u32 = 1 << 16;
 pub const ROW_BLOCK: u32 = 256;
 
 /// The dtypes the kernels are generated for.
+#[cfg(test)]
 pub const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 /// Lists every variant of a fieldless enum; leaving one out is a compile error (the match

@@ -29,6 +29,7 @@ impl View {
         }
     }
 
+    #[cfg(test)]
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -477,7 +478,7 @@ pub fn max_pool2d(
 }
 
 /// Which dims `var_mean` reduces: the CPU kernel's own plan.
-pub use crate::cpu::var_mean::{row_reduction as var_mean, RowReduction};
+pub use crate::cpu::var_mean::row_reduction as var_mean;
 
 /// `arange`'s element count (the checks of `cpu::fill::arange`).
 pub fn arange_len(start: f64, end: f64, step: f64) -> Result<usize, String> {

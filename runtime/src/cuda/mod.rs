@@ -2,19 +2,22 @@
 //! communicator, and the one-process-per-GPU trainer. CUDA is loaded at run time, so this
 //! compiles and runs on machines without it and reports what is missing.
 
-pub mod backend;
-pub mod kernels;
-pub mod layouts;
-pub mod model_kernels;
-pub mod nccl;
+pub(crate) mod backend;
+pub(crate) mod kernels;
+pub(crate) mod layouts;
+pub(crate) mod model_kernels;
+pub(crate) mod nccl;
 pub mod nvrtc;
-pub mod solo;
-pub mod train;
-pub mod watchdog;
+pub(crate) mod solo;
+pub(crate) mod train;
+pub(crate) mod watchdog;
 
 pub use backend::{CudaBackend, CudaTensor};
-pub use nccl::NcclComm;
-pub use solo::SoloComm;
+pub use kernels::{catalog, every_kernel, sources, Source};
+pub use model_kernels::ALL_DTYPES;
+pub use nccl::{unique_id, NcclComm, NcclHandle};
+pub use solo::{SoloComm, SoloHandle};
+pub use train::train;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CudaError {

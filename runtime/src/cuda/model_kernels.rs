@@ -31,6 +31,7 @@ pub fn elem(d: DType) -> Option<&'static str> {
 }
 
 /// The integer ops (wrapping i64 arithmetic, as `cpu::integer::binary_int`).
+#[cfg(test)]
 pub const INT_OPS: [BinaryOp; 6] = [
     BinaryOp::Add,
     BinaryOp::Sub,
@@ -531,6 +532,7 @@ pub fn uniform(d: DType) -> Option<Source> {
 
 /// The ChaCha8 block function exactly as the device code computes it (for the CPU test that
 /// holds it to `rand_chacha`).
+#[cfg(test)]
 pub fn chacha8_block_host(key: [u32; 8], block: u64) -> [u32; 16] {
     let mut s = [0u32; 16];
     s[..4].copy_from_slice(&[0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574]);

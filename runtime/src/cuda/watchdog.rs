@@ -99,6 +99,7 @@ impl<C: RawComm> Guard<C> {
         true
     }
 
+    #[cfg(test)]
     pub fn is_aborted(&self) -> bool {
         self.state.load(Ordering::Acquire) == ABORTED
     }
@@ -162,6 +163,7 @@ impl<C: RawComm, W: Work> Watchdog<C, W> {
     }
 
     /// How many collectives are not known to be done.
+    #[cfg(test)]
     pub fn outstanding(&self) -> usize {
         self.pending().len()
     }
