@@ -6,7 +6,7 @@ use crate::meta::{convert, dim_of, identity, many, one, permute_dims, promote};
 use crate::registry::DTypeRule::{First, Meta};
 use crate::registry::Effect::Pure;
 use crate::registry::{MetaCx, MetaOut, OpSpec};
-use crate::types::{TensorType, Type};
+use crate::types::{DType, TensorType, Type};
 
 type R = Result<MetaOut, String>;
 
@@ -475,6 +475,42 @@ fn to(cx: &MetaCx) -> R {
     convert(cx)
 }
 
+/// `Tensor.int()`, `Tensor.long()`, ...: PyTorch's dtype methods, each `self.to(dtype)` with
+/// its fixed dtype (`memory_format` changes no value). Thunder 0.2.6 has a symbol for `long`
+/// only; it prints the others as the torch calls they are.
+fn to_fixed(cx: &MetaCx, dtype: DType) -> R {
+    let t = cx.tensor_param("a")?;
+    one(TensorType::new(&t.shape[..], dtype, t.device))
+}
+fn to_i64(cx: &MetaCx) -> R {
+    to_fixed(cx, DType::I64)
+}
+fn to_i32(cx: &MetaCx) -> R {
+    to_fixed(cx, DType::I32)
+}
+fn to_f32(cx: &MetaCx) -> R {
+    to_fixed(cx, DType::F32)
+}
+fn to_f64(cx: &MetaCx) -> R {
+    to_fixed(cx, DType::F64)
+}
+fn to_f16(cx: &MetaCx) -> R {
+    to_fixed(cx, DType::F16)
+}
+fn to_bf16(cx: &MetaCx) -> R {
+    to_fixed(cx, DType::BF16)
+}
+fn to_bool(cx: &MetaCx) -> R {
+    to_fixed(cx, DType::Bool)
+}
+
+/// `Tensor.type_as(a, other)`: `a` in `other`'s dtype (and device, as Thunder's `type_as`).
+fn type_as(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("a")?;
+    let like = cx.tensor_param("other")?;
+    one(TensorType::new(&t.shape[..], like.dtype, like.device))
+}
+
 const OPS: &[OpSpec] = &[
     op("ltorch.reshape", &["torch.reshape", "Tensor.reshape"], Pure, "a, /, *shape", First, reshape),
     op("ltorch.view", &["Tensor.view"], Pure, "a, /, *shape", First, reshape),
@@ -499,6 +535,14 @@ const OPS: &[OpSpec] = &[
     op("prims.shallow_copy", &["shallow_copy"], Pure, "a, /", First, identity),
     op("ltorch.to", &["Tensor.to", "torch.Tensor.to", "torch.to"], Pure, "a, tensor_dtype_or_device=None, optional_positional_dtype=None, /, *, device=None, dtype=None, copy=False, memory_format=None", Meta, to),
     op("prims.convert_element_type", &[], Pure, "a, /, dtype", Meta, convert),
+    op("ltorch.long", &["Tensor.long", "torch.Tensor.long"], Pure, "a, /, memory_format=None", Meta, to_i64),
+    op("ltorch.int", &["Tensor.int", "torch.Tensor.int"], Pure, "a, /, memory_format=None", Meta, to_i32),
+    op("ltorch.float", &["Tensor.float", "torch.Tensor.float"], Pure, "a, /, memory_format=None", Meta, to_f32),
+    op("ltorch.double", &["Tensor.double", "torch.Tensor.double"], Pure, "a, /, memory_format=None", Meta, to_f64),
+    op("ltorch.half", &["Tensor.half", "torch.Tensor.half"], Pure, "a, /, memory_format=None", Meta, to_f16),
+    op("ltorch.bfloat16", &["Tensor.bfloat16", "torch.Tensor.bfloat16"], Pure, "a, /, memory_format=None", Meta, to_bf16),
+    op("ltorch.bool", &["Tensor.bool", "torch.Tensor.bool"], Pure, "a, /, memory_format=None", Meta, to_bool),
+    op("ltorch.type_as", &["Tensor.type_as", "torch.Tensor.type_as"], Pure, "a, other, /", Meta, type_as),
 ];
 
 /// This file's part of the table.

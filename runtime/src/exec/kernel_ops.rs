@@ -387,6 +387,14 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.shallow_copy", Cpu(identity)),
         ("ltorch.to", Cpu(convert)),
         ("prims.convert_element_type", Cpu(convert)),
+        ("ltorch.long", Cpu(convert)),
+        ("ltorch.int", Cpu(convert)),
+        ("ltorch.float", Cpu(convert)),
+        ("ltorch.double", Cpu(convert)),
+        ("ltorch.half", Cpu(convert)),
+        ("ltorch.bfloat16", Cpu(convert)),
+        ("ltorch.bool", Cpu(convert)),
+        ("ltorch.type_as", Cpu(convert)),
         // ----- creation -----
         ("ltorch.arange", Cpu(arange)),
         ("ltorch.full", Cpu(full)),
@@ -1118,8 +1126,9 @@ fn transpose(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Permute(perm))
 }
 
-/// `to(a, dtype_or_device, ...)` and `convert_element_type(a, dtype)`: a dtype conversion on
-/// the input's device.
+/// `to(a, dtype_or_device, ...)`, `convert_element_type(a, dtype)` and PyTorch's dtype methods
+/// (`Tensor.int()`, `long()`, ..., `type_as(other)`): a conversion to the output's dtype (which
+/// the op table's meta gives) on the input's device.
 fn convert(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
     let out = o.out(0)?;
