@@ -6,7 +6,7 @@ use crate::arg::{Arg, DTypeSpelling, DeviceSpelling, Opaque};
 use crate::name_table::NameTable;
 use crate::node::{Lhs, Node, SubSymbol};
 use crate::pyfloat;
-use crate::registry::{ops, MetaOut, OpRegistry};
+use crate::registry::{ops, DTypeRule, MetaOut, OpRegistry};
 use crate::trace::{Provenance, Trace, TraceKind};
 use crate::types::{DType, Device, Type};
 use crate::value::{ValueId, ValueIdMap};
@@ -377,8 +377,78 @@ impl<'a> Parser<'a> {
             ));
         }
         self.resolve_untyped()?;
+        self.keep_input_dtypes();
         self.trace.kind = infer_kind(&self.trace);
         Ok(self.trace)
+    }
+
+    /// Thunder's grad rules can declare a result in a dtype its op cannot give: 0.2.6's rule
+    /// for `amax` (behind `max_pool1d`, `torch.max(x, dim)`) declares the `unsqueeze` and
+    /// `expand` of an i64 tie count as `b8`. Those ops keep their input's dtype in PyTorch, so
+    /// when Thunder runs the trace the values are i64. For an op whose dtype is its first
+    /// operand's, a declared dtype that differs (shape and device agreeing with the op's meta)
+    /// is replaced by the dtype torch gives, and the trace's provenance lists every value so
+    /// read. Any other disagreement stays for the verifier to report.
+    fn keep_input_dtypes(&mut self) {
+        let mut fixed: Vec<String> = Vec::new();
+        let order: Vec<_> = self.trace.schedule().to_vec();
+        for idx in order {
+            let Some(node) = self.trace.node(idx) else {
+                continue;
+            };
+            if self.reg.get(&node.op).map(|d| d.dtype) != Some(DTypeRule::First) {
+                continue;
+            }
+            let first = node.args.iter().find_map(|a| match a {
+                Arg::Value(v) => match self.trace.ty(*v) {
+                    Some(Type::Tensor(t)) => Some(t.dtype),
+                    _ => None,
+                },
+                _ => None,
+            });
+            let Some(first) = first else { continue };
+            let differs = node
+                .outputs
+                .iter()
+                .any(|o| matches!(self.trace.ty(*o), Some(Type::Tensor(t)) if t.dtype != first));
+            if !differs {
+                continue;
+            }
+            let node = node.clone();
+            let Ok(MetaOut::Types(types)) =
+                self.reg
+                    .infer(&self.trace, &node.op, &node.args, node.kwargs())
+            else {
+                continue;
+            };
+            if types.len() != node.outputs.len() {
+                continue;
+            }
+            for (o, want) in node.outputs.iter().zip(types) {
+                let (Some(Type::Tensor(have)), Type::Tensor(w)) = (self.trace.ty(*o), &want) else {
+                    continue;
+                };
+                if have.dtype != w.dtype && have.shape == w.shape && have.device == w.device {
+                    fixed.push(format!(
+                        "{} ({} declared {}, gives {})",
+                        self.trace.name(*o),
+                        node.op,
+                        have.dtype,
+                        w.dtype
+                    ));
+                    self.trace.set_ty(*o, want);
+                }
+            }
+        }
+        if !fixed.is_empty() {
+            self.trace.provenance.push(Provenance {
+                pass: format!(
+                    "tracepass import: the dtype torch gives, not Thunder's: {}",
+                    fixed.join(", ")
+                ),
+                millis: None,
+            });
+        }
     }
 
     fn parse_signature(&mut self, ln: usize, line: &str) -> PResult<()> {

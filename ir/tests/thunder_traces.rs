@@ -102,3 +102,64 @@ fn binary_and_json_round_trip() {
         assert_eq!(back, m, "{}", p.display());
     }
 }
+
+/// Thunder 0.2.6's grad rule for `amax` (here behind `max_pool1d`) declares the `unsqueeze`
+/// and `expand` of an i64 tie count as `b8`; torch keeps the input's dtype, so the values are
+/// i64 when Thunder runs the trace. The lines are from a real backward.
+const AMAX_GRAD: &str = r#"def backward_fn(t637, t633):
+  # t637: "cpu b8[2, 32, 2, 8]"
+  # t633: "cpu f32[2, 32, 2, 8]"
+  t640 = torch.sum(t637, (2,))  # t640: "cpu i64[2, 32, 8]"
+  t641 = torch.unsqueeze(t640, 2)  # t641: "cpu b8[2, 32, 1, 8]"
+  t642 = Tensor.expand(t641, [2, 32, 1, 8])  # t642: "cpu b8[2, 32, 1, 8]"
+  t647 = torch.true_divide(t633, t642)  # t647: "cpu f32[2, 32, 2, 8]"
+  return t647
+"#;
+
+#[test]
+fn a_view_declared_in_another_dtype_takes_its_inputs_dtype_and_says_so() {
+    let t = parse_trace(AMAX_GRAD).unwrap();
+    verify(&t).unwrap();
+    for name in ["t641", "t642"] {
+        let v = t.find_value(name).unwrap();
+        match t.ty(v) {
+            Some(Type::Tensor(tt)) => assert_eq!(tt.dtype, DType::I64, "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    let note = &t.provenance.last().unwrap().pass;
+    assert!(
+        note.contains("t641 (ltorch.unsqueeze declared b8, gives i64)")
+            && note.contains("t642 (ltorch.expand declared b8, gives i64)"),
+        "{note}"
+    );
+    // the note survives printing, and the printed trace reads back unchanged
+    let again = parse_trace(&print_trace(&t)).unwrap();
+    assert_eq!(print_trace(&again), print_trace(&t));
+}
+
+#[test]
+fn other_disagreements_with_the_declared_type_are_still_errors() {
+    // a wrong shape on a view, and a wrong dtype on an op whose dtype is not its input's
+    for (from, to) in [
+        (
+            r#"t641 = torch.unsqueeze(t640, 2)  # t641: "cpu b8[2, 32, 1, 8]""#,
+            r#"t641 = torch.unsqueeze(t640, 2)  # t641: "cpu b8[2, 32, 8, 1]""#,
+        ),
+        (
+            r#"t647 = torch.true_divide(t633, t642)  # t647: "cpu f32[2, 32, 2, 8]""#,
+            r#"t647 = torch.true_divide(t633, t642)  # t647: "cpu i64[2, 32, 2, 8]""#,
+        ),
+    ] {
+        let text = AMAX_GRAD.replace(from, to);
+        assert_ne!(text, AMAX_GRAD);
+        let failed = match parse_trace(&text) {
+            Err(_) => true,
+            Ok(t) => verify(&t).is_err(),
+        };
+        assert!(failed, "accepted:\n{text}");
+    }
+    // a trace whose types agree gets no note
+    let t = parse_trace(&AMAX_GRAD.replace("cpu b8[2, 32, 1, 8]", "cpu i64[2, 32, 1, 8]")).unwrap();
+    assert!(t.provenance.is_empty(), "{:?}", t.provenance);
+}
