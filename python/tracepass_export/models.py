@@ -260,6 +260,193 @@ def batch_selfloss(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x, labels=labels), torch.zeros(())
 
 
+# ---- more architectures, for breadth: each brings ops or structure the others lack -----------
+
+SMALL_VOCAB, SMALL_SEQ = 128, 16
+
+
+class Logits(nn.Module):
+    """Returns `.logits` of an HF model that returns a ModelOutput (ViT's `return_dict=False`
+    path fails inside transformers 4.57)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.m(*args).logits
+
+
+def make_vit() -> nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return Logits(ViTForImageClassification(cfg))
+
+
+def batch_vit(gen: torch.Generator) -> Batch:
+    pixel_values = torch.randn(2, 3, 16, 16, generator=gen)
+    return OrderedDict(pixel_values=pixel_values), torch.randint(0, 10, (2,), generator=gen, dtype=torch.int64)
+
+
+def batch_text_cls(gen: torch.Generator) -> Batch:
+    """Two sequences of ids with an attention mask (row 1 padded) and 4-way labels."""
+    input_ids = torch.randint(0, SMALL_VOCAB, (2, SMALL_SEQ), generator=gen, dtype=torch.int64)
+    attention_mask = torch.ones(2, SMALL_SEQ, dtype=torch.int64)
+    attention_mask[1, SMALL_SEQ - 5 :] = 0
+    return OrderedDict(input_ids=input_ids, attention_mask=attention_mask), torch.randint(
+        0, 4, (2,), generator=gen, dtype=torch.int64
+    )
+
+
+def make_albert() -> nn.Module:
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    cfg = AlbertConfig(
+        vocab_size=SMALL_VOCAB,
+        embedding_size=32,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        num_labels=4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout_prob=0.0,
+    )
+    return Logits(AlbertForSequenceClassification(cfg))
+
+
+def make_roberta() -> nn.Module:
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    cfg = RobertaConfig(
+        vocab_size=SMALL_VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=40,
+        num_labels=4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return Logits(RobertaForSequenceClassification(cfg))
+
+
+def make_phi() -> nn.Module:
+    from litgpt.config import Config
+    from litgpt.model import GPT
+
+    cfg = Config(
+        name="tiny-phi",
+        block_size=SMALL_SEQ,
+        vocab_size=SMALL_VOCAB,
+        padded_vocab_size=SMALL_VOCAB,
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        rotary_percentage=0.5,
+        parallel_residual=True,
+        bias=True,
+        norm_class_name="LayerNorm",
+        mlp_class_name="GptNeoxMLP",
+        intermediate_size=128,
+        gelu_approximate="tanh",
+    )
+    return GPT(cfg)
+
+
+class Conv1dText(nn.Module):
+    """Embedding, Conv1d, hardtanh, max_pool1d, LayerNorm, mean over time, Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(SMALL_VOCAB, 16)
+        self.conv = nn.Conv1d(16, 32, 3, padding=1)
+        self.ln = nn.LayerNorm(32)
+        self.fc = nn.Linear(32, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.conv(self.emb(idx).transpose(1, 2))
+        h = F.max_pool1d(F.hardtanh(h), 2)
+        return self.fc(self.ln(h.transpose(1, 2)).mean(1))
+
+
+def make_conv1d() -> nn.Module:
+    return Conv1dText()
+
+
+def batch_ids_cls(gen: torch.Generator) -> Batch:
+    idx = torch.randint(0, SMALL_VOCAB, (2, SMALL_SEQ), generator=gen, dtype=torch.int64)
+    return OrderedDict(idx=idx), torch.randint(0, 4, (2,), generator=gen, dtype=torch.int64)
+
+
+class ConvZoo(nn.Module):
+    """Conv2d + BatchNorm + leaky_relu, avg_pool2d, strided Conv2d + GroupNorm + elu, adaptive
+    average pooling to 3x3 (windows that overlap), Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, stride=2)
+        self.gn = nn.GroupNorm(2, 8)
+        self.fc = nn.Linear(8 * 3 * 3, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.avg_pool2d(F.leaky_relu(self.bn(self.conv1(x)), 0.1), 2)
+        x = F.adaptive_avg_pool2d(F.elu(self.gn(self.conv2(x))), 3)
+        return self.fc(torch.flatten(x, 1))
+
+
+def make_convzoo() -> nn.Module:
+    return ConvZoo()
+
+
+def batch_convzoo(gen: torch.Generator) -> Batch:
+    x = torch.randn(2, 3, 16, 16, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 10, (2,), generator=gen, dtype=torch.int64)
+
+
+class SdpaLM(nn.Module):
+    """One causal attention layer through `F.scaled_dot_product_attention` (Thunder decomposes it
+    on the CPU), and a language-model head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(SMALL_VOCAB, 32)
+        self.qkv = nn.Linear(32, 96)
+        self.head = nn.Linear(32, SMALL_VOCAB)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.emb(idx)
+        b, t, c = h.shape
+        q, k, v = (x.view(b, t, 4, 8).transpose(1, 2) for x in self.qkv(h).split(32, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(y.transpose(1, 2).reshape(b, t, c))
+
+
+def make_sdpa() -> nn.Module:
+    return SdpaLM()
+
+
+def batch_sdpa(gen: torch.Generator) -> Batch:
+    return batch_tokens(gen, SMALL_VOCAB, SMALL_SEQ)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -330,6 +517,57 @@ MODELS: dict[str, ModelSpec] = {
             loss="output",
             description="Linear(16,32) + ReLU + Linear(32,5) returning its own cross-entropy (labels are data)",
             notes=["the forward's output is the loss; the targets tensor is unused"],
+        ),
+        ModelSpec(
+            "vit",
+            make_vit,
+            batch_vit,
+            description="HF ViTForImageClassification: 16x16 images, patch 4, hidden 64, 2 layers, 4 heads, 10 labels, dropout 0",
+            notes=["patch embedding is a strided Conv2d; a CLS token is concatenated; `.logits` of a ModelOutput"],
+        ),
+        ModelSpec(
+            "albert",
+            make_albert,
+            batch_text_cls,
+            description="HF AlbertForSequenceClassification: vocab 128, embedding 32, hidden 64, 2 layers, 4 heads, 4 labels, dropout 0",
+            notes=["one transformer layer's parameters shared by both layers (gradients add up)"],
+        ),
+        ModelSpec(
+            "roberta",
+            make_roberta,
+            batch_text_cls,
+            description="HF RobertaForSequenceClassification: vocab 128, hidden 64, 2 layers, 4 heads, 4 labels, dropout 0",
+            notes=["position ids from `cumsum` of the padding mask, through `Tensor.int()` (a torch call Thunder prints as is)"],
+        ),
+        ModelSpec(
+            "phi",
+            make_phi,
+            batch_llama,
+            description="litgpt GPT, Phi-like config: vocab 128, block 16, 2 layers, n_embd 64, 4 heads, parallel residual, "
+            "rotary on half the head, LayerNorm, GptNeoxMLP (tanh GELU), bias",
+            notes=["RoPE `cos`/`sin` are buffers"],
+        ),
+        ModelSpec(
+            "conv1d",
+            make_conv1d,
+            batch_ids_cls,
+            description="Embedding(128,16), Conv1d(16,32,3), hardtanh, max_pool1d(2), LayerNorm, mean over time, Linear(32,4)",
+            notes=["Thunder declares two views in its amax gradient as b8 (torch gives i64)"],
+        ),
+        ModelSpec(
+            "convzoo",
+            make_convzoo,
+            batch_convzoo,
+            description="Conv2d + BatchNorm2d + leaky_relu(0.1), avg_pool2d(2), strided Conv2d + GroupNorm(2) + elu, "
+            "adaptive_avg_pool2d(3) of 3x3, Linear(72,10)",
+            notes=["BatchNorm running stats are buffers the forward updates"],
+        ),
+        ModelSpec(
+            "sdpa",
+            make_sdpa,
+            batch_sdpa,
+            description="Embedding(128,32), one causal `F.scaled_dot_product_attention` layer (4 heads), Linear(32,128)",
+            notes=["Thunder decomposes SDPA on the CPU"],
         ),
     ]
 }
