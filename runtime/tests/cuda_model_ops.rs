@@ -530,3 +530,22 @@ fn integer_and_bool_sums_and_maxima_match_the_cpu() {
         assert!(g.run(&k, &[Input::Tensor(&dx)]).is_err());
     }
 }
+
+#[test]
+fn transposed_convolution_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        let x = random(&[2, 4, 5, 6], 21, d);
+        let w = random(&[4, 3, 3, 2], 22, d);
+        let b = random(&[6], 23, d);
+        let k = Kernel::ConvTranspose {
+            stride: vec![2, 3],
+            padding: vec![1, 0],
+            output_padding: vec![1, 2],
+            dilation: vec![1],
+            groups: 2,
+            bias: true,
+        };
+        check(&g, &k, &[x, w, b], "conv_transpose2d");
+    }
+}

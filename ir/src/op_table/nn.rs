@@ -75,6 +75,16 @@ fn window_out(
 
 /// `convolution(a, weight, bias, stride, padding, dilation, transposed, output_padding, groups)`.
 fn convolution(cx: &MetaCx) -> R {
+    convolution_of(cx, matches!(cx.opt("transposed"), Some(Arg::Bool(true))))
+}
+
+/// `conv_transpose1d/2d/3d(a, weight, bias=None, stride=1, padding=0, output_padding=0,
+/// groups=1, dilation=1)`: the gradient of a convolution with respect to its input, as a layer.
+fn conv_transpose(cx: &MetaCx) -> R {
+    convolution_of(cx, true)
+}
+
+fn convolution_of(cx: &MetaCx, transposed: bool) -> R {
     let x = cx.tensor_param("a")?;
     let w = cx.tensor_param("weight")?;
     let spatial = w
@@ -95,7 +105,6 @@ fn convolution(cx: &MetaCx) -> R {
     if groups < 1 {
         return Err(format!("{}: groups must be positive, got {groups}", cx.op));
     }
-    let transposed = matches!(cx.opt("transposed"), Some(Arg::Bool(true)));
     let stride = per_dim(cx, "stride", spatial)?;
     let dilation = per_dim(cx, "dilation", spatial)?;
     let in_ch = x.shape[lead] as i64;
@@ -475,6 +484,9 @@ const OPS: &[OpSpec] = &[
     op("ltorch.conv1d", &["torch.nn.functional.conv1d"], Pure, "a, weight, bias=None, stride=1, padding=0, dilation=1, groups=1", First, convolution),
     op("ltorch.conv2d", &["torch.nn.functional.conv2d"], Pure, "a, weight, bias=None, stride=1, padding=0, dilation=1, groups=1", First, convolution),
     op("ltorch.conv3d", &["torch.nn.functional.conv3d"], Pure, "a, weight, bias=None, stride=1, padding=0, dilation=1, groups=1", First, convolution),
+    op("ltorch.conv_transpose1d", &["torch.nn.functional.conv_transpose1d"], Pure, "a, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1", First, conv_transpose),
+    op("ltorch.conv_transpose2d", &["torch.nn.functional.conv_transpose2d"], Pure, "a, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1", First, conv_transpose),
+    op("ltorch.conv_transpose3d", &["torch.nn.functional.conv_transpose3d"], Pure, "a, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1", First, conv_transpose),
     op("ltorch.max_pool1d_with_indices", &["max_pool1d_with_indices"], Pure, "a, kernel_size, stride, padding, dilation, ceil_mode", Meta, max_pool1d_with_indices),
     op("ltorch.max_pool2d_with_indices", &["max_pool2d_with_indices"], Pure, "a, kernel_size, stride, padding, dilation, ceil_mode", Meta, max_pool2d_with_indices),
     op("ltorch.max_pool3d_with_indices", &["max_pool3d_with_indices"], Pure, "a, kernel_size, stride, padding, dilation, ceil_mode", Meta, max_pool3d_with_indices),

@@ -94,6 +94,26 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
                 *groups,
             )
         }
+        Kernel::ConvTranspose {
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+            bias,
+        } => crate::exec::conv_transpose::conv_transpose(
+            &CpuBackend,
+            crate::exec::conv_transpose::ConvTranspose {
+                stride,
+                padding,
+                output_padding,
+                dilation,
+                groups: *groups,
+                bias: *bias,
+            },
+            inputs,
+        )
+        .map_err(|e| e.0),
         Kernel::MaxPool2dBackward => pool::max_pool2d_with_indices_backward(t(0)?, t(1)?, t(2)?),
         Kernel::Embedding => embedding::embedding(t(0)?, t(1)?),
         Kernel::EmbeddingBackward {

@@ -1793,6 +1793,25 @@ impl CudaBackend {
                 let b = if *bias { Some(t(2)?) } else { None };
                 self.convolution(t(0)?, t(1)?, b, stride, padding, dilation, *groups)
             }
+            Kernel::ConvTranspose {
+                stride,
+                padding,
+                output_padding,
+                dilation,
+                groups,
+                bias,
+            } => crate::exec::conv_transpose::conv_transpose(
+                self,
+                crate::exec::conv_transpose::ConvTranspose {
+                    stride,
+                    padding,
+                    output_padding,
+                    dilation,
+                    groups: *groups,
+                    bias: *bias,
+                },
+                inputs,
+            ),
             Kernel::MaxPool2dBackward => self.max_pool2d_backward(t(0)?, t(1)?, t(2)?),
             Kernel::Embedding => self.embedding(t(0)?, t(1)?),
             Kernel::EmbeddingBackward {

@@ -355,6 +355,9 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         }
         Kernel::Softmax { log, .. } => vec![softmax(*log, d)],
         Kernel::Convolution { .. } => vec![m::convolution(d)],
+        // the weight permuted and flipped, the input padded, then a convolution
+        // (crate::exec::conv_transpose)
+        Kernel::ConvTranspose { .. } => vec![permute(d), m::pad(d), m::convolution(d)],
         Kernel::MaxPool2d { .. } => vec![m::max_pool2d(d)],
         // f32 accumulation, then rounded to the dtype
         Kernel::MaxPool2dBackward => vec![m::max_pool2d_backward(d), convert(DType::F32, d)],
@@ -411,6 +414,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Reduce { .. }
             | Kernel::Softmax { .. }
             | Kernel::Convolution { .. }
+            | Kernel::ConvTranspose { .. }
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding
@@ -463,6 +467,14 @@ pub fn every_kernel() -> Vec<Kernel> {
         Kernel::Convolution {
             stride: vec![1],
             padding: vec![0],
+            dilation: vec![1],
+            groups: 1,
+            bias: true,
+        },
+        Kernel::ConvTranspose {
+            stride: vec![2],
+            padding: vec![0],
+            output_padding: vec![0],
             dilation: vec![1],
             groups: 1,
             bias: true,

@@ -130,6 +130,17 @@ pub enum Kernel {
         groups: i64,
         bias: bool,
     },
+    /// `conv_transpose*d` / `torch.convolution(transposed=True)`; inputs `x, w[, bias]`, `w`
+    /// as `[C_in, C_out / groups, *kernel]`. Backends run it from their own kernels
+    /// ([`crate::exec::conv_transpose`]).
+    ConvTranspose {
+        stride: Vec<i64>,
+        padding: Vec<i64>,
+        output_padding: Vec<i64>,
+        dilation: Vec<i64>,
+        groups: i64,
+        bias: bool,
+    },
     /// Two outputs: values and i64 indices (per (N, C) plane).
     MaxPool2d {
         kernel: Vec<i64>,
@@ -292,6 +303,13 @@ impl Kernel {
                 let w = inputs.get(1).map_or(0.0, |s| numel(s));
                 let cout = inputs.get(1).and_then(|s| s.first()).copied().unwrap_or(1) as f64;
                 2.0 * numel(out) * w / cout.max(1.0)
+            }
+            Kernel::ConvTranspose { .. } => {
+                // each input element meets (C_out / groups) * kernel taps weights: w's numel / C_in
+                let x = inputs.first().map_or(0.0, |s| numel(s));
+                let w = inputs.get(1).map_or(0.0, |s| numel(s));
+                let cin = inputs.get(1).and_then(|s| s.first()).copied().unwrap_or(1) as f64;
+                2.0 * x * w / cin.max(1.0)
             }
             Kernel::Identity
             | Kernel::Reshape(_)

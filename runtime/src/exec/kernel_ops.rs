@@ -262,6 +262,9 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.conv1d", Cpu(conv_nd)),
         ("ltorch.conv2d", Cpu(conv_nd)),
         ("ltorch.conv3d", Cpu(conv_nd)),
+        ("ltorch.conv_transpose1d", Cpu(conv_transpose)),
+        ("ltorch.conv_transpose2d", Cpu(conv_transpose)),
+        ("ltorch.conv_transpose3d", Cpu(conv_transpose)),
         // ----- pooling, embedding, normalization, losses -----
         ("ltorch.max_pool2d_with_indices", Cpu(max_pool2d)),
         (
@@ -791,7 +794,14 @@ fn convolution(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(1, "weight")?;
     let bias = o.opt_tensor(2, "bias")?;
     if o.flag(6, "transposed")? {
-        return Err("transposed convolution is not supported".into());
+        return Ok(Kernel::ConvTranspose {
+            stride: o.ints_or(3, "stride", &[1])?,
+            padding: o.ints_or(4, "padding", &[0])?,
+            output_padding: o.ints_or(7, "output_padding", &[0])?,
+            dilation: o.ints_or(5, "dilation", &[1])?,
+            groups: o.int(8, "groups")?.unwrap_or(1),
+            bias,
+        });
     }
     if o.ints_or(7, "output_padding", &[0])?
         .iter()
@@ -804,6 +814,22 @@ fn convolution(o: &mut Ops<'_>) -> Result<Kernel, String> {
         padding: o.ints_or(4, "padding", &[0])?,
         dilation: o.ints_or(5, "dilation", &[1])?,
         groups: o.int(8, "groups")?.unwrap_or(1),
+        bias,
+    })
+}
+
+/// `conv_transpose1d/2d/3d(a, weight, bias=None, stride=1, padding=0, output_padding=0,
+/// groups=1, dilation=1)`.
+fn conv_transpose(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "weight")?;
+    let bias = o.opt_tensor(2, "bias")?;
+    Ok(Kernel::ConvTranspose {
+        stride: o.ints_or(3, "stride", &[1])?,
+        padding: o.ints_or(4, "padding", &[0])?,
+        output_padding: o.ints_or(5, "output_padding", &[0])?,
+        groups: o.int(6, "groups")?.unwrap_or(1),
+        dilation: o.ints_or(7, "dilation", &[1])?,
         bias,
     })
 }
