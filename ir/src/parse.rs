@@ -533,6 +533,13 @@ impl<'a> Parser<'a> {
     }
 
     fn define(&mut self, ln: usize, col: usize, name: &str) -> PResult<ValueId> {
+        if name == "_" && self.names.get(name).is_some() {
+            return Err(self.err(
+                ln,
+                col,
+                "`_` is bound more than once: a statement that discards several results, nested (as Thunder prints its torch-autograd fallbacks, `*_vjp`), is not supported",
+            ));
+        }
         if let Some((_, first)) = self.names.get(name) {
             return Err(self.err(
                 ln,
