@@ -164,6 +164,10 @@ impl DdpOptions {
             );
         v
     }
+    /// The pass with these options as a pipeline value (`ddp(world_size=4,bucket_mb=25)`).
+    pub fn spec(&self) -> PassSpec {
+        DDP.spec(&self.to_values())
+    }
     /// The options from checked values of [`DDP`]'s declaration.
     pub fn from_values(v: &OptionValues) -> DdpOptions {
         DdpOptions {

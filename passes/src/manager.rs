@@ -98,9 +98,17 @@ impl PassManager {
     }
     /// Builds a manager from a pipeline string of the passes `registry` knows.
     pub fn parse_with(registry: &PassRegistry, pipeline: &str) -> Result<PassManager, PassError> {
-        let specs = parse_pipeline(pipeline)?;
+        PassManager::from_specs(registry, &parse_pipeline(pipeline)?)
+    }
+    /// Builds a manager from a pipeline value (passes `registry` knows, with their options),
+    /// as a program builds one without writing a string: `[ddp_options.spec(),
+    /// PassSpec::new("sort-waits")]`.
+    pub fn from_specs(
+        registry: &PassRegistry,
+        specs: &[PassSpec],
+    ) -> Result<PassManager, PassError> {
         let mut pm = PassManager::new();
-        for s in &specs {
+        for s in specs {
             pm.passes.push(build(registry, s)?);
         }
         Ok(pm)

@@ -335,7 +335,12 @@ impl PassDecl {
     }
     /// The pass as a pipeline spells it: options shown per their [`Show`].
     pub fn spell(&self, values: &OptionValues) -> String {
-        let mut parts = Vec::new();
+        self.spec(values).to_string()
+    }
+    /// The pass as a pipeline value, options shown per their [`Show`] (what [`Self::spell`]
+    /// prints), so that callers build pipelines from typed options instead of strings.
+    pub fn spec(&self, values: &OptionValues) -> PassSpec {
+        let mut spec = PassSpec::new(self.name);
         for (o, v) in self.options.iter().zip(&values.values) {
             let Some(v) = v else { continue };
             let shown = match (o.show, o.default) {
@@ -345,14 +350,10 @@ impl PassDecl {
                 }
             };
             if shown {
-                parts.push(format!("{}={v}", o.name));
+                spec.options.push((o.name.to_string(), v.to_string()));
             }
         }
-        if parts.is_empty() {
-            self.name.to_string()
-        } else {
-            format!("{}({})", self.name, parts.join(","))
-        }
+        spec
     }
     /// The `--help` text of the pass: its line, then one line per option.
     pub fn help_text(&self) -> String {

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tracepass_ir::DType;
+use tracepass_passes::{parse_pipeline, DdpOptions, PassError, PassSpec};
 use tracepass_runtime::tensor::Tensor;
 use tracepass_runtime::train::{
     local_gradients, train, Fault, TrainConfig, TrainError, TrainReport,
@@ -571,7 +572,7 @@ fn bad_options_are_rejected_before_anything_runs() {
         ),
         (
             TrainConfig {
-                passes: Some("ddp(world_size=4),frob".into()),
+                passes: Some(parse_pipeline("ddp(world_size=4),frob").unwrap()),
                 ..TrainConfig::default()
             },
             "unknown pass `frob`",
@@ -579,7 +580,7 @@ fn bad_options_are_rejected_before_anything_runs() {
         (
             TrainConfig {
                 world_size: 2,
-                passes: Some("ddp(world_size=3),sort-waits".into()),
+                passes: Some(parse_pipeline("ddp(world_size=3),sort-waits").unwrap()),
                 ..TrainConfig::default()
             },
             "is for world size 3, but this run has --world-size 2",
@@ -587,7 +588,7 @@ fn bad_options_are_rejected_before_anything_runs() {
         (
             TrainConfig {
                 world_size: 2,
-                passes: Some("dce".into()),
+                passes: Some(parse_pipeline("dce").unwrap()),
                 ..TrainConfig::default()
             },
             "has no all-reduce, so 2 ranks would each train their own model",
@@ -603,6 +604,49 @@ fn bad_options_are_rejected_before_anything_runs() {
     ] {
         let e = fails(&cfg);
         assert!(e.contains(want), "{e}");
+    }
+}
+
+/// Pipelines are values: one built from typed options trains as its string does, and what
+/// goes wrong comes back as the passes' own error, not as its text.
+#[test]
+fn pipelines_are_values_and_their_errors_stay_typed() {
+    let built = vec![
+        DdpOptions {
+            world_size: 2,
+            bucket_mb: 0.001,
+            ..DdpOptions::default()
+        }
+        .spec(),
+        PassSpec::new("sort-waits"),
+    ];
+    let parsed = parse_pipeline("ddp(world_size=2,bucket_mb=0.001),sort-waits").unwrap();
+    assert_eq!(built, parsed);
+    let cfg = |passes| TrainConfig {
+        world_size: 2,
+        steps: 2,
+        passes: Some(passes),
+        ..TrainConfig::default()
+    };
+    let (a, b) = (run(&cfg(built)), run(&cfg(parsed)));
+    assert_eq!(a.losses, b.losses);
+    assert_eq!(a.pipeline, "ddp(world_size=2,bucket_mb=0.001),sort-waits");
+
+    let unknown = vec![PassSpec::new("frob")];
+    match train(&cfg(unknown), &|_, _| {}) {
+        Err(TrainError::Pipeline { source, .. }) => match *source {
+            PassError::UnknownPass { name, .. } => assert_eq!(name, "frob"),
+            other => panic!("expected an unknown pass, got {other:?}"),
+        },
+        other => panic!("expected an unknown-pass error, got {other:?}"),
+    }
+    let mut bad = PassSpec::new("ddp");
+    bad.options.push(("world_size".into(), "two".into()));
+    match train(&cfg(vec![bad]), &|_, _| {}) {
+        Err(TrainError::Pipeline { source, .. }) => {
+            assert!(source.to_string().contains("world_size"), "{source}")
+        }
+        other => panic!("expected a bad-option error, got {other:?}"),
     }
 }
 

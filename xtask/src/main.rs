@@ -535,7 +535,7 @@ fn bench_overlap(world: usize, layers: usize) -> Result<()> {
         let run = train(
             &TrainConfig {
                 link: Some(link),
-                passes: Some(c_pipeline.clone()),
+                passes: Some(tracepass_passes::parse_pipeline(&c_pipeline)?),
                 ..base.clone()
             },
             &quiet,
@@ -592,7 +592,7 @@ fn bench_overlap(world: usize, layers: usize) -> Result<()> {
             None => train(
                 &TrainConfig {
                     link: Some(link),
-                    passes: Some(pipeline.clone()),
+                    passes: Some(tracepass_passes::parse_pipeline(&pipeline)?),
                     ..base.clone()
                 },
                 &quiet,

@@ -5,7 +5,7 @@ use crate::input::{load_input, out};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use tracepass_ir::{OpRegistry, Program};
-use tracepass_passes::PassManager;
+use tracepass_passes::{parse_pipeline, DdpOptions, PassManager, PassRegistry, PassSpec};
 use tracepass_runtime::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions, SimReport};
 
 #[derive(clap::Args, Debug)]
@@ -35,9 +35,10 @@ pub struct SimulateArgs {
     pub json: bool,
 }
 
-fn rewrite(p: &Program, pipeline: &str) -> Result<Program> {
+fn rewrite(p: &Program, pipeline: &[PassSpec]) -> Result<Program> {
     let mut q = p.clone();
-    PassManager::parse(pipeline)?.run(&mut q, OpRegistry::builtin())?;
+    PassManager::from_specs(PassRegistry::builtin(), pipeline)?
+        .run(&mut q, OpRegistry::builtin())?;
     Ok(q)
 }
 
@@ -97,7 +98,13 @@ pub const SWEEP_MB: &[f64] = &[0.0, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.
 
 pub fn run(args: SimulateArgs) -> Result<()> {
     let opts = options(&args)?;
-    if let Some(pl) = &args.passes {
+    let passes = args
+        .passes
+        .as_deref()
+        .map(parse_pipeline)
+        .transpose()
+        .context("--passes")?;
+    if let Some(pl) = &passes {
         if args.sweep_bucket_mb {
             bail!("--passes and --sweep-bucket-mb: the sweep makes its own pipelines (ddp(world_size=N,bucket_mb=B),sort-waits); give one or the other");
         }
@@ -109,17 +116,22 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         opts.device.name, opts.link.latency_us, opts.link.bandwidth_gbps, opts.world_size
     );
     if args.sweep_bucket_mb {
-        let prefix = if tracepass_passes::synchronizes(&program.backward) {
-            "no-sync,"
-        } else {
-            ""
-        };
+        let strip = tracepass_passes::synchronizes(&program.backward);
         let mut rows = Vec::new();
         for &mb in SWEEP_MB {
-            let pipeline = format!(
-                "{prefix}ddp(world_size={},bucket_mb={mb}),sort-waits",
-                opts.world_size
+            let mut pipeline: Vec<PassSpec> = strip
+                .then(|| PassSpec::new("no-sync"))
+                .into_iter()
+                .collect();
+            pipeline.push(
+                DdpOptions {
+                    world_size: opts.world_size,
+                    bucket_mb: mb,
+                    ..DdpOptions::default()
+                }
+                .spec(),
             );
+            pipeline.push(PassSpec::new("sort-waits"));
             let p = rewrite(&program, &pipeline)?;
             let r = simulate(&p.backward, &opts)?;
             rows.push((mb, r));
@@ -154,7 +166,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         );
         return out(&text);
     }
-    let p = match &args.passes {
+    let p = match &passes {
         Some(pl) => rewrite(&program, pl)?,
         None => program,
     };

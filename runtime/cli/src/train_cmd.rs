@@ -247,7 +247,12 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         link,
         collective_timeout: Duration::from_secs_f64(args.collective_timeout),
         timeline: args.timeline.is_some(),
-        passes: args.passes.clone(),
+        passes: args
+            .passes
+            .as_deref()
+            .map(tracepass_passes::parse_pipeline)
+            .transpose()
+            .context("--passes")?,
         keep_all_ranks: false,
         fault,
         save: args.save.clone(),

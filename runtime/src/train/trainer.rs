@@ -20,7 +20,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tracepass_ir::{ops, Arg, OpRegistry, Program, Trace, ValueId};
-use tracepass_passes::{synchronizes, PassManager};
+use tracepass_passes::{
+    print_pipeline, synchronizes, Ddp, DdpOptions, PassError, PassManager, PassRegistry, PassSpec,
+    RunError,
+};
 
 /// A fault to inject (tests and `--inject-fault`): what a real failure would do to one rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,8 +77,10 @@ pub struct TrainConfig {
     pub collective_timeout: Duration,
     /// Record one event per instruction for a timeline.
     pub timeline: bool,
-    /// Pipeline for the synchronized backward instead of `ddp(...),sort-waits`.
-    pub passes: Option<String>,
+    /// Pipeline for the synchronized backward instead of `ddp(...),sort-waits` (a value:
+    /// `parse_pipeline("...")`, or specs built from typed options such as
+    /// [`DdpOptions::spec`]).
+    pub passes: Option<Vec<PassSpec>>,
     /// Keep every rank's gradients and parameters in the report (tests); else rank 0's only.
     pub keep_all_ranks: bool,
     pub fault: Option<Fault>,
@@ -133,8 +138,20 @@ pub enum TrainError {
     Config(String),
     #[error(transparent)]
     Model(#[from] crate::train::model::ModelError),
-    #[error("rewriting the backward with `{pipeline}`: {message}")]
-    Rewrite { pipeline: String, message: String },
+    /// A pipeline that names an unknown pass or bad options.
+    #[error("pipeline `{pipeline}`: {source}")]
+    Pipeline {
+        pipeline: String,
+        #[source]
+        source: Box<PassError>,
+    },
+    /// A pass failed on the model (the reproducer it wrote, if any, is in `source`).
+    #[error("rewriting the backward with `{pipeline}`: {source}")]
+    Rewrite {
+        pipeline: String,
+        #[source]
+        source: Box<RunError>,
+    },
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error("{0}")]
@@ -188,15 +205,20 @@ fn exported_world_size(t: &Trace) -> Option<f64> {
         })
 }
 
-fn rewrite(program: &Program, pipeline: &str) -> Result<Program, TrainError> {
-    let err = |m: String| TrainError::Rewrite {
-        pipeline: pipeline.to_string(),
-        message: m,
-    };
-    let pm = PassManager::parse(pipeline).map_err(|e| err(e.to_string()))?;
+fn rewrite(program: &Program, specs: &[PassSpec]) -> Result<Program, TrainError> {
+    let pipeline = || print_pipeline(specs);
+    let pm = PassManager::from_specs(PassRegistry::builtin(), specs).map_err(|source| {
+        TrainError::Pipeline {
+            pipeline: pipeline(),
+            source: Box::new(source),
+        }
+    })?;
     let mut p = program.clone();
     pm.run(&mut p, OpRegistry::builtin())
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|source| TrainError::Rewrite {
+            pipeline: pipeline(),
+            source: Box::new(source),
+        })?;
     Ok(p)
 }
 
@@ -265,31 +287,25 @@ impl Plans {
 
 /// Refuses a pipeline that contradicts the run: a `ddp` pass for another world size (it would
 /// divide the gradients by the wrong number) or for a process group this runtime does not have.
-pub fn check_pipeline(pipeline: &str, world_size: usize) -> Result<(), TrainError> {
-    let specs = tracepass_passes::parse_pipeline(pipeline).map_err(|e| TrainError::Rewrite {
-        pipeline: pipeline.to_string(),
-        message: e.to_string(),
-    })?;
+pub fn check_pipeline(specs: &[PassSpec], world_size: usize) -> Result<(), TrainError> {
+    let pipeline = print_pipeline(specs);
     for spec in specs.iter().filter(|s| s.name == "ddp") {
-        for (key, value) in &spec.options {
-            match key.as_str() {
-                "world_size" => {
-                    // a value that is not a number is the pass's own error, with its reason
-                    if let Ok(n) = value.parse::<usize>() {
-                        if n != world_size {
-                            return Err(TrainError::Config(format!(
-                                "--passes `{pipeline}`: `{spec}` is for world size {n}, but this run has --world-size {world_size} (it would divide the gradients by {n}); use ddp(world_size={world_size},...)"
-                            )));
-                        }
-                    }
-                }
-                "group" if value != "world" => {
-                    return Err(TrainError::Config(format!(
-                        "--passes `{pipeline}`: `{spec}` names process group `{value}`, but this run has only the group `world` (of --world-size {world_size})"
-                    )));
-                }
-                _ => {}
-            }
+        let ddp = Ddp::from_spec(spec).map_err(|source| TrainError::Pipeline {
+            pipeline: pipeline.clone(),
+            source: Box::new(source),
+        })?;
+        let o = ddp.options();
+        if o.world_size != world_size {
+            let n = o.world_size;
+            return Err(TrainError::Config(format!(
+                "--passes `{pipeline}`: `{spec}` is for world size {n}, but this run has --world-size {world_size} (it would divide the gradients by {n}); use ddp(world_size={world_size},...)"
+            )));
+        }
+        if o.group != "world" {
+            return Err(TrainError::Config(format!(
+                "--passes `{pipeline}`: `{spec}` names process group `{}`, but this run has only the group `world` (of --world-size {world_size})",
+                o.group
+            )));
         }
     }
     Ok(())
@@ -315,41 +331,45 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
     let forward = Plan::compile(&p.forward, &fwd_results)?;
     let already = synchronizes(&p.backward);
     let ws = cfg.world_size;
-    let ddp = format!(
-        "ddp(world_size={ws},bucket_mb={}),sort-waits",
-        cfg.bucket_mb
-    );
+    let ddp: Vec<PassSpec> = vec![
+        DdpOptions {
+            world_size: ws,
+            bucket_mb: cfg.bucket_mb,
+            ..DdpOptions::default()
+        }
+        .spec(),
+        PassSpec::new("sort-waits"),
+    ];
+    let ddp_text = print_pipeline(&ddp);
     let (local_prog, sync_pipeline) = if already {
         // Thunder's own DDP backward: run it as exported; strip it for local micro-steps.
         if cfg.passes.is_none() {
             if let Some(w) = model.exported_world_size {
                 if w != ws {
                     return Err(TrainError::Config(format!(
-                        "the export's backward holds Thunder's DDP for world size {w} (export.json), but this run has --world-size {ws}; train with --world-size {w}, or re-bucket it with --passes 'no-sync,{ddp}'"
+                        "the export's backward holds Thunder's DDP for world size {w} (export.json), but this run has --world-size {ws}; train with --world-size {w}, or re-bucket it with --passes 'no-sync,{ddp_text}'"
                     )));
                 }
             }
             if let (None, Some(d)) = (model.exported_world_size, exported_world_size(&p.backward)) {
                 if (d - ws as f64).abs() > 1e-9 {
                     return Err(TrainError::Config(format!(
-                        "the backward was exported with DDP for world size {d} (it divides gradients by {d}); run it with --world-size {d}, or re-bucket it with --passes 'no-sync,{ddp}'"
+                        "the backward was exported with DDP for world size {d} (it divides gradients by {d}); run it with --world-size {d}, or re-bucket it with --passes 'no-sync,{ddp_text}'"
                     )));
                 }
             }
         }
         (
-            rewrite(p, "no-sync")?,
+            rewrite(p, &[PassSpec::new("no-sync")])?,
             cfg.passes.clone().unwrap_or_default(),
         )
     } else {
         (p.clone(), cfg.passes.clone().unwrap_or_else(|| ddp.clone()))
     };
-    let acc_pipeline = |base: &str| {
-        if base.is_empty() {
-            "accumulate-grads".to_string()
-        } else {
-            format!("accumulate-grads,{base}")
-        }
+    let acc_pipeline = |base: &[PassSpec]| {
+        let mut specs = vec![PassSpec::new("accumulate-grads")];
+        specs.extend_from_slice(base);
+        specs
     };
     let (sync_prog, pipeline) = if cfg.no_sync_steps > 0 {
         let base = if already && cfg.passes.is_none() {
@@ -358,12 +378,15 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
             sync_pipeline.clone()
         };
         let pl = acc_pipeline(&base);
-        (rewrite(&local_prog, &pl)?, pl)
+        (rewrite(&local_prog, &pl)?, print_pipeline(&pl))
     } else if sync_pipeline.is_empty() {
         (p.clone(), "(as exported)".to_string())
     } else {
         let src = if already { p } else { &local_prog };
-        (rewrite(src, &sync_pipeline)?, sync_pipeline.clone())
+        (
+            rewrite(src, &sync_pipeline)?,
+            print_pipeline(&sync_pipeline),
+        )
     };
     if cfg.world_size > 1 && !synchronizes(&sync_prog.backward) {
         let what = if pipeline == "(as exported)" {
@@ -866,12 +889,12 @@ pub fn local_gradients_at(
 ) -> Result<(f64, Vec<Option<Tensor>>), TrainError> {
     let cfg = TrainConfig {
         world_size: 1,
-        passes: Some(String::new()),
+        passes: Some(Vec::new()),
         ..TrainConfig::default()
     };
     let p = &model.program;
     let local_prog = if synchronizes(&p.backward) {
-        rewrite(p, "no-sync")?
+        rewrite(p, &[PassSpec::new("no-sync")])?
     } else {
         p.clone()
     };
