@@ -66,6 +66,42 @@ pub enum UnaryOp {
     Selu,
 }
 
+/// An activation with parameters, as PyTorch's functional form computes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// `leaky_relu(x, negative_slope)`: `x > 0 ? x : x * slope`.
+    LeakyRelu { slope: f64 },
+    /// `elu(x, alpha)`: `x > 0 ? x : alpha * (exp(x) - 1)`.
+    Elu { alpha: f64 },
+    /// `celu(x, alpha)`: `x > 0 ? x : alpha * (exp(x / alpha) - 1)`; alpha is not 0.
+    Celu { alpha: f64 },
+    /// `hardtanh(x, min_val, max_val)`: `x` clamped to `[min, max]` (NaN stays NaN);
+    /// `min <= max`.
+    Hardtanh { min: f64, max: f64 },
+}
+
+impl Activation {
+    /// The two parameters the kernels take: `[slope, 0]`, `[alpha, 0]`, `[alpha, 1 / alpha]`
+    /// (PyTorch's celu is elu with input scale `1 / alpha`), `[min, max]`.
+    pub fn params(self) -> [f64; 2] {
+        match self {
+            Activation::LeakyRelu { slope } => [slope, 0.0],
+            Activation::Elu { alpha } => [alpha, 0.0],
+            Activation::Celu { alpha } => [alpha, 1.0 / alpha],
+            Activation::Hardtanh { min, max } => [min, max],
+        }
+    }
+    /// The kernel name's stem.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::LeakyRelu { .. } => "leaky_relu",
+            Activation::Elu { .. } => "elu",
+            Activation::Celu { .. } => "celu",
+            Activation::Hardtanh { .. } => "hardtanh",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinaryOp {
     Add,
@@ -95,6 +131,8 @@ pub enum Side {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kernel {
     Unary(UnaryOp),
+    /// A float tensor's activation with parameters; the result has the input's dtype.
+    Activation(Activation),
     /// `a op (alpha * b)`; alpha is 1 except for `add`/`sub` with an `alpha` argument.
     Binary {
         op: BinaryOp,

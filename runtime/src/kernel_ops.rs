@@ -7,10 +7,12 @@
 //! rebuilt from a spelling. Each decoder reads the node's operands in the op's signature order,
 //! positional or keyword.
 
-use crate::kernel::{BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp};
+use crate::kernel::{
+    Activation, BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
+};
 use std::collections::HashMap;
 use std::sync::OnceLock;
-use tracepass_ir::{ops, Arg, Node, OpRegistry, Trace, ValueId};
+use tracepass_ir::{ops, Arg, DType, Node, OpRegistry, Trace, ValueId};
 
 /// Reads a node's operands and gives its kernel.
 pub type Decoder = fn(&mut Ops<'_>) -> Result<Kernel, String>;
@@ -45,8 +47,6 @@ const BITS: &str = "no CPU kernel for bitwise or logical ops on integer and bool
 const FLOAT_CLASS: &str = "no CPU kernel classifies floats this way (only isnan, as x != x)";
 const TERNARY: &str = "a three-operand elementwise op: no CPU kernel (the kernel set's \
      elementwise kernels take two operands)";
-const ACTIVATION: &str = "no CPU kernel for this activation (relu, gelu, silu, tanh and sigmoid \
-     have one)";
 const NORM: &str = "a normalization composite with no fused CPU kernel: Thunder's traces of \
      the corpus decompose it into reductions and elementwise ops, which have kernels";
 const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes the loss outside \
@@ -233,10 +233,13 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.relu6", Cpu(|o| activation(o, UnaryOp::Relu6))),
         ("ltorch.mish", Cpu(|o| activation(o, UnaryOp::Mish))),
         ("ltorch.selu", Cpu(|o| activation(o, UnaryOp::Selu))),
-        ("ltorch.elu", Unsupported { reason: ACTIVATION }),
-        ("ltorch.celu", Unsupported { reason: ACTIVATION }),
-        ("ltorch.leaky_relu", Unsupported { reason: ACTIVATION }),
-        ("ltorch.hardtanh", Unsupported { reason: ACTIVATION }),
+        ("ltorch.elu", Cpu(|o| param_activation(o, "elu"))),
+        ("ltorch.celu", Cpu(|o| param_activation(o, "celu"))),
+        (
+            "ltorch.leaky_relu",
+            Cpu(|o| param_activation(o, "leaky_relu")),
+        ),
+        ("ltorch.hardtanh", Cpu(|o| param_activation(o, "hardtanh"))),
         (
             "ltorch.hardswish",
             Cpu(|o| activation(o, UnaryOp::Hardswish)),
@@ -608,6 +611,72 @@ fn activation(o: &mut Ops<'_>, op: UnaryOp) -> Result<Kernel, String> {
         return Err(format!("in-place {op:?} is not supported"));
     }
     Ok(Kernel::Unary(op))
+}
+
+/// `leaky_relu(a, negative_slope=0.01, inplace=False)`, `elu(a, alpha=1.0, inplace=False)`,
+/// `celu(a, alpha=1.0, inplace=False)` and `hardtanh(a, min_val=-1.0, max_val=1.0,
+/// inplace=False)` of a float tensor, out of place. PyTorch refuses `celu` with alpha 0 and
+/// `hardtanh` with `min_val > max_val`; so does the decoder.
+fn param_activation(o: &mut Ops<'_>, name: &str) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let dtype = o.in_type(0)?.dtype;
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
+        return Err(format!(
+            "{name} of a {dtype} tensor is not supported (PyTorch computes it on floats)"
+        ));
+    }
+    let out = o.out(0)?.dtype;
+    if out != dtype {
+        return Err(format!(
+            "{name} of a {dtype} tensor into {out} is not supported"
+        ));
+    }
+    let number = |o: &Ops<'_>, i: usize, key: &str, default: f64| -> Result<f64, String> {
+        let v = o
+            .number(i, key)
+            .map_err(|e| format!("{name}: {e}"))?
+            .unwrap_or(default);
+        if v.is_nan() {
+            return Err(format!("{name}: `{key}` is NaN"));
+        }
+        Ok(v)
+    };
+    let (act, inplace_at) = match name {
+        "leaky_relu" => (
+            Activation::LeakyRelu {
+                slope: number(o, 1, "negative_slope", 0.01)?,
+            },
+            2,
+        ),
+        "elu" => (
+            Activation::Elu {
+                alpha: number(o, 1, "alpha", 1.0)?,
+            },
+            2,
+        ),
+        "celu" => {
+            let alpha = number(o, 1, "alpha", 1.0)?;
+            if alpha == 0.0 {
+                return Err("celu: `alpha` cannot be 0".into());
+            }
+            (Activation::Celu { alpha }, 2)
+        }
+        "hardtanh" => {
+            let min = number(o, 1, "min_val", -1.0)?;
+            let max = number(o, 2, "max_val", 1.0)?;
+            if min > max {
+                return Err(format!(
+                    "hardtanh: `min_val` {min} is greater than `max_val` {max}"
+                ));
+            }
+            (Activation::Hardtanh { min, max }, 3)
+        }
+        other => return Err(format!("no parametrized activation `{other}`")),
+    };
+    if o.flag(inplace_at, "inplace")? {
+        return Err(format!("in-place {name} is not supported"));
+    }
+    Ok(Kernel::Activation(act))
 }
 
 /// `softplus(a, beta=1.0, threshold=20.0)`: PyTorch's defaults only.

@@ -529,3 +529,31 @@ fn integer_and_bool_sums_and_maxima_match_the_cpu() {
         assert!(g.run(&k, &[Input::Tensor(&dx)]).is_err());
     }
 }
+
+#[test]
+fn parametrized_activations_match_the_cpu() {
+    use tracepass_runtime::kernel::Activation;
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        let mut x = random(&[3, 50], 31, d).to_f32_vec();
+        x.iter_mut().for_each(|v| *v *= 4.0);
+        x[0] = f32::NAN;
+        let x = Tensor::from_f32(vec![3, 50], x).to_dtype(d).unwrap();
+        for act in [
+            Activation::LeakyRelu { slope: 0.2 },
+            Activation::Elu { alpha: 0.7 },
+            Activation::Celu { alpha: 1.3 },
+            Activation::Hardtanh {
+                min: -1.5,
+                max: 2.0,
+            },
+        ] {
+            check(
+                &g,
+                &Kernel::Activation(act),
+                &[x.clone()],
+                &format!("{act:?}"),
+            );
+        }
+    }
+}

@@ -699,3 +699,124 @@ fn clamp_bounds_below_and_above() {
     assert_eq!(out[0].to_f32_vec(), vec![-1.0, -0.5, 1.5, 2.0]);
     assert_eq!(out[1].to_f32_vec(), vec![0.0, 0.0, 1.5, 7.0]);
 }
+
+/// `leaky_relu`, `elu`, `celu` and `hardtanh` with their parameters, positional or keyword,
+/// against torch 2.9.0's values (`F.leaky_relu(x, 0.2)`, `F.elu(x, 0.7)`, `F.celu(x, 0.7)`,
+/// `F.hardtanh(x, -1.0, 2.0)` on float32), and the defaults (0.01, 1.0, 1.0, [-1, 1]).
+#[test]
+fn parametrized_activations_take_their_parameters() {
+    let xs = vec![-2.5f32, -0.5, 0.0, 0.5, 1.0, 2.5];
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[6], DType::F32));
+    let calls: Vec<(&str, Vec<Arg>, Vec<(String, Arg)>)> = vec![
+        ("ltorch.leaky_relu", vec![x.into(), Arg::Float(0.2)], vec![]),
+        (
+            "ltorch.elu",
+            vec![x.into()],
+            vec![("alpha".into(), Arg::Float(0.7))],
+        ),
+        ("ltorch.celu", vec![x.into(), Arg::Float(0.7)], vec![]),
+        (
+            "ltorch.hardtanh",
+            vec![x.into(), Arg::Float(-1.0)],
+            vec![("max_val".into(), Arg::Float(2.0))],
+        ),
+        ("ltorch.leaky_relu", vec![x.into()], vec![]),
+        ("ltorch.elu", vec![x.into()], vec![]),
+        ("ltorch.celu", vec![x.into()], vec![]),
+        ("ltorch.hardtanh", vec![x.into()], vec![]),
+    ];
+    let ys: Vec<ValueId> = calls
+        .iter()
+        .map(|(op, args, kw)| {
+            b.op_kw(op, args.clone(), kw.clone())
+                .unwrap_or_else(|e| panic!("{op}: {e}"))
+        })
+        .collect();
+    b.ret(Arg::Tuple(ys.iter().map(|y| Arg::Value(*y)).collect()));
+    let out = run(
+        &b.finish(),
+        &ys,
+        vec![Tensor::from_f32(vec![6], xs.clone())],
+    );
+    let elu = |x: f64, a: f64| if x > 0.0 { x } else { a * x.exp_m1() };
+    let want: Vec<Vec<f64>> = vec![
+        vec![-0.5, -0.1000000015, 0.0, 0.5, 1.0, 2.5],
+        vec![-0.6425404549, -0.2754285336, 0.0, 0.5, 1.0, 2.5],
+        vec![-0.6803190708, -0.3573208451, 0.0, 0.5, 1.0, 2.5],
+        vec![-1.0, -0.5, 0.0, 0.5, 1.0, 2.0],
+        xs.iter()
+            .map(|&x| if x > 0.0 { x as f64 } else { x as f64 * 0.01 })
+            .collect(),
+        xs.iter().map(|&x| elu(x as f64, 1.0)).collect(),
+        xs.iter().map(|&x| elu(x as f64, 1.0)).collect(),
+        vec![-1.0, -0.5, 0.0, 0.5, 1.0, 1.0],
+    ];
+    for (((op, ..), got), want) in calls.iter().zip(&out).zip(&want) {
+        assert_eq!(got.dtype(), DType::F32, "{op}");
+        for (g, w) in got.to_f64_vec().iter().zip(want) {
+            assert!(
+                (g - w).abs() <= 1e-7,
+                "{op}: {:?} vs {want:?}",
+                got.to_f64_vec()
+            );
+        }
+    }
+}
+
+/// Arguments PyTorch refuses, integer tensors and in-place forms are plan errors that name
+/// the op and the argument.
+#[test]
+fn parametrized_activations_refuse_what_pytorch_refuses() {
+    let cases: Vec<(&str, DType, Vec<Arg>, Vec<(String, Arg)>, &str)> = vec![
+        (
+            "ltorch.celu",
+            DType::F32,
+            vec![Arg::Float(0.0)],
+            vec![],
+            "`alpha` cannot be 0",
+        ),
+        (
+            "ltorch.hardtanh",
+            DType::F32,
+            vec![Arg::Float(2.0), Arg::Float(-1.0)],
+            vec![],
+            "`min_val` 2 is greater than `max_val` -1",
+        ),
+        (
+            "ltorch.leaky_relu",
+            DType::I64,
+            vec![],
+            vec![],
+            "leaky_relu of a i64 tensor",
+        ),
+        (
+            "ltorch.elu",
+            DType::F32,
+            vec![],
+            vec![("inplace".into(), Arg::Bool(true))],
+            "in-place elu",
+        ),
+        (
+            "ltorch.leaky_relu",
+            DType::F32,
+            vec![Arg::Str("x".into())],
+            vec![],
+            "`negative_slope`",
+        ),
+    ];
+    for (op, dtype, extra, kw, msg) in cases {
+        let mut b = TraceBuilder::new("f", TraceKind::Forward);
+        let x = b.arg("x", ty(&[3], dtype));
+        let mut args = vec![x.into()];
+        args.extend(extra);
+        let y = b
+            .op_kw(op, args, kw)
+            .unwrap_or_else(|e| panic!("{op} types: {e}"));
+        b.ret(Arg::Value(y));
+        let e = Plan::compile(&b.finish(), &[Some(y)])
+            .expect_err(op)
+            .to_string();
+        assert!(e.contains(op) && e.contains(msg), "{op}: {e}");
+    }
+}

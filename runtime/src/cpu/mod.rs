@@ -122,6 +122,7 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             compare::where_(t(0)?, operand(inputs, *a)?, operand(inputs, *b)?, *dtype)
         }
         Kernel::Silu => activation::silu(t(0)?),
+        Kernel::Activation(act) => activation::activation(*act, t(0)?),
         Kernel::Copy => layout::copy_into(t(0)?, t(1)?),
         Kernel::TakeAlongDim { dim } => loss_grad::take_along_dim(t(0)?, t(1)?, *dim),
         Kernel::NllLossBackward {

@@ -8,7 +8,7 @@ use super::model_kernels;
 use super::CudaError;
 use crate::backend::{Backend, Input, KernelError};
 use crate::cpu::promote::{promote_types, promote_with_scalar};
-use crate::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
+use crate::kernel::{Activation, BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
 use crate::tensor::{is_float, Storage, Tensor};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
@@ -1741,6 +1741,21 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// An activation with parameters ([`Kernel::Activation`]), the parameters in f32.
+    fn activation(&self, act: Activation, x: &CudaTensor) -> Result<CudaTensor, KernelError> {
+        let what = act.name();
+        let f = self.function(model_kernels::activation(act, x.dtype), what)?;
+        let out = self.empty(x.shape.clone(), x.dtype)?;
+        let [p0, p1] = act.params().map(|p| p as f32);
+        let (pi, po, n) = (
+            x.ptr(&self.stream),
+            out.ptr(&self.stream),
+            count(out.numel(), what)?,
+        );
+        launch!(self, f, grid(out.numel()), &pi, &po, &p0, &p1, &n)?;
+        Ok(out)
+    }
+
     /// The real models' multi-output kernels.
     fn run_multi_op(
         &self,
@@ -1848,6 +1863,7 @@ impl CudaBackend {
                 let x = t(0)?;
                 self.map(x, x.dtype, model_kernels::silu(x.dtype), "silu")
             }
+            Kernel::Activation(act) => self.activation(*act, t(0)?),
             Kernel::Copy => {
                 let (src, dst) = (t(0)?, t(1)?);
                 let target: Vec<i64> = dst.shape.iter().map(|&s| s as i64).collect();

@@ -371,6 +371,7 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::Compare { op, .. } => vec![m::compare(*op, d)],
         Kernel::Where { .. } => vec![m::where_(d)],
         Kernel::Silu => vec![m::silu(d)],
+        Kernel::Activation(act) => vec![m::activation(*act, d)],
         // expanded to the destination's shape, converted to its dtype
         Kernel::Copy => vec![permute(d)],
         Kernel::Uniform { .. } => vec![m::uniform(d)],
@@ -428,6 +429,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Compare { .. }
             | Kernel::Where { .. }
             | Kernel::Silu
+            | Kernel::Activation(_)
             | Kernel::Copy
             | Kernel::Uniform { .. }
             | Kernel::TakeAlongDim { .. }
@@ -547,6 +549,7 @@ pub fn every_kernel() -> Vec<Kernel> {
         log,
         dtype: DType::F32,
     }));
+    ks.extend(model_kernels::ACTIVATIONS.map(Kernel::Activation));
     ks.extend(COMPARE_OPS.iter().map(|&op| Kernel::Compare {
         op,
         a: Side::Input(0),
@@ -582,8 +585,8 @@ mod tests {
         let c = catalog();
         let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
         // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
-        // nll_loss_backward, softmax and log_softmax backward
-        let float_models = 10;
+        // nll_loss_backward, softmax and log_softmax backward, the activations with parameters
+        let float_models = 10 + model_kernels::ACTIVATIONS.len();
         // permute, pad, cat, fill, arange, embedding, where, take_along_dim, and the
         // comparisons
         let every = 8 + COMPARE_OPS.len();
@@ -619,6 +622,10 @@ mod tests {
                 "nll_loss_backward",
                 "softmax_backward",
                 "log_softmax_backward",
+                "activation_leaky_relu",
+                "activation_elu",
+                "activation_celu",
+                "activation_hardtanh",
             ] {
                 has(format!("{name}_{d}"));
             }

@@ -10,7 +10,7 @@
 //! integer ops).
 
 use super::kernels::{ctype, Source, MAX_RANK, PRELUDE};
-use crate::kernel::{BinaryOp, CompareOp, ReduceOp};
+use crate::kernel::{Activation, BinaryOp, CompareOp, ReduceOp};
 use tracepass_ir::DType;
 
 /// Every dtype a CUDA tensor can have: the float types, i64 (indices) and bool (masks).
@@ -118,6 +118,38 @@ pub fn silu(d: DType) -> Option<Source> {
     let name = lower(format!("silu_{d}"));
     let body = format!(
         "extern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{ float x = {ld}(in, i); {st}(out, i, x / (1.0f + expf(-x))); }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// The activations with parameters, one of each (the parameters are kernel arguments, so
+/// these stand for every value of them).
+pub const ACTIVATIONS: [Activation; 4] = [
+    Activation::LeakyRelu { slope: 0.01 },
+    Activation::Elu { alpha: 1.0 },
+    Activation::Celu { alpha: 1.0 },
+    Activation::Hardtanh {
+        min: -1.0,
+        max: 1.0,
+    },
+];
+
+/// An activation with parameters `p0`, `p1` ([`Activation::params`]) in f32, as
+/// `cpu::activation::activation` computes it: NaN stays NaN.
+pub fn activation(act: Activation, d: DType) -> Option<Source> {
+    let (t, ld, st) = ctype(d)?;
+    let expr = match act {
+        Activation::LeakyRelu { .. } => "x > 0.0f ? x : x * p0",
+        Activation::Elu { .. } => "x <= 0.0f ? expm1f(x) * p0 : x",
+        Activation::Celu { .. } => "x <= 0.0f ? expm1f(x * p1) * p0 : x",
+        Activation::Hardtanh { .. } => "x < p0 ? p0 : (x > p1 ? p1 : x)",
+    };
+    let name = lower(format!("activation_{}_{d}", act.name()));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* in, {t}* out, float p0, float p1, long long n) {{\n  GRID_STRIDE(i, n) {{ float x = {ld}(in, i); {st}(out, i, {expr}); }}\n}}\n"
     );
     Some(Source {
         name,
