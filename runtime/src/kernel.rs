@@ -118,7 +118,12 @@ pub enum BinaryOp {
 pub enum ReduceOp {
     Sum,
     Mean,
+    /// NaN wins, as in `torch.amax`.
     Amax,
+    /// NaN wins, as in `torch.amin`.
+    Amin,
+    /// `torch.prod`: the product, 1 over no elements.
+    Prod,
 }
 
 /// One operand of an elementwise kernel: an input of the call, or a literal.

@@ -346,9 +346,9 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.var_mean", Cpu(var_mean)),
         ("ltorch.softmax", Cpu(|o| softmax(o, false))),
         ("ltorch.log_softmax", Cpu(|o| softmax(o, true))),
-        ("ltorch.prod", Unsupported { reason: REDUCTION }),
-        ("ltorch.amin", Unsupported { reason: REDUCTION }),
-        ("prims.amin", Unsupported { reason: REDUCTION }),
+        ("ltorch.prod", Cpu(|o| reduce(o, ReduceOp::Prod))),
+        ("ltorch.amin", Cpu(|o| reduce(o, ReduceOp::Amin))),
+        ("prims.amin", Cpu(|o| reduce(o, ReduceOp::Amin))),
         ("ltorch.var", Unsupported { reason: REDUCTION }),
         ("ltorch.std", Unsupported { reason: REDUCTION }),
         ("ltorch.logsumexp", Unsupported { reason: REDUCTION }),
@@ -1062,7 +1062,7 @@ fn embedding_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
 
 // ----- reductions -----
 
-/// `sum/mean/amax(a, dim=None, keepdim=False, *, dtype=None)` and the prims'
+/// `sum/mean/amax/amin/prod(a, dim=None, keepdim=False, *, dtype=None)` and the prims'
 /// `(a, dims, *, output_dtype=None)`; the result's dtype is the output's.
 fn reduce(o: &mut Ops<'_>, op: ReduceOp) -> Result<Kernel, String> {
     o.tensor(0, "a")?;

@@ -502,7 +502,12 @@ fn integer_and_bool_sums_and_maxima_match_the_cpu() {
     );
     let floats = random(&[3, 700], 29, DType::F32);
     for (x, what) in [(mask, "bool"), (ints, "i64"), (floats, "f32")] {
-        for op in [ReduceOp::Sum, ReduceOp::Amax] {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Amax,
+            ReduceOp::Amin,
+            ReduceOp::Prod,
+        ] {
             for (dims, keepdim) in [(vec![1], false), (vec![0, 1], false), (vec![0], true)] {
                 let k = Kernel::Reduce {
                     op,

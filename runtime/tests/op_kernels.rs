@@ -820,3 +820,64 @@ fn parametrized_activations_refuse_what_pytorch_refuses() {
         assert!(e.contains(op) && e.contains(msg), "{op}: {e}");
     }
 }
+
+/// `amin` and `prod` through their decoders: negative dims, keepdim, no dim, `dtype=`,
+/// integer and bool inputs (which multiply into i64, as in PyTorch).
+#[test]
+fn amin_and_prod_reduce_over_their_dims() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2, 3], DType::F32));
+    let i = b.arg("i", ty(&[2, 3], DType::I64));
+    let m = b.arg("m", ty(&[2, 3], DType::Bool));
+    let dims = |d: &[i64]| Arg::Tuple(d.iter().map(|&v| Arg::Int(v)).collect());
+    let amin_last = b
+        .op("ltorch.amin", vec![x.into(), dims(&[-1]), Arg::Bool(true)])
+        .unwrap();
+    let amin_all = b.op("ltorch.amin", vec![x.into()]).unwrap();
+    let prod_rows = b.op("ltorch.prod", vec![x.into(), Arg::Int(0)]).unwrap();
+    let prod_ints = b.op("ltorch.prod", vec![i.into(), Arg::Int(1)]).unwrap();
+    let prod_f64 = b
+        .op_kw(
+            "ltorch.prod",
+            vec![i.into()],
+            vec![(
+                "dtype".into(),
+                Arg::DType(DType::F64, tracepass_ir::DTypeSpelling::Torch),
+            )],
+        )
+        .unwrap();
+    let prod_mask = b.op("ltorch.prod", vec![m.into(), Arg::Int(-1)]).unwrap();
+    let imin = b.op("ltorch.amin", vec![i.into(), Arg::Int(0)]).unwrap();
+    let outs = [
+        amin_last, amin_all, prod_rows, prod_ints, prod_f64, prod_mask, imin,
+    ];
+    b.ret(Arg::Tuple(outs.iter().map(|v| Arg::Value(*v)).collect()));
+    let xs = vec![1.5f32, -2.0, 3.0, 0.5, 5.0, -6.0];
+    let got = run(
+        &b.finish(),
+        &outs,
+        vec![
+            Tensor::from_f32(vec![2, 3], xs),
+            Tensor::from_i64(vec![2, 3], vec![2, -3, 4, 5, 6, -1]),
+            Tensor::from_bool(vec![2, 3], vec![true, true, true, true, false, true]),
+        ],
+    );
+    assert_eq!(got[0].shape(), &[2, 1]);
+    assert_eq!(got[0].to_f32_vec(), vec![-2.0, -6.0]);
+    assert_eq!(got[1].shape(), &[] as &[usize]);
+    assert_eq!(got[1].to_f32_vec(), vec![-6.0]);
+    assert_eq!(got[2].to_f32_vec(), vec![0.75, -10.0, -18.0]);
+    assert_eq!(
+        (got[3].dtype(), got[3].to_i64_vec()),
+        (DType::I64, vec![-24, -30])
+    );
+    assert_eq!(
+        (got[4].dtype(), got[4].to_f64_vec()),
+        (DType::F64, vec![720.0])
+    );
+    assert_eq!(
+        (got[5].dtype(), got[5].to_i64_vec()),
+        (DType::I64, vec![1, 0])
+    );
+    assert_eq!(got[6].to_i64_vec(), vec![2, -3, -1]);
+}

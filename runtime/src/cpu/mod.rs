@@ -28,7 +28,7 @@ use tracepass_ir::DType;
 
 pub use elementwise::promote;
 pub use gemm::{linear, matmul};
-pub use reduce::{reduce, softmax};
+pub use reduce::{check_extremum, reduce, softmax};
 
 /// Runs kernels on the calling thread (one rank = one thread; no intra-op threads, as in the
 /// one-thread-per-process PyTorch baseline).

@@ -829,6 +829,7 @@ impl CudaBackend {
         keepdim: bool,
         dtype: DType,
     ) -> Result<CudaTensor, KernelError> {
+        crate::cpu::check_extremum(&x.shape, op, dims).map_err(KernelError)?;
         if dtype == DType::I64 {
             // as the CPU: sums and maxima into i64 are exact (wrapping) over the input's
             // values as i64 (bools 0 or 1, floats truncated); a mean of integers is refused

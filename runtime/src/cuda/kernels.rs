@@ -60,7 +60,7 @@ pub const BINARY_OPS: &[BinaryOp] =
     &every!(BinaryOp: Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2);
 
 /// Every reduction.
-pub const REDUCE_OPS: &[ReduceOp] = &every!(ReduceOp: Sum, Mean, Amax);
+pub const REDUCE_OPS: &[ReduceOp] = &every!(ReduceOp: Sum, Mean, Amax, Amin, Prod);
 
 /// Shape and the strides two inputs are read with, for broadcasting and permutes (elements).
 #[repr(C)]
@@ -127,8 +127,10 @@ __device__ __forceinline__ void offsets(const Layout& l, long long i, long long*
     *a = oa; *b = ob;
 }
 struct SumOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
-// NaN wins, as in torch.amax
+// NaN wins, as in torch.amax and torch.amin
 struct MaxOp { __device__ __forceinline__ float operator()(float a, float b) const { return (b != b || b > a) ? b : a; } };
+struct MinOp { __device__ __forceinline__ float operator()(float a, float b) const { return (b != b || b < a) ? b : a; } };
+struct ProdOp { __device__ __forceinline__ float operator()(float a, float b) const { return a * b; } };
 // Reduces `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
 // the result. `id` is the operation's identity.
 template <typename T, typename Op>
@@ -273,6 +275,8 @@ pub fn reduce(op: ReduceOp, d: DType) -> Option<Source> {
         ReduceOp::Sum => ("0.0f", "SumOp", "acc"),
         ReduceOp::Mean => ("0.0f", "SumOp", "acc / (float)count"),
         ReduceOp::Amax => ("NEG_INF", "MaxOp", "acc"),
+        ReduceOp::Amin => ("__int_as_float(0x7f800000)", "MinOp", "acc"),
+        ReduceOp::Prod => ("1.0f", "ProdOp", "acc"),
     };
     let code = format!(
         "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long outer, long long count) {{\n  {functor} op;\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    float acc = {init};\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) acc = op(acc, {ld}(in, base + k));\n    acc = block_reduce(acc, op, {init});\n    if (threadIdx.x == 0) {st}(out, row, {fin});\n  }}\n}}\n"
@@ -595,7 +599,7 @@ mod tests {
             + ALL_DTYPES.len() * every
             + converts
             + INT_OPS.len()
-            + 2 // integer sum and amax
+            + 4 // integer sum, amax, amin and prod
             + 1; // embedding_count
         assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
@@ -655,6 +659,12 @@ mod tests {
         }
         has("reduce_int_sum".into());
         has("reduce_int_amax".into());
+        has("reduce_int_amin".into());
+        has("reduce_int_prod".into());
+        for d in DTYPES {
+            has(format!("reduce_amin_{d}"));
+            has(format!("reduce_prod_{d}"));
+        }
         // each source defines the entry point it is named by
         for s in &c {
             assert!(

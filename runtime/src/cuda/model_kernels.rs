@@ -452,11 +452,13 @@ pub fn reduce_int(op: ReduceOp) -> Option<Source> {
     let (functor, init) = match op {
         ReduceOp::Sum => ("WrapAddOp", "0ll"),
         ReduceOp::Amax => ("IMaxOp", "(-9223372036854775807ll - 1)"),
+        ReduceOp::Amin => ("IMinOp", "9223372036854775807ll"),
+        ReduceOp::Prod => ("WrapMulOp", "1ll"),
         ReduceOp::Mean => return None,
     };
     let name = lower(format!("reduce_int_{op:?}"));
     let body = format!(
-        "struct WrapAddOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return (long long)((unsigned long long)a + (unsigned long long)b); }} }};\nstruct IMaxOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return a > b ? a : b; }} }};\nextern \"C\" __global__ void {name}(const long long* in, long long* out, long long outer, long long count) {{\n  {functor} op;\n  const long long id = {init};\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    long long acc = id;\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) acc = op(acc, in[base + k]);\n    acc = block_reduce(acc, op, id);\n    if (threadIdx.x == 0) out[row] = acc;\n  }}\n}}\n"
+        "struct WrapAddOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return (long long)((unsigned long long)a + (unsigned long long)b); }} }};\nstruct IMaxOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return a > b ? a : b; }} }};\nstruct IMinOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return a < b ? a : b; }} }};\nstruct WrapMulOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return (long long)((unsigned long long)a * (unsigned long long)b); }} }};\nextern \"C\" __global__ void {name}(const long long* in, long long* out, long long outer, long long count) {{\n  {functor} op;\n  const long long id = {init};\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    long long acc = id;\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) acc = op(acc, in[base + k]);\n    acc = block_reduce(acc, op, id);\n    if (threadIdx.x == 0) out[row] = acc;\n  }}\n}}\n"
     );
     Some(Source {
         name,
