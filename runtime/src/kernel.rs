@@ -197,6 +197,14 @@ pub enum Kernel {
         correction: f64,
         keepdim: bool,
     },
+    /// `var` (or `std`, its square root when `std`): one output, computed as `VarMean`'s
+    /// variance.
+    Var {
+        dims: Option<Vec<i64>>,
+        correction: f64,
+        keepdim: bool,
+        std: bool,
+    },
     /// Thunder's `prims.pad`: `(lo, hi, interior)` per dim.
     Pad {
         value: f64,

@@ -349,8 +349,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.prod", Cpu(|o| reduce(o, ReduceOp::Prod))),
         ("ltorch.amin", Cpu(|o| reduce(o, ReduceOp::Amin))),
         ("prims.amin", Cpu(|o| reduce(o, ReduceOp::Amin))),
-        ("ltorch.var", Unsupported { reason: REDUCTION }),
-        ("ltorch.std", Unsupported { reason: REDUCTION }),
+        ("ltorch.var", Cpu(|o| var(o, false))),
+        ("ltorch.std", Cpu(|o| var(o, true))),
         ("ltorch.logsumexp", Unsupported { reason: REDUCTION }),
         ("ltorch.argmax", Unsupported { reason: INDICES }),
         ("ltorch.argmin", Unsupported { reason: INDICES }),
@@ -1111,6 +1111,35 @@ fn softmax(o: &mut Ops<'_>, log: bool) -> Result<Kernel, String> {
 /// `var_mean(a, dim, *, correction=1, keepdim=False)` (also the older `(a, dim, unbiased,
 /// keepdim)` form and `prims.var_mean(a, dims, correction=)`).
 fn var_mean(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let (dims, correction, keepdim) = var_args(o)?;
+    Ok(Kernel::VarMean {
+        dims,
+        correction,
+        keepdim,
+    })
+}
+
+/// `var(a, dim=None, *, keepdim=False, correction=1)` and `std(...)` (also the older
+/// `(a, dim, unbiased, keepdim)` form) of a float tensor.
+fn var(o: &mut Ops<'_>, std: bool) -> Result<Kernel, String> {
+    let (dims, correction, keepdim) = var_args(o)?;
+    let dtype = o.in_type(0)?.dtype;
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
+        return Err(format!(
+            "{} of a {dtype} tensor: PyTorch's var and std take floats only",
+            if std { "std" } else { "var" }
+        ));
+    }
+    Ok(Kernel::Var {
+        dims,
+        correction,
+        keepdim,
+        std,
+    })
+}
+
+/// The input, dims, correction and keepdim of `var_mean`, `var` and `std`.
+fn var_args(o: &mut Ops<'_>) -> Result<(Option<Vec<i64>>, f64, bool), String> {
     o.tensor(0, "a")?;
     let dims = match o.ints(1, "dim")? {
         Some(d) => Some(d),
@@ -1135,11 +1164,7 @@ fn var_mean(o: &mut Ops<'_>) -> Result<Kernel, String> {
             },
         ),
     };
-    Ok(Kernel::VarMean {
-        dims,
-        correction,
-        keepdim,
-    })
+    Ok((dims, correction, keepdim))
 }
 
 // ----- shapes and layout -----

@@ -182,6 +182,15 @@ fn var_mean_is_block_level_and_matches_the_cpu() {
             (Some(vec![0, 2, 3]), 1.0, true),
             (None, 1.0, false),
         ] {
+            for std in [false, true] {
+                let k = Kernel::Var {
+                    dims: dims.clone(),
+                    correction,
+                    keepdim,
+                    std,
+                };
+                check(&g, &k, std::slice::from_ref(&x), &format!("{k:?}"));
+            }
             let k = Kernel::VarMean {
                 dims,
                 correction,

@@ -881,3 +881,94 @@ fn amin_and_prod_reduce_over_their_dims() {
     );
     assert_eq!(got[6].to_i64_vec(), vec![2, -3, -1]);
 }
+
+/// `var` and `std` as Thunder prints them (`torch.var(a, (1,), correction=0)`,
+/// `torch.std(a, (0, 2), correction=1)`), no dims, a negative dim and keepdim, against
+/// two-pass f64 references.
+#[test]
+fn var_and_std_take_dims_and_corrections() {
+    let shape = [2usize, 3, 4];
+    let xs: Vec<f64> = (0..24).map(|i| ((i * 7) % 11) as f64 * 0.5 - 2.0).collect();
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&shape, DType::F32));
+    let dims = |d: &[i64]| Arg::Tuple(d.iter().map(|&v| Arg::Int(v)).collect());
+    let corr = |c: i64| vec![("correction".to_string(), Arg::Int(c))];
+    let v1 = b
+        .op_kw("ltorch.var", vec![x.into(), dims(&[1])], corr(0))
+        .unwrap();
+    let s02 = b
+        .op_kw("ltorch.std", vec![x.into(), dims(&[0, 2])], corr(1))
+        .unwrap();
+    let s_all = b.op("ltorch.std", vec![x.into()]).unwrap();
+    let v_keep = b
+        .op_kw(
+            "ltorch.var",
+            vec![x.into(), Arg::Int(-1)],
+            vec![
+                ("keepdim".to_string(), Arg::Bool(true)),
+                ("correction".to_string(), Arg::Int(0)),
+            ],
+        )
+        .unwrap();
+    let outs = [v1, s02, s_all, v_keep];
+    b.ret(Arg::Tuple(outs.iter().map(|v| Arg::Value(*v)).collect()));
+    let got = run(
+        &b.finish(),
+        &outs,
+        vec![Tensor::from_f64(shape.to_vec(), xs.clone())
+            .to_dtype(DType::F32)
+            .unwrap()],
+    );
+    let at = |i: usize, j: usize, k: usize| xs[i * 12 + j * 4 + k];
+    let var = |v: &[f64], c: f64| {
+        let m = v.iter().sum::<f64>() / v.len() as f64;
+        v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() as f64 - c)
+    };
+    let mut want1 = vec![];
+    for i in 0..2 {
+        for k in 0..4 {
+            want1.push(var(&(0..3).map(|j| at(i, j, k)).collect::<Vec<_>>(), 0.0));
+        }
+    }
+    let want02: Vec<f64> = (0..3)
+        .map(|j| {
+            let v: Vec<f64> = (0..2)
+                .flat_map(|i| (0..4).map(move |k| (i, k)))
+                .map(|(i, k)| at(i, j, k))
+                .collect();
+            var(&v, 1.0).sqrt()
+        })
+        .collect();
+    let want_all = vec![var(&xs, 1.0).sqrt()];
+    let mut want_keep = vec![];
+    for i in 0..2 {
+        for j in 0..3 {
+            want_keep.push(var(&(0..4).map(|k| at(i, j, k)).collect::<Vec<_>>(), 0.0));
+        }
+    }
+    let cases = [
+        (&got[0], vec![2, 4], want1),
+        (&got[1], vec![3], want02),
+        (&got[2], vec![], want_all),
+        (&got[3], vec![2, 3, 1], want_keep),
+    ];
+    for (k, (t, shape, want)) in cases.into_iter().enumerate() {
+        assert_eq!(t.shape(), &shape[..], "case {k}");
+        assert_eq!(t.dtype(), DType::F32);
+        for (g, w) in t.to_f64_vec().iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                "case {k}: {g} vs {w}"
+            );
+        }
+    }
+    // integers are refused, as PyTorch refuses them
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let i = b.arg("i", ty(&[3], DType::I64));
+    let y = b.op("ltorch.std", vec![i.into()]).unwrap();
+    b.ret(Arg::Value(y));
+    let e = Plan::compile(&b.finish(), &[Some(y)])
+        .expect_err("ints")
+        .to_string();
+    assert!(e.contains("std of a i64 tensor"), "{e}");
+}

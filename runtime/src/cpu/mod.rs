@@ -94,6 +94,12 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             *padding_idx,
             *scale_grad_by_freq,
         ),
+        Kernel::Var {
+            dims,
+            correction,
+            keepdim,
+            std,
+        } => var_mean::var(t(0)?, dims.as_deref(), *correction, *keepdim, *std),
         Kernel::Pad { value, config } => layout::pad(t(0)?, *value, config),
         Kernel::Slice { start, end, step } => layout::slice(t(0)?, start, end, Some(step)),
         Kernel::Cat { dim } => {

@@ -1522,6 +1522,33 @@ impl CudaBackend {
         Ok(vec![var, mean])
     }
 
+    /// `var`, or `std` when `std`: `var_mean`'s variance (of an f32 copy for bf16 and f16, so
+    /// the square root is taken before the one rounding to the dtype).
+    fn var(
+        &self,
+        x: &CudaTensor,
+        dims: Option<&[i64]>,
+        correction: f64,
+        keepdim: bool,
+        std: bool,
+    ) -> Result<CudaTensor, KernelError> {
+        let wide = self.convert_to(x, DType::F32)?;
+        let mut vm = self.var_mean(&wide, dims, correction, keepdim)?;
+        if vm.is_empty() {
+            return Err(KernelError("var: var_mean gave no tensors".into()));
+        }
+        let mut v = vm.swap_remove(0);
+        if std {
+            v = self.map(
+                &v,
+                DType::F32,
+                kernels::unary(crate::kernel::UnaryOp::Sqrt, DType::F32),
+                "std",
+            )?;
+        }
+        self.convert_to(&v, x.dtype)
+    }
+
     /// `take_along_dim`: `a` gathered by i64 indices (see [`layouts::take_along_dim`]); an
     /// index out of range is an error, as on the CPU. Every dtype of `a`.
     fn take_along_dim(
@@ -1822,6 +1849,12 @@ impl CudaBackend {
                 *padding_idx,
                 *scale_grad_by_freq,
             ),
+            Kernel::Var {
+                dims,
+                correction,
+                keepdim,
+                std,
+            } => self.var(t(0)?, dims.as_deref(), *correction, *keepdim, *std),
             Kernel::Pad { value, config } => self.pad(t(0)?, *value, config),
             Kernel::Slice { start, end, step } => {
                 let x = t(0)?;

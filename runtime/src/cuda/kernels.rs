@@ -368,6 +368,14 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
             convert(DType::F32, d),
         ],
         Kernel::VarMean { .. } => vec![permute(d), m::var_mean(d)],
+        // halves widen to f32 first, so the square root rounds once
+        Kernel::Var { .. } => vec![
+            convert(d, DType::F32),
+            permute(DType::F32),
+            m::var_mean(DType::F32),
+            unary(UnaryOp::Sqrt, DType::F32),
+            convert(DType::F32, d),
+        ],
         Kernel::Pad { .. } => vec![m::pad(d)],
         Kernel::Cat { .. } => vec![m::cat_copy(d)],
         Kernel::Arange { .. } => vec![m::arange(d)],
@@ -420,6 +428,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Embedding
             | Kernel::EmbeddingBackward { .. }
             | Kernel::VarMean { .. }
+            | Kernel::Var { .. }
             | Kernel::Pad { .. }
             | Kernel::Slice { .. }
             | Kernel::Split { .. }
@@ -490,6 +499,12 @@ pub fn every_kernel() -> Vec<Kernel> {
             dims: None,
             correction: 1.0,
             keepdim: false,
+        },
+        Kernel::Var {
+            dims: None,
+            correction: 1.0,
+            keepdim: false,
+            std: true,
         },
         Kernel::Pad {
             value: 0.0,
