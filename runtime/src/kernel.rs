@@ -205,6 +205,17 @@ pub enum Kernel {
         keepdim: bool,
         std: bool,
     },
+    /// `cumsum(a, dim, dtype=)`: `a` cast to `dtype`, then summed along `dim`.
+    Cumsum {
+        dim: usize,
+        dtype: DType,
+    },
+    /// `argmax` (`max`) or `argmin`: i64 indices along `dim`, or into the flattened tensor.
+    ArgExtremum {
+        max: bool,
+        dim: Option<usize>,
+        keepdim: bool,
+    },
     /// Thunder's `prims.pad`: `(lo, hi, interior)` per dim.
     Pad {
         value: f64,

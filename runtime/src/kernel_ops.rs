@@ -53,8 +53,7 @@ const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes th
      the traces, and Thunder's traces decompose losses into prims";
 const REDUCTION: &str = "no CPU kernel for this reduction (the kernel set reduces by sum, mean \
      and amax, plus var_mean)";
-const INDICES: &str = "no CPU kernel for ops that produce indices (arg-reductions, top-k, sort)";
-const SCAN: &str = "no CPU kernel for cumulative scans";
+const INDICES: &str = "no CPU kernel for top-k or sort (argmax and argmin have one)";
 const POOL: &str = "the CPU pooling kernel is 2-d max pooling with indices \
      (max_pool2d_with_indices, as Thunder's torch executor prints it)";
 
@@ -352,9 +351,9 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.var", Cpu(|o| var(o, false))),
         ("ltorch.std", Cpu(|o| var(o, true))),
         ("ltorch.logsumexp", Unsupported { reason: REDUCTION }),
-        ("ltorch.argmax", Unsupported { reason: INDICES }),
-        ("ltorch.argmin", Unsupported { reason: INDICES }),
-        ("ltorch.cumsum", Unsupported { reason: SCAN }),
+        ("ltorch.argmax", Cpu(|o| arg_extremum(o, true))),
+        ("ltorch.argmin", Cpu(|o| arg_extremum(o, false))),
+        ("ltorch.cumsum", Cpu(cumsum)),
         ("ltorch.topk", Unsupported { reason: INDICES }),
         ("ltorch.sort", Unsupported { reason: INDICES }),
         // ----- shapes and layout -----
@@ -1087,6 +1086,33 @@ fn reduce(o: &mut Ops<'_>, op: ReduceOp) -> Result<Kernel, String> {
         dims,
         keepdim: o.flag(2, "keepdim")?,
         dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `cumsum(a, dim, *, dtype=None)`: the output's dtype (the meta's: `dtype=`, else the
+/// input's float dtype, else i64).
+fn cumsum(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let dim = o.int(1, "dim")?.ok_or("cumsum needs a dim")?;
+    Ok(Kernel::Cumsum {
+        dim: norm_dim(dim, rank)?,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `argmax/argmin(a, dim=None, keepdim=False)`.
+fn arg_extremum(o: &mut Ops<'_>, max: bool) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let dim = match o.int(1, "dim")? {
+        Some(d) => Some(norm_dim(d, rank)?),
+        None => None,
+    };
+    Ok(Kernel::ArgExtremum {
+        max,
+        dim,
+        keepdim: o.flag(2, "keepdim")?,
     })
 }
 

@@ -571,3 +571,61 @@ fn parametrized_activations_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn cumsum_and_arg_extrema_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let ints = Tensor::from_i64(
+        vec![3, 40, 5],
+        (0..600i64).map(|i| (i * 7919) % 101 - 50).collect(),
+    );
+    for d in FLOATS {
+        let x = random(&[3, 40, 5], 41, d);
+        for dim in [0, 1, 2] {
+            check(
+                &g,
+                &Kernel::Cumsum { dim, dtype: d },
+                std::slice::from_ref(&x),
+                "cumsum",
+            );
+            for max in [true, false] {
+                for keepdim in [false, true] {
+                    let k = Kernel::ArgExtremum {
+                        max,
+                        dim: Some(dim),
+                        keepdim,
+                    };
+                    check(&g, &k, std::slice::from_ref(&x), &format!("{k:?} in {d}"));
+                    check(
+                        &g,
+                        &k,
+                        std::slice::from_ref(&ints),
+                        &format!("{k:?} of i64"),
+                    );
+                }
+            }
+        }
+        let k = Kernel::ArgExtremum {
+            max: true,
+            dim: None,
+            keepdim: false,
+        };
+        check(&g, &k, std::slice::from_ref(&x), "flattened argmax");
+        // integers cumsum in i64, or cast to a float dtype first
+        check(
+            &g,
+            &Kernel::Cumsum {
+                dim: 1,
+                dtype: DType::I64,
+            },
+            std::slice::from_ref(&ints),
+            "i64 cumsum",
+        );
+        check(
+            &g,
+            &Kernel::Cumsum { dim: 1, dtype: d },
+            std::slice::from_ref(&ints),
+            "cast cumsum",
+        );
+    }
+}

@@ -972,3 +972,94 @@ fn var_and_std_take_dims_and_corrections() {
         .to_string();
     assert!(e.contains("std of a i64 tensor"), "{e}");
 }
+
+/// `cumsum` as Thunder prints it (`torch.cumsum(a, 1)`, `torch.cumsum(a, 1,
+/// dtype=torch.float32)` of integers), negative dims and bools (which count in i64).
+#[test]
+fn cumsum_sums_along_a_dimension_in_the_result_dtype() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2, 3], DType::F32));
+    let i = b.arg("i", ty(&[2, 3], DType::I64));
+    let m = b.arg("m", ty(&[4], DType::Bool));
+    let rows = b.op("ltorch.cumsum", vec![x.into(), Arg::Int(1)]).unwrap();
+    let cols = b.op("ltorch.cumsum", vec![x.into(), Arg::Int(-2)]).unwrap();
+    let ints = b
+        .op_kw(
+            "ltorch.cumsum",
+            vec![i.into(), Arg::Int(1)],
+            vec![(
+                "dtype".into(),
+                Arg::DType(DType::F32, tracepass_ir::DTypeSpelling::Torch),
+            )],
+        )
+        .unwrap();
+    let count = b.op("ltorch.cumsum", vec![m.into(), Arg::Int(0)]).unwrap();
+    let outs = [rows, cols, ints, count];
+    b.ret(Arg::Tuple(outs.iter().map(|v| Arg::Value(*v)).collect()));
+    let got = run(
+        &b.finish(),
+        &outs,
+        vec![
+            Tensor::from_f32(vec![2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, -6.0]),
+            Tensor::from_i64(vec![2, 3], vec![1, 2, 3, 4, 5, 6]),
+            Tensor::from_bool(vec![4], vec![true, false, true, true]),
+        ],
+    );
+    assert_eq!(got[0].to_f32_vec(), vec![1.0, 3.0, 6.0, 4.0, 9.0, 3.0]);
+    assert_eq!(got[1].to_f32_vec(), vec![1.0, 2.0, 3.0, 5.0, 7.0, -3.0]);
+    assert_eq!(got[2].dtype(), DType::F32);
+    assert_eq!(got[2].to_f32_vec(), vec![1.0, 3.0, 6.0, 4.0, 9.0, 15.0]);
+    assert_eq!(
+        (got[3].dtype(), got[3].to_i64_vec()),
+        (DType::I64, vec![1, 1, 2, 3])
+    );
+}
+
+/// `argmax`/`argmin` as Thunder prints them (`torch.argmax(a, 1, False)`,
+/// `torch.argmin(a, -1, True)`, `torch.argmax(a, None, False)`), against torch 2.9.0's
+/// values for the same input (ties keep the first index, the first NaN wins both).
+#[test]
+fn argmax_and_argmin_give_first_indices() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2, 5], DType::F32));
+    let i = b.arg("i", ty(&[4], DType::I64));
+    let a1 = b
+        .op(
+            "ltorch.argmax",
+            vec![x.into(), Arg::Int(1), Arg::Bool(false)],
+        )
+        .unwrap();
+    let n1 = b
+        .op(
+            "ltorch.argmin",
+            vec![x.into(), Arg::Int(-1), Arg::Bool(true)],
+        )
+        .unwrap();
+    let all = b
+        .op("ltorch.argmax", vec![x.into(), Arg::None, Arg::Bool(false)])
+        .unwrap();
+    let imin = b.op("ltorch.argmin", vec![i.into()]).unwrap();
+    let outs = [a1, n1, all, imin];
+    b.ret(Arg::Tuple(outs.iter().map(|v| Arg::Value(*v)).collect()));
+    let got = run(
+        &b.finish(),
+        &outs,
+        vec![
+            Tensor::from_f32(
+                vec![2, 5],
+                vec![1., 3., 3., f32::NAN, 0., 2., -1., -1., 5., 5.],
+            ),
+            Tensor::from_i64(vec![4], vec![3, 1, 1, 2]),
+        ],
+    );
+    assert_eq!(
+        (got[0].dtype(), got[0].to_i64_vec()),
+        (DType::I64, vec![3, 3])
+    );
+    assert_eq!(
+        (got[1].shape(), got[1].to_i64_vec()),
+        (&[2, 1][..], vec![3, 1])
+    );
+    assert_eq!((got[2].shape().len(), got[2].to_i64_vec()), (0, vec![3]));
+    assert_eq!(got[3].to_i64_vec(), vec![1]);
+}

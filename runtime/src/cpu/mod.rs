@@ -5,8 +5,10 @@
 //! per module, so it can be tested and benchmarked without a trace.
 
 pub mod activation;
+pub mod arg_extremum;
 pub mod compare;
 pub mod conv;
+pub mod cumsum;
 mod elementwise;
 pub mod embedding;
 pub mod fill;
@@ -100,6 +102,10 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             keepdim,
             std,
         } => var_mean::var(t(0)?, dims.as_deref(), *correction, *keepdim, *std),
+        Kernel::Cumsum { dim, dtype } => cumsum::cumsum(t(0)?, *dim, *dtype),
+        Kernel::ArgExtremum { max, dim, keepdim } => {
+            arg_extremum::arg_extremum(t(0)?, *max, *dim, *keepdim)
+        }
         Kernel::Pad { value, config } => layout::pad(t(0)?, *value, config),
         Kernel::Slice { start, end, step } => layout::slice(t(0)?, start, end, Some(step)),
         Kernel::Cat { dim } => {

@@ -1549,6 +1549,65 @@ impl CudaBackend {
         self.convert_to(&v, x.dtype)
     }
 
+    /// `cumsum` along `dim` of `x` cast to `dtype` (see [`model_kernels::cumsum`]).
+    fn cumsum(&self, x: &CudaTensor, dim: usize, dtype: DType) -> Result<CudaTensor, KernelError> {
+        let src = self.convert_to(x, dtype)?;
+        let (outer, len, inner) = crate::cpu::cumsum::lines(&src.shape, dim)?;
+        let f = self.function(model_kernels::cumsum(dtype), "cumsum")?;
+        let out = self.empty(src.shape.clone(), dtype)?;
+        if out.numel() > 0 {
+            let (pi, po) = (src.ptr(&self.stream), out.ptr(&self.stream));
+            let (o, l, i) = (
+                count(outer, "cumsum")?,
+                count(len, "cumsum")?,
+                count(inner, "cumsum")?,
+            );
+            launch!(self, f, grid(outer * inner), &pi, &po, &o, &l, &i)?;
+        }
+        Ok(out)
+    }
+
+    /// `argmax`/`argmin` (see [`model_kernels::arg_extremum`]); shapes and errors as
+    /// `cpu::arg_extremum::arg_extremum`.
+    fn arg_extremum(
+        &self,
+        x: &CudaTensor,
+        max: bool,
+        dim: Option<usize>,
+        keepdim: bool,
+    ) -> Result<CudaTensor, KernelError> {
+        let what = if max { "argmax" } else { "argmin" };
+        let shape = x.shape.clone();
+        let (outer, len, inner) = match dim {
+            Some(d) => crate::cpu::cumsum::lines(&shape, d)?,
+            None => (1, x.numel(), 1),
+        };
+        if len == 0 && outer * inner > 0 {
+            return Err(KernelError(format!(
+                "{what}: the reduced dimension of {shape:?} has no elements"
+            )));
+        }
+        let out_shape: Vec<usize> = match (dim, keepdim) {
+            (Some(d), true) => (0..shape.len())
+                .map(|k| if k == d { 1 } else { shape[k] })
+                .collect(),
+            (Some(d), false) => (0..shape.len())
+                .filter(|&k| k != d)
+                .map(|k| shape[k])
+                .collect(),
+            (None, true) => vec![1; shape.len()],
+            (None, false) => vec![],
+        };
+        let f = self.function(model_kernels::arg_extremum(max, x.dtype), what)?;
+        let out = self.empty(out_shape, DType::I64)?;
+        if out.numel() > 0 {
+            let (pi, po) = (x.ptr(&self.stream), out.ptr(&self.stream));
+            let (o, l, i) = (count(outer, what)?, count(len, what)?, count(inner, what)?);
+            launch!(self, f, grid(outer * inner), &pi, &po, &o, &l, &i)?;
+        }
+        Ok(out)
+    }
+
     /// `take_along_dim`: `a` gathered by i64 indices (see [`layouts::take_along_dim`]); an
     /// index out of range is an error, as on the CPU. Every dtype of `a`.
     fn take_along_dim(
@@ -1855,6 +1914,10 @@ impl CudaBackend {
                 keepdim,
                 std,
             } => self.var(t(0)?, dims.as_deref(), *correction, *keepdim, *std),
+            Kernel::Cumsum { dim, dtype } => self.cumsum(t(0)?, *dim, *dtype),
+            Kernel::ArgExtremum { max, dim, keepdim } => {
+                self.arg_extremum(t(0)?, *max, *dim, *keepdim)
+            }
             Kernel::Pad { value, config } => self.pad(t(0)?, *value, config),
             Kernel::Slice { start, end, step } => {
                 let x = t(0)?;

@@ -376,6 +376,9 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
             unary(UnaryOp::Sqrt, DType::F32),
             convert(DType::F32, d),
         ],
+        // cast to the result's dtype first
+        Kernel::Cumsum { dtype, .. } => vec![convert(d, *dtype), m::cumsum(*dtype)],
+        Kernel::ArgExtremum { max, .. } => vec![m::arg_extremum(*max, d)],
         Kernel::Pad { .. } => vec![m::pad(d)],
         Kernel::Cat { .. } => vec![m::cat_copy(d)],
         Kernel::Arange { .. } => vec![m::arange(d)],
@@ -429,6 +432,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::EmbeddingBackward { .. }
             | Kernel::VarMean { .. }
             | Kernel::Var { .. }
+            | Kernel::Cumsum { .. }
+            | Kernel::ArgExtremum { .. }
             | Kernel::Pad { .. }
             | Kernel::Slice { .. }
             | Kernel::Split { .. }
@@ -569,6 +574,15 @@ pub fn every_kernel() -> Vec<Kernel> {
         dtype: DType::F32,
     }));
     ks.extend(model_kernels::ACTIVATIONS.map(Kernel::Activation));
+    ks.extend(
+        [DType::F32, DType::BF16, DType::F16, DType::I64]
+            .map(|dtype| Kernel::Cumsum { dim: 0, dtype }),
+    );
+    ks.extend([true, false].map(|max| Kernel::ArgExtremum {
+        max,
+        dim: None,
+        keepdim: false,
+    }));
     ks.extend(COMPARE_OPS.iter().map(|&op| Kernel::Compare {
         op,
         a: Side::Input(0),
@@ -605,7 +619,7 @@ mod tests {
         let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
         // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
         // nll_loss_backward, softmax and log_softmax backward, the activations with parameters
-        let float_models = 10 + model_kernels::ACTIVATIONS.len();
+        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3;
         // permute, pad, cat, fill, arange, embedding, where, take_along_dim, and the
         // comparisons
         let every = 8 + COMPARE_OPS.len();
@@ -615,6 +629,7 @@ mod tests {
             + converts
             + INT_OPS.len()
             + 4 // integer sum, amax, amin and prod
+            + 3 // i64 cumsum, argmax and argmin
             + 1; // embedding_count
         assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
@@ -645,6 +660,9 @@ mod tests {
                 "activation_elu",
                 "activation_celu",
                 "activation_hardtanh",
+                "cumsum",
+                "argmax",
+                "argmin",
             ] {
                 has(format!("{name}_{d}"));
             }

@@ -157,6 +157,51 @@ pub fn activation(act: Activation, d: DType) -> Option<Source> {
     })
 }
 
+/// `cumsum` along the middle dimension of `[outer, len, inner]`, one thread per line (the host
+/// casts the input to the result's dtype first): f32 accumulates in f64 and bf16/f16 in f32,
+/// each partial sum rounded to the dtype, as `cpu::cumsum::cumsum`; i64 wraps.
+pub fn cumsum(d: DType) -> Option<Source> {
+    let (t, load, acc, store) = match (ctype(d), d) {
+        (Some((t, ld, st)), DType::F32) => (t, ld, "double", format!("{st}(out, at, (float)acc);")),
+        (Some((t, ld, st)), _) => (t, ld, "float", format!("{st}(out, at, acc);")),
+        (None, DType::I64) => ("long long", "", "long long", "out[at] = acc;".to_string()),
+        (None, _) => return None,
+    };
+    let add = if d == DType::I64 {
+        "acc = (long long)((unsigned long long)acc + (unsigned long long)in[at]);".to_string()
+    } else {
+        format!("acc += {load}(in, at);")
+    };
+    let name = lower(format!("cumsum_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long outer, long long len, long long inner) {{\n  GRID_STRIDE(line, outer * inner) {{\n    const long long o = line / inner, i = line % inner;\n    {acc} acc = 0;\n    for (long long j = 0; j < len; ++j) {{ const long long at = (o * len + j) * inner + i; {add} {store} }}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `argmax` (`max`) or `argmin` along the middle dimension of `[outer, len > 0, inner]`, one
+/// thread per line, into i64: the first extremum, the first NaN beating everything (as
+/// `cpu::arg_extremum`). Floats compare in f32 (exact for the dtypes), i64 exactly.
+pub fn arg_extremum(max: bool, d: DType) -> Option<Source> {
+    let (t, ct, load) = match ctype(d) {
+        Some((t, ld, _)) => (t, "float", format!("{ld}(in, at)")),
+        None if d == DType::I64 => ("long long", "long long", "in[at]".to_string()),
+        None => return None,
+    };
+    let cmp = if max { ">" } else { "<" };
+    let name = lower(format!("{}_{d}", if max { "argmax" } else { "argmin" }));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* in, long long* out, long long outer, long long len, long long inner) {{\n  GRID_STRIDE(line, outer * inner) {{\n    const long long o = line / inner, i = line % inner;\n    long long at = o * len * inner + i, best = 0;\n    {ct} bv = {load};\n    for (long long j = 1; j < len; ++j) {{\n      at = (o * len + j) * inner + i;\n      {ct} v = {load};\n      if (!(bv != bv) && (v != v || v {cmp} bv)) {{ best = j; bv = v; }}\n    }}\n    out[line] = best;\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
 /// Converts between any two different dtypes of [`ALL_DTYPES`]: floats to integers truncate
 /// (saturating, NaN to 0, as Rust's `as` and the GPU's `cvt.rzi`), anything to bool is `!= 0`
 /// (NaN is true), bool to anything is 0 or 1.
