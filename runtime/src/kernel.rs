@@ -126,6 +126,25 @@ pub enum ReduceOp {
     Prod,
 }
 
+/// `and`, `or` and `xor`, bitwise or logical.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BitOp {
+    And,
+    Or,
+    Xor,
+}
+
+impl BitOp {
+    /// PyTorch's spelling (`bitwise_and`'s `and`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BitOp::And => "and",
+            BitOp::Or => "or",
+            BitOp::Xor => "xor",
+        }
+    }
+}
+
 /// One operand of an elementwise kernel: an input of the call, or a literal.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Side {
@@ -216,6 +235,17 @@ pub enum Kernel {
         dim: Option<usize>,
         keepdim: bool,
     },
+    /// `bitwise_and/or/xor(a, b)` into the integer or bool `dtype` or, when `logical`,
+    /// `logical_and/or/xor` (a bool tensor of the operands' truthiness).
+    Bitwise {
+        op: BitOp,
+        a: Side,
+        b: Side,
+        logical: bool,
+        dtype: DType,
+    },
+    /// `bitwise_not(a)` of an integer or bool tensor.
+    BitwiseNot,
     /// Thunder's `prims.pad`: `(lo, hi, interior)` per dim.
     Pad {
         value: f64,

@@ -8,7 +8,7 @@
 //! positional or keyword.
 
 use crate::kernel::{
-    Activation, BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
+    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -43,8 +43,8 @@ impl std::fmt::Debug for KernelEntry {
 
 const ELEMENTWISE_FN: &str = "no CPU kernel computes this elementwise function: the kernel set's \
      UnaryOp/BinaryOp lack it, and a new one needs the CUDA backend's kernel too";
-const BITS: &str = "no CPU kernel for bitwise or logical ops on integer and bool tensors";
-const FLOAT_CLASS: &str = "no CPU kernel classifies floats this way (only isnan, as x != x)";
+const FLOAT_CLASS: &str = "no CPU kernel classifies floats by sign bit (isnan, isinf and \
+     isfinite have one)";
 const TERNARY: &str = "a three-operand elementwise op: no CPU kernel (the kernel set's \
      elementwise kernels take two operands)";
 const NORM: &str = "a normalization composite with no fused CPU kernel: Thunder's traces of \
@@ -134,19 +134,9 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.ceil", Cpu(|o| unary(o, UnaryOp::Ceil))),
         ("ltorch.round", Cpu(|o| unary(o, UnaryOp::Round))),
         ("ltorch.trunc", Cpu(|o| unary(o, UnaryOp::Trunc))),
-        ("ltorch.bitwise_not", Unsupported { reason: BITS }),
-        (
-            "ltorch.isinf",
-            Unsupported {
-                reason: FLOAT_CLASS,
-            },
-        ),
-        (
-            "ltorch.isfinite",
-            Unsupported {
-                reason: FLOAT_CLASS,
-            },
-        ),
+        ("ltorch.bitwise_not", Cpu(bitwise_not)),
+        ("ltorch.isinf", Cpu(|o| float_class(o, true))),
+        ("ltorch.isfinite", Cpu(|o| float_class(o, false))),
         (
             "ltorch.signbit",
             Unsupported {
@@ -202,12 +192,12 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                 reason: ELEMENTWISE_FN,
             },
         ),
-        ("ltorch.bitwise_and", Unsupported { reason: BITS }),
-        ("ltorch.bitwise_or", Unsupported { reason: BITS }),
-        ("ltorch.bitwise_xor", Unsupported { reason: BITS }),
-        ("ltorch.logical_and", Unsupported { reason: BITS }),
-        ("ltorch.logical_or", Unsupported { reason: BITS }),
-        ("ltorch.logical_xor", Unsupported { reason: BITS }),
+        ("ltorch.bitwise_and", Cpu(|o| bitwise(o, BitOp::And, false))),
+        ("ltorch.bitwise_or", Cpu(|o| bitwise(o, BitOp::Or, false))),
+        ("ltorch.bitwise_xor", Cpu(|o| bitwise(o, BitOp::Xor, false))),
+        ("ltorch.logical_and", Cpu(|o| bitwise(o, BitOp::And, true))),
+        ("ltorch.logical_or", Cpu(|o| bitwise(o, BitOp::Or, true))),
+        ("ltorch.logical_xor", Cpu(|o| bitwise(o, BitOp::Xor, true))),
         // ----- comparisons and selection -----
         ("ltorch.eq", Cpu(|o| compare(o, CompareOp::Eq))),
         ("prims.eq", Cpu(|o| compare(o, CompareOp::Eq))),
@@ -764,6 +754,56 @@ fn isnan(o: &mut Ops<'_>) -> Result<Kernel, String> {
         a: Side::Input(0),
         b: Side::Input(0),
     })
+}
+
+/// `isinf(a)` (`inf`) or `isfinite(a)`: `abs(a) == inf` or `abs(a) < inf` (NaN is neither)
+/// for floats; integers and bools are never infinite, so a filled bool tensor.
+fn float_class(o: &mut Ops<'_>, inf: bool) -> Result<Kernel, String> {
+    let v = match o.arg(0, "a") {
+        Some(Arg::Value(v)) => *v,
+        other => return Err(format!("operand 0 (`a`) must be a tensor, got {other:?}")),
+    };
+    let t = o
+        .trace
+        .ty(v)
+        .and_then(|t| t.as_tensor())
+        .ok_or("operand 0 (`a`) is not a tensor")?;
+    if !t.dtype.is_float() {
+        return Ok(Kernel::Full {
+            shape: t.shape.to_vec(),
+            value: if inf { 0.0 } else { 1.0 },
+            dtype: DType::Bool,
+        });
+    }
+    o.tensor(0, "a")?;
+    o.then = Some(Kernel::Compare {
+        op: if inf { CompareOp::Eq } else { CompareOp::Lt },
+        a: Side::Input(0),
+        b: Side::Scalar(f64::INFINITY),
+    });
+    Ok(Kernel::Unary(UnaryOp::Abs))
+}
+
+/// `bitwise_and/or/xor(a, b)` into the output's dtype, or `logical_and/or/xor(a, b)`.
+fn bitwise(o: &mut Ops<'_>, op: BitOp, logical: bool) -> Result<Kernel, String> {
+    let a = o.side(0, "a")?;
+    let b = o.side(1, "b")?;
+    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
+        return Err("both operands are numbers".into());
+    }
+    Ok(Kernel::Bitwise {
+        op,
+        a,
+        b,
+        logical,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `bitwise_not(a)`.
+fn bitwise_not(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    Ok(Kernel::BitwiseNot)
 }
 
 /// `op(a, b)`, and `add`/`sub` with `alpha` (`a op alpha * b`).

@@ -629,3 +629,58 @@ fn cumsum_and_arg_extrema_match_the_cpu() {
         );
     }
 }
+
+#[test]
+fn logical_and_bitwise_ops_match_the_cpu() {
+    use tracepass_runtime::kernel::BitOp;
+    let Some(g) = gpu() else { return };
+    let ints = Tensor::from_i64(
+        vec![4, 30],
+        (0..120i64).map(|i| (i * 37) % 19 - 9).collect(),
+    );
+    let row = Tensor::from_i64(vec![30], (0..30i64).map(|i| i * 5 - 60).collect());
+    let mask = Tensor::from_bool(vec![4, 30], (0..120).map(|i| i % 3 == 0).collect());
+    let floats = random(&[4, 30], 43, DType::F32);
+    for op in [BitOp::And, BitOp::Or, BitOp::Xor] {
+        let k = |logical, dtype, b| Kernel::Bitwise {
+            op,
+            a: Side::Input(0),
+            b,
+            logical,
+            dtype,
+        };
+        let two = Side::Input(1);
+        check(
+            &g,
+            &k(false, DType::I64, two),
+            &[ints.clone(), row.clone()],
+            "bitwise i64",
+        );
+        check(
+            &g,
+            &k(false, DType::I64, Side::Scalar(6.0)),
+            &[ints.clone()],
+            "bitwise number",
+        );
+        check(
+            &g,
+            &k(false, DType::Bool, two),
+            &[mask.clone(), mask.clone()],
+            "bitwise bool",
+        );
+        check(
+            &g,
+            &k(true, DType::Bool, two),
+            &[floats.clone(), ints.clone()],
+            "logical",
+        );
+        check(
+            &g,
+            &k(true, DType::Bool, Side::Scalar(0.0)),
+            &[mask.clone()],
+            "logical number",
+        );
+    }
+    check(&g, &Kernel::BitwiseNot, &[ints], "not i64");
+    check(&g, &Kernel::BitwiseNot, &[mask], "not bool");
+}

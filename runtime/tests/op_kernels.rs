@@ -1063,3 +1063,93 @@ fn argmax_and_argmin_give_first_indices() {
     assert_eq!((got[2].shape().len(), got[2].to_i64_vec()), (0, vec![3]));
     assert_eq!(got[3].to_i64_vec(), vec![1]);
 }
+
+/// The logical and bitwise ops as Thunder prints them (`torch.logical_and(a, b)`,
+/// `torch.bitwise_xor(a, b)`, `torch.bitwise_not(a)` on i64 and bool tensors), numbers as
+/// operands, and `isinf`/`isfinite` on floats and integers.
+#[test]
+fn logical_bitwise_and_float_class_ops() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let i = b.arg("i", ty(&[2, 3], DType::I64));
+    let j = b.arg("j", ty(&[3], DType::I64));
+    let p = b.arg("p", ty(&[3], DType::Bool));
+    let x = b.arg("x", ty(&[4], DType::F32));
+    let ops: Vec<(&str, Vec<Arg>)> = vec![
+        ("ltorch.logical_and", vec![i.into(), j.into()]),
+        ("ltorch.logical_or", vec![x.into(), Arg::Int(0)]),
+        ("ltorch.logical_xor", vec![p.into(), j.into()]),
+        ("ltorch.bitwise_and", vec![i.into(), j.into()]),
+        ("ltorch.bitwise_or", vec![i.into(), Arg::Int(8)]),
+        ("ltorch.bitwise_xor", vec![p.into(), p.into()]),
+        ("ltorch.bitwise_not", vec![i.into()]),
+        ("ltorch.bitwise_not", vec![p.into()]),
+        ("ltorch.isinf", vec![x.into()]),
+        ("ltorch.isfinite", vec![x.into()]),
+        ("ltorch.isinf", vec![j.into()]),
+        ("ltorch.isfinite", vec![j.into()]),
+    ];
+    let outs: Vec<ValueId> = ops
+        .iter()
+        .map(|(op, args)| {
+            b.op(op, args.clone())
+                .unwrap_or_else(|e| panic!("{op}: {e}"))
+        })
+        .collect();
+    b.ret(Arg::Tuple(outs.iter().map(|v| Arg::Value(*v)).collect()));
+    let t = b.finish();
+    let got = run(
+        &t,
+        &outs,
+        vec![
+            Tensor::from_i64(vec![2, 3], vec![1, 2, 0, 4, 5, 6]),
+            Tensor::from_i64(vec![3], vec![3, -1, 0]),
+            Tensor::from_bool(vec![3], vec![true, false, true]),
+            Tensor::from_f32(
+                vec![4],
+                vec![0.0, f32::INFINITY, f32::NAN, f32::NEG_INFINITY],
+            ),
+        ],
+    );
+    let dtypes: Vec<DType> = got.iter().map(|t| t.dtype()).collect();
+    use DType::{Bool, I64};
+    assert_eq!(
+        dtypes,
+        vec![Bool, Bool, Bool, I64, I64, Bool, I64, Bool, Bool, Bool, Bool, Bool]
+    );
+    assert_eq!(bools(&got[0]), vec![true, true, false, true, true, false]);
+    assert_eq!(bools(&got[1]), vec![false, true, true, true]);
+    assert_eq!(bools(&got[2]), vec![false, true, true]);
+    assert_eq!(got[3].to_i64_vec(), vec![1, 2, 0, 0, 5, 0]);
+    assert_eq!(got[4].to_i64_vec(), vec![9, 10, 8, 12, 13, 14]);
+    assert_eq!(bools(&got[5]), vec![false, false, false]);
+    assert_eq!(got[6].to_i64_vec(), vec![-2, -3, -1, -5, -6, -7]);
+    assert_eq!(bools(&got[7]), vec![false, true, false]);
+    assert_eq!(bools(&got[8]), vec![false, true, false, true]);
+    assert_eq!(bools(&got[9]), vec![true, false, false, false]);
+    assert_eq!(bools(&got[10]), vec![false; 3]);
+    assert_eq!(bools(&got[11]), vec![true; 3]);
+    // bitwise ops of floats are a run-time error naming the op and the dtype
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[4], DType::F32));
+    let y = b
+        .op("ltorch.bitwise_and", vec![x.into(), x.into()])
+        .expect("the op table types it");
+    b.ret(Arg::Value(y));
+    let t = b.finish();
+    let plan = Plan::compile(&t, &[Some(y)]).unwrap_or_else(|e| panic!("{e}"));
+    let g = ThreadGroup::new(1, CommOptions::default());
+    let mut comm = g.comm(0);
+    let mut e: Executor<CpuBackend, ThreadComm> = Executor::new();
+    let err = e
+        .run(
+            &plan,
+            &CpuBackend,
+            &mut comm,
+            vec![RValue::Tensor(Tensor::from_f32(vec![4], vec![1.0; 4]))],
+            &Clock::new(false),
+            &mut Recording::default(),
+        )
+        .expect_err("floats have no bits to and")
+        .to_string();
+    assert!(err.contains("bitwise_and") && err.contains("f32"), "{err}");
+}

@@ -6,6 +6,7 @@
 
 pub mod activation;
 pub mod arg_extremum;
+pub mod bitwise;
 pub mod compare;
 pub mod conv;
 pub mod cumsum;
@@ -106,6 +107,21 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         Kernel::ArgExtremum { max, dim, keepdim } => {
             arg_extremum::arg_extremum(t(0)?, *max, *dim, *keepdim)
         }
+        Kernel::Bitwise {
+            op,
+            a,
+            b,
+            logical,
+            dtype,
+        } => {
+            let (a, b) = (operand(inputs, *a)?, operand(inputs, *b)?);
+            if *logical {
+                bitwise::logical(*op, a, b)
+            } else {
+                bitwise::bitwise(*op, a, b, *dtype)
+            }
+        }
+        Kernel::BitwiseNot => bitwise::bitwise_not(t(0)?),
         Kernel::Pad { value, config } => layout::pad(t(0)?, *value, config),
         Kernel::Slice { start, end, step } => layout::slice(t(0)?, start, end, Some(step)),
         Kernel::Cat { dim } => {

@@ -8,7 +8,9 @@ use super::model_kernels;
 use super::CudaError;
 use crate::backend::{Backend, Input, KernelError};
 use crate::cpu::promote::{promote_types, promote_with_scalar};
-use crate::kernel::{Activation, BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
+use crate::kernel::{
+    Activation, BinaryOp, BitOp, CompareOp, Kernel, LossReduction, ReduceOp, Side,
+};
 use crate::tensor::{is_float, Storage, Tensor};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
@@ -1096,6 +1098,83 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// `bitwise_and/or/xor` into `dtype` (i64 or bool) or, when `logical`, `logical_and/or/
+    /// xor` (bool), as `cpu::bitwise`: logical operands become bools (`!= 0`), bitwise ones
+    /// must be integers or bools (computed in i64 unless both are bool).
+    fn bitwise(
+        &self,
+        op: BitOp,
+        a: &Side,
+        b: &Side,
+        logical: bool,
+        dtype: DType,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<CudaTensor, KernelError> {
+        let name = if logical { "logical" } else { "bitwise" };
+        let ((ta, sa), (tb, sb)) = (operand(inputs, a)?, operand(inputs, b)?);
+        let kd = if logical || dtype == DType::Bool {
+            DType::Bool
+        } else {
+            DType::I64
+        };
+        let number = |s: f64| -> Result<i64, KernelError> {
+            if logical {
+                Ok(i64::from(s != 0.0))
+            } else if s.fract() == 0.0 && s.is_finite() {
+                Ok(s as i64)
+            } else {
+                Err(KernelError(format!(
+                    "{name}_{}: the number {s} is not an integer",
+                    op.name()
+                )))
+            }
+        };
+        let conv = |t: Option<&CudaTensor>| -> Result<Option<CudaTensor>, KernelError> {
+            let Some(t) = t else { return Ok(None) };
+            if !logical && !matches!(t.dtype, DType::I64 | DType::Bool) {
+                return Err(KernelError(format!(
+                    "bitwise_{}: dtype {} is not an integer or bool type",
+                    op.name(),
+                    t.dtype
+                )));
+            }
+            self.convert_to(t, kd).map(Some)
+        };
+        let (ca, cb) = (conv(ta)?, conv(tb)?);
+        let (na, nb) = (number(sa)?, number(sb)?);
+        let shapes: Vec<&[usize]> = [ta, tb].iter().flatten().map(|t| t.shape()).collect();
+        let shape = layouts::broadcast_all(&shapes)?;
+        let l = layouts::binary_layout(ta.map(|t| t.shape()), tb.map(|t| t.shape()), &shape)?;
+        let out = self.empty(shape, kd)?;
+        let n = out.numel();
+        if n > 0 {
+            let f = self.function(model_kernels::bitwise(op, kd), name)?;
+            let pa = ca.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+            let pb = cb.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+            let (a_num, b_num) = (i32::from(ca.is_none()), i32::from(cb.is_none()));
+            let (po, nn) = (out.ptr(&self.stream), count(n, name)?);
+            launch!(
+                self,
+                f,
+                grid(n),
+                &pa,
+                &pb,
+                &na,
+                &nb,
+                &a_num,
+                &b_num,
+                &l,
+                &po,
+                &nn
+            )?;
+        }
+        if logical {
+            Ok(out)
+        } else {
+            self.convert_to(&out, dtype)
+        }
+    }
+
     fn where_(
         &self,
         a: &Side,
@@ -1917,6 +1996,22 @@ impl CudaBackend {
             Kernel::Cumsum { dim, dtype } => self.cumsum(t(0)?, *dim, *dtype),
             Kernel::ArgExtremum { max, dim, keepdim } => {
                 self.arg_extremum(t(0)?, *max, *dim, *keepdim)
+            }
+            Kernel::Bitwise {
+                op,
+                a,
+                b,
+                logical,
+                dtype,
+            } => self.bitwise(*op, a, b, *logical, *dtype, inputs),
+            Kernel::BitwiseNot => {
+                let x = t(0)?;
+                self.map(
+                    x,
+                    x.dtype,
+                    model_kernels::bitwise_not(x.dtype),
+                    "bitwise_not",
+                )
             }
             Kernel::Pad { value, config } => self.pad(t(0)?, *value, config),
             Kernel::Slice { start, end, step } => {

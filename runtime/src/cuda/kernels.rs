@@ -16,7 +16,7 @@
 //! [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
-use crate::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp};
+use crate::kernel::{BinaryOp, BitOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp};
 use tracepass_ir::DType;
 
 /// Largest rank the shape-carrying kernels handle.
@@ -379,6 +379,17 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         // cast to the result's dtype first
         Kernel::Cumsum { dtype, .. } => vec![convert(d, *dtype), m::cumsum(*dtype)],
         Kernel::ArgExtremum { max, .. } => vec![m::arg_extremum(*max, d)],
+        // logical ops on bools (truthiness), bitwise ops on i64 or bools
+        Kernel::Bitwise {
+            op, logical, dtype, ..
+        } => {
+            if *logical || *dtype == DType::Bool {
+                vec![convert(d, DType::Bool), m::bitwise(*op, DType::Bool)]
+            } else {
+                vec![convert(d, DType::I64), m::bitwise(*op, DType::I64)]
+            }
+        }
+        Kernel::BitwiseNot => vec![m::bitwise_not(d)],
         Kernel::Pad { .. } => vec![m::pad(d)],
         Kernel::Cat { .. } => vec![m::cat_copy(d)],
         Kernel::Arange { .. } => vec![m::arange(d)],
@@ -433,6 +444,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::VarMean { .. }
             | Kernel::Var { .. }
             | Kernel::Cumsum { .. }
+            | Kernel::Bitwise { .. }
+            | Kernel::BitwiseNot
             | Kernel::ArgExtremum { .. }
             | Kernel::Pad { .. }
             | Kernel::Slice { .. }
@@ -578,6 +591,23 @@ pub fn every_kernel() -> Vec<Kernel> {
         [DType::F32, DType::BF16, DType::F16, DType::I64]
             .map(|dtype| Kernel::Cumsum { dim: 0, dtype }),
     );
+    for op in [BitOp::And, BitOp::Or, BitOp::Xor] {
+        ks.extend(
+            [
+                (true, DType::Bool),
+                (false, DType::I64),
+                (false, DType::Bool),
+            ]
+            .map(|(logical, dtype)| Kernel::Bitwise {
+                op,
+                a: Side::Input(0),
+                b: Side::Input(1),
+                logical,
+                dtype,
+            }),
+        );
+    }
+    ks.push(Kernel::BitwiseNot);
     ks.extend([true, false].map(|max| Kernel::ArgExtremum {
         max,
         dim: None,
@@ -630,6 +660,7 @@ mod tests {
             + INT_OPS.len()
             + 4 // integer sum, amax, amin and prod
             + 3 // i64 cumsum, argmax and argmin
+            + 2 * 4 // and, or, xor, not on i64 and bool
             + 1; // embedding_count
         assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
@@ -693,6 +724,10 @@ mod tests {
         has("reduce_int_sum".into());
         has("reduce_int_amax".into());
         has("reduce_int_amin".into());
+        for op in ["and", "or", "xor", "not"] {
+            has(format!("bitwise_{op}_i64"));
+            has(format!("bitwise_{op}_b8"));
+        }
         has("reduce_int_prod".into());
         for d in DTYPES {
             has(format!("reduce_amin_{d}"));

@@ -10,7 +10,7 @@
 //! integer ops).
 
 use super::kernels::{ctype, Source, MAX_RANK, PRELUDE};
-use crate::kernel::{Activation, BinaryOp, CompareOp, ReduceOp};
+use crate::kernel::{Activation, BinaryOp, BitOp, CompareOp, ReduceOp};
 use tracepass_ir::DType;
 
 /// Every dtype a CUDA tensor can have: the float types, i64 (indices) and bool (masks).
@@ -195,6 +195,46 @@ pub fn arg_extremum(max: bool, d: DType) -> Option<Source> {
     let name = lower(format!("{}_{d}", if max { "argmax" } else { "argmin" }));
     let body = format!(
         "extern \"C\" __global__ void {name}(const {t}* in, long long* out, long long outer, long long len, long long inner) {{\n  GRID_STRIDE(line, outer * inner) {{\n    const long long o = line / inner, i = line % inner;\n    long long at = o * len * inner + i, best = 0;\n    {ct} bv = {load};\n    for (long long j = 1; j < len; ++j) {{\n      at = (o * len + j) * inner + i;\n      {ct} v = {load};\n      if (!(bv != bv) && (v != v || v {cmp} bv)) {{ best = j; bv = v; }}\n    }}\n    out[line] = best;\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// Bitwise `and`/`or`/`xor` of i64 or bool (0/1 byte) operands broadcast through `Layout`; a
+/// side given as a number reads `sa`/`sb` (`a_num`/`b_num` set). The host converts logical
+/// ops' operands to bool (truthiness) and bitwise ops' integers to i64 first.
+pub fn bitwise(op: BitOp, d: DType) -> Option<Source> {
+    let t = match d {
+        DType::I64 | DType::Bool => elem(d)?,
+        _ => return None,
+    };
+    let sym = match op {
+        BitOp::And => "&",
+        BitOp::Or => "|",
+        BitOp::Xor => "^",
+    };
+    let name = lower(format!("bitwise_{}_{d}", op.name()));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, long long sa, long long sb, int a_num, int b_num, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    long long a = a_num ? sa : (long long)pa[oa];\n    long long b = b_num ? sb : (long long)pb[ob];\n    out[i] = ({t})(a {sym} b);\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `bitwise_not`: `~x` for i64, logical not for bool (0/1 bytes).
+pub fn bitwise_not(d: DType) -> Option<Source> {
+    let (t, expr) = match d {
+        DType::I64 => ("long long", "~in[i]"),
+        DType::Bool => ("unsigned char", "(unsigned char)(in[i] ^ 1)"),
+        _ => return None,
+    };
+    let name = lower(format!("bitwise_not_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{ out[i] = {expr}; }}\n}}\n"
     );
     Some(Source {
         name,
