@@ -246,6 +246,13 @@ pub enum Kernel {
     },
     /// `bitwise_not(a)` of an integer or bool tensor.
     BitwiseNot,
+    /// `adaptive_avg_pool2d(a, (oh, ow))` for any output size (windows that may overlap).
+    AdaptiveAvgPool2d {
+        oh: usize,
+        ow: usize,
+    },
+    /// `_adaptive_avg_pool2d_backward(grad, a)`: inputs `grad, a` (`a` gives the shape).
+    AdaptiveAvgPool2dBackward,
     /// Thunder's `prims.pad`: `(lo, hi, interior)` per dim.
     Pad {
         value: f64,

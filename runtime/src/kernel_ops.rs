@@ -960,9 +960,10 @@ fn embedding(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Embedding)
 }
 
-/// `adaptive_avg_pool2d(a, output_size)` where the output size divides the input's (global
+/// `adaptive_avg_pool2d(a, output_size)`. Where the output size divides the input's (global
 /// average pooling, `output_size=1`, above all): the means of equal windows, as a reshape to
-/// `[..., oh, kh, ow, kw]` then a mean over `kh` and `kw`.
+/// `[..., oh, kh, ow, kw]` then a mean over `kh` and `kw`; else the adaptive pooling kernel
+/// (PyTorch's overlapping windows).
 fn adaptive_avg_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
     let shape = o.in_shape(0)?;
@@ -985,9 +986,7 @@ fn adaptive_avg_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     let (h, w) = (shape[r - 2], shape[r - 1]);
     let (oh, ow) = (out[0] as usize, out[1] as usize);
     if h % oh != 0 || w % ow != 0 {
-        return Err(format!(
-            "adaptive_avg_pool2d from {h}x{w} to {oh}x{ow}: only output sizes that divide the input run (windows of one size)"
-        ));
+        return Ok(Kernel::AdaptiveAvgPool2d { oh, ow });
     }
     let mut split = shape[..r - 2].to_vec();
     split.extend([oh, h / oh, ow, w / ow]);
@@ -1000,8 +999,9 @@ fn adaptive_avg_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Reshape(split))
 }
 
-/// `_adaptive_avg_pool2d_backward(grad, a)` of global average pooling (a 1x1 output): every
-/// input element gets `grad / (H * W)`.
+/// `_adaptive_avg_pool2d_backward(grad, a)`. Of global average pooling (a 1x1 output): every
+/// input element gets `grad / (H * W)`, a division and an expand; of any other output size,
+/// the adaptive pooling backward kernel.
 fn adaptive_avg_pool2d_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "grad")?;
     let g = o.in_shape(0)?;
@@ -1015,10 +1015,14 @@ fn adaptive_avg_pool2d_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
         None => return Err("adaptive_avg_pool2d_backward needs the input `a`".into()),
     };
     let r = a.len();
-    if g.len() != r || r < 3 || g[r - 2..] != [1, 1] {
+    if g.len() != r || r < 3 || g[..r - 2] != a[..r - 2] {
         return Err(format!(
-            "adaptive_avg_pool2d_backward: only global average pooling (a 1x1 output) runs; grad {g:?}, input {a:?}"
+            "adaptive_avg_pool2d_backward: grad {g:?} does not pool input {a:?}"
         ));
+    }
+    if g[r - 2..] != [1, 1] {
+        o.tensor(1, "a")?;
+        return Ok(Kernel::AdaptiveAvgPool2dBackward);
     }
     o.then = Some(Kernel::Expand(a.iter().map(|&d| d as i64).collect()));
     Ok(Kernel::Binary {

@@ -684,3 +684,26 @@ fn logical_and_bitwise_ops_match_the_cpu() {
     check(&g, &Kernel::BitwiseNot, &[ints], "not i64");
     check(&g, &Kernel::BitwiseNot, &[mask], "not bool");
 }
+
+#[test]
+fn adaptive_avg_pooling_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        let x = random(&[2, 3, 7, 10], 47, d);
+        for (oh, ow) in [(3, 4), (5, 3), (7, 10), (1, 6)] {
+            check(
+                &g,
+                &Kernel::AdaptiveAvgPool2d { oh, ow },
+                std::slice::from_ref(&x),
+                "pool",
+            );
+            let grad = random(&[2, 3, oh, ow], 48, d);
+            check(
+                &g,
+                &Kernel::AdaptiveAvgPool2dBackward,
+                &[grad, x.clone()],
+                &format!("pool backward to {oh}x{ow}"),
+            );
+        }
+    }
+}

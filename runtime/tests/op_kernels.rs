@@ -1153,3 +1153,138 @@ fn logical_bitwise_and_float_class_ops() {
         .to_string();
     assert!(err.contains("bitwise_and") && err.contains("f32"), "{err}");
 }
+
+/// Adaptive average pooling to an output size that does not divide the input (5x7 to 3x4,
+/// PyTorch's overlapping windows) and its backward, as Thunder prints them
+/// (`torch.nn.functional.adaptive_avg_pool2d(a, (3, 4))`,
+/// `torch.torch.ops.aten._adaptive_avg_pool2d_backward(grad, a)`), against torch 2.9.0's
+/// values in f64 for `x = sin(0.3 i - 4)` and `grad = cos(0.7 i)`.
+#[test]
+fn adaptive_avg_pooling_to_any_output_size_and_back() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[1, 2, 5, 7], DType::F64));
+    let g = b.arg("g", ty(&[1, 2, 3, 4], DType::F64));
+    let y = b
+        .op(
+            "ltorch.adaptive_avg_pool2d",
+            vec![x.into(), Arg::Tuple(vec![Arg::Int(3), Arg::Int(4)])],
+        )
+        .unwrap();
+    let dx = b
+        .op(
+            "ltorch.adaptive_avg_pool2d_backward",
+            vec![g.into(), x.into()],
+        )
+        .unwrap();
+    b.ret(Arg::Tuple(vec![Arg::Value(y), Arg::Value(dx)]));
+    let t = b.finish();
+    let plan = Plan::compile(&t, &[Some(y), Some(dx)]).unwrap_or_else(|e| panic!("{e}"));
+    let kernels: Vec<&Kernel> = plan
+        .instrs
+        .iter()
+        .filter_map(|i| match &i.kind {
+            InstrKind::Compute(k) => Some(k),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kernels,
+        vec![
+            &Kernel::AdaptiveAvgPool2d { oh: 3, ow: 4 },
+            &Kernel::AdaptiveAvgPool2dBackward
+        ]
+    );
+    let xs: Vec<f64> = (0..70).map(|i| (i as f64 * 0.3 - 4.0).sin()).collect();
+    let gs: Vec<f64> = (0..24).map(|i| (i as f64 * 0.7).cos()).collect();
+    let got = run(
+        &t,
+        &[y, dx],
+        vec![
+            Tensor::from_f64(vec![1, 2, 5, 7], xs),
+            Tensor::from_f64(vec![1, 2, 3, 4], gs),
+        ],
+    );
+    let want_y = [
+        -0.16480876362812447,
+        -0.3434676987940934,
+        -0.47502466184123177,
+        -0.4740550767197564,
+        -0.0010953728885784164,
+        -0.002248580677062864,
+        -0.0030889306568658357,
+        -0.003070753947409651,
+        -0.17257968686385802,
+        -0.3491230694738789,
+        -0.47640433449772956,
+        -0.4717752674137156,
+        0.48616282338960526,
+        0.4617583561954055,
+        0.3015889462842318,
+        0.10965824060028523,
+        0.003160670164169599,
+        0.0029904105897891795,
+        0.0019375749143061283,
+        0.0006858064747590024,
+        0.487362831959922,
+        0.45932523619953275,
+        0.29520818541971844,
+        0.10157866901185597,
+    ];
+    // the first plane's gradient (5x7) and the second's first row
+    let want_dx = [
+        0.25,
+        0.3774736978807481,
+        0.12747369788074808,
+        0.15580155503078824,
+        0.028327857150040173,
+        -0.09788366899992411,
+        -0.12621152614996428,
+        0.09296294322189033,
+        0.1163858980703277,
+        0.023422954848437372,
+        -0.0027226125949336086,
+        -0.026145567443370966,
+        -0.12127169868957276,
+        -0.0951261312462018,
+        -0.15703705677810967,
+        -0.2610877998104204,
+        -0.10405074303231071,
+        -0.15852416762572186,
+        -0.05447342459341114,
+        -0.02338802968964866,
+        0.03108539490376248,
+        0.03685441284945273,
+        0.0994467758810445,
+        0.0625923630315918,
+        0.13376931416206475,
+        0.07117695113047295,
+        0.14060581154370175,
+        0.0694288604132288,
+        0.1938914696275624,
+        0.3605345756914649,
+        0.1666431060639025,
+        0.2922934817877866,
+        0.1256503757238841,
+        0.16399384123335042,
+        0.03834346550946631,
+        -0.12982216352917103,
+        -0.28777576388435633,
+        -0.15795360035518533,
+        -0.31302464570597766,
+        -0.15507104535079233,
+        -0.27395527734979047,
+        -0.11888423199899813,
+    ];
+    assert_eq!(got[0].shape(), &[1, 2, 3, 4]);
+    assert_eq!(got[1].shape(), &[1, 2, 5, 7]);
+    for (g, w) in got[0].to_f64_vec().iter().zip(want_y) {
+        assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+    }
+    let dxv = got[1].to_f64_vec();
+    for (g, w) in dxv.iter().zip(want_dx) {
+        assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+    }
+    // the gradient of a mean keeps its total: sum(dx) == sum(grad) per plane
+    let total: f64 = (0..24).map(|i| (i as f64 * 0.7).cos()).sum();
+    assert!((dxv.iter().sum::<f64>() - total).abs() < 1e-12);
+}

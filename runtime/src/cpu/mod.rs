@@ -5,6 +5,7 @@
 //! per module, so it can be tested and benchmarked without a trace.
 
 pub mod activation;
+pub mod adaptive_pool;
 pub mod arg_extremum;
 pub mod bitwise;
 pub mod compare;
@@ -122,6 +123,10 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             }
         }
         Kernel::BitwiseNot => bitwise::bitwise_not(t(0)?),
+        Kernel::AdaptiveAvgPool2d { oh, ow } => adaptive_pool::adaptive_avg_pool2d(t(0)?, *oh, *ow),
+        Kernel::AdaptiveAvgPool2dBackward => {
+            adaptive_pool::adaptive_avg_pool2d_backward(t(0)?, t(1)?.shape())
+        }
         Kernel::Pad { value, config } => layout::pad(t(0)?, *value, config),
         Kernel::Slice { start, end, step } => layout::slice(t(0)?, start, end, Some(step)),
         Kernel::Cat { dim } => {

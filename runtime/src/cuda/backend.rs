@@ -1687,6 +1687,44 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// The `(planes, h, w)` of a `[..., h, w]` tensor of rank 3 or more.
+    fn planes(shape: &[usize], what: &str) -> Result<(usize, usize, usize), KernelError> {
+        let r = shape.len();
+        if r < 3 {
+            return Err(KernelError(format!(
+                "{what}: input {shape:?} has rank below 3"
+            )));
+        }
+        Ok((shape[..r - 2].iter().product(), shape[r - 2], shape[r - 1]))
+    }
+
+    /// Adaptive average pooling or its backward (`src`) of `x` into a tensor of `shape`;
+    /// `dims` are `(planes, h, w, oh, ow)`.
+    fn adaptive_pool(
+        &self,
+        src: Option<Source>,
+        x: &CudaTensor,
+        shape: Vec<usize>,
+        dims: [usize; 5],
+    ) -> Result<CudaTensor, KernelError> {
+        let what = "adaptive_avg_pool2d";
+        let [planes, h, w, oh, ow] = dims;
+        if (h == 0 || w == 0) && planes * oh * ow > 0 {
+            return Err(KernelError(format!(
+                "{what}: an input of {h}x{w} has no elements to pool"
+            )));
+        }
+        let f = self.function(src, what)?;
+        let out = self.empty(shape, x.dtype)?;
+        let n = out.numel();
+        if n > 0 {
+            let (pi, po) = (x.ptr(&self.stream), out.ptr(&self.stream));
+            let [p, hh, ww, o1, o2] = [planes, h, w, oh, ow].map(|v| v as i64);
+            launch!(self, f, grid(n), &pi, &po, &p, &hh, &ww, &o1, &o2)?;
+        }
+        Ok(out)
+    }
+
     /// `take_along_dim`: `a` gathered by i64 indices (see [`layouts::take_along_dim`]); an
     /// index out of range is an error, as on the CPU. Every dtype of `a`.
     fn take_along_dim(
@@ -2011,6 +2049,36 @@ impl CudaBackend {
                     x.dtype,
                     model_kernels::bitwise_not(x.dtype),
                     "bitwise_not",
+                )
+            }
+            Kernel::AdaptiveAvgPool2d { oh, ow } => {
+                let x = t(0)?;
+                let (planes, h, w) = Self::planes(&x.shape, "adaptive_avg_pool2d")?;
+                let mut shape = x.shape[..x.shape.len() - 2].to_vec();
+                shape.extend([*oh, *ow]);
+                self.adaptive_pool(
+                    model_kernels::adaptive_avg_pool2d(x.dtype),
+                    x,
+                    shape,
+                    [planes, h, w, *oh, *ow],
+                )
+            }
+            Kernel::AdaptiveAvgPool2dBackward => {
+                let (g, x) = (t(0)?, t(1)?);
+                let (planes, h, w) = Self::planes(&x.shape, "adaptive_avg_pool2d_backward")?;
+                let r = x.shape.len();
+                if g.shape.len() != r || g.shape[..r - 2] != x.shape[..r - 2] {
+                    return Err(KernelError(format!(
+                        "adaptive_avg_pool2d_backward: grad {:?} does not pool input {:?}",
+                        g.shape, x.shape
+                    )));
+                }
+                let (oh, ow) = (g.shape[r - 2], g.shape[r - 1]);
+                self.adaptive_pool(
+                    model_kernels::adaptive_avg_pool2d_backward(g.dtype),
+                    g,
+                    x.shape.clone(),
+                    [planes, h, w, oh, ow],
                 )
             }
             Kernel::Pad { value, config } => self.pad(t(0)?, *value, config),

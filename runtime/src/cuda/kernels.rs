@@ -390,6 +390,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
             }
         }
         Kernel::BitwiseNot => vec![m::bitwise_not(d)],
+        Kernel::AdaptiveAvgPool2d { .. } => vec![m::adaptive_avg_pool2d(d)],
+        Kernel::AdaptiveAvgPool2dBackward => vec![m::adaptive_avg_pool2d_backward(d)],
         Kernel::Pad { .. } => vec![m::pad(d)],
         Kernel::Cat { .. } => vec![m::cat_copy(d)],
         Kernel::Arange { .. } => vec![m::arange(d)],
@@ -446,6 +448,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Cumsum { .. }
             | Kernel::Bitwise { .. }
             | Kernel::BitwiseNot
+            | Kernel::AdaptiveAvgPool2d { .. }
+            | Kernel::AdaptiveAvgPool2dBackward
             | Kernel::ArgExtremum { .. }
             | Kernel::Pad { .. }
             | Kernel::Slice { .. }
@@ -608,6 +612,10 @@ pub fn every_kernel() -> Vec<Kernel> {
         );
     }
     ks.push(Kernel::BitwiseNot);
+    ks.extend([
+        Kernel::AdaptiveAvgPool2d { oh: 1, ow: 1 },
+        Kernel::AdaptiveAvgPool2dBackward,
+    ]);
     ks.extend([true, false].map(|max| Kernel::ArgExtremum {
         max,
         dim: None,
@@ -649,7 +657,7 @@ mod tests {
         let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
         // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
         // nll_loss_backward, softmax and log_softmax backward, the activations with parameters
-        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3;
+        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2;
         // permute, pad, cat, fill, arange, embedding, where, take_along_dim, and the
         // comparisons
         let every = 8 + COMPARE_OPS.len();
@@ -692,6 +700,8 @@ mod tests {
                 "activation_celu",
                 "activation_hardtanh",
                 "cumsum",
+                "adaptive_avg_pool2d",
+                "adaptive_avg_pool2d_backward",
                 "argmax",
                 "argmin",
             ] {

@@ -242,6 +242,38 @@ pub fn bitwise_not(d: DType) -> Option<Source> {
     })
 }
 
+/// Window `[*s, *e)` of output cell `i` of `out` pooled from `len` (PyTorch's adaptive
+/// pooling windows, as `cpu::adaptive_pool::window`).
+const ADAPTIVE_WINDOW: &str = "__device__ __forceinline__ void window(long long i, long long len, long long out, long long* s, long long* e) { *s = (i * len) / out; *e = ((i + 1) * len + out - 1) / out; }\n";
+
+/// `adaptive_avg_pool2d` over `planes` planes of `h x w` into `oh x ow`, one thread per
+/// output element, summed in f32.
+pub fn adaptive_avg_pool2d(d: DType) -> Option<Source> {
+    let (t, ld, st) = ctype(d)?;
+    let name = lower(format!("adaptive_avg_pool2d_{d}"));
+    let body = format!(
+        "{ADAPTIVE_WINDOW}extern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long planes, long long h, long long w, long long oh, long long ow) {{\n  GRID_STRIDE(k, planes * oh * ow) {{\n    const long long j = k % ow, i = (k / ow) % oh, p = k / (ow * oh);\n    long long h0, h1, w0, w1; window(i, h, oh, &h0, &h1); window(j, w, ow, &w0, &w1);\n    float sum = 0.0f;\n    for (long long r = h0; r < h1; ++r) for (long long c = w0; c < w1; ++c) sum += {ld}(in, (p * h + r) * w + c);\n    {st}(out, k, sum / (float)((h1 - h0) * (w1 - w0)));\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `_adaptive_avg_pool2d_backward`: one thread per input element, summing `grad / window
+/// size` over the output cells whose windows hold it, in f32.
+pub fn adaptive_avg_pool2d_backward(d: DType) -> Option<Source> {
+    let (t, ld, st) = ctype(d)?;
+    let name = lower(format!("adaptive_avg_pool2d_backward_{d}"));
+    let body = format!(
+        "{ADAPTIVE_WINDOW}extern \"C\" __global__ void {name}(const {t}* grad, {t}* out, long long planes, long long h, long long w, long long oh, long long ow) {{\n  GRID_STRIDE(k, planes * h * w) {{\n    const long long c = k % w, r = (k / w) % h, p = k / (w * h);\n    float acc = 0.0f;\n    for (long long i = 0; i < oh; ++i) {{\n      long long h0, h1; window(i, h, oh, &h0, &h1);\n      if (r < h0 || r >= h1) continue;\n      for (long long j = 0; j < ow; ++j) {{\n        long long w0, w1; window(j, w, ow, &w0, &w1);\n        if (c < w0 || c >= w1) continue;\n        acc += {ld}(grad, (p * oh + i) * ow + j) / (float)((h1 - h0) * (w1 - w0));\n      }}\n    }}\n    {st}(out, k, acc);\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
 /// Converts between any two different dtypes of [`ALL_DTYPES`]: floats to integers truncate
 /// (saturating, NaN to 0, as Rust's `as` and the GPU's `cvt.rzi`), anything to bool is `!= 0`
 /// (NaN is true), bool to anything is 0 or 1.
