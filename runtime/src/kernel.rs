@@ -320,6 +320,11 @@ pub enum Kernel {
         log: bool,
         dtype: DType,
     },
+    /// Standard normal samples (`randn`), from the same keyed stream as `Uniform`.
+    Normal {
+        shape: Vec<usize>,
+        dtype: DType,
+    },
     /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
     Uniform {
         shape: Vec<usize>,
@@ -369,6 +374,12 @@ pub enum CompareOp {
 }
 
 impl Kernel {
+    /// Whether the kernel draws from the executor's keyed random stream
+    /// ([`crate::backend::Backend::random`]).
+    pub fn is_random(&self) -> bool {
+        matches!(self, Kernel::Uniform { .. } | Kernel::Normal { .. })
+    }
+
     /// How many tensors the kernel gives (the node's outputs).
     pub fn outputs(&self) -> usize {
         match self {

@@ -389,12 +389,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.ones_like", Cpu(|o| filled(o, 1.0))),
         ("prims.uniform", Cpu(uniform)),
         ("ltorch.rand", Cpu(rand)),
-        (
-            "ltorch.randn",
-            Unsupported {
-                reason: "no CPU kernel draws normal samples (the random kernel is uniform)",
-            },
-        ),
+        ("ltorch.randn", Cpu(randn)),
         // ----- plumbing, in-place updates, gradients -----
         (ops::COPY, Cpu(copy)),
         (ops::UPDATE_ALIASES, Plan),
@@ -1616,6 +1611,22 @@ fn rand(o: &mut Ops<'_>) -> Result<Kernel, String> {
         shape: out.shape.to_vec(),
         minval: 0.0,
         maxval: 1.0,
+        dtype: out.dtype,
+    })
+}
+
+/// `randn(*size, device=, dtype=)`: standard normal samples of the output's shape and float
+/// dtype.
+fn randn(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let out = o.out(0)?;
+    if !out.dtype.is_float() {
+        return Err(format!(
+            "randn into {} is not supported (PyTorch draws normal samples in floats)",
+            out.dtype
+        ));
+    }
+    Ok(Kernel::Normal {
+        shape: out.shape.to_vec(),
         dtype: out.dtype,
     })
 }

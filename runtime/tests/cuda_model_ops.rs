@@ -707,3 +707,25 @@ fn adaptive_avg_pooling_matches_the_cpu() {
         }
     }
 }
+
+#[test]
+fn normal_on_the_gpu_follows_the_cpus_stream() {
+    let Some(g) = gpu() else { return };
+    let key = RngKey {
+        seed: 42,
+        rank: 1,
+        step: 3,
+        node: 11,
+    };
+    for d in FLOATS {
+        let want = tracepass_runtime::cpu::random::normal(&[7, 301], d, key).unwrap();
+        let got = g.download(&g.normal(&[7, 301], d, key).unwrap()).unwrap();
+        // the same words, f32 logarithm and cosine on the device: agreement to rounding
+        for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+            assert!(
+                (a - b).abs() <= tol(d) * b.abs().max(1.0),
+                "{d} element {i}: {a} vs {b}"
+            );
+        }
+    }
+}

@@ -1288,3 +1288,59 @@ fn adaptive_avg_pooling_to_any_output_size_and_back() {
     let total: f64 = (0..24).map(|i| (i as f64 * 0.7).cos()).sum();
     assert!((dxv.iter().sum::<f64>() - total).abs() < 1e-12);
 }
+
+/// `randn` as Thunder prints it (`torch.randn((2, 3, 4), device=..., dtype=torch.float32)`):
+/// the declared shape and dtype, the executor's keyed stream (the same per (seed, rank, step,
+/// node), another for another step), and a typed error without a stream.
+#[test]
+fn randn_draws_from_the_keyed_stream() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let r = b
+        .op_kw(
+            "ltorch.randn",
+            vec![Arg::Tuple(vec![Arg::Int(2), Arg::Int(3), Arg::Int(4)])],
+            vec![(
+                "dtype".into(),
+                Arg::DType(DType::F32, tracepass_ir::DTypeSpelling::Torch),
+            )],
+        )
+        .unwrap();
+    b.ret(Arg::Value(r));
+    let t = b.finish();
+    assert_eq!(
+        last_kernel(&t, r),
+        Kernel::Normal {
+            shape: vec![2, 3, 4],
+            dtype: DType::F32
+        }
+    );
+    let plan = Plan::compile(&t, &[Some(r)]).unwrap_or_else(|e| panic!("{e}"));
+    let draw = |step: Option<usize>| {
+        let g = ThreadGroup::new(1, CommOptions::default());
+        let mut comm = g.comm(0);
+        let mut e: Executor<CpuBackend, ThreadComm> = Executor::new();
+        if let Some(s) = step {
+            e.set_rng(5, 0, s);
+        }
+        e.run(
+            &plan,
+            &CpuBackend,
+            &mut comm,
+            vec![],
+            &Clock::new(false),
+            &mut Recording::default(),
+        )
+        .map(|mut v| match v.remove(0) {
+            RValue::Tensor(t) => t,
+            other => panic!("expected a tensor, got {other:?}"),
+        })
+        .map_err(|e| e.to_string())
+    };
+    let a = draw(Some(1)).unwrap();
+    assert_eq!((a.shape(), a.dtype()), (&[2, 3, 4][..], DType::F32));
+    assert!(a.bitwise_eq(&draw(Some(1)).unwrap()));
+    assert!(!a.bitwise_eq(&draw(Some(2)).unwrap()));
+    assert!(a.to_f64_vec().iter().any(|v| *v < 0.0) && a.to_f64_vec().iter().any(|v| *v > 0.0));
+    let e = draw(None).expect_err("no stream");
+    assert!(e.contains("random"), "{e}");
+}

@@ -174,8 +174,8 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         Kernel::SoftmaxBackward { dim, log, dtype } => {
             loss_grad::softmax_backward(t(0)?, t(1)?, *dim, *log, *dtype)
         }
-        Kernel::Uniform { .. } => Err(
-            "uniform draws from a keyed random stream: the executor runs it through \
+        Kernel::Uniform { .. } | Kernel::Normal { .. } => Err(
+            "random kernels draw from a keyed random stream: the executor runs them through \
              `Backend::random`"
                 .into(),
         ),
@@ -209,6 +209,9 @@ impl Backend for CpuBackend {
                 maxval,
                 dtype,
             } => random::uniform(shape, *minval, *maxval, *dtype, key).map_err(KernelError),
+            Kernel::Normal { shape, dtype } => {
+                random::normal(shape, *dtype, key).map_err(KernelError)
+            }
             other => Err(KernelError(format!("{other:?} is not a random kernel"))),
         }
     }

@@ -1960,6 +1960,33 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// `randn` from the random stream of `key` (see [`model_kernels::normal`]).
+    pub fn normal(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        key: crate::cpu::random::RngKey,
+    ) -> Result<CudaTensor, KernelError> {
+        let f = self.function(model_kernels::normal(dtype), "randn")?;
+        let out = self.empty(shape.to_vec(), dtype)?;
+        let n = out.numel();
+        if n > 0 {
+            let (po, nn) = (out.ptr(&self.stream), count(n, "randn")?);
+            launch!(
+                self,
+                f,
+                grid(n.div_ceil(8)),
+                &po,
+                &key.seed,
+                &key.rank,
+                &key.step,
+                &key.node,
+                &nn
+            )?;
+        }
+        Ok(out)
+    }
+
     /// The real models' multi-output kernels.
     fn run_multi_op(
         &self,
@@ -2148,7 +2175,7 @@ impl CudaBackend {
             Kernel::SoftmaxBackward { dim, log, dtype } => {
                 self.softmax_backward(t(0)?, t(1)?, *dim, *log, *dtype)
             }
-            Kernel::Uniform { .. } => Err(KernelError(
+            Kernel::Uniform { .. } | Kernel::Normal { .. } => Err(KernelError(
                 "uniform draws from a keyed random stream: the executor runs it through \
                  `Backend::random`"
                     .into(),
@@ -2192,6 +2219,7 @@ impl Backend for CudaBackend {
                 maxval,
                 dtype,
             } => self.uniform(shape, *minval, *maxval, *dtype, key),
+            Kernel::Normal { shape, dtype } => self.normal(shape, *dtype, key),
             other => Err(KernelError(format!("{other:?} is not a random kernel"))),
         }
     }

@@ -403,6 +403,7 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         // expanded to the destination's shape, converted to its dtype
         Kernel::Copy => vec![permute(d)],
         Kernel::Uniform { .. } => vec![m::uniform(d)],
+        Kernel::Normal { .. } => vec![m::normal(d)],
         // the ops of a model's own cross-entropy
         Kernel::TakeAlongDim { .. } => vec![m::take_along_dim(d)],
         // grad, weight and total_weight are read as f32
@@ -467,6 +468,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Activation(_)
             | Kernel::Copy
             | Kernel::Uniform { .. }
+            | Kernel::Normal { .. }
             | Kernel::TakeAlongDim { .. }
             | Kernel::NllLossBackward { .. }
             | Kernel::SoftmaxBackward { .. } => (),
@@ -570,6 +572,10 @@ pub fn every_kernel() -> Vec<Kernel> {
             maxval: 1.0,
             dtype: DType::F32,
         },
+        Kernel::Normal {
+            shape: vec![],
+            dtype: DType::F32,
+        },
         Kernel::TakeAlongDim { dim: Some(0) },
         Kernel::TakeAlongDim { dim: None },
     ]);
@@ -657,7 +663,7 @@ mod tests {
         let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
         // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
         // nll_loss_backward, softmax and log_softmax backward, the activations with parameters
-        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2;
+        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2 + 1;
         // permute, pad, cat, fill, arange, embedding, where, take_along_dim, and the
         // comparisons
         let every = 8 + COMPARE_OPS.len();
@@ -700,6 +706,7 @@ mod tests {
                 "activation_celu",
                 "activation_hardtanh",
                 "cumsum",
+                "normal",
                 "adaptive_avg_pool2d",
                 "adaptive_avg_pool2d_backward",
                 "argmax",

@@ -680,6 +680,21 @@ pub fn uniform(d: DType) -> Option<Source> {
     })
 }
 
+/// `randn`: element `i` from words `2i` and `2i + 1` of the key's ChaCha8 stream by
+/// Box–Muller in f32 (as `cpu::random::normal` draws them, there in f64; the values agree to
+/// f32 rounding of the logarithm and cosine), 8 elements per 16-word block.
+pub fn normal(d: DType) -> Option<Source> {
+    let (t, _, st) = ctype(d)?;
+    let name = lower(format!("normal_{d}"));
+    let body = format!(
+        "{CHACHA}\nextern \"C\" __global__ void {name}({t}* out, unsigned long long seed, unsigned long long rank, unsigned long long step, unsigned long long node, long long n) {{\n  const unsigned int key[8] = {{(unsigned int)seed, (unsigned int)(seed >> 32), (unsigned int)rank, (unsigned int)(rank >> 32), (unsigned int)step, (unsigned int)(step >> 32), (unsigned int)node, (unsigned int)(node >> 32)}};\n  const long long blocks = (n + 7) / 8;\n  GRID_STRIDE(b, blocks) {{\n    unsigned int words[16];\n    chacha8_block(key, (unsigned long long)b, words);\n    for (int j = 0; j < 8 && b * 8 + j < n; ++j) {{\n      const float u1 = (float)((words[2 * j] >> 8) + 1) * (1.0f / 16777216.0f);\n      const float u2 = (float)(words[2 * j + 1] >> 8) * (1.0f / 16777216.0f);\n      {st}(out, b * 8 + j, sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2));\n    }}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
 /// The ChaCha8 block function exactly as the device code computes it (for the CPU test that
 /// holds it to `rand_chacha`).
 pub fn chacha8_block_host(key: [u32; 8], block: u64) -> [u32; 16] {
