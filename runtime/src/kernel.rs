@@ -112,6 +112,12 @@ pub enum BinaryOp {
     Maximum,
     Minimum,
     Atan2,
+    /// `floor_divide`: the quotient rounded toward negative infinity (PyTorch's `div_floor`).
+    FloorDivide,
+    /// `remainder`: `a - floor_divide(a, b) * b`, the sign of `b` (Python's `%`).
+    Remainder,
+    /// `fmod`: C's `fmod`, the sign of `a`.
+    Fmod,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

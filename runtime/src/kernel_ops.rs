@@ -164,22 +164,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.atan2", Cpu(|o| binary(o, BinaryOp::Atan2))),
         (
             "ltorch.floor_divide",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
+            Cpu(|o| binary(o, BinaryOp::FloorDivide)),
         ),
-        (
-            "ltorch.remainder",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.fmod",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
+        ("ltorch.remainder", Cpu(|o| binary(o, BinaryOp::Remainder))),
+        ("ltorch.fmod", Cpu(|o| binary(o, BinaryOp::Fmod))),
         (
             "ltorch.copysign",
             Unsupported {

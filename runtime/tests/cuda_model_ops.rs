@@ -729,3 +729,64 @@ fn normal_on_the_gpu_follows_the_cpus_stream() {
         }
     }
 }
+
+#[test]
+fn floor_divide_remainder_and_fmod_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let ints = Tensor::from_i64(
+        vec![4, 25],
+        (0..100i64).map(|i| (i * 37) % 41 - 20).collect(),
+    );
+    let divisors = Tensor::from_i64(
+        vec![25],
+        (0..25i64)
+            .map(|i| if i < 12 { i - 13 } else { i - 11 })
+            .collect(),
+    );
+    for op in [BinaryOp::FloorDivide, BinaryOp::Remainder, BinaryOp::Fmod] {
+        let k = |b| Kernel::Binary {
+            op,
+            a: Side::Input(0),
+            b,
+            alpha: 1.0,
+        };
+        check(
+            &g,
+            &k(Side::Input(1)),
+            &[ints.clone(), divisors.clone()],
+            &format!("i64 {op:?}"),
+        );
+        check(
+            &g,
+            &k(Side::Scalar(-3.0)),
+            &[ints.clone()],
+            &format!("i64 {op:?} -3"),
+        );
+        for d in FLOATS {
+            let x = random(&[4, 25], 53, d);
+            let y = random(&[25], 54, d);
+            check(
+                &g,
+                &k(Side::Input(1)),
+                &[x.clone(), y],
+                &format!("{op:?} in {d}"),
+            );
+            check(
+                &g,
+                &k(Side::Scalar(0.3)),
+                &[x],
+                &format!("{op:?} by 0.3 in {d}"),
+            );
+        }
+        // an integer division by zero is an error, as on the CPU
+        let zero = Tensor::from_i64(vec![2], vec![1, 0]);
+        let (da, db) = (g.upload(&zero).unwrap(), g.upload(&zero).unwrap());
+        let e = g
+            .run(
+                &k(Side::Input(1)),
+                &[Input::Tensor(&da), Input::Tensor(&db)],
+            )
+            .unwrap_err();
+        assert!(e.0.contains("ZeroDivisionError"), "{}", e.0);
+    }
+}

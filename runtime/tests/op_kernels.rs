@@ -1344,3 +1344,109 @@ fn randn_draws_from_the_keyed_stream() {
     let e = draw(None).expect_err("no stream");
     assert!(e.contains("random"), "{e}");
 }
+
+/// `floor_divide`, `remainder` and `fmod` as Thunder prints them (`torch.floor_divide(a, 2)`,
+/// `torch.remainder(a, -3)`, `torch.fmod(x, 0.7)`), on i64 and f32 tensors, against torch
+/// 2.9.0's values; an integer division by zero is an error, as PyTorch raises.
+#[test]
+fn floor_divide_remainder_and_fmod_follow_pytorch() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let a = b.arg("a", ty(&[2, 3], DType::I64));
+    let d = b.arg("d", ty(&[3], DType::I64));
+    let x = b.arg("x", ty(&[7], DType::F32));
+    let calls: Vec<(&str, Vec<Arg>)> = vec![
+        ("ltorch.floor_divide", vec![a.into(), Arg::Int(2)]),
+        ("ltorch.remainder", vec![a.into(), Arg::Int(-3)]),
+        ("ltorch.fmod", vec![a.into(), Arg::Int(3)]),
+        ("ltorch.floor_divide", vec![a.into(), d.into()]),
+        ("ltorch.floor_divide", vec![x.into(), Arg::Float(0.7)]),
+        ("ltorch.remainder", vec![x.into(), Arg::Float(0.7)]),
+        ("ltorch.fmod", vec![x.into(), Arg::Float(0.7)]),
+        ("ltorch.floor_divide", vec![x.into(), Arg::Float(-0.7)]),
+        ("ltorch.remainder", vec![x.into(), Arg::Float(-0.7)]),
+    ];
+    let outs: Vec<ValueId> = calls
+        .iter()
+        .map(|(op, args)| {
+            b.op(op, args.clone())
+                .unwrap_or_else(|e| panic!("{op}: {e}"))
+        })
+        .collect();
+    b.ret(Arg::Tuple(outs.iter().map(|v| Arg::Value(*v)).collect()));
+    let t = b.finish();
+    let inputs = |divisor: Vec<i64>| {
+        vec![
+            Tensor::from_i64(vec![2, 3], vec![7, -7, 5, 4, -5, 6]),
+            Tensor::from_i64(vec![3], divisor),
+            Tensor::from_f32(vec![7], vec![5.5, -5.5, 0.3, -0.3, 7.0, -7.0, 1e-30]),
+        ]
+    };
+    let got = run(&t, &outs, inputs(vec![2, -3, 4]));
+    assert_eq!(got[0].to_i64_vec(), vec![3, -4, 2, 2, -3, 3]);
+    assert_eq!(got[1].to_i64_vec(), vec![-2, -1, -1, -2, -2, 0]);
+    assert_eq!(got[2].to_i64_vec(), vec![1, -1, 2, 1, -2, 0]);
+    assert_eq!(got[3].to_i64_vec(), vec![3, 2, 1, 2, 1, 1]);
+    let want: [[f64; 7]; 5] = [
+        [7., -8., 0., -1., 10., -11., 0.],
+        [
+            6.0000008345e-01,
+            9.9999904633e-02,
+            3.0000001192e-01,
+            3.9999997616e-01,
+            1.1920928955e-07,
+            6.9999986887e-01,
+            1.0000000032e-30,
+        ],
+        [
+            6.0000008345e-01,
+            -6.0000008345e-01,
+            3.0000001192e-01,
+            -3.0000001192e-01,
+            1.1920928955e-07,
+            -1.1920928955e-07,
+            1.0000000032e-30,
+        ],
+        [-8., 7., -1., 0., -11., 10., -1.],
+        [
+            -9.9999904633e-02,
+            -6.0000008345e-01,
+            -3.9999997616e-01,
+            -3.0000001192e-01,
+            -6.9999986887e-01,
+            -1.1920928955e-07,
+            -6.9999998808e-01,
+        ],
+    ];
+    for (k, w) in want.iter().enumerate() {
+        let g = got[4 + k].to_f64_vec();
+        assert_eq!(got[4 + k].dtype(), DType::F32);
+        for (a, b) in g.iter().zip(w) {
+            assert!(
+                (a - b).abs() <= 1e-9 * b.abs().max(1e-30),
+                "{}: {g:?}",
+                calls[4 + k].0
+            );
+        }
+    }
+    // a zero divisor among the integers
+    let plan = Plan::compile(&t, &outs.iter().map(|v| Some(*v)).collect::<Vec<_>>())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let g = ThreadGroup::new(1, CommOptions::default());
+    let mut comm = g.comm(0);
+    let mut e: Executor<CpuBackend, ThreadComm> = Executor::new();
+    let err = e
+        .run(
+            &plan,
+            &CpuBackend,
+            &mut comm,
+            inputs(vec![2, 0, 4])
+                .into_iter()
+                .map(RValue::Tensor)
+                .collect(),
+            &Clock::new(false),
+            &mut Recording::default(),
+        )
+        .expect_err("integer division by zero")
+        .to_string();
+    assert!(err.contains("ZeroDivisionError"), "{err}");
+}

@@ -692,8 +692,13 @@ impl CudaBackend {
                     &pbad
                 )?;
             }
-            if *op == BinaryOp::Pow {
-                self.check_flag(&bad, "integer pow with a negative exponent")?;
+            match op {
+                BinaryOp::Pow => self.check_flag(&bad, "integer pow with a negative exponent")?,
+                BinaryOp::FloorDivide | BinaryOp::Remainder | BinaryOp::Fmod => self.check_flag(
+                    &bad,
+                    &format!("{op:?}: ZeroDivisionError (integer division by zero)"),
+                )?,
+                _ => {}
             }
             return self.convert_to(&out, dtype);
         }

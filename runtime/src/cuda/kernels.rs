@@ -56,8 +56,8 @@ pub const UNARY_OPS: &[UnaryOp] = &every!(UnaryOp: Neg, Abs, Exp, Log, Log1p, Ex
     Erfc, Relu6, Hardswish, Hardsigmoid, Softplus, Mish, Logsigmoid, Softsign, Tanhshrink, Selu);
 
 /// Every binary op.
-pub const BINARY_OPS: &[BinaryOp] =
-    &every!(BinaryOp: Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2);
+pub const BINARY_OPS: &[BinaryOp] = &every!(BinaryOp: Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2, FloorDivide, Remainder,
+        Fmod);
 
 /// Every reduction.
 pub const REDUCE_OPS: &[ReduceOp] = &every!(ReduceOp: Sum, Mean, Amax, Amin, Prod);
@@ -222,8 +222,27 @@ fn binary_expr(op: BinaryOp) -> &'static str {
         BinaryOp::Maximum => "((a != a || a > b) ? a : b)",
         BinaryOp::Minimum => "((a != a || a < b) ? a : b)",
         BinaryOp::Atan2 => "atan2f(a, b)",
+        BinaryOp::FloorDivide => "floor_div(a, b)",
+        BinaryOp::Remainder => "remainder(a, b)",
+        BinaryOp::Fmod => "fmodf(a, b)",
     }
 }
+
+/// PyTorch's `div_floor` and `remainder` of floats (as `cpu::elementwise`).
+const FLOAT_DIVISION: &str = r#"
+__device__ __forceinline__ float floor_div(float a, float b) {
+    if (b == 0.0f) return a / b;
+    float m = fmodf(a, b);
+    float div = (a - m) / b;
+    if (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) div -= 1.0f;
+    if (div != 0.0f) { float f = floorf(div); return (div - f > 0.5f) ? f + 1.0f : f; }
+    return 0.0f * (a / b);
+}
+__device__ __forceinline__ float remainder(float a, float b) {
+    float m = fmodf(a, b);
+    return (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) ? m + b : m;
+}
+"#;
 
 /// A kernel's entry point name and full source.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,7 +267,7 @@ pub fn binary(op: BinaryOp, d: DType) -> Option<Source> {
     let (t, ld, st) = ctype(d)?;
     let name = format!("binary_{op:?}_{d}").to_lowercase();
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, float sa, float sb, int a_num, int b_num, float alpha, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    float a = a_num ? sa : {ld}(pa, oa);\n    float b = b_num ? sb : {ld}(pb, ob);\n    {st}(out, i, {});\n  }}\n}}\n",
+        "{PRELUDE}{FLOAT_DIVISION}\nextern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, float sa, float sb, int a_num, int b_num, float alpha, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    float a = a_num ? sa : {ld}(pa, oa);\n    float b = b_num ? sb : {ld}(pb, ob);\n    {st}(out, i, {});\n  }}\n}}\n",
         binary_expr(op)
     );
     Some(Source { name, code })

@@ -31,13 +31,16 @@ pub fn elem(d: DType) -> Option<&'static str> {
 }
 
 /// The integer ops (wrapping i64 arithmetic, as `cpu::integer::binary_int`).
-pub const INT_OPS: [BinaryOp; 6] = [
+pub const INT_OPS: [BinaryOp; 9] = [
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
     BinaryOp::Maximum,
     BinaryOp::Minimum,
     BinaryOp::Pow,
+    BinaryOp::FloorDivide,
+    BinaryOp::Remainder,
+    BinaryOp::Fmod,
 ];
 
 /// Shape, input strides, `lo` padding and `interior + 1` per dimension of `prims.pad`.
@@ -438,6 +441,9 @@ fn int_expr(op: BinaryOp) -> Option<&'static str> {
         BinaryOp::Maximum => "(a > b ? a : b)",
         BinaryOp::Minimum => "(a < b ? a : b)",
         BinaryOp::Pow => "ipow(a, b, bad)",
+        BinaryOp::FloorDivide => "idiv(a, b, 0, bad)",
+        BinaryOp::Remainder => "idiv(a, b, 1, bad)",
+        BinaryOp::Fmod => "idiv(a, b, 2, bad)",
         BinaryOp::Div | BinaryOp::Atan2 => return None,
     })
 }
@@ -449,7 +455,7 @@ pub fn binary_int(op: BinaryOp) -> Option<Source> {
     let expr = int_expr(op)?;
     let name = lower(format!("binary_int_{op:?}"));
     let body = format!(
-        "__device__ __forceinline__ long long ipow(long long a, long long e, int* bad) {{\n  if (e < 0) {{ atomicExch(bad, 1); return 0; }}\n  unsigned long long r = 1, x = (unsigned long long)a;\n  while (e > 0) {{ if (e & 1) r *= x; x *= x; e >>= 1; }}\n  return (long long)r;\n}}\nextern \"C\" __global__ void {name}(const long long* pa, const long long* pb, long long sa, long long sb, int a_num, int b_num, long long alpha, Layout l, long long* out, long long n, int* bad) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    long long a = a_num ? sa : pa[oa];\n    long long b = b_num ? sb : pb[ob];\n    out[i] = {expr};\n  }}\n}}\n"
+        "__device__ __forceinline__ long long ipow(long long a, long long e, int* bad) {{\n  if (e < 0) {{ atomicExch(bad, 1); return 0; }}\n  unsigned long long r = 1, x = (unsigned long long)a;\n  while (e > 0) {{ if (e & 1) r *= x; x *= x; e >>= 1; }}\n  return (long long)r;\n}}\n// floor division (0), remainder (1) or fmod (2); a zero divisor sets *bad (PyTorch raises)\n__device__ __forceinline__ long long idiv(long long a, long long b, int kind, int* bad) {{\n  if (b == 0) {{ atomicExch(bad, 1); return 0; }}\n  if (b == -1) return kind == 0 ? (long long)(0ull - (unsigned long long)a) : 0;\n  long long q = a / b, r = a % b;\n  if (kind == 2) return r;\n  bool adjust = r != 0 && ((r < 0) != (b < 0));\n  return kind == 0 ? (adjust ? q - 1 : q) : (adjust ? r + b : r);\n}}\nextern \"C\" __global__ void {name}(const long long* pa, const long long* pb, long long sa, long long sb, int a_num, int b_num, long long alpha, Layout l, long long* out, long long n, int* bad) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    long long a = a_num ? sa : pa[oa];\n    long long b = b_num ? sb : pb[ob];\n    out[i] = {expr};\n  }}\n}}\n"
     );
     Some(Source {
         name,
