@@ -565,7 +565,7 @@ fn parametrized_activations_match_the_cpu() {
             check(
                 &g,
                 &Kernel::Activation(act),
-                &[x.clone()],
+                std::slice::from_ref(&x),
                 &format!("{act:?}"),
             );
         }
@@ -659,7 +659,7 @@ fn logical_and_bitwise_ops_match_the_cpu() {
         check(
             &g,
             &k(false, DType::I64, Side::Scalar(6.0)),
-            &[ints.clone()],
+            std::slice::from_ref(&ints),
             "bitwise number",
         );
         check(
@@ -677,7 +677,7 @@ fn logical_and_bitwise_ops_match_the_cpu() {
         check(
             &g,
             &k(true, DType::Bool, Side::Scalar(0.0)),
-            &[mask.clone()],
+            std::slice::from_ref(&mask),
             "logical number",
         );
     }
@@ -759,7 +759,7 @@ fn floor_divide_remainder_and_fmod_match_the_cpu() {
         check(
             &g,
             &k(Side::Scalar(-3.0)),
-            &[ints.clone()],
+            std::slice::from_ref(&ints),
             &format!("i64 {op:?} -3"),
         );
         for d in FLOATS {

@@ -700,6 +700,9 @@ fn clamp_bounds_below_and_above() {
     assert_eq!(out[1].to_f32_vec(), vec![0.0, 0.0, 1.5, 7.0]);
 }
 
+/// Keyword operands of a node.
+type Kwargs = Vec<(String, Arg)>;
+
 /// `leaky_relu`, `elu`, `celu` and `hardtanh` with their parameters, positional or keyword,
 /// against torch 2.9.0's values (`F.leaky_relu(x, 0.2)`, `F.elu(x, 0.7)`, `F.celu(x, 0.7)`,
 /// `F.hardtanh(x, -1.0, 2.0)` on float32), and the defaults (0.01, 1.0, 1.0, [-1, 1]).
@@ -708,7 +711,7 @@ fn parametrized_activations_take_their_parameters() {
     let xs = vec![-2.5f32, -0.5, 0.0, 0.5, 1.0, 2.5];
     let mut b = TraceBuilder::new("f", TraceKind::Forward);
     let x = b.arg("x", ty(&[6], DType::F32));
-    let calls: Vec<(&str, Vec<Arg>, Vec<(String, Arg)>)> = vec![
+    let calls: Vec<(&str, Vec<Arg>, Kwargs)> = vec![
         ("ltorch.leaky_relu", vec![x.into(), Arg::Float(0.2)], vec![]),
         (
             "ltorch.elu",
@@ -768,7 +771,7 @@ fn parametrized_activations_take_their_parameters() {
 /// the op and the argument.
 #[test]
 fn parametrized_activations_refuse_what_pytorch_refuses() {
-    let cases: Vec<(&str, DType, Vec<Arg>, Vec<(String, Arg)>, &str)> = vec![
+    let cases: Vec<(&str, DType, Vec<Arg>, Kwargs, &str)> = vec![
         (
             "ltorch.celu",
             DType::F32,

@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn parametrized_activations_match_pytorch() {
-        let xs = vec![-2.5, -0.5, 0.0, 0.5, 1.0, 2.5, f64::NAN];
+        let xs = [-2.5, -0.5, 0.0, 0.5, 1.0, 2.5, f64::NAN];
         let x = Tensor::from_f32(vec![7], xs.iter().map(|&v| v as f32).collect());
         // torch 2.9.0: F.leaky_relu(x, 0.2), F.elu(x, 0.7), F.celu(x, 0.7),
         // F.hardtanh(x, -1.0, 2.0) on float32, printed with precision=10
