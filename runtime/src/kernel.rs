@@ -278,6 +278,10 @@ pub enum Kernel {
     Cat {
         dim: i64,
     },
+    /// Every input, in order, along a new dimension `dim` (of the output's rank).
+    Stack {
+        dim: i64,
+    },
     Expand(Vec<i64>),
     Flip(Vec<i64>),
     Squeeze(Option<Vec<i64>>),

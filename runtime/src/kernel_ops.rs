@@ -347,13 +347,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.transpose", Cpu(permute)),
         ("ltorch.transpose", Cpu(transpose)),
         ("ltorch.cat", Cpu(cat)),
-        (
-            "ltorch.stack",
-            Unsupported {
-                reason: "no CPU kernel stacks tensors along a new dimension (cat of \
-                         unsqueezed tensors would be two kernels)",
-            },
-        ),
+        ("ltorch.stack", Cpu(stack)),
         ("ltorch.split", Cpu(split)),
         ("ltorch.chunk", Cpu(chunk)),
         ("prims.slice_prim", Cpu(slice)),
@@ -1514,6 +1508,29 @@ fn cat(o: &mut Ops<'_>) -> Result<Kernel, String> {
         other => return Err(format!("cat needs a sequence of tensors, got {other:?}")),
     }
     Ok(Kernel::Cat {
+        dim: o.int(1, "dim")?.unwrap_or(0),
+    })
+}
+
+/// `stack(tensors, dim=0)`: each input unsqueezed at `dim`, then concatenated there.
+fn stack(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let node = o.node;
+    match node.args().first().or_else(|| node.kwarg("tensors")) {
+        Some(Arg::Tuple(items) | Arg::List(items)) if !items.is_empty() => {
+            for t in items {
+                match t {
+                    Arg::Value(v) => o.inputs.push(*v),
+                    other => return Err(format!("stack operands must be tensors, got {other:?}")),
+                }
+            }
+        }
+        other => {
+            return Err(format!(
+                "stack needs a non-empty sequence of tensors, got {other:?}"
+            ))
+        }
+    }
+    Ok(Kernel::Stack {
         dim: o.int(1, "dim")?.unwrap_or(0),
     })
 }

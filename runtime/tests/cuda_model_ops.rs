@@ -790,3 +790,19 @@ fn floor_divide_remainder_and_fmod_match_the_cpu() {
         assert!(e.0.contains("ZeroDivisionError"), "{}", e.0);
     }
 }
+
+#[test]
+fn stack_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in [DType::F32, DType::BF16, DType::I64, DType::Bool] {
+        let (x, y) = (random(&[3, 4, 5], 61, d), random(&[3, 4, 5], 62, d));
+        for dim in [0, 2, -1, 3] {
+            check(
+                &g,
+                &Kernel::Stack { dim },
+                &[x.clone(), y.clone()],
+                &format!("stack {dim} {d}"),
+            );
+        }
+    }
+}

@@ -1453,3 +1453,53 @@ fn floor_divide_remainder_and_fmod_follow_pytorch() {
         .to_string();
     assert!(err.contains("ZeroDivisionError"), "{err}");
 }
+
+/// `stack(tensors, dim)` at the front, in the middle and at the end (negative), and of
+/// zero-dimensional tensors.
+#[test]
+fn stack_adds_a_dimension() {
+    let mut b = TraceBuilder::new("f", TraceKind::Forward);
+    let x = b.arg("x", ty(&[2, 3], DType::F32));
+    let y = b.arg("y", ty(&[2, 3], DType::F32));
+    let s = b.arg("s", ty(&[], DType::F32));
+    let pair = || Arg::List(vec![x.into(), y.into()]);
+    let s0 = b.op("ltorch.stack", vec![pair()]).unwrap();
+    let s1 = b.op("ltorch.stack", vec![pair(), Arg::Int(1)]).unwrap();
+    let s_last = b.op("ltorch.stack", vec![pair(), Arg::Int(-1)]).unwrap();
+    let scalars = b
+        .op(
+            "ltorch.stack",
+            vec![Arg::Tuple(vec![s.into(), s.into(), s.into()])],
+        )
+        .unwrap();
+    let outs = [s0, s1, s_last, scalars];
+    b.ret(Arg::Tuple(outs.iter().map(|v| Arg::Value(*v)).collect()));
+    let got = run(
+        &b.finish(),
+        &outs,
+        vec![
+            iota(&[2, 3]),
+            Tensor::from_f32(vec![2, 3], (10..16).map(|v| v as f32).collect()),
+            Tensor::from_f32(vec![], vec![7.0]),
+        ],
+    );
+    assert_eq!(got[0].shape(), &[2, 2, 3]);
+    assert_eq!(
+        got[0].to_f32_vec(),
+        vec![0., 1., 2., 3., 4., 5., 10., 11., 12., 13., 14., 15.]
+    );
+    assert_eq!(got[1].shape(), &[2, 2, 3]);
+    assert_eq!(
+        got[1].to_f32_vec(),
+        vec![0., 1., 2., 10., 11., 12., 3., 4., 5., 13., 14., 15.]
+    );
+    assert_eq!(got[2].shape(), &[2, 3, 2]);
+    assert_eq!(
+        got[2].to_f32_vec(),
+        vec![0., 10., 1., 11., 2., 12., 3., 13., 4., 14., 5., 15.]
+    );
+    assert_eq!(
+        (got[3].shape(), got[3].to_f32_vec()),
+        (&[3][..], vec![7.0; 3])
+    );
+}

@@ -133,6 +133,12 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             let all = (0..inputs.len()).map(t).collect::<Result<Vec<_>, _>>()?;
             layout::cat(&all, *dim)
         }
+        Kernel::Stack { dim } => {
+            let all = (0..inputs.len())
+                .map(|i| layout::unsqueeze(t(i)?, *dim))
+                .collect::<Result<Vec<_>, _>>()?;
+            layout::cat(&all.iter().collect::<Vec<_>>(), *dim)
+        }
         Kernel::Expand(shape) => layout::expand(t(0)?, shape),
         Kernel::Flip(dims) => layout::flip(t(0)?, dims),
         Kernel::Squeeze(dims) => layout::squeeze(t(0)?, dims.as_deref()),

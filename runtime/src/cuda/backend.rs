@@ -2122,6 +2122,15 @@ impl CudaBackend {
                 let all = (0..inputs.len()).map(t).collect::<Result<Vec<_>, _>>()?;
                 self.cat(&all, *dim)
             }
+            Kernel::Stack { dim } => {
+                let views = (0..inputs.len())
+                    .map(|i| {
+                        let x = t(i)?;
+                        Ok(self.view_of(x, layouts::unsqueeze(&x.shape, *dim)?))
+                    })
+                    .collect::<Result<Vec<_>, KernelError>>()?;
+                self.cat(&views.iter().collect::<Vec<_>>(), *dim)
+            }
             Kernel::Expand(shape) => {
                 let x = t(0)?;
                 self.gather(x, &layouts::expand(&x.shape, shape)?)

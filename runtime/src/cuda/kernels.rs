@@ -413,6 +413,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::AdaptiveAvgPool2dBackward => vec![m::adaptive_avg_pool2d_backward(d)],
         Kernel::Pad { .. } => vec![m::pad(d)],
         Kernel::Cat { .. } => vec![m::cat_copy(d)],
+        // unsqueezed views, concatenated
+        Kernel::Stack { .. } => vec![m::cat_copy(d)],
         Kernel::Arange { .. } => vec![m::arange(d)],
         Kernel::Full { .. } => vec![m::fill(d)],
         Kernel::Compare { op, .. } => vec![m::compare(*op, d)],
@@ -475,6 +477,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Slice { .. }
             | Kernel::Split { .. }
             | Kernel::Cat { .. }
+            | Kernel::Stack { .. }
             | Kernel::Expand(_)
             | Kernel::Flip(_)
             | Kernel::Squeeze(_)
@@ -563,6 +566,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             dim: 0,
         },
         Kernel::Cat { dim: 0 },
+        Kernel::Stack { dim: 0 },
         Kernel::Expand(vec![]),
         Kernel::Flip(vec![]),
         Kernel::Squeeze(None),
