@@ -51,8 +51,9 @@ const NORM: &str = "a normalization composite with no fused CPU kernel: Thunder'
      the corpus decompose it into reductions and elementwise ops, which have kernels";
 const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes the loss outside \
      the traces, and Thunder's traces decompose losses into prims";
-const REDUCTION: &str = "no CPU kernel for this reduction (the kernel set reduces by sum, mean \
-     and amax, plus var_mean)";
+const REDUCTION: &str = "no fused logsumexp kernel (the kernel set reduces by sum, mean, amax, \
+     amin and prod, plus var, std and var_mean; Thunder 0.2.6 traces logsumexp as amax, exp, \
+     sum and log, which run)";
 const INDICES: &str = "no CPU kernel for top-k or sort (argmax and argmin have one)";
 const POOL: &str = "the CPU pooling kernel is 2-d max pooling with indices \
      (max_pool2d_with_indices, as Thunder's torch executor prints it)";
