@@ -233,6 +233,17 @@ fn reductions() {
     let s = [("a", "cpu f32[2, 5]")];
     assert_eq!(one(&s, "t0 = torch.softmax(a, -1)"), "cpu f32[2, 5]");
     assert_eq!(one(&s, "t0 = torch.argmax(a, 1)"), "cpu i64[2]");
+    // as torch 2.9.0 prints them
+    assert_eq!(one(&s, "t0 = torch.argmin(a, -1, True)"), "cpu i64[2, 1]");
+    assert_eq!(one(&s, "t0 = torch.argmax(a, None, False)"), "cpu i64[]");
+    // torch 2.9.0: argmax(x, keepdim=True) of a 2-d x has shape (1, 1)
+    assert_eq!(one(&s, "t0 = torch.argmax(a, None, True)"), "cpu i64[1, 1]");
+    assert_eq!(one(&s, "t0 = torch.cumsum(a, 1)"), "cpu f32[2, 5]");
+    assert_eq!(
+        one(&i, "t0 = torch.cumsum(a, 0, dtype=torch.float32)"),
+        "cpu f32[4]"
+    );
+    assert_eq!(one(&b, "t0 = torch.cumsum(a, 0)"), "cpu i64[4]");
     assert_eq!(
         infer(&s, "(t0, t1) = torch.topk(a, 3)").unwrap(),
         vec!["cpu f32[2, 3]", "cpu i64[2, 3]"]

@@ -218,7 +218,13 @@ fn every_kernel_matches_the_cpu_backend() {
             (vec![0, 1], false),
             (vec![1], false),
         ] {
-            for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Amax] {
+            for op in [
+                ReduceOp::Sum,
+                ReduceOp::Mean,
+                ReduceOp::Amax,
+                ReduceOp::Amin,
+                ReduceOp::Prod,
+            ] {
                 let k = Kernel::Reduce {
                     op,
                     dims: dims.clone(),
@@ -359,7 +365,12 @@ fn block_reductions_and_softmax_over_long_rows() {
         let long = random(&[3, 100_000], 11, d);
         let full = random(&[1 << 20], 12, d);
         let short = random(&[50_000, 3], 13, d);
-        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Amax] {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Mean,
+            ReduceOp::Amax,
+            ReduceOp::Amin,
+        ] {
             for (x, dims) in [
                 (&long, vec![1]),
                 (&full, vec![0]),
@@ -401,7 +412,7 @@ fn block_reductions_and_softmax_over_long_rows() {
                     .zip(want.to_f64_vec())
                     .map(|(a, b)| (a - b).abs())
                     .fold(0.0, f64::max);
-                let tol = if op == ReduceOp::Amax {
+                let tol = if matches!(op, ReduceOp::Amax | ReduceOp::Amin) {
                     tol(d)
                 } else {
                     tol(d) * scale

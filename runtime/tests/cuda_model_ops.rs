@@ -183,6 +183,15 @@ fn var_mean_is_block_level_and_matches_the_cpu() {
             (Some(vec![0, 2, 3]), 1.0, true),
             (None, 1.0, false),
         ] {
+            for std in [false, true] {
+                let k = Kernel::Var {
+                    dims: dims.clone(),
+                    correction,
+                    keepdim,
+                    std,
+                };
+                check(&g, &k, std::slice::from_ref(&x), &format!("{k:?}"));
+            }
             let k = Kernel::VarMean {
                 dims,
                 correction,
@@ -503,7 +512,12 @@ fn integer_and_bool_sums_and_maxima_match_the_cpu() {
     );
     let floats = random(&[3, 700], 29, DType::F32);
     for (x, what) in [(mask, "bool"), (ints, "i64"), (floats, "f32")] {
-        for op in [ReduceOp::Sum, ReduceOp::Amax] {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Amax,
+            ReduceOp::Amin,
+            ReduceOp::Prod,
+        ] {
             for (dims, keepdim) in [(vec![1], false), (vec![0, 1], false), (vec![0], true)] {
                 let k = Kernel::Reduce {
                     op,
@@ -547,5 +561,268 @@ fn transposed_convolution_matches_the_cpu() {
             bias: true,
         };
         check(&g, &k, &[x, w, b], "conv_transpose2d");
+    }
+}
+
+#[test]
+fn parametrized_activations_match_the_cpu() {
+    use tracepass_runtime::exec::Activation;
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        let mut x = random(&[3, 50], 31, d).to_f32_vec();
+        x.iter_mut().for_each(|v| *v *= 4.0);
+        x[0] = f32::NAN;
+        let x = Tensor::from_f32(vec![3, 50], x).to_dtype(d).unwrap();
+        for act in [
+            Activation::LeakyRelu { slope: 0.2 },
+            Activation::Elu { alpha: 0.7 },
+            Activation::Celu { alpha: 1.3 },
+            Activation::Hardtanh {
+                min: -1.5,
+                max: 2.0,
+            },
+        ] {
+            check(
+                &g,
+                &Kernel::Activation(act),
+                std::slice::from_ref(&x),
+                &format!("{act:?}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn cumsum_and_arg_extrema_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let ints = Tensor::from_i64(
+        vec![3, 40, 5],
+        (0..600i64).map(|i| (i * 7919) % 101 - 50).collect(),
+    );
+    for d in FLOATS {
+        let x = random(&[3, 40, 5], 41, d);
+        for dim in [0, 1, 2] {
+            check(
+                &g,
+                &Kernel::Cumsum { dim, dtype: d },
+                std::slice::from_ref(&x),
+                "cumsum",
+            );
+            for max in [true, false] {
+                for keepdim in [false, true] {
+                    let k = Kernel::ArgExtremum {
+                        max,
+                        dim: Some(dim),
+                        keepdim,
+                    };
+                    check(&g, &k, std::slice::from_ref(&x), &format!("{k:?} in {d}"));
+                    check(
+                        &g,
+                        &k,
+                        std::slice::from_ref(&ints),
+                        &format!("{k:?} of i64"),
+                    );
+                }
+            }
+        }
+        let k = Kernel::ArgExtremum {
+            max: true,
+            dim: None,
+            keepdim: false,
+        };
+        check(&g, &k, std::slice::from_ref(&x), "flattened argmax");
+        // integers cumsum in i64, or cast to a float dtype first
+        check(
+            &g,
+            &Kernel::Cumsum {
+                dim: 1,
+                dtype: DType::I64,
+            },
+            std::slice::from_ref(&ints),
+            "i64 cumsum",
+        );
+        check(
+            &g,
+            &Kernel::Cumsum { dim: 1, dtype: d },
+            std::slice::from_ref(&ints),
+            "cast cumsum",
+        );
+    }
+}
+
+#[test]
+fn logical_and_bitwise_ops_match_the_cpu() {
+    use tracepass_runtime::exec::BitOp;
+    let Some(g) = gpu() else { return };
+    let ints = Tensor::from_i64(
+        vec![4, 30],
+        (0..120i64).map(|i| (i * 37) % 19 - 9).collect(),
+    );
+    let row = Tensor::from_i64(vec![30], (0..30i64).map(|i| i * 5 - 60).collect());
+    let mask = Tensor::from_bool(vec![4, 30], (0..120).map(|i| i % 3 == 0).collect());
+    let floats = random(&[4, 30], 43, DType::F32);
+    for op in [BitOp::And, BitOp::Or, BitOp::Xor] {
+        let k = |logical, dtype, b| Kernel::Bitwise {
+            op,
+            a: Side::Input(0),
+            b,
+            logical,
+            dtype,
+        };
+        let two = Side::Input(1);
+        check(
+            &g,
+            &k(false, DType::I64, two),
+            &[ints.clone(), row.clone()],
+            "bitwise i64",
+        );
+        check(
+            &g,
+            &k(false, DType::I64, Side::Scalar(6.0)),
+            std::slice::from_ref(&ints),
+            "bitwise number",
+        );
+        check(
+            &g,
+            &k(false, DType::Bool, two),
+            &[mask.clone(), mask.clone()],
+            "bitwise bool",
+        );
+        check(
+            &g,
+            &k(true, DType::Bool, two),
+            &[floats.clone(), ints.clone()],
+            "logical",
+        );
+        check(
+            &g,
+            &k(true, DType::Bool, Side::Scalar(0.0)),
+            std::slice::from_ref(&mask),
+            "logical number",
+        );
+    }
+    check(&g, &Kernel::BitwiseNot, &[ints], "not i64");
+    check(&g, &Kernel::BitwiseNot, &[mask], "not bool");
+}
+
+#[test]
+fn adaptive_avg_pooling_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        let x = random(&[2, 3, 7, 10], 47, d);
+        for (oh, ow) in [(3, 4), (5, 3), (7, 10), (1, 6)] {
+            check(
+                &g,
+                &Kernel::AdaptiveAvgPool2d { oh, ow },
+                std::slice::from_ref(&x),
+                "pool",
+            );
+            let grad = random(&[2, 3, oh, ow], 48, d);
+            check(
+                &g,
+                &Kernel::AdaptiveAvgPool2dBackward,
+                &[grad, x.clone()],
+                &format!("pool backward to {oh}x{ow}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn normal_on_the_gpu_follows_the_cpus_stream() {
+    let Some(g) = gpu() else { return };
+    let key = RngKey {
+        seed: 42,
+        rank: 1,
+        step: 3,
+        node: 11,
+    };
+    for d in FLOATS {
+        let want = tracepass_runtime::cpu::kernels::normal(&[7, 301], d, key).unwrap();
+        let got = g.download(&g.normal(&[7, 301], d, key).unwrap()).unwrap();
+        // the same words, f32 logarithm and cosine on the device: agreement to rounding
+        for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+            assert!(
+                (a - b).abs() <= tol(d) * b.abs().max(1.0),
+                "{d} element {i}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn floor_divide_remainder_and_fmod_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let ints = Tensor::from_i64(
+        vec![4, 25],
+        (0..100i64).map(|i| (i * 37) % 41 - 20).collect(),
+    );
+    let divisors = Tensor::from_i64(
+        vec![25],
+        (0..25i64)
+            .map(|i| if i < 12 { i - 13 } else { i - 11 })
+            .collect(),
+    );
+    for op in [BinaryOp::FloorDivide, BinaryOp::Remainder, BinaryOp::Fmod] {
+        let k = |b| Kernel::Binary {
+            op,
+            a: Side::Input(0),
+            b,
+            alpha: 1.0,
+        };
+        check(
+            &g,
+            &k(Side::Input(1)),
+            &[ints.clone(), divisors.clone()],
+            &format!("i64 {op:?}"),
+        );
+        check(
+            &g,
+            &k(Side::Scalar(-3.0)),
+            std::slice::from_ref(&ints),
+            &format!("i64 {op:?} -3"),
+        );
+        for d in FLOATS {
+            let x = random(&[4, 25], 53, d);
+            let y = random(&[25], 54, d);
+            check(
+                &g,
+                &k(Side::Input(1)),
+                &[x.clone(), y],
+                &format!("{op:?} in {d}"),
+            );
+            check(
+                &g,
+                &k(Side::Scalar(0.3)),
+                &[x],
+                &format!("{op:?} by 0.3 in {d}"),
+            );
+        }
+        // an integer division by zero is an error, as on the CPU
+        let zero = Tensor::from_i64(vec![2], vec![1, 0]);
+        let (da, db) = (g.upload(&zero).unwrap(), g.upload(&zero).unwrap());
+        let e = g
+            .run(
+                &k(Side::Input(1)),
+                &[Input::Tensor(&da), Input::Tensor(&db)],
+            )
+            .unwrap_err();
+        assert!(e.0.contains("ZeroDivisionError"), "{}", e.0);
+    }
+}
+
+#[test]
+fn stack_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in [DType::F32, DType::BF16, DType::I64, DType::Bool] {
+        let (x, y) = (random(&[3, 4, 5], 61, d), random(&[3, 4, 5], 62, d));
+        for dim in [0, 2, -1, 3] {
+            check(
+                &g,
+                &Kernel::Stack { dim },
+                &[x.clone(), y.clone()],
+                &format!("stack {dim} {d}"),
+            );
+        }
     }
 }

@@ -112,10 +112,12 @@ fn prims_var_mean(cx: &MetaCx) -> R {
     many(vec![out.clone(), out])
 }
 
-/// `argmax`/`argmin`: i64 indices; no dim reduces everything.
+/// `argmax`/`argmin`: i64 indices; no dim reduces everything (to size 1 in every dimension
+/// with `keepdim=True`, as torch 2.9 gives `argmax(x, keepdim=True).shape == (1, 1)` for a
+/// 2-d `x`).
 fn arg_extremum(cx: &MetaCx) -> R {
     let t = cx.tensor_param("a")?;
-    let shape = reduced(cx, &t, "dim", keepdim(cx) && cx.opt("dim").is_some())?;
+    let shape = reduced(cx, &t, "dim", keepdim(cx))?;
     one(TensorType::new(shape, DType::I64, t.device))
 }
 

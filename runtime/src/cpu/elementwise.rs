@@ -145,8 +145,40 @@ macro_rules! for_binary_op {
             BinaryOp::Maximum => |a: $t, b: $t| if a.is_nan() || a > b { a } else { b },
             BinaryOp::Minimum => |a: $t, b: $t| if a.is_nan() || a < b { a } else { b },
             BinaryOp::Atan2 => |a: $t, b: $t| a.atan2(b),
+            BinaryOp::FloorDivide => |a: $t, b: $t| floor_divide(a, b),
+            BinaryOp::Remainder => |a: $t, b: $t| {
+                let m = a.fmod(b);
+                if m != <$t>::ZERO && ((b < <$t>::ZERO) != (m < <$t>::ZERO)) { m + b } else { m }
+            },
+            BinaryOp::Fmod => |a: $t, b: $t| a.fmod(b),
         )
     }};
+}
+
+/// PyTorch's `div_floor` of floats: `a / b` when `b` is 0, else the exact quotient of
+/// `a - fmod(a, b)` by `b`, moved down one where the remainder's sign differs from `b`'s,
+/// floored (and rounded to nearest when the division was inexact by more than one half).
+#[inline(always)]
+fn floor_divide<T: Real>(a: T, b: T) -> T {
+    if b == T::ZERO {
+        return a / b;
+    }
+    let m = a.fmod(b);
+    let mut div = (a - m) / b;
+    if m != T::ZERO && ((b < T::ZERO) != (m < T::ZERO)) {
+        div = div - T::ONE;
+    }
+    if div != T::ZERO {
+        let f = div.floor();
+        if div - f > T::of(0.5) {
+            f + T::ONE
+        } else {
+            f
+        }
+    } else {
+        // a zero with the sign of a / b
+        T::ZERO * (a / b)
+    }
 }
 
 /// Strides that read a contiguous `shape` as if it were `out` (0 along broadcast dimensions).

@@ -54,6 +54,35 @@ pub fn binary_int(
                 .map(|e| p.wrapping_pow(e))
                 .map_err(|_| format!("integer pow with exponent {q}"))
         },
+        // PyTorch raises ZeroDivisionError for integer division by zero
+        BinaryOp::FloorDivide => |p, q, _| {
+            if q == 0 {
+                return Err("floor_divide: ZeroDivisionError (integer division by zero)".into());
+            }
+            let d = p.wrapping_div(q);
+            Ok(if p.wrapping_rem(q) != 0 && ((p < 0) != (q < 0)) {
+                d - 1
+            } else {
+                d
+            })
+        },
+        BinaryOp::Remainder => |p, q, _| {
+            if q == 0 {
+                return Err("remainder: ZeroDivisionError (integer division by zero)".into());
+            }
+            let r = p.wrapping_rem(q);
+            Ok(if r != 0 && ((r < 0) != (q < 0)) {
+                r + q
+            } else {
+                r
+            })
+        },
+        BinaryOp::Fmod => |p, q, _| {
+            if q == 0 {
+                return Err("fmod: ZeroDivisionError (integer division by zero)".into());
+            }
+            Ok(p.wrapping_rem(q))
+        },
         BinaryOp::Div | BinaryOp::Atan2 => {
             return Err(format!("{op:?} of integers computes in floats"))
         }

@@ -5,8 +5,12 @@
 //! per module, so it can be tested and benchmarked without a trace.
 
 pub(crate) mod activation;
+pub(crate) mod adaptive_pool;
+pub(crate) mod arg_extremum;
+pub(crate) mod bitwise;
 pub(crate) mod compare;
 pub(crate) mod conv;
+pub(crate) mod cumsum;
 pub(crate) mod elementwise;
 pub(crate) mod embedding;
 pub(crate) mod fill;
@@ -38,7 +42,7 @@ pub mod kernels {
     pub use super::gemm::{linear, matmul};
     pub use super::layout::{cat, expand, flip, pad, split, SplitSizes};
     pub use super::pool::{max_pool2d_with_indices, max_pool2d_with_indices_backward, Pool2d};
-    pub use super::random::uniform;
+    pub use super::random::{normal, uniform};
     pub use super::reduce::{reduce, softmax};
     pub use super::var_mean::var_mean;
 }
@@ -127,11 +131,46 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             *padding_idx,
             *scale_grad_by_freq,
         ),
+        Kernel::Var {
+            dims,
+            correction,
+            keepdim,
+            std,
+        } => var_mean::var(t(0)?, dims.as_deref(), *correction, *keepdim, *std),
+        Kernel::Cumsum { dim, dtype } => cumsum::cumsum(t(0)?, *dim, *dtype),
+        Kernel::ArgExtremum { max, dim, keepdim } => {
+            arg_extremum::arg_extremum(t(0)?, *max, *dim, *keepdim)
+        }
+        Kernel::Bitwise {
+            op,
+            a,
+            b,
+            logical,
+            dtype,
+        } => {
+            let (a, b) = (operand(inputs, *a)?, operand(inputs, *b)?);
+            if *logical {
+                bitwise::logical(*op, a, b)
+            } else {
+                bitwise::bitwise(*op, a, b, *dtype)
+            }
+        }
+        Kernel::BitwiseNot => bitwise::bitwise_not(t(0)?),
+        Kernel::AdaptiveAvgPool2d { oh, ow } => adaptive_pool::adaptive_avg_pool2d(t(0)?, *oh, *ow),
+        Kernel::AdaptiveAvgPool2dBackward => {
+            adaptive_pool::adaptive_avg_pool2d_backward(t(0)?, t(1)?.shape())
+        }
         Kernel::Pad { value, config } => layout::pad(t(0)?, *value, config),
         Kernel::Slice { start, end, step } => layout::slice(t(0)?, start, end, Some(step)),
         Kernel::Cat { dim } => {
             let all = (0..inputs.len()).map(t).collect::<Result<Vec<_>, _>>()?;
             layout::cat(&all, *dim)
+        }
+        Kernel::Stack { dim } => {
+            let all = (0..inputs.len())
+                .map(|i| layout::unsqueeze(t(i)?, *dim))
+                .collect::<Result<Vec<_>, _>>()?;
+            layout::cat(&all.iter().collect::<Vec<_>>(), *dim)
         }
         Kernel::Expand(shape) => layout::expand(t(0)?, shape),
         Kernel::Flip(dims) => layout::flip(t(0)?, dims),
@@ -155,6 +194,7 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             compare::where_(t(0)?, operand(inputs, *a)?, operand(inputs, *b)?, *dtype)
         }
         Kernel::Silu => activation::silu(t(0)?),
+        Kernel::Activation(act) => activation::activation(*act, t(0)?),
         Kernel::Copy => layout::copy_into(t(0)?, t(1)?),
         Kernel::TakeAlongDim { dim } => loss_grad::take_along_dim(t(0)?, t(1)?, *dim),
         Kernel::NllLossBackward {
@@ -173,8 +213,8 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         Kernel::SoftmaxBackward { dim, log, dtype } => {
             loss_grad::softmax_backward(t(0)?, t(1)?, *dim, *log, *dtype)
         }
-        Kernel::Uniform { .. } => Err(
-            "uniform draws from a keyed random stream: the executor runs it through \
+        Kernel::Uniform { .. } | Kernel::Normal { .. } => Err(
+            "random kernels draw from a keyed random stream: the executor runs them through \
              `Backend::random`"
                 .into(),
         ),
@@ -208,6 +248,9 @@ impl Backend for CpuBackend {
                 maxval,
                 dtype,
             } => random::uniform(shape, *minval, *maxval, *dtype, key).map_err(KernelError),
+            Kernel::Normal { shape, dtype } => {
+                random::normal(shape, *dtype, key).map_err(KernelError)
+            }
             other => Err(KernelError(format!("{other:?} is not a random kernel"))),
         }
     }

@@ -32,6 +32,9 @@ pub trait Real:
     fn atan2(self, o: Self) -> Self;
     fn erf(self) -> Self;
     fn is_nan(self) -> bool;
+    /// C's `fmod` (Rust's `%` on floats).
+    fn fmod(self, o: Self) -> Self;
+    fn floor(self) -> Self;
     /// `f` computed in f64 and rounded once to this type (the elementwise functions the
     /// hardware has no fast path for).
     fn via(self, f: fn(f64) -> f64) -> Self;
@@ -102,6 +105,14 @@ macro_rules! real {
             #[inline(always)]
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
+            }
+            #[inline(always)]
+            fn fmod(self, o: Self) -> Self {
+                self % o
+            }
+            #[inline(always)]
+            fn floor(self) -> Self {
+                <$t>::floor(self)
             }
             #[inline(always)]
             fn via(self, f: fn(f64) -> f64) -> Self {

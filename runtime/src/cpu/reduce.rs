@@ -80,7 +80,9 @@ fn reduce_typed<T: Real>(
     let v = T::elems(x);
     let init = match op {
         ReduceOp::Amax => T::of(f64::NEG_INFINITY),
-        _ => T::ZERO,
+        ReduceOp::Amin => T::of(f64::INFINITY),
+        ReduceOp::Prod => T::ONE,
+        ReduceOp::Sum | ReduceOp::Mean => T::ZERO,
     };
     let combine = |a: T, b: T| match op {
         ReduceOp::Amax => {
@@ -90,7 +92,15 @@ fn reduce_typed<T: Real>(
                 a
             }
         }
-        _ => a + b,
+        ReduceOp::Amin => {
+            if b.is_nan() || b < a {
+                b
+            } else {
+                a
+            }
+        }
+        ReduceOp::Prod => a * b,
+        ReduceOp::Sum | ReduceOp::Mean => a + b,
     };
     let (mut acc, kept) = fold_dims(&v, shape, dims, init, combine)?;
     if op == ReduceOp::Mean {
@@ -102,7 +112,9 @@ fn reduce_typed<T: Real>(
     Ok(Tensor::new(out_shape, T::storage(acc)))
 }
 
-/// Sum, mean or max over `dims`; the result has `dtype`.
+/// Sum, mean, max, min or product over `dims`; the result has `dtype`. A max or min over no
+/// elements (a reduced dimension of size 0) is an error, as in PyTorch, unless the result is
+/// empty too.
 pub fn reduce(
     x: &Tensor,
     op: ReduceOp,
@@ -110,6 +122,7 @@ pub fn reduce(
     keepdim: bool,
     dtype: DType,
 ) -> Result<Tensor, String> {
+    check_extremum(x.shape(), op, dims)?;
     let ct = match dtype {
         DType::F64 => DType::F64,
         DType::F32 | DType::BF16 | DType::F16 => DType::F32,
@@ -175,6 +188,22 @@ pub fn softmax(x: &Tensor, dim: usize, log: bool) -> Result<Tensor, String> {
     in_dtype(r, dtype)
 }
 
+/// A max or min needs at least one element per output position.
+pub fn check_extremum(shape: &[usize], op: ReduceOp, dims: &[usize]) -> Result<(), String> {
+    if !matches!(op, ReduceOp::Amax | ReduceOp::Amin) {
+        return Ok(());
+    }
+    let empty = dims.iter().any(|&d| shape.get(d) == Some(&0));
+    let out_empty = (0..shape.len()).any(|d| !dims.contains(&d) && shape[d] == 0);
+    if empty && !out_empty {
+        return Err(format!(
+            "{op:?} over dims {dims:?} of {shape:?}: a reduced dimension has no elements \
+             (PyTorch refuses this too)"
+        ));
+    }
+    Ok(())
+}
+
 /// `r` as `dtype` (itself when it already is).
 fn in_dtype(r: Tensor, dtype: DType) -> Result<Tensor, String> {
     if r.dtype() == dtype {
@@ -185,8 +214,8 @@ fn in_dtype(r: Tensor, dtype: DType) -> Result<Tensor, String> {
     }
 }
 
-/// Sum or max of bools or integers into an integer dtype (`torch.sum(mask)` counts), exact in
-/// wrapping i64 as PyTorch's integer sums are.
+/// Sum, max, min or product of bools or integers into an integer dtype (`torch.sum(mask)`
+/// counts), exact in wrapping i64 as PyTorch's integer sums are.
 fn reduce_int(
     x: &Tensor,
     op: ReduceOp,
@@ -197,7 +226,9 @@ fn reduce_int(
     let shape = x.shape();
     let (init, combine): (i64, fn(i64, i64) -> i64) = match op {
         ReduceOp::Amax => (i64::MIN, i64::max),
-        _ => (0, i64::wrapping_add),
+        ReduceOp::Amin => (i64::MAX, i64::min),
+        ReduceOp::Prod => (1, i64::wrapping_mul),
+        ReduceOp::Sum | ReduceOp::Mean => (0, i64::wrapping_add),
     };
     let (acc, kept) = fold_dims(&x.to_i64_vec(), shape, dims, init, combine)?;
     in_dtype(
@@ -259,5 +290,44 @@ mod tests {
         let cols = reduce(&i, ReduceOp::Amax, &[0], false, DType::I64).unwrap();
         assert_eq!(cols.to_i64_vec(), vec![9, 1]);
         assert!(reduce(&i, ReduceOp::Mean, &[0], false, DType::I64).is_err());
+        let mins = reduce(&i, ReduceOp::Amin, &[1], false, DType::I64).unwrap();
+        assert_eq!(mins.to_i64_vec(), vec![-7, 1]);
+        let prods = reduce(&i, ReduceOp::Prod, &[0], true, DType::I64).unwrap();
+        assert_eq!(
+            (prods.shape(), prods.to_i64_vec()),
+            (&[1, 2][..], vec![45, -7])
+        );
+        // products wrap as PyTorch's int64 products do
+        let big = Tensor::from_i64(vec![2], vec![1 << 62, 4]);
+        let p = reduce(&big, ReduceOp::Prod, &[0], false, DType::I64).unwrap();
+        assert_eq!(p.to_i64_vec(), vec![0]);
+        let m = reduce(&m, ReduceOp::Prod, &[1], false, DType::I64).unwrap();
+        assert_eq!(m.to_i64_vec(), vec![0, 0]);
+    }
+
+    #[test]
+    fn amin_and_prod_of_floats() {
+        let x = Tensor::from_f32(vec![2, 3], vec![1.5, -2.0, 3.0, f32::NAN, 5.0, -6.0]);
+        let mn = reduce(&x, ReduceOp::Amin, &[1], false, DType::F32).unwrap();
+        let v = mn.to_f32_vec();
+        assert_eq!(v[0], -2.0);
+        assert!(v[1].is_nan(), "NaN wins: {v:?}");
+        let cols = reduce(&x, ReduceOp::Amin, &[0], true, DType::F32).unwrap();
+        assert_eq!(cols.shape(), &[1, 3]);
+        assert_eq!(cols.to_f32_vec()[1..], [-2.0, -6.0]);
+        let p = reduce(&x, ReduceOp::Prod, &[1], false, DType::F32).unwrap();
+        assert_eq!(p.to_f32_vec()[0], -9.0);
+        assert!(p.to_f32_vec()[1].is_nan());
+        let h = x.to_dtype(DType::BF16).unwrap();
+        let ph = reduce(&h, ReduceOp::Prod, &[0, 1], false, DType::BF16).unwrap();
+        assert_eq!(ph.dtype(), DType::BF16);
+        // no elements: the product is 1, a minimum is refused unless the result is empty
+        let e = Tensor::from_f32(vec![0, 3], vec![]);
+        let pe = reduce(&e, ReduceOp::Prod, &[0], false, DType::F32).unwrap();
+        assert_eq!(pe.to_f32_vec(), vec![1.0; 3]);
+        let err = reduce(&e, ReduceOp::Amin, &[0], false, DType::F32).unwrap_err();
+        assert!(err.contains("no elements"), "{err}");
+        let ok = reduce(&e, ReduceOp::Amin, &[1], false, DType::F32).unwrap();
+        assert_eq!(ok.shape(), &[0]);
     }
 }

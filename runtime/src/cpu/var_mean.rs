@@ -8,6 +8,36 @@ use tracepass_ir::DType;
 /// `max(N - correction, 0)` (so `N <= correction` gives inf or NaN, as in PyTorch) where `N`
 /// is the count of reduced elements. Dims may be negative; `None` reduces all. Both results
 /// have `x`'s dtype; they are computed in f64 (two-pass) and rounded once.
+/// `torch.var` (or `torch.std` when `std`) over `dims`: computed in f64 from the input's
+/// values, the square root taken there, and rounded once to the input's dtype.
+pub fn var(
+    x: &Tensor,
+    dims: Option<&[i64]>,
+    correction: f64,
+    keepdim: bool,
+    std: bool,
+) -> Result<Tensor, String> {
+    let dtype = x.dtype();
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
+        let what = if std { "std" } else { "var" };
+        return Err(format!("{what}: dtype {dtype} is not a float type"));
+    }
+    let wide = x
+        .to_dtype(DType::F64)
+        .ok_or_else(|| format!("var: cannot widen {dtype}"))?;
+    let (v, _) = var_mean(&wide, dims, correction, keepdim)?;
+    let v = if std {
+        Tensor::from_f64(
+            v.shape().to_vec(),
+            v.to_f64_vec().into_iter().map(f64::sqrt).collect(),
+        )
+    } else {
+        v
+    };
+    v.to_dtype(dtype)
+        .ok_or_else(|| format!("var: cannot round to {dtype}"))
+}
+
 pub fn var_mean(
     x: &Tensor,
     dims: Option<&[i64]>,

@@ -8,7 +8,9 @@ use super::model_kernels;
 use super::CudaError;
 use crate::cpu::promote::{promote_types, promote_with_scalar};
 use crate::exec::backend::{Backend, Input, KernelError};
-use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, Side};
+use crate::exec::kernel::{
+    Activation, BinaryOp, BitOp, CompareOp, Kernel, LossReduction, ReduceOp, Side,
+};
 use crate::tensor::{is_float, Storage, Tensor};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
@@ -690,8 +692,13 @@ impl CudaBackend {
                     &pbad
                 )?;
             }
-            if *op == BinaryOp::Pow {
-                self.check_flag(&bad, "integer pow with a negative exponent")?;
+            match op {
+                BinaryOp::Pow => self.check_flag(&bad, "integer pow with a negative exponent")?,
+                BinaryOp::FloorDivide | BinaryOp::Remainder | BinaryOp::Fmod => self.check_flag(
+                    &bad,
+                    &format!("{op:?}: ZeroDivisionError (integer division by zero)"),
+                )?,
+                _ => {}
             }
             return self.convert_to(&out, dtype);
         }
@@ -829,6 +836,7 @@ impl CudaBackend {
         keepdim: bool,
         dtype: DType,
     ) -> Result<CudaTensor, KernelError> {
+        crate::cpu::reduce::check_extremum(&x.shape, op, dims).map_err(KernelError)?;
         if dtype == DType::I64 {
             // as the CPU: sums and maxima into i64 are exact (wrapping) over the input's
             // values as i64 (bools 0 or 1, floats truncated); a mean of integers is refused
@@ -1093,6 +1101,83 @@ impl CudaBackend {
             &nn
         )?;
         Ok(out)
+    }
+
+    /// `bitwise_and/or/xor` into `dtype` (i64 or bool) or, when `logical`, `logical_and/or/
+    /// xor` (bool), as `cpu::bitwise`: logical operands become bools (`!= 0`), bitwise ones
+    /// must be integers or bools (computed in i64 unless both are bool).
+    fn bitwise(
+        &self,
+        op: BitOp,
+        a: &Side,
+        b: &Side,
+        logical: bool,
+        dtype: DType,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<CudaTensor, KernelError> {
+        let name = if logical { "logical" } else { "bitwise" };
+        let ((ta, sa), (tb, sb)) = (operand(inputs, a)?, operand(inputs, b)?);
+        let kd = if logical || dtype == DType::Bool {
+            DType::Bool
+        } else {
+            DType::I64
+        };
+        let number = |s: f64| -> Result<i64, KernelError> {
+            if logical {
+                Ok(i64::from(s != 0.0))
+            } else if s.fract() == 0.0 && s.is_finite() {
+                Ok(s as i64)
+            } else {
+                Err(KernelError(format!(
+                    "{name}_{}: the number {s} is not an integer",
+                    op.name()
+                )))
+            }
+        };
+        let conv = |t: Option<&CudaTensor>| -> Result<Option<CudaTensor>, KernelError> {
+            let Some(t) = t else { return Ok(None) };
+            if !logical && !matches!(t.dtype, DType::I64 | DType::Bool) {
+                return Err(KernelError(format!(
+                    "bitwise_{}: dtype {} is not an integer or bool type",
+                    op.name(),
+                    t.dtype
+                )));
+            }
+            self.convert_to(t, kd).map(Some)
+        };
+        let (ca, cb) = (conv(ta)?, conv(tb)?);
+        let (na, nb) = (number(sa)?, number(sb)?);
+        let shapes: Vec<&[usize]> = [ta, tb].iter().flatten().map(|t| t.shape()).collect();
+        let shape = layouts::broadcast_all(&shapes)?;
+        let l = layouts::binary_layout(ta.map(|t| t.shape()), tb.map(|t| t.shape()), &shape)?;
+        let out = self.empty(shape, kd)?;
+        let n = out.numel();
+        if n > 0 {
+            let f = self.function(model_kernels::bitwise(op, kd), name)?;
+            let pa = ca.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+            let pb = cb.as_ref().map_or(0u64, |t| t.ptr(&self.stream));
+            let (a_num, b_num) = (i32::from(ca.is_none()), i32::from(cb.is_none()));
+            let (po, nn) = (out.ptr(&self.stream), count(n, name)?);
+            launch!(
+                self,
+                f,
+                grid(n),
+                &pa,
+                &pb,
+                &na,
+                &nb,
+                &a_num,
+                &b_num,
+                &l,
+                &po,
+                &nn
+            )?;
+        }
+        if logical {
+            Ok(out)
+        } else {
+            self.convert_to(&out, dtype)
+        }
     }
 
     fn where_(
@@ -1521,6 +1606,130 @@ impl CudaBackend {
         Ok(vec![var, mean])
     }
 
+    /// `var`, or `std` when `std`: `var_mean`'s variance (of an f32 copy for bf16 and f16, so
+    /// the square root is taken before the one rounding to the dtype).
+    fn var(
+        &self,
+        x: &CudaTensor,
+        dims: Option<&[i64]>,
+        correction: f64,
+        keepdim: bool,
+        std: bool,
+    ) -> Result<CudaTensor, KernelError> {
+        let wide = self.convert_to(x, DType::F32)?;
+        let mut vm = self.var_mean(&wide, dims, correction, keepdim)?;
+        if vm.is_empty() {
+            return Err(KernelError("var: var_mean gave no tensors".into()));
+        }
+        let mut v = vm.swap_remove(0);
+        if std {
+            v = self.map(
+                &v,
+                DType::F32,
+                kernels::unary(crate::exec::kernel::UnaryOp::Sqrt, DType::F32),
+                "std",
+            )?;
+        }
+        self.convert_to(&v, x.dtype)
+    }
+
+    /// `cumsum` along `dim` of `x` cast to `dtype` (see [`model_kernels::cumsum`]).
+    fn cumsum(&self, x: &CudaTensor, dim: usize, dtype: DType) -> Result<CudaTensor, KernelError> {
+        let src = self.convert_to(x, dtype)?;
+        let (outer, len, inner) = crate::cpu::cumsum::lines(&src.shape, dim)?;
+        let f = self.function(model_kernels::cumsum(dtype), "cumsum")?;
+        let out = self.empty(src.shape.clone(), dtype)?;
+        if out.numel() > 0 {
+            let (pi, po) = (src.ptr(&self.stream), out.ptr(&self.stream));
+            let (o, l, i) = (
+                count(outer, "cumsum")?,
+                count(len, "cumsum")?,
+                count(inner, "cumsum")?,
+            );
+            launch!(self, f, grid(outer * inner), &pi, &po, &o, &l, &i)?;
+        }
+        Ok(out)
+    }
+
+    /// `argmax`/`argmin` (see [`model_kernels::arg_extremum`]); shapes and errors as
+    /// `cpu::arg_extremum::arg_extremum`.
+    fn arg_extremum(
+        &self,
+        x: &CudaTensor,
+        max: bool,
+        dim: Option<usize>,
+        keepdim: bool,
+    ) -> Result<CudaTensor, KernelError> {
+        let what = if max { "argmax" } else { "argmin" };
+        let shape = x.shape.clone();
+        let (outer, len, inner) = match dim {
+            Some(d) => crate::cpu::cumsum::lines(&shape, d)?,
+            None => (1, x.numel(), 1),
+        };
+        if len == 0 && outer * inner > 0 {
+            return Err(KernelError(format!(
+                "{what}: the reduced dimension of {shape:?} has no elements"
+            )));
+        }
+        let out_shape: Vec<usize> = match (dim, keepdim) {
+            (Some(d), true) => (0..shape.len())
+                .map(|k| if k == d { 1 } else { shape[k] })
+                .collect(),
+            (Some(d), false) => (0..shape.len())
+                .filter(|&k| k != d)
+                .map(|k| shape[k])
+                .collect(),
+            (None, true) => vec![1; shape.len()],
+            (None, false) => vec![],
+        };
+        let f = self.function(model_kernels::arg_extremum(max, x.dtype), what)?;
+        let out = self.empty(out_shape, DType::I64)?;
+        if out.numel() > 0 {
+            let (pi, po) = (x.ptr(&self.stream), out.ptr(&self.stream));
+            let (o, l, i) = (count(outer, what)?, count(len, what)?, count(inner, what)?);
+            launch!(self, f, grid(outer * inner), &pi, &po, &o, &l, &i)?;
+        }
+        Ok(out)
+    }
+
+    /// The `(planes, h, w)` of a `[..., h, w]` tensor of rank 3 or more.
+    fn planes(shape: &[usize], what: &str) -> Result<(usize, usize, usize), KernelError> {
+        let r = shape.len();
+        if r < 3 {
+            return Err(KernelError(format!(
+                "{what}: input {shape:?} has rank below 3"
+            )));
+        }
+        Ok((shape[..r - 2].iter().product(), shape[r - 2], shape[r - 1]))
+    }
+
+    /// Adaptive average pooling or its backward (`src`) of `x` into a tensor of `shape`;
+    /// `dims` are `(planes, h, w, oh, ow)`.
+    fn adaptive_pool(
+        &self,
+        src: Option<Source>,
+        x: &CudaTensor,
+        shape: Vec<usize>,
+        dims: [usize; 5],
+    ) -> Result<CudaTensor, KernelError> {
+        let what = "adaptive_avg_pool2d";
+        let [planes, h, w, oh, ow] = dims;
+        if (h == 0 || w == 0) && planes * oh * ow > 0 {
+            return Err(KernelError(format!(
+                "{what}: an input of {h}x{w} has no elements to pool"
+            )));
+        }
+        let f = self.function(src, what)?;
+        let out = self.empty(shape, x.dtype)?;
+        let n = out.numel();
+        if n > 0 {
+            let (pi, po) = (x.ptr(&self.stream), out.ptr(&self.stream));
+            let [p, hh, ww, o1, o2] = [planes, h, w, oh, ow].map(|v| v as i64);
+            launch!(self, f, grid(n), &pi, &po, &p, &hh, &ww, &o1, &o2)?;
+        }
+        Ok(out)
+    }
+
     /// `take_along_dim`: `a` gathered by i64 indices (see [`layouts::take_along_dim`]); an
     /// index out of range is an error, as on the CPU. Every dtype of `a`.
     fn take_along_dim(
@@ -1741,6 +1950,48 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// An activation with parameters ([`Kernel::Activation`]), the parameters in f32.
+    fn activation(&self, act: Activation, x: &CudaTensor) -> Result<CudaTensor, KernelError> {
+        let what = act.name();
+        let f = self.function(model_kernels::activation(act, x.dtype), what)?;
+        let out = self.empty(x.shape.clone(), x.dtype)?;
+        let [p0, p1] = act.params().map(|p| p as f32);
+        let (pi, po, n) = (
+            x.ptr(&self.stream),
+            out.ptr(&self.stream),
+            count(out.numel(), what)?,
+        );
+        launch!(self, f, grid(out.numel()), &pi, &po, &p0, &p1, &n)?;
+        Ok(out)
+    }
+
+    /// `randn` from the random stream of `key` (see `model_kernels::normal`).
+    pub fn normal(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        key: crate::cpu::random::RngKey,
+    ) -> Result<CudaTensor, KernelError> {
+        let f = self.function(model_kernels::normal(dtype), "randn")?;
+        let out = self.empty(shape.to_vec(), dtype)?;
+        let n = out.numel();
+        if n > 0 {
+            let (po, nn) = (out.ptr(&self.stream), count(n, "randn")?);
+            launch!(
+                self,
+                f,
+                grid(n.div_ceil(8)),
+                &po,
+                &key.seed,
+                &key.rank,
+                &key.step,
+                &key.node,
+                &nn
+            )?;
+        }
+        Ok(out)
+    }
+
     /// The real models' multi-output kernels.
     fn run_multi_op(
         &self,
@@ -1825,6 +2076,62 @@ impl CudaBackend {
                 *padding_idx,
                 *scale_grad_by_freq,
             ),
+            Kernel::Var {
+                dims,
+                correction,
+                keepdim,
+                std,
+            } => self.var(t(0)?, dims.as_deref(), *correction, *keepdim, *std),
+            Kernel::Cumsum { dim, dtype } => self.cumsum(t(0)?, *dim, *dtype),
+            Kernel::ArgExtremum { max, dim, keepdim } => {
+                self.arg_extremum(t(0)?, *max, *dim, *keepdim)
+            }
+            Kernel::Bitwise {
+                op,
+                a,
+                b,
+                logical,
+                dtype,
+            } => self.bitwise(*op, a, b, *logical, *dtype, inputs),
+            Kernel::BitwiseNot => {
+                let x = t(0)?;
+                self.map(
+                    x,
+                    x.dtype,
+                    model_kernels::bitwise_not(x.dtype),
+                    "bitwise_not",
+                )
+            }
+            Kernel::AdaptiveAvgPool2d { oh, ow } => {
+                let x = t(0)?;
+                let (planes, h, w) = Self::planes(&x.shape, "adaptive_avg_pool2d")?;
+                let mut shape = x.shape[..x.shape.len() - 2].to_vec();
+                shape.extend([*oh, *ow]);
+                self.adaptive_pool(
+                    model_kernels::adaptive_avg_pool2d(x.dtype),
+                    x,
+                    shape,
+                    [planes, h, w, *oh, *ow],
+                )
+            }
+            Kernel::AdaptiveAvgPool2dBackward => {
+                let (g, x) = (t(0)?, t(1)?);
+                let (planes, h, w) = Self::planes(&x.shape, "adaptive_avg_pool2d_backward")?;
+                let r = x.shape.len();
+                if g.shape.len() != r || g.shape[..r - 2] != x.shape[..r - 2] {
+                    return Err(KernelError(format!(
+                        "adaptive_avg_pool2d_backward: grad {:?} does not pool input {:?}",
+                        g.shape, x.shape
+                    )));
+                }
+                let (oh, ow) = (g.shape[r - 2], g.shape[r - 1]);
+                self.adaptive_pool(
+                    model_kernels::adaptive_avg_pool2d_backward(g.dtype),
+                    g,
+                    x.shape.clone(),
+                    [planes, h, w, oh, ow],
+                )
+            }
             Kernel::Pad { value, config } => self.pad(t(0)?, *value, config),
             Kernel::Slice { start, end, step } => {
                 let x = t(0)?;
@@ -1833,6 +2140,15 @@ impl CudaBackend {
             Kernel::Cat { dim } => {
                 let all = (0..inputs.len()).map(t).collect::<Result<Vec<_>, _>>()?;
                 self.cat(&all, *dim)
+            }
+            Kernel::Stack { dim } => {
+                let views = (0..inputs.len())
+                    .map(|i| {
+                        let x = t(i)?;
+                        Ok(self.view_of(x, layouts::unsqueeze(&x.shape, *dim)?))
+                    })
+                    .collect::<Result<Vec<_>, KernelError>>()?;
+                self.cat(&views.iter().collect::<Vec<_>>(), *dim)
             }
             Kernel::Expand(shape) => {
                 let x = t(0)?;
@@ -1867,6 +2183,7 @@ impl CudaBackend {
                 let x = t(0)?;
                 self.map(x, x.dtype, model_kernels::silu(x.dtype), "silu")
             }
+            Kernel::Activation(act) => self.activation(*act, t(0)?),
             Kernel::Copy => {
                 let (src, dst) = (t(0)?, t(1)?);
                 let target: Vec<i64> = dst.shape.iter().map(|&s| s as i64).collect();
@@ -1891,7 +2208,7 @@ impl CudaBackend {
             Kernel::SoftmaxBackward { dim, log, dtype } => {
                 self.softmax_backward(t(0)?, t(1)?, *dim, *log, *dtype)
             }
-            Kernel::Uniform { .. } => Err(KernelError(
+            Kernel::Uniform { .. } | Kernel::Normal { .. } => Err(KernelError(
                 "uniform draws from a keyed random stream: the executor runs it through \
                  `Backend::random`"
                     .into(),
@@ -1935,6 +2252,7 @@ impl Backend for CudaBackend {
                 maxval,
                 dtype,
             } => self.uniform(shape, *minval, *maxval, *dtype, key),
+            Kernel::Normal { shape, dtype } => self.normal(shape, *dtype, key),
             other => Err(KernelError(format!("{other:?} is not a random kernel"))),
         }
     }

@@ -16,7 +16,7 @@
 //! [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
-use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp};
+use crate::exec::kernel::{BinaryOp, BitOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp};
 use tracepass_ir::DType;
 
 /// Largest rank the shape-carrying kernels handle.
@@ -57,11 +57,11 @@ pub const UNARY_OPS: &[UnaryOp] = &every!(UnaryOp: Neg, Abs, Exp, Log, Log1p, Ex
     Erfc, Relu6, Hardswish, Hardsigmoid, Softplus, Mish, Logsigmoid, Softsign, Tanhshrink, Selu);
 
 /// Every binary op.
-pub const BINARY_OPS: &[BinaryOp] =
-    &every!(BinaryOp: Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2);
+pub const BINARY_OPS: &[BinaryOp] = &every!(BinaryOp: Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2, FloorDivide, Remainder,
+        Fmod);
 
 /// Every reduction.
-pub const REDUCE_OPS: &[ReduceOp] = &every!(ReduceOp: Sum, Mean, Amax);
+pub const REDUCE_OPS: &[ReduceOp] = &every!(ReduceOp: Sum, Mean, Amax, Amin, Prod);
 
 /// Shape and the strides two inputs are read with, for broadcasting and permutes (elements).
 #[repr(C)]
@@ -128,8 +128,10 @@ __device__ __forceinline__ void offsets(const Layout& l, long long i, long long*
     *a = oa; *b = ob;
 }
 struct SumOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
-// NaN wins, as in torch.amax
+// NaN wins, as in torch.amax and torch.amin
 struct MaxOp { __device__ __forceinline__ float operator()(float a, float b) const { return (b != b || b > a) ? b : a; } };
+struct MinOp { __device__ __forceinline__ float operator()(float a, float b) const { return (b != b || b < a) ? b : a; } };
+struct ProdOp { __device__ __forceinline__ float operator()(float a, float b) const { return a * b; } };
 // Reduces `v` over the block (blockDim.x a multiple of 32, at most 1024); every thread gets
 // the result. `id` is the operation's identity.
 template <typename T, typename Op>
@@ -221,8 +223,27 @@ fn binary_expr(op: BinaryOp) -> &'static str {
         BinaryOp::Maximum => "((a != a || a > b) ? a : b)",
         BinaryOp::Minimum => "((a != a || a < b) ? a : b)",
         BinaryOp::Atan2 => "atan2f(a, b)",
+        BinaryOp::FloorDivide => "floor_div(a, b)",
+        BinaryOp::Remainder => "remainder(a, b)",
+        BinaryOp::Fmod => "fmodf(a, b)",
     }
 }
+
+/// PyTorch's `div_floor` and `remainder` of floats (as `cpu::elementwise`).
+const FLOAT_DIVISION: &str = r#"
+__device__ __forceinline__ float floor_div(float a, float b) {
+    if (b == 0.0f) return a / b;
+    float m = fmodf(a, b);
+    float div = (a - m) / b;
+    if (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) div -= 1.0f;
+    if (div != 0.0f) { float f = floorf(div); return (div - f > 0.5f) ? f + 1.0f : f; }
+    return 0.0f * (a / b);
+}
+__device__ __forceinline__ float remainder(float a, float b) {
+    float m = fmodf(a, b);
+    return (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) ? m + b : m;
+}
+"#;
 
 /// A kernel's entry point name and full source.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -247,7 +268,7 @@ pub fn binary(op: BinaryOp, d: DType) -> Option<Source> {
     let (t, ld, st) = ctype(d)?;
     let name = format!("binary_{op:?}_{d}").to_lowercase();
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, float sa, float sb, int a_num, int b_num, float alpha, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    float a = a_num ? sa : {ld}(pa, oa);\n    float b = b_num ? sb : {ld}(pb, ob);\n    {st}(out, i, {});\n  }}\n}}\n",
+        "{PRELUDE}{FLOAT_DIVISION}\nextern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, float sa, float sb, int a_num, int b_num, float alpha, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    float a = a_num ? sa : {ld}(pa, oa);\n    float b = b_num ? sb : {ld}(pb, ob);\n    {st}(out, i, {});\n  }}\n}}\n",
         binary_expr(op)
     );
     Some(Source { name, code })
@@ -274,6 +295,8 @@ pub fn reduce(op: ReduceOp, d: DType) -> Option<Source> {
         ReduceOp::Sum => ("0.0f", "SumOp", "acc"),
         ReduceOp::Mean => ("0.0f", "SumOp", "acc / (float)count"),
         ReduceOp::Amax => ("NEG_INF", "MaxOp", "acc"),
+        ReduceOp::Amin => ("__int_as_float(0x7f800000)", "MinOp", "acc"),
+        ReduceOp::Prod => ("1.0f", "ProdOp", "acc"),
     };
     let code = format!(
         "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long outer, long long count) {{\n  {functor} op;\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    float acc = {init};\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) acc = op(acc, {ld}(in, base + k));\n    acc = block_reduce(acc, op, {init});\n    if (threadIdx.x == 0) {st}(out, row, {fin});\n  }}\n}}\n"
@@ -368,16 +391,44 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
             convert(DType::F32, d),
         ],
         Kernel::VarMean { .. } => vec![permute(d), m::var_mean(d)],
+        // halves widen to f32 first, so the square root rounds once
+        Kernel::Var { .. } => vec![
+            convert(d, DType::F32),
+            permute(DType::F32),
+            m::var_mean(DType::F32),
+            unary(UnaryOp::Sqrt, DType::F32),
+            convert(DType::F32, d),
+        ],
+        // cast to the result's dtype first
+        Kernel::Cumsum { dtype, .. } => vec![convert(d, *dtype), m::cumsum(*dtype)],
+        Kernel::ArgExtremum { max, .. } => vec![m::arg_extremum(*max, d)],
+        // logical ops on bools (truthiness), bitwise ops on i64 or bools
+        Kernel::Bitwise {
+            op, logical, dtype, ..
+        } => {
+            if *logical || *dtype == DType::Bool {
+                vec![convert(d, DType::Bool), m::bitwise(*op, DType::Bool)]
+            } else {
+                vec![convert(d, DType::I64), m::bitwise(*op, DType::I64)]
+            }
+        }
+        Kernel::BitwiseNot => vec![m::bitwise_not(d)],
+        Kernel::AdaptiveAvgPool2d { .. } => vec![m::adaptive_avg_pool2d(d)],
+        Kernel::AdaptiveAvgPool2dBackward => vec![m::adaptive_avg_pool2d_backward(d)],
         Kernel::Pad { .. } => vec![m::pad(d)],
         Kernel::Cat { .. } => vec![m::cat_copy(d)],
+        // unsqueezed views, concatenated
+        Kernel::Stack { .. } => vec![m::cat_copy(d)],
         Kernel::Arange { .. } => vec![m::arange(d)],
         Kernel::Full { .. } => vec![m::fill(d)],
         Kernel::Compare { op, .. } => vec![m::compare(*op, d)],
         Kernel::Where { .. } => vec![m::where_(d)],
         Kernel::Silu => vec![m::silu(d)],
+        Kernel::Activation(act) => vec![m::activation(*act, d)],
         // expanded to the destination's shape, converted to its dtype
         Kernel::Copy => vec![permute(d)],
         Kernel::Uniform { .. } => vec![m::uniform(d)],
+        Kernel::Normal { .. } => vec![m::normal(d)],
         // the ops of a model's own cross-entropy
         Kernel::TakeAlongDim { .. } => vec![m::take_along_dim(d)],
         // grad, weight and total_weight are read as f32
@@ -420,10 +471,18 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Embedding
             | Kernel::EmbeddingBackward { .. }
             | Kernel::VarMean { .. }
+            | Kernel::Var { .. }
+            | Kernel::Cumsum { .. }
+            | Kernel::Bitwise { .. }
+            | Kernel::BitwiseNot
+            | Kernel::AdaptiveAvgPool2d { .. }
+            | Kernel::AdaptiveAvgPool2dBackward
+            | Kernel::ArgExtremum { .. }
             | Kernel::Pad { .. }
             | Kernel::Slice { .. }
             | Kernel::Split { .. }
             | Kernel::Cat { .. }
+            | Kernel::Stack { .. }
             | Kernel::Expand(_)
             | Kernel::Flip(_)
             | Kernel::Squeeze(_)
@@ -433,8 +492,10 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Compare { .. }
             | Kernel::Where { .. }
             | Kernel::Silu
+            | Kernel::Activation(_)
             | Kernel::Copy
             | Kernel::Uniform { .. }
+            | Kernel::Normal { .. }
             | Kernel::TakeAlongDim { .. }
             | Kernel::NllLossBackward { .. }
             | Kernel::SoftmaxBackward { .. } => (),
@@ -498,6 +559,12 @@ pub fn every_kernel() -> Vec<Kernel> {
             correction: 1.0,
             keepdim: false,
         },
+        Kernel::Var {
+            dims: None,
+            correction: 1.0,
+            keepdim: false,
+            std: true,
+        },
         Kernel::Pad {
             value: 0.0,
             config: vec![],
@@ -512,6 +579,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             dim: 0,
         },
         Kernel::Cat { dim: 0 },
+        Kernel::Stack { dim: 0 },
         Kernel::Expand(vec![]),
         Kernel::Flip(vec![]),
         Kernel::Squeeze(None),
@@ -540,6 +608,10 @@ pub fn every_kernel() -> Vec<Kernel> {
             maxval: 1.0,
             dtype: DType::F32,
         },
+        Kernel::Normal {
+            shape: vec![],
+            dtype: DType::F32,
+        },
         Kernel::TakeAlongDim { dim: Some(0) },
         Kernel::TakeAlongDim { dim: None },
     ]);
@@ -559,6 +631,37 @@ pub fn every_kernel() -> Vec<Kernel> {
         dim: 0,
         log,
         dtype: DType::F32,
+    }));
+    ks.extend(model_kernels::ACTIVATIONS.map(Kernel::Activation));
+    ks.extend(
+        [DType::F32, DType::BF16, DType::F16, DType::I64]
+            .map(|dtype| Kernel::Cumsum { dim: 0, dtype }),
+    );
+    for op in [BitOp::And, BitOp::Or, BitOp::Xor] {
+        ks.extend(
+            [
+                (true, DType::Bool),
+                (false, DType::I64),
+                (false, DType::Bool),
+            ]
+            .map(|(logical, dtype)| Kernel::Bitwise {
+                op,
+                a: Side::Input(0),
+                b: Side::Input(1),
+                logical,
+                dtype,
+            }),
+        );
+    }
+    ks.push(Kernel::BitwiseNot);
+    ks.extend([
+        Kernel::AdaptiveAvgPool2d { oh: 1, ow: 1 },
+        Kernel::AdaptiveAvgPool2dBackward,
+    ]);
+    ks.extend([true, false].map(|max| Kernel::ArgExtremum {
+        max,
+        dim: None,
+        keepdim: false,
     }));
     ks.extend(COMPARE_OPS.iter().map(|&op| Kernel::Compare {
         op,
@@ -595,8 +698,8 @@ mod tests {
         let c = catalog();
         let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
         // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
-        // nll_loss_backward, softmax and log_softmax backward
-        let float_models = 10;
+        // nll_loss_backward, softmax and log_softmax backward, the activations with parameters
+        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2 + 1;
         // permute, pad, cat, fill, arange, embedding, where, take_along_dim, and the
         // comparisons
         let every = 8 + COMPARE_OPS.len();
@@ -605,7 +708,9 @@ mod tests {
             + ALL_DTYPES.len() * every
             + converts
             + INT_OPS.len()
-            + 2 // integer sum and amax
+            + 4 // integer sum, amax, amin and prod
+            + 3 // i64 cumsum, argmax and argmin
+            + 2 * 4 // and, or, xor, not on i64 and bool
             + 1; // embedding_count
         assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
@@ -632,6 +737,16 @@ mod tests {
                 "nll_loss_backward",
                 "softmax_backward",
                 "log_softmax_backward",
+                "activation_leaky_relu",
+                "activation_elu",
+                "activation_celu",
+                "activation_hardtanh",
+                "cumsum",
+                "normal",
+                "adaptive_avg_pool2d",
+                "adaptive_avg_pool2d_backward",
+                "argmax",
+                "argmin",
             ] {
                 has(format!("{name}_{d}"));
             }
@@ -661,6 +776,16 @@ mod tests {
         }
         has("reduce_int_sum".into());
         has("reduce_int_amax".into());
+        has("reduce_int_amin".into());
+        for op in ["and", "or", "xor", "not"] {
+            has(format!("bitwise_{op}_i64"));
+            has(format!("bitwise_{op}_b8"));
+        }
+        has("reduce_int_prod".into());
+        for d in DTYPES {
+            has(format!("reduce_amin_{d}"));
+            has(format!("reduce_prod_{d}"));
+        }
         // each source defines the entry point it is named by
         for s in &c {
             assert!(

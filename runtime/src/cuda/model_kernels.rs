@@ -10,7 +10,7 @@
 //! integer ops).
 
 use super::kernels::{ctype, Source, MAX_RANK, PRELUDE};
-use crate::exec::kernel::{BinaryOp, CompareOp, ReduceOp};
+use crate::exec::kernel::{Activation, BinaryOp, BitOp, CompareOp, ReduceOp};
 use tracepass_ir::DType;
 
 /// Every dtype a CUDA tensor can have: the float types, i64 (indices) and bool (masks).
@@ -32,13 +32,16 @@ pub fn elem(d: DType) -> Option<&'static str> {
 
 /// The integer ops (wrapping i64 arithmetic, as `cpu::integer::binary_int`).
 #[cfg(test)]
-pub const INT_OPS: [BinaryOp; 6] = [
+pub const INT_OPS: [BinaryOp; 9] = [
     BinaryOp::Add,
     BinaryOp::Sub,
     BinaryOp::Mul,
     BinaryOp::Maximum,
     BinaryOp::Minimum,
     BinaryOp::Pow,
+    BinaryOp::FloorDivide,
+    BinaryOp::Remainder,
+    BinaryOp::Fmod,
 ];
 
 /// Shape, input strides, `lo` padding and `interior + 1` per dimension of `prims.pad`.
@@ -119,6 +122,155 @@ pub fn silu(d: DType) -> Option<Source> {
     let name = lower(format!("silu_{d}"));
     let body = format!(
         "extern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{ float x = {ld}(in, i); {st}(out, i, x / (1.0f + expf(-x))); }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// The activations with parameters, one of each (the parameters are kernel arguments, so
+/// these stand for every value of them).
+pub const ACTIVATIONS: [Activation; 4] = [
+    Activation::LeakyRelu { slope: 0.01 },
+    Activation::Elu { alpha: 1.0 },
+    Activation::Celu { alpha: 1.0 },
+    Activation::Hardtanh {
+        min: -1.0,
+        max: 1.0,
+    },
+];
+
+/// An activation with parameters `p0`, `p1` ([`Activation::params`]) in f32, as
+/// `cpu::activation::activation` computes it: NaN stays NaN.
+pub fn activation(act: Activation, d: DType) -> Option<Source> {
+    let (t, ld, st) = ctype(d)?;
+    let expr = match act {
+        Activation::LeakyRelu { .. } => "x > 0.0f ? x : x * p0",
+        Activation::Elu { .. } => "x <= 0.0f ? expm1f(x) * p0 : x",
+        Activation::Celu { .. } => "x <= 0.0f ? expm1f(x * p1) * p0 : x",
+        Activation::Hardtanh { .. } => "x < p0 ? p0 : (x > p1 ? p1 : x)",
+    };
+    let name = lower(format!("activation_{}_{d}", act.name()));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* in, {t}* out, float p0, float p1, long long n) {{\n  GRID_STRIDE(i, n) {{ float x = {ld}(in, i); {st}(out, i, {expr}); }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `cumsum` along the middle dimension of `[outer, len, inner]`, one thread per line (the host
+/// casts the input to the result's dtype first): f32 accumulates in f64 and bf16/f16 in f32,
+/// each partial sum rounded to the dtype, as `cpu::cumsum::cumsum`; i64 wraps.
+pub fn cumsum(d: DType) -> Option<Source> {
+    let (t, load, acc, store) = match (ctype(d), d) {
+        (Some((t, ld, st)), DType::F32) => (t, ld, "double", format!("{st}(out, at, (float)acc);")),
+        (Some((t, ld, st)), _) => (t, ld, "float", format!("{st}(out, at, acc);")),
+        (None, DType::I64) => ("long long", "", "long long", "out[at] = acc;".to_string()),
+        (None, _) => return None,
+    };
+    let add = if d == DType::I64 {
+        "acc = (long long)((unsigned long long)acc + (unsigned long long)in[at]);".to_string()
+    } else {
+        format!("acc += {load}(in, at);")
+    };
+    let name = lower(format!("cumsum_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long outer, long long len, long long inner) {{\n  GRID_STRIDE(line, outer * inner) {{\n    const long long o = line / inner, i = line % inner;\n    {acc} acc = 0;\n    for (long long j = 0; j < len; ++j) {{ const long long at = (o * len + j) * inner + i; {add} {store} }}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `argmax` (`max`) or `argmin` along the middle dimension of `[outer, len > 0, inner]`, one
+/// thread per line, into i64: the first extremum, the first NaN beating everything (as
+/// `cpu::arg_extremum`). Floats compare in f32 (exact for the dtypes), i64 exactly.
+pub fn arg_extremum(max: bool, d: DType) -> Option<Source> {
+    let (t, ct, load) = match ctype(d) {
+        Some((t, ld, _)) => (t, "float", format!("{ld}(in, at)")),
+        None if d == DType::I64 => ("long long", "long long", "in[at]".to_string()),
+        None => return None,
+    };
+    let cmp = if max { ">" } else { "<" };
+    let name = lower(format!("{}_{d}", if max { "argmax" } else { "argmin" }));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* in, long long* out, long long outer, long long len, long long inner) {{\n  GRID_STRIDE(line, outer * inner) {{\n    const long long o = line / inner, i = line % inner;\n    long long at = o * len * inner + i, best = 0;\n    {ct} bv = {load};\n    for (long long j = 1; j < len; ++j) {{\n      at = (o * len + j) * inner + i;\n      {ct} v = {load};\n      if (!(bv != bv) && (v != v || v {cmp} bv)) {{ best = j; bv = v; }}\n    }}\n    out[line] = best;\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// Bitwise `and`/`or`/`xor` of i64 or bool (0/1 byte) operands broadcast through `Layout`; a
+/// side given as a number reads `sa`/`sb` (`a_num`/`b_num` set). The host converts logical
+/// ops' operands to bool (truthiness) and bitwise ops' integers to i64 first.
+pub fn bitwise(op: BitOp, d: DType) -> Option<Source> {
+    let t = match d {
+        DType::I64 | DType::Bool => elem(d)?,
+        _ => return None,
+    };
+    let sym = match op {
+        BitOp::And => "&",
+        BitOp::Or => "|",
+        BitOp::Xor => "^",
+    };
+    let name = lower(format!("bitwise_{}_{d}", op.name()));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, long long sa, long long sb, int a_num, int b_num, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    long long a = a_num ? sa : (long long)pa[oa];\n    long long b = b_num ? sb : (long long)pb[ob];\n    out[i] = ({t})(a {sym} b);\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `bitwise_not`: `~x` for i64, logical not for bool (0/1 bytes).
+pub fn bitwise_not(d: DType) -> Option<Source> {
+    let (t, expr) = match d {
+        DType::I64 => ("long long", "~in[i]"),
+        DType::Bool => ("unsigned char", "(unsigned char)(in[i] ^ 1)"),
+        _ => return None,
+    };
+    let name = lower(format!("bitwise_not_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{ out[i] = {expr}; }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// Window `[*s, *e)` of output cell `i` of `out` pooled from `len` (PyTorch's adaptive
+/// pooling windows, as `cpu::adaptive_pool::window`).
+const ADAPTIVE_WINDOW: &str = "__device__ __forceinline__ void window(long long i, long long len, long long out, long long* s, long long* e) { *s = (i * len) / out; *e = ((i + 1) * len + out - 1) / out; }\n";
+
+/// `adaptive_avg_pool2d` over `planes` planes of `h x w` into `oh x ow`, one thread per
+/// output element, summed in f32.
+pub fn adaptive_avg_pool2d(d: DType) -> Option<Source> {
+    let (t, ld, st) = ctype(d)?;
+    let name = lower(format!("adaptive_avg_pool2d_{d}"));
+    let body = format!(
+        "{ADAPTIVE_WINDOW}extern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long planes, long long h, long long w, long long oh, long long ow) {{\n  GRID_STRIDE(k, planes * oh * ow) {{\n    const long long j = k % ow, i = (k / ow) % oh, p = k / (ow * oh);\n    long long h0, h1, w0, w1; window(i, h, oh, &h0, &h1); window(j, w, ow, &w0, &w1);\n    float sum = 0.0f;\n    for (long long r = h0; r < h1; ++r) for (long long c = w0; c < w1; ++c) sum += {ld}(in, (p * h + r) * w + c);\n    {st}(out, k, sum / (float)((h1 - h0) * (w1 - w0)));\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `_adaptive_avg_pool2d_backward`: one thread per input element, summing `grad / window
+/// size` over the output cells whose windows hold it, in f32.
+pub fn adaptive_avg_pool2d_backward(d: DType) -> Option<Source> {
+    let (t, ld, st) = ctype(d)?;
+    let name = lower(format!("adaptive_avg_pool2d_backward_{d}"));
+    let body = format!(
+        "{ADAPTIVE_WINDOW}extern \"C\" __global__ void {name}(const {t}* grad, {t}* out, long long planes, long long h, long long w, long long oh, long long ow) {{\n  GRID_STRIDE(k, planes * h * w) {{\n    const long long c = k % w, r = (k / w) % h, p = k / (w * h);\n    float acc = 0.0f;\n    for (long long i = 0; i < oh; ++i) {{\n      long long h0, h1; window(i, h, oh, &h0, &h1);\n      if (r < h0 || r >= h1) continue;\n      for (long long j = 0; j < ow; ++j) {{\n        long long w0, w1; window(j, w, ow, &w0, &w1);\n        if (c < w0 || c >= w1) continue;\n        acc += {ld}(grad, (p * oh + i) * ow + j) / (float)((h1 - h0) * (w1 - w0));\n      }}\n    }}\n    {st}(out, k, acc);\n  }}\n}}\n"
     );
     Some(Source {
         name,
@@ -290,6 +442,9 @@ fn int_expr(op: BinaryOp) -> Option<&'static str> {
         BinaryOp::Maximum => "(a > b ? a : b)",
         BinaryOp::Minimum => "(a < b ? a : b)",
         BinaryOp::Pow => "ipow(a, b, bad)",
+        BinaryOp::FloorDivide => "idiv(a, b, 0, bad)",
+        BinaryOp::Remainder => "idiv(a, b, 1, bad)",
+        BinaryOp::Fmod => "idiv(a, b, 2, bad)",
         BinaryOp::Div | BinaryOp::Atan2 => return None,
     })
 }
@@ -301,7 +456,7 @@ pub fn binary_int(op: BinaryOp) -> Option<Source> {
     let expr = int_expr(op)?;
     let name = lower(format!("binary_int_{op:?}"));
     let body = format!(
-        "__device__ __forceinline__ long long ipow(long long a, long long e, int* bad) {{\n  if (e < 0) {{ atomicExch(bad, 1); return 0; }}\n  unsigned long long r = 1, x = (unsigned long long)a;\n  while (e > 0) {{ if (e & 1) r *= x; x *= x; e >>= 1; }}\n  return (long long)r;\n}}\nextern \"C\" __global__ void {name}(const long long* pa, const long long* pb, long long sa, long long sb, int a_num, int b_num, long long alpha, Layout l, long long* out, long long n, int* bad) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    long long a = a_num ? sa : pa[oa];\n    long long b = b_num ? sb : pb[ob];\n    out[i] = {expr};\n  }}\n}}\n"
+        "__device__ __forceinline__ long long ipow(long long a, long long e, int* bad) {{\n  if (e < 0) {{ atomicExch(bad, 1); return 0; }}\n  unsigned long long r = 1, x = (unsigned long long)a;\n  while (e > 0) {{ if (e & 1) r *= x; x *= x; e >>= 1; }}\n  return (long long)r;\n}}\n// floor division (0), remainder (1) or fmod (2); a zero divisor sets *bad (PyTorch raises)\n__device__ __forceinline__ long long idiv(long long a, long long b, int kind, int* bad) {{\n  if (b == 0) {{ atomicExch(bad, 1); return 0; }}\n  if (b == -1) return kind == 0 ? (long long)(0ull - (unsigned long long)a) : 0;\n  long long q = a / b, r = a % b;\n  if (kind == 2) return r;\n  bool adjust = r != 0 && ((r < 0) != (b < 0));\n  return kind == 0 ? (adjust ? q - 1 : q) : (adjust ? r + b : r);\n}}\nextern \"C\" __global__ void {name}(const long long* pa, const long long* pb, long long sa, long long sb, int a_num, int b_num, long long alpha, Layout l, long long* out, long long n, int* bad) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    long long a = a_num ? sa : pa[oa];\n    long long b = b_num ? sb : pb[ob];\n    out[i] = {expr};\n  }}\n}}\n"
     );
     Some(Source {
         name,
@@ -421,11 +576,13 @@ pub fn reduce_int(op: ReduceOp) -> Option<Source> {
     let (functor, init) = match op {
         ReduceOp::Sum => ("WrapAddOp", "0ll"),
         ReduceOp::Amax => ("IMaxOp", "(-9223372036854775807ll - 1)"),
+        ReduceOp::Amin => ("IMinOp", "9223372036854775807ll"),
+        ReduceOp::Prod => ("WrapMulOp", "1ll"),
         ReduceOp::Mean => return None,
     };
     let name = lower(format!("reduce_int_{op:?}"));
     let body = format!(
-        "struct WrapAddOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return (long long)((unsigned long long)a + (unsigned long long)b); }} }};\nstruct IMaxOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return a > b ? a : b; }} }};\nextern \"C\" __global__ void {name}(const long long* in, long long* out, long long outer, long long count) {{\n  {functor} op;\n  const long long id = {init};\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    long long acc = id;\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) acc = op(acc, in[base + k]);\n    acc = block_reduce(acc, op, id);\n    if (threadIdx.x == 0) out[row] = acc;\n  }}\n}}\n"
+        "struct WrapAddOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return (long long)((unsigned long long)a + (unsigned long long)b); }} }};\nstruct IMaxOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return a > b ? a : b; }} }};\nstruct IMinOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return a < b ? a : b; }} }};\nstruct WrapMulOp {{ __device__ __forceinline__ long long operator()(long long a, long long b) const {{ return (long long)((unsigned long long)a * (unsigned long long)b); }} }};\nextern \"C\" __global__ void {name}(const long long* in, long long* out, long long outer, long long count) {{\n  {functor} op;\n  const long long id = {init};\n  for (long long row = blockIdx.x; row < outer; row += gridDim.x) {{\n    const long long base = row * count;\n    long long acc = id;\n    for (long long k = threadIdx.x; k < count; k += blockDim.x) acc = op(acc, in[base + k]);\n    acc = block_reduce(acc, op, id);\n    if (threadIdx.x == 0) out[row] = acc;\n  }}\n}}\n"
     );
     Some(Source {
         name,
@@ -523,6 +680,21 @@ pub fn uniform(d: DType) -> Option<Source> {
     let name = lower(format!("uniform_{d}"));
     let body = format!(
         "{CHACHA}\nextern \"C\" __global__ void {name}({t}* out, unsigned long long seed, unsigned long long rank, unsigned long long step, unsigned long long node, float lo, float width, long long n) {{\n  const unsigned int key[8] = {{(unsigned int)seed, (unsigned int)(seed >> 32), (unsigned int)rank, (unsigned int)(rank >> 32), (unsigned int)step, (unsigned int)(step >> 32), (unsigned int)node, (unsigned int)(node >> 32)}};\n  const long long blocks = (n + 15) / 16;\n  GRID_STRIDE(b, blocks) {{\n    unsigned int words[16];\n    chacha8_block(key, (unsigned long long)b, words);\n    for (int j = 0; j < 16 && b * 16 + j < n; ++j) {{\n      const float u = (float)(words[j] >> 8) * (1.0f / 16777216.0f);\n      {st}(out, b * 16 + j, __fadd_rn(lo, __fmul_rn(width, u)));\n    }}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `randn`: element `i` from words `2i` and `2i + 1` of the key's ChaCha8 stream by
+/// Box–Muller in f32 (as `cpu::random::normal` draws them, there in f64; the values agree to
+/// f32 rounding of the logarithm and cosine), 8 elements per 16-word block.
+pub fn normal(d: DType) -> Option<Source> {
+    let (t, _, st) = ctype(d)?;
+    let name = lower(format!("normal_{d}"));
+    let body = format!(
+        "{CHACHA}\nextern \"C\" __global__ void {name}({t}* out, unsigned long long seed, unsigned long long rank, unsigned long long step, unsigned long long node, long long n) {{\n  const unsigned int key[8] = {{(unsigned int)seed, (unsigned int)(seed >> 32), (unsigned int)rank, (unsigned int)(rank >> 32), (unsigned int)step, (unsigned int)(step >> 32), (unsigned int)node, (unsigned int)(node >> 32)}};\n  const long long blocks = (n + 7) / 8;\n  GRID_STRIDE(b, blocks) {{\n    unsigned int words[16];\n    chacha8_block(key, (unsigned long long)b, words);\n    for (int j = 0; j < 8 && b * 8 + j < n; ++j) {{\n      const float u1 = (float)((words[2 * j] >> 8) + 1) * (1.0f / 16777216.0f);\n      const float u2 = (float)(words[2 * j + 1] >> 8) * (1.0f / 16777216.0f);\n      {st}(out, b * 8 + j, sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2));\n    }}\n  }}\n}}\n"
     );
     Some(Source {
         name,

@@ -48,7 +48,7 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Vec<Self::Tensor>, KernelError> {
         self.run(kernel, inputs).map(|t| vec![t])
     }
-    /// Runs a random kernel (`Kernel::Uniform`) drawing from the stream `key` names, so a
+    /// Runs a random kernel (`Kernel::Uniform`, `Kernel::Normal`) drawing from the stream `key` names, so a
     /// value depends on (seed, rank, step, node) and its index only.
     fn random(&self, kernel: &Kernel, key: RngKey) -> Result<Self::Tensor, KernelError> {
         let _ = key;

@@ -3,7 +3,6 @@
 
 use crate::comm::{CommError, Communicator};
 use crate::exec::backend::{Backend, Input, RngKey};
-use crate::exec::kernel::Kernel;
 use crate::exec::metrics::{BucketRecord, Clock, Event, Recording, Span};
 use crate::exec::plan::{InstrKind, Plan};
 use std::time::Instant;
@@ -243,7 +242,7 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                                 }
                             });
                         }
-                        if let Kernel::Uniform { .. } = k {
+                        if k.is_random() {
                             let key = self.rng.ok_or_else(|| {
                                 Failure::Node(
                                     i,

@@ -66,6 +66,42 @@ pub enum UnaryOp {
     Selu,
 }
 
+/// An activation with parameters, as PyTorch's functional form computes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// `leaky_relu(x, negative_slope)`: `x > 0 ? x : x * slope`.
+    LeakyRelu { slope: f64 },
+    /// `elu(x, alpha)`: `x > 0 ? x : alpha * (exp(x) - 1)`.
+    Elu { alpha: f64 },
+    /// `celu(x, alpha)`: `x > 0 ? x : alpha * (exp(x / alpha) - 1)`; alpha is not 0.
+    Celu { alpha: f64 },
+    /// `hardtanh(x, min_val, max_val)`: `x` clamped to `[min, max]` (NaN stays NaN);
+    /// `min <= max`.
+    Hardtanh { min: f64, max: f64 },
+}
+
+impl Activation {
+    /// The two parameters the kernels take: `[slope, 0]`, `[alpha, 0]`, `[alpha, 1 / alpha]`
+    /// (PyTorch's celu is elu with input scale `1 / alpha`), `[min, max]`.
+    pub fn params(self) -> [f64; 2] {
+        match self {
+            Activation::LeakyRelu { slope } => [slope, 0.0],
+            Activation::Elu { alpha } => [alpha, 0.0],
+            Activation::Celu { alpha } => [alpha, 1.0 / alpha],
+            Activation::Hardtanh { min, max } => [min, max],
+        }
+    }
+    /// The kernel name's stem.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::LeakyRelu { .. } => "leaky_relu",
+            Activation::Elu { .. } => "elu",
+            Activation::Celu { .. } => "celu",
+            Activation::Hardtanh { .. } => "hardtanh",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinaryOp {
     Add,
@@ -76,13 +112,43 @@ pub enum BinaryOp {
     Maximum,
     Minimum,
     Atan2,
+    /// `floor_divide`: the quotient rounded toward negative infinity (PyTorch's `div_floor`).
+    FloorDivide,
+    /// `remainder`: `a - floor_divide(a, b) * b`, the sign of `b` (Python's `%`).
+    Remainder,
+    /// `fmod`: C's `fmod`, the sign of `a`.
+    Fmod,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
     Sum,
     Mean,
+    /// NaN wins, as in `torch.amax`.
     Amax,
+    /// NaN wins, as in `torch.amin`.
+    Amin,
+    /// `torch.prod`: the product, 1 over no elements.
+    Prod,
+}
+
+/// `and`, `or` and `xor`, bitwise or logical.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BitOp {
+    And,
+    Or,
+    Xor,
+}
+
+impl BitOp {
+    /// PyTorch's spelling (`bitwise_and`'s `and`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BitOp::And => "and",
+            BitOp::Or => "or",
+            BitOp::Xor => "xor",
+        }
+    }
 }
 
 /// One operand of an elementwise kernel: an input of the call, or a literal.
@@ -95,6 +161,8 @@ pub enum Side {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kernel {
     Unary(UnaryOp),
+    /// A float tensor's activation with parameters; the result has the input's dtype.
+    Activation(Activation),
     /// `a op (alpha * b)`; alpha is 1 except for `add`/`sub` with an `alpha` argument.
     Binary {
         op: BinaryOp,
@@ -132,7 +200,7 @@ pub enum Kernel {
     },
     /// `conv_transpose*d` / `torch.convolution(transposed=True)`; inputs `x, w[, bias]`, `w`
     /// as `[C_in, C_out / groups, *kernel]`. Backends run it from their own kernels
-    /// ([`crate::exec::conv_transpose`]).
+    /// (`exec/conv_transpose.rs`).
     ConvTranspose {
         stride: Vec<i64>,
         padding: Vec<i64>,
@@ -165,6 +233,43 @@ pub enum Kernel {
         correction: f64,
         keepdim: bool,
     },
+    /// `var` (or `std`, its square root when `std`): one output, computed as `VarMean`'s
+    /// variance.
+    Var {
+        dims: Option<Vec<i64>>,
+        correction: f64,
+        keepdim: bool,
+        std: bool,
+    },
+    /// `cumsum(a, dim, dtype=)`: `a` cast to `dtype`, then summed along `dim`.
+    Cumsum {
+        dim: usize,
+        dtype: DType,
+    },
+    /// `argmax` (`max`) or `argmin`: i64 indices along `dim`, or into the flattened tensor.
+    ArgExtremum {
+        max: bool,
+        dim: Option<usize>,
+        keepdim: bool,
+    },
+    /// `bitwise_and/or/xor(a, b)` into the integer or bool `dtype` or, when `logical`,
+    /// `logical_and/or/xor` (a bool tensor of the operands' truthiness).
+    Bitwise {
+        op: BitOp,
+        a: Side,
+        b: Side,
+        logical: bool,
+        dtype: DType,
+    },
+    /// `bitwise_not(a)` of an integer or bool tensor.
+    BitwiseNot,
+    /// `adaptive_avg_pool2d(a, (oh, ow))` for any output size (windows that may overlap).
+    AdaptiveAvgPool2d {
+        oh: usize,
+        ow: usize,
+    },
+    /// `_adaptive_avg_pool2d_backward(grad, a)`: inputs `grad, a` (`a` gives the shape).
+    AdaptiveAvgPool2dBackward,
     /// Thunder's `prims.pad`: `(lo, hi, interior)` per dim.
     Pad {
         value: f64,
@@ -182,6 +287,10 @@ pub enum Kernel {
     },
     /// Every input, in order.
     Cat {
+        dim: i64,
+    },
+    /// Every input, in order, along a new dimension `dim` (of the output's rank).
+    Stack {
         dim: i64,
     },
     Expand(Vec<i64>),
@@ -230,6 +339,11 @@ pub enum Kernel {
     SoftmaxBackward {
         dim: usize,
         log: bool,
+        dtype: DType,
+    },
+    /// Standard normal samples (`randn`), from the same keyed stream as `Uniform`.
+    Normal {
+        shape: Vec<usize>,
         dtype: DType,
     },
     /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
@@ -281,6 +395,12 @@ pub enum CompareOp {
 }
 
 impl Kernel {
+    /// Whether the kernel draws from the executor's keyed random stream
+    /// ([`crate::exec::backend::Backend::random`]).
+    pub fn is_random(&self) -> bool {
+        matches!(self, Kernel::Uniform { .. } | Kernel::Normal { .. })
+    }
+
     /// How many tensors the kernel gives (the node's outputs).
     pub fn outputs(&self) -> usize {
         match self {

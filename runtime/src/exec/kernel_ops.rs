@@ -8,11 +8,11 @@
 //! positional or keyword.
 
 use crate::exec::kernel::{
-    BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
+    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
-use tracepass_ir::{ops, Arg, Node, OpRegistry, Trace, ValueId};
+use tracepass_ir::{ops, Arg, DType, Node, OpRegistry, Trace, ValueId};
 
 /// Reads a node's operands and gives its kernel.
 pub type Decoder = fn(&mut Ops<'_>) -> Result<Kernel, String>;
@@ -43,20 +43,18 @@ impl std::fmt::Debug for KernelEntry {
 
 const ELEMENTWISE_FN: &str = "no CPU kernel computes this elementwise function: the kernel set's \
      UnaryOp/BinaryOp lack it, and a new one needs the CUDA backend's kernel too";
-const BITS: &str = "no CPU kernel for bitwise or logical ops on integer and bool tensors";
-const FLOAT_CLASS: &str = "no CPU kernel classifies floats this way (only isnan, as x != x)";
+const FLOAT_CLASS: &str = "no CPU kernel classifies floats by sign bit (isnan, isinf and \
+     isfinite have one)";
 const TERNARY: &str = "a three-operand elementwise op: no CPU kernel (the kernel set's \
      elementwise kernels take two operands)";
-const ACTIVATION: &str = "no CPU kernel for this activation (relu, gelu, silu, tanh and sigmoid \
-     have one)";
 const NORM: &str = "a normalization composite with no fused CPU kernel: Thunder's traces of \
      the corpus decompose it into reductions and elementwise ops, which have kernels";
 const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes the loss outside \
      the traces, and Thunder's traces decompose losses into prims";
-const REDUCTION: &str = "no CPU kernel for this reduction (the kernel set reduces by sum, mean \
-     and amax, plus var_mean)";
-const INDICES: &str = "no CPU kernel for ops that produce indices (arg-reductions, top-k, sort)";
-const SCAN: &str = "no CPU kernel for cumulative scans";
+const REDUCTION: &str = "no fused logsumexp kernel (the kernel set reduces by sum, mean, amax, \
+     amin and prod, plus var, std and var_mean; Thunder 0.2.6 traces logsumexp as amax, exp, \
+     sum and log, which run)";
+const INDICES: &str = "no CPU kernel for top-k or sort (argmax and argmin have one)";
 const POOL: &str = "the CPU pooling kernel is 2-d max pooling with indices \
      (max_pool2d_with_indices, as Thunder's torch executor prints it)";
 
@@ -137,19 +135,9 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.ceil", Cpu(|o| unary(o, UnaryOp::Ceil))),
         ("ltorch.round", Cpu(|o| unary(o, UnaryOp::Round))),
         ("ltorch.trunc", Cpu(|o| unary(o, UnaryOp::Trunc))),
-        ("ltorch.bitwise_not", Unsupported { reason: BITS }),
-        (
-            "ltorch.isinf",
-            Unsupported {
-                reason: FLOAT_CLASS,
-            },
-        ),
-        (
-            "ltorch.isfinite",
-            Unsupported {
-                reason: FLOAT_CLASS,
-            },
-        ),
+        ("ltorch.bitwise_not", Cpu(bitwise_not)),
+        ("ltorch.isinf", Cpu(|o| float_class(o, true))),
+        ("ltorch.isfinite", Cpu(|o| float_class(o, false))),
         (
             "ltorch.signbit",
             Unsupported {
@@ -177,22 +165,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.atan2", Cpu(|o| binary(o, BinaryOp::Atan2))),
         (
             "ltorch.floor_divide",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
+            Cpu(|o| binary(o, BinaryOp::FloorDivide)),
         ),
-        (
-            "ltorch.remainder",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.fmod",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
+        ("ltorch.remainder", Cpu(|o| binary(o, BinaryOp::Remainder))),
+        ("ltorch.fmod", Cpu(|o| binary(o, BinaryOp::Fmod))),
         (
             "ltorch.copysign",
             Unsupported {
@@ -205,12 +181,12 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                 reason: ELEMENTWISE_FN,
             },
         ),
-        ("ltorch.bitwise_and", Unsupported { reason: BITS }),
-        ("ltorch.bitwise_or", Unsupported { reason: BITS }),
-        ("ltorch.bitwise_xor", Unsupported { reason: BITS }),
-        ("ltorch.logical_and", Unsupported { reason: BITS }),
-        ("ltorch.logical_or", Unsupported { reason: BITS }),
-        ("ltorch.logical_xor", Unsupported { reason: BITS }),
+        ("ltorch.bitwise_and", Cpu(|o| bitwise(o, BitOp::And, false))),
+        ("ltorch.bitwise_or", Cpu(|o| bitwise(o, BitOp::Or, false))),
+        ("ltorch.bitwise_xor", Cpu(|o| bitwise(o, BitOp::Xor, false))),
+        ("ltorch.logical_and", Cpu(|o| bitwise(o, BitOp::And, true))),
+        ("ltorch.logical_or", Cpu(|o| bitwise(o, BitOp::Or, true))),
+        ("ltorch.logical_xor", Cpu(|o| bitwise(o, BitOp::Xor, true))),
         // ----- comparisons and selection -----
         ("ltorch.eq", Cpu(|o| compare(o, CompareOp::Eq))),
         ("prims.eq", Cpu(|o| compare(o, CompareOp::Eq))),
@@ -235,10 +211,13 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.relu6", Cpu(|o| activation(o, UnaryOp::Relu6))),
         ("ltorch.mish", Cpu(|o| activation(o, UnaryOp::Mish))),
         ("ltorch.selu", Cpu(|o| activation(o, UnaryOp::Selu))),
-        ("ltorch.elu", Unsupported { reason: ACTIVATION }),
-        ("ltorch.celu", Unsupported { reason: ACTIVATION }),
-        ("ltorch.leaky_relu", Unsupported { reason: ACTIVATION }),
-        ("ltorch.hardtanh", Unsupported { reason: ACTIVATION }),
+        ("ltorch.elu", Cpu(|o| param_activation(o, "elu"))),
+        ("ltorch.celu", Cpu(|o| param_activation(o, "celu"))),
+        (
+            "ltorch.leaky_relu",
+            Cpu(|o| param_activation(o, "leaky_relu")),
+        ),
+        ("ltorch.hardtanh", Cpu(|o| param_activation(o, "hardtanh"))),
         (
             "ltorch.hardswish",
             Cpu(|o| activation(o, UnaryOp::Hardswish)),
@@ -348,15 +327,15 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.var_mean", Cpu(var_mean)),
         ("ltorch.softmax", Cpu(|o| softmax(o, false))),
         ("ltorch.log_softmax", Cpu(|o| softmax(o, true))),
-        ("ltorch.prod", Unsupported { reason: REDUCTION }),
-        ("ltorch.amin", Unsupported { reason: REDUCTION }),
-        ("prims.amin", Unsupported { reason: REDUCTION }),
-        ("ltorch.var", Unsupported { reason: REDUCTION }),
-        ("ltorch.std", Unsupported { reason: REDUCTION }),
+        ("ltorch.prod", Cpu(|o| reduce(o, ReduceOp::Prod))),
+        ("ltorch.amin", Cpu(|o| reduce(o, ReduceOp::Amin))),
+        ("prims.amin", Cpu(|o| reduce(o, ReduceOp::Amin))),
+        ("ltorch.var", Cpu(|o| var(o, false))),
+        ("ltorch.std", Cpu(|o| var(o, true))),
         ("ltorch.logsumexp", Unsupported { reason: REDUCTION }),
-        ("ltorch.argmax", Unsupported { reason: INDICES }),
-        ("ltorch.argmin", Unsupported { reason: INDICES }),
-        ("ltorch.cumsum", Unsupported { reason: SCAN }),
+        ("ltorch.argmax", Cpu(|o| arg_extremum(o, true))),
+        ("ltorch.argmin", Cpu(|o| arg_extremum(o, false))),
+        ("ltorch.cumsum", Cpu(cumsum)),
         ("ltorch.topk", Unsupported { reason: INDICES }),
         ("ltorch.sort", Unsupported { reason: INDICES }),
         // ----- shapes and layout -----
@@ -372,13 +351,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.transpose", Cpu(permute)),
         ("ltorch.transpose", Cpu(transpose)),
         ("ltorch.cat", Cpu(cat)),
-        (
-            "ltorch.stack",
-            Unsupported {
-                reason: "no CPU kernel stacks tensors along a new dimension (cat of \
-                         unsqueezed tensors would be two kernels)",
-            },
-        ),
+        ("ltorch.stack", Cpu(stack)),
         ("ltorch.split", Cpu(split)),
         ("ltorch.chunk", Cpu(chunk)),
         ("prims.slice_prim", Cpu(slice)),
@@ -410,12 +383,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.ones_like", Cpu(|o| filled(o, 1.0))),
         ("prims.uniform", Cpu(uniform)),
         ("ltorch.rand", Cpu(rand)),
-        (
-            "ltorch.randn",
-            Unsupported {
-                reason: "no CPU kernel draws normal samples (the random kernel is uniform)",
-            },
-        ),
+        ("ltorch.randn", Cpu(randn)),
         // ----- plumbing, in-place updates, gradients -----
         (ops::COPY, Cpu(copy)),
         (ops::UPDATE_ALIASES, Plan),
@@ -623,6 +591,72 @@ fn activation(o: &mut Ops<'_>, op: UnaryOp) -> Result<Kernel, String> {
     Ok(Kernel::Unary(op))
 }
 
+/// `leaky_relu(a, negative_slope=0.01, inplace=False)`, `elu(a, alpha=1.0, inplace=False)`,
+/// `celu(a, alpha=1.0, inplace=False)` and `hardtanh(a, min_val=-1.0, max_val=1.0,
+/// inplace=False)` of a float tensor, out of place. PyTorch refuses `celu` with alpha 0 and
+/// `hardtanh` with `min_val > max_val`; so does the decoder.
+fn param_activation(o: &mut Ops<'_>, name: &str) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let dtype = o.in_type(0)?.dtype;
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
+        return Err(format!(
+            "{name} of a {dtype} tensor is not supported (PyTorch computes it on floats)"
+        ));
+    }
+    let out = o.out(0)?.dtype;
+    if out != dtype {
+        return Err(format!(
+            "{name} of a {dtype} tensor into {out} is not supported"
+        ));
+    }
+    let number = |o: &Ops<'_>, i: usize, key: &str, default: f64| -> Result<f64, String> {
+        let v = o
+            .number(i, key)
+            .map_err(|e| format!("{name}: {e}"))?
+            .unwrap_or(default);
+        if v.is_nan() {
+            return Err(format!("{name}: `{key}` is NaN"));
+        }
+        Ok(v)
+    };
+    let (act, inplace_at) = match name {
+        "leaky_relu" => (
+            Activation::LeakyRelu {
+                slope: number(o, 1, "negative_slope", 0.01)?,
+            },
+            2,
+        ),
+        "elu" => (
+            Activation::Elu {
+                alpha: number(o, 1, "alpha", 1.0)?,
+            },
+            2,
+        ),
+        "celu" => {
+            let alpha = number(o, 1, "alpha", 1.0)?;
+            if alpha == 0.0 {
+                return Err("celu: `alpha` cannot be 0".into());
+            }
+            (Activation::Celu { alpha }, 2)
+        }
+        "hardtanh" => {
+            let min = number(o, 1, "min_val", -1.0)?;
+            let max = number(o, 2, "max_val", 1.0)?;
+            if min > max {
+                return Err(format!(
+                    "hardtanh: `min_val` {min} is greater than `max_val` {max}"
+                ));
+            }
+            (Activation::Hardtanh { min, max }, 3)
+        }
+        other => return Err(format!("no parametrized activation `{other}`")),
+    };
+    if o.flag(inplace_at, "inplace")? {
+        return Err(format!("in-place {name} is not supported"));
+    }
+    Ok(Kernel::Activation(act))
+}
+
 /// `softplus(a, beta=1.0, threshold=20.0)`: PyTorch's defaults only.
 fn softplus(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
@@ -709,6 +743,56 @@ fn isnan(o: &mut Ops<'_>) -> Result<Kernel, String> {
         a: Side::Input(0),
         b: Side::Input(0),
     })
+}
+
+/// `isinf(a)` (`inf`) or `isfinite(a)`: `abs(a) == inf` or `abs(a) < inf` (NaN is neither)
+/// for floats; integers and bools are never infinite, so a filled bool tensor.
+fn float_class(o: &mut Ops<'_>, inf: bool) -> Result<Kernel, String> {
+    let v = match o.arg(0, "a") {
+        Some(Arg::Value(v)) => *v,
+        other => return Err(format!("operand 0 (`a`) must be a tensor, got {other:?}")),
+    };
+    let t = o
+        .trace
+        .ty(v)
+        .and_then(|t| t.as_tensor())
+        .ok_or("operand 0 (`a`) is not a tensor")?;
+    if !t.dtype.is_float() {
+        return Ok(Kernel::Full {
+            shape: t.shape.to_vec(),
+            value: if inf { 0.0 } else { 1.0 },
+            dtype: DType::Bool,
+        });
+    }
+    o.tensor(0, "a")?;
+    o.then = Some(Kernel::Compare {
+        op: if inf { CompareOp::Eq } else { CompareOp::Lt },
+        a: Side::Input(0),
+        b: Side::Scalar(f64::INFINITY),
+    });
+    Ok(Kernel::Unary(UnaryOp::Abs))
+}
+
+/// `bitwise_and/or/xor(a, b)` into the output's dtype, or `logical_and/or/xor(a, b)`.
+fn bitwise(o: &mut Ops<'_>, op: BitOp, logical: bool) -> Result<Kernel, String> {
+    let a = o.side(0, "a")?;
+    let b = o.side(1, "b")?;
+    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
+        return Err("both operands are numbers".into());
+    }
+    Ok(Kernel::Bitwise {
+        op,
+        a,
+        b,
+        logical,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `bitwise_not(a)`.
+fn bitwise_not(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    Ok(Kernel::BitwiseNot)
 }
 
 /// `op(a, b)`, and `add`/`sub` with `alpha` (`a op alpha * b`).
@@ -888,9 +972,10 @@ fn embedding(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Embedding)
 }
 
-/// `adaptive_avg_pool2d(a, output_size)` where the output size divides the input's (global
+/// `adaptive_avg_pool2d(a, output_size)`. Where the output size divides the input's (global
 /// average pooling, `output_size=1`, above all): the means of equal windows, as a reshape to
-/// `[..., oh, kh, ow, kw]` then a mean over `kh` and `kw`.
+/// `[..., oh, kh, ow, kw]` then a mean over `kh` and `kw`; else the adaptive pooling kernel
+/// (PyTorch's overlapping windows).
 fn adaptive_avg_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
     let shape = o.in_shape(0)?;
@@ -913,9 +998,7 @@ fn adaptive_avg_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     let (h, w) = (shape[r - 2], shape[r - 1]);
     let (oh, ow) = (out[0] as usize, out[1] as usize);
     if h % oh != 0 || w % ow != 0 {
-        return Err(format!(
-            "adaptive_avg_pool2d from {h}x{w} to {oh}x{ow}: only output sizes that divide the input run (windows of one size)"
-        ));
+        return Ok(Kernel::AdaptiveAvgPool2d { oh, ow });
     }
     let mut split = shape[..r - 2].to_vec();
     split.extend([oh, h / oh, ow, w / ow]);
@@ -928,8 +1011,9 @@ fn adaptive_avg_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Reshape(split))
 }
 
-/// `_adaptive_avg_pool2d_backward(grad, a)` of global average pooling (a 1x1 output): every
-/// input element gets `grad / (H * W)`.
+/// `_adaptive_avg_pool2d_backward(grad, a)`. Of global average pooling (a 1x1 output): every
+/// input element gets `grad / (H * W)`, a division and an expand; of any other output size,
+/// the adaptive pooling backward kernel.
 fn adaptive_avg_pool2d_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "grad")?;
     let g = o.in_shape(0)?;
@@ -943,10 +1027,14 @@ fn adaptive_avg_pool2d_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
         None => return Err("adaptive_avg_pool2d_backward needs the input `a`".into()),
     };
     let r = a.len();
-    if g.len() != r || r < 3 || g[r - 2..] != [1, 1] {
+    if g.len() != r || r < 3 || g[..r - 2] != a[..r - 2] {
         return Err(format!(
-            "adaptive_avg_pool2d_backward: only global average pooling (a 1x1 output) runs; grad {g:?}, input {a:?}"
+            "adaptive_avg_pool2d_backward: grad {g:?} does not pool input {a:?}"
         ));
+    }
+    if g[r - 2..] != [1, 1] {
+        o.tensor(1, "a")?;
+        return Ok(Kernel::AdaptiveAvgPool2dBackward);
     }
     o.then = Some(Kernel::Expand(a.iter().map(|&d| d as i64).collect()));
     Ok(Kernel::Binary {
@@ -1029,7 +1117,7 @@ fn embedding_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
 
 // ----- reductions -----
 
-/// `sum/mean/amax(a, dim=None, keepdim=False, *, dtype=None)` and the prims'
+/// `sum/mean/amax/amin/prod(a, dim=None, keepdim=False, *, dtype=None)` and the prims'
 /// `(a, dims, *, output_dtype=None)`; the result's dtype is the output's.
 fn reduce(o: &mut Ops<'_>, op: ReduceOp) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
@@ -1057,6 +1145,33 @@ fn reduce(o: &mut Ops<'_>, op: ReduceOp) -> Result<Kernel, String> {
     })
 }
 
+/// `cumsum(a, dim, *, dtype=None)`: the output's dtype (the meta's: `dtype=`, else the
+/// input's float dtype, else i64).
+fn cumsum(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let dim = o.int(1, "dim")?.ok_or("cumsum needs a dim")?;
+    Ok(Kernel::Cumsum {
+        dim: norm_dim(dim, rank)?,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `argmax/argmin(a, dim=None, keepdim=False)`.
+fn arg_extremum(o: &mut Ops<'_>, max: bool) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let dim = match o.int(1, "dim")? {
+        Some(d) => Some(norm_dim(d, rank)?),
+        None => None,
+    };
+    Ok(Kernel::ArgExtremum {
+        max,
+        dim,
+        keepdim: o.flag(2, "keepdim")?,
+    })
+}
+
 /// `softmax/log_softmax(a, dim, dtype=None)`; the kernel keeps the input's dtype.
 fn softmax(o: &mut Ops<'_>, log: bool) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
@@ -1078,6 +1193,35 @@ fn softmax(o: &mut Ops<'_>, log: bool) -> Result<Kernel, String> {
 /// `var_mean(a, dim, *, correction=1, keepdim=False)` (also the older `(a, dim, unbiased,
 /// keepdim)` form and `prims.var_mean(a, dims, correction=)`).
 fn var_mean(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let (dims, correction, keepdim) = var_args(o)?;
+    Ok(Kernel::VarMean {
+        dims,
+        correction,
+        keepdim,
+    })
+}
+
+/// `var(a, dim=None, *, keepdim=False, correction=1)` and `std(...)` (also the older
+/// `(a, dim, unbiased, keepdim)` form) of a float tensor.
+fn var(o: &mut Ops<'_>, std: bool) -> Result<Kernel, String> {
+    let (dims, correction, keepdim) = var_args(o)?;
+    let dtype = o.in_type(0)?.dtype;
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
+        return Err(format!(
+            "{} of a {dtype} tensor: PyTorch's var and std take floats only",
+            if std { "std" } else { "var" }
+        ));
+    }
+    Ok(Kernel::Var {
+        dims,
+        correction,
+        keepdim,
+        std,
+    })
+}
+
+/// The input, dims, correction and keepdim of `var_mean`, `var` and `std`.
+fn var_args(o: &mut Ops<'_>) -> Result<(Option<Vec<i64>>, f64, bool), String> {
     o.tensor(0, "a")?;
     let dims = match o.ints(1, "dim")? {
         Some(d) => Some(d),
@@ -1102,11 +1246,7 @@ fn var_mean(o: &mut Ops<'_>) -> Result<Kernel, String> {
             },
         ),
     };
-    Ok(Kernel::VarMean {
-        dims,
-        correction,
-        keepdim,
-    })
+    Ok((dims, correction, keepdim))
 }
 
 // ----- shapes and layout -----
@@ -1408,6 +1548,29 @@ fn cat(o: &mut Ops<'_>) -> Result<Kernel, String> {
     })
 }
 
+/// `stack(tensors, dim=0)`: each input unsqueezed at `dim`, then concatenated there.
+fn stack(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let node = o.node;
+    match node.args().first().or_else(|| node.kwarg("tensors")) {
+        Some(Arg::Tuple(items) | Arg::List(items)) if !items.is_empty() => {
+            for t in items {
+                match t {
+                    Arg::Value(v) => o.inputs.push(*v),
+                    other => return Err(format!("stack operands must be tensors, got {other:?}")),
+                }
+            }
+        }
+        other => {
+            return Err(format!(
+                "stack needs a non-empty sequence of tensors, got {other:?}"
+            ))
+        }
+    }
+    Ok(Kernel::Stack {
+        dim: o.int(1, "dim")?.unwrap_or(0),
+    })
+}
+
 /// `Tensor.expand(a, shape)` or `Tensor.expand(a, *sizes)`.
 fn expand(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
@@ -1489,6 +1652,22 @@ fn rand(o: &mut Ops<'_>) -> Result<Kernel, String> {
         shape: out.shape.to_vec(),
         minval: 0.0,
         maxval: 1.0,
+        dtype: out.dtype,
+    })
+}
+
+/// `randn(*size, device=, dtype=)`: standard normal samples of the output's shape and float
+/// dtype.
+fn randn(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let out = o.out(0)?;
+    if !out.dtype.is_float() {
+        return Err(format!(
+            "randn into {} is not supported (PyTorch draws normal samples in floats)",
+            out.dtype
+        ));
+    }
+    Ok(Kernel::Normal {
+        shape: out.shape.to_vec(),
         dtype: out.dtype,
     })
 }

@@ -13,7 +13,9 @@ pub(crate) mod plan;
 
 pub use backend::{Backend, Input, KernelError, RngKey};
 pub use executor::{ExecError, Executor, RValue};
-pub use kernel::{BinaryOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp};
+pub use kernel::{
+    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
+};
 pub use kernel_ops::{decode, kernel_entry, Decoder, KernelEntry, Ops, KERNELS};
 pub use metrics::{
     busy, overlap, timeline_json, BucketRecord, Clock, Event, OverlapSummary, Recording, Span,
