@@ -396,7 +396,7 @@ def batch_ids_cls(gen: torch.Generator) -> Batch:
 
 class ConvZoo(nn.Module):
     """Conv2d + BatchNorm + leaky_relu, avg_pool2d, strided Conv2d + GroupNorm + elu, adaptive
-    average pooling to 3x3 (windows that overlap), Linear."""
+    average pooling to 3x3 (its backward is not global pooling's), Linear."""
 
     def __init__(self) -> None:
         super().__init__()
