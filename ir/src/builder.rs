@@ -2,7 +2,7 @@
 
 use crate::arg::Arg;
 use crate::node::{Lhs, Node};
-use crate::registry::{ops, MetaOut, OpRegistry};
+use crate::registry::{ops, MetaOut, OpRegistry, ResultPlace};
 use crate::trace::{Trace, TraceKind};
 use crate::types::Type;
 use crate::value::ValueId;
@@ -114,12 +114,19 @@ impl<'r> TraceBuilder<'r> {
             op: op.into(),
             message,
         };
+        let mut pattern = None;
         let types = match self
             .reg
             .infer(&self.trace, op, &args, &kwargs)
             .map_err(err)?
         {
             MetaOut::Types(t) => t,
+            // every value named, every `None` discarded
+            MetaOut::Places(places) => {
+                let mut types = Vec::new();
+                pattern = Some(ResultPlace::bind_all(&places, &mut types));
+                types
+            }
             MetaOut::Declared => {
                 return Err(BuildError {
                     op: op.into(),
@@ -136,6 +143,9 @@ impl<'r> TraceBuilder<'r> {
             .collect();
         let mut node = Node::new(op, args, outs.clone());
         node.set_kwargs(kwargs);
+        if let Some(p) = pattern {
+            node.set_nested_lhs(p);
+        }
         self.trace.append(node);
         Ok(outs)
     }

@@ -17,7 +17,7 @@
 
 use crate::arg::{Arg, MAX_NESTING};
 use crate::name_text::{NameText, MAX_NAME_TEXT};
-use crate::node::{Lhs, Node, SubSymbol};
+use crate::node::{Lhs, LhsSlot, Node, SubSymbol};
 use crate::op_name::OpName;
 use crate::rebuild::Rebuild;
 use crate::trace::{Provenance, Trace, TraceKind};
@@ -40,8 +40,75 @@ mod tag {
     pub const TABLE: u32 = 7;
 }
 
-/// Bindings by their code in the `nodes` blob (the code is the index).
-const BINDINGS: [Lhs; 5] = [Lhs::None, Lhs::Single, Lhs::List, Lhs::Unpack, Lhs::Tuple];
+/// Bindings by their code in the `nodes` blob (the code is the index). `Nested` (format
+/// version 4) is followed, after the outputs, by its places ([`put_pattern`]).
+const BINDINGS: [Lhs; 6] = [
+    Lhs::None,
+    Lhs::Single,
+    Lhs::List,
+    Lhs::Unpack,
+    Lhs::Tuple,
+    Lhs::Nested,
+];
+
+/// How deep a nested left-hand side may be in a file (Thunder's are two levels).
+const MAX_PATTERN_DEPTH: usize = 64;
+
+/// A nested left-hand side's places: a count word, then one word per place in preorder
+/// (`0` a name, `1` a discard, `2 | len << 2` a group whose `len` places follow).
+fn put_pattern(out: &mut Vec<u8>, slots: &[LhsSlot]) -> Result<(), String> {
+    let n = u32::try_from(slots.len())
+        .map_err(|_| format!("a left-hand side of {} places", slots.len()))?;
+    put(out, n);
+    put_places(out, slots)
+}
+
+/// Places without a count word (a group's length is in the group's own word).
+fn put_places(out: &mut Vec<u8>, slots: &[LhsSlot]) -> Result<(), String> {
+    for s in slots {
+        match s {
+            LhsSlot::Out => put(out, 0),
+            LhsSlot::Discard => put(out, 1),
+            LhsSlot::Group(inner) => {
+                if inner.len() >= 1 << 30 {
+                    return Err(format!("a left-hand side group of {} places", inner.len()));
+                }
+                put(out, 2 | (inner.len() as u32) << 2);
+                put_places(out, inner)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads what [`put_pattern`] wrote.
+fn read_pattern(w: &mut Words) -> Result<Vec<LhsSlot>, String> {
+    let n = w.count("places")?;
+    read_places(w, n, 1)
+}
+
+fn read_places(w: &mut Words, n: usize, depth: usize) -> Result<Vec<LhsSlot>, String> {
+    if depth > MAX_PATTERN_DEPTH {
+        return Err(format!(
+            "a left-hand side nested deeper than {MAX_PATTERN_DEPTH} levels"
+        ));
+    }
+    let mut slots = Vec::with_capacity(n);
+    for _ in 0..n {
+        let at = w.at;
+        let word = w.next()?;
+        slots.push(match word & 3 {
+            0 if word == 0 => LhsSlot::Out,
+            1 if word == 1 => LhsSlot::Discard,
+            2 => {
+                let len = w.claim((word >> 2) as usize, "places", at)?;
+                LhsSlot::Group(read_places(w, len, depth + 1)?)
+            }
+            _ => return Err(format!("`nodes` blob: unknown place {word} at byte {at}")),
+        });
+    }
+    Ok(slots)
+}
 
 /// A byte blob, written as one bincode byte string (not a sequence of numbers).
 struct Blob<'a>(&'a [u8]);
@@ -252,6 +319,15 @@ impl<'a> Blobs<'a> {
             }
             for o in &n.outputs {
                 put(&mut b.nodes, o.0);
+            }
+            if n.lhs == Lhs::Nested {
+                let pattern = n.lhs_pattern().ok_or_else(|| {
+                    format!(
+                        "node `{}` binds a nested left-hand side without its places",
+                        n.op
+                    )
+                })?;
+                put_pattern(&mut b.nodes, pattern)?;
             }
             if n.callee().is_some() || !n.subsymbols().is_empty() || n.source().is_some() {
                 b.extras.push(ExtraRef {
@@ -512,6 +588,17 @@ fn from_columns(c: Columns) -> Result<Trace, String> {
         }
         let mut node = Node::new(op.clone(), args, outputs);
         node.lhs = lhs;
+        if lhs == Lhs::Nested {
+            let pattern =
+                read_pattern(&mut w).map_err(|m| format!("node {position} (byte {at}): {m}"))?;
+            if LhsSlot::count_outputs(&pattern) != n_out {
+                return Err(format!(
+                    "node {position} (byte {at}): its left-hand side names {} places for {n_out} outputs",
+                    LhsSlot::count_outputs(&pattern)
+                ));
+            }
+            node.set_nested_lhs(pattern);
+        }
         node.set_kwargs(kwargs);
         // one listed out of order is never taken, and is reported after the last node
         if let Some(e) = extras.next_if(|e| e.position as usize == position) {

@@ -68,7 +68,7 @@ pub use canon::{canonical_text, canonicalize};
 pub use codec::CodecError;
 pub use error::FileError;
 pub use export::{is_export_dir, load_export, load_export_with, Export, ExportInfo};
-pub use node::{Edge, Lhs, Node, SubSymbol};
+pub use node::{Edge, Lhs, LhsSlot, Node, SubSymbol};
 pub use op_name::OpName;
 pub use parse::{parse_trace, parse_trace_with, ParseError};
 pub use petgraph::stable_graph::NodeIndex;
@@ -77,6 +77,7 @@ pub use program::{Module, Param, Program, ProgramError};
 pub use prologue::{parse_prologue, ModuleTensor, Prologue, TensorKind};
 pub use registry::{
     ops, DTypeRule, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry, OpSpec, RegistryError,
+    ResultPlace,
 };
 pub use rewriter::{Applied, NewNode, NodeRef, RewriteError, Rewriter};
 pub use signature::{Bound, Signature};

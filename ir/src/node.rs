@@ -19,6 +19,35 @@ pub enum Lhs {
     /// `(t1, t2) = f(x)` and `(t1,) = f(x)`: Thunder's tuple results, printed without type
     /// comments.
     Tuple,
+    /// `(t1, (_, _), _) = f(x)`: a tuple with nested tuples and discarded (`_`) places, as
+    /// Thunder prints the results of its torch-autograd fallbacks (`*_vjp`). The shape is the
+    /// node's [`Node::lhs_pattern`]; the outputs are its named places, in order.
+    Nested,
+}
+
+/// One place of a [`Lhs::Nested`] left-hand side.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LhsSlot {
+    /// A name: the node's next output.
+    Out,
+    /// `_`: a result nothing reads, bound to no value.
+    Discard,
+    /// A parenthesized tuple of places.
+    Group(Vec<LhsSlot>),
+}
+
+impl LhsSlot {
+    /// How many outputs the places bind (their [`LhsSlot::Out`]s, nested ones included).
+    pub fn count_outputs(slots: &[LhsSlot]) -> usize {
+        slots
+            .iter()
+            .map(|s| match s {
+                LhsSlot::Out => 1,
+                LhsSlot::Discard => 0,
+                LhsSlot::Group(g) => LhsSlot::count_outputs(g),
+            })
+            .sum()
+    }
 }
 
 /// A decomposition line Thunder prints as an indented comment under its symbol. Kept as text:
@@ -57,6 +86,8 @@ struct NodeExtra {
     kwargs: Vec<(String, Arg)>,
     subsymbols: Vec<SubSymbol>,
     source: Option<String>,
+    /// The places of a [`Lhs::Nested`] left-hand side.
+    pattern: Option<Vec<LhsSlot>>,
 }
 
 impl NodeExtra {
@@ -65,6 +96,7 @@ impl NodeExtra {
             && self.kwargs.is_empty()
             && self.subsymbols.is_empty()
             && self.source.is_none()
+            && self.pattern.is_none()
     }
 }
 
@@ -176,6 +208,16 @@ impl Node {
             self.extra_mut().source = source;
         }
     }
+    /// The places of a nested left-hand side ([`Lhs::Nested`]); `None` for every other binding.
+    pub fn lhs_pattern(&self) -> Option<&[LhsSlot]> {
+        self.extra.as_ref().and_then(|e| e.pattern.as_deref())
+    }
+    /// Binds the outputs through a nested left-hand side: sets [`Lhs::Nested`] and its places,
+    /// whose [`LhsSlot::Out`]s must number the node's outputs (the verifier checks it).
+    pub fn set_nested_lhs(&mut self, pattern: Vec<LhsSlot>) {
+        self.lhs = Lhs::Nested;
+        self.extra_mut().pattern = Some(pattern);
+    }
     /// Every value read by this node, in printed order (repeats included).
     pub fn operands(&self) -> Vec<ValueId> {
         let mut out = Vec::new();
@@ -208,6 +250,7 @@ impl PartialEq for Node {
             && self.kwargs() == other.kwargs()
             && self.subsymbols() == other.subsymbols()
             && self.source() == other.source()
+            && self.lhs_pattern() == other.lhs_pattern()
     }
 }
 
@@ -223,6 +266,10 @@ struct NodeRef<'a> {
     lhs: Lhs,
     subsymbols: &'a [SubSymbol],
     source: Option<&'a str>,
+    /// Written in human-readable formats only: the binary rows of format version 1 have no
+    /// such field (binary files store columns since version 2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lhs_pattern: Option<&'a [LhsSlot]>,
 }
 
 #[derive(Deserialize)]
@@ -238,6 +285,22 @@ struct NodeOwned {
     source: Option<String>,
 }
 
+/// [`NodeOwned`] as JSON stores it: with the places of a nested left-hand side.
+#[derive(Deserialize)]
+#[serde(rename = "Node")]
+struct NodeOwnedText {
+    op: OpName,
+    callee: Option<String>,
+    args: Vec<Arg>,
+    kwargs: Vec<(String, Arg)>,
+    outputs: Vec<ValueId>,
+    lhs: Lhs,
+    subsymbols: Vec<SubSymbol>,
+    source: Option<String>,
+    #[serde(default)]
+    lhs_pattern: Option<Vec<LhsSlot>>,
+}
+
 impl Serialize for Node {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         NodeRef {
@@ -249,6 +312,11 @@ impl Serialize for Node {
             lhs: self.lhs,
             subsymbols: self.subsymbols(),
             source: self.source(),
+            lhs_pattern: if s.is_human_readable() {
+                self.lhs_pattern()
+            } else {
+                None
+            },
         }
         .serialize(s)
     }
@@ -256,12 +324,28 @@ impl Serialize for Node {
 
 impl<'de> Deserialize<'de> for Node {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Node, D::Error> {
-        let n = NodeOwned::deserialize(d)?;
+        let (n, pattern) = if d.is_human_readable() {
+            let t = NodeOwnedText::deserialize(d)?;
+            let n = NodeOwned {
+                op: t.op,
+                callee: t.callee,
+                args: t.args,
+                kwargs: t.kwargs,
+                outputs: t.outputs,
+                lhs: t.lhs,
+                subsymbols: t.subsymbols,
+                source: t.source,
+            };
+            (n, t.lhs_pattern)
+        } else {
+            (NodeOwned::deserialize(d)?, None)
+        };
         let extra = NodeExtra {
             callee: n.callee,
             kwargs: n.kwargs,
             subsymbols: n.subsymbols,
             source: n.source,
+            pattern,
         };
         Ok(Node {
             op: n.op,

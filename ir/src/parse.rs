@@ -4,7 +4,7 @@
 
 use crate::arg::{Arg, DTypeSpelling, DeviceSpelling, Opaque};
 use crate::name_table::NameTable;
-use crate::node::{Lhs, Node, SubSymbol};
+use crate::node::{Lhs, LhsSlot, Node, SubSymbol};
 use crate::pyfloat;
 use crate::registry::{ops, DTypeRule, MetaOut, OpRegistry};
 use crate::trace::{Provenance, Trace, TraceKind};
@@ -415,10 +415,7 @@ impl<'a> Parser<'a> {
                 continue;
             }
             let node = node.clone();
-            let Ok(MetaOut::Types(types)) =
-                self.reg
-                    .infer(&self.trace, &node.op, &node.args, node.kwargs())
-            else {
+            let Ok(MetaOut::Types(types)) = self.reg.infer_node(&self.trace, &node) else {
                 continue;
             };
             if types.len() != node.outputs.len() {
@@ -537,7 +534,7 @@ impl<'a> Parser<'a> {
             return Err(self.err(
                 ln,
                 col,
-                "`_` is bound more than once: a statement that discards several results, nested (as Thunder prints its torch-autograd fallbacks, `*_vjp`), is not supported",
+                "`_` is bound more than once: only a tuple left-hand side, `(a, _, (_, b)) = f(x)`, may discard several results",
             ));
         }
         if let Some((_, first)) = self.names.get(name) {
@@ -551,6 +548,71 @@ impl<'a> Parser<'a> {
         self.names.insert(name, (id, ln));
         self.untyped.insert(id, ln);
         Ok(id)
+    }
+
+    /// The places of a nested left-hand side: the tuple opening at `lhs[open]`, read up to its
+    /// closing `)`; gives the places and the index just past that `)`. Names are defined by
+    /// the caller (in order, `_` excepted).
+    fn lhs_places(
+        &self,
+        ln: usize,
+        ind: usize,
+        lhs: &[(Tok<'_>, usize)],
+        open: usize,
+        depth: usize,
+    ) -> PResult<(Vec<LhsSlot>, usize)> {
+        const MAX_DEPTH: usize = 64;
+        if depth > MAX_DEPTH {
+            return Err(self.err(
+                ln,
+                ind + lhs[open].1,
+                format!("left-hand side nested deeper than {MAX_DEPTH} levels"),
+            ));
+        }
+        let mut slots = Vec::new();
+        let mut i = open + 1;
+        loop {
+            match lhs.get(i) {
+                Some((Tok::Punct(')'), _)) => return Ok((slots, i + 1)),
+                Some((Tok::Name("_"), _)) => {
+                    slots.push(LhsSlot::Discard);
+                    i += 1;
+                }
+                Some((Tok::Name(_), _)) => {
+                    slots.push(LhsSlot::Out);
+                    i += 1;
+                }
+                Some((Tok::Punct('('), _)) => {
+                    let (inner, end) = self.lhs_places(ln, ind, lhs, i, depth + 1)?;
+                    slots.push(LhsSlot::Group(inner));
+                    i = end;
+                }
+                Some((_, c)) => {
+                    return Err(self.err(ln, ind + c, "cannot read the left-hand side"))
+                }
+                None => {
+                    return Err(self.err(
+                        ln,
+                        ind + lhs[open].1,
+                        "this `(` of the left-hand side is never closed",
+                    ))
+                }
+            }
+            match lhs.get(i) {
+                Some((Tok::Punct(','), _)) => i += 1,
+                Some((Tok::Punct(')'), _)) => {}
+                Some((_, c)) => {
+                    return Err(self.err(ln, ind + c, "expected `,` or `)` in the left-hand side"))
+                }
+                None => {
+                    return Err(self.err(
+                        ln,
+                        ind + lhs[open].1,
+                        "this `(` of the left-hand side is never closed",
+                    ))
+                }
+            }
+        }
     }
 
     fn parse_statement(&mut self, ln: usize, ind: usize, body: &str) -> PResult<()> {
@@ -575,6 +637,7 @@ impl<'a> Parser<'a> {
                 _ => {}
             }
         }
+        let mut pattern = None;
         let (lhs_kind, lhs_names, rhs_start) = match eq {
             None => (Lhs::None, Vec::new(), 0),
             Some(e) => {
@@ -601,7 +664,27 @@ impl<'a> Parser<'a> {
                     return Err(self.err(ln, ind, "cannot read the left-hand side"));
                 }
                 let names = if kind == Lhs::None { Vec::new() } else { names };
-                (kind, names, e + 1)
+                let nested = kind == Lhs::Tuple
+                    && (names.iter().any(|(n, _)| *n == "_")
+                        || lhs
+                            .iter()
+                            .skip(1)
+                            .any(|(t, _)| matches!(t, Tok::Punct('('))));
+                if nested {
+                    let (slots, end) = self.lhs_places(ln, ind, lhs, 0, 1)?;
+                    if end != lhs.len() {
+                        return Err(self.err(
+                            ln,
+                            ind + lhs[end].1,
+                            "unexpected text after the left-hand side's closing `)`",
+                        ));
+                    }
+                    pattern = Some(slots);
+                    let named = names.into_iter().filter(|(n, _)| *n != "_").collect();
+                    (Lhs::Nested, named, e + 1)
+                } else {
+                    (kind, names, e + 1)
+                }
             }
         };
         let rhs = &toks[rhs_start..];
@@ -663,7 +746,10 @@ impl<'a> Parser<'a> {
             }
             let mut n = Node::new(op.clone(), args, outs);
             n.set_kwargs(kwargs);
-            n.lhs = lhs_kind;
+            match pattern {
+                Some(p) => n.set_nested_lhs(p),
+                None => n.lhs = lhs_kind,
+            }
             if callee != op {
                 n.set_callee(Some(callee.to_string()));
             }
@@ -749,7 +835,7 @@ impl<'a> Parser<'a> {
             let ln = self.node_lines[pos];
             let out = self
                 .reg
-                .infer(&self.trace, &node.op, &node.args, node.kwargs())
+                .infer_node(&self.trace, &node)
                 .map_err(|m| self.err(ln, 0, format!("cannot infer output types: {m}")))?;
             match out {
                 MetaOut::Types(types) if types.len() == node.outputs.len() => {
@@ -771,7 +857,8 @@ impl<'a> Parser<'a> {
                         ),
                     ))
                 }
-                MetaOut::Declared => {
+                // `infer_node` binds nested places to types
+                MetaOut::Declared | MetaOut::Places(_) => {
                     let o = node
                         .outputs
                         .iter()

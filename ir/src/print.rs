@@ -1,7 +1,7 @@
 //! Prints traces in Thunder's text form (see TRACE_FORMAT.md).
 
 use crate::arg::{Arg, DTypeSpelling, DeviceSpelling};
-use crate::node::{Lhs, Node, SubSymbol};
+use crate::node::{Lhs, LhsSlot, Node, SubSymbol};
 use crate::pyfloat;
 use crate::registry::ops;
 use crate::trace::Trace;
@@ -254,6 +254,11 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
             push_name(out, t, n.outputs[0]);
             out.push_str(" = ");
         }
+        Lhs::Nested if n.lhs_pattern().is_some() => {
+            let mut names = n.outputs.iter();
+            write_places(out, t, n.lhs_pattern().unwrap_or_default(), &mut names);
+            out.push_str(" = ");
+        }
         Lhs::Tuple => {
             out.push('(');
             for (i, o) in n.outputs.iter().enumerate() {
@@ -310,6 +315,31 @@ fn write_statement(out: &mut String, t: &Trace, _idx: NodeIndex, n: &Node, depth
             }
         }
     }
+}
+
+/// A nested left-hand side's places as a parenthesized tuple, names taken in order.
+fn write_places<'a>(
+    out: &mut String,
+    t: &Trace,
+    slots: &[LhsSlot],
+    names: &mut impl Iterator<Item = &'a ValueId>,
+) {
+    out.push('(');
+    for (i, s) in slots.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        match s {
+            LhsSlot::Out => match names.next() {
+                Some(o) => push_name(out, t, *o),
+                // the verifier reports a pattern that names more places than outputs
+                None => out.push('_'),
+            },
+            LhsSlot::Discard => out.push('_'),
+            LhsSlot::Group(g) => write_places(out, t, g, names),
+        }
+    }
+    out.push_str(if slots.len() == 1 { ",)" } else { ")" });
 }
 
 /// Python repr of a string: single quotes unless the text holds one and no double quote.

@@ -3,6 +3,7 @@
 //! register their own ops on a registry of their own.
 
 use crate::arg::Arg;
+use crate::node::{Lhs, LhsSlot, Node};
 use crate::op_name::OpName;
 use crate::op_table;
 use crate::signature::{Bound, Signature};
@@ -78,6 +79,123 @@ pub enum MetaOut {
     /// Outputs cannot be inferred from operands (sequence unpacking, unregistered ops); declared
     /// types are trusted.
     Declared,
+    /// Results nested in tuples, some of them `None` (Thunder's `*_vjp` fallbacks give one
+    /// gradient per leaf of the forward's operands): [`MetaOut::bind`] matches them against
+    /// the statement's left-hand side.
+    Places(Vec<ResultPlace>),
+}
+
+/// One place of a nested result ([`MetaOut::Places`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResultPlace {
+    /// A value of this type.
+    Value(Type),
+    /// Python's `None`: no value, so the statement must discard it (`_`).
+    Nothing,
+    /// A tuple of places.
+    Group(Vec<ResultPlace>),
+}
+
+impl ResultPlace {
+    /// The left-hand side that names every value of `places` (pushing their types, in order)
+    /// and discards every `None`.
+    pub fn bind_all(places: &[ResultPlace], types: &mut Vec<Type>) -> Vec<LhsSlot> {
+        places
+            .iter()
+            .map(|p| match p {
+                ResultPlace::Value(t) => {
+                    types.push(t.clone());
+                    LhsSlot::Out
+                }
+                ResultPlace::Nothing => LhsSlot::Discard,
+                ResultPlace::Group(g) => LhsSlot::Group(ResultPlace::bind_all(g, types)),
+            })
+            .collect()
+    }
+}
+
+impl MetaOut {
+    /// The output types of `node`: nested places matched against its left-hand side (each
+    /// name must meet a value, each tuple a tuple of the same length); other results as
+    /// they are.
+    pub fn bind(self, node: &Node) -> Result<MetaOut, String> {
+        let MetaOut::Places(places) = self else {
+            return Ok(self);
+        };
+        let flat;
+        let pattern = match (node.lhs, node.lhs_pattern()) {
+            (Lhs::Nested, Some(p)) => p,
+            (Lhs::Tuple | Lhs::List, _) => {
+                flat = vec![LhsSlot::Out; node.outputs().len()];
+                &flat[..]
+            }
+            _ => {
+                return Err(format!(
+                    "{} gives a tuple of {} results: bind them with a tuple, `(a, _, b) = ...`",
+                    node.op,
+                    places.len()
+                ))
+            }
+        };
+        let mut types = Vec::with_capacity(node.outputs().len());
+        bind_places(&node.op, pattern, &places, &mut types, &mut Vec::new())?;
+        Ok(MetaOut::Types(types))
+    }
+}
+
+/// Walks a left-hand side and the results side by side; `at` is the path of tuple indices,
+/// for the message.
+fn bind_places(
+    op: &str,
+    slots: &[LhsSlot],
+    places: &[ResultPlace],
+    types: &mut Vec<Type>,
+    at: &mut Vec<usize>,
+) -> Result<(), String> {
+    let path = |at: &[usize]| {
+        if at.is_empty() {
+            "the result".to_string()
+        } else {
+            let p: Vec<String> = at.iter().map(|i| format!("[{i}]")).collect();
+            format!("result{}", p.concat())
+        }
+    };
+    if slots.len() != places.len() {
+        return Err(format!(
+            "{op}: {} is a tuple of {} places, the left-hand side unpacks {}",
+            path(at),
+            places.len(),
+            slots.len()
+        ));
+    }
+    for (i, (slot, place)) in slots.iter().zip(places).enumerate() {
+        at.push(i);
+        match (slot, place) {
+            (LhsSlot::Discard, _) => {}
+            (LhsSlot::Out, ResultPlace::Value(t)) => types.push(t.clone()),
+            (LhsSlot::Out, ResultPlace::Nothing) => {
+                return Err(format!(
+                    "{op}: {} is None (no gradient), the left-hand side names it",
+                    path(at)
+                ))
+            }
+            (LhsSlot::Out, ResultPlace::Group(_)) => {
+                return Err(format!(
+                    "{op}: {} is a tuple, the left-hand side names it as one value",
+                    path(at)
+                ))
+            }
+            (LhsSlot::Group(g), ResultPlace::Group(p)) => bind_places(op, g, p, types, at)?,
+            (LhsSlot::Group(_), _) => {
+                return Err(format!(
+                    "{op}: {} is not a tuple, the left-hand side unpacks it",
+                    path(at)
+                ))
+            }
+        }
+        at.pop();
+    }
+    Ok(())
 }
 
 /// The operands a meta function sees, with value types resolved through the trace.
@@ -313,6 +431,12 @@ impl OpRegistry {
         let mut v: Vec<&str> = self.ops.keys().map(String::as_str).collect();
         v.sort_unstable();
         v
+    }
+    /// [`OpRegistry::infer`] for a node: its operands, its results bound to its left-hand side
+    /// ([`MetaOut::bind`]).
+    pub fn infer_node(&self, trace: &Trace, node: &Node) -> Result<MetaOut, String> {
+        self.infer(trace, &node.op, node.args(), node.kwargs())?
+            .bind(node)
     }
     /// Runs an op's meta on a node's operands.
     pub fn infer(

@@ -1,7 +1,7 @@
 //! The verifier: checks every invariant of a trace and reports all violations at once, each
 //! with the statement as printed.
 
-use crate::node::Edge;
+use crate::node::{Edge, Lhs, LhsSlot};
 use crate::print::print_node_line;
 use crate::registry::{ops, MetaOut, OpRegistry};
 use crate::trace::Trace;
@@ -205,6 +205,23 @@ impl Verifier<'_> {
                     }
                 }
             }
+            // a nested left-hand side has its places, one name per output
+            match (node.lhs, node.lhs_pattern()) {
+                (Lhs::Nested, None) => {
+                    problems.push("a nested left-hand side without its places".into())
+                }
+                (Lhs::Nested, Some(p)) if LhsSlot::count_outputs(p) != node.outputs.len() => {
+                    problems.push(format!(
+                        "its left-hand side names {} places for {} outputs",
+                        LhsSlot::count_outputs(p),
+                        node.outputs.len()
+                    ))
+                }
+                (Lhs::Nested, Some(_)) | (_, None) => {}
+                (lhs, Some(_)) => problems.push(format!(
+                    "the places of a nested left-hand side on a {lhs:?} binding"
+                )),
+            }
             if node.op == ops::ALL_REDUCE {
                 if let Some(b) = node.args.first().and_then(|a| a.as_value()) {
                     reduced_buffers.insert(b, idx);
@@ -274,9 +291,10 @@ impl Verifier<'_> {
                 None if reg.allows_unregistered() => {}
                 None => problems.push(format!("unknown op `{}`", node.op)),
                 Some(_) if problems.is_empty() => {
-                    match reg.infer(t, &node.op, &node.args, node.kwargs()) {
+                    match reg.infer_node(t, node) {
                         Err(m) => problems.push(m),
-                        Ok(MetaOut::Declared) => {}
+                        // `infer_node` binds nested places to types
+                        Ok(MetaOut::Declared | MetaOut::Places(_)) => {}
                         Ok(MetaOut::Types(types)) => {
                             if types.len() != node.outputs.len() {
                                 problems.push(format!(

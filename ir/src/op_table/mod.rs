@@ -11,6 +11,7 @@
 mod creation;
 mod dist;
 mod elementwise;
+pub mod fallback;
 mod nn;
 mod python;
 mod reduction;
@@ -28,6 +29,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
         creation::PARTS,
         python::PARTS,
         dist::PARTS,
+        fallback::PARTS,
     ]
     .into_iter()
     .flatten()

@@ -453,7 +453,7 @@ fn every_file_error_class_has_its_message_and_exit_code() {
     write(
         "version.tpb",
         &version,
-        "unsupported format version 99 (this build reads versions 1 to 3)",
+        "unsupported format version 99 (this build reads versions 1 to 4)",
     );
     write(
         "trunc.tpb",

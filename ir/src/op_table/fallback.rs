@@ -1,0 +1,125 @@
+//! The backward halves of Thunder's automatically registered torch ops.
+//!
+//! Thunder 0.2.6 registers the torch functions it has no rule for
+//! (`thunder/torch/default_torch_ops.py`: `conv_transpose2d`, ...) with a generic backward
+//! that runs `torch.autograd.functional.vjp` (`register_default_torch_op`, `backward_adaptor`
+//! in `thunder/torch/__init__.py`). The backward trace prints it as
+//! `(g_a, g_w, g_b, (_, _), ...) = conv_transpose2d_vjp(((a, w, b, (2, 2), ...), {}), g)`:
+//! the forward's positional operands and keywords, then one gradient per forward output. The
+//! result mirrors the positional operands (tuples and lists nested, every other operand a leaf,
+//! `None` included): a leaf that is a floating-point tensor gets a gradient of its own type,
+//! every other leaf `None`. Its names and `_`s are bound by [`crate::MetaOut::bind`].
+//!
+//! Each op is listed by name: only forward ops whose gradient the runtime computes are declared,
+//! so a trace with another fallback is refused as an unknown op, never run on a guess.
+
+use super::op;
+use crate::arg::Arg;
+use crate::registry::DTypeRule::Meta;
+use crate::registry::Effect::Pure;
+use crate::registry::{MetaCx, MetaOut, OpSpec, ResultPlace};
+use crate::types::Type;
+
+type R = Result<MetaOut, String>;
+
+/// How deep the forward's operands may nest (Thunder's are one tuple inside another).
+const MAX_DEPTH: usize = 32;
+
+/// `X_vjp(((args...), {kwargs}), *grads)`: a gradient for each floating-point tensor leaf of
+/// `args`, `None` for every other leaf, nested as `args` is.
+fn torch_fallback_vjp(cx: &MetaCx) -> R {
+    let saved = cx.arg(0)?;
+    let (args, kwargs) = match saved {
+        Arg::Tuple(pair) if pair.len() == 2 => (&pair[0], &pair[1]),
+        other => {
+            return Err(format!(
+                "{}: operand 0 must be the forward's `((args...), {{kwargs}})`, got {other:?}",
+                cx.op
+            ))
+        }
+    };
+    let (Arg::Tuple(args) | Arg::List(args)) = args else {
+        return Err(format!(
+            "{}: the forward's positional operands must be a tuple, got {args:?}",
+            cx.op
+        ));
+    };
+    let Arg::Dict(kwargs) = kwargs else {
+        return Err(format!(
+            "{}: the forward's keyword operands must be a dict, got {kwargs:?}",
+            cx.op
+        ));
+    };
+    // Thunder refuses (NotImplementedError) a keyword operand that needs a gradient
+    for (k, v) in kwargs {
+        if differentiable(cx, v)?.is_some() {
+            return Err(format!(
+                "{}: keyword operand {k:?} is a floating-point tensor; Thunder's fallback gives \
+                 keyword operands no gradient",
+                cx.op
+            ));
+        }
+    }
+    if cx.args.len() < 2 {
+        return Err(format!(
+            "{}: no gradient of the forward's output follows its operands",
+            cx.op
+        ));
+    }
+    for (i, g) in cx.args.iter().enumerate().skip(1) {
+        match cx.type_of(g)? {
+            Type::Tensor(_) | Type::None => {}
+            other => {
+                return Err(format!(
+                    "{}: operand {i} must be the gradient of a forward output, got {other}",
+                    cx.op
+                ))
+            }
+        }
+    }
+    Ok(MetaOut::Places(places(cx, args, 1)?))
+}
+
+fn places(cx: &MetaCx, args: &[Arg], depth: usize) -> Result<Vec<ResultPlace>, String> {
+    if depth > MAX_DEPTH {
+        return Err(format!(
+            "{}: the forward's operands nest deeper than {MAX_DEPTH} levels",
+            cx.op
+        ));
+    }
+    args.iter()
+        .map(|a| match a {
+            Arg::Tuple(inner) | Arg::List(inner) => {
+                places(cx, inner, depth + 1).map(ResultPlace::Group)
+            }
+            Arg::Dict(_) => Err(format!(
+                "{}: a dict among the forward's positional operands is not supported",
+                cx.op
+            )),
+            leaf => Ok(match differentiable(cx, leaf)? {
+                Some(t) => ResultPlace::Value(t),
+                None => ResultPlace::Nothing,
+            }),
+        })
+        .collect()
+}
+
+/// The type of a leaf that gets a gradient: a tensor of a floating-point dtype.
+fn differentiable(cx: &MetaCx, a: &Arg) -> Result<Option<Type>, String> {
+    Ok(match a {
+        Arg::Value(_) => match cx.type_of(a)? {
+            t @ Type::Tensor(_) if t.as_tensor().is_some_and(|t| t.dtype.is_float()) => Some(t),
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+#[rustfmt::skip]
+const OPS: &[OpSpec] = &[
+    op("ltorch.conv_transpose1d_vjp", &["conv_transpose1d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.conv_transpose2d_vjp", &["conv_transpose2d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.conv_transpose3d_vjp", &["conv_transpose3d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+];
+
+pub(crate) const PARTS: &[&[OpSpec]] = &[OPS];
