@@ -561,6 +561,37 @@ fn transposed_convolution_matches_the_cpu() {
             bias: true,
         };
         check(&g, &k, &[x, w, b], "conv_transpose2d");
+        // its gradients (Thunder's conv_transpose2d_vjp), all three and the weight's alone
+        let x = random(&[2, 4, 5, 6], 24, d);
+        let w = random(&[4, 3, 3, 2], 25, d);
+        let gy = random(&[2, 6, 10, 19], 26, d);
+        for outputs in [
+            tracepass_runtime::exec::VjpOutputs {
+                input: true,
+                weight: true,
+                bias: true,
+            },
+            tracepass_runtime::exec::VjpOutputs {
+                input: false,
+                weight: true,
+                bias: false,
+            },
+        ] {
+            let k = Kernel::ConvTransposeVjp {
+                stride: vec![2, 3],
+                padding: vec![1, 0],
+                output_padding: vec![1, 2],
+                dilation: vec![1],
+                groups: 2,
+                outputs,
+            };
+            check(
+                &g,
+                &k,
+                &[x.clone(), w.clone(), gy.clone()],
+                "conv_transpose2d_vjp",
+            );
+        }
     }
 }
 

@@ -118,6 +118,17 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             inputs,
         )
         .map_err(|e| e.0),
+        Kernel::ConvTransposeVjp { .. } => {
+            // one gradient asked for (more go through `run_multi`)
+            let mut out = CpuBackend.run_multi(kernel, inputs).map_err(|e| e.0)?;
+            match (out.pop(), out.is_empty()) {
+                (Some(g), true) => Ok(g),
+                _ => Err(format!(
+                    "{kernel:?} gives {} gradients, not one",
+                    kernel.outputs()
+                )),
+            }
+        }
         Kernel::MaxPool2dBackward => pool::max_pool2d_with_indices_backward(t(0)?, t(1)?, t(2)?),
         Kernel::Embedding => embedding::embedding(t(0)?, t(1)?),
         Kernel::EmbeddingBackward {
@@ -331,6 +342,28 @@ impl Backend for CpuBackend {
                 &layout::SplitSizes::Sizes(sizes.clone()),
                 *dim,
             ),
+            Kernel::ConvTransposeVjp {
+                stride,
+                padding,
+                output_padding,
+                dilation,
+                groups,
+                outputs,
+            } => {
+                return crate::exec::conv_transpose::conv_transpose_vjp(
+                    self,
+                    crate::exec::conv_transpose::ConvTranspose {
+                        stride,
+                        padding,
+                        output_padding,
+                        dilation,
+                        groups: *groups,
+                        bias: false,
+                    },
+                    *outputs,
+                    inputs,
+                )
+            }
             other => return self.run(other, inputs).map(|t| vec![t]),
         };
         r.map_err(KernelError)

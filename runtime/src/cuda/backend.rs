@@ -2022,6 +2022,26 @@ impl CudaBackend {
                     .map(|v| self.gather(x, v))
                     .collect()
             }
+            Kernel::ConvTransposeVjp {
+                stride,
+                padding,
+                output_padding,
+                dilation,
+                groups,
+                outputs,
+            } => crate::exec::conv_transpose::conv_transpose_vjp(
+                self,
+                crate::exec::conv_transpose::ConvTranspose {
+                    stride,
+                    padding,
+                    output_padding,
+                    dilation,
+                    groups: *groups,
+                    bias: false,
+                },
+                *outputs,
+                inputs,
+            ),
             other => self.run(other, inputs).map(|t| vec![t]),
         }
     }
@@ -2063,6 +2083,17 @@ impl CudaBackend {
                 },
                 inputs,
             ),
+            Kernel::ConvTransposeVjp { .. } => {
+                // one gradient asked for (more go through `run_multi`)
+                let mut out = self.run_multi_op(kernel, inputs)?;
+                match (out.pop(), out.is_empty()) {
+                    (Some(g), true) => Ok(g),
+                    _ => Err(KernelError(format!(
+                        "{kernel:?} gives {} gradients, not one",
+                        kernel.outputs()
+                    ))),
+                }
+            }
             Kernel::MaxPool2dBackward => self.max_pool2d_backward(t(0)?, t(1)?, t(2)?),
             Kernel::Embedding => self.embedding(t(0)?, t(1)?),
             Kernel::EmbeddingBackward {

@@ -16,7 +16,9 @@
 //! [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
-use crate::exec::kernel::{BinaryOp, BitOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp};
+use crate::exec::kernel::{
+    BinaryOp, BitOp, CompareOp, Kernel, LossReduction, ReduceOp, UnaryOp, VjpOutputs,
+};
 use tracepass_ir::DType;
 
 /// Largest rank the shape-carrying kernels handle.
@@ -381,6 +383,14 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         // the weight permuted and flipped, the input padded, then a convolution
         // (crate::exec::conv_transpose)
         Kernel::ConvTranspose { .. } => vec![permute(d), m::pad(d), m::convolution(d)],
+        // convolutions of permuted operands, cut by slices, groups joined, the bias's sum
+        // (crate::exec::conv_transpose)
+        Kernel::ConvTransposeVjp { .. } => vec![
+            permute(d),
+            m::convolution(d),
+            m::cat_copy(d),
+            reduce(ReduceOp::Sum, d),
+        ],
         Kernel::MaxPool2d { .. } => vec![m::max_pool2d(d)],
         // f32 accumulation, then rounded to the dtype
         Kernel::MaxPool2dBackward => vec![m::max_pool2d_backward(d), convert(DType::F32, d)],
@@ -466,6 +476,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Softmax { .. }
             | Kernel::Convolution { .. }
             | Kernel::ConvTranspose { .. }
+            | Kernel::ConvTransposeVjp { .. }
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding
@@ -539,6 +550,18 @@ pub fn every_kernel() -> Vec<Kernel> {
             dilation: vec![1],
             groups: 1,
             bias: true,
+        },
+        Kernel::ConvTransposeVjp {
+            stride: vec![2],
+            padding: vec![0],
+            output_padding: vec![0],
+            dilation: vec![1],
+            groups: 2,
+            outputs: VjpOutputs {
+                input: true,
+                weight: true,
+                bias: true,
+            },
         },
         Kernel::MaxPool2d {
             kernel: vec![2],

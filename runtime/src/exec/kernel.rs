@@ -209,6 +209,16 @@ pub enum Kernel {
         groups: i64,
         bias: bool,
     },
+    /// Thunder's `conv_transpose*d_vjp`: inputs `x, w, g` (the output's gradient); gives the
+    /// gradients `outputs` names, in the order input, weight, bias (`exec/conv_transpose.rs`).
+    ConvTransposeVjp {
+        stride: Vec<i64>,
+        padding: Vec<i64>,
+        output_padding: Vec<i64>,
+        dilation: Vec<i64>,
+        groups: i64,
+        outputs: VjpOutputs,
+    },
     /// Two outputs: values and i64 indices (per (N, C) plane).
     MaxPool2d {
         kernel: Vec<i64>,
@@ -405,6 +415,7 @@ impl Kernel {
     pub fn outputs(&self) -> usize {
         match self {
             Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } => 2,
+            Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }
@@ -431,6 +442,15 @@ impl Kernel {
                 let cin = inputs.get(1).and_then(|s| s.first()).copied().unwrap_or(1) as f64;
                 2.0 * x * w / cin.max(1.0)
             }
+            Kernel::ConvTransposeVjp { outputs, .. } => {
+                // each gradient costs about what the forward does
+                let g = inputs.get(2).map_or(0.0, |s| numel(s));
+                let w = inputs.get(1).map_or(0.0, |s| numel(s));
+                let cin = inputs.get(1).and_then(|s| s.first()).copied().unwrap_or(1) as f64;
+                let forward = 2.0 * inputs.first().map_or(0.0, |s| numel(s)) * w / cin.max(1.0);
+                forward * (usize::from(outputs.input) + usize::from(outputs.weight)) as f64
+                    + if outputs.bias { g } else { 0.0 }
+            }
             Kernel::Identity
             | Kernel::Reshape(_)
             | Kernel::Permute(_)
@@ -442,6 +462,24 @@ impl Kernel {
             Kernel::Reduce { .. } => inputs.first().map(|s| numel(s)).unwrap_or(0.0),
             _ => numel(out),
         }
+    }
+}
+
+/// Which gradients a [`Kernel::ConvTransposeVjp`] gives, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VjpOutputs {
+    /// The input's gradient.
+    pub input: bool,
+    /// The weight's.
+    pub weight: bool,
+    /// The bias's.
+    pub bias: bool,
+}
+
+impl VjpOutputs {
+    /// How many gradients.
+    pub fn count(self) -> usize {
+        usize::from(self.input) + usize::from(self.weight) + usize::from(self.bias)
     }
 }
 

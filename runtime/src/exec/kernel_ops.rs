@@ -8,11 +8,12 @@
 //! positional or keyword.
 
 use crate::exec::kernel::{
-    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
+    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side,
+    UnaryOp, VjpOutputs,
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
-use tracepass_ir::{ops, Arg, DType, Node, OpRegistry, Trace, ValueId};
+use tracepass_ir::{ops, Arg, DType, LhsSlot, Node, OpRegistry, Trace, ValueId};
 
 /// Reads a node's operands and gives its kernel.
 pub type Decoder = fn(&mut Ops<'_>) -> Result<Kernel, String>;
@@ -244,6 +245,18 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.conv_transpose1d", Cpu(conv_transpose)),
         ("ltorch.conv_transpose2d", Cpu(conv_transpose)),
         ("ltorch.conv_transpose3d", Cpu(conv_transpose)),
+        (
+            "ltorch.conv_transpose1d_vjp",
+            Cpu(|o| conv_transpose_vjp(o, "ltorch.conv_transpose1d")),
+        ),
+        (
+            "ltorch.conv_transpose2d_vjp",
+            Cpu(|o| conv_transpose_vjp(o, "ltorch.conv_transpose2d")),
+        ),
+        (
+            "ltorch.conv_transpose3d_vjp",
+            Cpu(|o| conv_transpose_vjp(o, "ltorch.conv_transpose3d")),
+        ),
         // ----- pooling, embedding, normalization, losses -----
         ("ltorch.max_pool2d_with_indices", Cpu(max_pool2d)),
         (
@@ -899,6 +912,88 @@ fn convolution(o: &mut Ops<'_>) -> Result<Kernel, String> {
         dilation: o.ints_or(5, "dilation", &[1])?,
         groups: o.int(8, "groups")?.unwrap_or(1),
         bias,
+    })
+}
+
+/// Thunder's backward of a `conv_transpose*d` it registered automatically:
+/// `X_vjp(((args...), {kwargs}), g)`. The forward's operands are read as `forward` reads them;
+/// the gradients computed are the ones the statement names (the input's, the weight's, the
+/// bias's: the forward's first three operands), in that order.
+fn conv_transpose_vjp(o: &mut Ops<'_>, forward: &'static str) -> Result<Kernel, String> {
+    let node = o.node;
+    let (args, kwargs) = match node.args().first() {
+        Some(Arg::Tuple(pair)) if pair.len() == 2 => match (&pair[0], &pair[1]) {
+            (Arg::Tuple(a) | Arg::List(a), Arg::Dict(k)) => (a, k),
+            _ => return Err("operand 0 must be the forward's `((args...), {kwargs})`".into()),
+        },
+        other => {
+            return Err(format!(
+                "operand 0 must be the forward's `((args...), {{kwargs}})`, got {other:?}"
+            ))
+        }
+    };
+    let kwargs = kwargs
+        .iter()
+        .map(|(k, v)| match k {
+            Arg::Str(k) => Ok((k.clone(), v.clone())),
+            other => Err(format!("the forward's keyword {other:?} is not a string")),
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut fwd = Node::new(forward, args.clone(), Vec::new());
+    fwd.set_kwargs(kwargs);
+    let mut f = Ops {
+        trace: o.trace,
+        node: &fwd,
+        inputs: Vec::new(),
+        then: None,
+    };
+    let Kernel::ConvTranspose {
+        stride,
+        padding,
+        output_padding,
+        dilation,
+        groups,
+        bias,
+    } = conv_transpose(&mut f)?
+    else {
+        return Err(format!("{forward} decodes to another kernel"));
+    };
+    // the named places among the first three (a flat tuple names every place)
+    let named = |i: usize| match node.lhs_pattern() {
+        Some(p) => matches!(p.get(i), Some(LhsSlot::Out)),
+        None => i < node.outputs().len(),
+    };
+    let outputs = VjpOutputs {
+        input: named(0),
+        weight: named(1),
+        bias: named(2) && bias,
+    };
+    if outputs.count() != node.outputs().len() {
+        return Err(format!(
+            "the statement binds {} results; the gradients of {forward}'s input, weight and \
+             bias it names are {}",
+            node.outputs().len(),
+            outputs.count()
+        ));
+    }
+    let [x, w, ..] = f.inputs[..] else {
+        return Err(format!("{forward} reads no input and weight"));
+    };
+    o.inputs.extend([x, w]);
+    if node.args().len() != 2 {
+        return Err(format!(
+            "{forward} has one output, so one gradient follows its operands, not {}",
+            node.args().len() - 1
+        ));
+    }
+    o.tensor(1, "grad_output")?;
+    Ok(Kernel::ConvTransposeVjp {
+        stride,
+        padding,
+        output_padding,
+        dilation,
+        groups,
+        outputs,
     })
 }
 

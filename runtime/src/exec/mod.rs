@@ -14,7 +14,8 @@ pub(crate) mod plan;
 pub use backend::{Backend, Input, KernelError, RngKey};
 pub use executor::{ExecError, Executor, RValue};
 pub use kernel::{
-    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side, UnaryOp,
+    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side,
+    UnaryOp, VjpOutputs,
 };
 pub use kernel_ops::{decode, kernel_entry, Decoder, KernelEntry, Ops, KERNELS};
 pub use metrics::{
