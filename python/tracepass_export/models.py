@@ -447,6 +447,40 @@ def batch_sdpa(gen: torch.Generator) -> Batch:
     return batch_tokens(gen, SMALL_VOCAB, SMALL_SEQ)
 
 
+class UNet(nn.Module):
+    """A two-level U-Net: conv + BatchNorm + ReLU encoders, max pooling, `ConvTranspose2d`
+    decoders (one with bias, one without), skip connections by concatenation, a 1x1 head.
+    Thunder 0.2.6 has no grad rule for `conv_transpose2d`: its backward runs
+    `conv_transpose2d_vjp`, the torch-autograd fallback with nested, discarded results."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.enc2 = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.mid = nn.Conv2d(16, 16, 3, padding=1)
+        self.up2 = nn.ConvTranspose2d(16, 16, 2, stride=2)
+        self.dec2 = nn.Conv2d(32, 8, 3, padding=1)
+        self.up1 = nn.ConvTranspose2d(8, 8, 2, stride=2, bias=False)
+        self.head = nn.Conv2d(16, 10, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e1 = self.enc1(x)
+        e2 = self.enc2(F.max_pool2d(e1, 2))
+        m = F.relu(self.mid(F.max_pool2d(e2, 2)))
+        d2 = F.relu(self.dec2(torch.cat([self.up2(m), e2], 1)))
+        y = self.head(torch.cat([self.up1(d2), e1], 1))
+        return y.mean((2, 3))
+
+
+def make_unet() -> nn.Module:
+    return UNet()
+
+
+def batch_unet(gen: torch.Generator) -> Batch:
+    x = torch.randn(2, 3, 16, 16, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 10, (2,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -568,6 +602,17 @@ MODELS: dict[str, ModelSpec] = {
             batch_sdpa,
             description="Embedding(128,32), one causal `F.scaled_dot_product_attention` layer (4 heads), Linear(32,128)",
             notes=["Thunder decomposes SDPA on the CPU"],
+        ),
+        ModelSpec(
+            "unet",
+            make_unet,
+            batch_unet,
+            description="U-Net, two levels: Conv2d + BatchNorm2d + ReLU encoders, max_pool2d(2), ConvTranspose2d(2, stride 2) "
+            "decoders (the last without bias), skips by cat, 1x1 Conv2d head, spatial mean",
+            notes=[
+                "backward: `conv_transpose2d_vjp`, Thunder's torch-autograd fallback (nested `_` results)",
+                "BatchNorm running stats are buffers the forward updates",
+            ],
         ),
     ]
 }
