@@ -211,6 +211,37 @@ fn layout_ops() {
 }
 
 #[test]
+fn triangles_pixel_shuffles_and_rolls() {
+    let m = [("a", "cpu b8[3, 5, 7]")];
+    assert_eq!(one(&m, "t0 = torch.triu(a, 1)"), "cpu b8[3, 5, 7]");
+    assert_eq!(
+        one(&m, "t0 = Tensor.tril(a, diagonal=-2)"),
+        "cpu b8[3, 5, 7]"
+    );
+    assert!(fails(&[("a", "cpu f32[4]")], "t0 = torch.triu(a)").contains("at least 2"));
+    let x = [("x", "cpu f32[2, 12, 3, 5]")];
+    assert_eq!(
+        one(&x, "t0 = torch.nn.functional.pixel_shuffle(x, 2)"),
+        "cpu f32[2, 3, 6, 10]"
+    );
+    assert!(fails(&x, "t0 = torch.nn.functional.pixel_shuffle(x, 3)").contains("divisible by 9"));
+    let y = [("x", "cpu f32[2, 3, 6, 10]")];
+    assert_eq!(
+        one(&y, "t0 = torch.nn.functional.pixel_unshuffle(x, 2)"),
+        "cpu f32[2, 12, 3, 5]"
+    );
+    assert!(fails(&y, "t0 = torch.pixel_unshuffle(x, 4)").contains("divisible by 4"));
+    assert_eq!(
+        one(&x, "t0 = torch.roll(x, shifts=(1, -2), dims=(2, 3))"),
+        "cpu f32[2, 12, 3, 5]"
+    );
+    assert_eq!(one(&x, "t0 = Tensor.roll(x, 3)"), "cpu f32[2, 12, 3, 5]");
+    assert!(fails(&x, "t0 = torch.roll(x, (1, 2))").contains("without dims"));
+    assert!(fails(&x, "t0 = torch.roll(x, (1, 2), (3,))").contains("2 shifts for 1 dims"));
+    assert!(fails(&x, "t0 = torch.roll(x, 1, 4)").contains("4"));
+}
+
+#[test]
 fn reductions() {
     let x = [("a", "cpu f32[4, 8, 16, 16]")];
     assert_eq!(

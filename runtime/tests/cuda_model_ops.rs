@@ -857,3 +857,61 @@ fn stack_matches_the_cpu() {
         }
     }
 }
+
+#[test]
+fn triangles_one_hot_pixel_shuffle_and_roll_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for d in FLOATS {
+        let x = random(&[2, 8, 4, 6], 41, d);
+        for k in [
+            Kernel::Triangle {
+                upper: true,
+                diagonal: 1,
+                fill: 0.0,
+            },
+            Kernel::Triangle {
+                upper: false,
+                diagonal: -1,
+                fill: -2.0,
+            },
+            Kernel::PixelShuffle {
+                factor: 2,
+                inverse: false,
+            },
+            Kernel::PixelShuffle {
+                factor: 2,
+                inverse: true,
+            },
+            Kernel::Roll {
+                shifts: vec![1, -3],
+                dims: Some(vec![2, 3]),
+            },
+            Kernel::Roll {
+                shifts: vec![5],
+                dims: None,
+            },
+        ] {
+            check(&g, &k, std::slice::from_ref(&x), &format!("{k:?}"));
+        }
+    }
+    let mask = Tensor::from_f32(vec![4, 4], vec![1.0; 16])
+        .to_dtype(DType::Bool)
+        .unwrap();
+    let upper = Kernel::Triangle {
+        upper: true,
+        diagonal: 1,
+        fill: 0.0,
+    };
+    check(&g, &upper, &[mask], "triu of a bool mask");
+    let idx = Tensor::from_i64(vec![2, 3], vec![0, 4, 2, 2, 1, 0]);
+    check(
+        &g,
+        &Kernel::OneHot { classes: 5 },
+        std::slice::from_ref(&idx),
+        "one_hot",
+    );
+    let dev = g.upload(&idx).unwrap();
+    assert!(g
+        .run(&Kernel::OneHot { classes: 4 }, &[Input::Tensor(&dev)])
+        .is_err());
+}

@@ -139,6 +139,101 @@ fn flip(cx: &MetaCx) -> R {
     one(t)
 }
 
+/// `triu/tril(a, diagonal=0, *, fill_value=None)`: a batch of matrices with the elements off
+/// the kept triangle set to `fill_value` (zero).
+fn triangle(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("a")?;
+    if t.shape.len() < 2 {
+        return Err(format!(
+            "{}: a has {} dimensions, at least 2 are needed",
+            cx.op,
+            t.shape.len()
+        ));
+    }
+    cx.int_param("diagonal")?;
+    if cx.opt("fill_value").is_some() && cx.f64_param("fill_value").is_none() {
+        return Err(format!("{}: `fill_value` must be a number", cx.op));
+    }
+    one(t)
+}
+
+/// `pixel_shuffle(input, upscale_factor)`: `[*, C * r * r, H, W]` to `[*, C, H * r, W * r]`.
+fn pixel_shuffle(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("input")?;
+    let r = cx.int_param("upscale_factor")?;
+    let n = t.shape.len();
+    let r = usize::try_from(r)
+        .ok()
+        .filter(|r| *r >= 1)
+        .ok_or_else(|| format!("{}: upscale_factor {r} must be positive", cx.op))?;
+    if n < 3 || !t.shape[n - 3].is_multiple_of(r * r) {
+        return Err(format!(
+            "{}: {:?} needs 3 dimensions or more and channels divisible by {}",
+            cx.op,
+            t.shape,
+            r * r
+        ));
+    }
+    let mut shape = t.shape.clone();
+    shape[n - 3] /= r * r;
+    shape[n - 2] *= r;
+    shape[n - 1] *= r;
+    one(t.with_shape(shape))
+}
+
+/// `pixel_unshuffle(input, downscale_factor)`: `[*, C, H * r, W * r]` to `[*, C * r * r, H, W]`.
+fn pixel_unshuffle(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("input")?;
+    let r = cx.int_param("downscale_factor")?;
+    let n = t.shape.len();
+    let r = usize::try_from(r)
+        .ok()
+        .filter(|r| *r >= 1)
+        .ok_or_else(|| format!("{}: downscale_factor {r} must be positive", cx.op))?;
+    if n < 3 || !t.shape[n - 2].is_multiple_of(r) || !t.shape[n - 1].is_multiple_of(r) {
+        return Err(format!(
+            "{}: {:?} needs 3 dimensions or more and height and width divisible by {r}",
+            cx.op, t.shape
+        ));
+    }
+    let mut shape = t.shape.clone();
+    shape[n - 3] *= r * r;
+    shape[n - 2] /= r;
+    shape[n - 1] /= r;
+    one(t.with_shape(shape))
+}
+
+/// `roll(input, shifts, dims=None)`: one shift per dim, or one shift of the flattened tensor.
+fn roll(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("input")?;
+    let shifts = cx.ints_param("shifts")?;
+    match cx.opt("dims") {
+        None if shifts.len() == 1 => {}
+        None => {
+            return Err(format!(
+                "{}: {} shifts without dims (one shift rolls the flattened tensor)",
+                cx.op,
+                shifts.len()
+            ))
+        }
+        Some(_) => {
+            let dims = cx.ints_param("dims")?;
+            if dims.len() != shifts.len() {
+                return Err(format!(
+                    "{}: {} shifts for {} dims",
+                    cx.op,
+                    shifts.len(),
+                    dims.len()
+                ));
+            }
+            for d in dims {
+                dim_of(cx, d, t.shape.len())?;
+            }
+        }
+    }
+    one(t)
+}
+
 fn permute(cx: &MetaCx) -> R {
     let t = cx.tensor_param("a")?;
     let dims = cx.ints_param("dims")?;
@@ -519,6 +614,11 @@ const OPS: &[OpSpec] = &[
     op("ltorch.unsqueeze", &["torch.unsqueeze", "Tensor.unsqueeze"], Pure, "a, /, dim", First, unsqueeze),
     op("ltorch.squeeze", &["torch.squeeze", "Tensor.squeeze"], Pure, "a, /, dim=None", First, squeeze),
     op("ltorch.flip", &["torch.flip"], Pure, "a, /, *dims", First, flip),
+    op("ltorch.triu", &["torch.triu", "Tensor.triu"], Pure, "a, /, diagonal=0, *, fill_value=None", First, triangle),
+    op("ltorch.tril", &["torch.tril", "Tensor.tril"], Pure, "a, /, diagonal=0, *, fill_value=None", First, triangle),
+    op("ltorch.pixel_shuffle", &["torch.nn.functional.pixel_shuffle", "torch.pixel_shuffle"], Pure, "input, upscale_factor", First, pixel_shuffle),
+    op("ltorch.pixel_unshuffle", &["torch.nn.functional.pixel_unshuffle", "torch.pixel_unshuffle"], Pure, "input, downscale_factor", First, pixel_unshuffle),
+    op("ltorch.roll", &["torch.roll", "Tensor.roll"], Pure, "input, shifts, dims=None", First, roll),
     op("ltorch.permute", &["torch.permute", "Tensor.permute"], Pure, "a, /, *dims", First, permute),
     op("prims.transpose", &[], Pure, "a, /, permutation", First, prims_transpose),
     op("ltorch.transpose", &["torch.transpose", "Tensor.transpose"], Pure, "a, /, dim0, dim1", First, transpose),

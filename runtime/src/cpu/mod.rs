@@ -267,6 +267,9 @@ impl Backend for CpuBackend {
     }
 
     fn run(&self, kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, KernelError> {
+        if let Some(r) = crate::exec::composite::run(self, kernel, inputs) {
+            return r;
+        }
         let r = match kernel {
             Kernel::Unary(op) => elementwise::unary(*op, tensor(inputs, 0)?),
             Kernel::Binary { op, a, b, alpha } => elementwise::binary(*op, *a, *b, *alpha, inputs),

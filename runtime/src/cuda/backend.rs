@@ -2293,6 +2293,9 @@ impl Backend for CudaBackend {
         kernel: &Kernel,
         inputs: &[Input<'_, CudaTensor>],
     ) -> Result<CudaTensor, KernelError> {
+        if let Some(r) = crate::exec::composite::run(self, kernel, inputs) {
+            return r;
+        }
         match kernel {
             Kernel::Unary(op) => {
                 let x = tensor(inputs, 0)?;

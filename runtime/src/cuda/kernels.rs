@@ -337,6 +337,10 @@ pub const COMPARE_OPS: &[CompareOp] = &every!(CompareOp: Lt, Le, Gt, Ge, Eq, Ne)
 /// `Kernel` must say what it launches.
 pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
     use model_kernels as m;
+    // ops run from other kernels: theirs
+    if let Some(parts) = crate::exec::composite::parts(kernel, d) {
+        return parts.iter().flat_map(|(k, d)| sources(k, *d)).collect();
+    }
     let v = match kernel {
         Kernel::Unary(op) => vec![unary(*op, d)],
         // floats compute here; integers (and bools, as i64) in wrapping i64, divisions of
@@ -454,6 +458,11 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
             convert(DType::F32, *dtype),
         ],
         Kernel::SoftmaxBackward { .. } => vec![],
+        // returned above, from their parts
+        Kernel::Triangle { .. }
+        | Kernel::OneHot { .. }
+        | Kernel::PixelShuffle { .. }
+        | Kernel::Roll { .. } => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -477,6 +486,10 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Convolution { .. }
             | Kernel::ConvTranspose { .. }
             | Kernel::ConvTransposeVjp { .. }
+            | Kernel::Triangle { .. }
+            | Kernel::OneHot { .. }
+            | Kernel::PixelShuffle { .. }
+            | Kernel::Roll { .. }
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding
@@ -550,6 +563,25 @@ pub fn every_kernel() -> Vec<Kernel> {
             dilation: vec![1],
             groups: 1,
             bias: true,
+        },
+        Kernel::Triangle {
+            upper: true,
+            diagonal: 0,
+            fill: 0.0,
+        },
+        Kernel::Triangle {
+            upper: false,
+            diagonal: 0,
+            fill: 0.0,
+        },
+        Kernel::OneHot { classes: 2 },
+        Kernel::PixelShuffle {
+            factor: 2,
+            inverse: false,
+        },
+        Kernel::Roll {
+            shifts: vec![1],
+            dims: None,
         },
         Kernel::ConvTransposeVjp {
             stride: vec![2],

@@ -219,6 +219,27 @@ pub enum Kernel {
         groups: i64,
         outputs: VjpOutputs,
     },
+    /// `triu` (`upper`) or `tril`: elements off the triangle set to `fill`
+    /// (`exec/composite.rs`, as are the three below).
+    Triangle {
+        upper: bool,
+        diagonal: i64,
+        fill: f64,
+    },
+    /// `one_hot` of i64 indices into `classes` classes.
+    OneHot {
+        classes: usize,
+    },
+    /// `pixel_shuffle` by `factor`, or `pixel_unshuffle` (`inverse`).
+    PixelShuffle {
+        factor: usize,
+        inverse: bool,
+    },
+    /// `roll` by `shifts` along `dims`, or the flattened tensor by one shift (`None`).
+    Roll {
+        shifts: Vec<i64>,
+        dims: Option<Vec<usize>>,
+    },
     /// Two outputs: values and i64 indices (per (N, C) plane).
     MaxPool2d {
         kernel: Vec<i64>,

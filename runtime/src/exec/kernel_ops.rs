@@ -245,6 +245,42 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.conv_transpose1d", Cpu(conv_transpose)),
         ("ltorch.conv_transpose2d", Cpu(conv_transpose)),
         ("ltorch.conv_transpose3d", Cpu(conv_transpose)),
+        ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
+        ("ltorch.pixel_unshuffle", Cpu(|o| pixel_shuffle(o, true))),
+        (
+            "ltorch.pixel_shuffle_vjp",
+            Cpu(|o| {
+                single_input_vjp(
+                    o,
+                    "ltorch.pixel_shuffle",
+                    |f| pixel_shuffle(f, false),
+                    |k| match k {
+                        Kernel::PixelShuffle { factor, inverse } => Some(Kernel::PixelShuffle {
+                            factor,
+                            inverse: !inverse,
+                        }),
+                        _ => None,
+                    },
+                )
+            }),
+        ),
+        (
+            "ltorch.pixel_unshuffle_vjp",
+            Cpu(|o| {
+                single_input_vjp(
+                    o,
+                    "ltorch.pixel_unshuffle",
+                    |f| pixel_shuffle(f, true),
+                    |k| match k {
+                        Kernel::PixelShuffle { factor, inverse } => Some(Kernel::PixelShuffle {
+                            factor,
+                            inverse: !inverse,
+                        }),
+                        _ => None,
+                    },
+                )
+            }),
+        ),
         (
             "ltorch.conv_transpose1d_vjp",
             Cpu(|o| conv_transpose_vjp(o, "ltorch.conv_transpose1d")),
@@ -324,12 +360,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.cross_entropy", Unsupported { reason: LOSS }),
         ("ltorch.nll_loss", Unsupported { reason: LOSS }),
         ("ltorch.mse_loss", Unsupported { reason: LOSS }),
-        (
-            "ltorch.one_hot",
-            Unsupported {
-                reason: "no CPU kernel scatters indices into a one-hot tensor",
-            },
-        ),
+        ("ltorch.one_hot", Cpu(one_hot)),
         // ----- reductions -----
         ("ltorch.sum", Cpu(|o| reduce(o, ReduceOp::Sum))),
         ("prims.sum", Cpu(|o| reduce(o, ReduceOp::Sum))),
@@ -360,6 +391,21 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.unsqueeze", Cpu(unsqueeze)),
         ("ltorch.squeeze", Cpu(squeeze)),
         ("ltorch.flip", Cpu(flip)),
+        ("ltorch.triu", Cpu(|o| triangle(o, true))),
+        ("ltorch.tril", Cpu(|o| triangle(o, false))),
+        ("ltorch.roll", Cpu(roll)),
+        (
+            "ltorch.roll_vjp",
+            Cpu(|o| {
+                single_input_vjp(o, "ltorch.roll", roll, |k| match k {
+                    Kernel::Roll { shifts, dims } => Some(Kernel::Roll {
+                        shifts: shifts.iter().map(|s| s.wrapping_neg()).collect(),
+                        dims,
+                    }),
+                    _ => None,
+                })
+            }),
+        ),
         ("ltorch.permute", Cpu(permute)),
         ("prims.transpose", Cpu(permute)),
         ("ltorch.transpose", Cpu(transpose)),
@@ -921,26 +967,7 @@ fn convolution(o: &mut Ops<'_>) -> Result<Kernel, String> {
 /// bias's: the forward's first three operands), in that order.
 fn conv_transpose_vjp(o: &mut Ops<'_>, forward: &'static str) -> Result<Kernel, String> {
     let node = o.node;
-    let (args, kwargs) = match node.args().first() {
-        Some(Arg::Tuple(pair)) if pair.len() == 2 => match (&pair[0], &pair[1]) {
-            (Arg::Tuple(a) | Arg::List(a), Arg::Dict(k)) => (a, k),
-            _ => return Err("operand 0 must be the forward's `((args...), {kwargs})`".into()),
-        },
-        other => {
-            return Err(format!(
-                "operand 0 must be the forward's `((args...), {{kwargs}})`, got {other:?}"
-            ))
-        }
-    };
-    let kwargs = kwargs
-        .iter()
-        .map(|(k, v)| match k {
-            Arg::Str(k) => Ok((k.clone(), v.clone())),
-            other => Err(format!("the forward's keyword {other:?} is not a string")),
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    let mut fwd = Node::new(forward, args.clone(), Vec::new());
-    fwd.set_kwargs(kwargs);
+    let fwd = fallback_forward(node, forward)?;
     let mut f = Ops {
         trace: o.trace,
         node: &fwd,
@@ -995,6 +1022,131 @@ fn conv_transpose_vjp(o: &mut Ops<'_>, forward: &'static str) -> Result<Kernel, 
         groups,
         outputs,
     })
+}
+
+/// The forward statement a fallback `X_vjp(((args...), {kwargs}), *grads)` differentiates,
+/// rebuilt as a node of `forward`, so that op's own decoder reads its operands.
+fn fallback_forward(node: &Node, forward: &'static str) -> Result<Node, String> {
+    let (args, kwargs) = match node.args().first() {
+        Some(Arg::Tuple(pair)) if pair.len() == 2 => match (&pair[0], &pair[1]) {
+            (Arg::Tuple(a) | Arg::List(a), Arg::Dict(k)) => (a, k),
+            _ => return Err("operand 0 must be the forward's `((args...), {kwargs})`".into()),
+        },
+        other => {
+            return Err(format!(
+                "operand 0 must be the forward's `((args...), {{kwargs}})`, got {other:?}"
+            ))
+        }
+    };
+    let kwargs = kwargs
+        .iter()
+        .map(|(k, v)| match k {
+            Arg::Str(k) => Ok((k.clone(), v.clone())),
+            other => Err(format!("the forward's keyword {other:?} is not a string")),
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut fwd = Node::new(forward, args.clone(), Vec::new());
+    fwd.set_kwargs(kwargs);
+    Ok(fwd)
+}
+
+/// The backward of a fallback of a one-input, one-output op whose gradient is `grad` of the
+/// output's gradient (`pixel_shuffle`'s is `pixel_unshuffle`, `roll`'s a roll back): the
+/// statement must name the input's gradient, and only it.
+fn single_input_vjp(
+    o: &mut Ops<'_>,
+    forward: &'static str,
+    decoder: Decoder,
+    grad: fn(Kernel) -> Option<Kernel>,
+) -> Result<Kernel, String> {
+    let node = o.node;
+    let fwd = fallback_forward(node, forward)?;
+    let mut f = Ops {
+        trace: o.trace,
+        node: &fwd,
+        inputs: Vec::new(),
+        then: None,
+    };
+    let kernel = grad(decoder(&mut f)?).ok_or_else(|| format!("{forward} has no such gradient"))?;
+    let names_input = match node.lhs_pattern() {
+        Some(p) => matches!(p.first(), Some(LhsSlot::Out)),
+        None => true,
+    };
+    if node.outputs().len() != 1 || !names_input {
+        return Err(format!(
+            "the statement binds {} results; only the gradient of {forward}'s input is computed",
+            node.outputs().len()
+        ));
+    }
+    if node.args().len() != 2 {
+        return Err(format!(
+            "{forward} has one output, so one gradient follows its operands, not {}",
+            node.args().len() - 1
+        ));
+    }
+    o.tensor(1, "grad_output")?;
+    Ok(kernel)
+}
+
+/// `triu(a, diagonal=0, *, fill_value=None)`, and `tril`.
+fn triangle(o: &mut Ops<'_>, upper: bool) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    Ok(Kernel::Triangle {
+        upper,
+        diagonal: o.int(1, "diagonal")?.unwrap_or(0),
+        // keyword-only
+        fill: o.number(usize::MAX, "fill_value")?.unwrap_or(0.0),
+    })
+}
+
+/// `one_hot(a, num_classes)`: the class count the meta resolved (the output's last size).
+fn one_hot(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let classes = *o.out(0)?.shape.last().ok_or("one_hot gives a 0-d tensor")?;
+    Ok(Kernel::OneHot { classes })
+}
+
+/// `pixel_shuffle(input, upscale_factor)` and `pixel_unshuffle(input, downscale_factor)`.
+fn pixel_shuffle(o: &mut Ops<'_>, inverse: bool) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    let key = if inverse {
+        "downscale_factor"
+    } else {
+        "upscale_factor"
+    };
+    let factor = o
+        .int(1, key)?
+        .ok_or_else(|| format!("`{key}` is missing"))?;
+    Ok(Kernel::PixelShuffle {
+        factor: usize::try_from(factor)
+            .ok()
+            .filter(|f| *f >= 1)
+            .ok_or_else(|| format!("`{key}` {factor} must be positive"))?,
+        inverse,
+    })
+}
+
+/// `roll(input, shifts, dims=None)`.
+fn roll(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    let rank = o.in_shape(0)?.len();
+    let shifts = o.ints(1, "shifts")?.ok_or("`shifts` is missing")?;
+    let dims = o
+        .ints(2, "dims")?
+        .map(|dims| {
+            dims.into_iter()
+                .map(|d| norm_dim(d, rank))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    match &dims {
+        Some(d) if d.len() != shifts.len() => {
+            return Err(format!("{} shifts for {} dims", shifts.len(), d.len()))
+        }
+        None if shifts.len() != 1 => return Err(format!("{} shifts without dims", shifts.len())),
+        _ => {}
+    }
+    Ok(Kernel::Roll { shifts, dims })
 }
 
 /// `conv_transpose1d/2d/3d(a, weight, bias=None, stride=1, padding=0, output_padding=0,

@@ -4,6 +4,7 @@
 //! [`Recording`]s of what a step did and when.
 
 pub(crate) mod backend;
+pub(crate) mod composite;
 pub(crate) mod conv_transpose;
 pub(crate) mod executor;
 pub(crate) mod kernel;
