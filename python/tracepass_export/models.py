@@ -481,6 +481,65 @@ def batch_unet(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randint(0, 10, (2,), generator=gen, dtype=torch.int64)
 
 
+class Espcn(nn.Module):
+    """ESPCN super-resolution: convolutions to `r * r` channels per output channel, then
+    `F.pixel_shuffle(r)` (registered automatically by Thunder: its backward is
+    `pixel_shuffle_vjp`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 16, 5, padding=2)
+        self.c2 = nn.Conv2d(16, 8, 3, padding=1)
+        self.c3 = nn.Conv2d(8, 4, 3, padding=1)
+        self.shuffle = nn.PixelShuffle(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shuffle(self.c3(torch.tanh(self.c2(torch.tanh(self.c1(x))))))
+
+
+def make_espcn() -> nn.Module:
+    return Espcn()
+
+
+def batch_espcn(gen: torch.Generator) -> Batch:
+    x = torch.randn(2, 1, 8, 8, generator=gen)
+    return OrderedDict(x=x), torch.randn(2, 1, 16, 16, generator=gen)
+
+
+class ShiftedWindows(nn.Module):
+    """Swin-style cyclic shift (`torch.roll`, registered automatically: `roll_vjp`), then
+    attention over the patches with a mask from `torch.triu` built in the forward, the shift
+    rolled back, and a classification head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 32, 4, stride=4)
+        self.norm = nn.LayerNorm(32)
+        self.qkv = nn.Linear(32, 96)
+        self.proj = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = torch.roll(self.patch(x), shifts=(-1, -1), dims=(2, 3))
+        b, c, h, w = p.shape
+        t = self.norm(p.flatten(2).transpose(1, 2))
+        q, k, v = self.qkv(t).split(c, dim=2)
+        mask = torch.triu(torch.ones(h * w, h * w, dtype=torch.bool, device=x.device), diagonal=1)
+        a = ((q @ k.transpose(1, 2)) / c**0.5).masked_fill(mask, float("-inf")).softmax(-1)
+        y = (t + self.proj(a @ v)).transpose(1, 2).reshape(b, c, h, w)
+        y = torch.roll(y, shifts=(1, 1), dims=(2, 3))
+        return self.head(y.mean((2, 3)))
+
+
+def make_shifted() -> nn.Module:
+    return ShiftedWindows()
+
+
+def batch_shifted(gen: torch.Generator) -> Batch:
+    x = torch.randn(2, 3, 16, 16, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 10, (2,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -613,6 +672,23 @@ MODELS: dict[str, ModelSpec] = {
                 "backward: `conv_transpose2d_vjp`, Thunder's torch-autograd fallback (nested `_` results)",
                 "BatchNorm running stats are buffers the forward updates",
             ],
+        ),
+        ModelSpec(
+            "espcn",
+            make_espcn,
+            batch_espcn,
+            loss="mse",
+            description="ESPCN super-resolution: Conv2d(1,16,5) + tanh + Conv2d(16,8,3) + tanh + Conv2d(8,4,3), "
+            "PixelShuffle(2), MSE against 16x16 targets",
+            notes=["backward: `pixel_shuffle_vjp`, Thunder's torch-autograd fallback"],
+        ),
+        ModelSpec(
+            "shifted",
+            make_shifted,
+            batch_shifted,
+            description="Swin-style: patch Conv2d(3,32,4,stride 4), cyclic shift by `torch.roll`, LayerNorm, attention "
+            "masked by `torch.triu` of a mask built in the forward, shift rolled back, mean, Linear(32,10)",
+            notes=["backward: `roll_vjp`, Thunder's torch-autograd fallback"],
         ),
     ]
 }
