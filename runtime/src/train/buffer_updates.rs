@@ -31,9 +31,16 @@ pub fn buffer_updates(p: &Program) -> Result<Vec<BufferUpdate>, String> {
     let root_of = |root: &HashMap<ValueId, ValueId>, v: ValueId| *root.get(&v).unwrap_or(&v);
     // storage -> the value it holds after its latest write
     let mut latest: HashMap<ValueId, ValueId> = HashMap::new();
-    let stale = |root: &HashMap<ValueId, ValueId>, latest: &HashMap<ValueId, ValueId>, v| {
+    // storage -> how many writes it has had; value -> after how many writes of its storage it
+    // was read out (`update_aliases` of the latest value is as fresh as it is)
+    let mut writes: HashMap<ValueId, u32> = HashMap::new();
+    let mut version: HashMap<ValueId, u32> = HashMap::new();
+    let stale = |root: &HashMap<ValueId, ValueId>,
+                 writes: &HashMap<ValueId, u32>,
+                 version: &HashMap<ValueId, u32>,
+                 v| {
         let r = root_of(root, v);
-        latest.get(&r).is_some_and(|&now| now != v)
+        version.get(&v).copied().unwrap_or(0) < writes.get(&r).copied().unwrap_or(0)
     };
     for &idx in t.schedule() {
         let Some(node) = t.node(idx) else { continue };
@@ -49,22 +56,25 @@ pub fn buffer_updates(p: &Program) -> Result<Vec<BufferUpdate>, String> {
                     line()
                 ));
             };
-            if stale(&root, &latest, src) || stale(&root, &latest, dst) {
+            if stale(&root, &writes, &version, src) || stale(&root, &writes, &version, dst) {
                 return Err(format!(
                     "`{}` reads a tensor after an earlier copy_ wrote into it: the result depends on the write happening in place, which this runtime does not model",
                     line()
                 ));
             }
             let r = root_of(&root, dst);
+            let w = writes.get(&r).copied().unwrap_or(0) + 1;
+            writes.insert(r, w);
             if let Some(&out) = node.outputs().first() {
                 root.insert(out, r);
+                version.insert(out, w);
                 latest.insert(r, out);
             }
             continue;
         }
         let mut bad = None;
         node.for_each_operand(&mut |v| {
-            if bad.is_none() && stale(&root, &latest, v) {
+            if bad.is_none() && stale(&root, &writes, &version, v) {
                 bad = Some(v);
             }
         });
@@ -91,6 +101,7 @@ pub fn buffer_updates(p: &Program) -> Result<Vec<BufferUpdate>, String> {
             for (&out, &inp) in node.outputs().iter().zip(&inputs) {
                 let r = root_of(&root, inp);
                 root.insert(out, r);
+                version.insert(out, version.get(&inp).copied().unwrap_or(0));
             }
         }
     }
@@ -111,7 +122,10 @@ pub fn buffer_updates(p: &Program) -> Result<Vec<BufferUpdate>, String> {
             }
         }
     }
-    if let Some(v) = saved_reads.into_iter().find(|&v| stale(&root, &latest, v)) {
+    if let Some(v) = saved_reads
+        .into_iter()
+        .find(|&v| stale(&root, &writes, &version, v))
+    {
         return Err(format!(
             "the forward returns `{}` after a copy_ wrote into it: the result depends on the write happening in place, which this runtime does not model",
             t.name(v)
@@ -249,6 +263,27 @@ mod tests {
             "{'output': (t1,), 'flat_args': [x, t_w, t4]}, ((x, t_rm), ())",
         );
         assert!(buffer_updates(&p).unwrap_err().contains("t_rm"));
+    }
+
+    /// An in-place op on an activation (`nn.ReLU(inplace=True)`, `out += identity`):
+    /// Thunder writes with copy_ and reads on through `update_aliases` of the copy, which
+    /// holds the new value, as the copy does; a second write is fine, an old alias is not.
+    #[test]
+    fn aliases_of_the_latest_write_are_current() {
+        let body = "  (t5,) = update_aliases((t4,))\n  t6 = torch.gt(t5, 0.0)  # t6: \"cpu b8[4]\"\n  t7 = torch.where(t6, t5, 0.0)  # t7: \"cpu f32[4]\"\n  t8 = copy_(t7, t5, grad_enabled=True)  # t8: \"cpu f32[4]\"\n  t9 = torch.mul(t8, t1)  # t9: \"cpu f32[4]\"\n";
+        let p = program(
+            body,
+            "{'output': (t9,), 'flat_args': [x, t_w, t8]}, ((t6, t8), ())",
+        );
+        let u = buffer_updates(&p).unwrap();
+        assert_eq!(p.forward.name(u[0].value), "t8");
+        // `t5` is the value of the first write, older than the second
+        let p = program(
+            &format!("{body}  t10 = torch.mul(t5, t1)  # t10: \"cpu f32[4]\"\n"),
+            "{'output': (t10,), 'flat_args': [x, t_w, t8]}, ((x, t_w), ())",
+        );
+        let e = buffer_updates(&p).unwrap_err();
+        assert!(e.contains("`t5`") && e.contains("in place"), "{e}");
     }
 
     #[test]
