@@ -540,6 +540,64 @@ def batch_shifted(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randint(0, 10, (2,), generator=gen, dtype=torch.int64)
 
 
+class InplaceBlock(nn.Module):
+    """torchvision's `BasicBlock`, written as it is: `nn.ReLU(inplace=True)` and
+    `out += identity`, which Thunder traces as `copy_` writes read on through `update_aliases`."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        out = self.relu(out)
+        return out
+
+
+class InplaceResNet(nn.Module):
+    """A torchvision-style ResNet in miniature: stem conv + BatchNorm + in-place ReLU,
+    max_pool2d(3, 2, 1), two `InplaceBlock`s (the second downsampling), global average pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = InplaceBlock(8, 8, 1)
+        self.layer2 = InplaceBlock(8, 16, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer2(self.layer1(x))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def make_resnet_inplace() -> nn.Module:
+    return InplaceResNet()
+
+
+def batch_resnet_inplace(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 16, 16, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 10, (4,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -689,6 +747,18 @@ MODELS: dict[str, ModelSpec] = {
             description="Swin-style: patch Conv2d(3,32,4,stride 4), cyclic shift by `torch.roll`, LayerNorm, attention "
             "masked by `torch.triu` of a mask built in the forward, shift rolled back, mean, Linear(32,10)",
             notes=["backward: `roll_vjp`, Thunder's torch-autograd fallback"],
+        ),
+        ModelSpec(
+            "resnet-inplace",
+            make_resnet_inplace,
+            batch_resnet_inplace,
+            description="torchvision-style ResNet in miniature: stem conv + BatchNorm2d + ReLU(inplace=True), "
+            "max_pool2d(3,2,1), two BasicBlocks (`out += identity`, in-place ReLU; the second with a 1x1 "
+            "downsample), global average pooling, Linear(16,10)",
+            notes=[
+                "in-place ops: `copy_` into activations, read on through `update_aliases`",
+                "BatchNorm running stats are buffers the forward updates",
+            ],
         ),
     ]
 }
