@@ -15,6 +15,7 @@ pub(crate) mod elementwise;
 pub(crate) mod embedding;
 pub(crate) mod fill;
 pub(crate) mod gemm;
+pub(crate) mod indexing;
 pub(crate) mod integer;
 pub(crate) mod layout;
 pub(crate) mod loss_grad;
@@ -40,6 +41,7 @@ pub mod kernels {
     pub use super::conv::convolution;
     pub use super::elementwise::promote;
     pub use super::gemm::{linear, matmul};
+    pub use super::indexing::{gather, index_add, index_select, scatter_add};
     pub use super::layout::{cat, expand, flip, pad, split, SplitSizes};
     pub use super::pool::{max_pool2d_with_indices, max_pool2d_with_indices_backward, Pool2d};
     pub use super::random::{normal, uniform};
@@ -208,6 +210,10 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         Kernel::Activation(act) => activation::activation(*act, t(0)?),
         Kernel::Copy => layout::copy_into(t(0)?, t(1)?),
         Kernel::TakeAlongDim { dim } => loss_grad::take_along_dim(t(0)?, t(1)?, *dim),
+        Kernel::Gather { dim } => indexing::gather(t(0)?, *dim, t(1)?),
+        Kernel::ScatterAdd { dim } => indexing::scatter_add(t(0)?, *dim, t(1)?, t(2)?),
+        Kernel::IndexSelect { dim } => indexing::index_select(t(0)?, *dim, t(1)?),
+        Kernel::IndexAdd { dim } => indexing::index_add(t(0)?, *dim, t(1)?, t(2)?),
         Kernel::NllLossBackward {
             reduction,
             ignore_index,

@@ -1730,6 +1730,187 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Checks `idx` (i64 on cuda) against `0..size` with [`model_kernels::index_check`]; when
+    /// one is out of range, reads the indices back to name it with the CPU's message.
+    fn check_indices(
+        &self,
+        what: &str,
+        idx: &CudaTensor,
+        dim: usize,
+        size: usize,
+    ) -> Result<(), KernelError> {
+        if idx.dtype != DType::I64 {
+            return Err(KernelError(format!(
+                "{what}: the index must be i64 on cuda, got {}",
+                idx.dtype
+            )));
+        }
+        let n = idx.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(Some(model_kernels::index_check()), what)?;
+        let bad = self.zeros::<i32>(1)?;
+        let (pi, pbad) = (idx.ptr(&self.stream), bad.device_ptr(&self.stream).0);
+        let (nn, sz) = (count(n, what)?, count(size, what)?);
+        launch!(self, f, grid(n), &pi, &nn, &sz, &pbad)?;
+        if self.check_flag(&bad, what).is_err() {
+            let host = self.download(idx)?.to_i64_vec();
+            crate::cpu::indexing::check_indices(what, &host, dim, size)?;
+            return Err(KernelError(format!(
+                "{what}: an index is out of bounds for dimension {dim} with size {size}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `gather` (see [`model_kernels::gather_dim`]); checks and errors as the CPU's. Every
+    /// dtype of `a`.
+    fn gather_dim(
+        &self,
+        a: &CudaTensor,
+        dim: usize,
+        idx: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        let p = layouts::gather(&a.shape, &idx.shape, dim)?;
+        self.check_indices("gather", idx, dim, p.dim_size as usize)?;
+        let out = self.empty(p.shape.clone(), a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::gather_dim(a.dtype), "gather")?;
+        let (pa, pi, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let nn = count(n, "gather")?;
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pa,
+            &pi,
+            &p.layout,
+            &p.dim_stride,
+            &p.dim_size,
+            &po,
+            &nn
+        )?;
+        Ok(out)
+    }
+
+    /// `scatter_add` (see [`model_kernels::scatter_add`]): deterministic, and the CPU's bits,
+    /// since each output element adds its contributions itself in index order. Floats and i64.
+    fn scatter_add(
+        &self,
+        a: &CudaTensor,
+        dim: usize,
+        idx: &CudaTensor,
+        src: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        if src.dtype != a.dtype {
+            return Err(KernelError(format!(
+                "scatter_add: src is {}, the input {}; they must agree",
+                src.dtype, a.dtype
+            )));
+        }
+        let l = layouts::scatter(&a.shape, &idx.shape, &src.shape, dim)?;
+        let size = a.shape.get(dim).copied().unwrap_or(1);
+        self.check_indices("scatter_add", idx, dim, size)?;
+        let out = self.empty(a.shape.clone(), a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::scatter_add(a.dtype), "scatter_add")?;
+        let (pa, pi, ps, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            src.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let nn = count(n, "scatter_add")?;
+        launch!(self, f, grid(n), &pa, &pi, &ps, &l, &po, &nn)?;
+        Ok(out)
+    }
+
+    /// `index_select` (see [`model_kernels::index_select`]); checks and errors as the CPU's.
+    /// Every dtype of `a`.
+    fn index_select(
+        &self,
+        a: &CudaTensor,
+        dim: usize,
+        idx: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        use crate::cpu::indexing::{index_select_shape, index_vector};
+        let m = index_vector("index_select", &idx.shape)?;
+        let shape = index_select_shape(&a.shape, dim, m)?;
+        let (outer, len, inner) = crate::cpu::cumsum::lines(&a.shape, dim)?;
+        self.check_indices("index_select", idx, dim, len)?;
+        let out = self.empty(shape, a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        debug_assert_eq!(n, outer * m * inner);
+        let f = self.function(model_kernels::index_select(a.dtype), "index_select")?;
+        let (pa, pi, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let (l, mm, i, nn) = (
+            count(len, "index_select")?,
+            count(m, "index_select")?,
+            count(inner, "index_select")?,
+            count(n, "index_select")?,
+        );
+        launch!(self, f, grid(n), &pa, &pi, &po, &l, &mm, &i, &nn)?;
+        Ok(out)
+    }
+
+    /// `index_add` (see [`model_kernels::index_add`]): deterministic, the CPU's bits. Floats
+    /// and i64.
+    fn index_add(
+        &self,
+        a: &CudaTensor,
+        dim: usize,
+        idx: &CudaTensor,
+        source: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        let m = crate::cpu::indexing::index_vector("index_add", &idx.shape)?;
+        crate::cpu::indexing::check_index_add(
+            (&a.shape, a.dtype),
+            dim,
+            m,
+            (&source.shape, source.dtype),
+        )?;
+        let (_, len, inner) = crate::cpu::cumsum::lines(&a.shape, dim)?;
+        self.check_indices("index_add", idx, dim, len)?;
+        let out = self.empty(a.shape.clone(), a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::index_add(a.dtype), "index_add")?;
+        let (pa, pi, ps, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            source.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let (l, mm, i, nn) = (
+            count(len, "index_add")?,
+            count(m, "index_add")?,
+            count(inner, "index_add")?,
+            count(n, "index_add")?,
+        );
+        launch!(self, f, grid(n), &pa, &pi, &ps, &po, &l, &mm, &i, &nn)?;
+        Ok(out)
+    }
+
     /// `take_along_dim`: `a` gathered by i64 indices (see [`layouts::take_along_dim`]); an
     /// index out of range is an error, as on the CPU. Every dtype of `a`.
     fn take_along_dim(
@@ -2223,6 +2404,10 @@ impl CudaBackend {
                 self.convert_to(&e, dst.dtype)
             }
             Kernel::TakeAlongDim { dim } => self.take_along_dim(t(0)?, t(1)?, *dim),
+            Kernel::Gather { dim } => self.gather_dim(t(0)?, *dim, t(1)?),
+            Kernel::ScatterAdd { dim } => self.scatter_add(t(0)?, *dim, t(1)?, t(2)?),
+            Kernel::IndexSelect { dim } => self.index_select(t(0)?, *dim, t(1)?),
+            Kernel::IndexAdd { dim } => self.index_add(t(0)?, *dim, t(1)?, t(2)?),
             Kernel::NllLossBackward {
                 reduction,
                 ignore_index,

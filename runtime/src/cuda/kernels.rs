@@ -12,8 +12,8 @@
 //! compiles, and the op lists it is built from are checked against the op enums at compile
 //! time (a new op or `Kernel` variant that is not listed does not build). The real models'
 //! kernels (convolution, pooling, embedding, var_mean, layout, comparisons, fills, random
-//! numbers, integer ops, take_along_dim, nll_loss and softmax backward) are generated in
-//! [`super::model_kernels`].
+//! numbers, integer ops, take_along_dim, indexing, nll_loss and softmax backward) are
+//! generated in [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
 use crate::exec::kernel::{
@@ -441,6 +441,12 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::Normal { .. } => vec![m::normal(d)],
         // the ops of a model's own cross-entropy
         Kernel::TakeAlongDim { .. } => vec![m::take_along_dim(d)],
+        // indices bounds-checked first (an index out of range is an error naming it); the adds
+        // run one thread per output element, in index order (deterministic, no atomics)
+        Kernel::Gather { .. } => checked(m::gather_dim(d)),
+        Kernel::IndexSelect { .. } => checked(m::index_select(d)),
+        Kernel::ScatterAdd { .. } => checked(m::scatter_add(d)),
+        Kernel::IndexAdd { .. } => checked(m::index_add(d)),
         // grad, weight and total_weight are read as f32
         Kernel::NllLossBackward { .. } if ctype(d).is_some() => {
             vec![m::nll_loss_backward(d), convert(d, DType::F32)]
@@ -456,6 +462,14 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::SoftmaxBackward { .. } => vec![],
     };
     v.into_iter().flatten().collect()
+}
+
+/// An indexing kernel and, when it exists for the dtype, the bounds check run before it.
+fn checked(main: Option<Source>) -> Vec<Option<Source>> {
+    match main {
+        Some(k) => vec![Some(model_kernels::index_check()), Some(k)],
+        None => vec![],
+    }
 }
 
 /// One kernel of each kind with each op (the shape-like fields do not change the source).
@@ -508,6 +522,10 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Uniform { .. }
             | Kernel::Normal { .. }
             | Kernel::TakeAlongDim { .. }
+            | Kernel::Gather { .. }
+            | Kernel::ScatterAdd { .. }
+            | Kernel::IndexSelect { .. }
+            | Kernel::IndexAdd { .. }
             | Kernel::NllLossBackward { .. }
             | Kernel::SoftmaxBackward { .. } => (),
         }
@@ -637,6 +655,10 @@ pub fn every_kernel() -> Vec<Kernel> {
         },
         Kernel::TakeAlongDim { dim: Some(0) },
         Kernel::TakeAlongDim { dim: None },
+        Kernel::Gather { dim: 0 },
+        Kernel::ScatterAdd { dim: 0 },
+        Kernel::IndexSelect { dim: 0 },
+        Kernel::IndexAdd { dim: 0 },
     ]);
     ks.extend(
         [
@@ -721,11 +743,13 @@ mod tests {
         let c = catalog();
         let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
         // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
-        // nll_loss_backward, softmax and log_softmax backward, the activations with parameters
-        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2 + 1;
-        // permute, pad, cat, fill, arange, embedding, where, take_along_dim, and the
-        // comparisons
-        let every = 8 + COMPARE_OPS.len();
+        // nll_loss_backward, softmax and log_softmax backward, the activations with parameters,
+        // cumsum, argmax, argmin, adaptive pooling and its backward, normal, scatter_add,
+        // index_add
+        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2 + 1 + 2;
+        // permute, pad, cat, fill, arange, embedding, where, take_along_dim, gather_dim,
+        // index_select, and the comparisons
+        let every = 10 + COMPARE_OPS.len();
         let converts = ALL_DTYPES.len() * (ALL_DTYPES.len() - 1);
         let want = DTYPES.len() * (float + float_models)
             + ALL_DTYPES.len() * every
@@ -734,6 +758,8 @@ mod tests {
             + 4 // integer sum, amax, amin and prod
             + 3 // i64 cumsum, argmax and argmin
             + 2 * 4 // and, or, xor, not on i64 and bool
+            + 2 // i64 scatter_add and index_add
+            + 1 // index_check
             + 1; // embedding_count
         assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
@@ -770,6 +796,8 @@ mod tests {
                 "adaptive_avg_pool2d_backward",
                 "argmax",
                 "argmin",
+                "scatter_add",
+                "index_add",
             ] {
                 has(format!("{name}_{d}"));
             }
@@ -784,6 +812,8 @@ mod tests {
                 "embedding",
                 "where",
                 "take_along_dim",
+                "gather_dim",
+                "index_select",
             ] {
                 has(format!("{name}_{d}"));
             }
@@ -805,6 +835,10 @@ mod tests {
             has(format!("bitwise_{op}_b8"));
         }
         has("reduce_int_prod".into());
+        for name in ["scatter_add", "index_add"] {
+            has(format!("{name}_i64"));
+        }
+        has("index_check".into());
         for d in DTYPES {
             has(format!("reduce_amin_{d}"));
             has(format!("reduce_prod_{d}"));

@@ -337,6 +337,24 @@ pub enum Kernel {
     TakeAlongDim {
         dim: Option<usize>,
     },
+    /// `gather(a, dim, index)`: inputs `a, index`; shaped like `index`.
+    Gather {
+        dim: usize,
+    },
+    /// `scatter_add(a, dim, index, src)`: inputs `a, index, src`; `a` plus each `src`
+    /// element added where `index` sends it along `dim`.
+    ScatterAdd {
+        dim: usize,
+    },
+    /// `index_select(a, dim, index)`: inputs `a, index` (a vector of indices).
+    IndexSelect {
+        dim: usize,
+    },
+    /// `index_add(a, dim, index, source)`: inputs `a, index, source`; slice `i` of `source`
+    /// added to slice `index[i]` of `a`.
+    IndexAdd {
+        dim: usize,
+    },
     /// `nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight)`:
     /// inputs `grad, a, target, total_weight` and, when `weighted`, `weight`.
     NllLossBackward {

@@ -285,6 +285,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ),
         ("ltorch.embedding", Cpu(embedding)),
         ("ltorch.take_along_dim", Cpu(take_along_dim)),
+        ("ltorch.gather", Cpu(gather)),
+        ("ltorch.scatter_add", Cpu(scatter_add)),
+        ("ltorch.index_select", Cpu(index_select)),
+        ("ltorch.index_add", Cpu(index_add)),
         ("ltorch.nll_loss_backward", Cpu(nll_loss_backward)),
         (
             "ltorch.log_softmax_backward",
@@ -1150,6 +1154,54 @@ fn take_along_dim(o: &mut Ops<'_>) -> Result<Kernel, String> {
         None => None,
     };
     Ok(Kernel::TakeAlongDim { dim })
+}
+
+/// The dimension operand `i` (`dim`) of an op on `input`, normalized: negative counts from
+/// the end.
+fn dim_operand(o: &Ops<'_>, i: usize, input: usize, what: &str) -> Result<usize, String> {
+    let rank = o.in_shape(input)?.len();
+    let d = o
+        .int(i, "dim")?
+        .ok_or_else(|| format!("{what} needs a dim"))?;
+    norm_dim(d, rank)
+}
+
+/// `gather(input, dim, index)`.
+fn gather(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    o.tensor(2, "index")?;
+    Ok(Kernel::Gather {
+        dim: dim_operand(o, 1, 0, "gather")?,
+    })
+}
+
+/// `scatter_add(a, dim, index, src)`.
+fn scatter_add(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(2, "index")?;
+    o.tensor(3, "src")?;
+    Ok(Kernel::ScatterAdd {
+        dim: dim_operand(o, 1, 0, "scatter_add")?,
+    })
+}
+
+/// `index_select(a, dim, index)`.
+fn index_select(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(2, "index")?;
+    Ok(Kernel::IndexSelect {
+        dim: dim_operand(o, 1, 0, "index_select")?,
+    })
+}
+
+/// `index_add(a, dim, index, source)` (Thunder's symbol has no `alpha`).
+fn index_add(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(2, "index")?;
+    o.tensor(3, "source")?;
+    Ok(Kernel::IndexAdd {
+        dim: dim_operand(o, 1, 0, "index_add")?,
+    })
 }
 
 /// `nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight)`.
