@@ -474,3 +474,47 @@ fn index_select_and_index_add_as_thunder_prints_them() {
     let e = fails(&bad, "t0 = torch.index_add(z, 0, i, g)");
     assert!(e.contains("`source` is cpu bf16, the input cpu f32"), "{e}");
 }
+
+#[test]
+fn sorting_ops_as_thunder_prints_them() {
+    // torch.argsort(t65, dim=1, descending=False, stable=False) and
+    // (t64, t65) = torch.topk(t63, 4, 1, True, True), as Thunder 0.2.6 prints them
+    let a = [("a", "cpu f32[4, 16]")];
+    assert_eq!(
+        one(
+            &a,
+            "t0 = torch.argsort(a, dim=1, descending=False, stable=False)"
+        ),
+        "cpu i64[4, 16]"
+    );
+    assert_eq!(one(&a, "t0 = torch.argsort(a, dim=None)"), "cpu i64[4, 16]");
+    assert!(fails(&a, "t0 = torch.argsort(a, dim=2)").contains("out of range"));
+    assert_eq!(
+        infer(&a, "(t0, t1) = torch.topk(a, 4, 1, True, True)").unwrap(),
+        vec!["cpu f32[4, 4]", "cpu i64[4, 4]"]
+    );
+    assert_eq!(
+        infer(&a, "(t0, t1) = torch.topk(a, 2, 0, False, False)").unwrap(),
+        vec!["cpu f32[2, 16]", "cpu i64[2, 16]"]
+    );
+    let e = infer(&a, "(t0, t1) = torch.topk(a, 17, 1, True, True)").unwrap_err();
+    assert!(e.contains("k = 17 is out of range"), "{e}");
+    let s = [("a", "cpu f32[]")];
+    assert_eq!(
+        infer(&s, "(t0, t1) = torch.topk(a, 1)").unwrap(),
+        vec!["cpu f32[]", "cpu i64[]"]
+    );
+    assert!(infer(&s, "(t0, t1) = torch.topk(a, 2)").is_err());
+    assert_eq!(
+        infer(
+            &a,
+            "(t0, t1) = torch.sort(a, dim=0, descending=True, stable=False)"
+        )
+        .unwrap(),
+        vec!["cpu f32[4, 16]", "cpu i64[4, 16]"]
+    );
+    assert_eq!(
+        infer(&a, "(t0, t1) = torch.sort(a)").unwrap(),
+        vec!["cpu f32[4, 16]", "cpu i64[4, 16]"]
+    );
+}

@@ -859,7 +859,7 @@ fn stack_matches_the_cpu() {
 }
 
 /// Runs `k` on both backends and asks for the same bits in every output (the indexing kernels
-/// copy, or add in the CPU's order).
+/// copy, or add in the CPU's order; sorts are stable on both).
 fn check_exact(g: &CudaBackend, k: &Kernel, inputs: &[Tensor], what: &str) {
     let cpu_in: Vec<Input<'_, Tensor>> = inputs.iter().map(Input::Tensor).collect();
     let want = CpuBackend
@@ -974,4 +974,48 @@ fn gather_scatter_add_index_select_and_index_add_give_the_cpus_bits() {
         e.0,
         "gather: index 4 is out of bounds for dimension 1 with size 4"
     );
+}
+
+#[test]
+fn sort_argsort_and_topk_give_the_cpus_order() {
+    let Some(g) = gpu() else { return };
+    for d in [DType::F32, DType::BF16, DType::F16, DType::I64] {
+        // ties (quarters, -0.0 and 0.0) and NaNs
+        let v: Vec<f64> = random(&[6, 40, 3], 111, DType::F64)
+            .to_f64_vec()
+            .iter()
+            .enumerate()
+            .map(|(k, x)| match k % 13 {
+                4 => f64::NAN,
+                6 => -0.0,
+                8 => 0.0,
+                _ => (x * 4.0).round(),
+            })
+            .map(|x| {
+                if d == DType::I64 && x.is_nan() {
+                    9.0
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let x = Tensor::from_f64(vec![6, 40, 3], v).to_dtype(d).unwrap();
+        for dim in [0, 1, 2] {
+            for descending in [false, true] {
+                let what = format!("sort along {dim} in {d}, descending {descending}");
+                let k = Kernel::Sort { dim, descending };
+                check_exact(&g, &k, std::slice::from_ref(&x), &what);
+                let k = Kernel::Argsort { dim, descending };
+                check_exact(&g, &k, std::slice::from_ref(&x), &what);
+            }
+            let len = [6, 40, 3][dim];
+            for k in [0, 1, len.min(4), len] {
+                for largest in [true, false] {
+                    let kernel = Kernel::Topk { k, dim, largest };
+                    let what = format!("{kernel:?} in {d}");
+                    check_exact(&g, &kernel, std::slice::from_ref(&x), &what);
+                }
+            }
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! Indexing along a dimension (`gather`, `scatter_add`, `index_select`, `index_add`) on the
-//! CPU against their definitions, written out
+//! Indexing and sorting along a dimension (`gather`, `scatter_add`, `index_select`,
+//! `index_add`, `sort`, `argsort`, `topk`) on the CPU against their definitions, written out
 //! here over explicit coordinates in f64; then Thunder 0.2.6's printed statements (copied from
 //! real exports) run through `Plan::compile` and the executor.
 
@@ -185,6 +185,64 @@ fn index_add_def(
     (out, scale)
 }
 
+/// `a` sorts strictly before `b` ascending: PyTorch puts NaN above every number.
+fn before(a: f64, b: f64) -> bool {
+    !a.is_nan() && (b.is_nan() || a < b)
+}
+
+/// The stable order of `v`: each position inserted before the first one it sorts strictly
+/// before, so equal values keep their index order.
+fn stable_order(v: &[f64], descending: bool) -> Vec<usize> {
+    let mut order: Vec<usize> = Vec::with_capacity(v.len());
+    for j in 0..v.len() {
+        let at = order
+            .iter()
+            .position(|&q| {
+                if descending {
+                    before(v[q], v[j])
+                } else {
+                    before(v[j], v[q])
+                }
+            })
+            .unwrap_or(order.len());
+        order.insert(at, j);
+    }
+    order
+}
+
+/// The first `take` of each line's stable order along `dim`: (values, indices), shaped as
+/// `shape` with `dim` resized to `take`.
+fn sorted_def(
+    v: &[f64],
+    shape: &[usize],
+    dim: usize,
+    descending: bool,
+    take: usize,
+) -> (Vec<f64>, Vec<i64>) {
+    if shape.is_empty() {
+        // PyTorch: a 0-d input gives itself, even for topk's k = 0
+        return (v.to_vec(), vec![0]);
+    }
+    let mut osh = shape.to_vec();
+    osh[dim] = take;
+    let n: usize = osh.iter().product();
+    let (mut vals, mut idx) = (vec![0.0; n], vec![0i64; n]);
+    for e in 0..n {
+        let c = coords(e, &osh);
+        let line: Vec<f64> = (0..shape[dim])
+            .map(|j| {
+                let mut q = c.clone();
+                q[dim] = j;
+                v[flat(&q, shape)]
+            })
+            .collect();
+        let j = stable_order(&line, descending)[c[dim]];
+        vals[e] = line[j];
+        idx[e] = j as i64;
+    }
+    (vals, idx)
+}
+
 /// Bitwise equality of values as f64 (NaN equal to NaN, -0.0 and 0.0 told apart).
 fn same_values(got: &Tensor, want: &[f64], what: &str) {
     let g = got.to_f64_vec();
@@ -297,6 +355,84 @@ fn index_select_and_index_add_match_their_definitions() {
     );
 }
 
+/// Values with ties (quarters), NaNs, -0.0 and 0.0.
+fn with_ties(shape: &[usize], seed: u64, dtype: DType) -> (Tensor, Vec<f64>) {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = values(n, seed)
+        .iter()
+        .enumerate()
+        .map(|(k, x)| match k % 11 {
+            3 => f64::NAN,
+            5 => -0.0,
+            7 => 0.0,
+            _ => (x * 4.0).round() / 4.0,
+        })
+        .map(|x| match dtype {
+            DType::I64 => {
+                if x.is_nan() {
+                    7.0
+                } else {
+                    x * 4.0
+                }
+            }
+            _ => x,
+        })
+        .collect();
+    let t = Tensor::from_f64(shape.to_vec(), v).to_dtype(dtype).unwrap();
+    let held = t.to_f64_vec();
+    (t, held)
+}
+
+#[test]
+fn sort_argsort_and_topk_are_stable_with_nan_above_everything() {
+    let cases: &[(&[usize], usize)] = &[
+        (&[4, 16], 1),
+        (&[5, 3, 4], 0),
+        (&[5, 3, 4], 1),
+        (&[5, 3, 4], 2),
+        (&[33], 0),
+        (&[], 0),
+    ];
+    for (case, &(shape, dim)) in cases.iter().enumerate() {
+        for dtype in FLOATS.into_iter().chain([DType::I64]) {
+            let (x, xv) = with_ties(shape, case as u64 + 51, dtype);
+            let len = shape.get(dim).copied().unwrap_or(1);
+            for descending in [false, true] {
+                let what = format!("sort {shape:?} along {dim} in {dtype}, desc {descending}");
+                let (want_v, want_i) = sorted_def(&xv, shape, dim, descending, len);
+                let out = run(&Kernel::Sort { dim, descending }, &[&x]).unwrap();
+                assert_eq!(out.len(), 2);
+                assert_eq!((out[0].shape(), out[0].dtype()), (shape, dtype));
+                assert_eq!((out[1].shape(), out[1].dtype()), (shape, DType::I64));
+                same_values(&out[0], &want_v, &what);
+                assert_eq!(out[1].to_i64_vec(), want_i, "{what}");
+                let a = run1(&Kernel::Argsort { dim, descending }, &[&x]);
+                assert_eq!(a.to_i64_vec(), want_i, "arg{what}");
+            }
+            for k in [0, 1, len.min(3), len] {
+                for largest in [true, false] {
+                    let what = format!("topk {k} of {shape:?} along {dim} in {dtype}");
+                    let (want_v, want_i) = sorted_def(&xv, shape, dim, largest, k);
+                    let out = run(&Kernel::Topk { k, dim, largest }, &[&x]).unwrap();
+                    same_values(&out[0], &want_v, &what);
+                    assert_eq!(out[1].to_i64_vec(), want_i, "{what}");
+                }
+            }
+        }
+    }
+    let (a, _) = input(&[3, 4], 1, DType::F32);
+    let e = run(
+        &Kernel::Topk {
+            k: 5,
+            dim: 1,
+            largest: true,
+        },
+        &[&a],
+    )
+    .unwrap_err();
+    assert!(e.contains("topk: 5 elements asked of dimension 1"), "{e}");
+}
+
 #[test]
 fn out_of_range_indices_and_bad_operands_are_clear_errors() {
     let (a, _) = input(&[3, 4], 1, DType::F32);
@@ -397,6 +533,34 @@ fn thunders_gather_and_scatter_add_statements_run() {
 }
 
 #[test]
+fn thunders_argsort_statement_runs() {
+    // from a Thunder 0.2.6 export of `torch.gather(h, 1, torch.argsort(h, dim=1)[:, :8])`
+    let text = r#"def computation(t65):
+  # t65: "cpu f32[4, 16]"
+  t66 = torch.argsort(t65, dim=1, descending=False, stable=False)  # t66: "cpu i64[4, 16]"
+  t67 = Tensor.__getitem__(t66, (slice(None,None,None), slice(None,8,None)))  # t67: "cpu i64[4, 8]"
+  t68 = torch.gather(t65, 1, t67)  # t68: "cpu f32[4, 8]"
+  t69 = torch.argsort(t65, dim=-1, descending=True, stable=True)  # t69: "cpu i64[4, 16]"
+  return (t66, t68, t69)
+"#;
+    let (h, hv) = input(&[4, 16], 63, DType::F32);
+    let out = execute(text, vec![h]);
+    let (_, order) = sorted_def(&hv, &[4, 16], 1, false, 16);
+    assert_eq!(out[0].to_i64_vec(), order);
+    // the 8 smallest of each row, ascending
+    let first: Vec<usize> = (0..32)
+        .map(|e| order[(e / 8) * 16 + e % 8] as usize)
+        .collect();
+    same_values(
+        &out[1],
+        &gather_def(&hv, &[4, 16], 1, &first, &[4, 8]),
+        "gather",
+    );
+    let (_, order) = sorted_def(&hv, &[4, 16], 1, true, 16);
+    assert_eq!(out[2].to_i64_vec(), order);
+}
+
+#[test]
 fn thunders_index_select_and_index_add_statements_run() {
     // from a Thunder 0.2.6 export of `torch.index_select(self.w, 0, idx.flatten())` and its
     // backward
@@ -421,4 +585,49 @@ fn thunders_index_select_and_index_add_statements_run() {
     same_values(&out[2], &want, "index_select along -2");
     let (want, scale) = index_add_def(&[0.0; 512], &[32, 16], 0, &iv, &gv, &[16, 16]);
     assert_sums(&out[1], &want, &scale, "index_add");
+}
+
+#[test]
+fn thunders_topk_and_its_scatter_add_backward_run() {
+    // from a Thunder 0.2.6 export of `torch.topk(self.l(x), 4, dim=1)[0]`: a tuple result
+    // without type comments, and its backward
+    let text = r#"def computation(t63, t69):
+  # t63: "cpu f32[4, 16]"
+  # t69: "cpu f32[4, 4]"
+  (t64, t65) = torch.topk(t63, 4, 1, True, True)
+  t77 = torch.zeros_like(t63, device=None, dtype=None)  # t77: "cpu f32[4, 16]"
+  t78 = torch.scatter_add(t77, 1, t65, t69)  # t78: "cpu f32[4, 16]"
+  (t90, t91) = torch.topk(t63, 3, -1, False, True)
+  return (t64, t65, t78, t90, t91)
+"#;
+    let (x, xv) = input(&[4, 16], 81, DType::F32);
+    let (g, gv) = input(&[4, 4], 82, DType::F32);
+    let out = execute(text, vec![x, g]);
+    let (v, i) = sorted_def(&xv, &[4, 16], 1, true, 4);
+    same_values(&out[0], &v, "topk values");
+    assert_eq!(out[1].to_i64_vec(), i);
+    let iu: Vec<usize> = i.iter().map(|&j| j as usize).collect();
+    let (want, scale) = scatter_add_def(&[0.0; 64], &[4, 16], 1, &iu, &[4, 4], &gv, &[4, 4]);
+    assert_sums(&out[2], &want, &scale, "scatter_add");
+    let (v, i) = sorted_def(&xv, &[4, 16], 1, false, 3);
+    same_values(&out[3], &v, "smallest 3");
+    assert_eq!(out[4].to_i64_vec(), i);
+}
+
+#[test]
+fn a_sort_statement_gives_values_and_indices() {
+    let text = r#"def computation(a):
+  # a: "cpu bf16[3, 5]"
+  (t0, t1) = torch.sort(a, dim=0, descending=True, stable=True)
+  (t2, t3) = torch.sort(a, dim=-1, descending=False, stable=False)
+  return (t0, t1, t2, t3)
+"#;
+    let (a, av) = with_ties(&[3, 5], 91, DType::BF16);
+    let out = execute(text, vec![a]);
+    let (v, i) = sorted_def(&av, &[3, 5], 0, true, 3);
+    same_values(&out[0], &v, "descending along 0");
+    assert_eq!(out[1].to_i64_vec(), i);
+    let (v, i) = sorted_def(&av, &[3, 5], 1, false, 5);
+    same_values(&out[2], &v, "ascending along -1");
+    assert_eq!(out[3].to_i64_vec(), i);
 }

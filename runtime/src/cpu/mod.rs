@@ -24,6 +24,7 @@ pub(crate) mod promote;
 pub(crate) mod random;
 pub(crate) mod real;
 pub(crate) mod reduce;
+pub(crate) mod sort;
 pub(crate) mod var_mean;
 
 use crate::exec::backend::{Backend, Input, KernelError};
@@ -46,6 +47,7 @@ pub mod kernels {
     pub use super::pool::{max_pool2d_with_indices, max_pool2d_with_indices_backward, Pool2d};
     pub use super::random::{normal, uniform};
     pub use super::reduce::{reduce, softmax};
+    pub use super::sort::{argsort, sort, topk};
     pub use super::var_mean::var_mean;
 }
 
@@ -214,6 +216,7 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         Kernel::ScatterAdd { dim } => indexing::scatter_add(t(0)?, *dim, t(1)?, t(2)?),
         Kernel::IndexSelect { dim } => indexing::index_select(t(0)?, *dim, t(1)?),
         Kernel::IndexAdd { dim } => indexing::index_add(t(0)?, *dim, t(1)?, t(2)?),
+        Kernel::Argsort { dim, descending } => sort::argsort(t(0)?, *dim, *descending),
         Kernel::NllLossBackward {
             reduction,
             ignore_index,
@@ -304,7 +307,11 @@ impl Backend for CpuBackend {
                 dtype,
             } => reduce::reduce(tensor(inputs, 0)?, *op, dims, *keepdim, *dtype),
             Kernel::Softmax { dim, log } => reduce::softmax(tensor(inputs, 0)?, *dim, *log),
-            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } | Kernel::Split { .. } => {
+            Kernel::MaxPool2d { .. }
+            | Kernel::VarMean { .. }
+            | Kernel::Split { .. }
+            | Kernel::Sort { .. }
+            | Kernel::Topk { .. } => {
                 let mut outs = self.run_multi(kernel, inputs)?;
                 if outs.len() != 1 {
                     return Err(KernelError(format!(
@@ -348,6 +355,12 @@ impl Backend for CpuBackend {
                 &layout::SplitSizes::Sizes(sizes.clone()),
                 *dim,
             ),
+            Kernel::Sort { dim, descending } => {
+                sort::sort(tensor(inputs, 0)?, *dim, *descending).map(|(v, i)| vec![v, i])
+            }
+            Kernel::Topk { k, dim, largest } => {
+                sort::topk(tensor(inputs, 0)?, *k, *dim, *largest).map(|(v, i)| vec![v, i])
+            }
             Kernel::ConvTransposeVjp {
                 stride,
                 padding,

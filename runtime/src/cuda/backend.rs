@@ -1911,6 +1911,81 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// `sort`, `argsort` (no values) and `topk` along `dim` (see
+    /// [`model_kernels::sort_rank`]): the first `take` of each line in stable order, as
+    /// `cpu::sort`. Floats and i64.
+    fn sort_lines(
+        &self,
+        x: &CudaTensor,
+        dim: usize,
+        descending: bool,
+        take: usize,
+        values: bool,
+    ) -> Result<(Option<CudaTensor>, CudaTensor), KernelError> {
+        let what = "sort";
+        let (outer, len, inner) = crate::cpu::cumsum::lines(&x.shape, dim)?;
+        if take > len {
+            return Err(KernelError(format!(
+                "{what}: {take} elements asked of dimension {dim} of {:?}",
+                x.shape
+            )));
+        }
+        let mut shape = x.shape.clone();
+        if let Some(s) = shape.get_mut(dim) {
+            *s = take;
+        }
+        let indices = self.empty(shape.clone(), DType::I64)?;
+        let vals = if values {
+            Some(self.empty(shape, x.dtype)?)
+        } else {
+            None
+        };
+        let n = x.numel();
+        if n == 0 || take == 0 {
+            return Ok((vals, indices));
+        }
+        let f = self.function(model_kernels::sort_rank(x.dtype), what)?;
+        let (pin, pidx) = (x.ptr(&self.stream), indices.ptr(&self.stream));
+        let pv = vals.as_ref().map_or(0u64, |v| v.ptr(&self.stream));
+        let (o, l, i, t, nn) = (
+            count(outer, what)?,
+            count(len, what)?,
+            count(inner, what)?,
+            count(take, what)?,
+            count(n, what)?,
+        );
+        let desc = i32::from(descending);
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pin,
+            &pv,
+            &pidx,
+            &o,
+            &l,
+            &i,
+            &t,
+            &desc,
+            &nn
+        )?;
+        Ok((vals, indices))
+    }
+
+    /// The values and indices of [`Self::sort_lines`], both asked for.
+    fn sorted_pair(
+        &self,
+        x: &CudaTensor,
+        dim: usize,
+        descending: bool,
+        take: usize,
+    ) -> Result<Vec<CudaTensor>, KernelError> {
+        match self.sort_lines(x, dim, descending, take, true)? {
+            (Some(v), i) => Ok(vec![v, i]),
+            (None, _) => Err(KernelError("sort: the values were not computed".into())),
+        }
+    }
+
     /// `take_along_dim`: `a` gathered by i64 indices (see [`layouts::take_along_dim`]); an
     /// index out of range is an error, as on the CPU. Every dtype of `a`.
     fn take_along_dim(
@@ -2203,6 +2278,17 @@ impl CudaBackend {
                     .map(|v| self.gather(x, v))
                     .collect()
             }
+            Kernel::Sort { dim, descending } => {
+                let x = tensor(inputs, 0)?;
+                let len = x.shape.get(*dim).copied().unwrap_or(1);
+                self.sorted_pair(x, *dim, *descending, len)
+            }
+            Kernel::Topk { k, dim, largest } => {
+                // a 0-d input gives itself for k = 0 too, as on the CPU (and in PyTorch)
+                let x = tensor(inputs, 0)?;
+                let k = if x.shape.is_empty() { (*k).max(1) } else { *k };
+                self.sorted_pair(x, *dim, *largest, k)
+            }
             Kernel::ConvTransposeVjp {
                 stride,
                 padding,
@@ -2408,6 +2494,12 @@ impl CudaBackend {
             Kernel::ScatterAdd { dim } => self.scatter_add(t(0)?, *dim, t(1)?, t(2)?),
             Kernel::IndexSelect { dim } => self.index_select(t(0)?, *dim, t(1)?),
             Kernel::IndexAdd { dim } => self.index_add(t(0)?, *dim, t(1)?, t(2)?),
+            Kernel::Argsort { dim, descending } => {
+                let x = t(0)?;
+                let len = x.shape.get(*dim).copied().unwrap_or(1);
+                self.sort_lines(x, *dim, *descending, len, false)
+                    .map(|(_, i)| i)
+            }
             Kernel::NllLossBackward {
                 reduction,
                 ignore_index,
@@ -2545,7 +2637,11 @@ impl Backend for CudaBackend {
                 }
                 Ok(out)
             }
-            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } | Kernel::Split { .. } => {
+            Kernel::MaxPool2d { .. }
+            | Kernel::VarMean { .. }
+            | Kernel::Split { .. }
+            | Kernel::Sort { .. }
+            | Kernel::Topk { .. } => {
                 let mut outs = self.run_multi_op(kernel, inputs)?;
                 if outs.len() != 1 {
                     return Err(KernelError(format!(

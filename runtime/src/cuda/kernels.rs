@@ -12,8 +12,8 @@
 //! compiles, and the op lists it is built from are checked against the op enums at compile
 //! time (a new op or `Kernel` variant that is not listed does not build). The real models'
 //! kernels (convolution, pooling, embedding, var_mean, layout, comparisons, fills, random
-//! numbers, integer ops, take_along_dim, indexing, nll_loss and softmax backward) are
-//! generated in [`super::model_kernels`].
+//! numbers, integer ops, take_along_dim, indexing and sorting, nll_loss and softmax
+//! backward) are generated in [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
 use crate::exec::kernel::{
@@ -447,6 +447,9 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::IndexSelect { .. } => checked(m::index_select(d)),
         Kernel::ScatterAdd { .. } => checked(m::scatter_add(d)),
         Kernel::IndexAdd { .. } => checked(m::index_add(d)),
+        Kernel::Sort { .. } | Kernel::Argsort { .. } | Kernel::Topk { .. } => {
+            vec![m::sort_rank(d)]
+        }
         // grad, weight and total_weight are read as f32
         Kernel::NllLossBackward { .. } if ctype(d).is_some() => {
             vec![m::nll_loss_backward(d), convert(d, DType::F32)]
@@ -526,6 +529,9 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::ScatterAdd { .. }
             | Kernel::IndexSelect { .. }
             | Kernel::IndexAdd { .. }
+            | Kernel::Sort { .. }
+            | Kernel::Argsort { .. }
+            | Kernel::Topk { .. }
             | Kernel::NllLossBackward { .. }
             | Kernel::SoftmaxBackward { .. } => (),
         }
@@ -659,6 +665,19 @@ pub fn every_kernel() -> Vec<Kernel> {
         Kernel::ScatterAdd { dim: 0 },
         Kernel::IndexSelect { dim: 0 },
         Kernel::IndexAdd { dim: 0 },
+        Kernel::Sort {
+            dim: 0,
+            descending: false,
+        },
+        Kernel::Argsort {
+            dim: 0,
+            descending: true,
+        },
+        Kernel::Topk {
+            k: 1,
+            dim: 0,
+            largest: true,
+        },
     ]);
     ks.extend(
         [
@@ -745,8 +764,8 @@ mod tests {
         // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
         // nll_loss_backward, softmax and log_softmax backward, the activations with parameters,
         // cumsum, argmax, argmin, adaptive pooling and its backward, normal, scatter_add,
-        // index_add
-        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2 + 1 + 2;
+        // index_add, sort_rank
+        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2 + 1 + 3;
         // permute, pad, cat, fill, arange, embedding, where, take_along_dim, gather_dim,
         // index_select, and the comparisons
         let every = 10 + COMPARE_OPS.len();
@@ -758,7 +777,7 @@ mod tests {
             + 4 // integer sum, amax, amin and prod
             + 3 // i64 cumsum, argmax and argmin
             + 2 * 4 // and, or, xor, not on i64 and bool
-            + 2 // i64 scatter_add and index_add
+            + 3 // i64 scatter_add, index_add and sort_rank
             + 1 // index_check
             + 1; // embedding_count
         assert_eq!(c.len(), want);
@@ -798,6 +817,7 @@ mod tests {
                 "argmin",
                 "scatter_add",
                 "index_add",
+                "sort_rank",
             ] {
                 has(format!("{name}_{d}"));
             }
@@ -835,7 +855,7 @@ mod tests {
             has(format!("bitwise_{op}_b8"));
         }
         has("reduce_int_prod".into());
-        for name in ["scatter_add", "index_add"] {
+        for name in ["scatter_add", "index_add", "sort_rank"] {
             has(format!("{name}_i64"));
         }
         has("index_check".into());

@@ -1,5 +1,6 @@
 //! CUDA C sources of the real models' kernels (convolution, pooling, embedding, var_mean,
-//! layout, comparisons, fills, random numbers, integer ops, indexing along a dimension, a model's own cross-entropy backward), generated per dtype like those in [`super::kernels`], whose prelude and
+//! layout, comparisons, fills, random numbers, integer ops, indexing and sorting along a
+//! dimension, a model's own cross-entropy backward), generated per dtype like those in [`super::kernels`], whose prelude and
 //! conventions they share. The CPU kernels in
 //! `crate::cpu` are the reference semantics; where a kernel differs (summation order of
 //! scatter-adds), its doc says so.
@@ -814,6 +815,35 @@ pub fn index_add(d: DType) -> Option<Source> {
     })
 }
 
+/// `sort`, `argsort` and `topk` of `[outer, len, inner]` along the middle dimension, one thread
+/// per input element: its rank is the number of elements of its line that sort before it
+/// (smaller, or larger when `descending`; equal ones before it in index order), so ranks are
+/// a permutation and the order is stable, as `cpu::sort`. Ranks below `take` write the index
+/// (and, when `values` is not null, the value) at that rank. NaN sorts above every number;
+/// -0.0 equals 0.0. Floats compare in f32 (exact for the dtypes), i64 exactly. Costs `len`
+/// reads per element.
+pub fn sort_rank(d: DType) -> Option<Source> {
+    let (t, kt, load) = match ctype(d) {
+        Some((t, ld, _)) => (t, "float", format!("{ld}(in, ")),
+        None if d == DType::I64 => ("long long", "long long", "(in[".to_string()),
+        None => return None,
+    };
+    let close = if d == DType::I64 { "])" } else { ")" };
+    let less = if d == DType::I64 {
+        "__device__ __forceinline__ bool sort_less(long long a, long long b) { return a < b; }"
+    } else {
+        "__device__ __forceinline__ bool sort_less(float a, float b) { return !(a != a) && ((b != b) || a < b); }"
+    };
+    let name = lower(format!("sort_rank_{d}"));
+    let body = format!(
+        "{less}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* values, long long* indices, long long outer, long long len, long long inner, long long take, int descending, long long n) {{\n  GRID_STRIDE(e, n) {{\n    const long long o = e / (len * inner), j = (e / inner) % len, i = e % inner;\n    const {kt} v = {load}e{close};\n    long long rank = 0;\n    for (long long q = 0; q < len; ++q) {{\n      const {kt} w = {load}(o * len + q) * inner + i{close};\n      const bool lt = sort_less(w, v), gt = sort_less(v, w);\n      if ((descending ? gt : lt) || (!lt && !gt && q < j)) ++rank;\n    }}\n    if (rank < take) {{\n      const long long at = (o * take + rank) * inner + i;\n      indices[at] = j;\n      if (values) values[at] = in[e];\n    }}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
 /// The ChaCha8 block function exactly as the device code computes it (for the CPU test that
 /// holds it to `rand_chacha`).
 #[cfg(test)]
@@ -929,6 +959,37 @@ mod tests {
         assert!(convert(DType::F32, DType::F32).is_none());
     }
 
+    /// What `sort_rank` computes (its CUDA C loop, in f32): (values, indices) of the first
+    /// `take` of each line.
+    fn sort_rank_host(
+        x: &[f32],
+        (outer, len, inner): (usize, usize, usize),
+        take: usize,
+        descending: bool,
+    ) -> (Vec<f32>, Vec<i64>) {
+        let less = |a: f32, b: f32| !a.is_nan() && (b.is_nan() || a < b);
+        let mut vals = vec![f32::INFINITY; outer * take * inner];
+        let mut idx = vec![-1i64; outer * take * inner];
+        for e in 0..x.len() {
+            let (o, j, i) = (e / (len * inner), (e / inner) % len, e % inner);
+            let v = x[e];
+            let mut rank = 0;
+            for q in 0..len {
+                let w = x[(o * len + q) * inner + i];
+                let (lt, gt) = (less(w, v), less(v, w));
+                if (if descending { gt } else { lt }) || (!lt && !gt && q < j) {
+                    rank += 1;
+                }
+            }
+            if rank < take {
+                let at = (o * take + rank) * inner + i;
+                idx[at] = j as i64;
+                vals[at] = v;
+            }
+        }
+        (vals, idx)
+    }
+
     /// What `index_add` computes (its CUDA C loop, in f32).
     fn index_add_host(
         a: &[f32],
@@ -948,6 +1009,41 @@ mod tests {
                 acc
             })
             .collect()
+    }
+
+    #[test]
+    fn the_sort_rank_loop_gives_the_cpus_order() {
+        use crate::cpu::sort;
+        use crate::tensor::Tensor;
+        // ties, NaNs, -0.0 and 0.0 along each dimension of [5, 9, 3]
+        let v: Vec<f32> = (0..135)
+            .map(|k| match k % 10 {
+                3 => f32::NAN,
+                5 => -0.0,
+                7 => 0.0,
+                _ => ((k * 37 % 11) as f32 - 5.0) / 2.0,
+            })
+            .collect();
+        let x = Tensor::from_f32(vec![5, 9, 3], v.clone());
+        for dim in 0..3 {
+            let geometry = crate::cpu::cumsum::lines(x.shape(), dim).unwrap();
+            let len = geometry.1;
+            for descending in [false, true] {
+                let (cv, ci) = sort::sort(&x, dim, descending).unwrap();
+                let (hv, hi) = sort_rank_host(&v, geometry, len, descending);
+                assert_eq!(hi, ci.to_i64_vec(), "dim {dim} descending {descending}");
+                let same = hv
+                    .iter()
+                    .zip(cv.to_f32_vec())
+                    .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+                assert!(same, "dim {dim} descending {descending}");
+                for k in [0, 1, len / 2] {
+                    let (_, ti) = sort::topk(&x, k, dim, descending).unwrap();
+                    let (_, hi) = sort_rank_host(&v, geometry, k, descending);
+                    assert_eq!(hi, ti.to_i64_vec(), "topk {k} along {dim}");
+                }
+            }
+        }
     }
 
     #[test]

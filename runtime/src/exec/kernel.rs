@@ -355,6 +355,24 @@ pub enum Kernel {
     IndexAdd {
         dim: usize,
     },
+    /// `sort(a, dim, descending)`: two outputs, the sorted values and their i64 indices. Always
+    /// stable (ties keep their order), so `stable=False` is deterministic too.
+    Sort {
+        dim: usize,
+        descending: bool,
+    },
+    /// `argsort(a, dim, descending)`: the i64 indices of [`Kernel::Sort`].
+    Argsort {
+        dim: usize,
+        descending: bool,
+    },
+    /// `topk(a, k, dim, largest, sorted)`: two outputs, the `k` largest (or smallest) values
+    /// and their i64 indices, always in sorted order, ties by lower index first.
+    Topk {
+        k: usize,
+        dim: usize,
+        largest: bool,
+    },
     /// `nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight)`:
     /// inputs `grad, a, target, total_weight` and, when `weighted`, `weight`.
     NllLossBackward {
@@ -432,7 +450,10 @@ impl Kernel {
     /// How many tensors the kernel gives (the node's outputs).
     pub fn outputs(&self) -> usize {
         match self {
-            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } => 2,
+            Kernel::MaxPool2d { .. }
+            | Kernel::VarMean { .. }
+            | Kernel::Sort { .. }
+            | Kernel::Topk { .. } => 2,
             Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,
