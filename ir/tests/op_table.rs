@@ -378,3 +378,174 @@ fn signatures_check_keywords_and_arity() {
         "{err}"
     );
 }
+
+#[test]
+fn gather_and_scatter_add_as_thunder_prints_them() {
+    // Thunder 0.2.6 prints torch.gather(t65, 1, t67) and, in the backward,
+    // torch.scatter_add(t80, 1, t67, t72)
+    let g = [("a", "cpu f32[4, 16]"), ("i", "cpu i64[4, 8]")];
+    assert_eq!(one(&g, "t0 = torch.gather(a, 1, i)"), "cpu f32[4, 8]");
+    assert_eq!(one(&g, "t0 = torch.gather(a, -1, i)"), "cpu f32[4, 8]");
+    assert_eq!(
+        one(&g, "t0 = torch.gather(input=a, dim=1, index=i)"),
+        "cpu f32[4, 8]"
+    );
+    // index may be larger than the input along dim, not elsewhere
+    let long = [("a", "cpu bf16[3, 4]"), ("i", "cpu i32[2, 9]")];
+    assert_eq!(one(&long, "t0 = torch.gather(a, 1, i)"), "cpu bf16[2, 9]");
+    let e = fails(&long, "t0 = torch.gather(a, 0, i)");
+    assert!(e.contains("larger than input [3, 4] in dimension 1"), "{e}");
+    let e = fails(
+        &[("a", "cpu f32[3, 4]"), ("i", "cpu i64[4]")],
+        "t0 = torch.gather(a, 0, i)",
+    );
+    assert!(e.contains("must have the rank of input"), "{e}");
+    let e = fails(
+        &[("a", "cpu f32[3, 4]"), ("i", "cpu f32[3, 4]")],
+        "t0 = torch.gather(a, 0, i)",
+    );
+    assert!(
+        e.contains("`index` must be an i64 or i32 tensor, got f32"),
+        "{e}"
+    );
+    let e = fails(&g, "t0 = torch.gather(a, 2, i)");
+    assert!(e.contains("dimension 2 out of range for rank 2"), "{e}");
+
+    let s = [
+        ("z", "cpu f32[4, 16]"),
+        ("i", "cpu i64[4, 8]"),
+        ("g", "cpu f32[4, 8]"),
+    ];
+    assert_eq!(
+        one(&s, "t0 = torch.scatter_add(z, 1, i, g)"),
+        "cpu f32[4, 16]"
+    );
+    assert_eq!(
+        one(&s, "t0 = torch.scatter_add(z, -1, i, src=g)"),
+        "cpu f32[4, 16]"
+    );
+    // src may be larger than index; index no larger than src anywhere
+    let big = [
+        ("z", "cpu f32[4, 16]"),
+        ("i", "cpu i64[4, 8]"),
+        ("g", "cpu f32[5, 9]"),
+    ];
+    assert_eq!(
+        one(&big, "t0 = torch.scatter_add(z, 1, i, g)"),
+        "cpu f32[4, 16]"
+    );
+    let small = [
+        ("z", "cpu f32[4, 16]"),
+        ("i", "cpu i64[4, 8]"),
+        ("g", "cpu f32[4, 7]"),
+    ];
+    let e = fails(&small, "t0 = torch.scatter_add(z, 1, i, g)");
+    assert!(e.contains("no larger than src [4, 7]"), "{e}");
+    let mixed = [
+        ("z", "cpu f32[4, 16]"),
+        ("i", "cpu i64[4, 8]"),
+        ("g", "cpu f64[4, 8]"),
+    ];
+    let e = fails(&mixed, "t0 = torch.scatter_add(z, 1, i, g)");
+    assert!(e.contains("`src` is cpu f64, the input cpu f32"), "{e}");
+    let wide = [
+        ("z", "cpu f32[4, 16]"),
+        ("i", "cpu i64[5, 8]"),
+        ("g", "cpu f32[5, 8]"),
+    ];
+    let e = fails(&wide, "t0 = torch.scatter_add(z, 1, i, g)");
+    assert!(e.contains("larger than a [4, 16] in dimension 0"), "{e}");
+}
+
+#[test]
+fn index_select_and_index_add_as_thunder_prints_them() {
+    // torch.index_select(t_w, 0, t73) and its backward torch.index_add(t98, 0, t73, t97)
+    let s = [("w", "cpu f32[32, 16]"), ("i", "cpu i64[16]")];
+    assert_eq!(
+        one(&s, "t0 = torch.index_select(w, 0, i)"),
+        "cpu f32[16, 16]"
+    );
+    assert_eq!(
+        one(&s, "t0 = torch.index_select(w, -1, i)"),
+        "cpu f32[32, 16]"
+    );
+    // a 0-d index selects one slice and keeps the dimension
+    let z = [("w", "cpu f32[32, 16]"), ("i", "cpu i32[]")];
+    assert_eq!(
+        one(&z, "t0 = torch.index_select(w, 1, i)"),
+        "cpu f32[32, 1]"
+    );
+    let e = fails(
+        &[("w", "cpu f32[32, 16]"), ("i", "cpu i64[2, 8]")],
+        "t0 = torch.index_select(w, 0, i)",
+    );
+    assert!(e.contains("index must be a vector"), "{e}");
+    let e = fails(
+        &[("w", "cpu f32[32, 16]"), ("i", "cpu b8[2]")],
+        "t0 = torch.index_select(w, 0, i)",
+    );
+    assert!(e.contains("must be an i64 or i32 tensor, got b8"), "{e}");
+
+    let a = [
+        ("z", "cpu f32[32, 16]"),
+        ("i", "cpu i64[16]"),
+        ("g", "cpu f32[16, 16]"),
+    ];
+    assert_eq!(
+        one(&a, "t0 = torch.index_add(z, 0, i, g)"),
+        "cpu f32[32, 16]"
+    );
+    let e = fails(&a, "t0 = torch.index_add(z, 1, i, g)");
+    assert!(e.contains("source [16, 16] must be a [32, 16]"), "{e}");
+    let bad = [
+        ("z", "cpu f32[32, 16]"),
+        ("i", "cpu i64[16]"),
+        ("g", "cpu bf16[16, 16]"),
+    ];
+    let e = fails(&bad, "t0 = torch.index_add(z, 0, i, g)");
+    assert!(e.contains("`source` is cpu bf16, the input cpu f32"), "{e}");
+}
+
+#[test]
+fn sorting_ops_as_thunder_prints_them() {
+    // torch.argsort(t65, dim=1, descending=False, stable=False) and
+    // (t64, t65) = torch.topk(t63, 4, 1, True, True), as Thunder 0.2.6 prints them
+    let a = [("a", "cpu f32[4, 16]")];
+    assert_eq!(
+        one(
+            &a,
+            "t0 = torch.argsort(a, dim=1, descending=False, stable=False)"
+        ),
+        "cpu i64[4, 16]"
+    );
+    assert_eq!(one(&a, "t0 = torch.argsort(a, dim=None)"), "cpu i64[4, 16]");
+    assert!(fails(&a, "t0 = torch.argsort(a, dim=2)").contains("out of range"));
+    assert_eq!(
+        infer(&a, "(t0, t1) = torch.topk(a, 4, 1, True, True)").unwrap(),
+        vec!["cpu f32[4, 4]", "cpu i64[4, 4]"]
+    );
+    assert_eq!(
+        infer(&a, "(t0, t1) = torch.topk(a, 2, 0, False, False)").unwrap(),
+        vec!["cpu f32[2, 16]", "cpu i64[2, 16]"]
+    );
+    let e = infer(&a, "(t0, t1) = torch.topk(a, 17, 1, True, True)").unwrap_err();
+    assert!(e.contains("k = 17 is out of range"), "{e}");
+    let s = [("a", "cpu f32[]")];
+    assert_eq!(
+        infer(&s, "(t0, t1) = torch.topk(a, 1)").unwrap(),
+        vec!["cpu f32[]", "cpu i64[]"]
+    );
+    assert!(infer(&s, "(t0, t1) = torch.topk(a, 2)").is_err());
+    assert_eq!(
+        infer(
+            &a,
+            "(t0, t1) = torch.sort(a, dim=0, descending=True, stable=False)"
+        )
+        .unwrap(),
+        vec!["cpu f32[4, 16]", "cpu i64[4, 16]"]
+    );
+    assert_eq!(
+        infer(&a, "(t0, t1) = torch.sort(a)").unwrap(),
+        vec!["cpu f32[4, 16]", "cpu i64[4, 16]"]
+    );
+}

@@ -915,3 +915,165 @@ fn triangles_one_hot_pixel_shuffle_and_roll_match_the_cpu() {
         .run(&Kernel::OneHot { classes: 4 }, &[Input::Tensor(&dev)])
         .is_err());
 }
+
+/// Runs `k` on both backends and asks for the same bits in every output (the indexing kernels
+/// copy, or add in the CPU's order; sorts are stable on both).
+fn check_exact(g: &CudaBackend, k: &Kernel, inputs: &[Tensor], what: &str) {
+    let cpu_in: Vec<Input<'_, Tensor>> = inputs.iter().map(Input::Tensor).collect();
+    let want = CpuBackend
+        .run_multi(k, &cpu_in)
+        .unwrap_or_else(|e| panic!("{what} on the cpu: {}", e.0));
+    let dev: Vec<_> = inputs.iter().map(|t| g.upload(t).unwrap()).collect();
+    let dev_in: Vec<Input<'_, _>> = dev.iter().map(Input::Tensor).collect();
+    let got = g
+        .run_multi(k, &dev_in)
+        .unwrap_or_else(|e| panic!("{what}: {}", e.0));
+    assert_eq!(got.len(), want.len(), "{what}: outputs");
+    for (i, (gt, w)) in got.iter().zip(&want).enumerate() {
+        let gt = g.download(gt).unwrap();
+        assert!(
+            gt.bitwise_eq(w),
+            "{what} output {i}: the gpu gives {:?}, the cpu {:?}",
+            gt.to_f64_vec(),
+            w.to_f64_vec()
+        );
+    }
+}
+
+/// Random values in `d`; i64 ones spread over -100..100 (not truncated to 0).
+fn operand(shape: &[usize], seed: u64, d: DType) -> Tensor {
+    if d != DType::I64 {
+        return random(shape, seed, d);
+    }
+    let v = random(shape, seed, DType::F64).to_f64_vec();
+    Tensor::from_f64(shape.to_vec(), v.iter().map(|x| x * 100.0).collect())
+        .to_dtype(DType::I64)
+        .unwrap()
+}
+
+/// (input shape, index shape, src shape, dim) of a gather or scatter_add.
+type GatherCase = (&'static [usize], &'static [usize], &'static [usize], usize);
+
+/// Indices in `0..size` with repeats.
+fn repeating(shape: &[usize], size: usize, seed: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::from_i64(
+        shape.to_vec(),
+        (0..n).map(|k| ((k * 7 + seed) % size) as i64).collect(),
+    )
+}
+
+#[test]
+fn gather_scatter_add_index_select_and_index_add_give_the_cpus_bits() {
+    let Some(g) = gpu() else { return };
+    let cases: &[GatherCase] = &[
+        (&[4, 16], &[4, 8], &[4, 8], 1),
+        (&[3, 4], &[2, 9], &[3, 10], 1),
+        (&[5, 2, 3], &[7, 2, 2], &[7, 3, 2], 0),
+        (&[2, 3, 4], &[1, 2, 6], &[2, 2, 6], 2),
+        (&[64, 33], &[64, 200], &[64, 200], 1),
+        (&[], &[], &[], 0),
+    ];
+    for (c, &(ash, ish, ssh, dim)) in cases.iter().enumerate() {
+        let size = ash.get(dim).copied().unwrap_or(1);
+        let idx = repeating(ish, size, c);
+        for d in [DType::F32, DType::BF16, DType::F16, DType::I64] {
+            let a = operand(ash, 71 + c as u64, d);
+            let src = operand(ssh, 81 + c as u64, d);
+            let what = format!("{ash:?} by {ish:?} along {dim} in {d}");
+            check_exact(
+                &g,
+                &Kernel::Gather { dim },
+                &[a.clone(), idx.clone()],
+                &what,
+            );
+            check_exact(
+                &g,
+                &Kernel::ScatterAdd { dim },
+                &[a, idx.clone(), src],
+                &what,
+            );
+        }
+    }
+    for (c, &(ash, m, dim)) in [
+        (&[32usize, 16][..], Some(16usize), 0usize),
+        (&[3, 5, 4], Some(7), 1),
+        (&[3, 5, 4], None, 2),
+        (&[50, 64], Some(300), 0),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let ish: Vec<usize> = m.map_or(vec![], |n| vec![n]);
+        let idx = repeating(&ish, ash[dim], c);
+        let mut ssh = ash.to_vec();
+        ssh[dim] = m.unwrap_or(1);
+        for d in [DType::F32, DType::BF16, DType::F16, DType::I64] {
+            let a = operand(ash, 91 + c as u64, d);
+            let src = operand(&ssh, 101 + c as u64, d);
+            let what = format!("{ash:?} by {ish:?} along {dim} in {d}");
+            let k = Kernel::IndexSelect { dim };
+            check_exact(&g, &k, &[a.clone(), idx.clone()], &what);
+            let k = Kernel::IndexAdd { dim };
+            check_exact(&g, &k, &[a, idx.clone(), src], &what);
+        }
+    }
+    // an index out of range: the CPU's error, naming it
+    let a = random(&[3, 4], 1, DType::F32);
+    let bad = Tensor::from_i64(vec![1, 3], vec![0, 4, -1]);
+    let dev = [g.upload(&a).unwrap(), g.upload(&bad).unwrap()];
+    let e = g
+        .run(
+            &Kernel::Gather { dim: 1 },
+            &[Input::Tensor(&dev[0]), Input::Tensor(&dev[1])],
+        )
+        .unwrap_err();
+    assert_eq!(
+        e.0,
+        "gather: index 4 is out of bounds for dimension 1 with size 4"
+    );
+}
+
+#[test]
+fn sort_argsort_and_topk_give_the_cpus_order() {
+    let Some(g) = gpu() else { return };
+    for d in [DType::F32, DType::BF16, DType::F16, DType::I64] {
+        // ties (quarters, -0.0 and 0.0) and NaNs
+        let v: Vec<f64> = random(&[6, 40, 3], 111, DType::F64)
+            .to_f64_vec()
+            .iter()
+            .enumerate()
+            .map(|(k, x)| match k % 13 {
+                4 => f64::NAN,
+                6 => -0.0,
+                8 => 0.0,
+                _ => (x * 4.0).round(),
+            })
+            .map(|x| {
+                if d == DType::I64 && x.is_nan() {
+                    9.0
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let x = Tensor::from_f64(vec![6, 40, 3], v).to_dtype(d).unwrap();
+        for dim in [0, 1, 2] {
+            for descending in [false, true] {
+                let what = format!("sort along {dim} in {d}, descending {descending}");
+                let k = Kernel::Sort { dim, descending };
+                check_exact(&g, &k, std::slice::from_ref(&x), &what);
+                let k = Kernel::Argsort { dim, descending };
+                check_exact(&g, &k, std::slice::from_ref(&x), &what);
+            }
+            let len = [6, 40, 3][dim];
+            for k in [0, 1, len.min(4), len] {
+                for largest in [true, false] {
+                    let kernel = Kernel::Topk { k, dim, largest };
+                    let what = format!("{kernel:?} in {d}");
+                    check_exact(&g, &kernel, std::slice::from_ref(&x), &what);
+                }
+            }
+        }
+    }
+}

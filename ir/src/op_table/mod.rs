@@ -12,6 +12,7 @@ mod creation;
 mod dist;
 mod elementwise;
 pub mod fallback;
+mod indexing;
 mod nn;
 mod python;
 mod reduction;
@@ -24,6 +25,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
     [
         elementwise::PARTS,
         shape::PARTS,
+        indexing::PARTS,
         reduction::PARTS,
         nn::PARTS,
         creation::PARTS,

@@ -1,4 +1,5 @@
-//! Reductions and ops along a dimension: sum, mean, var_mean, argmax, softmax, cumsum, topk.
+//! Reductions and ops along a dimension: sum, mean, var_mean, argmax, softmax, cumsum, topk,
+//! sort and argsort.
 
 use super::op;
 use crate::arg::Arg;
@@ -147,16 +148,27 @@ fn cumsum(cx: &MetaCx) -> R {
     one(TensorType::new(&t.shape[..], dtype, t.device))
 }
 
-/// `topk(a, k, dim=-1)`: (values, i64 indices) with `k` along `dim`.
+/// The dimension a sort or top-k runs along: `dim`, or the last one when it is absent or
+/// `None` (Thunder's `sort`, `argsort` and `topk` take `None` for the last dimension).
+fn sort_dim(cx: &MetaCx, t: &TensorType) -> Result<usize, String> {
+    match cx.opt("dim") {
+        None => Ok(t.shape.len().saturating_sub(1)),
+        Some(_) => dim_of(cx, cx.int_param("dim")?, t.shape.len()),
+    }
+}
+
+/// `topk(a, k, dim=None, largest=True, sorted=True)`: (values, i64 indices) with `k` along
+/// `dim`; `0 <= k <= a.shape[dim]` (1 for a 0-d `a`), as PyTorch checks.
 fn topk(cx: &MetaCx) -> R {
     let t = cx.tensor_param("a")?;
-    let d = match cx.opt("dim") {
-        None => t.shape.len().saturating_sub(1),
-        Some(_) => dim_of(cx, cx.int_param("dim")?, t.shape.len())?,
-    };
+    let d = sort_dim(cx, &t)?;
     let k = cx.int_param("k")?;
-    if k < 0 || t.shape.get(d).is_some_and(|n| k as usize > *n) {
-        return Err(format!("{}: k = {k} is out of range", cx.op));
+    let n = t.shape.get(d).copied().unwrap_or(1);
+    if k < 0 || k as u64 > n as u64 {
+        return Err(format!(
+            "{}: k = {k} is out of range for dimension {d} of {:?} (0..={n})",
+            cx.op, t.shape
+        ));
     }
     let mut shape = t.shape.to_vec();
     if let Some(s) = shape.get_mut(d) {
@@ -168,14 +180,21 @@ fn topk(cx: &MetaCx) -> R {
     ])
 }
 
-/// `sort(a, dim=-1)`: (values, i64 indices).
+/// `sort(a, dim=None, descending=False, stable=False)`: (values, i64 indices).
 fn sort(cx: &MetaCx) -> R {
     let t = cx.tensor_param("a")?;
-    dim_of(cx, cx.int_param("dim")?, t.shape.len())?;
+    sort_dim(cx, &t)?;
     many(vec![
         t.clone(),
         TensorType::new(&t.shape[..], DType::I64, t.device),
     ])
+}
+
+/// `argsort(a, dim=-1, descending=False, stable=False)`: i64 indices shaped like `a`.
+fn argsort(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("a")?;
+    sort_dim(cx, &t)?;
+    one(TensorType::new(&t.shape[..], DType::I64, t.device))
 }
 
 const OPS: &[OpSpec] = &[
@@ -307,9 +326,17 @@ const OPS: &[OpSpec] = &[
         "ltorch.sort",
         &["torch.sort"],
         Pure,
-        "a, /, dim=-1, descending=False, stable=False",
+        "a, /, dim=None, descending=False, stable=False",
         Meta,
         sort,
+    ),
+    op(
+        "ltorch.argsort",
+        &["torch.argsort"],
+        Pure,
+        "a, /, dim=-1, descending=False, stable=False",
+        Meta,
+        argsort,
     ),
     op(
         "prims.sum",

@@ -15,6 +15,7 @@ pub(crate) mod elementwise;
 pub(crate) mod embedding;
 pub(crate) mod fill;
 pub(crate) mod gemm;
+pub(crate) mod indexing;
 pub(crate) mod integer;
 pub(crate) mod layout;
 pub(crate) mod loss_grad;
@@ -23,6 +24,7 @@ pub(crate) mod promote;
 pub(crate) mod random;
 pub(crate) mod real;
 pub(crate) mod reduce;
+pub(crate) mod sort;
 pub(crate) mod var_mean;
 
 use crate::exec::backend::{Backend, Input, KernelError};
@@ -40,10 +42,12 @@ pub mod kernels {
     pub use super::conv::convolution;
     pub use super::elementwise::promote;
     pub use super::gemm::{linear, matmul};
+    pub use super::indexing::{gather, index_add, index_select, scatter_add};
     pub use super::layout::{cat, expand, flip, pad, split, SplitSizes};
     pub use super::pool::{max_pool2d_with_indices, max_pool2d_with_indices_backward, Pool2d};
     pub use super::random::{normal, uniform};
     pub use super::reduce::{reduce, softmax};
+    pub use super::sort::{argsort, sort, topk};
     pub use super::var_mean::var_mean;
 }
 
@@ -208,6 +212,11 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         Kernel::Activation(act) => activation::activation(*act, t(0)?),
         Kernel::Copy => layout::copy_into(t(0)?, t(1)?),
         Kernel::TakeAlongDim { dim } => loss_grad::take_along_dim(t(0)?, t(1)?, *dim),
+        Kernel::Gather { dim } => indexing::gather(t(0)?, *dim, t(1)?),
+        Kernel::ScatterAdd { dim } => indexing::scatter_add(t(0)?, *dim, t(1)?, t(2)?),
+        Kernel::IndexSelect { dim } => indexing::index_select(t(0)?, *dim, t(1)?),
+        Kernel::IndexAdd { dim } => indexing::index_add(t(0)?, *dim, t(1)?, t(2)?),
+        Kernel::Argsort { dim, descending } => sort::argsort(t(0)?, *dim, *descending),
         Kernel::NllLossBackward {
             reduction,
             ignore_index,
@@ -301,7 +310,11 @@ impl Backend for CpuBackend {
                 dtype,
             } => reduce::reduce(tensor(inputs, 0)?, *op, dims, *keepdim, *dtype),
             Kernel::Softmax { dim, log } => reduce::softmax(tensor(inputs, 0)?, *dim, *log),
-            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } | Kernel::Split { .. } => {
+            Kernel::MaxPool2d { .. }
+            | Kernel::VarMean { .. }
+            | Kernel::Split { .. }
+            | Kernel::Sort { .. }
+            | Kernel::Topk { .. } => {
                 let mut outs = self.run_multi(kernel, inputs)?;
                 if outs.len() != 1 {
                     return Err(KernelError(format!(
@@ -345,6 +358,12 @@ impl Backend for CpuBackend {
                 &layout::SplitSizes::Sizes(sizes.clone()),
                 *dim,
             ),
+            Kernel::Sort { dim, descending } => {
+                sort::sort(tensor(inputs, 0)?, *dim, *descending).map(|(v, i)| vec![v, i])
+            }
+            Kernel::Topk { k, dim, largest } => {
+                sort::topk(tensor(inputs, 0)?, *k, *dim, *largest).map(|(v, i)| vec![v, i])
+            }
             Kernel::ConvTransposeVjp {
                 stride,
                 padding,

@@ -1730,6 +1730,262 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Checks `idx` (i64 on cuda) against `0..size` with [`model_kernels::index_check`]; when
+    /// one is out of range, reads the indices back to name it with the CPU's message.
+    fn check_indices(
+        &self,
+        what: &str,
+        idx: &CudaTensor,
+        dim: usize,
+        size: usize,
+    ) -> Result<(), KernelError> {
+        if idx.dtype != DType::I64 {
+            return Err(KernelError(format!(
+                "{what}: the index must be i64 on cuda, got {}",
+                idx.dtype
+            )));
+        }
+        let n = idx.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(Some(model_kernels::index_check()), what)?;
+        let bad = self.zeros::<i32>(1)?;
+        let (pi, pbad) = (idx.ptr(&self.stream), bad.device_ptr(&self.stream).0);
+        let (nn, sz) = (count(n, what)?, count(size, what)?);
+        launch!(self, f, grid(n), &pi, &nn, &sz, &pbad)?;
+        if self.check_flag(&bad, what).is_err() {
+            let host = self.download(idx)?.to_i64_vec();
+            crate::cpu::indexing::check_indices(what, &host, dim, size)?;
+            return Err(KernelError(format!(
+                "{what}: an index is out of bounds for dimension {dim} with size {size}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `gather` (see [`model_kernels::gather_dim`]); checks and errors as the CPU's. Every
+    /// dtype of `a`.
+    fn gather_dim(
+        &self,
+        a: &CudaTensor,
+        dim: usize,
+        idx: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        let p = layouts::gather(&a.shape, &idx.shape, dim)?;
+        self.check_indices("gather", idx, dim, p.dim_size as usize)?;
+        let out = self.empty(p.shape.clone(), a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::gather_dim(a.dtype), "gather")?;
+        let (pa, pi, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let nn = count(n, "gather")?;
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pa,
+            &pi,
+            &p.layout,
+            &p.dim_stride,
+            &p.dim_size,
+            &po,
+            &nn
+        )?;
+        Ok(out)
+    }
+
+    /// `scatter_add` (see [`model_kernels::scatter_add`]): deterministic, and the CPU's bits,
+    /// since each output element adds its contributions itself in index order. Floats and i64.
+    fn scatter_add(
+        &self,
+        a: &CudaTensor,
+        dim: usize,
+        idx: &CudaTensor,
+        src: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        if src.dtype != a.dtype {
+            return Err(KernelError(format!(
+                "scatter_add: src is {}, the input {}; they must agree",
+                src.dtype, a.dtype
+            )));
+        }
+        let l = layouts::scatter(&a.shape, &idx.shape, &src.shape, dim)?;
+        let size = a.shape.get(dim).copied().unwrap_or(1);
+        self.check_indices("scatter_add", idx, dim, size)?;
+        let out = self.empty(a.shape.clone(), a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::scatter_add(a.dtype), "scatter_add")?;
+        let (pa, pi, ps, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            src.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let nn = count(n, "scatter_add")?;
+        launch!(self, f, grid(n), &pa, &pi, &ps, &l, &po, &nn)?;
+        Ok(out)
+    }
+
+    /// `index_select` (see [`model_kernels::index_select`]); checks and errors as the CPU's.
+    /// Every dtype of `a`.
+    fn index_select(
+        &self,
+        a: &CudaTensor,
+        dim: usize,
+        idx: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        use crate::cpu::indexing::{index_select_shape, index_vector};
+        let m = index_vector("index_select", &idx.shape)?;
+        let shape = index_select_shape(&a.shape, dim, m)?;
+        let (outer, len, inner) = crate::cpu::cumsum::lines(&a.shape, dim)?;
+        self.check_indices("index_select", idx, dim, len)?;
+        let out = self.empty(shape, a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        debug_assert_eq!(n, outer * m * inner);
+        let f = self.function(model_kernels::index_select(a.dtype), "index_select")?;
+        let (pa, pi, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let (l, mm, i, nn) = (
+            count(len, "index_select")?,
+            count(m, "index_select")?,
+            count(inner, "index_select")?,
+            count(n, "index_select")?,
+        );
+        launch!(self, f, grid(n), &pa, &pi, &po, &l, &mm, &i, &nn)?;
+        Ok(out)
+    }
+
+    /// `index_add` (see [`model_kernels::index_add`]): deterministic, the CPU's bits. Floats
+    /// and i64.
+    fn index_add(
+        &self,
+        a: &CudaTensor,
+        dim: usize,
+        idx: &CudaTensor,
+        source: &CudaTensor,
+    ) -> Result<CudaTensor, KernelError> {
+        let m = crate::cpu::indexing::index_vector("index_add", &idx.shape)?;
+        crate::cpu::indexing::check_index_add(
+            (&a.shape, a.dtype),
+            dim,
+            m,
+            (&source.shape, source.dtype),
+        )?;
+        let (_, len, inner) = crate::cpu::cumsum::lines(&a.shape, dim)?;
+        self.check_indices("index_add", idx, dim, len)?;
+        let out = self.empty(a.shape.clone(), a.dtype)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.function(model_kernels::index_add(a.dtype), "index_add")?;
+        let (pa, pi, ps, po) = (
+            a.ptr(&self.stream),
+            idx.ptr(&self.stream),
+            source.ptr(&self.stream),
+            out.ptr(&self.stream),
+        );
+        let (l, mm, i, nn) = (
+            count(len, "index_add")?,
+            count(m, "index_add")?,
+            count(inner, "index_add")?,
+            count(n, "index_add")?,
+        );
+        launch!(self, f, grid(n), &pa, &pi, &ps, &po, &l, &mm, &i, &nn)?;
+        Ok(out)
+    }
+
+    /// `sort`, `argsort` (no values) and `topk` along `dim` (see
+    /// [`model_kernels::sort_rank`]): the first `take` of each line in stable order, as
+    /// `cpu::sort`. Floats and i64.
+    fn sort_lines(
+        &self,
+        x: &CudaTensor,
+        dim: usize,
+        descending: bool,
+        take: usize,
+        values: bool,
+    ) -> Result<(Option<CudaTensor>, CudaTensor), KernelError> {
+        let what = "sort";
+        let (outer, len, inner) = crate::cpu::cumsum::lines(&x.shape, dim)?;
+        if take > len {
+            return Err(KernelError(format!(
+                "{what}: {take} elements asked of dimension {dim} of {:?}",
+                x.shape
+            )));
+        }
+        let mut shape = x.shape.clone();
+        if let Some(s) = shape.get_mut(dim) {
+            *s = take;
+        }
+        let indices = self.empty(shape.clone(), DType::I64)?;
+        let vals = if values {
+            Some(self.empty(shape, x.dtype)?)
+        } else {
+            None
+        };
+        let n = x.numel();
+        if n == 0 || take == 0 {
+            return Ok((vals, indices));
+        }
+        let f = self.function(model_kernels::sort_rank(x.dtype), what)?;
+        let (pin, pidx) = (x.ptr(&self.stream), indices.ptr(&self.stream));
+        let pv = vals.as_ref().map_or(0u64, |v| v.ptr(&self.stream));
+        let (o, l, i, t, nn) = (
+            count(outer, what)?,
+            count(len, what)?,
+            count(inner, what)?,
+            count(take, what)?,
+            count(n, what)?,
+        );
+        let desc = i32::from(descending);
+        launch!(
+            self,
+            f,
+            grid(n),
+            &pin,
+            &pv,
+            &pidx,
+            &o,
+            &l,
+            &i,
+            &t,
+            &desc,
+            &nn
+        )?;
+        Ok((vals, indices))
+    }
+
+    /// The values and indices of [`Self::sort_lines`], both asked for.
+    fn sorted_pair(
+        &self,
+        x: &CudaTensor,
+        dim: usize,
+        descending: bool,
+        take: usize,
+    ) -> Result<Vec<CudaTensor>, KernelError> {
+        match self.sort_lines(x, dim, descending, take, true)? {
+            (Some(v), i) => Ok(vec![v, i]),
+            (None, _) => Err(KernelError("sort: the values were not computed".into())),
+        }
+    }
+
     /// `take_along_dim`: `a` gathered by i64 indices (see [`layouts::take_along_dim`]); an
     /// index out of range is an error, as on the CPU. Every dtype of `a`.
     fn take_along_dim(
@@ -2022,6 +2278,17 @@ impl CudaBackend {
                     .map(|v| self.gather(x, v))
                     .collect()
             }
+            Kernel::Sort { dim, descending } => {
+                let x = tensor(inputs, 0)?;
+                let len = x.shape.get(*dim).copied().unwrap_or(1);
+                self.sorted_pair(x, *dim, *descending, len)
+            }
+            Kernel::Topk { k, dim, largest } => {
+                // a 0-d input gives itself for k = 0 too, as on the CPU (and in PyTorch)
+                let x = tensor(inputs, 0)?;
+                let k = if x.shape.is_empty() { (*k).max(1) } else { *k };
+                self.sorted_pair(x, *dim, *largest, k)
+            }
             Kernel::ConvTransposeVjp {
                 stride,
                 padding,
@@ -2223,6 +2490,16 @@ impl CudaBackend {
                 self.convert_to(&e, dst.dtype)
             }
             Kernel::TakeAlongDim { dim } => self.take_along_dim(t(0)?, t(1)?, *dim),
+            Kernel::Gather { dim } => self.gather_dim(t(0)?, *dim, t(1)?),
+            Kernel::ScatterAdd { dim } => self.scatter_add(t(0)?, *dim, t(1)?, t(2)?),
+            Kernel::IndexSelect { dim } => self.index_select(t(0)?, *dim, t(1)?),
+            Kernel::IndexAdd { dim } => self.index_add(t(0)?, *dim, t(1)?, t(2)?),
+            Kernel::Argsort { dim, descending } => {
+                let x = t(0)?;
+                let len = x.shape.get(*dim).copied().unwrap_or(1);
+                self.sort_lines(x, *dim, *descending, len, false)
+                    .map(|(_, i)| i)
+            }
             Kernel::NllLossBackward {
                 reduction,
                 ignore_index,
@@ -2363,7 +2640,11 @@ impl Backend for CudaBackend {
                 }
                 Ok(out)
             }
-            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } | Kernel::Split { .. } => {
+            Kernel::MaxPool2d { .. }
+            | Kernel::VarMean { .. }
+            | Kernel::Split { .. }
+            | Kernel::Sort { .. }
+            | Kernel::Topk { .. } => {
                 let mut outs = self.run_multi_op(kernel, inputs)?;
                 if outs.len() != 1 {
                     return Err(KernelError(format!(

@@ -12,8 +12,8 @@
 //! compiles, and the op lists it is built from are checked against the op enums at compile
 //! time (a new op or `Kernel` variant that is not listed does not build). The real models'
 //! kernels (convolution, pooling, embedding, var_mean, layout, comparisons, fills, random
-//! numbers, integer ops, take_along_dim, nll_loss and softmax backward) are generated in
-//! [`super::model_kernels`].
+//! numbers, integer ops, take_along_dim, indexing and sorting, nll_loss and softmax
+//! backward) are generated in [`super::model_kernels`].
 
 use super::model_kernels::{self, ALL_DTYPES};
 use crate::exec::kernel::{
@@ -445,6 +445,15 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::Normal { .. } => vec![m::normal(d)],
         // the ops of a model's own cross-entropy
         Kernel::TakeAlongDim { .. } => vec![m::take_along_dim(d)],
+        // indices bounds-checked first (an index out of range is an error naming it); the adds
+        // run one thread per output element, in index order (deterministic, no atomics)
+        Kernel::Gather { .. } => checked(m::gather_dim(d)),
+        Kernel::IndexSelect { .. } => checked(m::index_select(d)),
+        Kernel::ScatterAdd { .. } => checked(m::scatter_add(d)),
+        Kernel::IndexAdd { .. } => checked(m::index_add(d)),
+        Kernel::Sort { .. } | Kernel::Argsort { .. } | Kernel::Topk { .. } => {
+            vec![m::sort_rank(d)]
+        }
         // grad, weight and total_weight are read as f32
         Kernel::NllLossBackward { .. } if ctype(d).is_some() => {
             vec![m::nll_loss_backward(d), convert(d, DType::F32)]
@@ -465,6 +474,14 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::Roll { .. } => vec![],
     };
     v.into_iter().flatten().collect()
+}
+
+/// An indexing kernel and, when it exists for the dtype, the bounds check run before it.
+fn checked(main: Option<Source>) -> Vec<Option<Source>> {
+    match main {
+        Some(k) => vec![Some(model_kernels::index_check()), Some(k)],
+        None => vec![],
+    }
 }
 
 /// One kernel of each kind with each op (the shape-like fields do not change the source).
@@ -521,6 +538,13 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Uniform { .. }
             | Kernel::Normal { .. }
             | Kernel::TakeAlongDim { .. }
+            | Kernel::Gather { .. }
+            | Kernel::ScatterAdd { .. }
+            | Kernel::IndexSelect { .. }
+            | Kernel::IndexAdd { .. }
+            | Kernel::Sort { .. }
+            | Kernel::Argsort { .. }
+            | Kernel::Topk { .. }
             | Kernel::NllLossBackward { .. }
             | Kernel::SoftmaxBackward { .. } => (),
         }
@@ -669,6 +693,23 @@ pub fn every_kernel() -> Vec<Kernel> {
         },
         Kernel::TakeAlongDim { dim: Some(0) },
         Kernel::TakeAlongDim { dim: None },
+        Kernel::Gather { dim: 0 },
+        Kernel::ScatterAdd { dim: 0 },
+        Kernel::IndexSelect { dim: 0 },
+        Kernel::IndexAdd { dim: 0 },
+        Kernel::Sort {
+            dim: 0,
+            descending: false,
+        },
+        Kernel::Argsort {
+            dim: 0,
+            descending: true,
+        },
+        Kernel::Topk {
+            k: 1,
+            dim: 0,
+            largest: true,
+        },
     ]);
     ks.extend(
         [
@@ -753,11 +794,13 @@ mod tests {
         let c = catalog();
         let float = UNARY_OPS.len() + BINARY_OPS.len() + REDUCE_OPS.len() + 2 + 1;
         // conv, pool, pool backward, embedding backward, var_mean, silu, uniform,
-        // nll_loss_backward, softmax and log_softmax backward, the activations with parameters
-        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2 + 1;
-        // permute, pad, cat, fill, arange, embedding, where, take_along_dim, and the
-        // comparisons
-        let every = 8 + COMPARE_OPS.len();
+        // nll_loss_backward, softmax and log_softmax backward, the activations with parameters,
+        // cumsum, argmax, argmin, adaptive pooling and its backward, normal, scatter_add,
+        // index_add, sort_rank
+        let float_models = 10 + model_kernels::ACTIVATIONS.len() + 3 + 2 + 1 + 3;
+        // permute, pad, cat, fill, arange, embedding, where, take_along_dim, gather_dim,
+        // index_select, and the comparisons
+        let every = 10 + COMPARE_OPS.len();
         let converts = ALL_DTYPES.len() * (ALL_DTYPES.len() - 1);
         let want = DTYPES.len() * (float + float_models)
             + ALL_DTYPES.len() * every
@@ -766,6 +809,8 @@ mod tests {
             + 4 // integer sum, amax, amin and prod
             + 3 // i64 cumsum, argmax and argmin
             + 2 * 4 // and, or, xor, not on i64 and bool
+            + 3 // i64 scatter_add, index_add and sort_rank
+            + 1 // index_check
             + 1; // embedding_count
         assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
@@ -802,6 +847,9 @@ mod tests {
                 "adaptive_avg_pool2d_backward",
                 "argmax",
                 "argmin",
+                "scatter_add",
+                "index_add",
+                "sort_rank",
             ] {
                 has(format!("{name}_{d}"));
             }
@@ -816,6 +864,8 @@ mod tests {
                 "embedding",
                 "where",
                 "take_along_dim",
+                "gather_dim",
+                "index_select",
             ] {
                 has(format!("{name}_{d}"));
             }
@@ -837,6 +887,10 @@ mod tests {
             has(format!("bitwise_{op}_b8"));
         }
         has("reduce_int_prod".into());
+        for name in ["scatter_add", "index_add", "sort_rank"] {
+            has(format!("{name}_i64"));
+        }
+        has("index_check".into());
         for d in DTYPES {
             has(format!("reduce_amin_{d}"));
             has(format!("reduce_prod_{d}"));

@@ -3,7 +3,7 @@
 //! argument checks and messages. Pure functions over shapes, tested without a GPU.
 
 use super::kernels::{Layout, MAX_RANK};
-use super::model_kernels::{ConvLayout, PadLayout, PoolLayout, MAX_SPATIAL};
+use super::model_kernels::{ConvLayout, PadLayout, PoolLayout, ScatterLayout, MAX_SPATIAL};
 use crate::exec::kernel::LossReduction;
 use crate::tensor::contiguous_strides;
 
@@ -568,6 +568,78 @@ pub fn take_along_dim(a: &[usize], idx: &[usize], dim: Option<usize>) -> Result<
         dim_stride: sa[dim] as i64,
         dim_size: a[dim] as i64,
     })
+}
+
+/// A shape as the kernels see it: a 0-d tensor as rank 1 of size 1 (its one slice), and an
+/// error above [`MAX_RANK`].
+fn kernel_shape(what: &str, shape: &[usize]) -> Result<Vec<usize>, String> {
+    if shape.len() > MAX_RANK {
+        return Err(format!(
+            "{what}: rank {} of {shape:?} is above the cuda limit {MAX_RANK}",
+            shape.len()
+        ));
+    }
+    Ok(if shape.is_empty() {
+        vec![1]
+    } else {
+        shape.to_vec()
+    })
+}
+
+/// The geometry of a `gather` launch (output shaped like the index): `sa` holds `a`'s strides
+/// with 0 along `dim`; the checks and messages of `cpu::indexing::gather`.
+pub fn gather(a: &[usize], idx: &[usize], dim: usize) -> Result<TakePlan, String> {
+    crate::cpu::indexing::check_gather("gather", a, idx, dim)?;
+    let (ka, ki) = (kernel_shape("gather", a)?, kernel_shape("gather", idx)?);
+    let sa = contiguous_strides(&ka);
+    let mut layout = Layout {
+        rank: ki.len() as i32,
+        ..Layout::default()
+    };
+    for d in 0..ki.len() {
+        layout.shape[d] = ki[d] as i64;
+        layout.stride_a[d] = if d == dim { 0 } else { sa[d] as i64 };
+    }
+    Ok(TakePlan {
+        shape: idx.to_vec(),
+        layout,
+        dim_stride: sa[dim] as i64,
+        dim_size: ka[dim] as i64,
+    })
+}
+
+/// The geometry of a `scatter_add` launch over `a`'s elements; the checks of
+/// `cpu::indexing::scatter_add` (dtypes are the caller's).
+pub fn scatter(
+    a: &[usize],
+    idx: &[usize],
+    src: &[usize],
+    dim: usize,
+) -> Result<ScatterLayout, String> {
+    crate::cpu::indexing::check_gather("scatter_add", a, idx, dim)?;
+    if src.len() != idx.len() || idx.iter().zip(src).any(|(i, s)| i > s) {
+        return Err(format!(
+            "scatter_add: index {idx:?} must have the rank of src {src:?} and be no larger"
+        ));
+    }
+    let (ka, ki, ks) = (
+        kernel_shape("scatter_add", a)?,
+        kernel_shape("scatter_add", idx)?,
+        kernel_shape("scatter_add", src)?,
+    );
+    let (si, ss) = (contiguous_strides(&ki), contiguous_strides(&ks));
+    let mut l = ScatterLayout {
+        rank: ka.len() as i32,
+        dim: dim as i32,
+        ..ScatterLayout::default()
+    };
+    for d in 0..ka.len() {
+        l.shape[d] = ka[d] as i64;
+        l.index_shape[d] = ki[d] as i64;
+        l.index_stride[d] = si[d] as i64;
+        l.src_stride[d] = ss[d] as i64;
+    }
+    Ok(l)
 }
 
 /// `nll_loss_backward`'s input as `[n, classes, inner]` and whether the gradient is read per
@@ -1153,5 +1225,96 @@ mod tests {
         assert_eq!(softmax_backward(&[], &[], 0).unwrap(), (1, 1, 1));
         assert!(softmax_backward(&[2, 3], &[3, 2], 0).is_err());
         assert!(softmax_backward(&[2, 3], &[2, 3], 2).is_err());
+    }
+
+    /// What the gather_dim kernel computes (the CUDA C loop); `None` for an index out of range.
+    fn gather_dim_kernel(a: &[f32], idx: &[i64], p: &TakePlan) -> Option<Vec<f32>> {
+        let l = &p.layout;
+        (0..p.shape.iter().product::<usize>())
+            .map(|i| {
+                let (mut r, mut oa) = (i as i64, 0i64);
+                for d in (0..l.rank as usize).rev() {
+                    oa += r % l.shape[d] * l.stride_a[d];
+                    r /= l.shape[d];
+                }
+                let j = idx[i];
+                (0..p.dim_size)
+                    .contains(&j)
+                    .then(|| a[(oa + j * p.dim_stride) as usize])
+            })
+            .collect()
+    }
+
+    /// What the scatter_add kernel computes in f32 (the CUDA C loop over each output element).
+    fn scatter_kernel(a: &[f32], idx: &[i64], src: &[f32], l: &ScatterLayout) -> Vec<f32> {
+        (0..a.len())
+            .map(|e| {
+                let (mut r, mut oi, mut os, mut target, mut inside) = (e as i64, 0, 0, 0, true);
+                for d in (0..l.rank as usize).rev() {
+                    let c = r % l.shape[d];
+                    r /= l.shape[d];
+                    if d == l.dim as usize {
+                        target = c;
+                        continue;
+                    }
+                    inside &= c < l.index_shape[d];
+                    oi += c * l.index_stride[d];
+                    os += c * l.src_stride[d];
+                }
+                let mut acc = a[e];
+                let dim = l.dim as usize;
+                for j in 0..l.index_shape[dim] {
+                    if inside && idx[(oi + j * l.index_stride[dim]) as usize] == target {
+                        acc += src[(os + j * l.src_stride[dim]) as usize];
+                    }
+                }
+                acc
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gather_and_scatter_add_plans_compute_what_the_cpu_gives() {
+        use crate::cpu::indexing;
+        type Case = (&'static [usize], &'static [usize], &'static [usize], usize);
+        let cases: &[Case] = &[
+            (&[4, 16], &[4, 8], &[4, 8], 1),
+            (&[3, 4], &[2, 9], &[3, 9], 1),
+            (&[5, 2, 3], &[7, 2, 2], &[7, 3, 2], 0),
+            (&[2, 3, 4], &[1, 2, 6], &[2, 2, 6], 2),
+            (&[], &[], &[], 0),
+        ];
+        for &(ash, ish, ssh, dim) in cases {
+            let size = ash.get(dim).copied().unwrap_or(1) as i64;
+            let n: usize = ish.iter().product();
+            // duplicates on purpose: indices cycle through 0..size
+            let iv: Vec<i64> = (0..n as i64).map(|k| (k * 5 + 3) % size).collect();
+            let idx = Tensor::from_i64(ish.to_vec(), iv.clone());
+            let a = iota(ash);
+            let want = indexing::gather(&a, dim, &idx).unwrap();
+            let p = super::gather(ash, ish, dim).unwrap();
+            assert_eq!(p.shape, want.shape(), "{ash:?} {ish:?}");
+            let got = gather_dim_kernel(&a.to_f32_vec(), &iv, &p).expect("in range");
+            assert_eq!(got, want.to_f32_vec(), "gather {ash:?} {ish:?} {dim}");
+            let mut bad = iv.clone();
+            bad[n - 1] = size;
+            assert!(gather_dim_kernel(&a.to_f32_vec(), &bad, &p).is_none());
+
+            let nsrc: usize = ssh.iter().product();
+            let src = Tensor::from_f32(
+                ssh.to_vec(),
+                (0..nsrc).map(|k| 0.1 + k as f32 / 7.0).collect(),
+            );
+            let want = indexing::scatter_add(&a, dim, &idx, &src).unwrap();
+            let l = scatter(ash, ish, ssh, dim).unwrap();
+            let got = scatter_kernel(&a.to_f32_vec(), &iv, &src.to_f32_vec(), &l);
+            // the same additions in the same order: the same bits
+            assert_eq!(got, want.to_f32_vec(), "scatter_add {ash:?} {ish:?} {dim}");
+        }
+        assert!(super::gather(&[3, 4], &[4, 1], 1)
+            .unwrap_err()
+            .contains("larger than the input [3, 4] in dimension 0"));
+        assert!(scatter(&[3, 4], &[2, 2], &[2, 1], 1).is_err());
+        assert!(super::gather(&[1; 7], &[1; 7], 0).is_err());
     }
 }

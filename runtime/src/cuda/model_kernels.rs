@@ -1,6 +1,6 @@
 //! CUDA C sources of the real models' kernels (convolution, pooling, embedding, var_mean,
-//! layout, comparisons, fills, random numbers, integer ops, a model's own cross-entropy
-//! backward), generated per dtype like those in [`super::kernels`], whose prelude and
+//! layout, comparisons, fills, random numbers, integer ops, indexing and sorting along a
+//! dimension, a model's own cross-entropy backward), generated per dtype like those in [`super::kernels`], whose prelude and
 //! conventions they share. The CPU kernels in
 //! `crate::cpu` are the reference semantics; where a kernel differs (summation order of
 //! scatter-adds), its doc says so.
@@ -99,11 +99,29 @@ pub struct PoolLayout {
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for PoolLayout {}
 
+/// A `scatter_add`'s geometry: the output's (`a`'s) shape, the dimension the index runs
+/// along, and the index's shape and strides and `src`'s strides (elements). A 0-d `a` is
+/// passed as rank 1 of size 1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScatterLayout {
+    pub rank: i32,
+    pub dim: i32,
+    pub shape: [i64; MAX_RANK],
+    pub index_shape: [i64; MAX_RANK],
+    pub index_stride: [i64; MAX_RANK],
+    pub src_stride: [i64; MAX_RANK],
+}
+
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for ScatterLayout {}
+
 /// Structs and helpers the kernels below use, after [`PRELUDE`].
 const MODEL_PRELUDE: &str = r#"
 struct PadLayout { int rank; int pad; long long out_shape[6]; long long in_shape[6]; long long in_stride[6]; long long lo[6]; long long step[6]; };
 struct ConvLayout { int nd; int groups; long long n; long long cin; long long cout; long long in[4]; long long k[4]; long long out[4]; long long stride[4]; long long pad[4]; long long dil[4]; };
 struct PoolLayout { long long planes; long long h; long long w; long long oh; long long ow; long long k[2]; long long s[2]; long long p[2]; long long d[2]; };
+struct ScatterLayout { int rank; int dim; long long shape[6]; long long index_shape[6]; long long index_stride[6]; long long src_stride[6]; };
 // a value of the element type from its bits (little endian: the low bytes)
 template <typename T> __device__ __forceinline__ T from_bits(unsigned long long bits) { return *reinterpret_cast<const T*>(&bits); }
 "#;
@@ -702,6 +720,130 @@ pub fn normal(d: DType) -> Option<Source> {
     })
 }
 
+/// Sets `*bad` when an index lies outside `0..size` (the host then reads the indices back to
+/// name it, as the CPU does). Not per dtype: indices are i64 on cuda.
+pub fn index_check() -> Source {
+    let name = "index_check".to_string();
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const long long* idx, long long n, long long size, int* bad) {{\n  GRID_STRIDE(k, n) {{ const long long j = idx[k]; if (j < 0 || j >= size) atomicExch(bad, 1); }}\n}}\n"
+    );
+    Source {
+        name,
+        code: code(body),
+    }
+}
+
+/// `gather`: output element `i` (a position of the index) reads `a` at `l.sa`'s offset (`a`'s
+/// strides, 0 along `dim`) plus `idx[i] * dim_stride`; an index outside `0..dim_size` (which
+/// [`index_check`] reports) writes zero. Every dtype (a raw copy).
+pub fn gather_dim(d: DType) -> Option<Source> {
+    let t = elem(d)?;
+    let name = lower(format!("gather_dim_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* a, const long long* idx, Layout l, long long dim_stride, long long dim_size, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    const long long j = idx[i];\n    out[i] = (j >= 0 && j < dim_size) ? a[oa + j * dim_stride] : ({t})0;\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `index_select` of `a` as `[outer, len, inner]` by `m` indices: output element `(o, i, r)`
+/// is `a[o, idx[i], r]` (zero for an index outside `0..len`, which [`index_check`] reports).
+/// Every dtype (a raw copy).
+pub fn index_select(d: DType) -> Option<Source> {
+    let t = elem(d)?;
+    let name = lower(format!("index_select_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* a, const long long* idx, {t}* out, long long len, long long m, long long inner, long long n) {{\n  GRID_STRIDE(e, n) {{\n    const long long o = e / (m * inner), i = (e / inner) % m, r = e % inner;\n    const long long j = idx[i];\n    out[e] = (j >= 0 && j < len) ? a[(o * len + j) * inner + r] : ({t})0;\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// The accumulator of the adds: (declaration from `a[e]`, `acc += src[at]`, store to
+/// `out[e]`); floats in f32 (rounded once by the store), i64 wrapping. As
+/// `cpu::indexing`'s accumulation, so both give the same bits.
+fn add_parts(d: DType) -> Option<(&'static str, String, String, String)> {
+    Some(match (ctype(d), d) {
+        (Some((t, ld, st)), _) => (
+            t,
+            format!("float acc = {ld}(a, e);"),
+            format!("acc += {ld}(src, at);"),
+            format!("{st}(out, e, acc);"),
+        ),
+        (None, DType::I64) => (
+            "long long",
+            "long long acc = a[e];".to_string(),
+            "acc = (long long)((unsigned long long)acc + (unsigned long long)src[at]);".to_string(),
+            "out[e] = acc;".to_string(),
+        ),
+        (None, _) => return None,
+    })
+}
+
+/// `scatter_add`, one thread per output element `e` (a position of `a`; no atomics, so the
+/// result does not depend on scheduling): it walks its line of the index along `l.dim` (when
+/// `e` lies inside the index's extent in the other dimensions) and adds `src` wherever the
+/// index names `e`'s coordinate, in index order. Costs `index.shape[dim]` reads per element.
+pub fn scatter_add(d: DType) -> Option<Source> {
+    let (t, init, add, store) = add_parts(d)?;
+    let name = lower(format!("scatter_add_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* a, const long long* idx, const {t}* src, ScatterLayout l, {t}* out, long long n) {{\n  GRID_STRIDE(e, n) {{\n    long long r = e, oi = 0, os = 0, target = 0; bool inside = true;\n    for (int d = l.rank - 1; d >= 0; --d) {{\n      const long long c = r % l.shape[d]; r /= l.shape[d];\n      if (d == l.dim) {{ target = c; continue; }}\n      if (c >= l.index_shape[d]) inside = false;\n      oi += c * l.index_stride[d]; os += c * l.src_stride[d];\n    }}\n    {init}\n    if (inside) {{\n      for (long long j = 0; j < l.index_shape[l.dim]; ++j) {{\n        if (idx[oi + j * l.index_stride[l.dim]] != target) continue;\n        const long long at = os + j * l.src_stride[l.dim];\n        {add}\n      }}\n    }}\n    {store}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `index_add` of `source` (`[outer, m, inner]`) into `a` (`[outer, len, inner]`), one thread
+/// per output element `(o, j, r)`: it adds `source[o, i, r]` for every `i` whose index is `j`,
+/// in index order (no atomics). Costs `m` reads per element.
+pub fn index_add(d: DType) -> Option<Source> {
+    let (t, init, add, store) = add_parts(d)?;
+    let name = lower(format!("index_add_{d}"));
+    let body = format!(
+        "extern \"C\" __global__ void {name}(const {t}* a, const long long* idx, const {t}* src, {t}* out, long long len, long long m, long long inner, long long n) {{\n  GRID_STRIDE(e, n) {{\n    const long long o = e / (len * inner), j = (e / inner) % len, r = e % inner;\n    {init}\n    for (long long i = 0; i < m; ++i) {{\n      if (idx[i] != j) continue;\n      const long long at = (o * m + i) * inner + r;\n      {add}\n    }}\n    {store}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
+/// `sort`, `argsort` and `topk` of `[outer, len, inner]` along the middle dimension, one thread
+/// per input element: its rank is the number of elements of its line that sort before it
+/// (smaller, or larger when `descending`; equal ones before it in index order), so ranks are
+/// a permutation and the order is stable, as `cpu::sort`. Ranks below `take` write the index
+/// (and, when `values` is not null, the value) at that rank. NaN sorts above every number;
+/// -0.0 equals 0.0. Floats compare in f32 (exact for the dtypes), i64 exactly. Costs `len`
+/// reads per element.
+pub fn sort_rank(d: DType) -> Option<Source> {
+    let (t, kt, load) = match ctype(d) {
+        Some((t, ld, _)) => (t, "float", format!("{ld}(in, ")),
+        None if d == DType::I64 => ("long long", "long long", "(in[".to_string()),
+        None => return None,
+    };
+    let close = if d == DType::I64 { "])" } else { ")" };
+    let less = if d == DType::I64 {
+        "__device__ __forceinline__ bool sort_less(long long a, long long b) { return a < b; }"
+    } else {
+        "__device__ __forceinline__ bool sort_less(float a, float b) { return !(a != a) && ((b != b) || a < b); }"
+    };
+    let name = lower(format!("sort_rank_{d}"));
+    let body = format!(
+        "{less}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* values, long long* indices, long long outer, long long len, long long inner, long long take, int descending, long long n) {{\n  GRID_STRIDE(e, n) {{\n    const long long o = e / (len * inner), j = (e / inner) % len, i = e % inner;\n    const {kt} v = {load}e{close};\n    long long rank = 0;\n    for (long long q = 0; q < len; ++q) {{\n      const {kt} w = {load}(o * len + q) * inner + i{close};\n      const bool lt = sort_less(w, v), gt = sort_less(v, w);\n      if ((descending ? gt : lt) || (!lt && !gt && q < j)) ++rank;\n    }}\n    if (rank < take) {{\n      const long long at = (o * take + rank) * inner + i;\n      indices[at] = j;\n      if (values) values[at] = in[e];\n    }}\n  }}\n}}\n"
+    );
+    Some(Source {
+        name,
+        code: code(body),
+    })
+}
+
 /// The ChaCha8 block function exactly as the device code computes it (for the CPU test that
 /// holds it to `rand_chacha`).
 #[cfg(test)]
@@ -815,5 +957,115 @@ mod tests {
         assert!(elem(DType::F64).is_none());
         assert!(binary_int(BinaryOp::Div).is_none());
         assert!(convert(DType::F32, DType::F32).is_none());
+    }
+
+    /// What `sort_rank` computes (its CUDA C loop, in f32): (values, indices) of the first
+    /// `take` of each line.
+    fn sort_rank_host(
+        x: &[f32],
+        (outer, len, inner): (usize, usize, usize),
+        take: usize,
+        descending: bool,
+    ) -> (Vec<f32>, Vec<i64>) {
+        let less = |a: f32, b: f32| !a.is_nan() && (b.is_nan() || a < b);
+        let mut vals = vec![f32::INFINITY; outer * take * inner];
+        let mut idx = vec![-1i64; outer * take * inner];
+        for e in 0..x.len() {
+            let (o, j, i) = (e / (len * inner), (e / inner) % len, e % inner);
+            let v = x[e];
+            let mut rank = 0;
+            for q in 0..len {
+                let w = x[(o * len + q) * inner + i];
+                let (lt, gt) = (less(w, v), less(v, w));
+                if (if descending { gt } else { lt }) || (!lt && !gt && q < j) {
+                    rank += 1;
+                }
+            }
+            if rank < take {
+                let at = (o * take + rank) * inner + i;
+                idx[at] = j as i64;
+                vals[at] = v;
+            }
+        }
+        (vals, idx)
+    }
+
+    /// What `index_add` computes (its CUDA C loop, in f32).
+    fn index_add_host(
+        a: &[f32],
+        idx: &[i64],
+        src: &[f32],
+        (len, m, inner): (usize, usize, usize),
+    ) -> Vec<f32> {
+        (0..a.len())
+            .map(|e| {
+                let (o, j, r) = (e / (len * inner), (e / inner) % len, e % inner);
+                let mut acc = a[e];
+                for i in 0..m {
+                    if idx[i] == j as i64 {
+                        acc += src[(o * m + i) * inner + r];
+                    }
+                }
+                acc
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_sort_rank_loop_gives_the_cpus_order() {
+        use crate::cpu::sort;
+        use crate::tensor::Tensor;
+        // ties, NaNs, -0.0 and 0.0 along each dimension of [5, 9, 3]
+        let v: Vec<f32> = (0..135)
+            .map(|k| match k % 10 {
+                3 => f32::NAN,
+                5 => -0.0,
+                7 => 0.0,
+                _ => ((k * 37 % 11) as f32 - 5.0) / 2.0,
+            })
+            .collect();
+        let x = Tensor::from_f32(vec![5, 9, 3], v.clone());
+        for dim in 0..3 {
+            let geometry = crate::cpu::cumsum::lines(x.shape(), dim).unwrap();
+            let len = geometry.1;
+            for descending in [false, true] {
+                let (cv, ci) = sort::sort(&x, dim, descending).unwrap();
+                let (hv, hi) = sort_rank_host(&v, geometry, len, descending);
+                assert_eq!(hi, ci.to_i64_vec(), "dim {dim} descending {descending}");
+                let same = hv
+                    .iter()
+                    .zip(cv.to_f32_vec())
+                    .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+                assert!(same, "dim {dim} descending {descending}");
+                for k in [0, 1, len / 2] {
+                    let (_, ti) = sort::topk(&x, k, dim, descending).unwrap();
+                    let (_, hi) = sort_rank_host(&v, geometry, k, descending);
+                    assert_eq!(hi, ti.to_i64_vec(), "topk {k} along {dim}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_index_add_loop_gives_the_cpus_bits() {
+        use crate::cpu::indexing;
+        use crate::tensor::Tensor;
+        // repeated indices: the same additions in the same order
+        let a: Vec<f32> = (0..60).map(|k| (k as f32 * 0.37).sin()).collect();
+        let iv: Vec<i64> = vec![2, 0, 2, 3, 2, 1, 0];
+        let src: Vec<f32> = (0..5 * 7 * 3).map(|k| (k as f32 * 0.11).cos()).collect();
+        let want = indexing::index_add(
+            &Tensor::from_f32(vec![5, 4, 3], a.clone()),
+            1,
+            &Tensor::from_i64(vec![7], iv.clone()),
+            &Tensor::from_f32(vec![5, 7, 3], src.clone()),
+        )
+        .unwrap()
+        .to_f32_vec();
+        let got = index_add_host(&a, &iv, &src, (4, 7, 3));
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits()));
     }
 }

@@ -358,6 +358,42 @@ pub enum Kernel {
     TakeAlongDim {
         dim: Option<usize>,
     },
+    /// `gather(a, dim, index)`: inputs `a, index`; shaped like `index`.
+    Gather {
+        dim: usize,
+    },
+    /// `scatter_add(a, dim, index, src)`: inputs `a, index, src`; `a` plus each `src`
+    /// element added where `index` sends it along `dim`.
+    ScatterAdd {
+        dim: usize,
+    },
+    /// `index_select(a, dim, index)`: inputs `a, index` (a vector of indices).
+    IndexSelect {
+        dim: usize,
+    },
+    /// `index_add(a, dim, index, source)`: inputs `a, index, source`; slice `i` of `source`
+    /// added to slice `index[i]` of `a`.
+    IndexAdd {
+        dim: usize,
+    },
+    /// `sort(a, dim, descending)`: two outputs, the sorted values and their i64 indices. Always
+    /// stable (ties keep their order), so `stable=False` is deterministic too.
+    Sort {
+        dim: usize,
+        descending: bool,
+    },
+    /// `argsort(a, dim, descending)`: the i64 indices of [`Kernel::Sort`].
+    Argsort {
+        dim: usize,
+        descending: bool,
+    },
+    /// `topk(a, k, dim, largest, sorted)`: two outputs, the `k` largest (or smallest) values
+    /// and their i64 indices, always in sorted order, ties by lower index first.
+    Topk {
+        k: usize,
+        dim: usize,
+        largest: bool,
+    },
     /// `nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight)`:
     /// inputs `grad, a, target, total_weight` and, when `weighted`, `weight`.
     NllLossBackward {
@@ -435,7 +471,10 @@ impl Kernel {
     /// How many tensors the kernel gives (the node's outputs).
     pub fn outputs(&self) -> usize {
         match self {
-            Kernel::MaxPool2d { .. } | Kernel::VarMean { .. } => 2,
+            Kernel::MaxPool2d { .. }
+            | Kernel::VarMean { .. }
+            | Kernel::Sort { .. }
+            | Kernel::Topk { .. } => 2,
             Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,

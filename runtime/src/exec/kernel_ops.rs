@@ -55,7 +55,6 @@ const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes th
 const REDUCTION: &str = "no fused logsumexp kernel (the kernel set reduces by sum, mean, amax, \
      amin and prod, plus var, std and var_mean; Thunder 0.2.6 traces logsumexp as amax, exp, \
      sum and log, which run)";
-const INDICES: &str = "no CPU kernel for top-k or sort (argmax and argmin have one)";
 const POOL: &str = "the CPU pooling kernel is 2-d max pooling with indices \
      (max_pool2d_with_indices, as Thunder's torch executor prints it)";
 
@@ -321,6 +320,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ),
         ("ltorch.embedding", Cpu(embedding)),
         ("ltorch.take_along_dim", Cpu(take_along_dim)),
+        ("ltorch.gather", Cpu(gather)),
+        ("ltorch.scatter_add", Cpu(scatter_add)),
+        ("ltorch.index_select", Cpu(index_select)),
+        ("ltorch.index_add", Cpu(index_add)),
         ("ltorch.nll_loss_backward", Cpu(nll_loss_backward)),
         (
             "ltorch.log_softmax_backward",
@@ -380,8 +383,9 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.argmax", Cpu(|o| arg_extremum(o, true))),
         ("ltorch.argmin", Cpu(|o| arg_extremum(o, false))),
         ("ltorch.cumsum", Cpu(cumsum)),
-        ("ltorch.topk", Unsupported { reason: INDICES }),
-        ("ltorch.sort", Unsupported { reason: INDICES }),
+        ("ltorch.topk", Cpu(topk)),
+        ("ltorch.sort", Cpu(|o| sort(o, false))),
+        ("ltorch.argsort", Cpu(|o| sort(o, true))),
         // ----- shapes and layout -----
         ("ltorch.reshape", Cpu(reshape)),
         ("ltorch.view", Cpu(reshape)),
@@ -594,8 +598,12 @@ impl Ops<'_> {
             .transpose()
     }
     fn flag(&self, i: usize, key: &str) -> Result<bool, String> {
+        self.flag_or(i, key, false)
+    }
+    /// A bool operand, `default` when absent or `None`.
+    fn flag_or(&self, i: usize, key: &str, default: bool) -> Result<bool, String> {
         match self.arg(i, key) {
-            None => Ok(false),
+            None => Ok(default),
             Some(Arg::Bool(b)) => Ok(*b),
             Some(a) => Err(format!("operand {i} (`{key}`) must be a bool, got {a:?}")),
         }
@@ -1302,6 +1310,91 @@ fn take_along_dim(o: &mut Ops<'_>) -> Result<Kernel, String> {
         None => None,
     };
     Ok(Kernel::TakeAlongDim { dim })
+}
+
+/// The dimension operand `i` (`dim`) of an op on `input`, normalized: negative counts from
+/// the end.
+fn dim_operand(o: &Ops<'_>, i: usize, input: usize, what: &str) -> Result<usize, String> {
+    let rank = o.in_shape(input)?.len();
+    let d = o
+        .int(i, "dim")?
+        .ok_or_else(|| format!("{what} needs a dim"))?;
+    norm_dim(d, rank)
+}
+
+/// `gather(input, dim, index)`.
+fn gather(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    o.tensor(2, "index")?;
+    Ok(Kernel::Gather {
+        dim: dim_operand(o, 1, 0, "gather")?,
+    })
+}
+
+/// `scatter_add(a, dim, index, src)`.
+fn scatter_add(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(2, "index")?;
+    o.tensor(3, "src")?;
+    Ok(Kernel::ScatterAdd {
+        dim: dim_operand(o, 1, 0, "scatter_add")?,
+    })
+}
+
+/// `index_select(a, dim, index)`.
+fn index_select(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(2, "index")?;
+    Ok(Kernel::IndexSelect {
+        dim: dim_operand(o, 1, 0, "index_select")?,
+    })
+}
+
+/// `index_add(a, dim, index, source)` (Thunder's symbol has no `alpha`).
+fn index_add(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(2, "index")?;
+    o.tensor(3, "source")?;
+    Ok(Kernel::IndexAdd {
+        dim: dim_operand(o, 1, 0, "index_add")?,
+    })
+}
+
+/// The dimension of a sort or top-k at operand `i`: the last one when absent or `None`.
+fn sort_dim(o: &Ops<'_>, i: usize) -> Result<usize, String> {
+    let rank = o.in_shape(0)?.len();
+    norm_dim(o.int(i, "dim")?.unwrap_or(-1), rank)
+}
+
+/// `sort(a, dim=None, descending=False, stable=False)` and `argsort` (`indices_only`), the same
+/// operands. `stable` is read but changes nothing: the kernels always sort stably.
+fn sort(o: &mut Ops<'_>, indices_only: bool) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let dim = sort_dim(o, 1)?;
+    let descending = o.flag(2, "descending")?;
+    o.flag(3, "stable")?;
+    Ok(if indices_only {
+        Kernel::Argsort { dim, descending }
+    } else {
+        Kernel::Sort { dim, descending }
+    })
+}
+
+/// `topk(a, k, dim=None, largest=True, sorted=True)`. The kernels always give sorted results:
+/// PyTorch leaves the order of `sorted=False` unspecified.
+fn topk(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let shape = o.in_shape(0)?;
+    let dim = sort_dim(o, 2)?;
+    let k = o.int(1, "k")?.ok_or("topk needs k")?;
+    let n = shape.get(dim).copied().unwrap_or(1);
+    let k = usize::try_from(k)
+        .ok()
+        .filter(|k| *k <= n)
+        .ok_or_else(|| format!("topk: k = {k} is out of range for dimension {dim} of {shape:?}"))?;
+    let largest = o.flag_or(3, "largest", true)?;
+    o.flag_or(4, "sorted", true)?;
+    Ok(Kernel::Topk { k, dim, largest })
 }
 
 /// `nll_loss_backward(grad, a, target, weight, reduction, ignore_index, total_weight)`.
