@@ -264,6 +264,16 @@ fn elementwise_of(cx: &MetaCx, operands: &[Operand], shape_only: &[Operand]) -> 
         (Some(shape), Some(device), Promoted::Tensor(d)) => {
             Type::tensor(shape, out_dtype(d), device)
         }
+        // numbers placed by a shape-only tensor (`where(pred, 49, 0)`): a tensor of their
+        // category's default dtype, as PyTorch gives
+        (Some(shape), Some(device), Promoted::Number(cat)) => {
+            let d = match cat {
+                Category::Bool => DType::Bool,
+                Category::Int => DType::I64,
+                Category::Float => DType::F32,
+            };
+            Type::tensor(shape, out_dtype(d), device)
+        }
         (_, _, Promoted::Number(cat)) => match (cx.dtype_rule, cat) {
             (DTypeRule::Bool, _) => Type::Bool(None),
             (DTypeRule::PromoteToFloat, _) | (_, Category::Float) => Type::Float(None),

@@ -549,3 +549,35 @@ fn sorting_ops_as_thunder_prints_them() {
         vec!["cpu f32[4, 16]", "cpu i64[4, 16]"]
     );
 }
+
+/// `torch.min` is registered automatically by Thunder and printed as called, with each of its
+/// overloads; `where` of two numbers placed by a tensor predicate is a tensor.
+#[test]
+fn torch_min_overloads_and_where_of_numbers() {
+    let a = [("a", "cpu i64[16, 16]"), ("b", "cpu i64[16, 16]")];
+    assert_eq!(one(&a, "t0 = torch.min(a, b)"), "cpu i64[16, 16]");
+    let f = [("a", "cpu f32[4, 3]"), ("b", "cpu f64[3]")];
+    assert_eq!(one(&f, "t0 = torch.min(a, b)"), "cpu f64[4, 3]");
+    assert_eq!(one(&f, "t0 = torch.min(a)"), "cpu f32[]");
+    assert_eq!(
+        infer(&f, "(t0, t1) = torch.min(a, 1)").unwrap(),
+        vec!["cpu f32[4]", "cpu i64[4]"]
+    );
+    assert_eq!(
+        infer(&f, "(t0, t1) = torch.min(a, -1, True)").unwrap(),
+        vec!["cpu f32[4, 1]", "cpu i64[4, 1]"]
+    );
+    let p = [("p", "cpu b8[256]")];
+    assert_eq!(one(&p, "t0 = torch.where(p, 49, 0)"), "cpu i64[256]");
+    assert_eq!(one(&p, "t0 = torch.where(p, 1.5, 0)"), "cpu f32[256]");
+    let x = [("x", "cpu f32[2, 32, 49]")];
+    assert_eq!(
+        one(&x, "t0 = torch.nn.functional.adaptive_avg_pool1d(x, 1)"),
+        "cpu f32[2, 32, 1]"
+    );
+    assert!(fails(
+        &[("x", "cpu f32[49]")],
+        "t0 = torch.adaptive_avg_pool1d(x, 1)"
+    )
+    .contains("2 or 3"));
+}

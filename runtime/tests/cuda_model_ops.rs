@@ -903,6 +903,27 @@ fn triangles_one_hot_pixel_shuffle_and_roll_match_the_cpu() {
         fill: 0.0,
     };
     check(&g, &upper, &[mask], "triu of a bool mask");
+    for d in FLOATS {
+        let x = random(&[2, 3, 7], 42, d);
+        let gy = random(&[2, 3, 3], 43, d);
+        let k = Kernel::AdaptiveAvgPool1d { out: 3 };
+        check(&g, &k, std::slice::from_ref(&x), "adaptive_avg_pool1d");
+        let k = Kernel::AdaptiveAvgPool1dBackward;
+        check(&g, &k, &[gy, x], "adaptive_avg_pool1d backward");
+    }
+    let ints = Tensor::from_i64(vec![5], vec![-3, 0, 5, i64::MIN, i64::MAX]);
+    for op in [
+        tracepass_runtime::exec::UnaryOp::Neg,
+        tracepass_runtime::exec::UnaryOp::Abs,
+        tracepass_runtime::exec::UnaryOp::Sign,
+    ] {
+        check(
+            &g,
+            &Kernel::Unary(op),
+            std::slice::from_ref(&ints),
+            &format!("{op:?} of i64"),
+        );
+    }
     let idx = Tensor::from_i64(vec![2, 3], vec![0, 4, 2, 2, 1, 0]);
     check(
         &g,

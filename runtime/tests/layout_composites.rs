@@ -1,6 +1,7 @@
-//! `triu`/`tril`, `one_hot`, `pixel_shuffle`/`pixel_unshuffle` and `roll`, and the backward
-//! statements Thunder prints for the last two (`pixel_shuffle_vjp`, `roll_vjp`), against
-//! their definitions written out element by element.
+//! `triu`/`tril`, `one_hot`, `pixel_shuffle`/`pixel_unshuffle`, `roll`,
+//! `adaptive_avg_pool1d` and integer `neg`/`abs`/`sign`, and the backward statements Thunder
+//! prints for its fallbacks (`pixel_shuffle_vjp`, `roll_vjp`, `adaptive_avg_pool1d_vjp`),
+//! against their definitions written out element by element.
 
 use tracepass_ir::{parse_trace, DType};
 use tracepass_runtime::comm::{CommOptions, ThreadGroup};
@@ -235,4 +236,96 @@ fn thunders_pixel_shuffle_and_roll_statements_and_their_vjps_run() {
         fill: 0.0,
     };
     assert_eq!(out[4].to_f64_vec(), kernel(upper, &x));
+}
+
+#[test]
+fn integer_neg_abs_and_sign_stay_exact_integers() {
+    use tracepass_runtime::exec::UnaryOp;
+    let x = Tensor::from_i64(vec![5], vec![-3, 0, 5, i64::MIN, i64::MAX]);
+    let u = |op| run(&Kernel::Unary(op), &x).unwrap();
+    let neg = u(UnaryOp::Neg);
+    assert_eq!(neg.dtype(), DType::I64);
+    assert_eq!(neg.to_i64_vec(), vec![3, 0, -5, i64::MIN, -i64::MAX]);
+    assert_eq!(
+        u(UnaryOp::Abs).to_i64_vec(),
+        vec![3, 0, 5, i64::MIN, i64::MAX]
+    );
+    assert_eq!(u(UnaryOp::Sign).to_i64_vec(), vec![-1, 0, 1, -1, 1]);
+    let small = Tensor::from_i64(vec![2], vec![-7, 7])
+        .to_dtype(DType::I32)
+        .unwrap();
+    let n = run(&Kernel::Unary(UnaryOp::Neg), &small).unwrap();
+    assert_eq!((n.dtype(), n.to_i64_vec()), (DType::I32, vec![7, -7]));
+}
+
+/// HF Swin pools with `nn.AdaptiveAvgPool1d(1)`; MPNet's relative-position buckets take
+/// `torch.min` of two integer tensors. Both registered automatically by Thunder.
+#[test]
+fn thunders_adaptive_avg_pool1d_its_vjp_and_torch_min_run() {
+    let text = r#"def backward_fn(x, g, a, b):
+  # x: "cpu f32[2, 3, 7]"
+  # g: "cpu f32[2, 3, 3]"
+  # a: "cpu i64[4]"
+  # b: "cpu i64[4]"
+  t1 = torch.nn.functional.adaptive_avg_pool1d(x, 3)  # t1: "cpu f32[2, 3, 3]"
+  (t2, _) = adaptive_avg_pool1d_vjp(((x, 3), {}), g)
+  t3 = torch.min(a, b)  # t3: "cpu i64[4]"
+  t4 = torch.min(x)  # t4: "cpu f32[]"
+  return (t1, t2, t3, t4)
+"#;
+    let t = parse_trace(text).unwrap_or_else(|e| panic!("{e}"));
+    let results: Vec<_> = t.returned_values().into_iter().map(Some).collect();
+    let plan = Plan::compile(&t, &results).unwrap_or_else(|e| panic!("{e}"));
+    let comm = ThreadGroup::new(1, CommOptions::default());
+    let (x, g) = (iota(&[2, 3, 7]), iota(&[2, 3, 3]));
+    let (a, b) = (
+        Tensor::from_i64(vec![4], vec![5, -2, 9, 0]),
+        Tensor::from_i64(vec![4], vec![3, 4, 9, -1]),
+    );
+    let out: Vec<Tensor> = Executor::<CpuBackend, _>::new()
+        .run(
+            &plan,
+            &CpuBackend,
+            &mut comm.comm(0),
+            [&x, &g, &a, &b]
+                .map(|t| RValue::Tensor(t.clone()))
+                .into_iter()
+                .collect(),
+            &Clock::new(false),
+            &mut Recording::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|v| match v {
+            RValue::Tensor(t) => t,
+            _ => panic!("not a tensor"),
+        })
+        .collect();
+    // PyTorch's adaptive windows: output j averages [floor(j L / n), ceil((j + 1) L / n))
+    let (l, n) = (7usize, 3usize);
+    let window = |j: usize| (j * l / n, ((j + 1) * l).div_ceil(n));
+    let xv = x.to_f64_vec();
+    let mut pooled = Vec::new();
+    let mut grad = vec![0.0; xv.len()];
+    let gv = g.to_f64_vec();
+    for row in 0..6 {
+        for j in 0..n {
+            let (s, e) = window(j);
+            let len = (e - s) as f64;
+            pooled.push((s..e).map(|i| xv[row * l + i]).sum::<f64>() / len);
+            for i in s..e {
+                grad[row * l + i] += gv[row * n + j] / len;
+            }
+        }
+    }
+    assert_eq!(out[0].shape(), &[2, 3, 3]);
+    for (got, want) in out[0].to_f64_vec().iter().zip(&pooled) {
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    }
+    assert_eq!(out[1].shape(), &[2, 3, 7]);
+    for (got, want) in out[1].to_f64_vec().iter().zip(&grad) {
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    }
+    assert_eq!(out[2].to_i64_vec(), vec![3, -2, 9, -1]);
+    assert_eq!(out[3].to_f64_vec(), vec![-3.0]);
 }

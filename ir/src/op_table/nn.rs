@@ -265,6 +265,22 @@ fn adaptive_avg_pool2d(cx: &MetaCx) -> R {
     one(x.with_shape(shape))
 }
 
+/// `adaptive_avg_pool1d(input, output_size)`: `[*, C, L]` to `[*, C, output_size]`.
+fn adaptive_avg_pool1d(cx: &MetaCx) -> R {
+    let x = cx.tensor_param("input")?;
+    let out = per_dim(cx, "output_size", 1)?;
+    let n = x.shape.len();
+    if !(2..=3).contains(&n) || out[0] < 1 {
+        return Err(format!(
+            "{}: input {:?} (2 or 3 dimensions) with output size {out:?}",
+            cx.op, x.shape
+        ));
+    }
+    let mut shape = x.shape.clone();
+    shape[n - 1] = out[0] as usize;
+    one(x.with_shape(shape))
+}
+
 /// `_adaptive_avg_pool2d_backward(grad, a)`: the gradient with respect to `a`.
 fn adaptive_avg_pool2d_backward(cx: &MetaCx) -> R {
     let g = cx.tensor_param("grad")?;
@@ -495,6 +511,7 @@ const OPS: &[OpSpec] = &[
     op("ltorch.max_pool1d", &["torch.nn.functional.max_pool1d"], Pure, "a, /, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False", Meta, max_pool1d),
     op("ltorch.max_pool2d", &["torch.nn.functional.max_pool2d"], Pure, "a, /, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False", Meta, max_pool2d),
     op("ltorch.max_pool3d", &["torch.nn.functional.max_pool3d"], Pure, "a, /, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False", Meta, max_pool3d),
+    op("ltorch.adaptive_avg_pool1d", &["torch.nn.functional.adaptive_avg_pool1d", "torch.adaptive_avg_pool1d"], Pure, "input, output_size", First, adaptive_avg_pool1d),
     op("ltorch.adaptive_avg_pool2d", &["torch.nn.functional.adaptive_avg_pool2d"], Pure, "a, /, output_size", First, adaptive_avg_pool2d),
     op("ltorch.adaptive_avg_pool2d_backward", &["torch.torch.ops.aten._adaptive_avg_pool2d_backward", "torch.ops.aten._adaptive_avg_pool2d_backward"], Pure, "grad, a", First, adaptive_avg_pool2d_backward),
     op("ltorch.embedding", &["torch.nn.functional.embedding"], Pure, "a, /, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False", Meta, embedding),

@@ -4,10 +4,10 @@
 use super::op;
 use crate::arg::Arg;
 use crate::meta::{dim_of, many, one};
-use crate::registry::DTypeRule::Meta;
+use crate::registry::DTypeRule::{Meta, Promote};
 use crate::registry::Effect::Pure;
 use crate::registry::{MetaCx, MetaOut, OpSpec};
-use crate::types::{DType, TensorType};
+use crate::types::{DType, TensorType, Type};
 
 type R = Result<MetaOut, String>;
 
@@ -73,6 +73,36 @@ fn extremum(cx: &MetaCx) -> R {
     let t = cx.tensor_param("a")?;
     let shape = reduced(cx, &t, "dim", keepdim(cx))?;
     one(t.with_shape(shape))
+}
+
+/// `torch.min`, which Thunder registers automatically and so prints as called: `min(input)`
+/// the smallest element, `min(input, other)` the elementwise minimum (broadcast, promoted),
+/// `min(input, dim, keepdim=False)` values and i64 indices.
+fn torch_min(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("input")?;
+    match cx.opt("other") {
+        None => one(t.with_shape(Vec::new())),
+        Some(Arg::Value(v)) if matches!(cx.trace.ty(*v), Some(Type::Tensor(_))) => {
+            crate::meta::ew(cx, &["input", "other"], &[])
+        }
+        Some(_) => {
+            let rank = t.shape.len();
+            let d = dim_of(cx, cx.int_param("other")?, rank.max(1))?;
+            let mut shape = t.shape.clone();
+            if rank > 0 {
+                if keepdim(cx) {
+                    shape[d] = 1;
+                } else {
+                    shape.remove(d);
+                }
+            }
+            let indices = TensorType::new(shape.clone(), DType::I64, t.device);
+            Ok(MetaOut::Types(vec![
+                Type::Tensor(t.with_shape(shape)),
+                Type::Tensor(indices),
+            ]))
+        }
+    }
 }
 
 fn float_of(t: &TensorType) -> DType {
@@ -229,6 +259,14 @@ const OPS: &[OpSpec] = &[
         "a, /, dim=None, keepdim=False",
         Meta,
         extremum,
+    ),
+    op(
+        "ltorch.min",
+        &["torch.min"],
+        Pure,
+        "input, other=None, keepdim=False",
+        Promote,
+        torch_min,
     ),
     op(
         "ltorch.amin",

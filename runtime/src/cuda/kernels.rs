@@ -471,7 +471,9 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::Triangle { .. }
         | Kernel::OneHot { .. }
         | Kernel::PixelShuffle { .. }
-        | Kernel::Roll { .. } => vec![],
+        | Kernel::Roll { .. }
+        | Kernel::AdaptiveAvgPool1d { .. }
+        | Kernel::AdaptiveAvgPool1dBackward => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -507,6 +509,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::OneHot { .. }
             | Kernel::PixelShuffle { .. }
             | Kernel::Roll { .. }
+            | Kernel::AdaptiveAvgPool1d { .. }
+            | Kernel::AdaptiveAvgPool1dBackward
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding
@@ -599,6 +603,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             fill: 0.0,
         },
         Kernel::OneHot { classes: 2 },
+        Kernel::AdaptiveAvgPool1d { out: 3 },
+        Kernel::AdaptiveAvgPool1dBackward,
         Kernel::PixelShuffle {
             factor: 2,
             inverse: false,

@@ -1,10 +1,12 @@
 //! Ops every backend runs from its own kernels, with no kernel source of their own: a
-//! triangle of matrices (`triu`, `tril`), `one_hot`, `pixel_shuffle` and its inverse, `roll`.
+//! triangle of matrices (`triu`, `tril`), `one_hot`, `pixel_shuffle` and its inverse, `roll`,
+//! `adaptive_avg_pool1d` and its gradient, and `neg`, `abs` and `sign` of integers (exact,
+//! wrapping as PyTorch's integer kernels).
 //! Each is what Thunder's own decomposition computes (arange, compare, where; reshape and
 //! permute; slices and a concatenation), so CPU and CUDA agree by construction.
 
 use crate::exec::backend::{Backend, Input, KernelError};
-use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side};
+use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side, UnaryOp};
 use tracepass_ir::DType;
 
 fn err(op: &str, m: String) -> KernelError {
@@ -38,8 +40,155 @@ pub(crate) fn run<B: Backend>(
         Kernel::Roll { shifts, dims } => {
             input("roll", inputs).and_then(|x| roll(backend, shifts, dims.as_deref(), x))
         }
+        Kernel::Unary(op @ (UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign))
+            if inputs.first().is_some_and(|i| match i {
+                Input::Tensor(t) => is_int(backend.dtype(t)),
+                Input::Scalar(_) => false,
+            }) =>
+        {
+            input("unary", inputs).and_then(|x| unary_int(backend, *op, x))
+        }
+        Kernel::AdaptiveAvgPool1d { out } => {
+            input("adaptive_avg_pool1d", inputs).and_then(|x| adaptive_avg_pool1d(backend, *out, x))
+        }
+        Kernel::AdaptiveAvgPool1dBackward => match inputs {
+            [Input::Tensor(g), Input::Tensor(x)] => adaptive_avg_pool1d_backward(backend, g, x),
+            _ => Err(err(
+                "adaptive_avg_pool1d_backward",
+                "inputs must be the gradient and the input".into(),
+            )),
+        },
         _ => return None,
     })
+}
+
+fn is_int(d: DType) -> bool {
+    matches!(
+        d,
+        DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::U8
+    )
+}
+
+fn binary<B: Backend>(
+    backend: &B,
+    op: BinaryOp,
+    a: Side,
+    b: Side,
+    inputs: &[Input<'_, B::Tensor>],
+) -> Result<B::Tensor, KernelError> {
+    backend.run(
+        &Kernel::Binary {
+            op,
+            a,
+            b,
+            alpha: 1.0,
+        },
+        inputs,
+    )
+}
+
+/// `neg` (`0 - x`), `abs` (`max(x, -x)`) and `sign` (`(x > 0) - (x < 0)`) of an integer tensor.
+fn unary_int<B: Backend>(
+    backend: &B,
+    op: UnaryOp,
+    x: &B::Tensor,
+) -> Result<B::Tensor, KernelError> {
+    let neg = || {
+        binary(
+            backend,
+            BinaryOp::Sub,
+            Side::Scalar(0.0),
+            Side::Input(0),
+            &[Input::Tensor(x)],
+        )
+    };
+    match op {
+        UnaryOp::Neg => neg(),
+        UnaryOp::Abs => {
+            let n = neg()?;
+            binary(
+                backend,
+                BinaryOp::Maximum,
+                Side::Input(0),
+                Side::Input(1),
+                &[Input::Tensor(x), Input::Tensor(&n)],
+            )
+        }
+        _ => {
+            let side = |op| -> Result<B::Tensor, KernelError> {
+                let c = backend.run(
+                    &Kernel::Compare {
+                        op,
+                        a: Side::Input(0),
+                        b: Side::Scalar(0.0),
+                    },
+                    &[Input::Tensor(x)],
+                )?;
+                backend.run(&Kernel::Convert(backend.dtype(x)), &[Input::Tensor(&c)])
+            };
+            let (pos, neg) = (side(CompareOp::Gt)?, side(CompareOp::Lt)?);
+            binary(
+                backend,
+                BinaryOp::Sub,
+                Side::Input(0),
+                Side::Input(1),
+                &[Input::Tensor(&pos), Input::Tensor(&neg)],
+            )
+        }
+    }
+}
+
+/// `shape` with a row dimension of 1 before the last: `[*, C, L]` as `[*, C, 1, L]`.
+fn as_row(shape: &[usize]) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    s.insert(s.len().saturating_sub(1), 1);
+    s
+}
+
+/// `adaptive_avg_pool1d(x, out)`: the 2-d pooling of `x` as one row, to `(1, out)`.
+fn adaptive_avg_pool1d<B: Backend>(
+    backend: &B,
+    out: usize,
+    x: &B::Tensor,
+) -> Result<B::Tensor, KernelError> {
+    let shape = backend.shape(x).to_vec();
+    if !(2..=3).contains(&shape.len()) || out == 0 {
+        return Err(err(
+            "adaptive_avg_pool1d",
+            format!("input {shape:?} (2 or 3 dimensions) to {out}"),
+        ));
+    }
+    let row = backend.run(&Kernel::Reshape(as_row(&shape)), &[Input::Tensor(x)])?;
+    let pooled = backend.run(
+        &Kernel::AdaptiveAvgPool2d { oh: 1, ow: out },
+        &[Input::Tensor(&row)],
+    )?;
+    let mut to = shape;
+    let last = to.len() - 1;
+    to[last] = out;
+    backend.run(&Kernel::Reshape(to), &[Input::Tensor(&pooled)])
+}
+
+/// The gradient of [`adaptive_avg_pool1d`] with respect to `x`, from the output's `g`.
+fn adaptive_avg_pool1d_backward<B: Backend>(
+    backend: &B,
+    g: &B::Tensor,
+    x: &B::Tensor,
+) -> Result<B::Tensor, KernelError> {
+    let (gs, xs) = (backend.shape(g).to_vec(), backend.shape(x).to_vec());
+    if gs.len() != xs.len() || !(2..=3).contains(&xs.len()) {
+        return Err(err(
+            "adaptive_avg_pool1d_backward",
+            format!("gradient {gs:?} does not pool input {xs:?}"),
+        ));
+    }
+    let g2 = backend.run(&Kernel::Reshape(as_row(&gs)), &[Input::Tensor(g)])?;
+    let x2 = backend.run(&Kernel::Reshape(as_row(&xs)), &[Input::Tensor(x)])?;
+    let d = backend.run(
+        &Kernel::AdaptiveAvgPool2dBackward,
+        &[Input::Tensor(&g2), Input::Tensor(&x2)],
+    )?;
+    backend.run(&Kernel::Reshape(xs), &[Input::Tensor(&d)])
 }
 
 /// Keeps the elements with `col - row >= diagonal` (`upper`) or `col - row <= diagonal`
@@ -332,6 +481,25 @@ pub(crate) fn parts(kernel: &Kernel, d: DType) -> Option<Vec<(Kernel, DType)>> {
             (Kernel::Convert(DType::I64), DType::Bool),
         ],
         Kernel::PixelShuffle { .. } => vec![(Kernel::Permute(vec![]), d)],
+        Kernel::AdaptiveAvgPool1d { out } => {
+            vec![(Kernel::AdaptiveAvgPool2d { oh: 1, ow: *out }, d)]
+        }
+        Kernel::AdaptiveAvgPool1dBackward => vec![(Kernel::AdaptiveAvgPool2dBackward, d)],
+        Kernel::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign) if is_int(d) => {
+            let bin = |op| Kernel::Binary {
+                op,
+                a: Side::Input(0),
+                b: Side::Input(1),
+                alpha: 1.0,
+            };
+            vec![
+                (bin(BinaryOp::Sub), d),
+                (bin(BinaryOp::Maximum), d),
+                (compare(CompareOp::Gt), d),
+                (compare(CompareOp::Lt), d),
+                (Kernel::Convert(d), DType::Bool),
+            ]
+        }
         Kernel::Roll { .. } => vec![
             (
                 Kernel::Slice {

@@ -240,6 +240,13 @@ pub enum Kernel {
         shifts: Vec<i64>,
         dims: Option<Vec<usize>>,
     },
+    /// `adaptive_avg_pool1d` of `[*, C, L]` to `out` (`exec/composite.rs`: the 2-d pooling
+    /// of one row).
+    AdaptiveAvgPool1d {
+        out: usize,
+    },
+    /// Its gradient: inputs `grad, a` (`a` gives the shape).
+    AdaptiveAvgPool1dBackward,
     /// Two outputs: values and i64 indices (per (N, C) plane).
     MaxPool2d {
         kernel: Vec<i64>,

@@ -244,6 +244,11 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.conv_transpose1d", Cpu(conv_transpose)),
         ("ltorch.conv_transpose2d", Cpu(conv_transpose)),
         ("ltorch.conv_transpose3d", Cpu(conv_transpose)),
+        ("ltorch.adaptive_avg_pool1d", Cpu(adaptive_avg_pool1d)),
+        (
+            "ltorch.adaptive_avg_pool1d_vjp",
+            Cpu(adaptive_avg_pool1d_vjp),
+        ),
         ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
         ("ltorch.pixel_unshuffle", Cpu(|o| pixel_shuffle(o, true))),
         (
@@ -395,6 +400,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.unsqueeze", Cpu(unsqueeze)),
         ("ltorch.squeeze", Cpu(squeeze)),
         ("ltorch.flip", Cpu(flip)),
+        ("ltorch.min", Cpu(torch_min)),
         ("ltorch.triu", Cpu(|o| triangle(o, true))),
         ("ltorch.tril", Cpu(|o| triangle(o, false))),
         ("ltorch.roll", Cpu(roll)),
@@ -1094,6 +1100,74 @@ fn single_input_vjp(
     }
     o.tensor(1, "grad_output")?;
     Ok(kernel)
+}
+
+/// `torch.min` as Thunder prints it (registered automatically): the elementwise minimum of two
+/// tensors, or the smallest element. `min(input, dim)` gives values and indices, which no
+/// kernel gives together: refused.
+fn torch_min(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    let other = o.arg(1, "other").cloned();
+    match other {
+        None => {
+            let rank = o.in_shape(0)?.len();
+            Ok(Kernel::Reduce {
+                op: ReduceOp::Amin,
+                dims: (0..rank).collect(),
+                keepdim: false,
+                dtype: o.out(0)?.dtype,
+            })
+        }
+        Some(Arg::Value(_)) => {
+            let b = o.side(1, "other")?;
+            Ok(Kernel::Binary {
+                op: BinaryOp::Minimum,
+                a: Side::Input(0),
+                b,
+                alpha: 1.0,
+            })
+        }
+        Some(_) => Err(
+            "torch.min(input, dim) gives values and indices: no kernel computes the pair \
+             (amin and argmin each run)"
+                .into(),
+        ),
+    }
+}
+
+/// `adaptive_avg_pool1d(input, output_size)`.
+fn adaptive_avg_pool1d(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    let out = *o.out(0)?.shape.last().ok_or("a 0-d output")?;
+    Ok(Kernel::AdaptiveAvgPool1d { out })
+}
+
+/// Thunder's `adaptive_avg_pool1d_vjp(((input, output_size), {}), g)`: the input's gradient.
+fn adaptive_avg_pool1d_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let node = o.node;
+    let fwd = fallback_forward(node, "ltorch.adaptive_avg_pool1d")?;
+    let mut f = Ops {
+        trace: o.trace,
+        node: &fwd,
+        inputs: Vec::new(),
+        then: None,
+    };
+    f.tensor(0, "input")?;
+    let named = match node.lhs_pattern() {
+        Some(p) => matches!(p.first(), Some(LhsSlot::Out)),
+        None => true,
+    };
+    if node.outputs().len() != 1 || !named || node.args().len() != 2 {
+        return Err(format!(
+            "the statement binds {} results from {} gradients; adaptive_avg_pool1d has one input \
+             with a gradient and one output",
+            node.outputs().len(),
+            node.args().len().saturating_sub(1)
+        ));
+    }
+    o.tensor(1, "grad_output")?;
+    o.inputs.push(f.inputs[0]);
+    Ok(Kernel::AdaptiveAvgPool1dBackward)
 }
 
 /// `triu(a, diagonal=0, *, fill_value=None)`, and `tril`.
