@@ -598,6 +598,48 @@ def batch_resnet_inplace(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randint(0, 10, (4,), generator=gen, dtype=torch.int64)
 
 
+def make_swin() -> nn.Module:
+    from transformers import SwinConfig, SwinForImageClassification
+
+    cfg = SwinConfig(
+        image_size=32,
+        patch_size=4,
+        num_channels=3,
+        embed_dim=16,
+        depths=[1, 1],
+        num_heads=[2, 2],
+        window_size=4,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+    )
+    return Logits(SwinForImageClassification(cfg))
+
+
+def batch_swin(gen: torch.Generator) -> Batch:
+    return OrderedDict(pixel_values=torch.randn(2, 3, 32, 32, generator=gen)), torch.randint(
+        0, 10, (2,), generator=gen, dtype=torch.int64
+    )
+
+
+def make_mpnet() -> nn.Module:
+    from transformers import MPNetConfig, MPNetForSequenceClassification
+
+    cfg = MPNetConfig(
+        vocab_size=SMALL_VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        num_labels=4,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return Logits(MPNetForSequenceClassification(cfg))
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -747,6 +789,24 @@ MODELS: dict[str, ModelSpec] = {
             description="Swin-style: patch Conv2d(3,32,4,stride 4), cyclic shift by `torch.roll`, LayerNorm, attention "
             "masked by `torch.triu` of a mask built in the forward, shift rolled back, mean, Linear(32,10)",
             notes=["backward: `roll_vjp`, Thunder's torch-autograd fallback"],
+        ),
+        ModelSpec(
+            "swin",
+            make_swin,
+            batch_swin,
+            description="HF SwinForImageClassification: 32x32 images, patch 4, embed 16, depths [1, 1], heads [2, 2], "
+            "window 4, 10 labels, dropout 0",
+            notes=[
+                "shifted windows by `torch.roll`, the window mask by `torch.where` of numbers, pooling by "
+                "`nn.AdaptiveAvgPool1d` (backward: `roll_vjp`, `adaptive_avg_pool1d_vjp`)",
+            ],
+        ),
+        ModelSpec(
+            "mpnet",
+            make_mpnet,
+            batch_text_cls,
+            description="HF MPNetForSequenceClassification: vocab 128, hidden 64, 2 layers, 4 heads, 4 labels, dropout 0",
+            notes=["relative-position buckets: `torch.min` of i64 tensors and `torch.neg` of i64"],
         ),
         ModelSpec(
             "resnet-inplace",
