@@ -340,6 +340,28 @@ impl<'de> Deserialize<'de> for Node {
         } else {
             (NodeOwned::deserialize(d)?, None)
         };
+        // a nested left-hand side needs its places, one name per output (binary rows of
+        // format version 1 have no places, so no nested binding either)
+        match (&n.lhs, &pattern) {
+            (Lhs::Nested, None) => {
+                return Err(serde::de::Error::custom(
+                    "a nested left-hand side without its places",
+                ))
+            }
+            (Lhs::Nested, Some(p)) if LhsSlot::count_outputs(p) != n.outputs.len() => {
+                return Err(serde::de::Error::custom(format!(
+                    "a left-hand side of {} places for {} outputs",
+                    LhsSlot::count_outputs(p),
+                    n.outputs.len()
+                )))
+            }
+            (Lhs::Nested, Some(_)) | (_, None) => {}
+            (_, Some(_)) => {
+                return Err(serde::de::Error::custom(
+                    "left-hand side places on a binding that is not nested",
+                ))
+            }
+        }
         let extra = NodeExtra {
             callee: n.callee,
             kwargs: n.kwargs,

@@ -433,3 +433,24 @@ def computation(a, b, c):
     let err = verify(&t).unwrap_err().to_string();
     assert!(err.contains("the members hold too many elements"), "{err}");
 }
+
+/// Found by `cargo xtask fuzz decode`: a version-1 file (rows) whose node has the binding code
+/// of a nested left-hand side decoded, without the places no version-1 file can hold, and
+/// then could not be encoded again. It must be a plain error.
+#[test]
+fn fuzz_decode_v1_nested_binding_without_places_is_an_error() {
+    let input = include_bytes!("fuzz_regressions/decode_v1_nested_without_places.bin");
+    // the fuzz target's convention: first byte `& 3 == 3` means "payload of a version-1 file"
+    assert_eq!(input[0] & 3, 3);
+    let payload = &input[1..];
+    let mut bytes = b"TRACEPB\0".to_vec();
+    bytes.extend_from_slice(&1u32.to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(payload);
+    let e = tracepass_ir::codec::decode(&bytes).unwrap_err().to_string();
+    assert!(
+        e.contains("nested left-hand side without its places"),
+        "{e}"
+    );
+}

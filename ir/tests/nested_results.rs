@@ -166,9 +166,10 @@ fn a_fallback_of_another_op_is_an_unknown_op() {
     assert!(e.message.contains("unfold_vjp"), "{e}");
 }
 
-/// A pattern that does not fit the outputs (here from a hand-edited JSON file) is reported.
+/// A file whose places do not fit the outputs is refused when read; a node built in memory
+/// with such places is reported by the verifier.
 #[test]
-fn the_verifier_checks_places_against_outputs() {
+fn places_that_do_not_fit_the_outputs_are_errors() {
     let m = Module::Trace(parse_trace(VJP).unwrap());
     let json = serde_json::to_string(&m).unwrap();
     let edited = json.replacen(
@@ -177,9 +178,18 @@ fn the_verifier_checks_places_against_outputs() {
         1,
     );
     assert_ne!(edited, json, "{json}");
-    let Module::Trace(t) = serde_json::from_str::<Module>(&edited).unwrap() else {
-        panic!("a trace")
+    let e = serde_json::from_str::<Module>(&edited)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("2 places for 3 outputs"), "{e}");
+    let Module::Trace(mut t) = m else {
+        unreachable!()
     };
+    let n = vjp_node(&t).clone();
+    let outs = vec![t.new_value("t7", Type::Any), t.new_value("t8", Type::Any)];
+    let mut wrong = n.with_operands(n.args().to_vec(), outs);
+    wrong.set_nested_lhs(vec![LhsSlot::Out; 3]);
+    t.append(wrong);
     let e = verify(&t).unwrap_err().to_string();
-    assert!(e.contains("names 2 places for 3 outputs"), "{e}");
+    assert!(e.contains("names 3 places for 2 outputs"), "{e}");
 }
