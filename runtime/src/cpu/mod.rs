@@ -102,37 +102,6 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
                 *groups,
             )
         }
-        Kernel::ConvTranspose {
-            stride,
-            padding,
-            output_padding,
-            dilation,
-            groups,
-            bias,
-        } => crate::exec::conv_transpose::conv_transpose(
-            &CpuBackend,
-            crate::exec::conv_transpose::ConvTranspose {
-                stride,
-                padding,
-                output_padding,
-                dilation,
-                groups: *groups,
-                bias: *bias,
-            },
-            inputs,
-        )
-        .map_err(|e| e.0),
-        Kernel::ConvTransposeVjp { .. } => {
-            // one gradient asked for (more go through `run_multi`)
-            let mut out = CpuBackend.run_multi(kernel, inputs).map_err(|e| e.0)?;
-            match (out.pop(), out.is_empty()) {
-                (Some(g), true) => Ok(g),
-                _ => Err(format!(
-                    "{kernel:?} gives {} gradients, not one",
-                    kernel.outputs()
-                )),
-            }
-        }
         Kernel::MaxPool2dBackward => pool::max_pool2d_with_indices_backward(t(0)?, t(1)?, t(2)?),
         Kernel::Embedding => embedding::embedding(t(0)?, t(1)?),
         Kernel::EmbeddingBackward {
@@ -334,6 +303,9 @@ impl Backend for CpuBackend {
         kernel: &Kernel,
         inputs: &[Input<'_, Tensor>],
     ) -> Result<Vec<Tensor>, KernelError> {
+        if let Some(r) = crate::exec::composite::run_multi(self, kernel, inputs) {
+            return r;
+        }
         let r = match kernel {
             Kernel::MaxPool2d {
                 kernel,
@@ -363,28 +335,6 @@ impl Backend for CpuBackend {
             }
             Kernel::Topk { k, dim, largest } => {
                 sort::topk(tensor(inputs, 0)?, *k, *dim, *largest).map(|(v, i)| vec![v, i])
-            }
-            Kernel::ConvTransposeVjp {
-                stride,
-                padding,
-                output_padding,
-                dilation,
-                groups,
-                outputs,
-            } => {
-                return crate::exec::conv_transpose::conv_transpose_vjp(
-                    self,
-                    crate::exec::conv_transpose::ConvTranspose {
-                        stride,
-                        padding,
-                        output_padding,
-                        dilation,
-                        groups: *groups,
-                        bias: false,
-                    },
-                    *outputs,
-                    inputs,
-                )
             }
             other => return self.run(other, inputs).map(|t| vec![t]),
         };

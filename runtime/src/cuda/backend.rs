@@ -2289,26 +2289,6 @@ impl CudaBackend {
                 let k = if x.shape.is_empty() { (*k).max(1) } else { *k };
                 self.sorted_pair(x, *dim, *largest, k)
             }
-            Kernel::ConvTransposeVjp {
-                stride,
-                padding,
-                output_padding,
-                dilation,
-                groups,
-                outputs,
-            } => crate::exec::conv_transpose::conv_transpose_vjp(
-                self,
-                crate::exec::conv_transpose::ConvTranspose {
-                    stride,
-                    padding,
-                    output_padding,
-                    dilation,
-                    groups: *groups,
-                    bias: false,
-                },
-                *outputs,
-                inputs,
-            ),
             other => self.run(other, inputs).map(|t| vec![t]),
         }
     }
@@ -2330,36 +2310,6 @@ impl CudaBackend {
             } => {
                 let b = if *bias { Some(t(2)?) } else { None };
                 self.convolution(t(0)?, t(1)?, b, stride, padding, dilation, *groups)
-            }
-            Kernel::ConvTranspose {
-                stride,
-                padding,
-                output_padding,
-                dilation,
-                groups,
-                bias,
-            } => crate::exec::conv_transpose::conv_transpose(
-                self,
-                crate::exec::conv_transpose::ConvTranspose {
-                    stride,
-                    padding,
-                    output_padding,
-                    dilation,
-                    groups: *groups,
-                    bias: *bias,
-                },
-                inputs,
-            ),
-            Kernel::ConvTransposeVjp { .. } => {
-                // one gradient asked for (more go through `run_multi`)
-                let mut out = self.run_multi_op(kernel, inputs)?;
-                match (out.pop(), out.is_empty()) {
-                    (Some(g), true) => Ok(g),
-                    _ => Err(KernelError(format!(
-                        "{kernel:?} gives {} gradients, not one",
-                        kernel.outputs()
-                    ))),
-                }
             }
             Kernel::MaxPool2dBackward => self.max_pool2d_backward(t(0)?, t(1)?, t(2)?),
             Kernel::Embedding => self.embedding(t(0)?, t(1)?),
@@ -2663,6 +2613,9 @@ impl Backend for CudaBackend {
         kernel: &Kernel,
         inputs: &[Input<'_, CudaTensor>],
     ) -> Result<Vec<CudaTensor>, KernelError> {
+        if let Some(r) = crate::exec::composite::run_multi(self, kernel, inputs) {
+            return r;
+        }
         self.run_multi_op(kernel, inputs)
     }
 

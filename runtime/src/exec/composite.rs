@@ -1,4 +1,5 @@
-//! Ops every backend runs from its own kernels, with no kernel source of their own: a
+//! Ops every backend runs from its own kernels, with no kernel source of their own (and the
+//! dispatch of `conv_transpose.rs`'s): a
 //! triangle of matrices (`triu`, `tril`), `one_hot`, `pixel_shuffle` and its inverse, `roll`,
 //! `adaptive_avg_pool1d` and its gradient, and `neg`, `abs` and `sign` of integers (exact,
 //! wrapping as PyTorch's integer kernels).
@@ -6,6 +7,7 @@
 //! permute; slices and a concatenation), so CPU and CUDA agree by construction.
 
 use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::conv_transpose;
 use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side, UnaryOp};
 use tracepass_ir::DType;
 
@@ -20,12 +22,21 @@ fn input<'t, T>(op: &str, inputs: &[Input<'t, T>]) -> Result<&'t T, KernelError>
     }
 }
 
-/// Runs `kernel` if it is one of this module's ops.
+/// Runs `kernel` if it is one of this module's ops or a transposed convolution (one output).
 pub(crate) fn run<B: Backend>(
     backend: &B,
     kernel: &Kernel,
     inputs: &[Input<'_, B::Tensor>],
 ) -> Option<Result<B::Tensor, KernelError>> {
+    if let Some(r) = conv_transpose::run(backend, kernel, inputs) {
+        return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
+            (Some(t), true) => Ok(t),
+            _ => Err(err(
+                "run",
+                format!("{kernel:?} gives {} tensors, not one", kernel.outputs()),
+            )),
+        }));
+    }
     Some(match kernel {
         Kernel::Triangle {
             upper,
@@ -136,6 +147,16 @@ fn unary_int<B: Backend>(
             )
         }
     }
+}
+
+/// Runs `kernel` if it is an op of several outputs every backend builds from its own kernels
+/// (a transposed convolution's gradients).
+pub(crate) fn run_multi<B: Backend>(
+    backend: &B,
+    kernel: &Kernel,
+    inputs: &[Input<'_, B::Tensor>],
+) -> Option<Result<Vec<B::Tensor>, KernelError>> {
+    conv_transpose::run(backend, kernel, inputs)
 }
 
 /// `shape` with a row dimension of 1 before the last: `[*, C, L]` as `[*, C, 1, L]`.

@@ -10,13 +10,61 @@ use crate::exec::kernel::{Kernel, VjpOutputs};
 
 /// The parameters of [`Kernel::ConvTranspose`], each one value or one per spatial dimension.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct ConvTranspose<'a> {
-    pub(crate) stride: &'a [i64],
-    pub(crate) padding: &'a [i64],
-    pub(crate) output_padding: &'a [i64],
-    pub(crate) dilation: &'a [i64],
-    pub(crate) groups: i64,
-    pub(crate) bias: bool,
+struct ConvTranspose<'a> {
+    stride: &'a [i64],
+    padding: &'a [i64],
+    output_padding: &'a [i64],
+    dilation: &'a [i64],
+    groups: i64,
+    bias: bool,
+}
+
+/// Runs [`Kernel::ConvTranspose`] or [`Kernel::ConvTransposeVjp`] on any backend, one tensor
+/// per output; `None` for any other kernel.
+pub(crate) fn run<B: Backend>(
+    backend: &B,
+    kernel: &Kernel,
+    inputs: &[Input<'_, B::Tensor>],
+) -> Option<Result<Vec<B::Tensor>, KernelError>> {
+    Some(match kernel {
+        Kernel::ConvTranspose {
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+            bias,
+        } => {
+            let p = ConvTranspose {
+                stride,
+                padding,
+                output_padding,
+                dilation,
+                groups: *groups,
+                bias: *bias,
+            };
+            conv_transpose(backend, p, inputs).map(|t| vec![t])
+        }
+        Kernel::ConvTransposeVjp {
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+            outputs,
+        } => {
+            let p = ConvTranspose {
+                stride,
+                padding,
+                output_padding,
+                dilation,
+                groups: *groups,
+                bias: false,
+            };
+            conv_transpose_vjp(backend, p, *outputs, inputs)
+        }
+        _ => return None,
+    })
 }
 
 fn err(m: String) -> KernelError {
@@ -114,7 +162,7 @@ fn tensor<'t, T>(inputs: &[Input<'t, T>], i: usize) -> Result<&'t T, KernelError
 
 /// Inputs `x` (`[N, C_in, *spatial]` or `[C_in, *spatial]`), `w` (`[C_in, C_out / groups,
 /// *kernel]`) and, with `bias`, `b` (`[C_out]`).
-pub(crate) fn conv_transpose<B: Backend>(
+fn conv_transpose<B: Backend>(
     backend: &B,
     p: ConvTranspose<'_>,
     inputs: &[Input<'_, B::Tensor>],
@@ -173,7 +221,7 @@ pub(crate) fn conv_transpose<B: Backend>(
 ///   and `x` as its output gradient: per group, a convolution of `g` (batch and channels
 ///   swapped) by `x` (likewise) with stride and dilation exchanged, cut to the kernel's extent;
 /// - the bias's gradient sums `g` over every dimension but the channels.
-pub(crate) fn conv_transpose_vjp<B: Backend>(
+fn conv_transpose_vjp<B: Backend>(
     backend: &B,
     p: ConvTranspose<'_>,
     want: VjpOutputs,
