@@ -70,6 +70,7 @@ pub use error::FileError;
 pub use export::{is_export_dir, load_export, load_export_with, Export, ExportInfo};
 pub use node::{Edge, Lhs, LhsSlot, Node, SubSymbol};
 pub use op_name::OpName;
+pub use op_table::fallback::saved_operands as fallback_operands;
 pub use parse::{parse_trace, parse_trace_with, ParseError};
 pub use petgraph::stable_graph::NodeIndex;
 pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};

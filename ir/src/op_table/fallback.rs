@@ -26,31 +26,29 @@ type R = Result<MetaOut, String>;
 /// How deep the forward's operands may nest (Thunder's are one tuple inside another).
 const MAX_DEPTH: usize = 32;
 
+/// The forward's positional operands and its keyword operands (key, value).
+pub type SavedOperands<'a> = (&'a [Arg], &'a [(Arg, Arg)]);
+
+/// The forward's positional and keyword operands a fallback statement saved, its first operand
+/// `((args...), {kwargs})`.
+pub fn saved_operands(saved: &Arg) -> Result<SavedOperands<'_>, String> {
+    match saved {
+        Arg::Tuple(pair) if pair.len() == 2 => match (&pair[0], &pair[1]) {
+            (Arg::Tuple(args) | Arg::List(args), Arg::Dict(kwargs)) => Ok((args, kwargs)),
+            (args, kwargs) => Err(format!(
+                "the forward's operands must be a tuple and a dict, got {args:?} and {kwargs:?}"
+            )),
+        },
+        other => Err(format!(
+            "operand 0 must be the forward's `((args...), {{kwargs}})`, got {other:?}"
+        )),
+    }
+}
+
 /// `X_vjp(((args...), {kwargs}), *grads)`: a gradient for each floating-point tensor leaf of
 /// `args`, `None` for every other leaf, nested as `args` is.
 fn torch_fallback_vjp(cx: &MetaCx) -> R {
-    let saved = cx.arg(0)?;
-    let (args, kwargs) = match saved {
-        Arg::Tuple(pair) if pair.len() == 2 => (&pair[0], &pair[1]),
-        other => {
-            return Err(format!(
-                "{}: operand 0 must be the forward's `((args...), {{kwargs}})`, got {other:?}",
-                cx.op
-            ))
-        }
-    };
-    let (Arg::Tuple(args) | Arg::List(args)) = args else {
-        return Err(format!(
-            "{}: the forward's positional operands must be a tuple, got {args:?}",
-            cx.op
-        ));
-    };
-    let Arg::Dict(kwargs) = kwargs else {
-        return Err(format!(
-            "{}: the forward's keyword operands must be a dict, got {kwargs:?}",
-            cx.op
-        ));
-    };
+    let (args, kwargs) = saved_operands(cx.arg(0)?).map_err(|m| format!("{}: {m}", cx.op))?;
     // Thunder refuses (NotImplementedError) a keyword operand that needs a gradient
     for (k, v) in kwargs {
         if differentiable(cx, v)?.is_some() {

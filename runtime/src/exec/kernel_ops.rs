@@ -13,7 +13,7 @@ use crate::exec::kernel::{
 };
 use std::collections::HashMap;
 use std::sync::OnceLock;
-use tracepass_ir::{ops, Arg, DType, LhsSlot, Node, OpRegistry, Trace, ValueId};
+use tracepass_ir::{fallback_operands, ops, Arg, DType, LhsSlot, Node, OpRegistry, Trace, ValueId};
 
 /// Reads a node's operands and gives its kernel.
 pub type Decoder = fn(&mut Ops<'_>) -> Result<Kernel, String>;
@@ -247,7 +247,14 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.adaptive_avg_pool1d", Cpu(adaptive_avg_pool1d)),
         (
             "ltorch.adaptive_avg_pool1d_vjp",
-            Cpu(adaptive_avg_pool1d_vjp),
+            Cpu(|o| {
+                // the pooling's gradient reads the output's gradient and the input
+                let input: Decoder = |f| {
+                    f.tensor(0, "input")?;
+                    Ok(Kernel::AdaptiveAvgPool1dBackward)
+                };
+                single_input_vjp(o, "ltorch.adaptive_avg_pool1d", input, Some, true)
+            }),
         ),
         ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
         ("ltorch.pixel_unshuffle", Cpu(|o| pixel_shuffle(o, true))),
@@ -258,13 +265,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                     o,
                     "ltorch.pixel_shuffle",
                     |f| pixel_shuffle(f, false),
-                    |k| match k {
-                        Kernel::PixelShuffle { factor, inverse } => Some(Kernel::PixelShuffle {
-                            factor,
-                            inverse: !inverse,
-                        }),
-                        _ => None,
-                    },
+                    inverse_shuffle,
+                    false,
                 )
             }),
         ),
@@ -275,13 +277,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                     o,
                     "ltorch.pixel_unshuffle",
                     |f| pixel_shuffle(f, true),
-                    |k| match k {
-                        Kernel::PixelShuffle { factor, inverse } => Some(Kernel::PixelShuffle {
-                            factor,
-                            inverse: !inverse,
-                        }),
-                        _ => None,
-                    },
+                    inverse_shuffle,
+                    false,
                 )
             }),
         ),
@@ -406,15 +403,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.roll", Cpu(roll)),
         (
             "ltorch.roll_vjp",
-            Cpu(|o| {
-                single_input_vjp(o, "ltorch.roll", roll, |k| match k {
-                    Kernel::Roll { shifts, dims } => Some(Kernel::Roll {
-                        shifts: shifts.iter().map(|s| s.wrapping_neg()).collect(),
-                        dims,
-                    }),
-                    _ => None,
-                })
-            }),
+            Cpu(|o| single_input_vjp(o, "ltorch.roll", roll, roll_back, false)),
         ),
         ("ltorch.permute", Cpu(permute)),
         ("prims.transpose", Cpu(permute)),
@@ -495,12 +484,7 @@ pub fn decode(trace: &Trace, node: &Node) -> Result<Decoded, String> {
         }
         None => return Err(format!("no kernel for op `{op}`")),
     };
-    let mut o = Ops {
-        trace,
-        node,
-        inputs: Vec::new(),
-        then: None,
-    };
+    let mut o = Ops::new(trace, node);
     let kernel = decoder(&mut o)?;
     Ok(Decoded {
         kernel,
@@ -519,7 +503,15 @@ pub struct Ops<'a> {
     then: Option<Kernel>,
 }
 
-impl Ops<'_> {
+impl<'a> Ops<'a> {
+    fn new(trace: &'a Trace, node: &'a Node) -> Ops<'a> {
+        Ops {
+            trace,
+            node,
+            inputs: Vec::new(),
+            then: None,
+        }
+    }
     /// Operand `i`, or keyword `key`; `None` when absent or Python's `None`.
     fn arg(&self, i: usize, key: &str) -> Option<&Arg> {
         self.raw(i, key).filter(|a| !matches!(a, Arg::None))
@@ -982,12 +974,7 @@ fn convolution(o: &mut Ops<'_>) -> Result<Kernel, String> {
 fn conv_transpose_vjp(o: &mut Ops<'_>, forward: &'static str) -> Result<Kernel, String> {
     let node = o.node;
     let fwd = fallback_forward(node, forward)?;
-    let mut f = Ops {
-        trace: o.trace,
-        node: &fwd,
-        inputs: Vec::new(),
-        then: None,
-    };
+    let mut f = Ops::new(o.trace, &fwd);
     let Kernel::ConvTranspose {
         stride,
         padding,
@@ -999,15 +986,10 @@ fn conv_transpose_vjp(o: &mut Ops<'_>, forward: &'static str) -> Result<Kernel, 
     else {
         return Err(format!("{forward} decodes to another kernel"));
     };
-    // the named places among the first three (a flat tuple names every place)
-    let named = |i: usize| match node.lhs_pattern() {
-        Some(p) => matches!(p.get(i), Some(LhsSlot::Out)),
-        None => i < node.outputs().len(),
-    };
     let outputs = VjpOutputs {
-        input: named(0),
-        weight: named(1),
-        bias: named(2) && bias,
+        input: names_gradient(node, 0),
+        weight: names_gradient(node, 1),
+        bias: names_gradient(node, 2) && bias,
     };
     if outputs.count() != node.outputs().len() {
         return Err(format!(
@@ -1021,13 +1003,7 @@ fn conv_transpose_vjp(o: &mut Ops<'_>, forward: &'static str) -> Result<Kernel, 
         return Err(format!("{forward} reads no input and weight"));
     };
     o.inputs.extend([x, w]);
-    if node.args().len() != 2 {
-        return Err(format!(
-            "{forward} has one output, so one gradient follows its operands, not {}",
-            node.args().len() - 1
-        ));
-    }
-    o.tensor(1, "grad_output")?;
+    output_gradient(o, forward)?;
     Ok(Kernel::ConvTransposeVjp {
         stride,
         padding,
@@ -1041,17 +1017,8 @@ fn conv_transpose_vjp(o: &mut Ops<'_>, forward: &'static str) -> Result<Kernel, 
 /// The forward statement a fallback `X_vjp(((args...), {kwargs}), *grads)` differentiates,
 /// rebuilt as a node of `forward`, so that op's own decoder reads its operands.
 fn fallback_forward(node: &Node, forward: &'static str) -> Result<Node, String> {
-    let (args, kwargs) = match node.args().first() {
-        Some(Arg::Tuple(pair)) if pair.len() == 2 => match (&pair[0], &pair[1]) {
-            (Arg::Tuple(a) | Arg::List(a), Arg::Dict(k)) => (a, k),
-            _ => return Err("operand 0 must be the forward's `((args...), {kwargs})`".into()),
-        },
-        other => {
-            return Err(format!(
-                "operand 0 must be the forward's `((args...), {{kwargs}})`, got {other:?}"
-            ))
-        }
-    };
+    let saved = node.args().first().ok_or("no saved operands")?;
+    let (args, kwargs) = fallback_operands(saved)?;
     let kwargs = kwargs
         .iter()
         .map(|(k, v)| match k {
@@ -1059,47 +1026,83 @@ fn fallback_forward(node: &Node, forward: &'static str) -> Result<Node, String> 
             other => Err(format!("the forward's keyword {other:?} is not a string")),
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let mut fwd = Node::new(forward, args.clone(), Vec::new());
+    let mut fwd = Node::new(forward, args.to_vec(), Vec::new());
     fwd.set_kwargs(kwargs);
     Ok(fwd)
 }
 
+/// Whether a fallback statement names the gradient of the forward's operand `i` (a flat
+/// tuple names every place).
+fn names_gradient(node: &Node, i: usize) -> bool {
+    match node.lhs_pattern() {
+        Some(p) => matches!(p.get(i), Some(LhsSlot::Out)),
+        None => i < node.outputs().len(),
+    }
+}
+
+/// Reads the gradient of a one-output forward: the fallback's operand 1, and its last.
+fn output_gradient(o: &mut Ops<'_>, forward: &str) -> Result<(), String> {
+    if o.node.args().len() != 2 {
+        return Err(format!(
+            "{forward} has one output, so one gradient follows its operands, not {}",
+            o.node.args().len() - 1
+        ));
+    }
+    o.tensor(1, "grad_output")
+}
+
 /// The backward of a fallback of a one-input, one-output op whose gradient is `grad` of the
-/// output's gradient (`pixel_shuffle`'s is `pixel_unshuffle`, `roll`'s a roll back): the
+/// kernel `decoder` reads from the forward (`pixel_shuffle`'s is `pixel_unshuffle`, `roll`'s a
+/// roll back), on the output's gradient and, with `reads_input`, the forward's input: the
 /// statement must name the input's gradient, and only it.
 fn single_input_vjp(
     o: &mut Ops<'_>,
     forward: &'static str,
     decoder: Decoder,
     grad: fn(Kernel) -> Option<Kernel>,
+    reads_input: bool,
 ) -> Result<Kernel, String> {
     let node = o.node;
     let fwd = fallback_forward(node, forward)?;
-    let mut f = Ops {
-        trace: o.trace,
-        node: &fwd,
-        inputs: Vec::new(),
-        then: None,
-    };
+    let mut f = Ops::new(o.trace, &fwd);
     let kernel = grad(decoder(&mut f)?).ok_or_else(|| format!("{forward} has no such gradient"))?;
-    let names_input = match node.lhs_pattern() {
-        Some(p) => matches!(p.first(), Some(LhsSlot::Out)),
-        None => true,
-    };
-    if node.outputs().len() != 1 || !names_input {
+    if node.outputs().len() != 1 || !names_gradient(node, 0) {
         return Err(format!(
             "the statement binds {} results; only the gradient of {forward}'s input is computed",
             node.outputs().len()
         ));
     }
-    if node.args().len() != 2 {
-        return Err(format!(
-            "{forward} has one output, so one gradient follows its operands, not {}",
-            node.args().len() - 1
-        ));
+    output_gradient(o, forward)?;
+    if reads_input {
+        let x = *f
+            .inputs
+            .first()
+            .ok_or_else(|| format!("{forward} reads no input"))?;
+        o.inputs.push(x);
     }
-    o.tensor(1, "grad_output")?;
     Ok(kernel)
+}
+
+/// A pixel shuffle's gradient: the inverse shuffle.
+fn inverse_shuffle(k: Kernel) -> Option<Kernel> {
+    match k {
+        Kernel::PixelShuffle { factor, inverse } => Some(Kernel::PixelShuffle {
+            factor,
+            inverse: !inverse,
+        }),
+        _ => None,
+    }
+}
+
+/// A roll's gradient: the roll back.
+fn roll_back(k: Kernel) -> Option<Kernel> {
+    match k {
+        Kernel::Roll { shifts, dims } => Some(Kernel::Roll {
+            shifts: shifts.iter().map(|s| s.wrapping_neg()).collect(),
+            dims,
+        }),
+        _ => None,
+    }
 }
 
 /// `torch.min` as Thunder prints it (registered automatically): the elementwise minimum of two
@@ -1140,34 +1143,6 @@ fn adaptive_avg_pool1d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "input")?;
     let out = *o.out(0)?.shape.last().ok_or("a 0-d output")?;
     Ok(Kernel::AdaptiveAvgPool1d { out })
-}
-
-/// Thunder's `adaptive_avg_pool1d_vjp(((input, output_size), {}), g)`: the input's gradient.
-fn adaptive_avg_pool1d_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
-    let node = o.node;
-    let fwd = fallback_forward(node, "ltorch.adaptive_avg_pool1d")?;
-    let mut f = Ops {
-        trace: o.trace,
-        node: &fwd,
-        inputs: Vec::new(),
-        then: None,
-    };
-    f.tensor(0, "input")?;
-    let named = match node.lhs_pattern() {
-        Some(p) => matches!(p.first(), Some(LhsSlot::Out)),
-        None => true,
-    };
-    if node.outputs().len() != 1 || !named || node.args().len() != 2 {
-        return Err(format!(
-            "the statement binds {} results from {} gradients; adaptive_avg_pool1d has one input \
-             with a gradient and one output",
-            node.outputs().len(),
-            node.args().len().saturating_sub(1)
-        ));
-    }
-    o.tensor(1, "grad_output")?;
-    o.inputs.push(f.inputs[0]);
-    Ok(Kernel::AdaptiveAvgPool1dBackward)
 }
 
 /// `triu(a, diagonal=0, *, fill_value=None)`, and `tril`.
