@@ -438,6 +438,31 @@ impl Program {
             .unwrap_or_default()
     }
 
+    /// Trainable parameters (not buffers, `requires_grad`) whose tensor the backward returns no
+    /// gradient for, in parameter order: the loss never reaches them, which the trace proves.
+    /// A tie is one tensor: its members are unused only if none of them gets a gradient.
+    /// PyTorch leaves such a `.grad` as `None`; the trainer leaves the parameter as it is.
+    pub fn unused_params(&self) -> Vec<&str> {
+        let grads = self.gradient_values();
+        let primary =
+            |x: &'_ Param| -> String { x.tied_to.clone().unwrap_or_else(|| x.fqn.clone()) };
+        let with_grad: std::collections::HashSet<String> = self
+            .params
+            .iter()
+            .filter(|x| {
+                x.grad_output
+                    .and_then(|i| grads.get(i).copied().flatten())
+                    .is_some()
+            })
+            .map(primary)
+            .collect();
+        self.params
+            .iter()
+            .filter(|x| x.requires_grad && !x.buffer && !with_grad.contains(&primary(x)))
+            .map(|x| x.fqn.as_str())
+            .collect()
+    }
+
     /// The backward's gradient output values, one per forward argument (`None` where none).
     pub fn gradient_values(&self) -> Vec<Option<ValueId>> {
         match &self.backward.ret {

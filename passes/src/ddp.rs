@@ -223,10 +223,20 @@ struct GradGroup {
     values: Vec<ValueId>,
 }
 
+/// The trainable tensors with a gradient to synchronize, and the names of those the backward
+/// returns no gradient for.
+struct GradientGroups {
+    groups: Vec<GradGroup>,
+    /// Trainable parameters whose tensor gets no gradient at all: the loss never reaches them,
+    /// which the trace proves statically. Like PyTorch (a `None` grad) and Thunder (no gradient
+    /// returned), ddp leaves them alone and the trainer does not update them.
+    unused: Vec<String>,
+}
+
 /// Groups trainable parameters into tensors (ties are one) and finds each one's gradients in
-/// the backward's return. A trainable tensor without a gradient is an error naming it: ddp
-/// never leaves a trainable gradient unsynchronized, and never guesses.
-fn gradient_groups(p: &Program) -> Result<Vec<GradGroup>, String> {
+/// the backward's return. A tensor without any gradient is unused (reported, left alone);
+/// a gradient returned for something that is not a trainable parameter is an error naming it.
+fn gradient_groups(p: &Program) -> Result<GradientGroups, String> {
     let grads_out = p.gradient_values();
     let mut groups: Vec<GradGroup> = Vec::new();
     let mut seen = ValueIdSet::default();
@@ -277,16 +287,10 @@ fn gradient_groups(p: &Program) -> Result<Vec<GradGroup>, String> {
                 }
             }
         }
-        if g.values.is_empty() {
-            return Err(format!(
-                "parameter{} {} require{} a gradient, but the backward returns none for {}: nothing to synchronize (is it unused, or frozen in PyTorch but not in the prologue?)",
-                if g.fqns.len() > 1 { "s" } else { "" },
-                g.fqns.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", "),
-                if g.fqns.len() > 1 { "" } else { "s" },
-                if g.fqns.len() > 1 { "them" } else { "it" },
-            ));
-        }
     }
+    let (groups, unused): (Vec<GradGroup>, Vec<GradGroup>) =
+        groups.into_iter().partition(|g| !g.values.is_empty());
+    let unused: Vec<String> = unused.into_iter().flat_map(|g| g.fqns).collect();
     // gradients of frozen parameters or buffers would be returned unsynchronized
     for param in p.params.iter().filter(|x| !x.requires_grad || x.buffer) {
         if let Some(Some(v)) = param.grad_output.and_then(|i| grads_out.get(i)) {
@@ -302,11 +306,12 @@ fn gradient_groups(p: &Program) -> Result<Vec<GradGroup>, String> {
             ));
         }
     }
-    Ok(groups)
+    Ok(GradientGroups { groups, unused })
 }
 
 /// Names what ddp leaves alone, so a user can check nothing was missed.
-fn report_left_alone(p: &Program, groups: &[GradGroup], cx: &mut PassContext) {
+fn report_left_alone(p: &Program, found: &GradientGroups, cx: &mut PassContext) {
+    let groups = &found.groups;
     let list = |v: Vec<String>| {
         if v.is_empty() {
             "none".to_string()
@@ -339,6 +344,8 @@ fn report_left_alone(p: &Program, groups: &[GradGroup], cx: &mut PassContext) {
     cx.note("ddp.buffers", list(buffers));
     cx.note("ddp.inputs", list(inputs));
     cx.note("ddp.tied", list(tied));
+    cx.stat("ddp.unused", found.unused.len() as u64);
+    cx.note("ddp.unused", list(found.unused.clone()));
 }
 
 /// One bucket of the plan.
@@ -497,8 +504,9 @@ impl Pass for Ddp {
         }
         let opts = &self.options;
         // 1. the gradients to synchronize: one per trainable tensor (a tie is one tensor)
-        let groups = gradient_groups(p).map_err(fail)?;
-        report_left_alone(p, &groups, cx);
+        let found = gradient_groups(p).map_err(fail)?;
+        report_left_alone(p, &found, cx);
+        let groups = found.groups;
         let t = &mut p.backward;
         let pos_before = t.schedule_positions();
         let slot_of_value = |t: &tracepass_ir::Trace, v: ValueId| match t.value(v).map(|x| x.def) {

@@ -687,3 +687,41 @@ fn fuzz_no_sync_keeps_what_a_kept_wait_reads() {
         assert!(verify(&p.backward).is_ok());
     }
 }
+
+/// A trainable parameter the backward returns no gradient for (the loss never reaches it) is
+/// left alone like a frozen one and named as unused; the rest is synchronized as before.
+#[test]
+fn a_parameter_without_a_gradient_is_left_alone_and_named() {
+    let mut p = hand_made();
+    // `t_e` (frozen in `hand_made`) now requires a gradient that the backward never returns
+    p.params[3].requires_grad = true;
+    assert_eq!(p.unused_params(), ["e"]);
+    let mut q = p.clone();
+    let report = PassManager::parse("ddp(world_size=4,bucket_mb=25),sort-waits")
+        .unwrap()
+        .run(&mut q, OpRegistry::builtin())
+        .unwrap();
+    let note = |k: &str| {
+        report
+            .notes
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|x| x.1.clone())
+    };
+    assert_eq!(note("ddp.unused").as_deref(), Some("e"));
+    assert!(report.stats.contains(&("ddp.unused".to_string(), 1)));
+    // the same rewrite as with `e` frozen: its position still returns None
+    let frozen = run(&hand_made(), "ddp(world_size=4,bucket_mb=25),sort-waits");
+    assert_eq!(print_trace(&q.backward), print_trace(&frozen.backward));
+    let Arg::Tuple(ret) = &q.backward.ret else {
+        panic!("the backward returns a tuple")
+    };
+    assert!(matches!(ret[4], Arg::None));
+    check_ddp(&hand_made(), &q, 25.0);
+    insta::assert_snapshot!("hand_made_unused", canonical_text(&q.backward));
+    // a gradient for a parameter that does not require one stays an error
+    let mut bad = hand_made();
+    bad.params[1].requires_grad = false;
+    let e = run_err(&bad, "ddp(world_size=4)");
+    assert!(e.contains("does not require a gradient"), "{e}");
+}

@@ -640,6 +640,47 @@ def make_mpnet() -> nn.Module:
     return Logits(MPNetForSequenceClassification(cfg))
 
 
+class UnusedBranchBlock(nn.Module):
+    """A residual block that returns its skip output and its projection branch separately."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.proj = nn.Linear(width, width)
+        self.skip = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.skip(x), self.proj(F.relu(self.fc(x)))
+
+
+class UnusedParams(nn.Module):
+    """Residual blocks whose last block's projection branch (`fc`, `proj`) is computed but feeds
+    nothing: only its skip output is used, so eager PyTorch leaves those gradients None and
+    Thunder's backward returns none for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([UnusedBranchBlock(16) for _ in range(3)])
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            skip, branch = block(x)
+            x = torch.tanh(skip if i == last else skip + branch)
+        return self.head(x)
+
+
+def make_unused() -> nn.Module:
+    return UnusedParams()
+
+
+def batch_unused(gen: torch.Generator) -> Batch:
+    x = torch.randn(8, 16, generator=gen)
+    targets = torch.randint(0, 5, (8,), generator=gen, dtype=torch.int64)
+    return OrderedDict(x=x), targets
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -694,6 +735,14 @@ MODELS: dict[str, ModelSpec] = {
             batch_resnet,
             description="a residual block (conv + BatchNorm + ReLU, twice, + skip) after a conv stem, global average pooling, Linear(8,10)",
             notes=["`AdaptiveAvgPool2d(1)`; BatchNorm running stats are buffers"],
+        ),
+        ModelSpec(
+            "unused",
+            make_unused,
+            batch_unused,
+            description="three residual blocks (skip Linear + projection branch Linear, ReLU, Linear), tanh, Linear(16,5); "
+            "the last block's projection branch is never used",
+            notes=["`blocks.2.fc.*` and `blocks.2.proj.*` get no gradient (None in eager PyTorch, none in Thunder's backward)"],
         ),
         ModelSpec(
             "regress-bf16",

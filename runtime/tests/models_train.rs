@@ -432,3 +432,55 @@ fn dropout_keeps_elements_at_its_rate_seeded_per_rank_and_step() {
     assert_ne!(mask_of(1, 2), mask_of(2, 2));
     let _ = comm.rank();
 }
+
+/// A parameter the loss never reaches (the `unused` export: the last block's projection branch
+/// feeds nothing) gets no gradient from the backward, as in eager PyTorch: ddp leaves it alone,
+/// the optimizer neither updates it nor keeps state for it, over 10 AdamW steps, plain and
+/// with gradient accumulation, and under Thunder's own exported DDP.
+#[test]
+fn parameters_without_a_gradient_stay_bitwise_unchanged() {
+    let unused = [
+        "blocks.2.fc.weight",
+        "blocks.2.fc.bias",
+        "blocks.2.proj.weight",
+        "blocks.2.proj.bias",
+    ];
+    for model in ["unused", "unused-ddp"] {
+        let dir = corpus()
+            .into_iter()
+            .find(|d| name(d) == model)
+            .unwrap_or_else(|| panic!("the {model} export"));
+        let loaded = Model::load(&ModelSource::Export(dir.clone())).unwrap();
+        let mut found = loaded.program.unused_params();
+        found.sort_unstable();
+        let mut want = unused.to_vec();
+        want.sort_unstable();
+        assert_eq!(found, want, "{model}");
+        let initial = TensorFile::load(&dir.join("params.safetensors")).unwrap();
+        for no_sync in [0, 2] {
+            let mut c = cfg(&dir, 2, 10);
+            c.no_sync_steps = no_sync;
+            let r = run(&c);
+            assert!(r.losses.iter().all(|l| l.is_finite()), "{model}");
+            for (i, n) in r.param_names.iter().enumerate() {
+                let before = &initial.tensors[n];
+                for rank in 0..2 {
+                    let after = &r.params[rank][i];
+                    if unused.contains(&n.as_str()) {
+                        assert!(
+                            after.bitwise_eq(before),
+                            "{model}: unused `{n}` changed on rank {rank}"
+                        );
+                    } else {
+                        assert!(!after.bitwise_eq(before), "{model}: `{n}` was not trained");
+                    }
+                }
+                assert_eq!(
+                    r.grads_step0[0][i].is_none(),
+                    unused.contains(&n.as_str()),
+                    "{model}: `{n}`"
+                );
+            }
+        }
+    }
+}

@@ -148,6 +148,15 @@ pub fn run(cli: Cli) -> Result<()> {
                     .map(|(_, n)| n)
                     .collect::<Vec<_>>()
                     .join(", ")
+            ))?;
+            let unused = p.unused_params();
+            if unused.is_empty() {
+                return Ok(());
+            }
+            out(&format!(
+                "{}: unused: {} (the loss never reaches them: no gradient, never updated)\n",
+                file.display(),
+                unused.join(", ")
             ))
         }
         Command::Verify { file } => crate::verify_cmd::run(&file),

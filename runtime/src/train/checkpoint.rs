@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 const FORMAT: &str = "tracepass-checkpoint-1";
+/// Metadata key of the parameters that had no gradient (comma-separated names): they have no
+/// optimizer state in the file.
+pub const NO_GRADIENT: &str = "no_gradient";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -61,8 +64,14 @@ pub fn save_for(
 ) -> Result<(), CheckpointError> {
     let (opt_step, m, v) = opt.state();
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let mut no_gradient: Vec<&str> = Vec::new();
     for (i, (n, p)) in names.iter().zip(params).enumerate() {
         tensors.push((format!("param.{n}"), p.clone()));
+        if opt.is_stateless(i) {
+            // no gradient, so no optimizer state: said in the metadata, not written as zeros
+            no_gradient.push(n);
+            continue;
+        }
         if let (Some(m), Some(v)) = (m.get(i), v.get(i)) {
             tensors.push((
                 format!("exp_avg.{n}"),
@@ -82,6 +91,7 @@ pub fn save_for(
     ]
     .into_iter()
     .chain(world_size.map(|w| ("world_size".to_string(), w.to_string())))
+    .chain((!no_gradient.is_empty()).then(|| (NO_GRADIENT.to_string(), no_gradient.join(","))))
     .collect();
     save_tensors_with(path, &tensors, &meta)?;
     Ok(())
@@ -142,6 +152,10 @@ pub fn load(
         exp_avg_sq: Vec::new(),
         world_size,
     };
+    let no_gradient: Vec<&str> = f
+        .metadata
+        .get(NO_GRADIENT)
+        .map_or_else(Vec::new, |s| s.split(',').collect());
     for (n, shape) in names.iter().zip(shapes) {
         let t = f.get(&format!("param.{n}"))?;
         if t.shape() != shape.as_slice() {
@@ -155,6 +169,11 @@ pub fn load(
         }
         ck.params.push(t.clone());
         let numel: usize = shape.iter().product();
+        if no_gradient.contains(&n.as_str()) {
+            ck.exp_avg.push(Vec::new());
+            ck.exp_avg_sq.push(Vec::new());
+            continue;
+        }
         for (key, into) in [
             ("exp_avg", &mut ck.exp_avg),
             ("exp_avg_sq", &mut ck.exp_avg_sq),

@@ -322,6 +322,18 @@ impl Model {
         self.sum_ties(self.raw_param_grads(results), add)
     }
 
+    /// Per parameter (in `program.params` order): whether the backward never gives it a
+    /// gradient although it is trainable ([`Program::unused_params`]): no update, no optimizer
+    /// state, and files say it had no gradient.
+    pub fn unused_mask(&self) -> Vec<bool> {
+        let unused = self.program.unused_params();
+        self.program
+            .params
+            .iter()
+            .map(|p| unused.contains(&p.fqn.as_str()))
+            .collect()
+    }
+
     /// Per parameter, its gradient among the backward's results as the backward returns it.
     pub fn raw_param_grads<T: Clone>(&self, results: &[RValue<T>]) -> Vec<Option<T>> {
         self.program

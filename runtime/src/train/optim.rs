@@ -35,6 +35,8 @@ pub struct Optimizer {
     step: u64,
     exp_avg: Vec<Vec<f32>>,
     exp_avg_sq: Vec<Vec<f32>>,
+    /// Per parameter: no state, no update (it never gets a gradient).
+    stateless: Vec<bool>,
 }
 
 impl Optimizer {
@@ -44,7 +46,28 @@ impl Optimizer {
             step: 0,
             exp_avg: params.iter().map(|p| vec![0.0; p.numel()]).collect(),
             exp_avg_sq: params.iter().map(|p| vec![0.0; p.numel()]).collect(),
+            stateless: vec![false; params.len()],
         }
+    }
+
+    /// Drops the state of the parameters marked `true`: those the backward never gives a
+    /// gradient (the loss does not reach them). As PyTorch's optimizers skip a `None` grad and
+    /// keep no state for it, their moments stay empty and [`Optimizer::step`] refuses a
+    /// gradient for them.
+    pub fn without_state_for(mut self, stateless: &[bool]) -> Optimizer {
+        for (i, _) in stateless.iter().enumerate().filter(|(_, s)| **s) {
+            if let (Some(m), Some(v)) = (self.exp_avg.get_mut(i), self.exp_avg_sq.get_mut(i)) {
+                *m = Vec::new();
+                *v = Vec::new();
+            }
+        }
+        self.stateless = stateless.to_vec();
+        self
+    }
+
+    /// Whether parameter `i` has no optimizer state (see [`Optimizer::without_state_for`]).
+    pub fn is_stateless(&self, i: usize) -> bool {
+        self.stateless.get(i).copied().unwrap_or(false)
     }
 
     /// Steps taken, and the first and second moments (empty vectors for SGD's unused state).
@@ -59,6 +82,14 @@ impl Optimizer {
         exp_avg: Vec<Vec<f32>>,
         exp_avg_sq: Vec<Vec<f32>>,
     ) -> Result<(), String> {
+        let (mut exp_avg, mut exp_avg_sq) = (exp_avg, exp_avg_sq);
+        // a stateless parameter keeps no state, whatever an older checkpoint holds for it
+        for (i, _) in self.stateless.iter().enumerate().filter(|(_, s)| **s) {
+            if let (Some(m), Some(v)) = (exp_avg.get_mut(i), exp_avg_sq.get_mut(i)) {
+                *m = Vec::new();
+                *v = Vec::new();
+            }
+        }
         let fits = |v: &[Vec<f32>]| {
             v.len() == self.exp_avg.len()
                 && v.iter().zip(&self.exp_avg).all(|(a, b)| a.len() == b.len())
@@ -81,6 +112,11 @@ impl Optimizer {
         self.step += 1;
         for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
             let Some(g) = g else { continue };
+            if self.is_stateless(i) {
+                return Err(format!(
+                    "parameter {i}: a gradient for a parameter the backward was planned to give none"
+                ));
+            }
             if g.numel() != p.numel() {
                 return Err(format!(
                     "parameter {i}: gradient {:?} does not match parameter {:?}",

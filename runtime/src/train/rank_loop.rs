@@ -127,7 +127,7 @@ where
         }
         params = dev_params.iter().map(&down).collect::<Result<_, _>>()?;
     }
-    let mut opt = Optimizer::new(cfg.optimizer, &params);
+    let mut opt = Optimizer::new(cfg.optimizer, &params).without_state_for(&model.unused_mask());
     let first_step = resume.map_or(0, |c| c.step);
     if let Some(ck) = resume {
         opt.restore(ck.optimizer_step, ck.exp_avg.clone(), ck.exp_avg_sq.clone())

@@ -9,8 +9,9 @@ use crate::exec::backend::Backend;
 use crate::exec::executor::{ExecError, Executor, RValue};
 use crate::exec::metrics::{Clock, Event, Recording, StepMetrics};
 use crate::exec::plan::{Plan, PlanError};
-use crate::tensor::file::{save_tensors, TensorFile};
+use crate::tensor::file::{save_tensors_with, TensorFile};
 use crate::tensor::Tensor;
+use crate::train::checkpoint::NO_GRADIENT;
 use crate::train::data::{file_params, seeded_params, Batch, DataSource};
 use crate::train::loss::loss_and_grad;
 use crate::train::model::{Model, ModelSource};
@@ -840,7 +841,14 @@ pub fn train_with(
             .zip(outs.first().map(|o| o.grads0.clone()).unwrap_or_default())
             .filter_map(|(n, g)| g.map(|g| (n.clone(), g)))
             .collect();
-        save_tensors(path, &g).map_err(|e| TrainError::Output(e.to_string()))?;
+        // parameters the backward gives no gradient are named in the metadata, not written as
+        // zeros
+        let unused = model.program.unused_params();
+        let meta: std::collections::BTreeMap<String, String> = (!unused.is_empty())
+            .then(|| (NO_GRADIENT.to_string(), unused.join(",")))
+            .into_iter()
+            .collect();
+        save_tensors_with(path, &g, &meta).map_err(|e| TrainError::Output(e.to_string()))?;
     }
     let mut report = TrainReport {
         losses,

@@ -1,0 +1,91 @@
+//! Parameters the loss never reaches (the `unused` export: the last block's projection branch
+//! feeds nothing): `verify` names them, `train` leaves them as they are and the files it writes
+//! say they had no gradient, instead of zeros.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use tracepass_runtime::tensor::TensorFile;
+
+const UNUSED: &str = "blocks.2.fc.bias,blocks.2.fc.weight,blocks.2.proj.bias,blocks.2.proj.weight";
+
+fn export() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/unused")
+}
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tracepass"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn verify_names_the_unused_parameters() {
+    let out = ok(&run(&["verify", export().to_str().unwrap()]));
+    assert!(
+        out.contains(&format!("unused: {}", UNUSED.replace(',', ", "))),
+        "{out}"
+    );
+}
+
+#[test]
+fn checkpoints_and_saved_gradients_say_which_had_no_gradient() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck.safetensors");
+    let grads = dir.path().join("grads.safetensors");
+    let model = export();
+    ok(&run(&[
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--world-size",
+        "2",
+        "--steps",
+        "3",
+        "--save",
+        ck.to_str().unwrap(),
+        "--save-grads",
+        grads.to_str().unwrap(),
+    ]));
+    let g = TensorFile::load(&grads).unwrap();
+    assert_eq!(
+        g.metadata.get("no_gradient").map(String::as_str),
+        Some(UNUSED)
+    );
+    assert!(g.tensors.keys().all(|k| !UNUSED.split(',').any(|u| u == k)));
+    assert!(g.tensors.contains_key("blocks.2.skip.weight"));
+    let c = TensorFile::load(&ck).unwrap();
+    assert_eq!(
+        c.metadata.get("no_gradient").map(String::as_str),
+        Some(UNUSED)
+    );
+    let initial = TensorFile::load(&model.join("params.safetensors")).unwrap();
+    for u in UNUSED.split(',') {
+        // the value as exported, and no optimizer state for it
+        assert!(c.tensors[&format!("param.{u}")].bitwise_eq(&initial.tensors[u]));
+        assert!(!c.tensors.contains_key(&format!("exp_avg.{u}")));
+    }
+    assert!(c.tensors.contains_key("exp_avg.blocks.2.skip.weight"));
+    // it resumes, and the unused parameters stay as they are
+    let ck2 = dir.path().join("ck2.safetensors");
+    ok(&run(&[
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--world-size",
+        "2",
+        "--steps",
+        "5",
+        "--resume",
+        ck.to_str().unwrap(),
+        "--save",
+        ck2.to_str().unwrap(),
+    ]));
+    let c2 = TensorFile::load(&ck2).unwrap();
+    for u in UNUSED.split(',') {
+        assert!(c2.tensors[&format!("param.{u}")].bitwise_eq(&initial.tensors[u]));
+    }
+}
