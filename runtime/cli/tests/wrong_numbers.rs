@@ -1,0 +1,199 @@
+//! Runs that used to give wrong numbers without an error (issue #26, items 1-9), through the
+//! real binary: each test builds an export directory from a corpus one (copied, then mutated)
+//! and checks that training either computes the right numbers or refuses, naming what is wrong.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use tracepass_runtime::tensor::{save_tensors, TensorFile};
+use tracepass_runtime::Tensor;
+
+fn model(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models")
+        .join(name)
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tracepass"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(o: &Output) -> (String, String) {
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert!(o.status.success(), "failed:\n{out}\n{err}");
+    (out, err)
+}
+
+fn fails(o: &Output) -> String {
+    assert!(
+        !o.status.success(),
+        "succeeded:\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(1));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A copy of corpus export `name` in a fresh temporary directory (the directory, and the
+/// export inside it).
+fn copy_export(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join(name);
+    copy_dir(&model(name), &dst);
+    (tmp, dst)
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), to).unwrap();
+        }
+    }
+}
+
+/// Rewrites the tensors of a safetensors file.
+fn edit_tensors(path: &Path, f: impl FnOnce(&mut BTreeMap<String, Tensor>)) {
+    let mut t = TensorFile::load(path).unwrap().tensors;
+    f(&mut t);
+    let list: Vec<(String, Tensor)> = t.into_iter().collect();
+    save_tensors(path, &list).unwrap();
+}
+
+/// Relabels tensor `name` of a safetensors file as `dtype` (same bytes, another meaning); a
+/// 2-byte dtype keeps the first half of the bytes, an 8-byte one takes the first half of the
+/// elements, so the file stays valid.
+fn relabel(path: &Path, name: &str, dtype: &str) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let size = |d: &str| match d {
+        "F64" | "I64" => 8,
+        "F32" | "I32" => 4,
+        "F16" | "BF16" => 2,
+        _ => 1,
+    };
+    let mut out = Vec::new();
+    let mut entries: Vec<(String, serde_json::Value)> = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    entries.sort_by_key(|(_, v)| v["data_offsets"][0].as_u64().unwrap());
+    let obj = header.as_object_mut().unwrap();
+    for (k, v) in entries {
+        let (a, b) = (
+            v["data_offsets"][0].as_u64().unwrap() as usize,
+            v["data_offsets"][1].as_u64().unwrap() as usize,
+        );
+        let shape: Vec<usize> = v["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        let numel: usize = shape.iter().product();
+        let (dt, len) = if k == name {
+            (dtype.to_string(), numel * size(dtype))
+        } else {
+            (v["dtype"].as_str().unwrap().to_string(), b - a)
+        };
+        let mut chunk = data[a..b].to_vec();
+        chunk.resize(len, 0);
+        let start = out.len();
+        out.extend_from_slice(&chunk);
+        obj.insert(
+            k.clone(),
+            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [start, out.len()]}),
+        );
+    }
+    let h = serde_json::to_vec(&header).unwrap();
+    let mut file = (h.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&h);
+    file.extend_from_slice(&out);
+    std::fs::write(path, file).unwrap();
+}
+
+fn max_rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+    assert_eq!(a.len(), b.len());
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    let scale = b.iter().map(|y| y.abs()).fold(0.0, f64::max).max(1e-12);
+    diff / scale
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Item 1: with `--no-sync-steps K`, the synchronized gradient is the sum of every
+/// micro-step's, the tie's (`lm_head.weight` = `transformer.wte.weight`) included.
+#[test]
+fn accumulated_gradients_sum_every_micro_step_including_the_tie() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ng = model("nanogpt");
+    let data = TensorFile::load(&ng.join("data.safetensors")).unwrap();
+    let grads_of = |args: &[&str], out: &Path| {
+        let mut a = vec![
+            "train",
+            "--model",
+            s(&ng),
+            "--world-size",
+            "1",
+            "--steps",
+            "1",
+            "--save-grads",
+            s(out),
+        ];
+        a.extend_from_slice(args);
+        ok(&run(&a));
+        TensorFile::load(out).unwrap().tensors
+    };
+    // each micro-batch alone, as the one batch of a data file
+    let mut singles = Vec::new();
+    for m in 0..2 {
+        let f = tmp.path().join(format!("data{m}.safetensors"));
+        let list: Vec<(String, Tensor)> = ["idx", "targets"]
+            .iter()
+            .map(|k| {
+                (
+                    format!("{k}.0.0"),
+                    data.tensors[&format!("{k}.{m}.0")].clone(),
+                )
+            })
+            .collect();
+        save_tensors(&f, &list).unwrap();
+        let g = tmp.path().join(format!("g{m}.safetensors"));
+        singles.push(grads_of(&["--data", s(&f)], &g));
+    }
+    let acc = grads_of(
+        &["--no-sync-steps", "1"],
+        &tmp.path().join("acc.safetensors"),
+    );
+    assert!(acc.contains_key("transformer.wte.weight"));
+    for (name, g) in &acc {
+        let (a, b) = (singles[0][name].to_f64_vec(), singles[1][name].to_f64_vec());
+        let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        let want = Tensor::from_f64(g.shape().to_vec(), sum);
+        let err = max_rel_err(g, &want);
+        assert!(err < 1e-4, "`{name}`: relative error {err}");
+    }
+}
