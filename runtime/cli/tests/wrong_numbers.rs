@@ -197,3 +197,51 @@ fn accumulated_gradients_sum_every_micro_step_including_the_tie() {
         assert!(err < 1e-4, "`{name}`: relative error {err}");
     }
 }
+
+/// Item 2: parameters and batches are used in the dtype the trace declares, never converted.
+#[test]
+fn parameters_and_batches_of_another_dtype_are_refused() {
+    let train = |dir: &Path| {
+        run(&[
+            "train",
+            "--model",
+            s(dir),
+            "--world-size",
+            "1",
+            "--steps",
+            "1",
+        ])
+    };
+    for dtype in ["I32", "I64", "BOOL", "F16", "BF16", "F64"] {
+        let (_tmp, dir) = copy_export("mlp");
+        relabel(&dir.join("params.safetensors"), "fc1.weight", dtype);
+        let err = fails(&train(&dir));
+        assert!(
+            err.contains("parameter `fc1.weight` is stored as")
+                && err.contains("the trace's is f32"),
+            "{dtype}: {err}"
+        );
+    }
+    for dtype in ["I64", "F64"] {
+        let (_tmp, dir) = copy_export("mlp");
+        relabel(&dir.join("data.safetensors"), "x.0.0", dtype);
+        let err = fails(&train(&dir));
+        assert!(
+            err.contains("`x.0.0` is") && err.contains("the model takes f32 for `x`"),
+            "{dtype}: {err}"
+        );
+    }
+    // token indices stored as floats would be truncated
+    let (_tmp, dir) = copy_export("nanogpt");
+    relabel(&dir.join("data.safetensors"), "idx.0.0", "F32");
+    let err = fails(&train(&dir));
+    assert!(err.contains("`idx.0.0` is f32"), "{err}");
+    // float class targets
+    let (_tmp, dir) = copy_export("mlp");
+    relabel(&dir.join("data.safetensors"), "targets.0.0", "F64");
+    let err = fails(&train(&dir));
+    assert!(err.contains("`targets.0.0` is f64"), "{err}");
+    // an unchanged copy trains
+    let (_tmp, dir) = copy_export("mlp");
+    ok(&train(&dir));
+}

@@ -102,28 +102,53 @@ impl DataSource {
                     }
                     Ok(t.clone())
                 };
+                // a batch of another dtype is refused, never converted: f32 bytes read as
+                // integers, or indices rounded from floats, train on other numbers
+                let wrong_dtype = |name: &str, t: &Tensor, want: &str| {
+                    let key = file_key(file, name, micro, rank, *wrap).unwrap_or_default();
+                    format!(
+                        "{}: `{key}` is {}, but the model takes {want} for `{name}`; store it as {want} (tracepass does not convert data)",
+                        file.path.display(),
+                        t.dtype(),
+                    )
+                };
                 let mut data = Vec::new();
                 for a in &model.data_args {
                     let t = get(&a.name, Some(&a.ty.shape))?;
-                    data.push(if t.dtype() == a.ty.dtype {
-                        t
-                    } else {
-                        t.to_dtype(a.ty.dtype).ok_or_else(|| {
-                            format!(
-                                "data `{}`: cannot convert {} to {}",
-                                a.name,
-                                t.dtype(),
-                                a.ty.dtype
-                            )
-                        })?
-                    });
+                    if t.dtype() != a.ty.dtype {
+                        return Err(wrong_dtype(&a.name, &t, &a.ty.dtype.to_string()));
+                    }
+                    data.push(t);
                 }
                 let targets = if needs_targets {
+                    let out = model.output_type();
                     let shape = match model.loss {
-                        LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape.to_vec()),
+                        LossKind::SeedCrossEntropy | LossKind::Mse => {
+                            out.as_ref().map(|t| t.shape.to_vec())
+                        }
                         _ => None,
                     };
-                    Some(get(&model.targets, shape.as_deref())?)
+                    let t = get(&model.targets, shape.as_deref())?;
+                    match (model.loss, &out) {
+                        (LossKind::CrossEntropy { .. }, _)
+                            if !matches!(t.dtype(), DType::I64 | DType::I32) =>
+                        {
+                            return Err(wrong_dtype(
+                                &model.targets,
+                                &t,
+                                "integer class indices (i64)",
+                            ));
+                        }
+                        (LossKind::Mse, Some(o)) if t.dtype() != o.dtype => {
+                            return Err(wrong_dtype(
+                                &model.targets,
+                                &t,
+                                &format!("{} (the model output's dtype)", o.dtype),
+                            ));
+                        }
+                        _ => {}
+                    }
+                    Some(t)
                 } else {
                     None
                 };
@@ -230,12 +255,20 @@ pub fn file_params(params: &[Param], file: &TensorFile) -> Result<Vec<Tensor>, S
                     p.shape
                 ));
             }
-            if t.dtype() == p.dtype {
-                Ok(t.clone())
-            } else {
-                t.to_dtype(p.dtype)
-                    .ok_or_else(|| format!("parameter `{}`: cannot convert to {}", p.fqn, p.dtype))
+            // another dtype is refused, never converted: f32 bytes labelled i32 would become
+            // integers, and a rounding conversion trains a different model than the trace's
+            if t.dtype() != p.dtype {
+                return Err(format!(
+                    "{}: {} `{}` is stored as {}, but the trace's is {}; store it as {} (tracepass does not convert parameters)",
+                    file.path.display(),
+                    if p.buffer { "buffer" } else { "parameter" },
+                    p.fqn,
+                    t.dtype(),
+                    p.dtype,
+                    p.dtype
+                ));
             }
+            Ok(t.clone())
         })
         .collect()
 }
