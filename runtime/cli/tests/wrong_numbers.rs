@@ -245,3 +245,68 @@ fn parameters_and_batches_of_another_dtype_are_refused() {
     let (_tmp, dir) = copy_export("mlp");
     ok(&train(&dir));
 }
+
+/// Item 3: every batch a run reads is checked before step 0; a missing one is an error naming
+/// it, never replaced by another step's.
+#[test]
+fn a_missing_batch_is_named_before_training() {
+    let train = |dir: &Path, ws: &str| {
+        run(&[
+            "train",
+            "--model",
+            s(dir),
+            "--world-size",
+            ws,
+            "--steps",
+            "2",
+        ])
+    };
+    for missing in [&["x.2.1"][..], &["targets.2.1"], &["x.2.1", "targets.2.1"]] {
+        let (_tmp, dir) = copy_export("mlp");
+        edit_tensors(&dir.join("data.safetensors"), |t| {
+            for k in missing {
+                t.remove(*k).unwrap();
+            }
+        });
+        let err = fails(&train(&dir, "2"));
+        let name = missing[0].split('.').next().unwrap();
+        assert!(
+            err.contains(&format!(
+                "`{name}.2.1` is missing, but `{name}.3.1` is there"
+            )),
+            "{missing:?}: {err}"
+        );
+        assert!(!err.contains("-th loss"), "{err}");
+    }
+    // the last step of one rank only: ranks would cycle differently
+    let (_tmp, dir) = copy_export("mlp");
+    let last = TensorFile::load(&dir.join("data.safetensors"))
+        .unwrap()
+        .tensors
+        .keys()
+        .filter_map(|k| {
+            k.strip_prefix("x.")?
+                .strip_suffix(".1")?
+                .parse::<usize>()
+                .ok()
+        })
+        .max()
+        .unwrap();
+    edit_tensors(&dir.join("data.safetensors"), |t| {
+        t.remove(&format!("x.{last}.1")).unwrap();
+        t.remove(&format!("targets.{last}.1")).unwrap();
+    });
+    let err = fails(&train(&dir, "2"));
+    assert!(err.contains("rank 1") && err.contains("rank 0"), "{err}");
+    // a later batch of another shape is found before training, not at its step
+    let (_tmp, dir) = copy_export("mlp");
+    edit_tensors(&dir.join("data.safetensors"), |t| {
+        let x = t["x.1.0"].clone();
+        let x = x.reshape(vec![x.numel()]).unwrap();
+        t.insert("x.1.0".into(), x);
+    });
+    let o = train(&dir, "1");
+    let err = fails(&o);
+    assert!(err.contains("`x.1.0` has shape"), "{err}");
+    assert!(String::from_utf8_lossy(&o.stdout).is_empty());
+}

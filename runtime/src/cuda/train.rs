@@ -105,7 +105,7 @@ pub fn train(
     check_memory(&model, 1)?;
     let (init, resume) = initial_params(&cfg, &model)?;
     let data = crate::train::trainer::data_source(&cfg, &model)?;
-    crate::train::trainer::check_first_batch(&data, &cfg, &model, resume.as_ref(), rank)?;
+    crate::train::trainer::check_batches(&data, &cfg, &model, resume.as_ref(), rank)?;
     let setup = RankSetup {
         cfg: &cfg,
         rank,

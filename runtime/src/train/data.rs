@@ -158,6 +158,88 @@ impl DataSource {
     }
 }
 
+impl DataSource {
+    /// Checks, before training, every batch `rank` reads in micro-batches `first..end`: each
+    /// is there and fits the model. A file that cycles (an export's) must hold, for every data
+    /// argument and the targets, the same number n of micro-batches `0..n` on every rank of
+    /// the run, without holes: micro-batch `m` then reads batch `m mod n` of each name, so
+    /// a rank's input and targets always come from the same step.
+    pub fn check_run(
+        &self,
+        model: &Model,
+        rank: usize,
+        world_size: usize,
+        first: usize,
+        end: usize,
+    ) -> Result<(), String> {
+        let DataSource::File { file, wrap } = self else {
+            // drawn data has no holes; its first batch shows what it cannot draw
+            return self.batch(first, rank, model).map(|_| ());
+        };
+        let mut end = end;
+        if *wrap {
+            let mut names: Vec<&str> = model.data_args.iter().map(|a| a.name.as_str()).collect();
+            if model.loss.needs_targets() {
+                names.push(&model.targets);
+            }
+            let mut counts: Vec<(String, usize, usize)> = Vec::new();
+            for r in [0, rank].into_iter().filter(|r| *r < world_size) {
+                for name in &names {
+                    counts.push((name.to_string(), r, cycle_len(file, name, r)?));
+                }
+            }
+            // a rank without any batch gets its own message from `batch`
+            let first_count = counts
+                .first()
+                .cloned()
+                .filter(|_| counts.iter().all(|c| c.2 > 0));
+            if let Some((name, r, n)) = first_count {
+                if let Some((other, r2, n2)) = counts.iter().find(|(_, _, k)| *k != n) {
+                    return Err(format!(
+                        "{}: `{name}` has {n} batch(es) for rank {r} but `{other}` has {n2} for rank {r2}; every data argument and the targets need the same steps on every rank, or steps would pair one step's input with another's targets",
+                        file.path.display()
+                    ));
+                }
+                if n > 0 {
+                    end = end.min(first.saturating_add(n));
+                }
+            }
+        }
+        for m in first..end {
+            self.batch(m, rank, model)?;
+        }
+        Ok(())
+    }
+}
+
+/// How many micro-batches `0..n` of `name` the file holds for `rank`; a batch after a missing
+/// one is a hole, an error naming both.
+fn cycle_len(file: &TensorFile, name: &str, rank: usize) -> Result<usize, String> {
+    let key = |m: usize| format!("{name}.{m}.{rank}");
+    let n = (0..)
+        .take_while(|m| file.tensors.contains_key(&key(*m)))
+        .count();
+    let prefix = format!("{name}.");
+    let suffix = format!(".{rank}");
+    let later = file.tensors.keys().find_map(|k| {
+        let m: usize = k
+            .strip_prefix(&prefix)?
+            .strip_suffix(&suffix)?
+            .parse()
+            .ok()?;
+        (m > n).then_some(m)
+    });
+    match later {
+        Some(m) => Err(format!(
+            "{}: `{}` is missing, but `{}` is there; give every step's batch (a step cannot borrow another's)",
+            file.path.display(),
+            key(n),
+            key(m)
+        )),
+        None => Ok(n),
+    }
+}
+
 /// The key of `name`'s batch for (`micro`, `rank`): `<name>.<micro>.<rank>`, or with `wrap`
 /// that of micro-batch `micro mod n` when the file has only n of them for this rank.
 fn file_key(

@@ -660,18 +660,19 @@ pub(crate) fn data_source(cfg: &TrainConfig, model: &Model) -> Result<DataSource
     })
 }
 
-/// Checks, before any rank starts, that `rank`'s first batch (of this run: a resumed run
-/// starts at the checkpoint's step) is there and fits the model.
-pub(crate) fn check_first_batch(
+/// Checks, before any rank starts, every batch `rank` reads in this run (a resumed run starts
+/// at the checkpoint's step): it is there and fits the model, and a cycling file has no holes.
+pub(crate) fn check_batches(
     data: &DataSource,
     cfg: &TrainConfig,
     model: &Model,
     resume: Option<&crate::train::checkpoint::Checkpoint>,
     rank: usize,
 ) -> Result<(), TrainError> {
-    let first_micro = resume.map_or(0, |c| c.step) * (cfg.no_sync_steps + 1);
-    data.batch(first_micro, rank, model)
-        .map(|_| ())
+    let per_step = cfg.no_sync_steps + 1;
+    let first_micro = resume.map_or(0, |c| c.step) * per_step;
+    let end = cfg.steps.saturating_mul(per_step).max(first_micro + 1);
+    data.check_run(model, rank, cfg.world_size, first_micro, end)
         .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))
 }
 
@@ -721,7 +722,7 @@ pub fn train_with(
     let (init, resume) = initial_params(cfg, &model)?;
     let data = data_source(cfg, &model)?;
     for rank in 0..cfg.world_size {
-        check_first_batch(&data, cfg, &model, resume.as_ref(), rank)?;
+        check_batches(&data, cfg, &model, resume.as_ref(), rank)?;
     }
     let group = ThreadGroup::new(
         cfg.world_size,
