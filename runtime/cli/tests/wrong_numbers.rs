@@ -310,3 +310,38 @@ fn a_missing_batch_is_named_before_training() {
     assert!(err.contains("`x.1.0` has shape"), "{err}");
     assert!(String::from_utf8_lossy(&o.stdout).is_empty());
 }
+
+/// Item 5: tied parameters are one tensor; a file that gives them different values is refused,
+/// naming both.
+#[test]
+fn a_tie_with_two_values_is_refused() {
+    let (_tmp, dir) = copy_export("nanogpt");
+    edit_tensors(&dir.join("params.safetensors"), |t| {
+        let w = &t["lm_head.weight"];
+        let mut v = w.to_f32_vec();
+        v[3] += 0.5;
+        let w = Tensor::from_f32(w.shape().to_vec(), v);
+        t.insert("lm_head.weight".into(), w);
+    });
+    let err = fails(&run(&[
+        "train",
+        "--model",
+        s(&dir),
+        "--world-size",
+        "1",
+        "--steps",
+        "1",
+    ]));
+    assert!(
+        err.contains("`lm_head.weight` and `transformer.wte.weight` are tied")
+            || err.contains("`transformer.wte.weight` and `lm_head.weight` are tied"),
+        "{err}"
+    );
+    assert!(err.contains("element 3"), "{err}");
+}
+
+fn losses(out: &str) -> Vec<f64> {
+    out.lines()
+        .filter_map(|l| l.split_once("-th loss: ")?.1.parse().ok())
+        .collect()
+}

@@ -17,7 +17,7 @@ use crate::train::model::{Model, ModelSource};
 use crate::train::optim::OptimizerKind;
 use crate::train::rank_loop::{run_rank, RankOut, RankSetup};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tracepass_ir::{ops, Arg, OpRegistry, Program, Trace, ValueId};
 use tracepass_passes::{
@@ -630,17 +630,55 @@ pub(crate) fn initial_params(
         }
         None => None,
     };
-    let init = match (&resume, &cfg.params) {
-        (Some(ck), _) => ck.params.clone(),
+    let (init, from) = match (&resume, &cfg.params) {
+        (Some(ck), _) => (ck.params.clone(), cfg.resume.clone()),
         (None, params) => match params.as_ref().or(model.default_params.as_ref()) {
             Some(path) => {
                 let f = TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?;
-                file_params(&model.program.params, &f).map_err(TrainError::Input)?
+                let init = file_params(&model.program.params, &f).map_err(TrainError::Input)?;
+                (init, Some(path.clone()))
             }
-            None => seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?,
+            None => {
+                let mut init =
+                    seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?;
+                // a tie is one tensor: its members start from one draw
+                model.share_ties(&mut init);
+                (init, None)
+            }
         },
     };
+    if let Some(path) = from {
+        check_tied_values(model, &init, &path)?;
+    }
     Ok((init, resume))
+}
+
+/// Refuses a file whose tied parameters hold different values: they are one tensor, so the
+/// first step would read both and the update then silently keep only the primary's.
+fn check_tied_values(model: &Model, params: &[Tensor], path: &Path) -> Result<(), TrainError> {
+    let names = model.param_names();
+    for group in &model.ties {
+        let primary = group[0];
+        for &i in &group[1..] {
+            if !params[i].bitwise_eq(&params[primary]) {
+                let (a, b) = (params[primary].to_f64_vec(), params[i].to_f64_vec());
+                let at = a
+                    .iter()
+                    .zip(&b)
+                    .position(|(x, y)| x.to_bits() != y.to_bits())
+                    .unwrap_or(0);
+                return Err(TrainError::Input(format!(
+                    "{}: `{}` and `{}` are tied (one tensor, export.json `tied`), but their values differ (first at element {at}: {} and {}); store one value for both",
+                    path.display(),
+                    names[primary],
+                    names[i],
+                    a.get(at).copied().unwrap_or(f64::NAN),
+                    b.get(at).copied().unwrap_or(f64::NAN)
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where a run's batches come from: `--data`, else the export's `data.safetensors`, else
