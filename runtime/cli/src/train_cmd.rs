@@ -102,6 +102,10 @@ pub struct TrainArgs {
     /// Let the OS place the rank threads instead of pinning rank r to the (r mod n)-th CPU.
     #[arg(long)]
     pub no_pin_ranks: bool,
+    /// Train on through a NaN or infinite loss, gradient norm or parameter (default: stop at
+    /// the first, naming the step and rank); a non-finite checkpoint is never written.
+    #[arg(long)]
+    pub allow_non_finite: bool,
     /// Testing aid: `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
@@ -259,6 +263,7 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         save_every: args.save_every,
         resume: args.resume.clone(),
         pin_ranks: !args.no_pin_ranks,
+        allow_non_finite: args.allow_non_finite,
     })
 }
 

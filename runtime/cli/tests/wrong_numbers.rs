@@ -345,3 +345,96 @@ fn losses(out: &str) -> Vec<f64> {
         .filter_map(|l| l.split_once("-th loss: ")?.1.parse().ok())
         .collect()
 }
+
+/// Item 6: training stops at the first non-finite loss, gradient norm or parameter, naming the
+/// step and the rank, and never replaces a good checkpoint with a non-finite one.
+#[test]
+fn non_finite_training_stops_and_keeps_the_good_checkpoint() {
+    let train = |dir: &Path, extra: &[&str]| {
+        let mut a = vec!["train", "--model", s(dir), "--world-size", "2"];
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    // every target is ignore_index: PyTorch's mean over no targets is NaN
+    let (tmp, dir) = copy_export("mlp");
+    edit_tensors(&dir.join("data.safetensors"), |t| {
+        for (k, v) in t.iter_mut() {
+            if k.starts_with("targets.") {
+                *v = Tensor::from_i64(v.shape().to_vec(), vec![-100; v.numel()]);
+            }
+        }
+    });
+    let err = fails(&train(&dir, &["--steps", "3"]));
+    assert!(err.contains("failed: step 0: the loss is NaN"), "{err}");
+    // asked to, it trains on and says the loss is NaN
+    let (out, _) = ok(&train(&dir, &["--steps", "2", "--allow-non-finite"]));
+    assert!(losses(&out).iter().all(|l| l.is_nan()), "{out}");
+    // a NaN in one rank's batch of step 1: that step and rank are named
+    let (_t2, dir) = copy_export("mlp");
+    edit_tensors(&dir.join("data.safetensors"), |t| {
+        let x = &t["x.1.1"];
+        let mut v = x.to_f32_vec();
+        v[5] = f32::NAN;
+        let x = Tensor::from_f32(x.shape().to_vec(), v);
+        t.insert("x.1.1".into(), x);
+    });
+    let err = fails(&train(&dir, &["--steps", "3"]));
+    assert!(
+        err.contains("rank 1 failed: step 1: the loss is NaN"),
+        "{err}"
+    );
+    // a NaN in the parameters is named before training
+    let (_t3, dir) = copy_export("mlp");
+    edit_tensors(&dir.join("params.safetensors"), |t| {
+        let w = &t["fc2.bias"];
+        let mut v = w.to_f32_vec();
+        v[7] = f32::INFINITY;
+        let w = Tensor::from_f32(w.shape().to_vec(), v);
+        t.insert("fc2.bias".into(), w);
+    });
+    let err = fails(&train(&dir, &["--steps", "1"]));
+    assert!(
+        err.contains("parameter `fc2.bias` holds inf at element 7"),
+        "{err}"
+    );
+    // a diverging learning rate: the good checkpoint of an earlier run stays as it was
+    let dir = model("mlp");
+    let ck = tmp.path().join("ck.safetensors");
+    ok(&train(&dir, &["--steps", "1", "--save", s(&ck)]));
+    let good = std::fs::read(&ck).unwrap();
+    let err = fails(&train(
+        &dir,
+        &[
+            "--steps",
+            "30",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "1e30",
+            "--save",
+            s(&ck),
+            "--save-every",
+            "1",
+        ],
+    ));
+    assert!(err.contains("step ") && err.contains("rank "), "{err}");
+    assert!(
+        err.contains("non-finite")
+            || err.contains("is NaN")
+            || err.contains("is inf")
+            || err.contains("holds"),
+        "{err}"
+    );
+    let saved = std::fs::read(&ck).unwrap();
+    let f = TensorFile::load(&ck).unwrap();
+    for (n, t) in &f.tensors {
+        assert!(
+            t.to_f64_vec().iter().all(|v| v.is_finite()),
+            "checkpoint tensor `{n}` is not finite"
+        );
+    }
+    // the run either stopped before its first checkpoint or saved only finite ones
+    if saved != good {
+        assert!(f.metadata["step"].parse::<usize>().unwrap() >= 1);
+    }
+}

@@ -91,6 +91,9 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Pin rank `r` to the `r mod n`-th CPU the process may use (see `affinity`).
     pub pin_ranks: bool,
+    /// Train on through a non-finite loss, gradient norm or parameter instead of stopping at
+    /// the first (a non-finite checkpoint is never written either way).
+    pub allow_non_finite: bool,
 }
 
 impl TrainConfig {
@@ -128,6 +131,7 @@ impl Default for TrainConfig {
             save_every: None,
             resume: None,
             pin_ranks: true,
+            allow_non_finite: false,
         }
     }
 }
@@ -649,6 +653,15 @@ pub(crate) fn initial_params(
     };
     if let Some(path) = from {
         check_tied_values(model, &init, &path)?;
+        if !cfg.allow_non_finite {
+            if let Some(what) = crate::train::finite::non_finite_param(&model.param_names(), &init)
+            {
+                return Err(TrainError::Input(format!(
+                    "{}: {what}; training would only produce NaN (--allow-non-finite trains anyway)",
+                    path.display()
+                )));
+            }
+        }
     }
     Ok((init, resume))
 }
