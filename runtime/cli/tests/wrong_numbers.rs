@@ -438,3 +438,47 @@ fn non_finite_training_stops_and_keeps_the_good_checkpoint() {
         assert!(f.metadata["step"].parse::<usize>().unwrap() >= 1);
     }
 }
+
+/// Item 7: a checkpoint records a CRC-32 per tensor; a flipped bit is refused on resume.
+#[test]
+fn a_damaged_checkpoint_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mlp = model("mlp");
+    let ck = tmp.path().join("ck.safetensors");
+    let train = |extra: &[&str]| {
+        let mut a = vec!["train", "--model", s(&mlp), "--world-size", "1"];
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    ok(&train(&["--steps", "1", "--save", s(&ck)]));
+    let f = TensorFile::load(&ck).unwrap();
+    assert!(
+        f.metadata.contains_key("crc32.param.fc1.weight"),
+        "{:?}",
+        f.metadata
+    );
+    // one bit of the last tensor's data
+    let mut bytes = std::fs::read(&ck).unwrap();
+    let n = bytes.len();
+    bytes[n - 4] ^= 0x01;
+    let bad = tmp.path().join("bad.safetensors");
+    std::fs::write(&bad, &bytes).unwrap();
+    let err = fails(&train(&["--steps", "2", "--resume", s(&bad)]));
+    assert!(
+        err.contains("bad.safetensors: the checkpoint is damaged: tensor `")
+            && err.contains("does not match its checksum"),
+        "{err}"
+    );
+    // the intact one resumes
+    let (out, _) = ok(&train(&["--steps", "2", "--resume", s(&ck)]));
+    assert_eq!(losses(&out).len(), 1, "{out}");
+    // a checkpoint written before checksums (format 1) still resumes, unchecked
+    let old = tmp.path().join("old.safetensors");
+    let mut meta = f.metadata.clone();
+    meta.retain(|k, _| !k.starts_with("crc32."));
+    meta.insert("format".into(), "tracepass-checkpoint-1".into());
+    let list: Vec<(String, Tensor)> = f.tensors.clone().into_iter().collect();
+    tracepass_runtime::tensor::save_tensors_with(&old, &list, &meta).unwrap();
+    let (out, _) = ok(&train(&["--steps", "2", "--resume", s(&old)]));
+    assert_eq!(losses(&out).len(), 1, "{out}");
+}
