@@ -482,3 +482,43 @@ fn a_damaged_checkpoint_is_refused() {
     let (out, _) = ok(&train(&["--steps", "2", "--resume", s(&old)]));
     assert_eq!(losses(&out).len(), 1, "{out}");
 }
+
+/// Item 4: the world size of a Thunder-DDP export is what its backward divides the gradients
+/// by; an `export.json` that says otherwise is refused instead of scaling the gradients.
+#[test]
+fn a_ddp_export_whose_json_misstates_the_world_size_is_refused() {
+    for lie in [1, 3] {
+        let (_tmp, dir) = copy_export("mlp-ddp");
+        let path = dir.join("export.json");
+        let mut j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        j["world_size"] = serde_json::json!(lie);
+        std::fs::write(&path, j.to_string()).unwrap();
+        for ws in [lie.to_string(), "2".to_string()] {
+            let err = fails(&run(&[
+                "train",
+                "--model",
+                s(&dir),
+                "--world-size",
+                &ws,
+                "--steps",
+                "1",
+            ]));
+            assert!(
+                err.contains(&format!("export.json says world_size {lie}"))
+                    && err.contains("divides the gradients by 2"),
+                "{lie} on {ws}: {err}"
+            );
+        }
+    }
+    // the export as it is trains on its world size
+    ok(&run(&[
+        "train",
+        "--model",
+        s(&model("mlp-ddp")),
+        "--world-size",
+        "2",
+        "--steps",
+        "1",
+    ]));
+}

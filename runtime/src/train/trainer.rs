@@ -188,25 +188,42 @@ pub struct TrainReport {
     pub first_step: usize,
 }
 
-/// The divisor an exported DDP backward applies before its all-reduces, if it is a constant:
-/// the constant of a division whose result an all-reduce reads (other divisions, such as an
-/// attention scale, say nothing about the world size).
-fn exported_world_size(t: &Trace) -> Option<f64> {
+/// The divisor an exported DDP backward applies before its all-reduces: the constant of the
+/// divisions whose results the all-reduces read (other divisions, such as an attention scale,
+/// say nothing about the world size). `None` when no all-reduce reads a constant division;
+/// an error when two all-reduces' divisors differ.
+fn exported_world_size(t: &Trace) -> Result<Option<f64>, String> {
     let reg = OpRegistry::builtin();
     let canonical = |op: &str| reg.resolve(op).unwrap_or(op).to_string();
-    t.nodes()
+    let mut found: Option<(f64, String)> = None;
+    let reduced = t
+        .nodes()
         .filter(|(_, n)| canonical(n.op.as_str()) == ops::ALL_REDUCE)
-        .filter_map(|(_, n)| n.args().first().and_then(Arg::as_value))
-        .find_map(|v| {
-            let tracepass_ir::Def::Node(d, _) = t.value(v)?.def else {
-                return None;
-            };
-            let div = t.node(d)?;
-            let op = canonical(div.op.as_str());
-            (op == ops::DIV || op == ops::TRUE_DIVIDE)
-                .then(|| div.args().get(1).and_then(Arg::as_f64))
-                .flatten()
-        })
+        .filter_map(|(_, n)| n.args().first().and_then(Arg::as_value));
+    for v in reduced {
+        let Some(tracepass_ir::Def::Node(d, _)) = t.value(v).map(|x| x.def) else {
+            continue;
+        };
+        let Some(div) = t.node(d) else { continue };
+        let op = canonical(div.op.as_str());
+        if op != ops::DIV && op != ops::TRUE_DIVIDE {
+            continue;
+        }
+        let Some(k) = div.args().get(1).and_then(Arg::as_f64) else {
+            continue;
+        };
+        match &found {
+            None => found = Some((k, t.name(v))),
+            Some((k0, v0)) if (k0 - k).abs() > 1e-9 => {
+                return Err(format!(
+                    "the backward's all-reduces disagree on the world size: `{v0}` is divided by {k0}, `{}` by {k}",
+                    t.name(v)
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(found.map(|(k, _)| k))
 }
 
 fn rewrite(program: &Program, specs: &[PassSpec]) -> Result<Program, TrainError> {
@@ -347,18 +364,26 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
     let ddp_text = print_pipeline(&ddp);
     let (local_prog, sync_pipeline) = if already {
         // Thunder's own DDP backward: run it as exported; strip it for local micro-steps.
+        // The world size is what the backward divides by; export.json must agree with it.
+        let traced = exported_world_size(&p.backward).map_err(TrainError::Input)?;
+        if let (Some(w), Some(d)) = (model.exported_world_size, traced) {
+            if (d - w as f64).abs() > 1e-9 {
+                return Err(TrainError::Input(format!(
+                    "export.json says world_size {w}, but the backward divides the gradients by {d} before its all-reduces (Thunder's DDP for {d} ranks); fix export.json (`\"world_size\": {d}`)"
+                )));
+            }
+        }
         if cfg.passes.is_none() {
-            if let Some(w) = model.exported_world_size {
+            if let Some(d) = traced {
+                if (d - ws as f64).abs() > 1e-9 {
+                    return Err(TrainError::Config(format!(
+                        "the backward was exported with DDP for world size {d} (it divides gradients by {d}), but this run has --world-size {ws}; train with --world-size {d}, or re-bucket it with --passes 'no-sync,{ddp_text}'"
+                    )));
+                }
+            } else if let Some(w) = model.exported_world_size {
                 if w != ws {
                     return Err(TrainError::Config(format!(
                         "the export's backward holds Thunder's DDP for world size {w} (export.json), but this run has --world-size {ws}; train with --world-size {w}, or re-bucket it with --passes 'no-sync,{ddp_text}'"
-                    )));
-                }
-            }
-            if let (None, Some(d)) = (model.exported_world_size, exported_world_size(&p.backward)) {
-                if (d - ws as f64).abs() > 1e-9 {
-                    return Err(TrainError::Config(format!(
-                        "the backward was exported with DDP for world size {d} (it divides gradients by {d}); run it with --world-size {d}, or re-bucket it with --passes 'no-sync,{ddp_text}'"
                     )));
                 }
             }
