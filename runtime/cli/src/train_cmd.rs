@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tracepass_runtime::comm::LinkModel;
 use tracepass_runtime::exec::timeline_json;
-use tracepass_runtime::train::{Fault, ModelSource, OptimizerKind, TrainConfig, TrainReport};
+use tracepass_runtime::train::{
+    Fault, LossKind, ModelSource, OptimizerKind, TrainConfig, TrainReport,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
@@ -102,6 +104,14 @@ pub struct TrainArgs {
     /// Let the OS place the rank threads instead of pinning rank r to the (r mod n)-th CPU.
     #[arg(long)]
     pub no_pin_ranks: bool,
+    /// The loss: cross_entropy (integer targets), mse, sum or output; default: the export's
+    /// (export.json), or for a program file or traces the seed's soft-target cross entropy.
+    #[arg(long)]
+    pub loss: Option<String>,
+    /// The targets' name in the data file (`<NAME>.<step>.<rank>`); default `targets` (`y` for
+    /// the seed's loss).
+    #[arg(long, value_name = "NAME")]
+    pub targets: Option<String>,
     /// Train on through a NaN or infinite loss, gradient norm or parameter (default: stop at
     /// the first, naming the step and rank); a non-finite checkpoint is never written.
     #[arg(long)]
@@ -264,6 +274,13 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         resume: args.resume.clone(),
         pin_ranks: !args.no_pin_ranks,
         allow_non_finite: args.allow_non_finite,
+        loss: args
+            .loss
+            .as_deref()
+            .map(LossKind::from_export)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--loss: {e}"))?,
+        targets: args.targets.clone(),
     })
 }
 

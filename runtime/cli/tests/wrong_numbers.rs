@@ -522,3 +522,76 @@ fn a_ddp_export_whose_json_misstates_the_world_size_is_refused() {
         "1",
     ]));
 }
+
+/// Item 9: the pipelines the docs give run: an accumulating pipeline given whole, and a real
+/// model's program file (`opt -o`, `pack --prologue`) with its loss named on the command line.
+#[test]
+fn documented_pipelines_and_program_files_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mlp = model("mlp");
+    let train = |extra: &[&str]| {
+        let mut a = vec!["train", "--world-size", "2", "--steps", "2"];
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    let (default, err) = ok(&train(&["--model", s(&mlp), "--no-sync-steps", "1"]));
+    assert!(err.contains("accumulate-grads,ddp(world_size=2"), "{err}");
+    let (given, _) = ok(&train(&[
+        "--model",
+        s(&mlp),
+        "--no-sync-steps",
+        "1",
+        "--passes",
+        "accumulate-grads,ddp(world_size=2),sort-waits",
+    ]));
+    assert_eq!(losses(&given), losses(&default));
+    assert_eq!(losses(&given).len(), 2);
+    let err = fails(&train(&[
+        "--model",
+        s(&mlp),
+        "--passes",
+        "accumulate-grads,ddp(world_size=2),sort-waits",
+    ]));
+    assert!(err.contains("--no-sync-steps is 0"), "{err}");
+
+    // nanoGPT's program, from `opt -o` and from `pack --prologue`, trains as its export does
+    let ng = model("nanogpt");
+    let one = |extra: &[&str]| {
+        let mut a = vec!["train", "--world-size", "1", "--steps", "2"];
+        a.extend_from_slice(extra);
+        ok(&run(&a)).0
+    };
+    let export = losses(&one(&["--model", s(&ng)]));
+    let opt = tmp.path().join("opt.tpb");
+    ok(&run(&["opt", s(&ng), "--passes", "cse", "-o", s(&opt)]));
+    let pack = tmp.path().join("pack.tpb");
+    ok(&run(&[
+        "pack",
+        s(&ng.join("forward.trace")),
+        s(&ng.join("backward.trace")),
+        "--prologue",
+        s(&ng.join("prologue.trace")),
+        "-o",
+        s(&pack),
+    ]));
+    let (params, data) = (ng.join("params.safetensors"), ng.join("data.safetensors"));
+    let files = [
+        "--params",
+        s(&params),
+        "--data",
+        s(&data),
+        "--loss",
+        "cross_entropy",
+    ];
+    for prog in [&opt, &pack] {
+        let mut a = vec!["--model", s(prog)];
+        a.extend_from_slice(&files);
+        let l = losses(&one(&a));
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0], export[0], "{}", prog.display());
+    }
+    // `opt -o` keeps the export's tie, so the whole run is the export's
+    let mut a = vec!["--model", s(&opt)];
+    a.extend_from_slice(&files);
+    assert_eq!(losses(&one(&a)), export);
+}

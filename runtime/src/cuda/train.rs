@@ -85,7 +85,7 @@ pub fn train(
         world_size: env.world_size,
         ..cfg.clone()
     };
-    let model = Model::load(&cfg.model)?;
+    let model = Model::load(&cfg.model)?.with_loss(cfg.loss, cfg.targets.as_deref());
     let mut plans = build_plans(&model, &cfg)?;
     if let Some(Fault::Mismatch { rank: r }) = cfg.fault {
         if r == rank {

@@ -91,6 +91,11 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Pin rank `r` to the `r mod n`-th CPU the process may use (see `affinity`).
     pub pin_ranks: bool,
+    /// The loss instead of the model's own (an export's `export.json`; the seed's soft-target
+    /// cross entropy for programs and traces).
+    pub loss: Option<crate::train::model::LossKind>,
+    /// The targets' name in the data file instead of the model's (`targets` for an export).
+    pub targets: Option<String>,
     /// Train on through a non-finite loss, gradient norm or parameter instead of stopping at
     /// the first (a non-finite checkpoint is never written either way).
     pub allow_non_finite: bool,
@@ -132,6 +137,8 @@ impl Default for TrainConfig {
             resume: None,
             pin_ranks: true,
             allow_non_finite: false,
+            loss: None,
+            targets: None,
         }
     }
 }
@@ -400,13 +407,25 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
         specs.extend_from_slice(base);
         specs
     };
+    let accumulates = |specs: &[PassSpec]| specs.iter().any(|s| s.name == "accumulate-grads");
+    if cfg.no_sync_steps == 0 && accumulates(&sync_pipeline) {
+        return Err(TrainError::Config(format!(
+            "--passes `{}` accumulates gradients (accumulate-grads adds the earlier micro-steps' gradients), but --no-sync-steps is 0, so there are none; give --no-sync-steps K (K >= 1), or leave accumulate-grads out",
+            print_pipeline(&sync_pipeline)
+        )));
+    }
     let (sync_prog, pipeline) = if cfg.no_sync_steps > 0 {
         let base = if already && cfg.passes.is_none() {
             ddp.clone()
         } else {
             sync_pipeline.clone()
         };
-        let pl = acc_pipeline(&base);
+        // a pipeline that accumulates already (as the docs' own example does) runs as given
+        let pl = if accumulates(&base) {
+            base
+        } else {
+            acc_pipeline(&base)
+        };
         (rewrite(&local_prog, &pl)?, print_pipeline(&pl))
     } else if sync_pipeline.is_empty() {
         (p.clone(), "(as exported)".to_string())
@@ -791,7 +810,7 @@ pub fn train_with(
             )));
         }
     }
-    let model = Model::load(&cfg.model)?;
+    let model = Model::load(&cfg.model)?.with_loss(cfg.loss, cfg.targets.as_deref());
     let plans = build_plans(&model, cfg)?;
     check_link_timeout(&plans, cfg)?;
     check_memory(&model, cfg.world_size)?;
