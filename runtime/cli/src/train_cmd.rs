@@ -116,7 +116,7 @@ pub struct TrainArgs {
     /// the first, naming the step and rank); a non-finite checkpoint is never written.
     #[arg(long)]
     pub allow_non_finite: bool,
-    /// Testing aid: `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
+    /// Testing aid: `RANK:STEP:panic`, `RANK:STEP:vanish`, `RANK:STEP:slow` or `RANK:0:mismatch`.
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
 }
@@ -286,12 +286,12 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
 
 fn print_metrics(report: &TrainReport) -> String {
     let mut s = String::from(
-        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  buckets\n",
+        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  sync_wait_ms  other_ms  buckets\n",
     );
     for per_rank in &report.metrics {
         for m in per_rank {
             s += &format!(
-                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>7}\n",
+                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>12.3}  {:>8.3}  {:>7}\n",
                 m.step,
                 m.rank,
                 m.step_s * 1e3,
@@ -300,6 +300,8 @@ fn print_metrics(report: &TrainReport) -> String {
                 m.overlap_s * 1e3,
                 m.overlap_pct,
                 m.exposed_comm_s * 1e3,
+                m.sync_wait_s * 1e3,
+                m.other_s * 1e3,
                 m.buckets.iter().filter(|b| b.label != "loss").count()
             );
         }

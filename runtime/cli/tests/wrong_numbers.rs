@@ -595,3 +595,61 @@ fn documented_pipelines_and_program_files_train() {
     a.extend_from_slice(&files);
     assert_eq!(losses(&one(&a)), export);
 }
+
+/// Item 8: time a rank spends waiting for a slower one is reported (`sync_wait`), and the
+/// parts of a step add up to it: compute + exposed communication + sync wait + other.
+#[test]
+fn waiting_for_a_slow_rank_is_accounted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("metrics.json");
+    let (out, _) = ok(&run(&[
+        "train",
+        "--model",
+        s(&model("mlp")),
+        "--world-size",
+        "2",
+        "--steps",
+        "2",
+        "--metrics",
+        "--metrics-json",
+        s(&json),
+        "--inject-fault",
+        "1:0:slow",
+    ]));
+    assert!(out.contains("exposed_ms  sync_wait_ms  other_ms"), "{out}");
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let at = |rank: usize, step: usize, key: &str| m[rank][step][key].as_f64().unwrap();
+    for rank in 0..2 {
+        for step in 0..2 {
+            let parts = ["compute_s", "exposed_comm_s", "sync_wait_s", "other_s"];
+            for p in parts {
+                assert!(at(rank, step, p) >= 0.0, "{p} of rank {rank} step {step}");
+            }
+            let sum: f64 = parts.iter().map(|p| at(rank, step, p)).sum();
+            let step_s = at(rank, step, "step_s");
+            assert!(
+                (sum - step_s).abs() < 1e-6,
+                "rank {rank} step {step}: parts {sum} s, step {step_s} s"
+            );
+        }
+    }
+    // rank 1 slept 200 ms before its backward in step 0: rank 0 waited for it at its first
+    // all-reduce, and rank 1's own delay is its other time, not waiting
+    assert!(at(0, 0, "sync_wait_s") > 0.1, "{m}");
+    assert!(at(1, 0, "other_s") > 0.1, "{m}");
+    assert!(
+        at(1, 0, "sync_wait_s") < at(0, 0, "sync_wait_s") / 2.0,
+        "{m}"
+    );
+    // the bucket's wait on rank 0 is accounted: not exposed communication, sync wait
+    let bucket_wait: f64 = m[0][0]["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["wait_end_us"].as_f64().unwrap() - b["wait_start_us"].as_f64().unwrap())
+        .sum();
+    assert!(bucket_wait * 1e-6 > 0.1, "{m}");
+    let accounted = at(0, 0, "sync_wait_s") + at(0, 0, "exposed_comm_s");
+    assert!(accounted >= bucket_wait * 1e-6 * 0.99, "{m}");
+}

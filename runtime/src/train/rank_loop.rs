@@ -215,6 +215,11 @@ where
             } else {
                 plans.local.as_ref().unwrap_or(&plans.sync)
             };
+            if let Some(Fault::Slow { rank: r, step: s }) = cfg.fault {
+                if r == rank && s == step && micro == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(Fault::SLOW_MS));
+                }
+            }
             let t_bwd = Instant::now();
             let grads = exec
                 .run(plan, backend, comm, binputs, &clock, &mut rec)

@@ -34,14 +34,20 @@ pub enum Fault {
     Vanish { rank: usize, step: usize },
     /// The rank runs a backward bucketed differently from the others' (a mismatched trace).
     Mismatch { rank: usize },
+    /// The rank is late: it sleeps [`Fault::SLOW_MS`] before `step`'s first backward, so the
+    /// others wait for it at their first all-reduce (what `sync_wait` measures).
+    Slow { rank: usize, step: usize },
 }
 
 impl Fault {
-    /// `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
+    /// How long a [`Fault::Slow`] rank sleeps, in milliseconds.
+    pub const SLOW_MS: u64 = 200;
+
+    /// `RANK:STEP:panic`, `RANK:STEP:vanish`, `RANK:STEP:slow` or `RANK:0:mismatch`.
     pub fn parse(s: &str) -> Result<Fault, String> {
         let parts: Vec<&str> = s.split(':').collect();
         let bad = || {
-            format!("fault '{s}': expected RANK:STEP:panic, RANK:STEP:vanish or RANK:0:mismatch")
+            format!("fault '{s}': expected RANK:STEP:panic, RANK:STEP:vanish, RANK:STEP:slow or RANK:0:mismatch")
         };
         if parts.len() != 3 {
             return Err(bad());
@@ -52,6 +58,7 @@ impl Fault {
             "panic" => Ok(Fault::Panic { rank, step }),
             "vanish" => Ok(Fault::Vanish { rank, step }),
             "mismatch" => Ok(Fault::Mismatch { rank }),
+            "slow" => Ok(Fault::Slow { rank, step }),
             _ => Err(bad()),
         }
     }
