@@ -241,6 +241,16 @@ fn parameters_and_batches_of_another_dtype_are_refused() {
     relabel(&dir.join("data.safetensors"), "targets.0.0", "F64");
     let err = fails(&train(&dir));
     assert!(err.contains("`targets.0.0` is f64"), "{err}");
+    // class targets of another shape
+    let (_tmp, dir) = copy_export("mlp");
+    edit_tensors(&dir.join("data.safetensors"), |t| {
+        t.insert(
+            "targets.0.0".into(),
+            Tensor::from_i64(vec![3], vec![0, 1, 2]),
+        );
+    });
+    let err = fails(&train(&dir));
+    assert!(err.contains("`targets.0.0` has shape [3]"), "{err}");
     // an unchanged copy trains
     let (_tmp, dir) = copy_export("mlp");
     ok(&train(&dir));

@@ -148,6 +148,21 @@ impl DataSource {
                         }
                         _ => {}
                     }
+                    // cross entropy: one class index per row of the output (its last dim)
+                    if let (LossKind::CrossEntropy { .. }, Some(o)) = (model.loss, &out) {
+                        let rows: usize = o.shape.iter().rev().skip(1).product();
+                        if !o.shape.is_empty() && t.numel() != rows {
+                            let key = file_key(file, &model.targets, micro, rank, *wrap)
+                                .unwrap_or_default();
+                            return Err(format!(
+                                "{}: `{key}` has shape {:?} ({} targets), but the model output {:?} has {rows} rows (one class index each)",
+                                file.path.display(),
+                                t.shape(),
+                                t.numel(),
+                                o.shape
+                            ));
+                        }
+                    }
                     Some(t)
                 } else {
                     None
