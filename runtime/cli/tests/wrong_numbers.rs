@@ -521,6 +521,23 @@ fn a_ddp_export_whose_json_misstates_the_world_size_is_refused() {
             );
         }
     }
+    // Thunder's bucketed DDP packs the divided gradients: the divisor is read through the pack
+    let thunder = model("../thunder/mlp-ddp-bucketed");
+    let err = fails(&run(&[
+        "train",
+        "--forward",
+        s(&thunder.join("forward.trace")),
+        "--backward",
+        s(&thunder.join("backward.trace")),
+        "--world-size",
+        "4",
+        "--steps",
+        "1",
+    ]));
+    assert!(
+        err.contains("exported with DDP for world size 2") && err.contains("--world-size 4"),
+        "{err}"
+    );
     // the export as it is trains on its world size
     ok(&run(&[
         "train",

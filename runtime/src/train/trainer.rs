@@ -203,22 +203,53 @@ pub struct TrainReport {
 }
 
 /// The divisor an exported DDP backward applies before its all-reduces: the constant of the
-/// divisions whose results the all-reduces read (other divisions, such as an attention scale,
-/// say nothing about the world size). `None` when no all-reduce reads a constant division;
-/// an error when two all-reduces' divisors differ.
+/// divisions whose results the all-reduces read, directly or packed into a bucket (other
+/// divisions, such as an attention scale, say nothing about the world size). `None` when no
+/// all-reduce reads a constant division; an error when two divisors differ.
 fn exported_world_size(t: &Trace) -> Result<Option<f64>, String> {
     let reg = OpRegistry::builtin();
     let canonical = |op: &str| reg.resolve(op).unwrap_or(op).to_string();
     let mut found: Option<(f64, String)> = None;
-    let reduced = t
-        .nodes()
-        .filter(|(_, n)| canonical(n.op.as_str()) == ops::ALL_REDUCE)
-        .filter_map(|(_, n)| n.args().first().and_then(Arg::as_value));
-    for v in reduced {
-        let Some(tracepass_ir::Def::Node(d, _)) = t.value(v).map(|x| x.def) else {
+    let mut reduced: Vec<ValueId> = Vec::new();
+    for (_, n) in t.nodes() {
+        if canonical(n.op.as_str()) != ops::ALL_REDUCE {
+            continue;
+        }
+        let Some(v) = n.args().first().and_then(Arg::as_value) else {
             continue;
         };
-        let Some(div) = t.node(d) else { continue };
+        // a bucket: the gradients it packs
+        let pack = match t.value(v).map(|x| x.def) {
+            Some(tracepass_ir::Def::Node(d, _)) => t
+                .node(d)
+                .filter(|p| canonical(p.op.as_str()) == ops::BUCKET_PACK),
+            _ => None,
+        };
+        match pack.and_then(|p| p.args().first().cloned()) {
+            Some(Arg::List(items) | Arg::Tuple(items)) => {
+                reduced.extend(items.iter().filter_map(Arg::as_value))
+            }
+            _ => reduced.push(v),
+        }
+    }
+    for v in reduced {
+        let producer = |v: ValueId| match t.value(v).map(|x| x.def) {
+            Some(tracepass_ir::Def::Node(d, _)) => t.node(d),
+            _ => None,
+        };
+        let Some(mut div) = producer(v) else { continue };
+        // a bucket view is its first operand (Thunder's bucketing)
+        if canonical(div.op.as_str()) == ops::UPDATE_BUCKET_VIEW {
+            match div
+                .args()
+                .first()
+                .and_then(Arg::as_value)
+                .and_then(producer)
+            {
+                Some(n) => div = n,
+                None => continue,
+            }
+        }
         let op = canonical(div.op.as_str());
         if op != ops::DIV && op != ops::TRUE_DIVIDE {
             continue;
