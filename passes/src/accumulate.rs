@@ -28,8 +28,10 @@ impl Pass for AccumulateGrads {
         }
         let grads = p.gradient_values();
         let mut targets: Vec<(usize, ValueId)> = Vec::new();
+        // every trainable parameter, each member of a tie included: a tie's gradients are
+        // returned per member and added up later (by `ddp`), so each must carry its own total
         for param in &p.params {
-            if !param.requires_grad || param.tied_to.is_some() {
+            if !param.requires_grad || param.buffer {
                 continue;
             }
             if let Some(i) = param.grad_output {

@@ -666,6 +666,36 @@ fn accumulate_grads_adds_an_argument_per_parameter_gradient() {
     }
 }
 
+/// A tie's members return their own gradients (ddp adds them up later), so each gets its own
+/// accumulator: nanoGPT's `lm_head.weight` = `transformer.wte.weight` (issue #26 item 1).
+#[test]
+fn accumulate_grads_gives_each_member_of_a_tie_its_accumulator() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/nanogpt");
+    let p = load_export(&dir).unwrap().program;
+    assert!(p.params.iter().any(|q| q.tied_to.is_some()));
+    let out = run(&p, "accumulate-grads");
+    let b = &out.backward;
+    let grads = out.gradient_values();
+    let trained: Vec<&Param> = p
+        .params
+        .iter()
+        .filter(|q| q.requires_grad && !q.buffer)
+        .collect();
+    assert_eq!(b.args().len(), 2 + trained.len());
+    for q in trained {
+        let g = grads[q.grad_output.unwrap()].unwrap();
+        let node = b.node(b.producer(g).unwrap()).unwrap();
+        assert_eq!(node.op, "ltorch.add", "{}", q.fqn);
+        let acc = node.args()[1].as_value().unwrap();
+        assert!(
+            b.name(acc).starts_with("acc_"),
+            "{}: {}",
+            q.fqn,
+            b.name(acc)
+        );
+    }
+}
+
 /// Found by `cargo xtask fuzz opt`: a Thunder bucketed DDP backward whose reduced bucket buffer
 /// is returned directly (not only through its unpack). no-sync removed the all-reduce but kept
 /// the wait that read it, leaving an undefined future.

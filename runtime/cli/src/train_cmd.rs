@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tracepass_runtime::comm::LinkModel;
 use tracepass_runtime::exec::timeline_json;
-use tracepass_runtime::train::{Fault, ModelSource, OptimizerKind, TrainConfig, TrainReport};
+use tracepass_runtime::train::{
+    Fault, LossKind, ModelSource, OptimizerKind, TrainConfig, TrainReport,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
@@ -102,7 +104,19 @@ pub struct TrainArgs {
     /// Let the OS place the rank threads instead of pinning rank r to the (r mod n)-th CPU.
     #[arg(long)]
     pub no_pin_ranks: bool,
-    /// Testing aid: `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
+    /// The loss: cross_entropy (integer targets), mse, sum or output; default: the export's
+    /// (export.json), or for a program file or traces the seed's soft-target cross entropy.
+    #[arg(long)]
+    pub loss: Option<String>,
+    /// The targets' name in the data file (`<NAME>.<step>.<rank>`); default `targets` (`y` for
+    /// the seed's loss).
+    #[arg(long, value_name = "NAME")]
+    pub targets: Option<String>,
+    /// Train on through a NaN or infinite loss, gradient norm or parameter (default: stop at
+    /// the first, naming the step and rank); a non-finite checkpoint is never written.
+    #[arg(long)]
+    pub allow_non_finite: bool,
+    /// Testing aid: `RANK:STEP:panic`, `RANK:STEP:vanish`, `RANK:STEP:slow` or `RANK:0:mismatch`.
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
 }
@@ -259,17 +273,25 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         save_every: args.save_every,
         resume: args.resume.clone(),
         pin_ranks: !args.no_pin_ranks,
+        allow_non_finite: args.allow_non_finite,
+        loss: args
+            .loss
+            .as_deref()
+            .map(LossKind::from_export)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--loss: {e}"))?,
+        targets: args.targets.clone(),
     })
 }
 
 fn print_metrics(report: &TrainReport) -> String {
     let mut s = String::from(
-        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  buckets\n",
+        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  sync_wait_ms  other_ms  buckets\n",
     );
     for per_rank in &report.metrics {
         for m in per_rank {
             s += &format!(
-                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>7}\n",
+                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>12.3}  {:>8.3}  {:>7}\n",
                 m.step,
                 m.rank,
                 m.step_s * 1e3,
@@ -278,6 +300,8 @@ fn print_metrics(report: &TrainReport) -> String {
                 m.overlap_s * 1e3,
                 m.overlap_pct,
                 m.exposed_comm_s * 1e3,
+                m.sync_wait_s * 1e3,
+                m.other_s * 1e3,
                 m.buckets.iter().filter(|b| b.label != "loss").count()
             );
         }

@@ -85,7 +85,7 @@ pub fn train(
         world_size: env.world_size,
         ..cfg.clone()
     };
-    let model = Model::load(&cfg.model)?;
+    let model = Model::load(&cfg.model)?.with_loss(cfg.loss, cfg.targets.as_deref());
     let mut plans = build_plans(&model, &cfg)?;
     if let Some(Fault::Mismatch { rank: r }) = cfg.fault {
         if r == rank {
@@ -105,7 +105,7 @@ pub fn train(
     check_memory(&model, 1)?;
     let (init, resume) = initial_params(&cfg, &model)?;
     let data = crate::train::trainer::data_source(&cfg, &model)?;
-    crate::train::trainer::check_first_batch(&data, &cfg, &model, resume.as_ref(), rank)?;
+    crate::train::trainer::check_batches(&data, &cfg, &model, resume.as_ref(), rank)?;
     let setup = RankSetup {
         cfg: &cfg,
         rank,

@@ -91,6 +91,12 @@ pub struct StepMetrics {
     pub overlap_pct: f64,
     /// comm - overlap: communication the step had to wait for.
     pub exposed_comm_s: f64,
+    /// Time blocked in a `wait` before the all-reduce had started: waiting for a slower rank
+    /// to reach it (the communication itself is in `comm_s`).
+    pub sync_wait_s: f64,
+    /// The rest of the step (loss, optimizer, copies, launching, a late rank's own delay):
+    /// `step = compute + exposed_comm + sync_wait + other`.
+    pub other_s: f64,
     pub buckets: Vec<BucketRecord>,
 }
 
@@ -184,10 +190,22 @@ impl StepMetrics {
             })
             .collect();
         let o = OverlapSummary::of(&compute, &comm);
+        // a wait blocks the compute thread: the part of it no communication ran in was spent
+        // waiting for the other ranks to start the all-reduce
+        let waits: Vec<Span> = recs
+            .iter()
+            .flat_map(|r| r.buckets.iter())
+            .map(|b| Span {
+                start_us: b.wait_start_us,
+                end_us: b.wait_end_us,
+            })
+            .collect();
+        let sync_wait_s = (busy(&waits) - overlap(&waits, &comm)).max(0.0) * 1e-6;
+        let step_s = step_span.len() * 1e-6;
         StepMetrics {
             step,
             rank,
-            step_s: step_span.len() * 1e-6,
+            step_s,
             forward_s: 0.0,
             backward_s: 0.0,
             backward_compute_s: 0.0,
@@ -196,6 +214,8 @@ impl StepMetrics {
             overlap_s: o.overlap_s,
             overlap_pct: o.overlap_pct,
             exposed_comm_s: o.exposed_comm_s,
+            sync_wait_s,
+            other_s: (step_s - o.compute_s - o.exposed_comm_s - sync_wait_s).max(0.0),
             buckets: recs
                 .iter()
                 .flat_map(|r| r.buckets.iter().cloned())
@@ -309,5 +329,33 @@ mod tests {
         assert!((m.overlap_s - 50e-6).abs() < 1e-12);
         assert!((m.overlap_pct - 50.0).abs() < 1e-9);
         assert!((m.exposed_comm_s - 50e-6).abs() < 1e-12);
+        // the wait [100, 150] is all communication: no waiting for another rank
+        assert!(m.sync_wait_s.abs() < 1e-12);
+        assert!((m.other_s - 0.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn waiting_for_a_late_rank_is_sync_wait() {
+        // compute [0, 10]; wait [10, 40]; the all-reduce ran [35, 40] once the late rank came
+        let rec = Recording {
+            compute: vec![s(0., 10.)],
+            buckets: vec![BucketRecord {
+                label: "b0".into(),
+                bytes: 4,
+                ready_us: 10.,
+                launch_us: 10.,
+                comm_start_us: 35.,
+                comm_end_us: 40.,
+                wait_start_us: 10.,
+                wait_end_us: 40.,
+            }],
+            events: vec![],
+        };
+        let m = StepMetrics::from_recordings(0, 0, s(0., 50.), &[&rec]);
+        assert!((m.exposed_comm_s - 5e-6).abs() < 1e-12);
+        assert!((m.sync_wait_s - 25e-6).abs() < 1e-12);
+        assert!((m.other_s - 10e-6).abs() < 1e-12);
+        let sum = m.compute_s + m.exposed_comm_s + m.sync_wait_s + m.other_s;
+        assert!((sum - m.step_s).abs() < 1e-12);
     }
 }

@@ -166,6 +166,12 @@ fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
     }
 }
 
+/// CRC-32 of a tensor's elements as a safetensors file stores them (little-endian, row-major):
+/// what a checkpoint records per tensor to notice a flipped bit.
+pub fn tensor_crc32(t: &Tensor) -> u32 {
+    crc32fast::hash(&to_bytes(t).1)
+}
+
 /// Writes named tensors to a safetensors file atomically (temp file, fsync, rename).
 pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), TensorFileError> {
     save_tensors_with(path, tensors, &BTreeMap::new())

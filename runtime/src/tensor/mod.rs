@@ -5,7 +5,7 @@
 
 pub(crate) mod file;
 
-pub use file::{save_tensors, save_tensors_with, TensorFile, TensorFileError};
+pub use file::{save_tensors, save_tensors_with, tensor_crc32, TensorFile, TensorFileError};
 
 use half::{bf16, f16};
 use std::sync::Arc;

@@ -1,13 +1,20 @@
 //! Training checkpoints: parameters, optimizer state and the step, in one safetensors file,
-//! written atomically, so a run resumes exactly where it stopped.
+//! written atomically, so a run resumes exactly where it stopped. Each tensor's CRC-32 is in
+//! the metadata (`crc32.<tensor>`), so a flipped bit is refused instead of resumed.
 
-use crate::tensor::file::{save_tensors_with, TensorFile};
+use crate::tensor::file::{save_tensors_with, tensor_crc32, TensorFile};
 use crate::tensor::Tensor;
 use crate::train::optim::{Optimizer, OptimizerKind};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-const FORMAT: &str = "tracepass-checkpoint-1";
+const FORMAT: &str = "tracepass-checkpoint-2";
+/// Checkpoints written before checksums: read without an integrity check.
+const FORMAT_WITHOUT_CHECKSUMS: &str = "tracepass-checkpoint-1";
+/// The metadata key of a tensor's CRC-32 (8 hex digits).
+fn crc_key(tensor: &str) -> String {
+    format!("crc32.{tensor}")
+}
 /// Metadata key of the parameters that had no gradient (comma-separated names): they have no
 /// optimizer state in the file.
 pub const NO_GRADIENT: &str = "no_gradient";
@@ -20,6 +27,9 @@ pub enum CheckpointError {
     Format { path: String, what: String },
     #[error("{path}: {what}")]
     Mismatch { path: String, what: String },
+    /// A tensor whose bytes changed since it was saved (a flipped bit, a partial copy).
+    #[error("{path}: the checkpoint is damaged: {what}; resume from another copy")]
+    Corrupt { path: String, what: String },
 }
 
 /// What a checkpoint restores.
@@ -92,6 +102,11 @@ pub fn save_for(
     .into_iter()
     .chain(world_size.map(|w| ("world_size".to_string(), w.to_string())))
     .chain((!no_gradient.is_empty()).then(|| (NO_GRADIENT.to_string(), no_gradient.join(","))))
+    .chain(
+        tensors
+            .iter()
+            .map(|(n, t)| (crc_key(n), format!("{:08x}", tensor_crc32(t)))),
+    )
     .collect();
     save_tensors_with(path, &tensors, &meta)?;
     Ok(())
@@ -116,11 +131,30 @@ pub fn load(
             })
     };
     let format = meta("format")?;
-    if format != FORMAT {
+    if format != FORMAT && format != FORMAT_WITHOUT_CHECKSUMS {
         return Err(CheckpointError::Format {
             path: p.clone(),
             what: format!("format `{format}`, expected `{FORMAT}`"),
         });
+    }
+    if format == FORMAT {
+        for (name, t) in &f.tensors {
+            let Some(want) = f.metadata.get(&crc_key(name)) else {
+                return Err(CheckpointError::Corrupt {
+                    path: p.clone(),
+                    what: format!("tensor `{name}` has no checksum (`{}`)", crc_key(name)),
+                });
+            };
+            let got = format!("{:08x}", tensor_crc32(t));
+            if *want != got {
+                return Err(CheckpointError::Corrupt {
+                    path: p.clone(),
+                    what: format!(
+                        "tensor `{name}` does not match its checksum (CRC-32 {got}, saved {want})"
+                    ),
+                });
+            }
+        }
     }
     let num = |k: &str| -> Result<u64, CheckpointError> {
         meta(k)?.parse().map_err(|_| CheckpointError::Format {

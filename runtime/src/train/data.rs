@@ -102,34 +102,156 @@ impl DataSource {
                     }
                     Ok(t.clone())
                 };
+                // a batch of another dtype is refused, never converted: f32 bytes read as
+                // integers, or indices rounded from floats, train on other numbers
+                let wrong_dtype = |name: &str, t: &Tensor, want: &str| {
+                    let key = file_key(file, name, micro, rank, *wrap).unwrap_or_default();
+                    format!(
+                        "{}: `{key}` is {}, but the model takes {want} for `{name}`; store it as {want} (tracepass does not convert data)",
+                        file.path.display(),
+                        t.dtype(),
+                    )
+                };
                 let mut data = Vec::new();
                 for a in &model.data_args {
                     let t = get(&a.name, Some(&a.ty.shape))?;
-                    data.push(if t.dtype() == a.ty.dtype {
-                        t
-                    } else {
-                        t.to_dtype(a.ty.dtype).ok_or_else(|| {
-                            format!(
-                                "data `{}`: cannot convert {} to {}",
-                                a.name,
-                                t.dtype(),
-                                a.ty.dtype
-                            )
-                        })?
-                    });
+                    if t.dtype() != a.ty.dtype {
+                        return Err(wrong_dtype(&a.name, &t, &a.ty.dtype.to_string()));
+                    }
+                    data.push(t);
                 }
                 let targets = if needs_targets {
+                    let out = model.output_type();
                     let shape = match model.loss {
-                        LossKind::SeedCrossEntropy => model.output_type().map(|t| t.shape.to_vec()),
+                        LossKind::SeedCrossEntropy | LossKind::Mse => {
+                            out.as_ref().map(|t| t.shape.to_vec())
+                        }
                         _ => None,
                     };
-                    Some(get(&model.targets, shape.as_deref())?)
+                    let t = get(&model.targets, shape.as_deref())?;
+                    match (model.loss, &out) {
+                        (LossKind::CrossEntropy { .. }, _)
+                            if !matches!(t.dtype(), DType::I64 | DType::I32) =>
+                        {
+                            return Err(wrong_dtype(
+                                &model.targets,
+                                &t,
+                                "integer class indices (i64)",
+                            ));
+                        }
+                        (LossKind::Mse, Some(o)) if t.dtype() != o.dtype => {
+                            return Err(wrong_dtype(
+                                &model.targets,
+                                &t,
+                                &format!("{} (the model output's dtype)", o.dtype),
+                            ));
+                        }
+                        _ => {}
+                    }
+                    // cross entropy: one class index per row of the output (its last dim)
+                    if let (LossKind::CrossEntropy { .. }, Some(o)) = (model.loss, &out) {
+                        let rows: usize = o.shape.iter().rev().skip(1).product();
+                        if !o.shape.is_empty() && t.numel() != rows {
+                            let key = file_key(file, &model.targets, micro, rank, *wrap)
+                                .unwrap_or_default();
+                            return Err(format!(
+                                "{}: `{key}` has shape {:?} ({} targets), but the model output {:?} has {rows} rows (one class index each)",
+                                file.path.display(),
+                                t.shape(),
+                                t.numel(),
+                                o.shape
+                            ));
+                        }
+                    }
+                    Some(t)
                 } else {
                     None
                 };
                 Ok(Batch { data, targets })
             }
         }
+    }
+}
+
+impl DataSource {
+    /// Checks, before training, every batch `rank` reads in micro-batches `first..end`: each
+    /// is there and fits the model. A file that cycles (an export's) must hold, for every data
+    /// argument and the targets, the same number n of micro-batches `0..n` on every rank of
+    /// the run, without holes: micro-batch `m` then reads batch `m mod n` of each name, so
+    /// a rank's input and targets always come from the same step.
+    pub fn check_run(
+        &self,
+        model: &Model,
+        rank: usize,
+        world_size: usize,
+        first: usize,
+        end: usize,
+    ) -> Result<(), String> {
+        let DataSource::File { file, wrap } = self else {
+            // drawn data has no holes; its first batch shows what it cannot draw
+            return self.batch(first, rank, model).map(|_| ());
+        };
+        let mut end = end;
+        if *wrap {
+            let mut names: Vec<&str> = model.data_args.iter().map(|a| a.name.as_str()).collect();
+            if model.loss.needs_targets() {
+                names.push(&model.targets);
+            }
+            let mut counts: Vec<(String, usize, usize)> = Vec::new();
+            for r in [0, rank].into_iter().filter(|r| *r < world_size) {
+                for name in &names {
+                    counts.push((name.to_string(), r, cycle_len(file, name, r)?));
+                }
+            }
+            // a rank without any batch gets its own message from `batch`
+            let first_count = counts
+                .first()
+                .cloned()
+                .filter(|_| counts.iter().all(|c| c.2 > 0));
+            if let Some((name, r, n)) = first_count {
+                if let Some((other, r2, n2)) = counts.iter().find(|(_, _, k)| *k != n) {
+                    return Err(format!(
+                        "{}: `{name}` has {n} batch(es) for rank {r} but `{other}` has {n2} for rank {r2}; every data argument and the targets need the same steps on every rank, or steps would pair one step's input with another's targets",
+                        file.path.display()
+                    ));
+                }
+                if n > 0 {
+                    end = end.min(first.saturating_add(n));
+                }
+            }
+        }
+        for m in first..end {
+            self.batch(m, rank, model)?;
+        }
+        Ok(())
+    }
+}
+
+/// How many micro-batches `0..n` of `name` the file holds for `rank`; a batch after a missing
+/// one is a hole, an error naming both.
+fn cycle_len(file: &TensorFile, name: &str, rank: usize) -> Result<usize, String> {
+    let key = |m: usize| format!("{name}.{m}.{rank}");
+    let n = (0..)
+        .take_while(|m| file.tensors.contains_key(&key(*m)))
+        .count();
+    let prefix = format!("{name}.");
+    let suffix = format!(".{rank}");
+    let later = file.tensors.keys().find_map(|k| {
+        let m: usize = k
+            .strip_prefix(&prefix)?
+            .strip_suffix(&suffix)?
+            .parse()
+            .ok()?;
+        (m > n).then_some(m)
+    });
+    match later {
+        Some(m) => Err(format!(
+            "{}: `{}` is missing, but `{}` is there; give every step's batch (a step cannot borrow another's)",
+            file.path.display(),
+            key(n),
+            key(m)
+        )),
+        None => Ok(n),
     }
 }
 
@@ -230,12 +352,20 @@ pub fn file_params(params: &[Param], file: &TensorFile) -> Result<Vec<Tensor>, S
                     p.shape
                 ));
             }
-            if t.dtype() == p.dtype {
-                Ok(t.clone())
-            } else {
-                t.to_dtype(p.dtype)
-                    .ok_or_else(|| format!("parameter `{}`: cannot convert to {}", p.fqn, p.dtype))
+            // another dtype is refused, never converted: f32 bytes labelled i32 would become
+            // integers, and a rounding conversion trains a different model than the trace's
+            if t.dtype() != p.dtype {
+                return Err(format!(
+                    "{}: {} `{}` is stored as {}, but the trace's is {}; store it as {} (tracepass does not convert parameters)",
+                    file.path.display(),
+                    if p.buffer { "buffer" } else { "parameter" },
+                    p.fqn,
+                    t.dtype(),
+                    p.dtype,
+                    p.dtype
+                ));
             }
+            Ok(t.clone())
         })
         .collect()
 }

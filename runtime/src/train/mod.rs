@@ -7,6 +7,7 @@ pub(crate) mod buffer_updates;
 pub mod checkpoint;
 pub(crate) mod data;
 pub(crate) mod fingerprint;
+pub(crate) mod finite;
 pub(crate) mod loss;
 pub(crate) mod memory;
 pub(crate) mod model;

@@ -256,7 +256,10 @@ impl Model {
                     index: output_index,
                 }
             })?;
-        let data_args = data_args(&program, export.is_some())?;
+        // an export's or a program file's parameters are named by metadata (the prologue), so
+        // every other argument is data; loose traces keep the seed's convention (one input `x`)
+        let named = export.is_some() || matches!(source, ModelSource::Program(_));
+        let data_args = data_args(&program, named)?;
         let buffer_updates = buffer_updates(&program).map_err(ModelError::Export)?;
         let ties = ties(&program).map_err(ModelError::Export)?;
         Ok(Model {
@@ -274,6 +277,21 @@ impl Model {
             program,
             description,
         })
+    }
+
+    /// The model with another loss (`--loss`) and targets name (`--targets`); a loss other
+    /// than the seed's reads `targets` unless told otherwise.
+    pub fn with_loss(mut self, loss: Option<LossKind>, targets: Option<&str>) -> Model {
+        if let Some(l) = loss {
+            if self.loss == LossKind::SeedCrossEntropy && l != LossKind::SeedCrossEntropy {
+                self.targets = "targets".into();
+            }
+            self.loss = l;
+        }
+        if let Some(t) = targets {
+            self.targets = t.to_string();
+        }
+        self
     }
 
     /// Shape and dtype of the model output.

@@ -179,6 +179,16 @@ where
             let (loss, cot) =
                 loss_and_grad(model.loss, &down(&forward.output)?, batch.targets.as_ref())
                     .map_err(|e| fail(format!("loss: {e}")))?;
+            if !loss.is_finite() && !cfg.allow_non_finite {
+                let at = if micro_per_step > 1 {
+                    format!(" (micro-step {micro})")
+                } else {
+                    String::new()
+                };
+                return Err(fail(format!(
+                    "step {step}{at}: the loss is {loss}; stopping before it reaches the parameters (a NaN or infinity in the parameters or the batch, a diverging learning rate, or no target to count); --allow-non-finite trains on"
+                )));
+            }
             if let Some(Fault::Panic { rank: r, step: s }) = cfg.fault {
                 if r == rank && s == step {
                     panic!("injected fault: rank {rank} panics in step {step}");
@@ -205,6 +215,11 @@ where
             } else {
                 plans.local.as_ref().unwrap_or(&plans.sync)
             };
+            if let Some(Fault::Slow { rank: r, step: s }) = cfg.fault {
+                if r == rank && s == step && micro == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(Fault::SLOW_MS));
+                }
+            }
             let t_bwd = Instant::now();
             let grads = exec
                 .run(plan, backend, comm, binputs, &clock, &mut rec)
@@ -240,9 +255,23 @@ where
         if step == first_step && keep {
             out.grads0 = grads.clone();
         }
+        if !cfg.allow_non_finite {
+            let norm = crate::train::finite::grad_norm(&grads);
+            if !norm.is_finite() {
+                return Err(fail(format!(
+                    "step {step}: the synchronized gradient norm is {norm}; stopping before the update (--allow-non-finite trains on)"
+                )));
+            }
+        }
         opt.step(&mut params, &grads).map_err(&fail)?;
         // a tie is one tensor: every member takes the primary's new value
         model.share_ties(&mut params);
+        let non_finite = crate::train::finite::non_finite_param(&model.param_names(), &params);
+        if let (Some(what), false) = (&non_finite, cfg.allow_non_finite) {
+            return Err(fail(format!(
+                "step {step}: the update made {what} (is the learning rate too large?); stopping (--allow-non-finite trains on)"
+            )));
+        }
         dev_params = params.iter().map(&up).collect::<Result<_, _>>()?;
         backend.synchronize().map_err(|e| fail(e.0))?;
         comm.end_step(&mut recs, &clock).map_err(&fail)?;
@@ -269,6 +298,13 @@ where
             if let Some(path) = &cfg.save {
                 let done = step + 1;
                 if cfg.checkpoint_due(done) {
+                    // a good checkpoint is never replaced by one that cannot train
+                    if let Some(what) = &non_finite {
+                        return Err(TrainError::Output(format!(
+                            "not saving the checkpoint after step {step} to {}: {what}; the file keeps what it held",
+                            path.display()
+                        )));
+                    }
                     crate::train::checkpoint::save_for(
                         path,
                         done,

@@ -18,7 +18,7 @@ use crate::train::model::{Model, ModelSource};
 use crate::train::optim::OptimizerKind;
 use crate::train::rank_loop::{run_rank, RankOut, RankSetup};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tracepass_ir::{ops, Arg, OpRegistry, Program, Trace, ValueId};
 use tracepass_passes::{
@@ -35,14 +35,20 @@ pub enum Fault {
     Vanish { rank: usize, step: usize },
     /// The rank runs a backward bucketed differently from the others' (a mismatched trace).
     Mismatch { rank: usize },
+    /// The rank is late: it sleeps [`Fault::SLOW_MS`] before `step`'s first backward, so the
+    /// others wait for it at their first all-reduce (what `sync_wait` measures).
+    Slow { rank: usize, step: usize },
 }
 
 impl Fault {
-    /// `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
+    /// How long a [`Fault::Slow`] rank sleeps, in milliseconds.
+    pub const SLOW_MS: u64 = 200;
+
+    /// `RANK:STEP:panic`, `RANK:STEP:vanish`, `RANK:STEP:slow` or `RANK:0:mismatch`.
     pub fn parse(s: &str) -> Result<Fault, String> {
         let parts: Vec<&str> = s.split(':').collect();
         let bad = || {
-            format!("fault '{s}': expected RANK:STEP:panic, RANK:STEP:vanish or RANK:0:mismatch")
+            format!("fault '{s}': expected RANK:STEP:panic, RANK:STEP:vanish, RANK:STEP:slow or RANK:0:mismatch")
         };
         if parts.len() != 3 {
             return Err(bad());
@@ -53,6 +59,7 @@ impl Fault {
             "panic" => Ok(Fault::Panic { rank, step }),
             "vanish" => Ok(Fault::Vanish { rank, step }),
             "mismatch" => Ok(Fault::Mismatch { rank }),
+            "slow" => Ok(Fault::Slow { rank, step }),
             _ => Err(bad()),
         }
     }
@@ -92,6 +99,14 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Pin rank `r` to the `r mod n`-th CPU the process may use (see `affinity`).
     pub pin_ranks: bool,
+    /// The loss instead of the model's own (an export's `export.json`; the seed's soft-target
+    /// cross entropy for programs and traces).
+    pub loss: Option<crate::train::model::LossKind>,
+    /// The targets' name in the data file instead of the model's (`targets` for an export).
+    pub targets: Option<String>,
+    /// Train on through a non-finite loss, gradient norm or parameter instead of stopping at
+    /// the first (a non-finite checkpoint is never written either way).
+    pub allow_non_finite: bool,
 }
 
 impl TrainConfig {
@@ -129,6 +144,9 @@ impl Default for TrainConfig {
             save_every: None,
             resume: None,
             pin_ranks: true,
+            allow_non_finite: false,
+            loss: None,
+            targets: None,
         }
     }
 }
@@ -185,25 +203,73 @@ pub struct TrainReport {
     pub first_step: usize,
 }
 
-/// The divisor an exported DDP backward applies before its all-reduces, if it is a constant:
-/// the constant of a division whose result an all-reduce reads (other divisions, such as an
-/// attention scale, say nothing about the world size).
-fn exported_world_size(t: &Trace) -> Option<f64> {
+/// The divisor an exported DDP backward applies before its all-reduces: the constant of the
+/// divisions whose results the all-reduces read, directly or packed into a bucket (other
+/// divisions, such as an attention scale, say nothing about the world size). `None` when no
+/// all-reduce reads a constant division; an error when two divisors differ.
+fn exported_world_size(t: &Trace) -> Result<Option<f64>, String> {
     let reg = OpRegistry::builtin();
     let canonical = |op: &str| reg.resolve(op).unwrap_or(op).to_string();
-    t.nodes()
-        .filter(|(_, n)| canonical(n.op.as_str()) == ops::ALL_REDUCE)
-        .filter_map(|(_, n)| n.args().first().and_then(Arg::as_value))
-        .find_map(|v| {
-            let tracepass_ir::Def::Node(d, _) = t.value(v)?.def else {
-                return None;
-            };
-            let div = t.node(d)?;
-            let op = canonical(div.op.as_str());
-            (op == ops::DIV || op == ops::TRUE_DIVIDE)
-                .then(|| div.args().get(1).and_then(Arg::as_f64))
-                .flatten()
-        })
+    let mut found: Option<(f64, String)> = None;
+    let mut reduced: Vec<ValueId> = Vec::new();
+    for (_, n) in t.nodes() {
+        if canonical(n.op.as_str()) != ops::ALL_REDUCE {
+            continue;
+        }
+        let Some(v) = n.args().first().and_then(Arg::as_value) else {
+            continue;
+        };
+        // a bucket: the gradients it packs
+        let pack = match t.value(v).map(|x| x.def) {
+            Some(tracepass_ir::Def::Node(d, _)) => t
+                .node(d)
+                .filter(|p| canonical(p.op.as_str()) == ops::BUCKET_PACK),
+            _ => None,
+        };
+        match pack.and_then(|p| p.args().first().cloned()) {
+            Some(Arg::List(items) | Arg::Tuple(items)) => {
+                reduced.extend(items.iter().filter_map(Arg::as_value))
+            }
+            _ => reduced.push(v),
+        }
+    }
+    for v in reduced {
+        let producer = |v: ValueId| match t.value(v).map(|x| x.def) {
+            Some(tracepass_ir::Def::Node(d, _)) => t.node(d),
+            _ => None,
+        };
+        let Some(mut div) = producer(v) else { continue };
+        // a bucket view is its first operand (Thunder's bucketing)
+        if canonical(div.op.as_str()) == ops::UPDATE_BUCKET_VIEW {
+            match div
+                .args()
+                .first()
+                .and_then(Arg::as_value)
+                .and_then(producer)
+            {
+                Some(n) => div = n,
+                None => continue,
+            }
+        }
+        let op = canonical(div.op.as_str());
+        if op != ops::DIV && op != ops::TRUE_DIVIDE {
+            continue;
+        }
+        let Some(k) = div.args().get(1).and_then(Arg::as_f64) else {
+            continue;
+        };
+        match &found {
+            None => found = Some((k, t.name(v))),
+            Some((k0, v0)) if (k0 - k).abs() > 1e-9 => {
+                return Err(format!(
+                    "the backward's all-reduces disagree on the world size: `{v0}` is divided by {k0}, `{}` by {k}",
+                    t.name(v)
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(found.map(|(k, _)| k))
 }
 
 fn rewrite(program: &Program, specs: &[PassSpec]) -> Result<Program, TrainError> {
@@ -344,18 +410,26 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
     let ddp_text = print_pipeline(&ddp);
     let (local_prog, sync_pipeline) = if already {
         // Thunder's own DDP backward: run it as exported; strip it for local micro-steps.
+        // The world size is what the backward divides by; export.json must agree with it.
+        let traced = exported_world_size(&p.backward).map_err(TrainError::Input)?;
+        if let (Some(w), Some(d)) = (model.exported_world_size, traced) {
+            if (d - w as f64).abs() > 1e-9 {
+                return Err(TrainError::Input(format!(
+                    "export.json says world_size {w}, but the backward divides the gradients by {d} before its all-reduces (Thunder's DDP for {d} ranks); fix export.json (`\"world_size\": {d}`)"
+                )));
+            }
+        }
         if cfg.passes.is_none() {
-            if let Some(w) = model.exported_world_size {
+            if let Some(d) = traced {
+                if (d - ws as f64).abs() > 1e-9 {
+                    return Err(TrainError::Config(format!(
+                        "the backward was exported with DDP for world size {d} (it divides gradients by {d}), but this run has --world-size {ws}; train with --world-size {d}, or re-bucket it with --passes 'no-sync,{ddp_text}'"
+                    )));
+                }
+            } else if let Some(w) = model.exported_world_size {
                 if w != ws {
                     return Err(TrainError::Config(format!(
                         "the export's backward holds Thunder's DDP for world size {w} (export.json), but this run has --world-size {ws}; train with --world-size {w}, or re-bucket it with --passes 'no-sync,{ddp_text}'"
-                    )));
-                }
-            }
-            if let (None, Some(d)) = (model.exported_world_size, exported_world_size(&p.backward)) {
-                if (d - ws as f64).abs() > 1e-9 {
-                    return Err(TrainError::Config(format!(
-                        "the backward was exported with DDP for world size {d} (it divides gradients by {d}); run it with --world-size {d}, or re-bucket it with --passes 'no-sync,{ddp_text}'"
                     )));
                 }
             }
@@ -372,13 +446,25 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
         specs.extend_from_slice(base);
         specs
     };
+    let accumulates = |specs: &[PassSpec]| specs.iter().any(|s| s.name == "accumulate-grads");
+    if cfg.no_sync_steps == 0 && accumulates(&sync_pipeline) {
+        return Err(TrainError::Config(format!(
+            "--passes `{}` accumulates gradients (accumulate-grads adds the earlier micro-steps' gradients), but --no-sync-steps is 0, so there are none; give --no-sync-steps K (K >= 1), or leave accumulate-grads out",
+            print_pipeline(&sync_pipeline)
+        )));
+    }
     let (sync_prog, pipeline) = if cfg.no_sync_steps > 0 {
         let base = if already && cfg.passes.is_none() {
             ddp.clone()
         } else {
             sync_pipeline.clone()
         };
-        let pl = acc_pipeline(&base);
+        // a pipeline that accumulates already (as the docs' own example does) runs as given
+        let pl = if accumulates(&base) {
+            base
+        } else {
+            acc_pipeline(&base)
+        };
         (rewrite(&local_prog, &pl)?, print_pipeline(&pl))
     } else if sync_pipeline.is_empty() {
         (p.clone(), "(as exported)".to_string())
@@ -631,17 +717,64 @@ pub(crate) fn initial_params(
         }
         None => None,
     };
-    let init = match (&resume, &cfg.params) {
-        (Some(ck), _) => ck.params.clone(),
+    let (init, from) = match (&resume, &cfg.params) {
+        (Some(ck), _) => (ck.params.clone(), cfg.resume.clone()),
         (None, params) => match params.as_ref().or(model.default_params.as_ref()) {
             Some(path) => {
                 let f = TensorFile::load(path).map_err(|e| TrainError::Input(e.to_string()))?;
-                file_params(&model.program.params, &f).map_err(TrainError::Input)?
+                let init = file_params(&model.program.params, &f).map_err(TrainError::Input)?;
+                (init, Some(path.clone()))
             }
-            None => seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?,
+            None => {
+                let mut init =
+                    seeded_params(&model.program.params, cfg.seed).map_err(TrainError::Input)?;
+                // a tie is one tensor: its members start from one draw
+                model.share_ties(&mut init);
+                (init, None)
+            }
         },
     };
+    if let Some(path) = from {
+        check_tied_values(model, &init, &path)?;
+        if !cfg.allow_non_finite {
+            if let Some(what) = crate::train::finite::non_finite_param(&model.param_names(), &init)
+            {
+                return Err(TrainError::Input(format!(
+                    "{}: {what}; training would only produce NaN (--allow-non-finite trains anyway)",
+                    path.display()
+                )));
+            }
+        }
+    }
     Ok((init, resume))
+}
+
+/// Refuses a file whose tied parameters hold different values: they are one tensor, so the
+/// first step would read both and the update then silently keep only the primary's.
+fn check_tied_values(model: &Model, params: &[Tensor], path: &Path) -> Result<(), TrainError> {
+    let names = model.param_names();
+    for group in &model.ties {
+        let primary = group[0];
+        for &i in &group[1..] {
+            if !params[i].bitwise_eq(&params[primary]) {
+                let (a, b) = (params[primary].to_f64_vec(), params[i].to_f64_vec());
+                let at = a
+                    .iter()
+                    .zip(&b)
+                    .position(|(x, y)| x.to_bits() != y.to_bits())
+                    .unwrap_or(0);
+                return Err(TrainError::Input(format!(
+                    "{}: `{}` and `{}` are tied (one tensor, export.json `tied`), but their values differ (first at element {at}: {} and {}); store one value for both",
+                    path.display(),
+                    names[primary],
+                    names[i],
+                    a.get(at).copied().unwrap_or(f64::NAN),
+                    b.get(at).copied().unwrap_or(f64::NAN)
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where a run's batches come from: `--data`, else the export's `data.safetensors`, else
@@ -661,18 +794,19 @@ pub(crate) fn data_source(cfg: &TrainConfig, model: &Model) -> Result<DataSource
     })
 }
 
-/// Checks, before any rank starts, that `rank`'s first batch (of this run: a resumed run
-/// starts at the checkpoint's step) is there and fits the model.
-pub(crate) fn check_first_batch(
+/// Checks, before any rank starts, every batch `rank` reads in this run (a resumed run starts
+/// at the checkpoint's step): it is there and fits the model, and a cycling file has no holes.
+pub(crate) fn check_batches(
     data: &DataSource,
     cfg: &TrainConfig,
     model: &Model,
     resume: Option<&crate::train::checkpoint::Checkpoint>,
     rank: usize,
 ) -> Result<(), TrainError> {
-    let first_micro = resume.map_or(0, |c| c.step) * (cfg.no_sync_steps + 1);
-    data.batch(first_micro, rank, model)
-        .map(|_| ())
+    let per_step = cfg.no_sync_steps + 1;
+    let first_micro = resume.map_or(0, |c| c.step) * per_step;
+    let end = cfg.steps.saturating_mul(per_step).max(first_micro + 1);
+    data.check_run(model, rank, cfg.world_size, first_micro, end)
         .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))
 }
 
@@ -715,14 +849,14 @@ pub fn train_with(
             )));
         }
     }
-    let model = Model::load(&cfg.model)?;
+    let model = Model::load(&cfg.model)?.with_loss(cfg.loss, cfg.targets.as_deref());
     let plans = build_plans(&model, cfg)?;
     check_link_timeout(&plans, cfg)?;
     check_memory(&model, cfg.world_size)?;
     let (init, resume) = initial_params(cfg, &model)?;
     let data = data_source(cfg, &model)?;
     for rank in 0..cfg.world_size {
-        check_first_batch(&data, cfg, &model, resume.as_ref(), rank)?;
+        check_batches(&data, cfg, &model, resume.as_ref(), rank)?;
     }
     let group = ThreadGroup::new(
         cfg.world_size,
