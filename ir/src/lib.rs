@@ -87,4 +87,4 @@ pub use types::{
     broadcast_shapes, DType, Device, DeviceKind, Shape, TensorType, Type, MAX_TENSOR_BYTES,
 };
 pub use value::{Def, Name, ValueId, ValueIdMap, ValueIdSet, ValueRef};
-pub use verify::{verify, verify_with, Diagnostic, VerifyError};
+pub use verify::{verify, verify_return_types, verify_with, Diagnostic, ReturnTypes, VerifyError};

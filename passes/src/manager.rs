@@ -7,7 +7,10 @@ use crate::registry::{BuiltPass, PassRegistry};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tracepass_ir::{print_trace, verify_with, Module, OpRegistry, Program, Provenance, Trace};
+use tracepass_ir::{
+    print_trace, verify_return_types, verify_with, Module, OpRegistry, Program, Provenance,
+    ReturnTypes, Trace,
+};
 
 /// When to print the IR (every trace of the program: forward, then backward).
 #[derive(Clone, Debug, Default)]
@@ -223,6 +226,13 @@ impl PassManager {
             if self.print_ir.before.contains(&name) {
                 self.dump(&mut report, format!("IR before {name}"), p);
             }
+            // what each trace returns, which no pass may change (a fold that turns an f32
+            // result into its i64 operand leaves a valid trace of the wrong type)
+            let returns: Vec<ReturnTypes> = if self.verify_each {
+                traces(p).into_iter().map(ReturnTypes::of).collect()
+            } else {
+                Vec::new()
+            };
             let start = Instant::now();
             cx.touched = [false; 2];
             let changed = pass.run(p, &mut cx).map_err(|e| fail(e, &name))?;
@@ -264,6 +274,17 @@ impl PassManager {
                         )
                     })?;
                 }
+            }
+            for (t, before) in traces(p).into_iter().zip(&returns) {
+                verify_return_types(t, before).map_err(|error| {
+                    fail(
+                        PassError::Verify {
+                            pass: name.clone(),
+                            error,
+                        },
+                        &name,
+                    )
+                })?;
             }
             if self.print_ir.after_all
                 || self.print_ir.after.contains(&name)

@@ -1,0 +1,44 @@
+//! Issue #27: a pass library that cannot corrupt IR silently. Each test is a regression test
+//! for one of the bugs a compiler author hit writing passes of their own.
+
+use tracepass_ir::*;
+use tracepass_passes::*;
+
+/// A trace-level pass made of a closure, for passes that misbehave on purpose.
+struct FnPass<F>(&'static str, F);
+
+impl<F: Fn(&mut Trace) -> Changed> TracePass for FnPass<F> {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn run_on_trace(&self, t: &mut Trace, _: &mut PassContext) -> Result<Changed, PassError> {
+        Ok((self.1)(t))
+    }
+}
+
+const INT_MUL: &str = "def f(x):\n  # x: \"cpu i64[4]\"\n  y = prims.mul(x, 1.0)  # y: \"cpu f32[4]\"\n  return y\n";
+
+/// Bug 4: folding `x_i64 * 1.0` to `x` leaves a valid trace that returns the wrong type; the
+/// manager checks what each trace returns against what it returned before the pass.
+#[test]
+fn a_pass_that_changes_a_return_type_is_caught() {
+    let mut p = Program::lone(parse_trace(INT_MUL).unwrap());
+    let mut pm = PassManager::new();
+    pm.add_trace_pass(FnPass("bad-fold", |t: &mut Trace| {
+        let (x, y) = (t.find_value("x").unwrap(), t.find_value("y").unwrap());
+        let mut rw = Rewriter::new();
+        rw.replace_all_uses(y, x);
+        rw.erase(t.producer(y).unwrap());
+        rw.apply(t).unwrap();
+        Changed::Yes
+    }));
+    let e = pm.run(&mut p, OpRegistry::builtin()).unwrap_err();
+    let PassError::Verify { pass, error } = &e.error else {
+        panic!("a verification error expected: {e}");
+    };
+    assert_eq!(pass, "bad-fold");
+    assert!(
+        error.diagnostics[0].message.contains("\"cpu i64[4]\""),
+        "{error}"
+    );
+}
