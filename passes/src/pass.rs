@@ -209,6 +209,17 @@ pub enum PassError {
         /// The name.
         name: String,
     },
+    /// A declaration registered at the other level (`register_trace_pass` of a program-level
+    /// declaration).
+    #[error("pass `{name}` is declared {declared}-level but registered as a {registered}-level pass")]
+    WrongLevel {
+        /// The name.
+        name: String,
+        /// The level its declaration says.
+        declared: &'static str,
+        /// The level it was registered at.
+        registered: &'static str,
+    },
     /// A registration under a name pipelines cannot spell (or an anchor's name).
     #[error("`{name}` cannot name a pass: use letters, digits, `-` and `_`, and not `forward` or `backward`")]
     BadPassName {

@@ -357,10 +357,7 @@ impl PassDecl {
     }
     /// The `--help` text of the pass: its line, then one line per option.
     pub fn help_text(&self) -> String {
-        let level = match self.level {
-            PassLevel::Trace => "trace",
-            PassLevel::Program => "program",
-        };
+        let level = level_name(self.level);
         let mut s = format!("  {:<18} {} [{level}]\n", self.name, self.help);
         for o in self.options {
             let default = match o.default {
@@ -477,20 +474,22 @@ impl PassRegistry {
         });
         Ok(self)
     }
-    /// Registers a program-level pass.
+    /// Registers a program-level pass; its declaration must say [`PassLevel::Program`].
     pub fn register_pass<P: Pass + 'static>(
         &mut self,
         decl: &'static PassDecl,
         build: impl Fn(&OptionValues) -> Result<P, PassError> + Send + Sync + 'static,
     ) -> Result<&mut Self, PassError> {
+        check_level(decl, PassLevel::Program)?;
         self.register(decl, move |o| Ok(BuiltPass::Program(Box::new(build(o)?))))
     }
-    /// Registers a trace-level pass.
+    /// Registers a trace-level pass; its declaration must say [`PassLevel::Trace`].
     pub fn register_trace_pass<P: TracePass + 'static>(
         &mut self,
         decl: &'static PassDecl,
         build: impl Fn(&OptionValues) -> Result<P, PassError> + Send + Sync + 'static,
     ) -> Result<&mut Self, PassError> {
+        check_level(decl, PassLevel::Trace)?;
         self.register(decl, move |o| Ok(BuiltPass::Trace(Box::new(build(o)?))))
     }
     /// The declaration of the pass named `name`.
@@ -524,6 +523,25 @@ impl PassRegistry {
             s += &e.decl.help_text();
         }
         s
+    }
+}
+
+/// Refuses a declaration registered at the other level (help and anchors would be wrong).
+fn check_level(decl: &PassDecl, registered: PassLevel) -> Result<(), PassError> {
+    if decl.level == registered {
+        return Ok(());
+    }
+    Err(PassError::WrongLevel {
+        name: decl.name.to_string(),
+        declared: level_name(decl.level),
+        registered: level_name(registered),
+    })
+}
+
+fn level_name(l: PassLevel) -> &'static str {
+    match l {
+        PassLevel::Trace => "trace",
+        PassLevel::Program => "program",
     }
 }
 

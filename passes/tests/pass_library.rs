@@ -42,3 +42,53 @@ fn a_pass_that_changes_a_return_type_is_caught() {
         "{error}"
     );
 }
+
+struct Nothing;
+
+impl TracePass for Nothing {
+    fn name(&self) -> &str {
+        "nothing"
+    }
+    fn run_on_trace(&self, _: &mut Trace, _: &mut PassContext) -> Result<Changed, PassError> {
+        Ok(Changed::No)
+    }
+}
+
+impl Pass for Nothing {
+    fn name(&self) -> &str {
+        "nothing"
+    }
+    fn run(&self, _: &mut Program, _: &mut PassContext) -> Result<Changed, PassError> {
+        Ok(Changed::No)
+    }
+}
+
+/// Bug 7: a declaration is registered at the level it declares.
+#[test]
+fn a_declaration_is_registered_at_its_own_level() {
+    static PROGRAM_LEVEL: PassDecl = PassDecl {
+        name: "nothing",
+        help: "does nothing",
+        level: PassLevel::Program,
+        options: &[],
+    };
+    static TRACE_LEVEL: PassDecl = PassDecl {
+        level: PassLevel::Trace,
+        ..PROGRAM_LEVEL
+    };
+    let mut reg = PassRegistry::new();
+    let e = reg
+        .register_trace_pass(&PROGRAM_LEVEL, |_| Ok(Nothing))
+        .err()
+        .expect("refused");
+    assert_eq!(
+        e.to_string(),
+        "pass `nothing` is declared program-level but registered as a trace-level pass"
+    );
+    assert!(matches!(
+        reg.register_pass(&TRACE_LEVEL, |_| Ok(Nothing)),
+        Err(PassError::WrongLevel { .. })
+    ));
+    assert!(reg.names().is_empty(), "nothing registered");
+    reg.register_pass(&PROGRAM_LEVEL, |_| Ok(Nothing)).unwrap();
+}
