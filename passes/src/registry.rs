@@ -512,7 +512,14 @@ impl PassRegistry {
             });
         };
         let values = e.decl.parse(&spec.options)?;
-        (e.build)(&values)
+        // printed back as the declaration spells the options, whatever the pass's own `spec`
+        // says (its default is the bare name): provenance and reproducers name the pipeline
+        // that ran
+        let spelled = e.decl.spell(&values);
+        Ok(match (e.build)(&values)? {
+            BuiltPass::Program(pass) => BuiltPass::Program(Box::new(Spelled { pass, spelled })),
+            BuiltPass::Trace(pass) => BuiltPass::Trace(Box::new(Spelled { pass, spelled })),
+        })
     }
     /// The `--help` text: every pass, its options, and how to anchor trace-level ones.
     pub fn help(&self) -> String {
@@ -523,6 +530,44 @@ impl PassRegistry {
             s += &e.decl.help_text();
         }
         s
+    }
+}
+
+/// A built pass with the spelling its declaration gives its options.
+struct Spelled<P: ?Sized> {
+    pass: Box<P>,
+    spelled: String,
+}
+
+impl Pass for Spelled<dyn Pass> {
+    fn name(&self) -> &str {
+        self.pass.name()
+    }
+    fn spec(&self) -> String {
+        self.spelled.clone()
+    }
+    fn run(
+        &self,
+        p: &mut tracepass_ir::Program,
+        cx: &mut crate::PassContext,
+    ) -> Result<crate::Changed, PassError> {
+        self.pass.run(p, cx)
+    }
+}
+
+impl TracePass for Spelled<dyn TracePass> {
+    fn name(&self) -> &str {
+        self.pass.name()
+    }
+    fn spec(&self) -> String {
+        self.spelled.clone()
+    }
+    fn run_on_trace(
+        &self,
+        t: &mut tracepass_ir::Trace,
+        cx: &mut crate::PassContext,
+    ) -> Result<crate::Changed, PassError> {
+        self.pass.run_on_trace(t, cx)
     }
 }
 

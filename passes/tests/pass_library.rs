@@ -92,3 +92,51 @@ fn a_declaration_is_registered_at_its_own_level() {
     assert!(reg.names().is_empty(), "nothing registered");
     reg.register_pass(&PROGRAM_LEVEL, |_| Ok(Nothing)).unwrap();
 }
+
+/// A pass with an option that does not spell itself (its `spec` is the default, the name).
+struct Scale(u64);
+
+impl TracePass for Scale {
+    fn name(&self) -> &str {
+        "scale-mark"
+    }
+    fn run_on_trace(&self, t: &mut Trace, cx: &mut PassContext) -> Result<Changed, PassError> {
+        cx.stat("scale-mark.factor", self.0);
+        // a change (a no-op reordering would not be one): rename nothing, but say so only on
+        // the backward, so the provenance line appears there
+        Ok((t.kind == TraceKind::Backward).into())
+    }
+}
+
+static SCALE_MARK: PassDecl = PassDecl {
+    name: "scale-mark",
+    help: "reports its factor",
+    level: PassLevel::Trace,
+    options: &[OptionDecl {
+        name: "factor",
+        kind: OptionKind::Int { min: 1, max: 9 },
+        default: OptionDefault::Value("1"),
+        help: "the factor",
+        show: Show::IfChanged,
+    }],
+};
+
+/// Bug 5: a registered pass prints back with its options, from its declaration.
+#[test]
+fn a_registered_pass_prints_back_with_its_options() {
+    let mut reg = PassRegistry::with_builtins();
+    reg.register_trace_pass(&SCALE_MARK, |o| Ok(Scale(o.int("factor"))))
+        .unwrap();
+    let pm = PassManager::parse_with(&reg, "scale-mark(factor=3),backward(scale-mark)").unwrap();
+    assert_eq!(pm.pipeline(), "scale-mark(factor=3),backward(scale-mark)");
+    let mut p = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    let r = pm.run(&mut p, OpRegistry::builtin()).unwrap();
+    assert_eq!(r.timings[0].pass, "scale-mark(factor=3)");
+    let prov: Vec<&str> = p
+        .backward
+        .provenance
+        .iter()
+        .map(|x| x.pass.as_str())
+        .collect();
+    assert!(prov.ends_with(&["scale-mark(factor=3)", "backward(scale-mark)"]), "{prov:?}");
+}
