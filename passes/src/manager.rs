@@ -28,9 +28,13 @@ pub struct PrintIr {
 /// A pass pipeline and how to run it.
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
-    /// Verify every trace before the first pass, and the traces a pass changed after it (on by
+    /// Verify every trace before the first pass, and after each pass every trace whose
+    /// [fingerprint](Trace::fingerprint) changed, whatever the pass says it changed (on by
     /// default).
     pub verify_each: bool,
+    /// Without `verify_each`: verify the traces the pipeline changed once, after its last pass
+    /// (on by default; off only to time passes alone).
+    pub verify_at_end: bool,
     /// When to print the IR.
     pub print_ir: PrintIr,
     /// Record pass times in the provenance (off by default so output is deterministic).
@@ -90,6 +94,7 @@ impl PassManager {
         PassManager {
             passes: Vec::new(),
             verify_each: true,
+            verify_at_end: true,
             print_ir: PrintIr::default(),
             record_time: false,
             reproducer_dir: None,
@@ -221,6 +226,18 @@ impl PassManager {
                 verify_with(t, reg).map_err(|e| fail(PassError::InvalidInput(e), "<input>"))?;
             }
         }
+        // what each trace was when last verified (or at the start): a pass is checked on what
+        // it changed, not on what it says it changed
+        let fingerprinting = self.verify_each || self.verify_at_end;
+        let fingerprints = |p: &Program| -> Vec<u64> {
+            if fingerprinting {
+                traces(p).into_iter().map(Trace::fingerprint).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        let start_prints = fingerprints(p);
+        let mut prints = start_prints.clone();
         for pass in &self.passes {
             let name = pass.name().to_string();
             if self.print_ir.before.contains(&name) {
@@ -240,7 +257,6 @@ impl PassManager {
             // the traces the pass changed; a program-level pass that names none may have
             // changed either
             let [fwd, bwd] = cx.touched;
-            let unnamed = !fwd && !bwd;
             if changed == Changed::Yes {
                 // the provenance line goes on the traces the pass changed, the backward when
                 // it names none
@@ -255,15 +271,15 @@ impl PassManager {
                     p.backward.provenance.push(record);
                 }
             }
-            // as MLIR's pass manager does: a pass that changed nothing leaves verified IR
-            // verified, so only the traces it may have changed are checked again
-            if self.verify_each && changed == Changed::Yes {
-                let changed_traces = traces(p).into_iter().filter(|t| {
-                    unnamed
-                        || (fwd && std::ptr::eq(*t, &p.forward))
-                        || (bwd && std::ptr::eq(*t, &p.backward))
-                });
-                for t in changed_traces {
+            // a pass that changed nothing leaves verified IR verified, so only the traces whose
+            // fingerprint changed are checked again (a pass that says it changed nothing, or
+            // names the wrong trace, is checked all the same)
+            if self.verify_each {
+                let now = fingerprints(p);
+                for ((t, was), is) in traces(p).into_iter().zip(&prints).zip(&now) {
+                    if was == is {
+                        continue;
+                    }
                     verify_with(t, reg).map_err(|error| {
                         fail(
                             PassError::Verify {
@@ -274,6 +290,7 @@ impl PassManager {
                         )
                     })?;
                 }
+                prints = now;
             }
             for (t, before) in traces(p).into_iter().zip(&returns) {
                 verify_return_types(t, before).map_err(|error| {
@@ -297,6 +314,25 @@ impl PassManager {
                 time,
                 changed,
             });
+        }
+        if !self.verify_each && self.verify_at_end {
+            for ((t, was), is) in traces(p)
+                .into_iter()
+                .zip(&start_prints)
+                .zip(fingerprints(p))
+            {
+                if *was != is {
+                    verify_with(t, reg).map_err(|error| {
+                        fail(
+                            PassError::VerifyAtEnd {
+                                pipeline: self.pipeline(),
+                                error,
+                            },
+                            "<end>",
+                        )
+                    })?;
+                }
+            }
         }
         report.stats = cx.stats;
         report.notes = cx.notes;

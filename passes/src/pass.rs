@@ -258,6 +258,15 @@ pub enum PassError {
         /// Every violation.
         error: VerifyError,
     },
+    /// The verifier rejected the pipeline's output (verification after each pass was off, so
+    /// the pass that broke it is not known).
+    #[error("the IR is invalid after the pipeline `{pipeline}` (verification after each pass was off): {error}")]
+    VerifyAtEnd {
+        /// The pipeline.
+        pipeline: String,
+        /// Every violation.
+        error: VerifyError,
+    },
     /// The verifier rejected the pipeline's input.
     #[error("the input is invalid (before any pass): {0}")]
     InvalidInput(VerifyError),

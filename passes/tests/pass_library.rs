@@ -140,3 +140,100 @@ fn a_registered_pass_prints_back_with_its_options() {
         .collect();
     assert!(prov.ends_with(&["scale-mark(factor=3)", "backward(scale-mark)"]), "{prov:?}");
 }
+
+/// Breaks a trace the way a buggy pass would: its schedule reversed (uses before definitions).
+fn corrupt(t: &mut Trace) {
+    let mut order = t.schedule().to_vec();
+    order.reverse();
+    t.set_schedule(order);
+}
+
+/// A program-level pass that breaks the backward but says it changed the forward.
+struct WrongTrace;
+
+impl Pass for WrongTrace {
+    fn name(&self) -> &str {
+        "wrong-trace"
+    }
+    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+        corrupt(&mut p.backward);
+        cx.changed_trace(true);
+        Ok(Changed::Yes)
+    }
+}
+
+/// Bug 6: the manager verifies what a pass changed (by fingerprint), not what it says it
+/// changed; and with verification after each pass off, once at the end.
+#[test]
+fn verification_follows_what_changed_and_runs_at_the_end() {
+    let program = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    // names the wrong trace
+    let mut pm = PassManager::new();
+    pm.add(WrongTrace);
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(
+        matches!(&e.error, PassError::Verify { pass, error } if pass == "wrong-trace" && error.trace == program.backward.name),
+        "{e}"
+    );
+    // says it changed nothing
+    let mut pm = PassManager::new();
+    pm.add_trace_pass(FnPass("liar", |t: &mut Trace| {
+        if t.kind == TraceKind::Backward {
+            corrupt(t);
+        }
+        Changed::No
+    }));
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(
+        matches!(&e.error, PassError::Verify { pass, .. } if pass == "liar"),
+        "{e}"
+    );
+    // verification after each pass off: caught once, at the end
+    pm.verify_each = false;
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(
+        matches!(&e.error, PassError::VerifyAtEnd { pipeline, .. } if pipeline == "liar"),
+        "{e}"
+    );
+    pm.verify_at_end = false;
+    pm.run(&mut program.clone(), OpRegistry::builtin()).unwrap();
+    // a pass that changes nothing passes, whatever it says
+    let mut pm = PassManager::new();
+    pm.add_trace_pass(FnPass("idle", |_: &mut Trace| Changed::Yes));
+    pm.run(&mut program.clone(), OpRegistry::builtin()).unwrap();
+}
+
+/// The fingerprint sees every edit a pass can make, and not the provenance the manager adds.
+#[test]
+fn the_fingerprint_changes_with_the_trace_and_not_with_its_provenance() {
+    let mut t = parse_trace(INT_MUL).unwrap();
+    let f = t.fingerprint();
+    assert_eq!(t.clone().fingerprint(), f);
+    t.provenance.push(Provenance {
+        pass: "x".into(),
+        millis: None,
+    });
+    assert_eq!(t.fingerprint(), f);
+    let y = t.find_value("y").unwrap();
+    let x = t.find_value("x").unwrap();
+    let mut u = t.clone();
+    u.set_ty(y, u.ty(x).unwrap().clone());
+    assert_ne!(u.fingerprint(), f);
+    let mut u = t.clone();
+    let p = u.producer(y).unwrap();
+    let node = u.node(p).unwrap().clone();
+    let mut rw = Rewriter::new();
+    // the same op on another literal, in place (the slot may be reused)
+    rw.replace(
+        p,
+        node.with_operands(vec![Arg::Value(x), Arg::Float(2.0)], vec![y]),
+    );
+    rw.apply(&mut u).unwrap();
+    assert_ne!(u.fingerprint(), f);
+}
