@@ -114,7 +114,9 @@ pub use catalog::build_pass;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
-pub use manager::{timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport};
+pub use manager::{
+    reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,
+};
 pub use no_sync::NoSync;
 pub use pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
 pub use pipeline::{parse_pipeline, print_pipeline, Anchor, PassSpec};

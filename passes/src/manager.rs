@@ -78,7 +78,8 @@ impl Reproducer {
     }
 }
 
-/// Failure of a run: the error, and the reproducer written for it (if any).
+/// Failure of a run: the error, the reproducer written for it (if any), and what the passes
+/// before it reported.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}{}", reproducer.as_ref().map(|p| format!("\nreproducer written to {}", p.display())).unwrap_or_default())]
 pub struct RunError {
@@ -86,6 +87,49 @@ pub struct RunError {
     pub error: PassError,
     /// The reproducer file written for it, if any.
     pub reproducer: Option<PathBuf>,
+    /// What the run reported up to the failure: the passes that ran, their statistics and
+    /// the IR dumps asked for (the IR after the last good pass shows what the failing one
+    /// was given).
+    pub report: Box<RunReport>,
+}
+
+impl RunError {
+    /// A failure outside a run (building its passes): no reproducer, nothing reported.
+    pub fn new(error: PassError) -> RunError {
+        RunError {
+            error,
+            reproducer: None,
+            report: Box::default(),
+        }
+    }
+}
+
+/// Where the next reproducer in `dir` goes: `tracepass-reproducer-<pid>-<n>.json`, numbered
+/// per process, past any file already there, so that several failures of one process each
+/// keep their own.
+pub fn reproducer_path(dir: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!(
+            "tracepass-reproducer-{}-{n}.json",
+            std::process::id()
+        ));
+        if !path.exists() {
+            return path;
+        }
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".into()
+    }
 }
 
 impl PassManager {
@@ -215,15 +259,28 @@ impl PassManager {
         let input = self.reproducer_dir.as_ref().map(|_| p.clone());
         let mut cx = PassContext::new(reg);
         let mut report = RunReport::default();
-        let fail = |error: PassError, pass: &str| {
+        let fail = |error: PassError, pass: &str, report: &mut RunReport, cx: &mut PassContext| {
             let reproducer = input
                 .as_ref()
                 .and_then(|i| self.write_reproducer(i, pass, &error));
-            RunError { error, reproducer }
+            report.stats = std::mem::take(&mut cx.stats);
+            report.notes = std::mem::take(&mut cx.notes);
+            RunError {
+                error,
+                reproducer,
+                report: Box::new(std::mem::take(report)),
+            }
         };
         if self.verify_each {
             for t in traces(p) {
-                verify_with(t, reg).map_err(|e| fail(PassError::InvalidInput(e), "<input>"))?;
+                if let Err(e) = verify_with(t, reg) {
+                    return Err(fail(
+                        PassError::InvalidInput(e),
+                        "<input>",
+                        &mut report,
+                        &mut cx,
+                    ));
+                }
             }
         }
         // what each trace was when last verified (or at the start): a pass is checked on what
@@ -252,8 +309,20 @@ impl PassManager {
             };
             let start = Instant::now();
             cx.touched = [false; 2];
-            let changed = pass.run(p, &mut cx).map_err(|e| fail(e, &name))?;
+            // a panicking pass is an error like any other (the program may be half rewritten)
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass.run(p, &mut cx)));
             let time = start.elapsed();
+            let changed = match ran {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(fail(e, &name, &mut report, &mut cx)),
+                Err(payload) => {
+                    let error = PassError::Panicked {
+                        pass: name.clone(),
+                        message: panic_message(payload.as_ref()),
+                    };
+                    return Err(fail(error, &name, &mut report, &mut cx));
+                }
+            };
             // the traces the pass changed; a program-level pass that names none may have
             // changed either
             let [fwd, bwd] = cx.touched;
@@ -280,28 +349,24 @@ impl PassManager {
                     if was == is {
                         continue;
                     }
-                    verify_with(t, reg).map_err(|error| {
-                        fail(
-                            PassError::Verify {
-                                pass: name.clone(),
-                                error,
-                            },
-                            &name,
-                        )
-                    })?;
+                    if let Err(error) = verify_with(t, reg) {
+                        let error = PassError::Verify {
+                            pass: name.clone(),
+                            error,
+                        };
+                        return Err(fail(error, &name, &mut report, &mut cx));
+                    }
                 }
                 prints = now;
             }
             for (t, before) in traces(p).into_iter().zip(&returns) {
-                verify_return_types(t, before).map_err(|error| {
-                    fail(
-                        PassError::Verify {
-                            pass: name.clone(),
-                            error,
-                        },
-                        &name,
-                    )
-                })?;
+                if let Err(error) = verify_return_types(t, before) {
+                    let error = PassError::Verify {
+                        pass: name.clone(),
+                        error,
+                    };
+                    return Err(fail(error, &name, &mut report, &mut cx));
+                }
             }
             if self.print_ir.after_all
                 || self.print_ir.after.contains(&name)
@@ -322,15 +387,13 @@ impl PassManager {
                 .zip(fingerprints(p))
             {
                 if *was != is {
-                    verify_with(t, reg).map_err(|error| {
-                        fail(
-                            PassError::VerifyAtEnd {
-                                pipeline: self.pipeline(),
-                                error,
-                            },
-                            "<end>",
-                        )
-                    })?;
+                    if let Err(error) = verify_with(t, reg) {
+                        let error = PassError::VerifyAtEnd {
+                            pipeline: self.pipeline(),
+                            error,
+                        };
+                        return Err(fail(error, "<end>", &mut report, &mut cx));
+                    }
                 }
             }
         }
@@ -351,7 +414,7 @@ impl PassManager {
                 Module::Program(input.clone())
             },
         };
-        let path = dir.join(format!("tracepass-reproducer-{}.json", std::process::id()));
+        let path = reproducer_path(dir);
         let bytes = serde_json::to_vec_pretty(&repro).ok()?;
         tracepass_ir::fsio::write_atomic(&path, &bytes).ok()?;
         Some(path)

@@ -242,6 +242,14 @@ pub enum PassError {
         /// Why.
         message: String,
     },
+    /// A pass panicked (a bug in the pass); the manager caught it.
+    #[error("pass `{pass}` failed: internal error: panicked: {message}")]
+    Panicked {
+        /// The pass.
+        pass: String,
+        /// The panic's message.
+        message: String,
+    },
     /// A pass's edits could not be applied.
     #[error("pass `{pass}`: {error}")]
     Rewrite {

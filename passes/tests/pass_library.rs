@@ -237,3 +237,35 @@ fn the_fingerprint_changes_with_the_trace_and_not_with_its_provenance() {
     rw.apply(&mut u).unwrap();
     assert_ne!(u.fingerprint(), f);
 }
+
+/// Bug 8: a panicking pass is caught by the manager; what ran before it (IR dumps, stats)
+/// comes back with the error; each failure of one process keeps its own reproducer.
+#[test]
+fn failures_keep_what_came_before_and_their_own_reproducers() {
+    let program = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut pm = PassManager::parse("dce").unwrap();
+    pm.add_trace_pass(FnPass("boom", |_: &mut Trace| panic!("boom went the pass")));
+    pm.print_ir.after_all = true;
+    pm.reproducer_dir = Some(dir.path().to_path_buf());
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(
+        matches!(&e.error, PassError::Panicked { pass, message } if pass == "boom" && message == "boom went the pass"),
+        "{e}"
+    );
+    assert_eq!(e.report.timings.len(), 1, "dce ran");
+    assert_eq!(e.report.dumps.len(), 1);
+    assert!(e.report.dumps[0].starts_with("// ----- IR after dce -----"));
+    assert!(e.report.stats.iter().any(|(k, _)| k == "dce.removed"));
+    let first = e.reproducer.clone().expect("a reproducer");
+    let again = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    let second = again.reproducer.expect("a reproducer");
+    assert_ne!(first, second);
+    assert!(first.exists() && second.exists());
+    let r = Reproducer::load(&first).unwrap();
+    assert_eq!((r.pipeline.as_str(), r.failed_pass.as_str()), ("dce,boom", "boom"));
+}

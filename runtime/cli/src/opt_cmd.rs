@@ -88,12 +88,11 @@ enum PassFault {
 }
 
 /// A pass as `opt` runs it: the IR printed as it goes (so a later failure still shows what came
-/// before), a panic turned into an error and remembered as an internal failure.
+/// before); the manager turns a panic into [`PassError::Panicked`].
 struct Watched {
     inner: Box<dyn Pass>,
     print: std::rc::Rc<PrintIr>,
     fault: Option<PassFault>,
-    panicked: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
 fn dump(heading: &str, p: &Program) {
@@ -115,31 +114,16 @@ impl Pass for Watched {
         if self.print.before.contains(&name) {
             dump(&format!("IR before {name}"), p);
         }
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let r = self.inner.run(p, cx);
-            match self.fault {
-                Some(PassFault::Panic) => panic!("injected fault: pass `{name}` panics"),
-                Some(PassFault::Corrupt) => {
-                    let mut order = p.backward.schedule().to_vec();
-                    order.reverse();
-                    p.backward.set_schedule(order);
-                    r.map(|_| Changed::Yes)
-                }
-                None => r,
+        let r = self.inner.run(p, cx);
+        let changed = match self.fault {
+            Some(PassFault::Panic) => panic!("injected fault: pass `{name}` panics"),
+            Some(PassFault::Corrupt) => {
+                let mut order = p.backward.schedule().to_vec();
+                order.reverse();
+                p.backward.set_schedule(order);
+                r.map(|_| Changed::Yes)?
             }
-        }));
-        let changed = match r {
-            Ok(r) => r?,
-            Err(payload) => {
-                self.panicked.set(true);
-                return Err(PassError::Failed {
-                    pass: name,
-                    message: format!(
-                        "internal error: panicked: {}",
-                        tracepass_runtime::train::panic_message(payload)
-                    ),
-                });
-            }
+            None => r?,
         };
         if self.print.after_all
             || self.print.after.contains(&name)
@@ -224,7 +208,6 @@ pub fn run(args: OptArgs) -> Result<()> {
         after_all: args.print_ir_after_all,
         after_change: args.print_ir_after_change,
     });
-    let panicked = std::rc::Rc::new(std::cell::Cell::new(false));
     let mut pm = PassManager::new();
     for spec in &specs {
         pm.add_boxed(Box::new(Watched {
@@ -240,7 +223,6 @@ pub fn run(args: OptArgs) -> Result<()> {
                 .as_ref()
                 .filter(|(p, _)| *p == spec.name)
                 .map(|(_, k)| *k),
-            panicked: panicked.clone(),
         }));
     }
     pm.verify_each = !args.no_verify;
@@ -248,7 +230,12 @@ pub fn run(args: OptArgs) -> Result<()> {
     let report = match pm.run(&mut program, registry()) {
         Ok(r) => r,
         Err(e) => {
-            let internal = panicked.get() || matches!(e.error, PassError::Verify { .. });
+            let internal = matches!(
+                e.error,
+                PassError::Panicked { .. }
+                    | PassError::Verify { .. }
+                    | PassError::VerifyAtEnd { .. }
+            );
             if !internal || args.reproduce.is_some() {
                 return Err(e.error.into());
             }
@@ -301,7 +288,9 @@ fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result
     let input = args.input.as_deref().context("no input file")?;
     let (p, lone) = load_input(input, args.forward.as_deref(), args.prologue.as_deref())?;
     let failed_pass = match error {
-        PassError::Failed { pass, .. } | PassError::Verify { pass, .. } => pass.clone(),
+        PassError::Failed { pass, .. }
+        | PassError::Panicked { pass, .. }
+        | PassError::Verify { pass, .. } => pass.clone(),
         _ => "<input>".to_string(),
     };
     let repro = Reproducer {
@@ -322,7 +311,7 @@ fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result
         },
         (None, None) => PathBuf::from("."),
     };
-    let path = dir.join(format!("tracepass-reproducer-{}.json", std::process::id()));
+    let path = tracepass_passes::reproducer_path(&dir);
     fsio::write_atomic(&path, &serde_json::to_vec_pretty(&repro)?)?;
     Ok(path)
 }
