@@ -5,12 +5,12 @@
 //! once, it works in pipeline strings next to the built-in passes.
 //!
 //! ```sh
-//! cargo run -p tracepass-passes --example opt -- FILE.trace 'drop-mul-one,backward(dce)'
+//! cargo run -p tracepass-passes --example opt -- testdata/models/mlp 'drop-mul-one,backward(dce)'
 //! cargo run -p tracepass-passes --example opt              # a built-in example trace
 //! cargo run -p tracepass-passes --example opt -- --help     # every pass and option
 //! ```
 
-use tracepass_ir::{fsio, parse_trace, print_trace, Arg, Module, OpRegistry, Program, Rewriter};
+use tracepass_ir::{fsio, parse_trace, print_trace, Arg, OpRegistry, Program, Rewriter};
 use tracepass_passes::{
     Changed, PassContext, PassDecl, PassError, PassLevel, PassManager, PassRegistry, TracePass,
 };
@@ -78,10 +78,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let (mut program, pipeline) = match args.as_slice() {
-        [file, pipeline] => match fsio::load(std::path::Path::new(file))? {
-            Module::Trace(t) => (Program::lone(t), pipeline.clone()),
-            Module::Program(p) => (p, pipeline.clone()),
-        },
+        // a trace or program file, or an export directory
+        [file, pipeline] => (
+            fsio::load(std::path::Path::new(file))?.into_program().0,
+            pipeline.clone(),
+        ),
         [] => (
             Program::lone(parse_trace(EXAMPLE)?),
             "drop-mul-one,dce".to_string(),
