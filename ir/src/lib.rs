@@ -44,6 +44,7 @@ mod meta;
 mod name_table;
 mod name_text;
 pub mod node;
+pub mod op;
 pub mod op_name;
 mod op_table;
 pub mod parse;

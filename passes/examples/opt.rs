@@ -10,7 +10,7 @@
 //! cargo run -p tracepass-passes --example opt -- --help     # every pass and option
 //! ```
 
-use tracepass_ir::{fsio, parse_trace, print_trace, Arg, OpRegistry, Program, Rewriter};
+use tracepass_ir::{fsio, op, parse_trace, print_trace, Arg, OpRegistry, Program, Rewriter};
 use tracepass_passes::{
     Changed, PassContext, PassDecl, PassError, PassLevel, PassManager, PassRegistry, TracePass,
 };
@@ -37,8 +37,8 @@ impl TracePass for DropMulOne {
         let mut rw = Rewriter::new();
         let mut n = 0;
         for (idx, node) in t.nodes() {
-            let is_mul = node.op == "prims.mul" || node.op == "ltorch.mul";
-            let (true, [a, b], [y]) = (is_mul, node.args(), node.outputs()) else {
+            // `op::MUL`: `prims.mul` and `ltorch.mul` (`torch.mul`, `Tensor.__mul__`)
+            let (true, [a, b], [y]) = (op::MUL.matches(node), node.args(), node.outputs()) else {
                 continue;
             };
             // the constant on either side: `torch.mul(1.0, t)` is as common as `t * 1.0`
