@@ -101,6 +101,7 @@ pub mod api;
 pub mod catalog;
 pub mod cse;
 pub mod dce;
+pub mod instrument;
 pub mod ddp;
 pub mod manager;
 pub mod no_sync;
@@ -113,6 +114,7 @@ pub use accumulate::AccumulateGrads;
 pub use catalog::build_pass;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use instrument::{dump_program, IrPrinter, PassInstrumentation, ReproducerWriter};
 pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
 pub use manager::{
     reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,

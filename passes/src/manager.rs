@@ -1,6 +1,7 @@
 //! The PassManager: runs a pipeline with verification after every pass, IR printing, timing, and
 //! a reproducer file when a pass fails.
 
+use crate::instrument::{IrPrinter, PassInstrumentation, ReproducerWriter};
 use crate::pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
 use crate::pipeline::{parse_pipeline, print_pipeline, PassSpec};
 use crate::registry::{BuiltPass, PassRegistry};
@@ -8,8 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tracepass_ir::{
-    print_trace, verify_return_types, verify_with, Module, OpRegistry, Program, Provenance,
-    ReturnTypes, Trace,
+    verify_return_types, verify_with, Module, OpRegistry, Program, Provenance, ReturnTypes, Trace,
 };
 
 /// When to print the IR (every trace of the program: forward, then backward).
@@ -28,6 +28,8 @@ pub struct PrintIr {
 /// A pass pipeline and how to run it.
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
+    /// Hooks around every pass ([`PassManager::instrument`]).
+    instrumentations: std::cell::RefCell<Vec<Box<dyn PassInstrumentation>>>,
     /// Verify every trace before the first pass, and after each pass every trace whose
     /// [fingerprint](Trace::fingerprint) changed, whatever the pass says it changed (on by
     /// default).
@@ -137,6 +139,7 @@ impl PassManager {
     pub fn new() -> PassManager {
         PassManager {
             passes: Vec::new(),
+            instrumentations: Default::default(),
             verify_each: true,
             verify_at_end: true,
             print_ir: PrintIr::default(),
@@ -240,46 +243,71 @@ impl PassManager {
         print_pipeline(&specs)
     }
 
-    fn dump(&self, report: &mut RunReport, heading: String, p: &Program) {
-        let mut s = format!("// ----- {heading} -----\n");
-        if p.is_lone() {
-            s += &print_trace(&p.backward);
-        } else {
-            s += &print_trace(&p.forward);
-            s += &print_trace(&p.backward);
-        }
-        report.dumps.push(s);
+    /// Adds an instrumentation: its hooks run around every pass of every later run, after
+    /// the manager's own IR printing and reproducer.
+    pub fn instrument(&mut self, i: impl PassInstrumentation + 'static) -> &mut Self {
+        self.instrumentations.get_mut().push(Box::new(i));
+        self
     }
 
     /// Runs every pass in order on `p`; with `verify_each`, verifies the input and, after each
-    /// pass that changed something, the traces it changed.
+    /// pass, every trace it changed.
     pub fn run(&self, p: &mut Program, reg: &OpRegistry) -> Result<RunReport, RunError> {
+        let mut user = self.instrumentations.borrow_mut();
+        // the manager's own printing and reproducer are instrumentations too, run first
+        let dumps = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let sink = dumps.clone();
+        let mut printer = IrPrinter::new(self.print_ir.clone(), move |d| sink.borrow_mut().push(d));
         // the input is kept only when a failure would write a reproducer of it (a copy of a
         // million-node program costs more than the passes)
-        let input = self.reproducer_dir.as_ref().map(|_| p.clone());
+        let mut repro = self.reproducer_dir.as_ref().map(ReproducerWriter::new);
+        let mut hooks: Vec<&mut dyn PassInstrumentation> = vec![&mut printer];
+        if let Some(r) = repro.as_mut() {
+            hooks.push(r);
+        }
+        hooks.extend(user.iter_mut().map(|b| &mut **b as &mut dyn PassInstrumentation));
+        let pipeline = self.pipeline();
+        for h in hooks.iter_mut() {
+            h.before_pipeline(p, &pipeline);
+        }
         let mut cx = PassContext::new(reg);
         let mut report = RunReport::default();
-        let fail = |error: PassError, pass: &str, report: &mut RunReport, cx: &mut PassContext| {
-            let reproducer = input
-                .as_ref()
-                .and_then(|i| self.write_reproducer(i, pass, &error));
-            report.stats = std::mem::take(&mut cx.stats);
-            report.notes = std::mem::take(&mut cx.notes);
-            RunError {
+        let r = self.run_hooked(p, reg, &mut hooks, &mut cx, &mut report);
+        drop(hooks);
+        report.dumps = std::mem::take(&mut *dumps.borrow_mut());
+        report.stats = std::mem::take(&mut cx.stats);
+        report.notes = std::mem::take(&mut cx.notes);
+        match r {
+            Ok(()) => Ok(report),
+            Err(error) => Err(RunError {
                 error,
-                reproducer,
-                report: Box::new(std::mem::take(report)),
+                reproducer: repro.and_then(|r| r.written),
+                report: Box::new(report),
+            }),
+        }
+    }
+
+    fn run_hooked(
+        &self,
+        p: &mut Program,
+        reg: &OpRegistry,
+        hooks: &mut [&mut dyn PassInstrumentation],
+        cx: &mut PassContext,
+        report: &mut RunReport,
+    ) -> Result<(), PassError> {
+        let fail = |error: PassError,
+                    pass: &str,
+                    p: &Program,
+                    hooks: &mut [&mut dyn PassInstrumentation]| {
+            for h in hooks.iter_mut() {
+                h.after_failure(pass, p, &error);
             }
+            error
         };
         if self.verify_each {
             for t in traces(p) {
                 if let Err(e) = verify_with(t, reg) {
-                    return Err(fail(
-                        PassError::InvalidInput(e),
-                        "<input>",
-                        &mut report,
-                        &mut cx,
-                    ));
+                    return Err(fail(PassError::InvalidInput(e), "<input>", p, hooks));
                 }
             }
         }
@@ -297,8 +325,8 @@ impl PassManager {
         let mut prints = start_prints.clone();
         for pass in &self.passes {
             let name = pass.name().to_string();
-            if self.print_ir.before.contains(&name) {
-                self.dump(&mut report, format!("IR before {name}"), p);
+            for h in hooks.iter_mut() {
+                h.before_pass(pass.as_ref(), p);
             }
             // what each trace returns, which no pass may change (a fold that turns an f32
             // result into its i64 operand leaves a valid trace of the wrong type)
@@ -310,17 +338,17 @@ impl PassManager {
             let start = Instant::now();
             cx.touched = [false; 2];
             // a panicking pass is an error like any other (the program may be half rewritten)
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass.run(p, &mut cx)));
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass.run(p, cx)));
             let time = start.elapsed();
             let changed = match ran {
                 Ok(Ok(c)) => c,
-                Ok(Err(e)) => return Err(fail(e, &name, &mut report, &mut cx)),
+                Ok(Err(e)) => return Err(fail(e, &name, p, hooks)),
                 Err(payload) => {
                     let error = PassError::Panicked {
                         pass: name.clone(),
                         message: panic_message(payload.as_ref()),
                     };
-                    return Err(fail(error, &name, &mut report, &mut cx));
+                    return Err(fail(error, &name, p, hooks));
                 }
             };
             // the traces the pass changed; a program-level pass that names none may have
@@ -345,79 +373,62 @@ impl PassManager {
             // names the wrong trace, is checked all the same)
             if self.verify_each {
                 let now = fingerprints(p);
+                let mut bad = None;
                 for ((t, was), is) in traces(p).into_iter().zip(&prints).zip(&now) {
-                    if was == is {
-                        continue;
-                    }
-                    if let Err(error) = verify_with(t, reg) {
-                        let error = PassError::Verify {
-                            pass: name.clone(),
-                            error,
-                        };
-                        return Err(fail(error, &name, &mut report, &mut cx));
+                    if was != is {
+                        if let Err(error) = verify_with(t, reg) {
+                            bad = Some(error);
+                            break;
+                        }
                     }
                 }
-                prints = now;
-            }
-            for (t, before) in traces(p).into_iter().zip(&returns) {
-                if let Err(error) = verify_return_types(t, before) {
+                if bad.is_none() {
+                    for (t, before) in traces(p).into_iter().zip(&returns) {
+                        if let Err(error) = verify_return_types(t, before) {
+                            bad = Some(error);
+                            break;
+                        }
+                    }
+                }
+                if let Some(error) = bad {
                     let error = PassError::Verify {
                         pass: name.clone(),
                         error,
                     };
-                    return Err(fail(error, &name, &mut report, &mut cx));
+                    return Err(fail(error, &name, p, hooks));
                 }
+                prints = now;
             }
-            if self.print_ir.after_all
-                || self.print_ir.after.contains(&name)
-                || (self.print_ir.after_change && changed == Changed::Yes)
-            {
-                self.dump(&mut report, format!("IR after {name}"), p);
-            }
-            report.timings.push(PassTiming {
+            let timing = PassTiming {
                 pass: pass.spec(),
                 time,
                 changed,
-            });
+            };
+            for h in hooks.iter_mut() {
+                h.after_pass(pass.as_ref(), p, &timing);
+            }
+            report.timings.push(timing);
         }
         if !self.verify_each && self.verify_at_end {
-            for ((t, was), is) in traces(p)
-                .into_iter()
-                .zip(&start_prints)
-                .zip(fingerprints(p))
-            {
-                if *was != is {
+            let now = fingerprints(p);
+            let mut bad = None;
+            for ((t, was), is) in traces(p).into_iter().zip(&start_prints).zip(&now) {
+                if was != is {
                     if let Err(error) = verify_with(t, reg) {
-                        let error = PassError::VerifyAtEnd {
-                            pipeline: self.pipeline(),
-                            error,
-                        };
-                        return Err(fail(error, "<end>", &mut report, &mut cx));
+                        bad = Some(error);
+                        break;
                     }
                 }
             }
+            if let Some(error) = bad {
+                let error = PassError::VerifyAtEnd {
+                    pipeline: self.pipeline(),
+                    error,
+                };
+                return Err(fail(error, "<end>", p, hooks));
+            }
         }
-        report.stats = cx.stats;
-        report.notes = cx.notes;
-        Ok(report)
-    }
-
-    fn write_reproducer(&self, input: &Program, pass: &str, error: &PassError) -> Option<PathBuf> {
-        let dir = self.reproducer_dir.as_ref()?;
-        let repro = Reproducer {
-            pipeline: self.pipeline(),
-            failed_pass: pass.to_string(),
-            error: error.to_string(),
-            input: if input.is_lone() {
-                Module::Trace(input.backward.clone())
-            } else {
-                Module::Program(input.clone())
-            },
-        };
-        let path = reproducer_path(dir);
-        let bytes = serde_json::to_vec_pretty(&repro).ok()?;
-        tracepass_ir::fsio::write_atomic(&path, &bytes).ok()?;
-        Some(path)
+        Ok(())
     }
 }
 

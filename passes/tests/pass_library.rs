@@ -269,3 +269,66 @@ fn failures_keep_what_came_before_and_their_own_reproducers() {
     let r = Reproducer::load(&first).unwrap();
     assert_eq!((r.pipeline.as_str(), r.failed_pass.as_str()), ("dce,boom", "boom"));
 }
+
+/// Instrumentation: hooks around every pass, the manager's own printing built on them.
+#[test]
+fn instrumentation_sees_every_pass_and_failure() {
+    use std::{cell::RefCell, rc::Rc};
+    #[derive(Default)]
+    struct Log(Rc<RefCell<Vec<String>>>);
+    impl PassInstrumentation for Log {
+        fn before_pipeline(&mut self, _: &Program, pipeline: &str) {
+            self.0.borrow_mut().push(format!("start {pipeline}"));
+        }
+        fn before_pass(&mut self, pass: &dyn Pass, _: &Program) {
+            self.0.borrow_mut().push(format!("before {}", pass.spec()));
+        }
+        fn after_pass(&mut self, pass: &dyn Pass, _: &Program, run: &PassTiming) {
+            self.0
+                .borrow_mut()
+                .push(format!("after {} {:?}", pass.spec(), run.changed));
+        }
+        fn after_failure(&mut self, pass: &str, _: &Program, error: &PassError) {
+            let kind = match error {
+                PassError::Verify { .. } => "verify",
+                _ => "other",
+            };
+            self.0.borrow_mut().push(format!("failed {pass} {kind}"));
+        }
+    }
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let mut pm = PassManager::parse("ddp(world_size=2),dce").unwrap();
+    pm.instrument(Log(log.clone()));
+    pm.add_trace_pass(FnPass("breaks", |t: &mut Trace| {
+        corrupt(t);
+        Changed::Yes
+    }));
+    let dumps = Rc::new(RefCell::new(Vec::new()));
+    let sink = dumps.clone();
+    let mut printer = IrPrinter::new(
+        PrintIr {
+            after: vec!["breaks".into()],
+            ..PrintIr::default()
+        },
+        move |d| sink.borrow_mut().push(d),
+    );
+    printer.backward_only = true;
+    pm.instrument(printer);
+    let mut p = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    pm.run(&mut p, OpRegistry::builtin()).unwrap_err();
+    assert_eq!(
+        *log.borrow(),
+        [
+            "start ddp(world_size=2,bucket_mb=25),dce,breaks",
+            "before ddp(world_size=2,bucket_mb=25)",
+            "after ddp(world_size=2,bucket_mb=25) Yes",
+            "before dce",
+            "after dce No",
+            "before breaks",
+            "failed breaks verify",
+        ]
+    );
+    // the IR the verifier rejected, printed for the pass that broke it
+    assert_eq!(dumps.borrow().len(), 1);
+    assert!(dumps.borrow()[0].starts_with("// ----- IR after breaks -----"));
+}

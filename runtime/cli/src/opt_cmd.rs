@@ -6,8 +6,8 @@ use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use tracepass_ir::{fsio, Module, Program};
 use tracepass_passes::{
-    build_pass, timing_table, Changed, Pass, PassContext, PassError, PassManager, PrintIr,
-    Reproducer,
+    build_pass, timing_table, Changed, IrPrinter, Pass, PassContext, PassError, PassManager,
+    PrintIr, Reproducer,
 };
 
 /// The passes a pipeline may name, for help texts.
@@ -87,19 +87,11 @@ enum PassFault {
     Corrupt,
 }
 
-/// A pass as `opt` runs it: the IR printed as it goes (so a later failure still shows what came
-/// before); the manager turns a panic into [`PassError::Panicked`].
+/// A pass as `opt` runs it, with the fault `--inject-fault` asks for (the manager turns a
+/// panic into [`PassError::Panicked`]; an [`IrPrinter`] prints the IR as passes end).
 struct Watched {
     inner: Box<dyn Pass>,
-    print: std::rc::Rc<PrintIr>,
     fault: Option<PassFault>,
-}
-
-fn dump(heading: &str, p: &Program) {
-    eprint!(
-        "// ----- {heading} -----\n{}",
-        tracepass_ir::print_trace(&p.backward)
-    );
 }
 
 impl Pass for Watched {
@@ -111,9 +103,6 @@ impl Pass for Watched {
     }
     fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
         let name = self.inner.name().to_string();
-        if self.print.before.contains(&name) {
-            dump(&format!("IR before {name}"), p);
-        }
         let r = self.inner.run(p, cx);
         let changed = match self.fault {
             Some(PassFault::Panic) => panic!("injected fault: pass `{name}` panics"),
@@ -125,12 +114,6 @@ impl Pass for Watched {
             }
             None => r?,
         };
-        if self.print.after_all
-            || self.print.after.contains(&name)
-            || (self.print.after_change && changed == Changed::Yes)
-        {
-            dump(&format!("IR after {name}"), p);
-        }
         Ok(changed)
     }
 }
@@ -202,12 +185,15 @@ pub fn run(args: OptArgs) -> Result<()> {
         }
         None => None,
     };
-    let print = std::rc::Rc::new(PrintIr {
+    // the backward, to stderr, as each pass ends (a later failure still shows what came before)
+    let when = PrintIr {
         before: args.print_ir_before.clone(),
         after: args.print_ir_after.clone(),
         after_all: args.print_ir_after_all,
         after_change: args.print_ir_after_change,
-    });
+    };
+    let mut printer = IrPrinter::new(when, |dump| eprint!("{dump}"));
+    printer.backward_only = true;
     let mut pm = PassManager::new();
     for spec in &specs {
         pm.add_boxed(Box::new(Watched {
@@ -218,13 +204,13 @@ pub fn run(args: OptArgs) -> Result<()> {
                     anchor: spec.anchor,
                 }),
             },
-            print: print.clone(),
             fault: fault
                 .as_ref()
                 .filter(|(p, _)| *p == spec.name)
                 .map(|(_, k)| *k),
         }));
     }
+    pm.instrument(printer);
     pm.verify_each = !args.no_verify;
     pm.record_time = args.timing;
     let report = match pm.run(&mut program, registry()) {
