@@ -120,7 +120,9 @@ pub use manager::{
     reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,
 };
 pub use no_sync::NoSync;
-pub use pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
+pub use pass::{
+    Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass,
+};
 pub use pipeline::{parse_pipeline, print_pipeline, Anchor, PassSpec};
 pub use registry::{
     BuiltPass, OptionDecl, OptionDefault, OptionKind, OptionValue, OptionValues, PassDecl,

@@ -2,7 +2,9 @@
 //! a reproducer file when a pass fails.
 
 use crate::instrument::{IrPrinter, PassInstrumentation, ReproducerWriter};
-use crate::pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
+use crate::pass::{
+    Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass,
+};
 use crate::pipeline::{parse_pipeline, print_pipeline, PassSpec};
 use crate::registry::{BuiltPass, PassRegistry};
 use serde::{Deserialize, Serialize};
@@ -52,6 +54,8 @@ pub struct RunReport {
     pub timings: Vec<PassTiming>,
     /// The counters passes reported, in order.
     pub stats: Vec<(String, u64)>,
+    /// The same counters with the pass and trace that reported each.
+    pub stat_details: Vec<Stat>,
     /// Named findings of the passes (`ddp.frozen`, `ddp.inputs`), in order.
     pub notes: Vec<(String, String)>,
     /// IR dumps requested with the print options, in order, each with a heading.
@@ -276,6 +280,7 @@ impl PassManager {
         drop(hooks);
         report.dumps = std::mem::take(&mut *dumps.borrow_mut());
         report.stats = std::mem::take(&mut cx.stats);
+        report.stat_details = std::mem::take(&mut cx.stat_details);
         report.notes = std::mem::take(&mut cx.notes);
         match r {
             Ok(()) => Ok(report),
@@ -337,6 +342,7 @@ impl PassManager {
             };
             let start = Instant::now();
             cx.touched = [false; 2];
+            cx.pass = pass.spec();
             // a panicking pass is an error like any other (the program may be half rewritten)
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass.run(p, cx)));
             let time = start.elapsed();

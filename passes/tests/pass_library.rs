@@ -332,3 +332,29 @@ fn instrumentation_sees_every_pass_and_failure() {
     assert_eq!(dumps.borrow().len(), 1);
     assert!(dumps.borrow()[0].starts_with("// ----- IR after breaks -----"));
 }
+
+/// Statistics with their trace: a trace-level pass reports once per trace, and says which.
+#[test]
+fn stats_say_which_pass_and_trace_reported_them() {
+    let mut p = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    let (f, b) = (p.forward.name.clone(), p.backward.name.clone());
+    let r = PassManager::parse("ddp(world_size=2),dce,backward(cse)")
+        .unwrap()
+        .run(&mut p, OpRegistry::builtin())
+        .unwrap();
+    let dce: Vec<(Option<&str>, u64)> = r
+        .stat_details
+        .iter()
+        .filter(|s| s.key == "dce.removed")
+        .map(|s| (s.trace.as_deref(), s.value))
+        .collect();
+    assert_eq!(dce.len(), 2);
+    assert_eq!((dce[0].0, dce[1].0), (Some(f.as_str()), Some(b.as_str())));
+    let ddp = r.stat_details.iter().find(|s| s.key == "ddp.buckets").unwrap();
+    assert_eq!((ddp.pass.as_str(), ddp.trace.as_deref()), ("ddp(world_size=2,bucket_mb=25)", None));
+    let cse = r.stat_details.iter().find(|s| s.key == "cse.removed").unwrap();
+    assert_eq!((cse.pass.as_str(), cse.trace.as_deref()), ("backward(cse)", Some(b.as_str())));
+    // the plain list is the same counters, in the same order
+    let plain: Vec<(String, u64)> = r.stat_details.iter().map(|s| (s.key.clone(), s.value)).collect();
+    assert_eq!(plain, r.stats);
+}
