@@ -98,6 +98,7 @@
 
 pub mod accumulate;
 pub mod api;
+pub mod canonicalize;
 pub mod catalog;
 pub mod cse;
 pub mod dce;
@@ -106,11 +107,13 @@ pub mod ddp;
 pub mod manager;
 pub mod no_sync;
 pub mod pass;
+pub mod patterns;
 pub mod pipeline;
 pub mod registry;
 pub mod sort_waits;
 
 pub use accumulate::AccumulateGrads;
+pub use canonicalize::Canonicalize;
 pub use catalog::build_pass;
 pub use cse::Cse;
 pub use dce::Dce;
