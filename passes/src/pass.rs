@@ -113,7 +113,9 @@ pub trait Pass {
 pub trait TracePass {
     /// The name used in pipelines (`dce`).
     fn name(&self) -> &str;
-    /// The pass with its options, as a pipeline would spell it.
+    /// The pass with its options, as a pipeline would spell it. A pass built by a
+    /// [`crate::PassRegistry`] is printed as its declaration spells its options, whatever this
+    /// says; the default (the name) is for passes added by hand.
     fn spec(&self) -> String {
         self.name().to_string()
     }

@@ -19,6 +19,7 @@ const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
   accumulate-grads  the synchronized step of gradient accumulation (adds acc_* arguments)
   dce               remove dead code
   cse               merge identical pure computations
+  canonicalize      exact algebraic identities (x*1, x/1, x-0, -(-x)) and dead casts
 
 A reproducer (input + pipeline, replay with --reproduce) is written only when a pass fails
 internally (panics or leaves invalid IR): to --reproducer-dir, else next to -o, else the
