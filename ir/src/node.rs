@@ -393,8 +393,12 @@ mod tests {
     /// decomposition comments (they name the old operands).
     #[test]
     fn with_operands_drops_the_decomposition() {
-        let mut n = Node::new("ltorch.relu", vec![Arg::Value(ValueId(0))], vec![ValueId(1)])
-            .with_kwarg("inplace", Arg::Bool(false));
+        let mut n = Node::new(
+            "ltorch.relu",
+            vec![Arg::Value(ValueId(0))],
+            vec![ValueId(1)],
+        )
+        .with_kwarg("inplace", Arg::Bool(false));
         n.set_source(Some("# model.py:3".into()));
         n.set_subsymbols(vec![SubSymbol {
             text: "t1 = prims.gt(t0, 0.0)".into(),

@@ -10,7 +10,7 @@
 //!   parser stores as `ltorch.mul`; a pass that adds a multiplication writes `prims.mul`.
 //!
 //! Printed spellings (`torch.mul`, `Tensor.mul`, `torch_all_reduce_prim_impl`) are mapped to
-//! canonical names when a trace is read ([`crate::OpRegistry::canonical`]), so a handle never
+//! canonical names when a trace is read ([`crate::OpRegistry::resolve`]), so a handle never
 //! needs them; the printer writes a node's original spelling back ([`crate::Node::callee`]).
 //!
 //! ```

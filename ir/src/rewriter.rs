@@ -372,8 +372,7 @@ impl Rewriter {
                         _ => return Err(redefinition(&node.op, v.name)),
                     },
                 }
-                if t.value(*o).is_some_and(|v| v.def != Def::Undefined) && !redefined.insert(*o)
-                {
+                if t.value(*o).is_some_and(|v| v.def != Def::Undefined) && !redefined.insert(*o) {
                     return Err(redefinition(&node.op, &t.name(*o)));
                 }
             }

@@ -123,11 +123,17 @@ mod tests {
     #[test]
     fn drops_mul_one_in_every_spelling_and_only_where_the_type_is_kept() {
         let out = run(EXAMPLE);
-        assert!(!out.contains("mul(") && out.contains("b = prims.neg(x)"), "{out}");
+        assert!(
+            !out.contains("mul(") && out.contains("b = prims.neg(x)"),
+            "{out}"
+        );
         // as exports print it: the constant first, under torch's name
         let torch = "def f(x):\n  # x: \"cpu f32[4]\"\n  a = torch.mul(1.0, x)  # a: \"cpu f32[4]\"\n  b = prims.neg(a)  # b: \"cpu f32[4]\"\n  return b\n";
         let out = run(torch);
-        assert!(!out.contains("mul(") && out.contains("b = prims.neg(x)"), "{out}");
+        assert!(
+            !out.contains("mul(") && out.contains("b = prims.neg(x)"),
+            "{out}"
+        );
         // an integer times 1.0 is a float: kept
         let int = "def f(x):\n  # x: \"cpu i64[4]\"\n  a = prims.mul(x, 1.0)  # a: \"cpu f32[4]\"\n  return a\n";
         assert!(run(int).contains("a = prims.mul(x, 1.0)"));

@@ -99,9 +99,7 @@ impl DdpPlugin {
     /// Runs the transforms on a program and records `broadcast_from`.
     pub fn apply(&self, program: &mut Program, world_size: usize) -> Result<(), RunError> {
         let mut pm = PassManager::new();
-        let passes = self
-            .setup_transforms(world_size)
-            .map_err(RunError::new)?;
+        let passes = self.setup_transforms(world_size).map_err(RunError::new)?;
         for p in passes {
             pm.add_boxed(p);
         }

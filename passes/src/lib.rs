@@ -105,8 +105,8 @@ pub mod canonicalize;
 pub mod catalog;
 pub mod cse;
 pub mod dce;
-pub mod instrument;
 pub mod ddp;
+pub mod instrument;
 pub mod manager;
 pub mod no_sync;
 pub mod pass;
@@ -120,15 +120,13 @@ pub use canonicalize::Canonicalize;
 pub use catalog::build_pass;
 pub use cse::Cse;
 pub use dce::Dce;
-pub use instrument::{dump_program, IrPrinter, PassInstrumentation, ReproducerWriter};
 pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
+pub use instrument::{dump_program, IrPrinter, PassInstrumentation, ReproducerWriter};
 pub use manager::{
     reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,
 };
 pub use no_sync::NoSync;
-pub use pass::{
-    Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass,
-};
+pub use pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass};
 pub use pipeline::{parse_pipeline, print_pipeline, Anchor, PassSpec};
 pub use registry::{
     BuiltPass, OptionDecl, OptionDefault, OptionKind, OptionValue, OptionValues, PassDecl,

@@ -2,9 +2,7 @@
 //! a reproducer file when a pass fails.
 
 use crate::instrument::{IrPrinter, PassInstrumentation, ReproducerWriter};
-use crate::pass::{
-    Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass,
-};
+use crate::pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass};
 use crate::pipeline::{parse_pipeline, print_pipeline, PassSpec};
 use crate::registry::{BuiltPass, PassRegistry};
 use serde::{Deserialize, Serialize};
@@ -91,8 +89,9 @@ impl Reproducer {
 pub struct RunError {
     /// What went wrong.
     pub error: PassError,
-    /// The reproducer file written for it, if any.
-    pub reproducer: Option<PathBuf>,
+    /// The reproducer file written for it, if any (boxed, as the report: a `Result` of a
+    /// run stays small).
+    pub reproducer: Option<Box<Path>>,
     /// What the run reported up to the failure: the passes that ran, their statistics and
     /// the IR dumps asked for (the IR after the last good pass shows what the failing one
     /// was given).
@@ -269,7 +268,10 @@ impl PassManager {
         if let Some(r) = repro.as_mut() {
             hooks.push(r);
         }
-        hooks.extend(user.iter_mut().map(|b| &mut **b as &mut dyn PassInstrumentation));
+        hooks.extend(
+            user.iter_mut()
+                .map(|b| &mut **b as &mut dyn PassInstrumentation),
+        );
         let pipeline = self.pipeline();
         for h in hooks.iter_mut() {
             h.before_pipeline(p, &pipeline);
@@ -286,7 +288,7 @@ impl PassManager {
             Ok(()) => Ok(report),
             Err(error) => Err(RunError {
                 error,
-                reproducer: repro.and_then(|r| r.written),
+                reproducer: repro.and_then(|r| r.written).map(PathBuf::into_boxed_path),
                 report: Box::new(report),
             }),
         }

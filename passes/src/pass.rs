@@ -254,7 +254,9 @@ pub enum PassError {
     },
     /// A declaration registered at the other level (`register_trace_pass` of a program-level
     /// declaration).
-    #[error("pass `{name}` is declared {declared}-level but registered as a {registered}-level pass")]
+    #[error(
+        "pass `{name}` is declared {declared}-level but registered as a {registered}-level pass"
+    )]
     WrongLevel {
         /// The name.
         name: String,

@@ -101,7 +101,10 @@ pub struct Bindings {
 impl Bindings {
     /// The value bound to `name`.
     pub fn get(&self, name: &str) -> Option<ValueId> {
-        self.values.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+        self.values
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
     }
 }
 
@@ -170,10 +173,9 @@ fn match_operand(t: &Trace, a: &Arg, p: &Operand, b: &mut Bindings) -> bool {
 
 /// Whether every reader of `v` is pure.
 fn pure_readers(t: &Trace, v: ValueId, reg: &OpRegistry) -> bool {
-    t.users(v).into_iter().all(|u| {
-        t.node(u)
-            .is_some_and(|n| reg.effect(&n.op) == Effect::Pure)
-    })
+    t.users(v)
+        .into_iter()
+        .all(|u| t.node(u).is_some_and(|n| reg.effect(&n.op) == Effect::Pure))
 }
 
 impl Pattern {

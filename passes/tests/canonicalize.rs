@@ -135,7 +135,11 @@ fn canonicalize_runs_on_every_corpus_export() {
         );
         total += n;
         let after = (p.forward.node_count(), p.backward.node_count());
-        assert!(after.0 <= before.0 && after.1 <= before.1, "{}", e.display());
+        assert!(
+            after.0 <= before.0 && after.1 <= before.1,
+            "{}",
+            e.display()
+        );
         if n > 0 {
             assert!(after.0 + after.1 < before.0 + before.1, "{}", e.display());
         }

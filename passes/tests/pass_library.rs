@@ -16,7 +16,8 @@ impl<F: Fn(&mut Trace) -> Changed> TracePass for FnPass<F> {
     }
 }
 
-const INT_MUL: &str = "def f(x):\n  # x: \"cpu i64[4]\"\n  y = prims.mul(x, 1.0)  # y: \"cpu f32[4]\"\n  return y\n";
+const INT_MUL: &str =
+    "def f(x):\n  # x: \"cpu i64[4]\"\n  y = prims.mul(x, 1.0)  # y: \"cpu f32[4]\"\n  return y\n";
 
 /// Bug 4: folding `x_i64 * 1.0` to `x` leaves a valid trace that returns the wrong type; the
 /// manager checks what each trace returns against what it returned before the pass.
@@ -79,8 +80,7 @@ fn a_declaration_is_registered_at_its_own_level() {
     let mut reg = PassRegistry::new();
     let e = reg
         .register_trace_pass(&PROGRAM_LEVEL, |_| Ok(Nothing))
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert_eq!(
         e.to_string(),
         "pass `nothing` is declared program-level but registered as a trace-level pass"
@@ -138,7 +138,10 @@ fn a_registered_pass_prints_back_with_its_options() {
         .iter()
         .map(|x| x.pass.as_str())
         .collect();
-    assert!(prov.ends_with(&["scale-mark(factor=3)", "backward(scale-mark)"]), "{prov:?}");
+    assert!(
+        prov.ends_with(&["scale-mark(factor=3)", "backward(scale-mark)"]),
+        "{prov:?}"
+    );
 }
 
 /// Breaks a trace the way a buggy pass would: its schedule reversed (uses before definitions).
@@ -267,7 +270,10 @@ fn failures_keep_what_came_before_and_their_own_reproducers() {
     assert_ne!(first, second);
     assert!(first.exists() && second.exists());
     let r = Reproducer::load(&first).unwrap();
-    assert_eq!((r.pipeline.as_str(), r.failed_pass.as_str()), ("dce,boom", "boom"));
+    assert_eq!(
+        (r.pipeline.as_str(), r.failed_pass.as_str()),
+        ("dce,boom", "boom")
+    );
 }
 
 /// Instrumentation: hooks around every pass, the manager's own printing built on them.
@@ -350,11 +356,29 @@ fn stats_say_which_pass_and_trace_reported_them() {
         .collect();
     assert_eq!(dce.len(), 2);
     assert_eq!((dce[0].0, dce[1].0), (Some(f.as_str()), Some(b.as_str())));
-    let ddp = r.stat_details.iter().find(|s| s.key == "ddp.buckets").unwrap();
-    assert_eq!((ddp.pass.as_str(), ddp.trace.as_deref()), ("ddp(world_size=2,bucket_mb=25)", None));
-    let cse = r.stat_details.iter().find(|s| s.key == "cse.removed").unwrap();
-    assert_eq!((cse.pass.as_str(), cse.trace.as_deref()), ("backward(cse)", Some(b.as_str())));
+    let ddp = r
+        .stat_details
+        .iter()
+        .find(|s| s.key == "ddp.buckets")
+        .unwrap();
+    assert_eq!(
+        (ddp.pass.as_str(), ddp.trace.as_deref()),
+        ("ddp(world_size=2,bucket_mb=25)", None)
+    );
+    let cse = r
+        .stat_details
+        .iter()
+        .find(|s| s.key == "cse.removed")
+        .unwrap();
+    assert_eq!(
+        (cse.pass.as_str(), cse.trace.as_deref()),
+        ("backward(cse)", Some(b.as_str()))
+    );
     // the plain list is the same counters, in the same order
-    let plain: Vec<(String, u64)> = r.stat_details.iter().map(|s| (s.key.clone(), s.value)).collect();
+    let plain: Vec<(String, u64)> = r
+        .stat_details
+        .iter()
+        .map(|s| (s.key.clone(), s.value))
+        .collect();
     assert_eq!(plain, r.stats);
 }

@@ -6,7 +6,9 @@ use tracepass_passes::parse_pipeline;
 use tracepass_runtime::{train, ModelSource, TrainConfig, TrainReport};
 
 fn run(export: &str, pipeline: &str) -> TrainReport {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models").join(export);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/models")
+        .join(export);
     let cfg = TrainConfig {
         model: ModelSource::Export(dir),
         world_size: 2,
