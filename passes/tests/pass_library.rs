@@ -382,3 +382,56 @@ fn stats_say_which_pass_and_trace_reported_them() {
         .collect();
     assert_eq!(plain, r.stats);
 }
+
+/// Bug 1 on the corpus: on every export's backward, wrap the first node whose output another
+/// node reads (`v = b * 2.0` before it, its readers read `v`, and it goes); the trace verifies
+/// and `dce`, with verification off, keeps `v`'s producer.
+#[test]
+fn replacing_a_node_by_an_inserted_one_keeps_edges_on_every_export() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models");
+    let mut exports: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("export.json").is_file())
+        .collect();
+    exports.sort();
+    let reg = OpRegistry::builtin();
+    let mut wrapped = 0;
+    for e in &exports {
+        let (mut p, _) = fsio::load(e).unwrap().into_program();
+        let t = &mut p.backward;
+        // a pure node with one float tensor output that a pure `prims.mul` can stand for,
+        // read by another node, reading a value
+        let found = t.nodes().find_map(|(idx, n)| {
+            let [b] = n.outputs() else { return None };
+            let ty = t.ty(*b)?;
+            let x = n.args().iter().find_map(Arg::as_value)?;
+            (reg.effect(&n.op) == Effect::Pure
+                && ty.as_tensor().is_some_and(|tt| tt.dtype.is_float())
+                && t.ty(x) == Some(ty)
+                && !t.users(*b).is_empty())
+            .then_some((idx, *b, x, ty.clone()))
+        });
+        let Some((pb, b, x, ty)) = found else {
+            continue;
+        };
+        let name = t.name_gen().fresh("t");
+        let v = t.new_value(name, ty);
+        let mut rw = Rewriter::new();
+        rw.insert_before(
+            pb,
+            Node::new("prims.mul", vec![Arg::Value(x), Arg::Float(2.0)], vec![v]),
+        );
+        rw.replace_all_uses(b, v);
+        rw.erase(pb);
+        rw.apply(t).unwrap();
+        verify(t).unwrap_or_else(|err| panic!("{}: {err}", e.display()));
+        let mut pm = PassManager::parse("dce").unwrap();
+        pm.verify_each = false;
+        pm.run(&mut p, reg).unwrap();
+        assert!(p.backward.producer(v).is_some(), "{}", e.display());
+        assert!(!print_trace(&p.backward).contains("<undefined"));
+        wrapped += 1;
+    }
+    assert_eq!(wrapped, exports.len(), "every export has such a node");
+}

@@ -49,7 +49,8 @@ pub struct OptArgs {
     /// frozen parameters, buffers and inputs it left alone).
     #[arg(long)]
     pub stats: bool,
-    /// Skip verification after each pass.
+    /// Skip verification after each pass (what the pipeline changed is still verified once, at
+    /// the end).
     #[arg(long)]
     pub no_verify: bool,
     /// Print the backward to stderr before each run of PASS (repeatable).
