@@ -128,6 +128,27 @@ impl PartialEq for Arg {
     }
 }
 
+/// Consistent with equality: floats hash by their bits.
+impl std::hash::Hash for Arg {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        std::mem::discriminant(self).hash(h);
+        match self {
+            Arg::Value(v) => v.hash(h),
+            Arg::None | Arg::Ellipsis => {}
+            Arg::Bool(b) => b.hash(h),
+            Arg::Int(i) => i.hash(h),
+            Arg::Float(x) => x.to_bits().hash(h),
+            Arg::Str(s) => s.hash(h),
+            Arg::Tuple(xs) | Arg::List(xs) => xs.hash(h),
+            Arg::Dict(kv) => kv.hash(h),
+            Arg::DType(d, s) => (d, s).hash(h),
+            Arg::Device(d, s) => (d, s).hash(h),
+            Arg::Opaque(o) => o.hash(h),
+            Arg::Slice(s) => s.hash(h),
+        }
+    }
+}
+
 impl Arg {
     /// Calls `f` on every value referenced, depth first, in printed order.
     pub fn for_each_value(&self, f: &mut impl FnMut(ValueId)) {

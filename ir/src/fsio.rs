@@ -84,13 +84,29 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     result.map_err(io_err(path))
 }
 
-/// Loads a trace or program with the built-in registry.
+/// Loads a trace or program file (by extension), or an export directory (the program it
+/// holds), with the built-in registry.
 pub fn load(path: &Path) -> Result<Module, FileError> {
     load_with(path, OpRegistry::builtin())
 }
 
-/// Loads a file whose ops come from `reg`.
+/// Loads a trace or program file, or an export directory, whose ops come from `reg`. A folder
+/// without `export.json` is an error naming it.
 pub fn load_with(path: &Path, reg: &OpRegistry) -> Result<Module, FileError> {
+    if crate::export::is_export_dir(path) {
+        return Ok(Module::Program(
+            crate::export::load_export_with(path, reg)?.program,
+        ));
+    }
+    if path.is_dir() {
+        return Err(FileError::Io {
+            path: path.to_path_buf(),
+            error: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a folder without export.json, not an export directory",
+            ),
+        });
+    }
     let format = Format::from_path(path)?;
     let bytes = fs::read(path).map_err(io_err(path))?;
     decode_as(path, format, &bytes, reg)
@@ -153,4 +169,27 @@ pub fn save(path: &Path, m: &Module) -> Result<(), FileError> {
     let format = Format::from_path(path)?;
     let bytes = encode_as(path, format, m)?;
     write_atomic(path, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue #27: a driver loads an export directory through the library, as the CLI does.
+    #[test]
+    fn load_reads_export_directories_and_refuses_other_folders() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/mlp");
+        let m = load(&dir).unwrap();
+        let (p, lone) = m.into_program();
+        assert!(!lone);
+        assert!(!p.params.is_empty() && p.forward.node_count() > 0);
+        let expected = crate::load_export(&dir).unwrap().program;
+        assert!(p == expected);
+        let empty = tempfile::tempdir().unwrap();
+        let e = load(empty.path()).unwrap_err().to_string();
+        assert!(
+            e.ends_with("is a folder without export.json, not an export directory"),
+            "{e}"
+        );
+    }
 }

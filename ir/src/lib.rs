@@ -44,6 +44,7 @@ mod meta;
 mod name_table;
 mod name_text;
 pub mod node;
+pub mod op;
 pub mod op_name;
 mod op_table;
 pub mod parse;
@@ -87,4 +88,4 @@ pub use types::{
     broadcast_shapes, DType, Device, DeviceKind, Shape, TensorType, Type, MAX_TENSOR_BYTES,
 };
 pub use value::{Def, Name, ValueId, ValueIdMap, ValueIdSet, ValueRef};
-pub use verify::{verify, verify_with, Diagnostic, VerifyError};
+pub use verify::{verify, verify_return_types, verify_with, Diagnostic, ReturnTypes, VerifyError};

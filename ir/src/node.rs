@@ -124,14 +124,20 @@ impl Node {
     pub fn outputs(&self) -> &[ValueId] {
         &self.outputs
     }
-    /// A node with the same op, keywords and rest, reading `args` and defining `outputs`
-    /// (to queue with the [`crate::Rewriter`] in place of this one).
+    /// A node with the same op, callee, keywords, binding and source line, reading `args`
+    /// and defining `outputs` (to queue with the [`crate::Rewriter`] in place of this one).
+    /// The decomposition comments are dropped: they describe the old statement's operands.
     pub fn with_operands(&self, args: Vec<Arg>, outputs: Vec<ValueId>) -> Node {
-        Node {
+        let mut n = Node {
             args,
             outputs,
             ..self.clone()
+        };
+        n.set_subsymbols(Vec::new());
+        if n.extra.as_deref().is_some_and(NodeExtra::is_empty) {
+            n.extra = None;
         }
+        n
     }
     fn extra_mut(&mut self) -> &mut NodeExtra {
         self.extra.get_or_insert_with(Default::default)
@@ -376,6 +382,42 @@ impl<'de> Deserialize<'de> for Node {
             lhs: n.lhs,
             extra: (!extra.is_empty()).then(|| Box::new(extra)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue #27, bug 9: a node rebuilt on new operands does not keep the old statement's
+    /// decomposition comments (they name the old operands).
+    #[test]
+    fn with_operands_drops_the_decomposition() {
+        let mut n = Node::new(
+            "ltorch.relu",
+            vec![Arg::Value(ValueId(0))],
+            vec![ValueId(1)],
+        )
+        .with_kwarg("inplace", Arg::Bool(false));
+        n.set_source(Some("# model.py:3".into()));
+        n.set_subsymbols(vec![SubSymbol {
+            text: "t1 = prims.gt(t0, 0.0)".into(),
+            children: Vec::new(),
+        }]);
+        let m = n.with_operands(vec![Arg::Value(ValueId(2))], vec![ValueId(3)]);
+        assert!(m.subsymbols().is_empty());
+        assert_eq!(m.kwarg("inplace"), Some(&Arg::Bool(false)));
+        assert_eq!(m.source(), n.source());
+        assert_eq!(m.outputs(), &[ValueId(3)]);
+        let plain = Node::new("prims.neg", vec![Arg::Value(ValueId(0))], vec![ValueId(1)]);
+        let mut decomposed = plain.clone();
+        decomposed.set_subsymbols(vec![SubSymbol {
+            text: "x".into(),
+            children: Vec::new(),
+        }]);
+        assert!(!decomposed
+            .with_operands(plain.args.clone(), plain.outputs.clone())
+            .has_extra());
     }
 }
 

@@ -501,3 +501,14 @@ pub enum Module {
     /// Forward, backward and parameters.
     Program(Program),
 }
+
+impl Module {
+    /// The program a module is: itself, or a lone trace as [`Program::lone`] makes it (with
+    /// whether it was one), as a pass driver runs either.
+    pub fn into_program(self) -> (Program, bool) {
+        match self {
+            Module::Program(p) => (p, false),
+            Module::Trace(t) => (Program::lone(t), true),
+        }
+    }
+}

@@ -17,13 +17,24 @@ use crate::types::Type;
 use crate::value::{Def, Value, ValueId};
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 
+/// What defines an operand of a node being rebuilt.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The node at this index.
+    Node(u32),
+    /// The argument at this position.
+    Arg(u32),
+    /// Nothing (yet).
+    None,
+}
+
 pub(crate) struct Rebuild {
     t: Trace,
     slots: Slots,
     /// Per slot (position in the value table), where the value is defined so far.
     defs: Vec<Def>,
     /// Scratch: the operands of the node being pushed, with their producers.
-    operands: Vec<(ValueId, u32)>,
+    operands: Vec<(ValueId, Source)>,
     /// Per type handle, whether the type is too large to exist: checked once per type, and
     /// an error for the first value that has it.
     oversized: Vec<bool>,
@@ -116,6 +127,7 @@ impl Rebuild {
             };
             self.defs[s as usize] = Def::Arg(self.t.args.len() as u32);
             self.t.args.push(a);
+            self.t.arg_users.push(Vec::new());
         }
         Ok(())
     }
@@ -141,8 +153,9 @@ impl Rebuild {
             Some(s) => edges.push((
                 v,
                 match defs[s as usize] {
-                    Def::Node(p, _) => p.index() as u32,
-                    _ => u32::MAX,
+                    Def::Node(p, _) => Source::Node(p.index() as u32),
+                    Def::Arg(a) => Source::Arg(a),
+                    _ => Source::None,
                 },
             )),
         });
@@ -161,10 +174,21 @@ impl Rebuild {
         let added = self.t.graph.add_node(n);
         debug_assert_eq!(added, idx);
         for &(v, p) in &self.operands {
-            if p != u32::MAX {
-                self.t
-                    .graph
-                    .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: v });
+            match p {
+                Source::Node(p) => {
+                    self.t
+                        .graph
+                        .add_edge(NodeIndex::new(p as usize), idx, Edge::Data { value: v });
+                }
+                // an argument: the node goes on its use list
+                Source::Arg(a) => {
+                    if let Some(list) = self.t.arg_users.get_mut(a as usize) {
+                        if list.last() != Some(&idx) {
+                            list.push(idx);
+                        }
+                    }
+                }
+                Source::None => {}
             }
         }
         self.t.schedule.push(idx);

@@ -122,6 +122,16 @@ pub enum RewriteError {
         /// The value's handle.
         value: ValueId,
     },
+    /// A node would read a value it defines itself.
+    #[error("trace `{trace}`: `{op}` would read `{value}`, which it defines itself")]
+    SelfUse {
+        /// The trace's name.
+        trace: String,
+        /// The node's op.
+        op: String,
+        /// The value's name.
+        value: String,
+    },
     /// A new order is not a permutation of the schedule, or comes with other edits.
     #[error("trace `{trace}`: bad reordering: {reason}")]
     BadOrder {
@@ -143,6 +153,10 @@ pub enum RewriteError {
 pub struct Rewriter {
     inserts: Vec<(Place, Node)>,
     replacements: ValueIdMap<ValueId>,
+    /// Per replaced value, the readers that keep reading it ([`Rewriter::replace_all_uses_except`]).
+    kept_readers: ValueIdMap<Vec<NodeRef>>,
+    /// Nodes replaced in place ([`Rewriter::replace`]): their order edges move to the new node.
+    replaced: Vec<(NodeIndex, NewNode)>,
     erased: Vec<NodeIndex>,
     order_edges: Vec<(NodeRef, NodeRef)>,
     ret: Option<Arg>,
@@ -206,11 +220,36 @@ impl Rewriter {
         self.push(Place::End, node)
     }
     /// Makes every reader of `old` (existing and inserted nodes, and the return) read `new`.
-    /// Replacements chain: `a -> b` and `b -> c` make readers of `a` read `c`.
+    /// Replacements chain: `a -> b` and `b -> c` make readers of `a` read `c`. To wrap a value
+    /// (`v = a * 2.0`, and `a`'s readers read `v`), keep the wrapper reading `a` with
+    /// [`Rewriter::replace_all_uses_except`]: a node that would read its own output is refused.
     pub fn replace_all_uses(&mut self, old: ValueId, new: ValueId) {
         if old != new {
             self.replacements.insert(old, new);
         }
+    }
+    /// As [`Rewriter::replace_all_uses`], but the nodes in `keep` (existing or queued) go on
+    /// reading `old`.
+    pub fn replace_all_uses_except(
+        &mut self,
+        old: ValueId,
+        new: ValueId,
+        keep: impl IntoIterator<Item = NodeRef>,
+    ) {
+        if old != new {
+            self.replacements.insert(old, new);
+            self.kept_readers.entry(old).or_default().extend(keep);
+        }
+    }
+    /// Replaces `node` by `new` in place: `new` takes its place in the schedule and its order
+    /// edges, and may define the same values (their names stay, and their readers read them
+    /// from `new`), so a fold does not mint names. `new`'s outputs must cover every output of
+    /// `node` that stays read, as for [`Rewriter::erase`].
+    pub fn replace(&mut self, node: NodeIndex, new: Node) -> NewNode {
+        self.erase(node);
+        let id = self.insert_before(node, new);
+        self.replaced.push((node, id));
+        id
     }
     /// Removes a node. Its outputs must be unread once the other edits are applied.
     pub fn erase(&mut self, node: NodeIndex) {
@@ -231,10 +270,17 @@ impl Rewriter {
         self.ret = Some(ret);
     }
 
-    /// The final replacement of `v` (following chains; a cycle stops where it closes).
-    fn resolve(&self, mut v: ValueId) -> ValueId {
+    /// What `reader` (`None`: the return) reads in place of `v`: the final replacement,
+    /// following chains, stopping at a replacement `reader` is kept out of (and where a cycle
+    /// closes).
+    fn resolve(&self, mut v: ValueId, reader: Option<NodeRef>) -> ValueId {
         let mut steps = 0;
         while let Some(&n) = self.replacements.get(&v) {
+            if let (Some(r), Some(kept)) = (reader, self.kept_readers.get(&v)) {
+                if kept.contains(&r) {
+                    break;
+                }
+            }
             v = n;
             steps += 1;
             if steps > self.replacements.len() {
@@ -285,6 +331,18 @@ impl Rewriter {
         let pos = t.schedule_positions();
         let scheduled = |i: NodeIndex| pos.get(i.index()).is_some_and(|p| *p != UNSCHEDULED);
         // --- checks ---
+        let mut dead = vec![false; bound];
+        for e in &self.erased {
+            if t.graph.node_weight(*e).is_none() {
+                return Err(RewriteError::BadErase {
+                    trace: trace(),
+                    node: e.index(),
+                });
+            }
+            dead[e.index()] = true;
+        }
+        // values an erased node defines and an inserted one defines again (in-place replace)
+        let mut redefined = ValueIdSet::default();
         for (place, node) in &self.inserts {
             if let Place::Before(a) | Place::After(a) = place {
                 if !scheduled(*a) {
@@ -301,16 +359,21 @@ impl Rewriter {
                 }
             });
             for o in &node.outputs {
+                let redefinition = |op: &str, value: &str| RewriteError::Redefined {
+                    trace: trace(),
+                    op: op.to_string(),
+                    value: value.to_string(),
+                };
                 match t.value(*o) {
                     None => unknown = unknown.or(Some(*o)),
-                    Some(v) if v.def != Def::Undefined => {
-                        return Err(RewriteError::Redefined {
-                            trace: trace(),
-                            op: node.op.to_string(),
-                            value: v.name.to_string(),
-                        })
-                    }
-                    Some(_) => {}
+                    Some(v) => match v.def {
+                        Def::Undefined => {}
+                        Def::Node(p, _) if dead.get(p.index()).copied().unwrap_or(false) => {}
+                        _ => return Err(redefinition(&node.op, v.name)),
+                    },
+                }
+                if t.value(*o).is_some_and(|v| v.def != Def::Undefined) && !redefined.insert(*o) {
+                    return Err(redefinition(&node.op, &t.name(*o)));
                 }
             }
             if let Some(value) = unknown {
@@ -321,16 +384,6 @@ impl Rewriter {
                 });
             }
         }
-        let mut dead = vec![false; bound];
-        for e in &self.erased {
-            if t.graph.node_weight(*e).is_none() {
-                return Err(RewriteError::BadErase {
-                    trace: trace(),
-                    node: e.index(),
-                });
-            }
-            dead[e.index()] = true;
-        }
         for (a, b) in &self.order_edges {
             let ok = |r: &NodeRef| match r {
                 NodeRef::Old(i) => t.graph.node_weight(*i).is_some() && !dead[i.index()],
@@ -340,60 +393,52 @@ impl Rewriter {
                 return Err(RewriteError::BadOrderEdge { trace: trace() });
             }
         }
+        // the existing nodes whose operands change: readers of replaced values, and readers
+        // of values an inserted node defines again (their edges come from the erased node)
+        let mut readers: Vec<NodeIndex> = Vec::new();
+        for old in self.replacements.keys() {
+            readers.extend(t.users(*old));
+        }
+        for v in &redefined {
+            readers.extend(t.users(*v));
+        }
+        readers.retain(|r| !dead[r.index()]);
+        readers.sort_unstable();
+        readers.dedup();
+        self.check_self_use(t, &readers)?;
         if !self.erased.is_empty() {
-            self.check_erasable(t, &dead)?;
+            self.check_erasable(t, &dead, &redefined)?;
+        }
+        // order edges of nodes replaced in place, which move to their replacements
+        let mut moved_order: Vec<(NodeRef, NodeRef)> = Vec::new();
+        for (old, new) in &self.replaced {
+            for e in t.graph.edges_directed(*old, Direction::Incoming) {
+                if matches!(e.weight(), Edge::Order) && !dead[e.source().index()] {
+                    moved_order.push((NodeRef::Old(e.source()), NodeRef::New(*new)));
+                }
+            }
+            for e in t.graph.edges_directed(*old, Direction::Outgoing) {
+                if matches!(e.weight(), Edge::Order) && !dead[e.target().index()] {
+                    moved_order.push((NodeRef::New(*new), NodeRef::Old(e.target())));
+                }
+            }
         }
         // --- edits ---
-        // 1. replacements in existing readers and in the return
-        let mut ret = self.ret.take().unwrap_or_else(|| t.ret.clone());
-        if !self.replacements.is_empty() {
-            let mut readers: Vec<NodeIndex> = Vec::new();
-            let mut seen = ValueIdSet::default();
-            for old in self.replacements.keys() {
-                if seen.insert(*old) {
-                    readers.extend(t.users(*old));
-                }
-            }
-            readers.sort_unstable();
-            readers.dedup();
-            for r in readers {
-                if dead[r.index()] {
-                    continue;
-                }
-                if let Some(n) = t.graph.node_weight_mut(r) {
-                    let map = &self.replacements;
-                    let resolve = |v: ValueId| {
-                        let mut x = v;
-                        let mut steps = 0;
-                        while let Some(&n) = map.get(&x) {
-                            x = n;
-                            steps += 1;
-                            if steps > map.len() {
-                                break;
-                            }
-                        }
-                        x
-                    };
-                    n.map_operands(&mut |v| resolve(v));
-                }
-                t.rewire_node(r);
-            }
-            ret.map_values(&mut |v| self.resolve(v));
-        }
-        // 2. erasures (their outputs become undefined)
+        // 1. erasures (their outputs become undefined, until an inserted node defines them)
         let erased_any = !self.erased.is_empty();
         for e in &self.erased {
             t.detach_node(*e);
         }
-        // 3. insertions: every new node first (so each defines its outputs), then their data
-        // edges, in queue order
+        // 2. insertions: every new node first, so that each defines its outputs before any
+        // reader is rewired to them
         let inserts = std::mem::take(&mut self.inserts);
         let mut places = Vec::with_capacity(inserts.len());
         let mut new_nodes = Vec::with_capacity(inserts.len());
         let has_replacements = !self.replacements.is_empty();
-        for (place, mut node) in inserts {
+        for (k, (place, mut node)) in inserts.into_iter().enumerate() {
             if has_replacements {
-                node.map_operands(&mut |v| self.resolve(v));
+                let me = Some(NodeRef::New(NewNode(k as u32)));
+                node.map_operands(&mut |v| self.resolve(v, me));
             }
             let n_out = node.outputs.len();
             let idx = t.graph.add_node(node);
@@ -404,6 +449,20 @@ impl Rewriter {
             places.push(place);
             new_nodes.push(idx);
         }
+        // 3. existing readers read the replacements, with edges from their (possibly new)
+        // producers
+        let mut ret = self.ret.take().unwrap_or_else(|| t.ret.clone());
+        for r in readers {
+            if let Some(n) = t.graph.node_weight_mut(r) {
+                let me = Some(NodeRef::Old(r));
+                n.map_operands(&mut |v| self.resolve(v, me));
+            }
+            t.rewire_node(r);
+        }
+        if has_replacements {
+            ret.map_values(&mut |v| self.resolve(v, None));
+        }
+        // 4. the new nodes' data edges, then order edges
         let mut producers = Vec::new();
         for &idx in &new_nodes {
             producers.clear();
@@ -413,15 +472,16 @@ impl Rewriter {
                     t.graph.add_edge(p, idx, Edge::Data { value: v });
                 }
             }
+            t.note_arg_reads(idx);
         }
-        for (a, b) in &self.order_edges {
+        for (a, b) in self.order_edges.iter().chain(&moved_order) {
             let at = |r: &NodeRef| match r {
                 NodeRef::Old(i) => *i,
                 NodeRef::New(n) => new_nodes[n.0 as usize],
             };
             t.graph.add_edge(at(a), at(b), Edge::Order);
         }
-        // 4. the schedule: one merge of the old order with the insertions
+        // 5. the schedule: one merge of the old order with the insertions
         if !new_nodes.is_empty() || erased_any {
             // (old position, 0 before / 1 after, queue order) per insertion
             let mut anchored: Vec<(u32, u8, u32)> = Vec::new();
@@ -473,15 +533,53 @@ impl Rewriter {
         })
     }
 
-    /// Refuses erasures whose outputs would still be read after the replacements.
-    fn check_erasable(&self, t: &Trace, dead: &[bool]) -> Result<(), RewriteError> {
+    /// Refuses a node (existing reader or inserted) that would read its own output once the
+    /// replacements are made: a cycle the schedule cannot hold.
+    fn check_self_use(&self, t: &Trace, readers: &[NodeIndex]) -> Result<(), RewriteError> {
+        let self_use = |node: &Node, me: NodeRef| {
+            let mut bad = None;
+            node.for_each_operand(&mut |v| {
+                let r = self.resolve(v, Some(me));
+                if bad.is_none() && node.outputs.contains(&r) {
+                    bad = Some(r);
+                }
+            });
+            bad.map(|v| RewriteError::SelfUse {
+                trace: t.name.clone(),
+                op: node.op.to_string(),
+                value: t.name(v),
+            })
+        };
+        for (k, (_, node)) in self.inserts.iter().enumerate() {
+            if let Some(e) = self_use(node, NodeRef::New(NewNode(k as u32))) {
+                return Err(e);
+            }
+        }
+        for r in readers {
+            if let Some(e) = t.node(*r).and_then(|n| self_use(n, NodeRef::Old(*r))) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses erasures whose outputs would still be read after the replacements (and are not
+    /// defined again by an inserted node).
+    fn check_erasable(
+        &self,
+        t: &Trace,
+        dead: &[bool],
+        redefined: &ValueIdSet,
+    ) -> Result<(), RewriteError> {
         let still = |value: ValueId, reader: String| RewriteError::StillUsed {
             trace: t.name.clone(),
             value: t.name(value),
             reader,
         };
         let is_dead_output = |v: ValueId| match t.value(v).map(|x| x.def) {
-            Some(Def::Node(p, _)) => dead.get(p.index()).copied().unwrap_or(false),
+            Some(Def::Node(p, _)) => {
+                dead.get(p.index()).copied().unwrap_or(false) && !redefined.contains(&v)
+            }
             _ => false,
         };
         for e in &self.erased {
@@ -493,7 +591,7 @@ impl Rewriter {
                 if dead[target.index()] {
                     continue;
                 }
-                if is_dead_output(self.resolve(*value)) {
+                if is_dead_output(self.resolve(*value, Some(NodeRef::Old(target)))) {
                     return Err(still(
                         *value,
                         format!("read by `{}`", crate::print::print_node_line(t, target)),
@@ -504,17 +602,18 @@ impl Rewriter {
         let mut bad = None;
         let ret = self.ret.as_ref().unwrap_or(&t.ret);
         ret.for_each_value(&mut |v| {
-            if bad.is_none() && is_dead_output(self.resolve(v)) {
+            if bad.is_none() && is_dead_output(self.resolve(v, None)) {
                 bad = Some(v);
             }
         });
         if let Some(v) = bad {
             return Err(still(v, "returned".into()));
         }
-        for (_, node) in &self.inserts {
+        for (k, (_, node)) in self.inserts.iter().enumerate() {
+            let me = Some(NodeRef::New(NewNode(k as u32)));
             let mut bad = None;
             node.for_each_operand(&mut |v| {
-                if bad.is_none() && is_dead_output(self.resolve(v)) {
+                if bad.is_none() && is_dead_output(self.resolve(v, me)) {
                     bad = Some(v);
                 }
             });
@@ -525,7 +624,6 @@ impl Rewriter {
         Ok(())
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -646,5 +744,131 @@ mod tests {
         let (i1, i2) = (applied.index(n1).unwrap(), applied.index(n2).unwrap());
         assert!(t.successors(i1).any(|(s, e)| s == i2 && e == Edge::Order));
         assert!(body(&t).contains(&"c = prims.add(x, x)".to_string()));
+    }
+
+    /// Issue #27, bug 1: readers rewired to a value an inserted node defines get their edge
+    /// from it (they were rewired before the node existed, and kept no edge).
+    #[test]
+    fn readers_rewired_to_an_inserted_value_get_its_edge() {
+        let mut t = parse_trace(SRC).unwrap();
+        let [x, b, c] = ["x", "b", "c"].map(|n| t.find_value(n).unwrap());
+        let (pb, pc) = (t.producer(b).unwrap(), t.producer(c).unwrap());
+        let v = t.new_value("v", t.ty(x).unwrap().clone());
+        let mut rw = Rewriter::new();
+        rw.insert_before(
+            pb,
+            Node::new("prims.mul", vec![Arg::Value(x), Arg::Float(2.0)], vec![v]),
+        );
+        rw.replace_all_uses(b, v);
+        rw.erase(pb);
+        rw.apply(&mut t).unwrap();
+        verify(&t).unwrap();
+        let pv = t.producer(v).unwrap();
+        assert_eq!(t.users(v), vec![pc]);
+        assert!(t
+            .successors(pv)
+            .any(|(s, e)| s == pc && e == Edge::Data { value: v }));
+        assert!(body(&t).contains(&"c = prims.add(a, v)".to_string()));
+    }
+
+    /// Issue #27, bug 2: wrapping a value refuses the cycle unless the wrapper is kept out.
+    #[test]
+    fn wrapping_a_value_refuses_a_self_use_and_keeps_the_wrapper_out() {
+        let mut t = parse_trace(SRC).unwrap();
+        let [x, a] = ["x", "a"].map(|n| t.find_value(n).unwrap());
+        let pa = t.producer(a).unwrap();
+        let v = t.new_value("v", t.ty(x).unwrap().clone());
+        let wrap = Node::new("prims.mul", vec![Arg::Value(a), Arg::Float(2.0)], vec![v]);
+        let before = t.clone();
+        let mut rw = Rewriter::new();
+        rw.insert_after(pa, wrap.clone());
+        rw.replace_all_uses(a, v);
+        let e = rw.apply(&mut t).unwrap_err();
+        assert!(
+            matches!(&e, RewriteError::SelfUse { value, .. } if value == "v"),
+            "{e}"
+        );
+        assert!(t == before, "a refused rewrite changes nothing");
+        let mut rw = Rewriter::new();
+        let n = rw.insert_after(pa, wrap);
+        rw.replace_all_uses_except(a, v, [NodeRef::New(n)]);
+        rw.apply(&mut t).unwrap();
+        verify(&t).unwrap();
+        let b = body(&t);
+        assert!(b.contains(&"v = prims.mul(a, 2.0)".to_string()), "{b:?}");
+        assert!(b.contains(&"c = prims.add(v, b)".to_string()), "{b:?}");
+    }
+
+    /// Issue #27, bug 3: a node replaced in place keeps its result's name, its readers and
+    /// its order edges.
+    #[test]
+    fn replace_in_place_keeps_the_name_readers_and_order_edges() {
+        let mut t = parse_trace(SRC).unwrap();
+        let [x, a, b, c] = ["x", "a", "b", "c"].map(|n| t.find_value(n).unwrap());
+        let (pa, pb, pc) = (
+            t.producer(a).unwrap(),
+            t.producer(b).unwrap(),
+            t.producer(c).unwrap(),
+        );
+        t.add_order_edge(pa, pb);
+        let mut rw = Rewriter::new();
+        let n = rw.replace(pa, Node::new("prims.abs", vec![Arg::Value(x)], vec![a]));
+        let applied = rw.apply(&mut t).unwrap();
+        verify(&t).unwrap();
+        let new = applied.index(n).unwrap();
+        assert_eq!(t.producer(a), Some(new));
+        assert_eq!(t.users(a), vec![pc]);
+        assert!(t.successors(new).any(|(s, e)| s == pb && e == Edge::Order));
+        assert_eq!(
+            body(&t),
+            [
+                "a = prims.abs(x)",
+                "b = prims.neg(x)",
+                "c = prims.add(a, b)",
+                "return c"
+            ]
+        );
+        // defining a value whose producer stays is still a redefinition
+        let mut rw = Rewriter::new();
+        rw.insert_at_end(Node::new("prims.neg", vec![Arg::Value(x)], vec![b]));
+        assert!(matches!(
+            rw.apply(&mut t),
+            Err(RewriteError::Redefined { .. })
+        ));
+    }
+
+    /// Issue #27, bug 10: an argument's readers come from its use list, kept through edits.
+    #[test]
+    fn argument_use_lists_follow_edits() {
+        let mut t = parse_trace(SRC).unwrap();
+        let [x, a, b] = ["x", "a", "b"].map(|n| t.find_value(n).unwrap());
+        let (pa, pb) = (t.producer(a).unwrap(), t.producer(b).unwrap());
+        assert_eq!(t.users(x), vec![pa, pb]);
+        let y = t.new_value("y", t.ty(x).unwrap().clone());
+        let mut rw = Rewriter::new();
+        // b = neg(x) becomes b = neg(a): x loses a reader; y = abs(x) gains one
+        let nb = rw.replace(pb, Node::new("prims.neg", vec![Arg::Value(a)], vec![b]));
+        let ny = rw.insert_at_end(Node::new("prims.abs", vec![Arg::Value(x)], vec![y]));
+        let applied = rw.apply(&mut t).unwrap();
+        let (nb, ny) = (applied.index(nb).unwrap(), applied.index(ny).unwrap());
+        assert_eq!(t.users(x), vec![pa, ny]);
+        let mut ua = t.users(a);
+        ua.sort_unstable();
+        let mut expected = vec![t.producer(c_of(&t)).unwrap(), nb];
+        expected.sort_unstable();
+        assert_eq!(ua, expected);
+        // a copy keeps the lists
+        assert_eq!(t.clone().users(x), vec![pa, ny]);
+        // and a decoded trace builds them
+        let bytes = crate::codec::encode(&crate::Module::Trace(t.clone())).unwrap();
+        let crate::Module::Trace(d) = crate::codec::decode(&bytes).unwrap() else {
+            panic!("a trace was written")
+        };
+        let dx = d.find_value("x").unwrap();
+        assert_eq!(d.users(dx).len(), 2);
+    }
+
+    fn c_of(t: &Trace) -> ValueId {
+        t.find_value("c").unwrap()
     }
 }

@@ -46,6 +46,12 @@ pub struct Trace {
     /// Which pass of a training step it computes.
     pub kind: TraceKind,
     pub(crate) args: Vec<ValueId>,
+    /// Use lists of the arguments, by argument position: the nodes that read each one. A
+    /// node's output has its readers as the graph's data edges out of its producer; an
+    /// argument has no producer, so its readers are kept here (see [`Trace::users`]). Entries
+    /// are added as nodes are added or rewired and removed with their node; an entry left by
+    /// a node that no longer reads the argument is skipped when read.
+    pub(crate) arg_users: Vec<Vec<NodeIndex>>,
     pub(crate) graph: StableDiGraph<Node, Edge>,
     pub(crate) schedule: Vec<NodeIndex>,
     pub(crate) values: IndexMap<ValueId, Value, ValueIdBuildHasher>,
@@ -98,6 +104,7 @@ impl Clone for Trace {
             name: self.name.clone(),
             kind: self.kind,
             args: self.args.clone(),
+            arg_users: self.arg_users.clone(),
             graph,
             schedule,
             values,
@@ -131,6 +138,7 @@ impl Trace {
             name: name.into(),
             kind,
             args: Vec::new(),
+            arg_users: Vec::new(),
             graph: StableDiGraph::new(),
             schedule: Vec::new(),
             values: IndexMap::default(),
@@ -229,6 +237,55 @@ impl Trace {
             v.def = Def::Arg(pos);
         }
         self.args.push(id);
+        // a value read before it became an argument (rare: arguments come first)
+        let readers = if self.graph.node_count() == 0 {
+            Vec::new()
+        } else {
+            self.nodes()
+                .filter(|(_, n)| reads(n, id))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        self.arg_users.push(readers);
+    }
+    /// Adds `idx` to the use lists of the arguments it reads.
+    pub(crate) fn note_arg_reads(&mut self, idx: NodeIndex) {
+        let Some(node) = self.graph.node_weight(idx) else {
+            return;
+        };
+        let mut positions: Vec<u32> = Vec::new();
+        node.for_each_operand(&mut |v| {
+            if let Some(Value {
+                def: Def::Arg(p), ..
+            }) = self.entry(v)
+            {
+                positions.push(*p);
+            }
+        });
+        for p in positions {
+            if let Some(list) = self.arg_users.get_mut(p as usize) {
+                if list.last() != Some(&idx) {
+                    list.push(idx);
+                }
+            }
+        }
+    }
+    /// Removes `idx` from the use lists of the arguments `node` (its weight) reads.
+    fn forget_arg_reads(&mut self, idx: NodeIndex, node: &Node) {
+        let mut positions: Vec<u32> = Vec::new();
+        node.for_each_operand(&mut |v| {
+            if let Some(Value {
+                def: Def::Arg(p), ..
+            }) = self.entry(v)
+            {
+                positions.push(*p);
+            }
+        });
+        for p in positions {
+            if let Some(list) = self.arg_users.get_mut(p as usize) {
+                list.retain(|n| *n != idx);
+            }
+        }
     }
     /// The trace's arguments, in order.
     pub fn args(&self) -> &[ValueId] {
@@ -357,6 +414,7 @@ impl Trace {
         for (p, v) in producers {
             self.graph.add_edge(p, idx, Edge::Data { value: v });
         }
+        self.note_arg_reads(idx);
         idx
     }
     /// Adds a node and appends it to the schedule.
@@ -404,6 +462,7 @@ impl Trace {
                 self.graph.add_edge(p, idx, Edge::Data { value: v });
             }
         }
+        self.note_arg_reads(idx);
     }
     /// Removes a node from the graph and the schedule; its outputs become undefined.
     /// O(schedule) for the schedule update: batch removals with `retain_nodes` instead.
@@ -432,6 +491,7 @@ impl Trace {
     }
     pub(crate) fn detach_node(&mut self, idx: NodeIndex) -> Option<Node> {
         let node = self.graph.remove_node(idx)?;
+        self.forget_arg_reads(idx, &node);
         for out in &node.outputs {
             if let Some(v) = self.entry_mut(*out) {
                 if v.def != Def::Undefined {
@@ -492,12 +552,28 @@ impl Trace {
             .iter()
             .filter_map(|i| self.graph.node_weight(*i).map(|n| (*i, n)))
     }
-    /// Nodes reading `id`, deduplicated, in schedule order of their edges.
+    /// Nodes reading `id`, deduplicated: a node output's readers are the data edges out of
+    /// its producer, an argument's come from its use list (both in the order they were
+    /// added), and only a value nothing defines is looked for in every node.
     pub fn users(&self, id: ValueId) -> Vec<NodeIndex> {
-        let Some(p) = self.producer(id) else {
+        let def = self.entry(id).map(|v| v.def);
+        let Some(Def::Node(p, _)) = def else {
+            if let Some(Def::Arg(pos)) = def {
+                let mut seen = HashSet::new();
+                return self
+                    .arg_users
+                    .get(pos as usize)
+                    .map(|l| l.as_slice())
+                    .unwrap_or_default()
+                    .iter()
+                    .copied()
+                    .filter(|n| self.graph.node_weight(*n).is_some_and(|n| reads(n, id)))
+                    .filter(|n| seen.insert(*n))
+                    .collect();
+            }
             return self
                 .nodes()
-                .filter(|(_, n)| n.operands().contains(&id))
+                .filter(|(_, n)| reads(n, id))
                 .map(|(i, _)| i)
                 .collect();
         };
@@ -557,10 +633,60 @@ impl Trace {
         }
         last
     }
+    /// A hash of everything a pass can change (nodes in schedule order with their operands,
+    /// outputs and bindings, the value table's names, types and definitions, arguments,
+    /// order edges, return and decorators; not the provenance): equal before and after a pass
+    /// when the pass changed nothing. One sweep, no allocation: cheaper than verifying, so a
+    /// pass manager can verify what a pass changed rather than what it says it changed.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        self.name.hash(&mut h);
+        (self.kind as u8).hash(&mut h);
+        self.args.hash(&mut h);
+        self.schedule.len().hash(&mut h);
+        for (idx, n) in self.nodes() {
+            idx.index().hash(&mut h);
+            n.op.as_str().hash(&mut h);
+            n.callee().hash(&mut h);
+            n.args.hash(&mut h);
+            n.kwargs().hash(&mut h);
+            n.outputs.hash(&mut h);
+            (n.lhs as u8).hash(&mut h);
+            n.subsymbols().len().hash(&mut h);
+        }
+        self.graph.edge_count().hash(&mut h);
+        for e in self.graph.edge_references() {
+            if matches!(e.weight(), Edge::Order) {
+                (e.source().index(), e.target().index()).hash(&mut h);
+            }
+        }
+        self.values.len().hash(&mut h);
+        for (id, v) in &self.values {
+            id.hash(&mut h);
+            self.names.get(v.name).hash(&mut h);
+            v.ty.0.hash(&mut h);
+            match v.def {
+                Def::Arg(i) => (0u8, i, 0u32).hash(&mut h),
+                Def::Node(n, k) => (1u8, n.index() as u32, k).hash(&mut h),
+                Def::Undefined => (2u8, 0u32, 0u32).hash(&mut h),
+            }
+        }
+        self.ret.hash(&mut h);
+        self.decorators.hash(&mut h);
+        h.finish()
+    }
     /// A generator of names not used in this trace.
     pub fn name_gen(&self) -> NameGen {
         NameGen::new(self)
     }
+}
+
+/// Whether `node` reads `id`.
+fn reads(node: &Node, id: ValueId) -> bool {
+    let mut found = false;
+    node.for_each_operand(&mut |v| found |= v == id);
+    found
 }
 
 /// Hands out fresh value names (`t17`, `ft3`) that do not collide with a trace's names: each

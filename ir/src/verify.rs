@@ -1,6 +1,7 @@
 //! The verifier: checks every invariant of a trace and reports all violations at once, each
 //! with the statement as printed.
 
+use crate::arg::Arg;
 use crate::node::{Edge, Lhs, LhsSlot};
 use crate::print::print_node_line;
 use crate::registry::{ops, MetaOut, OpRegistry};
@@ -70,6 +71,79 @@ pub fn verify_with(t: &Trace, reg: &OpRegistry) -> Result<(), VerifyError> {
         Err(VerifyError {
             trace: t.name.clone(),
             diagnostics: v.diags,
+        })
+    }
+}
+
+/// The types a trace returns, by place in its return structure: what the trace's callers
+/// (the backward reading the forward's saved values, the optimizer reading gradients) rely on.
+/// A trace alone cannot say what it returned before a rewrite, so a pass manager takes these
+/// before a pass and checks them after with [`verify_return_types`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReturnTypes(Vec<(Vec<u32>, String, Option<Type>)>);
+
+impl ReturnTypes {
+    /// The place (indices into nested tuples, lists and dicts), name and type of every value
+    /// `t` returns, in printed order.
+    pub fn of(t: &Trace) -> ReturnTypes {
+        fn walk(t: &Trace, a: &Arg, path: &mut Vec<u32>, out: &mut ReturnTypes) {
+            match a {
+                Arg::Value(v) => out.0.push((path.clone(), t.name(*v), t.ty(*v).cloned())),
+                Arg::Tuple(xs) | Arg::List(xs) => {
+                    for (i, x) in xs.iter().enumerate() {
+                        path.push(i as u32);
+                        walk(t, x, path, out);
+                        path.pop();
+                    }
+                }
+                Arg::Dict(kv) => {
+                    for (i, (_, x)) in kv.iter().enumerate() {
+                        path.push(i as u32);
+                        walk(t, x, path, out);
+                        path.pop();
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = ReturnTypes(Vec::new());
+        walk(t, &t.ret, &mut Vec::new(), &mut out);
+        out
+    }
+}
+
+/// Checks that every place of `t`'s return structure that held a value before (`before`) and
+/// holds one now has the same type (names may change: a fold returns `x` in place of
+/// `x * 1.0`; a place may become `None`, as DDP returns a tied gradient once).
+pub fn verify_return_types(t: &Trace, before: &ReturnTypes) -> Result<(), VerifyError> {
+    let now = ReturnTypes::of(t);
+    let was: HashMap<&[u32], (&str, &Option<Type>)> = before
+        .0
+        .iter()
+        .map(|(p, n, ty)| (p.as_slice(), (n.as_str(), ty)))
+        .collect();
+    let show = |t: &Option<Type>| t.as_ref().map_or("?".into(), |t| t.to_string());
+    let diagnostics: Vec<Diagnostic> = now
+        .0
+        .iter()
+        .filter_map(|(path, name, ty)| {
+            let (was_name, was_ty) = was.get(path.as_slice())?;
+            (ty != *was_ty).then(|| Diagnostic {
+                line: "return".into(),
+                message: format!(
+                    "returned `{name}` is \"{}\"; it was `{was_name}`, \"{}\"",
+                    show(ty),
+                    show(was_ty)
+                ),
+            })
+        })
+        .collect();
+    if diagnostics.is_empty() {
+        Ok(())
+    } else {
+        Err(VerifyError {
+            trace: t.name.clone(),
+            diagnostics,
         })
     }
 }

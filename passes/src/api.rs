@@ -27,10 +27,7 @@ pub fn ddp(program: &mut Program, world_size: usize, args: DdpArgs) -> Result<()
         bucket_mb: args.bucket_size_in_mb,
         ..DdpOptions::default()
     })
-    .map_err(|error| RunError {
-        error,
-        reproducer: None,
-    })?;
+    .map_err(RunError::new)?;
     pm.add(pass);
     pm.add_trace_pass(SortWaits);
     pm.run(program, OpRegistry::builtin())?;
@@ -102,12 +99,7 @@ impl DdpPlugin {
     /// Runs the transforms on a program and records `broadcast_from`.
     pub fn apply(&self, program: &mut Program, world_size: usize) -> Result<(), RunError> {
         let mut pm = PassManager::new();
-        let passes = self
-            .setup_transforms(world_size)
-            .map_err(|error| RunError {
-                error,
-                reproducer: None,
-            })?;
+        let passes = self.setup_transforms(world_size).map_err(RunError::new)?;
         for p in passes {
             pm.add_boxed(p);
         }

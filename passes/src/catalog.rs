@@ -1,6 +1,7 @@
 //! The built-in passes' declarations, and the registry that holds them.
 
 use crate::accumulate::AccumulateGrads;
+use crate::canonicalize::Canonicalize;
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::ddp::{Ddp, DdpOptions, DDP};
@@ -46,6 +47,14 @@ pub static CSE: PassDecl = PassDecl {
     options: &[],
 };
 
+/// `canonicalize`: see [`crate::canonicalize`].
+pub static CANONICALIZE: PassDecl = PassDecl {
+    name: "canonicalize",
+    help: "exact algebraic identities (x*1, x/1, x-0, -(-x)) and dead casts and reshapes",
+    level: PassLevel::Trace,
+    options: &[],
+};
+
 /// The built-in passes, in the order `--help` lists them.
 pub(crate) fn builtin_registry() -> PassRegistry {
     let mut r = PassRegistry::new();
@@ -59,6 +68,8 @@ pub(crate) fn builtin_registry() -> PassRegistry {
             .map(|_| ()),
         r.register_trace_pass(&DCE, |_| Ok(Dce)).map(|_| ()),
         r.register_trace_pass(&CSE, |_| Ok(Cse)).map(|_| ()),
+        r.register_trace_pass(&CANONICALIZE, |_| Ok(Canonicalize))
+            .map(|_| ()),
     ];
     for res in all {
         res.expect("built-in passes have distinct, valid names");

@@ -6,8 +6,11 @@
 //!   runs on every trace of a program, or on one when anchored: `forward(cse),backward(dce)`.
 //! - Every pass is declared once ([`PassDecl`]: name, help, typed options), and a
 //!   [`PassRegistry`] maps names to passes; register your own and they work in pipelines.
-//! - [`PassManager`] runs a pipeline, verifying after each pass, printing IR, timing passes and
-//!   writing a reproducer when one fails.
+//! - [`PassManager`] runs a pipeline, verifying what each pass changed, printing IR, timing
+//!   passes and writing a reproducer when one fails; [`PassInstrumentation`] hooks run around
+//!   every pass.
+//! - [`patterns`]: declarative rewrite patterns and a greedy driver; [`canonicalize`] is written
+//!   with them.
 //!
 //! ```
 //! use tracepass_ir::{synth, OpRegistry};
@@ -30,7 +33,7 @@
 //! by `x`:
 //!
 //! ```
-//! use tracepass_ir::{parse_trace, print_trace, Arg, OpRegistry, Program, Rewriter, Trace};
+//! use tracepass_ir::{op, parse_trace, print_trace, Arg, OpRegistry, Program, Rewriter, Trace};
 //! use tracepass_passes::{
 //!     Changed, PassContext, PassDecl, PassError, PassLevel, PassManager, PassRegistry,
 //!     TracePass,
@@ -54,14 +57,14 @@
 //!         let mut folded = 0;
 //!         for (_, node) in t.nodes() {
 //!             let (true, [Arg::Value(inner)], [out]) =
-//!                 (node.op == "prims.neg", node.args(), node.outputs())
+//!                 (op::NEG.matches(node), node.args(), node.outputs())
 //!             else {
 //!                 continue;
 //!             };
 //!             let Some(first) = t.producer(*inner).and_then(|p| t.node(p)) else {
 //!                 continue;
 //!             };
-//!             if let (true, [Arg::Value(x)]) = (first.op == "prims.neg", first.args()) {
+//!             if let (true, [Arg::Value(x)]) = (op::NEG.matches(first), first.args()) {
 //!                 // readers of -(-x) read x; dce removes what is left unread
 //!                 rw.replace_all_uses(*out, *x);
 //!                 folded += 1;
@@ -98,25 +101,32 @@
 
 pub mod accumulate;
 pub mod api;
+pub mod canonicalize;
 pub mod catalog;
 pub mod cse;
 pub mod dce;
 pub mod ddp;
+pub mod instrument;
 pub mod manager;
 pub mod no_sync;
 pub mod pass;
+pub mod patterns;
 pub mod pipeline;
 pub mod registry;
 pub mod sort_waits;
 
 pub use accumulate::AccumulateGrads;
+pub use canonicalize::Canonicalize;
 pub use catalog::build_pass;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
-pub use manager::{timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport};
+pub use instrument::{dump_program, IrPrinter, PassInstrumentation, ReproducerWriter};
+pub use manager::{
+    reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,
+};
 pub use no_sync::NoSync;
-pub use pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
+pub use pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass};
 pub use pipeline::{parse_pipeline, print_pipeline, Anchor, PassSpec};
 pub use registry::{
     BuiltPass, OptionDecl, OptionDefault, OptionKind, OptionValue, OptionValues, PassDecl,

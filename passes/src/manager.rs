@@ -1,13 +1,16 @@
 //! The PassManager: runs a pipeline with verification after every pass, IR printing, timing, and
 //! a reproducer file when a pass fails.
 
-use crate::pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
+use crate::instrument::{IrPrinter, PassInstrumentation, ReproducerWriter};
+use crate::pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass};
 use crate::pipeline::{parse_pipeline, print_pipeline, PassSpec};
 use crate::registry::{BuiltPass, PassRegistry};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tracepass_ir::{print_trace, verify_with, Module, OpRegistry, Program, Provenance, Trace};
+use tracepass_ir::{
+    verify_return_types, verify_with, Module, OpRegistry, Program, Provenance, ReturnTypes, Trace,
+};
 
 /// When to print the IR (every trace of the program: forward, then backward).
 #[derive(Clone, Debug, Default)]
@@ -25,9 +28,15 @@ pub struct PrintIr {
 /// A pass pipeline and how to run it.
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
-    /// Verify every trace before the first pass, and the traces a pass changed after it (on by
+    /// Hooks around every pass ([`PassManager::instrument`]).
+    instrumentations: std::cell::RefCell<Vec<Box<dyn PassInstrumentation>>>,
+    /// Verify every trace before the first pass, and after each pass every trace whose
+    /// [fingerprint](Trace::fingerprint) changed, whatever the pass says it changed (on by
     /// default).
     pub verify_each: bool,
+    /// Without `verify_each`: verify the traces the pipeline changed once, after its last pass
+    /// (on by default; off only to time passes alone).
+    pub verify_at_end: bool,
     /// When to print the IR.
     pub print_ir: PrintIr,
     /// Record pass times in the provenance (off by default so output is deterministic).
@@ -43,6 +52,8 @@ pub struct RunReport {
     pub timings: Vec<PassTiming>,
     /// The counters passes reported, in order.
     pub stats: Vec<(String, u64)>,
+    /// The same counters with the pass and trace that reported each.
+    pub stat_details: Vec<Stat>,
     /// Named findings of the passes (`ddp.frozen`, `ddp.inputs`), in order.
     pub notes: Vec<(String, String)>,
     /// IR dumps requested with the print options, in order, each with a heading.
@@ -71,14 +82,59 @@ impl Reproducer {
     }
 }
 
-/// Failure of a run: the error, and the reproducer written for it (if any).
+/// Failure of a run: the error, the reproducer written for it (if any), and what the passes
+/// before it reported.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}{}", reproducer.as_ref().map(|p| format!("\nreproducer written to {}", p.display())).unwrap_or_default())]
 pub struct RunError {
     /// What went wrong.
     pub error: PassError,
-    /// The reproducer file written for it, if any.
-    pub reproducer: Option<PathBuf>,
+    /// The reproducer file written for it, if any (boxed, as the report: a `Result` of a
+    /// run stays small).
+    pub reproducer: Option<Box<Path>>,
+    /// What the run reported up to the failure: the passes that ran, their statistics and
+    /// the IR dumps asked for (the IR after the last good pass shows what the failing one
+    /// was given).
+    pub report: Box<RunReport>,
+}
+
+impl RunError {
+    /// A failure outside a run (building its passes): no reproducer, nothing reported.
+    pub fn new(error: PassError) -> RunError {
+        RunError {
+            error,
+            reproducer: None,
+            report: Box::default(),
+        }
+    }
+}
+
+/// Where the next reproducer in `dir` goes: `tracepass-reproducer-<pid>-<n>.json`, numbered
+/// per process, past any file already there, so that several failures of one process each
+/// keep their own.
+pub fn reproducer_path(dir: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!(
+            "tracepass-reproducer-{}-{n}.json",
+            std::process::id()
+        ));
+        if !path.exists() {
+            return path;
+        }
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".into()
+    }
 }
 
 impl PassManager {
@@ -86,7 +142,9 @@ impl PassManager {
     pub fn new() -> PassManager {
         PassManager {
             passes: Vec::new(),
+            instrumentations: Default::default(),
             verify_each: true,
+            verify_at_end: true,
             print_ir: PrintIr::default(),
             record_time: false,
             reproducer_dir: None,
@@ -188,49 +246,122 @@ impl PassManager {
         print_pipeline(&specs)
     }
 
-    fn dump(&self, report: &mut RunReport, heading: String, p: &Program) {
-        let mut s = format!("// ----- {heading} -----\n");
-        if p.is_lone() {
-            s += &print_trace(&p.backward);
-        } else {
-            s += &print_trace(&p.forward);
-            s += &print_trace(&p.backward);
-        }
-        report.dumps.push(s);
+    /// Adds an instrumentation: its hooks run around every pass of every later run, after
+    /// the manager's own IR printing and reproducer.
+    pub fn instrument(&mut self, i: impl PassInstrumentation + 'static) -> &mut Self {
+        self.instrumentations.get_mut().push(Box::new(i));
+        self
     }
 
     /// Runs every pass in order on `p`; with `verify_each`, verifies the input and, after each
-    /// pass that changed something, the traces it changed.
+    /// pass, every trace it changed.
     pub fn run(&self, p: &mut Program, reg: &OpRegistry) -> Result<RunReport, RunError> {
+        let mut user = self.instrumentations.borrow_mut();
+        // the manager's own printing and reproducer are instrumentations too, run first
+        let dumps = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let sink = dumps.clone();
+        let mut printer = IrPrinter::new(self.print_ir.clone(), move |d| sink.borrow_mut().push(d));
         // the input is kept only when a failure would write a reproducer of it (a copy of a
         // million-node program costs more than the passes)
-        let input = self.reproducer_dir.as_ref().map(|_| p.clone());
+        let mut repro = self.reproducer_dir.as_ref().map(ReproducerWriter::new);
+        let mut hooks: Vec<&mut dyn PassInstrumentation> = vec![&mut printer];
+        if let Some(r) = repro.as_mut() {
+            hooks.push(r);
+        }
+        hooks.extend(
+            user.iter_mut()
+                .map(|b| &mut **b as &mut dyn PassInstrumentation),
+        );
+        let pipeline = self.pipeline();
+        for h in hooks.iter_mut() {
+            h.before_pipeline(p, &pipeline);
+        }
         let mut cx = PassContext::new(reg);
         let mut report = RunReport::default();
-        let fail = |error: PassError, pass: &str| {
-            let reproducer = input
-                .as_ref()
-                .and_then(|i| self.write_reproducer(i, pass, &error));
-            RunError { error, reproducer }
+        let r = self.run_hooked(p, reg, &mut hooks, &mut cx, &mut report);
+        drop(hooks);
+        report.dumps = std::mem::take(&mut *dumps.borrow_mut());
+        report.stats = std::mem::take(&mut cx.stats);
+        report.stat_details = std::mem::take(&mut cx.stat_details);
+        report.notes = std::mem::take(&mut cx.notes);
+        match r {
+            Ok(()) => Ok(report),
+            Err(error) => Err(RunError {
+                error,
+                reproducer: repro.and_then(|r| r.written).map(PathBuf::into_boxed_path),
+                report: Box::new(report),
+            }),
+        }
+    }
+
+    fn run_hooked(
+        &self,
+        p: &mut Program,
+        reg: &OpRegistry,
+        hooks: &mut [&mut dyn PassInstrumentation],
+        cx: &mut PassContext,
+        report: &mut RunReport,
+    ) -> Result<(), PassError> {
+        let fail = |error: PassError,
+                    pass: &str,
+                    p: &Program,
+                    hooks: &mut [&mut dyn PassInstrumentation]| {
+            for h in hooks.iter_mut() {
+                h.after_failure(pass, p, &error);
+            }
+            error
         };
         if self.verify_each {
             for t in traces(p) {
-                verify_with(t, reg).map_err(|e| fail(PassError::InvalidInput(e), "<input>"))?;
+                if let Err(e) = verify_with(t, reg) {
+                    return Err(fail(PassError::InvalidInput(e), "<input>", p, hooks));
+                }
             }
         }
+        // what each trace was when last verified (or at the start): a pass is checked on what
+        // it changed, not on what it says it changed
+        let fingerprinting = self.verify_each || self.verify_at_end;
+        let fingerprints = |p: &Program| -> Vec<u64> {
+            if fingerprinting {
+                traces(p).into_iter().map(Trace::fingerprint).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        let start_prints = fingerprints(p);
+        let mut prints = start_prints.clone();
         for pass in &self.passes {
             let name = pass.name().to_string();
-            if self.print_ir.before.contains(&name) {
-                self.dump(&mut report, format!("IR before {name}"), p);
+            for h in hooks.iter_mut() {
+                h.before_pass(pass.as_ref(), p);
             }
+            // what each trace returns, which no pass may change (a fold that turns an f32
+            // result into its i64 operand leaves a valid trace of the wrong type)
+            let returns: Vec<ReturnTypes> = if self.verify_each {
+                traces(p).into_iter().map(ReturnTypes::of).collect()
+            } else {
+                Vec::new()
+            };
             let start = Instant::now();
             cx.touched = [false; 2];
-            let changed = pass.run(p, &mut cx).map_err(|e| fail(e, &name))?;
+            cx.pass = pass.spec();
+            // a panicking pass is an error like any other (the program may be half rewritten)
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass.run(p, cx)));
             let time = start.elapsed();
+            let changed = match ran {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(fail(e, &name, p, hooks)),
+                Err(payload) => {
+                    let error = PassError::Panicked {
+                        pass: name.clone(),
+                        message: panic_message(payload.as_ref()),
+                    };
+                    return Err(fail(error, &name, p, hooks));
+                }
+            };
             // the traces the pass changed; a program-level pass that names none may have
             // changed either
             let [fwd, bwd] = cx.touched;
-            let unnamed = !fwd && !bwd;
             if changed == Changed::Yes {
                 // the provenance line goes on the traces the pass changed, the backward when
                 // it names none
@@ -245,59 +376,67 @@ impl PassManager {
                     p.backward.provenance.push(record);
                 }
             }
-            // as MLIR's pass manager does: a pass that changed nothing leaves verified IR
-            // verified, so only the traces it may have changed are checked again
-            if self.verify_each && changed == Changed::Yes {
-                let changed_traces = traces(p).into_iter().filter(|t| {
-                    unnamed
-                        || (fwd && std::ptr::eq(*t, &p.forward))
-                        || (bwd && std::ptr::eq(*t, &p.backward))
-                });
-                for t in changed_traces {
-                    verify_with(t, reg).map_err(|error| {
-                        fail(
-                            PassError::Verify {
-                                pass: name.clone(),
-                                error,
-                            },
-                            &name,
-                        )
-                    })?;
+            // a pass that changed nothing leaves verified IR verified, so only the traces whose
+            // fingerprint changed are checked again (a pass that says it changed nothing, or
+            // names the wrong trace, is checked all the same)
+            if self.verify_each {
+                let now = fingerprints(p);
+                let mut bad = None;
+                for ((t, was), is) in traces(p).into_iter().zip(&prints).zip(&now) {
+                    if was != is {
+                        if let Err(error) = verify_with(t, reg) {
+                            bad = Some(error);
+                            break;
+                        }
+                    }
                 }
+                if bad.is_none() {
+                    for (t, before) in traces(p).into_iter().zip(&returns) {
+                        if let Err(error) = verify_return_types(t, before) {
+                            bad = Some(error);
+                            break;
+                        }
+                    }
+                }
+                if let Some(error) = bad {
+                    let error = PassError::Verify {
+                        pass: name.clone(),
+                        error,
+                    };
+                    return Err(fail(error, &name, p, hooks));
+                }
+                prints = now;
             }
-            if self.print_ir.after_all
-                || self.print_ir.after.contains(&name)
-                || (self.print_ir.after_change && changed == Changed::Yes)
-            {
-                self.dump(&mut report, format!("IR after {name}"), p);
-            }
-            report.timings.push(PassTiming {
+            let timing = PassTiming {
                 pass: pass.spec(),
                 time,
                 changed,
-            });
+            };
+            for h in hooks.iter_mut() {
+                h.after_pass(pass.as_ref(), p, &timing);
+            }
+            report.timings.push(timing);
         }
-        report.stats = cx.stats;
-        report.notes = cx.notes;
-        Ok(report)
-    }
-
-    fn write_reproducer(&self, input: &Program, pass: &str, error: &PassError) -> Option<PathBuf> {
-        let dir = self.reproducer_dir.as_ref()?;
-        let repro = Reproducer {
-            pipeline: self.pipeline(),
-            failed_pass: pass.to_string(),
-            error: error.to_string(),
-            input: if input.is_lone() {
-                Module::Trace(input.backward.clone())
-            } else {
-                Module::Program(input.clone())
-            },
-        };
-        let path = dir.join(format!("tracepass-reproducer-{}.json", std::process::id()));
-        let bytes = serde_json::to_vec_pretty(&repro).ok()?;
-        tracepass_ir::fsio::write_atomic(&path, &bytes).ok()?;
-        Some(path)
+        if !self.verify_each && self.verify_at_end {
+            let now = fingerprints(p);
+            let mut bad = None;
+            for ((t, was), is) in traces(p).into_iter().zip(&start_prints).zip(&now) {
+                if was != is {
+                    if let Err(error) = verify_with(t, reg) {
+                        bad = Some(error);
+                        break;
+                    }
+                }
+            }
+            if let Some(error) = bad {
+                let error = PassError::VerifyAtEnd {
+                    pipeline: self.pipeline(),
+                    error,
+                };
+                return Err(fail(error, "<end>", p, hooks));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -31,8 +31,28 @@ pub struct PassContext<'r> {
     pub stats: Vec<(String, u64)>,
     /// Named findings passes report (`ddp.frozen`: the frozen parameters it left alone).
     pub notes: Vec<(String, String)>,
+    /// Every counter with the pass and trace that reported it, in insertion order.
+    pub stat_details: Vec<Stat>,
     /// Which traces the running pass changed (forward, backward), for their provenance.
     pub(crate) touched: [bool; 2],
+    /// The running pass, as spelled in the pipeline.
+    pub(crate) pass: String,
+    /// The trace a trace-level pass is running on (its name).
+    pub(crate) trace: Option<String>,
+}
+
+/// A counter a pass reported, with where it comes from: a trace-level pass runs once per
+/// trace, and its counters say which.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    /// The pass, as spelled in the pipeline.
+    pub pass: String,
+    /// The trace (by name) a trace-level pass reported it on; `None` for a program-level pass.
+    pub trace: Option<String>,
+    /// The counter's name (`dce.removed`).
+    pub key: String,
+    /// Its value.
+    pub value: u64,
 }
 
 impl<'r> PassContext<'r> {
@@ -42,12 +62,27 @@ impl<'r> PassContext<'r> {
             registry,
             stats: Vec::new(),
             notes: Vec::new(),
+            stat_details: Vec::new(),
             touched: [false; 2],
+            pass: String::new(),
+            trace: None,
         }
     }
-    /// Reports a counter (`dce.removed`), listed in the run's [`crate::RunReport::stats`].
+    /// Reports a counter (`dce.removed`), listed in the run's [`crate::RunReport::stats`], and
+    /// with the pass and trace that reported it in [`crate::RunReport::stat_details`].
     pub fn stat(&mut self, key: impl Into<String>, value: u64) {
-        self.stats.push((key.into(), value));
+        let key = key.into();
+        self.stat_details.push(Stat {
+            pass: self.pass.clone(),
+            trace: self.trace.clone(),
+            key: key.clone(),
+            value,
+        });
+        self.stats.push((key, value));
+    }
+    /// The trace a trace-level pass is running on (its name); `None` in a program-level pass.
+    pub fn current_trace(&self) -> Option<&str> {
+        self.trace.as_deref()
     }
     /// Reports a finding a user should read (which tensors a pass left alone, and why).
     pub fn note(&mut self, key: impl Into<String>, text: impl Into<String>) {
@@ -78,7 +113,9 @@ pub trait Pass {
 pub trait TracePass {
     /// The name used in pipelines (`dce`).
     fn name(&self) -> &str;
-    /// The pass with its options, as a pipeline would spell it.
+    /// The pass with its options, as a pipeline would spell it. A pass built by a
+    /// [`crate::PassRegistry`] is printed as its declaration spells its options, whatever this
+    /// says; the default (the name) is for passes added by hand.
     fn spec(&self) -> String {
         self.name().to_string()
     }
@@ -126,11 +163,17 @@ impl Pass for OnTraces {
             Some(Anchor::Backward) => (false, true),
         };
         let mut changed = false;
-        if run_fwd && self.pass.run_on_trace(&mut p.forward, cx)? == Changed::Yes {
+        let on = |t: &mut Trace, cx: &mut PassContext| {
+            cx.trace = Some(t.name.clone());
+            let r = self.pass.run_on_trace(t, cx);
+            cx.trace = None;
+            r
+        };
+        if run_fwd && on(&mut p.forward, cx)? == Changed::Yes {
             cx.touched[0] = true;
             changed = true;
         }
-        if run_bwd && self.pass.run_on_trace(&mut p.backward, cx)? == Changed::Yes {
+        if run_bwd && on(&mut p.backward, cx)? == Changed::Yes {
             cx.touched[1] = true;
             changed = true;
         }
@@ -209,6 +252,19 @@ pub enum PassError {
         /// The name.
         name: String,
     },
+    /// A declaration registered at the other level (`register_trace_pass` of a program-level
+    /// declaration).
+    #[error(
+        "pass `{name}` is declared {declared}-level but registered as a {registered}-level pass"
+    )]
+    WrongLevel {
+        /// The name.
+        name: String,
+        /// The level its declaration says.
+        declared: &'static str,
+        /// The level it was registered at.
+        registered: &'static str,
+    },
     /// A registration under a name pipelines cannot spell (or an anchor's name).
     #[error("`{name}` cannot name a pass: use letters, digits, `-` and `_`, and not `forward` or `backward`")]
     BadPassName {
@@ -231,6 +287,14 @@ pub enum PassError {
         /// Why.
         message: String,
     },
+    /// A pass panicked (a bug in the pass); the manager caught it.
+    #[error("pass `{pass}` failed: internal error: panicked: {message}")]
+    Panicked {
+        /// The pass.
+        pass: String,
+        /// The panic's message.
+        message: String,
+    },
     /// A pass's edits could not be applied.
     #[error("pass `{pass}`: {error}")]
     Rewrite {
@@ -244,6 +308,15 @@ pub enum PassError {
     Verify {
         /// The pass.
         pass: String,
+        /// Every violation.
+        error: VerifyError,
+    },
+    /// The verifier rejected the pipeline's output (verification after each pass was off, so
+    /// the pass that broke it is not known).
+    #[error("the IR is invalid after the pipeline `{pipeline}` (verification after each pass was off): {error}")]
+    VerifyAtEnd {
+        /// The pipeline.
+        pipeline: String,
         /// Every violation.
         error: VerifyError,
     },

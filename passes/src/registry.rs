@@ -357,10 +357,7 @@ impl PassDecl {
     }
     /// The `--help` text of the pass: its line, then one line per option.
     pub fn help_text(&self) -> String {
-        let level = match self.level {
-            PassLevel::Trace => "trace",
-            PassLevel::Program => "program",
-        };
+        let level = level_name(self.level);
         let mut s = format!("  {:<18} {} [{level}]\n", self.name, self.help);
         for o in self.options {
             let default = match o.default {
@@ -477,20 +474,22 @@ impl PassRegistry {
         });
         Ok(self)
     }
-    /// Registers a program-level pass.
+    /// Registers a program-level pass; its declaration must say [`PassLevel::Program`].
     pub fn register_pass<P: Pass + 'static>(
         &mut self,
         decl: &'static PassDecl,
         build: impl Fn(&OptionValues) -> Result<P, PassError> + Send + Sync + 'static,
     ) -> Result<&mut Self, PassError> {
+        check_level(decl, PassLevel::Program)?;
         self.register(decl, move |o| Ok(BuiltPass::Program(Box::new(build(o)?))))
     }
-    /// Registers a trace-level pass.
+    /// Registers a trace-level pass; its declaration must say [`PassLevel::Trace`].
     pub fn register_trace_pass<P: TracePass + 'static>(
         &mut self,
         decl: &'static PassDecl,
         build: impl Fn(&OptionValues) -> Result<P, PassError> + Send + Sync + 'static,
     ) -> Result<&mut Self, PassError> {
+        check_level(decl, PassLevel::Trace)?;
         self.register(decl, move |o| Ok(BuiltPass::Trace(Box::new(build(o)?))))
     }
     /// The declaration of the pass named `name`.
@@ -513,7 +512,14 @@ impl PassRegistry {
             });
         };
         let values = e.decl.parse(&spec.options)?;
-        (e.build)(&values)
+        // printed back as the declaration spells the options, whatever the pass's own `spec`
+        // says (its default is the bare name): provenance and reproducers name the pipeline
+        // that ran
+        let spelled = e.decl.spell(&values);
+        Ok(match (e.build)(&values)? {
+            BuiltPass::Program(pass) => BuiltPass::Program(Box::new(Spelled { pass, spelled })),
+            BuiltPass::Trace(pass) => BuiltPass::Trace(Box::new(Spelled { pass, spelled })),
+        })
     }
     /// The `--help` text: every pass, its options, and how to anchor trace-level ones.
     pub fn help(&self) -> String {
@@ -524,6 +530,63 @@ impl PassRegistry {
             s += &e.decl.help_text();
         }
         s
+    }
+}
+
+/// A built pass with the spelling its declaration gives its options.
+struct Spelled<P: ?Sized> {
+    pass: Box<P>,
+    spelled: String,
+}
+
+impl Pass for Spelled<dyn Pass> {
+    fn name(&self) -> &str {
+        self.pass.name()
+    }
+    fn spec(&self) -> String {
+        self.spelled.clone()
+    }
+    fn run(
+        &self,
+        p: &mut tracepass_ir::Program,
+        cx: &mut crate::PassContext,
+    ) -> Result<crate::Changed, PassError> {
+        self.pass.run(p, cx)
+    }
+}
+
+impl TracePass for Spelled<dyn TracePass> {
+    fn name(&self) -> &str {
+        self.pass.name()
+    }
+    fn spec(&self) -> String {
+        self.spelled.clone()
+    }
+    fn run_on_trace(
+        &self,
+        t: &mut tracepass_ir::Trace,
+        cx: &mut crate::PassContext,
+    ) -> Result<crate::Changed, PassError> {
+        self.pass.run_on_trace(t, cx)
+    }
+}
+
+/// Refuses a declaration registered at the other level (help and anchors would be wrong).
+fn check_level(decl: &PassDecl, registered: PassLevel) -> Result<(), PassError> {
+    if decl.level == registered {
+        return Ok(());
+    }
+    Err(PassError::WrongLevel {
+        name: decl.name.to_string(),
+        declared: level_name(decl.level),
+        registered: level_name(registered),
+    })
+}
+
+fn level_name(l: PassLevel) -> &'static str {
+    match l {
+        PassLevel::Trace => "trace",
+        PassLevel::Program => "program",
     }
 }
 

@@ -100,6 +100,7 @@ fn help_comes_from_the_declarations() {
         "accumulate-grads",
         "dce",
         "cse",
+        "canonicalize",
     ] {
         assert!(h.contains(&format!("  {name} ")), "{name} in\n{h}");
     }
@@ -114,7 +115,8 @@ fn help_comes_from_the_declarations() {
             "no-sync",
             "accumulate-grads",
             "dce",
-            "cse"
+            "cse",
+            "canonicalize"
         ]
     );
 }

@@ -214,6 +214,7 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
         let p = mlp_program(&MlpSpec::deep_with_backward_nodes(n, 64))?;
         let mut fast = PassManager::parse(pipeline)?;
         fast.verify_each = false;
+        fast.verify_at_end = false;
         let reps = reps_for(p.backward.node_count());
         let (t, out) = time_on_copies(reps, &p, |q| fast.run(q, OpRegistry::builtin()).map(|_| ()));
         let out = out?;
@@ -262,6 +263,7 @@ fn bench_passes(max_nodes: usize) -> Result<()> {
     let nodes = p.forward.node_count() + p.backward.node_count();
     let mut sw = PassManager::parse("ddp(world_size=8,bucket_mb=0),sort-waits")?;
     sw.verify_each = false;
+    sw.verify_at_end = false;
     let (t_all, _) = time_on_copies(20, &p, |q| sw.run(q, OpRegistry::builtin()).map(|_| ()));
     let t_all = t_all.hot;
     let mut q = p.clone();
@@ -774,6 +776,7 @@ fn repeat(what: &str, nodes: usize, times: usize) -> Result<()> {
                 let mut q = p.clone();
                 let mut pm = PassManager::parse("ddp(world_size=8,bucket_mb=25),sort-waits,dce")?;
                 pm.verify_each = false;
+                pm.verify_at_end = false;
                 let s = Instant::now();
                 let r = pm.run(&mut q, OpRegistry::builtin())?;
                 let per: Vec<String> = r

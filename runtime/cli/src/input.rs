@@ -21,17 +21,6 @@ pub fn registry() -> &'static OpRegistry {
 
 /// A trace or program file, or an export directory (read as the program it holds).
 pub fn load_module(path: &Path) -> Result<Module> {
-    if tracepass_ir::is_export_dir(path) {
-        return Ok(Module::Program(
-            tracepass_ir::load_export_with(path, registry())?.program,
-        ));
-    }
-    if path.is_dir() {
-        bail!(
-            "{}: is a folder without export.json, not an export directory",
-            path.display()
-        );
-    }
     Ok(fsio::load_with(path, registry())?)
 }
 

@@ -6,8 +6,8 @@ use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use tracepass_ir::{fsio, Module, Program};
 use tracepass_passes::{
-    build_pass, timing_table, Changed, Pass, PassContext, PassError, PassManager, PrintIr,
-    Reproducer,
+    build_pass, timing_table, Changed, IrPrinter, Pass, PassContext, PassError, PassManager,
+    PrintIr, Reproducer,
 };
 
 /// The passes a pipeline may name, for help texts.
@@ -19,6 +19,7 @@ const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
   accumulate-grads  the synchronized step of gradient accumulation (adds acc_* arguments)
   dce               remove dead code
   cse               merge identical pure computations
+  canonicalize      exact algebraic identities (x*1, x/1, x-0, -(-x)) and dead casts
 
 A reproducer (input + pipeline, replay with --reproduce) is written only when a pass fails
 internally (panics or leaves invalid IR): to --reproducer-dir, else next to -o, else the
@@ -48,7 +49,8 @@ pub struct OptArgs {
     /// frozen parameters, buffers and inputs it left alone).
     #[arg(long)]
     pub stats: bool,
-    /// Skip verification after each pass.
+    /// Skip verification after each pass (what the pipeline changed is still verified once, at
+    /// the end).
     #[arg(long)]
     pub no_verify: bool,
     /// Print the backward to stderr before each run of PASS (repeatable).
@@ -87,20 +89,11 @@ enum PassFault {
     Corrupt,
 }
 
-/// A pass as `opt` runs it: the IR printed as it goes (so a later failure still shows what came
-/// before), a panic turned into an error and remembered as an internal failure.
+/// A pass as `opt` runs it, with the fault `--inject-fault` asks for (the manager turns a
+/// panic into [`PassError::Panicked`]; an [`IrPrinter`] prints the IR as passes end).
 struct Watched {
     inner: Box<dyn Pass>,
-    print: std::rc::Rc<PrintIr>,
     fault: Option<PassFault>,
-    panicked: std::rc::Rc<std::cell::Cell<bool>>,
-}
-
-fn dump(heading: &str, p: &Program) {
-    eprint!(
-        "// ----- {heading} -----\n{}",
-        tracepass_ir::print_trace(&p.backward)
-    );
 }
 
 impl Pass for Watched {
@@ -112,41 +105,17 @@ impl Pass for Watched {
     }
     fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
         let name = self.inner.name().to_string();
-        if self.print.before.contains(&name) {
-            dump(&format!("IR before {name}"), p);
-        }
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let r = self.inner.run(p, cx);
-            match self.fault {
-                Some(PassFault::Panic) => panic!("injected fault: pass `{name}` panics"),
-                Some(PassFault::Corrupt) => {
-                    let mut order = p.backward.schedule().to_vec();
-                    order.reverse();
-                    p.backward.set_schedule(order);
-                    r.map(|_| Changed::Yes)
-                }
-                None => r,
+        let r = self.inner.run(p, cx);
+        let changed = match self.fault {
+            Some(PassFault::Panic) => panic!("injected fault: pass `{name}` panics"),
+            Some(PassFault::Corrupt) => {
+                let mut order = p.backward.schedule().to_vec();
+                order.reverse();
+                p.backward.set_schedule(order);
+                r.map(|_| Changed::Yes)?
             }
-        }));
-        let changed = match r {
-            Ok(r) => r?,
-            Err(payload) => {
-                self.panicked.set(true);
-                return Err(PassError::Failed {
-                    pass: name,
-                    message: format!(
-                        "internal error: panicked: {}",
-                        tracepass_runtime::train::panic_message(payload)
-                    ),
-                });
-            }
+            None => r?,
         };
-        if self.print.after_all
-            || self.print.after.contains(&name)
-            || (self.print.after_change && changed == Changed::Yes)
-        {
-            dump(&format!("IR after {name}"), p);
-        }
         Ok(changed)
     }
 }
@@ -218,13 +187,15 @@ pub fn run(args: OptArgs) -> Result<()> {
         }
         None => None,
     };
-    let print = std::rc::Rc::new(PrintIr {
+    // the backward, to stderr, as each pass ends (a later failure still shows what came before)
+    let when = PrintIr {
         before: args.print_ir_before.clone(),
         after: args.print_ir_after.clone(),
         after_all: args.print_ir_after_all,
         after_change: args.print_ir_after_change,
-    });
-    let panicked = std::rc::Rc::new(std::cell::Cell::new(false));
+    };
+    let mut printer = IrPrinter::new(when, |dump| eprint!("{dump}"));
+    printer.backward_only = true;
     let mut pm = PassManager::new();
     for spec in &specs {
         pm.add_boxed(Box::new(Watched {
@@ -235,20 +206,24 @@ pub fn run(args: OptArgs) -> Result<()> {
                     anchor: spec.anchor,
                 }),
             },
-            print: print.clone(),
             fault: fault
                 .as_ref()
                 .filter(|(p, _)| *p == spec.name)
                 .map(|(_, k)| *k),
-            panicked: panicked.clone(),
         }));
     }
+    pm.instrument(printer);
     pm.verify_each = !args.no_verify;
     pm.record_time = args.timing;
     let report = match pm.run(&mut program, registry()) {
         Ok(r) => r,
         Err(e) => {
-            let internal = panicked.get() || matches!(e.error, PassError::Verify { .. });
+            let internal = matches!(
+                e.error,
+                PassError::Panicked { .. }
+                    | PassError::Verify { .. }
+                    | PassError::VerifyAtEnd { .. }
+            );
             if !internal || args.reproduce.is_some() {
                 return Err(e.error.into());
             }
@@ -301,7 +276,9 @@ fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result
     let input = args.input.as_deref().context("no input file")?;
     let (p, lone) = load_input(input, args.forward.as_deref(), args.prologue.as_deref())?;
     let failed_pass = match error {
-        PassError::Failed { pass, .. } | PassError::Verify { pass, .. } => pass.clone(),
+        PassError::Failed { pass, .. }
+        | PassError::Panicked { pass, .. }
+        | PassError::Verify { pass, .. } => pass.clone(),
         _ => "<input>".to_string(),
     };
     let repro = Reproducer {
@@ -322,7 +299,7 @@ fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result
         },
         (None, None) => PathBuf::from("."),
     };
-    let path = dir.join(format!("tracepass-reproducer-{}.json", std::process::id()));
+    let path = tracepass_passes::reproducer_path(&dir);
     fsio::write_atomic(&path, &serde_json::to_vec_pretty(&repro)?)?;
     Ok(path)
 }
