@@ -1,6 +1,7 @@
 //! Subcommands of the `tracepass` binary. Errors go to stderr with a non-zero exit code.
 
-use crate::input::{check_output, load_module, out, program_from_traces, registry};
+use crate::input::{load_module, out, program_from_traces, registry};
+use crate::outputs::Files;
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -121,7 +122,10 @@ pub fn run(cli: Cli) -> Result<()> {
             out(&print_trace_with(t, opts))
         }
         Command::Convert { input, output } => {
-            check_output(&output, "output")?;
+            Files::new()
+                .input("", Some(&input))
+                .output("output", Some(&output))
+                .check()?;
             let m = fsio::load(&input)?;
             fsio::save(&output, &m)?;
             Ok(())
@@ -157,7 +161,12 @@ pub fn run(cli: Cli) -> Result<()> {
             prologue,
             output,
         } => {
-            check_output(&output, "-o")?;
+            Files::new()
+                .input("forward", Some(&forward))
+                .input("backward", Some(&backward))
+                .input("--prologue", prologue.as_deref())
+                .output("-o", Some(&output))
+                .check()?;
             if fsio::Format::from_path(&output)? == fsio::Format::Text {
                 bail!(
                     "-o {}: a .trace file holds one trace; write the program as .tpb or .json",
@@ -169,9 +178,10 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Dot { file, output } => {
-            if let Some(o) = &output {
-                check_output(o, "-o")?;
-            }
+            Files::new()
+                .input("", Some(&file))
+                .output("-o", output.as_deref())
+                .check()?;
             let m = fsio::load(&file)?;
             let t = match &m {
                 Module::Trace(t) => t,

@@ -2,7 +2,7 @@
 //!
 //! One file per subcommand (`opt_cmd`, `train_cmd`, `simulate_cmd`, `verify_cmd`, `launch`),
 //! [`cli`] for the arguments and their dispatch, `input` for the files every subcommand
-//! reads and writes, [`alloc`] for the allocator settings the binaries share. Errors are
+//! reads and writes, `outputs` for keeping outputs off the inputs, [`alloc`] for the allocator settings the binaries share. Errors are
 //! `anyhow` chains printed to stderr with a non-zero exit code.
 //!
 //! Running a subcommand from Rust, as the binary does (here `tracepass verify` of the seed
@@ -24,6 +24,7 @@ mod input;
 mod launch;
 mod numbers;
 mod opt_cmd;
+mod outputs;
 mod simulate_cmd;
 mod train_cmd;
 mod verify_cmd;

@@ -1,7 +1,8 @@
 //! `tracepass train`: options, progress and output of the trainer.
 
-use crate::input::{check_output, load_program, program_from_traces};
+use crate::input::{load_program, program_from_traces};
 use crate::numbers::{count, count64};
+use crate::outputs::Files;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -307,16 +308,21 @@ fn check_not_launched_on_cpu(args: &TrainArgs) -> Result<()> {
 pub fn run(args: TrainArgs) -> Result<()> {
     check_not_launched_on_cpu(&args)?;
     // every output is checked before the first step, so no run trains only to fail at the end
-    for (flag, path) in [
-        ("--save", &args.save),
-        ("--save-grads", &args.save_grads),
-        ("--timeline", &args.timeline),
-        ("--metrics-json", &args.metrics_json),
-    ] {
-        if let Some(p) = path {
-            check_output(p, flag)?;
-        }
-    }
+    let model = std::path::Path::new(&args.model);
+    let model_is_path = args.model != "seed" && !args.model.starts_with("deep-mlp:");
+    Files::new()
+        .input("--model", model_is_path.then_some(model))
+        .input("--forward", args.forward.as_deref())
+        .input("--backward", args.backward.as_deref())
+        .input("--prologue", args.prologue.as_deref())
+        .input("--params", args.params.as_deref())
+        .input("--data", args.data.as_deref())
+        .input_replaced_by("--resume", args.resume.as_deref(), "--save")
+        .output("--save", args.save.as_deref())
+        .output("--save-grads", args.save_grads.as_deref())
+        .output("--timeline", args.timeline.as_deref())
+        .output("--metrics-json", args.metrics_json.as_deref())
+        .check()?;
     let cfg = config(&args)?;
     // the bar (stderr, terminals only) counts this run's steps; every loss line goes to stdout
     let bar = (cfg.steps >= 100).then(|| {
