@@ -90,7 +90,7 @@ pub enum Command {
     /// Testing aid: the TCP rendezvous of a launched rank; prints a digest of rank 0's id.
     #[command(hide = true)]
     RendezvousCheck {
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 30.0, allow_negative_numbers = true, value_parser = crate::numbers::seconds)]
         timeout: f64,
     },
 }
@@ -228,7 +228,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let got = exchange(
                 &env,
                 (env.rank == 0).then_some(id.as_slice()),
-                std::time::Duration::from_secs_f64(timeout.max(0.01)),
+                std::time::Duration::try_from_secs_f64(timeout.max(0.01))?,
             )?;
             let digest = got.iter().fold(0xcbf29ce484222325u64, |h, b| {
                 (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)

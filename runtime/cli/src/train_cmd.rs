@@ -74,7 +74,7 @@ pub struct TrainArgs {
     pub link: Option<String>,
     /// Seconds a rank waits at a collective before it gives up with an error (a --link whose
     /// all-reduce takes longer is refused before training).
-    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true, value_parser = crate::numbers::seconds)]
     pub collective_timeout: f64,
     /// Write a Chrome/Perfetto timeline (open in ui.perfetto.dev).
     #[arg(long, value_name = "FILE.json")]
@@ -206,12 +206,9 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
             bail!("--lr {lr}: the learning rate must be a positive number");
         }
     }
-    if !(args.collective_timeout.is_finite() && args.collective_timeout > 0.0) {
-        bail!(
-            "--collective-timeout {}: must be a positive number of seconds",
-            args.collective_timeout
-        );
-    }
+    let collective_timeout = crate::numbers::check_seconds(args.collective_timeout)
+        .and_then(|s| Duration::try_from_secs_f64(s).map_err(|e| e.to_string()))
+        .map_err(|e| anyhow::anyhow!("--collective-timeout {e}"))?;
     if !args.bucket_mb.is_finite() {
         bail!("--bucket-mb {}: must be a finite number", args.bucket_mb);
     }
@@ -246,7 +243,7 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         seed: args.seed,
         optimizer,
         link,
-        collective_timeout: Duration::from_secs_f64(args.collective_timeout),
+        collective_timeout,
         timeline: args.timeline.is_some(),
         passes: args
             .passes

@@ -399,7 +399,7 @@ fn bad_numbers_are_named() {
             vec!["--lr", "-1"],
             "--lr -1: the learning rate must be a positive",
         ),
-        (vec!["--link", "-1,10"], "latency must be >= 0"),
+        (vec!["--link", "-1,10"], "latency must be between 0 and"),
         (
             vec!["--seed", "99999999999999999999999"],
             "is too large (at most 18446744073709551615)",
