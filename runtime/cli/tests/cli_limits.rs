@@ -91,3 +91,45 @@ fn durations_and_rates_past_their_types_are_refused() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// A safetensors file whose header declares one f32 tensor of `elements`, its data a hole (a
+/// sparse file: nothing is written to disk).
+fn sparse_safetensors(path: &Path, name: &str, elements: u64) {
+    let mut header = format!(
+        r#"{{"{name}":{{"dtype":"F32","shape":[{elements}],"data_offsets":[0,{}]}}}}"#,
+        elements * 4
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(path, &bytes).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(bytes.len() as u64 + elements * 4).unwrap();
+}
+
+#[test]
+fn sizes_past_memory_are_refused_before_allocating() {
+    // a 1 TiB tensor: the file is mapped and its size checked, never read whole
+    let tmp = tempfile::tempdir().unwrap();
+    let big = tmp.path().join("big.safetensors");
+    sparse_safetensors(&big, "l1.weight", 1 << 38);
+    let o = run(&["train", "--steps", "1", "--params", big.to_str().unwrap()]);
+    refused(&o, &["big.safetensors: its tensors does not fit in memory"]);
+    let o = run(&["train", "--steps", "1", "--data", big.to_str().unwrap()]);
+    refused(&o, &["does not fit in memory"]);
+    // a deep MLP counted before its traces are built, the count overflow-checked
+    for m in [
+        "deep-mlp:4294967296,4,4",
+        "deep-mlp:100000000,1,1",
+        "deep-mlp:18446744073709551615,4,4",
+        "deep-mlp:4,4294967296,4294967296",
+    ] {
+        let o = run(&["train", "--steps", "1", "--model", m]);
+        refused(&o, &[m, "does not fit in memory"]);
+    }
+    // ranks are threads: more than the kernel gives is refused before the first one starts
+    let o = run(&["train", "--steps", "1", "--world-size", "100000"]);
+    refused(&o, &["--world-size 100000", "this machine allows at most"]);
+}

@@ -694,6 +694,15 @@ pub fn train_with(
     if cfg.world_size == 0 {
         return Err(TrainError::Config("--world-size must be at least 1".into()));
     }
+    if let Some(max) = crate::train::rank_threads::max_ranks() {
+        if cfg.world_size > max {
+            return Err(TrainError::Config(format!(
+                "--world-size {}: ranks are threads of this process ({} each), and this machine allows at most {max} ranks (threads-max, RLIMIT_NPROC, vm.max_map_count)",
+                cfg.world_size,
+                crate::train::rank_threads::THREADS_PER_RANK
+            )));
+        }
+    }
     if !cfg.bucket_mb.is_finite() {
         return Err(TrainError::Config(format!(
             "--bucket-mb must be a finite number, got {}",
