@@ -2,8 +2,9 @@
 //!
 //! One file per subcommand (`opt_cmd`, `train_cmd`, `simulate_cmd`, `verify_cmd`, `launch`),
 //! [`cli`] for the arguments and their dispatch, `input` for the files every subcommand
-//! reads and writes, `outputs` for keeping outputs off the inputs, [`alloc`] for the allocator settings the binaries share. Errors are
-//! `anyhow` chains printed to stderr with a non-zero exit code.
+//! reads and writes, `outputs` for keeping outputs off the inputs, `signals` for removing a
+//! write's temporary file on SIGINT or SIGTERM, [`alloc`] for the allocator settings the
+//! binaries share. Errors are `anyhow` chains printed to stderr with a non-zero exit code.
 //!
 //! Running a subcommand from Rust, as the binary does (here `tracepass verify` of the seed
 //! example's forward, which prints `...: ok`):
@@ -25,6 +26,7 @@ mod launch;
 mod numbers;
 mod opt_cmd;
 mod outputs;
+mod signals;
 mod simulate_cmd;
 mod train_cmd;
 mod verify_cmd;
@@ -34,7 +36,9 @@ pub use cli::{run, Cli};
 /// Parses the process's arguments, runs the subcommand and prints an error chain to stderr.
 pub fn main() -> std::process::ExitCode {
     use clap::Parser;
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    signals::remove_temp_files_on_signal();
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -137,3 +137,81 @@ fn a_resumed_checkpoint_may_be_saved_over() {
     let o = run(&["train", "--steps", "3", "--resume", c, "--save-grads", c]);
     fails_with(&o, &["--save-grads", "the input --resume"]);
 }
+
+/// The temporary files in `dir` (`.NAME.tmp-PID-N`).
+fn temp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.contains(".tmp-"))
+        .collect()
+}
+
+#[cfg(unix)]
+#[test]
+fn a_signal_during_a_save_removes_its_temporary_file() {
+    use std::os::unix::process::ExitStatusExt;
+    for (sig, number) in [("TERM", 15), ("INT", 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = dir.path().join("ck.safetensors");
+        // a 48 MB checkpoint rewritten after every step: its temporary file is there often
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tracepass"))
+            .args([
+                "train",
+                "--model",
+                "deep-mlp:4,1024,8",
+                "--steps",
+                "100000",
+                "--save",
+                ck.to_str().unwrap(),
+                "--save-every",
+                "1",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while temp_files(dir.path()).is_empty()
+            && start.elapsed() < std::time::Duration::from_secs(120)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!temp_files(dir.path()).is_empty(), "no save seen");
+        let killed = Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(number), "SIG{sig}: {status}");
+        assert_eq!(temp_files(dir.path()), Vec::<String>::new(), "SIG{sig}");
+    }
+}
+
+#[test]
+fn a_save_removes_the_temporary_files_of_dead_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck.safetensors");
+    // one left by a process that was killed outright (it has ended), one of a live one (this)
+    let mut gone = Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let dead = dir
+        .path()
+        .join(format!(".ck.safetensors.tmp-{}-0", gone.id()));
+    let live = dir
+        .path()
+        .join(format!(".ck.safetensors.tmp-{}-0", std::process::id()));
+    let other = dir.path().join(format!(".other.tmp-{}-0", gone.id()));
+    for f in [&dead, &live, &other] {
+        std::fs::write(f, b"partial").unwrap();
+    }
+    let o = run(&["train", "--steps", "1", "--save", ck.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(ck.is_file());
+    if cfg!(target_os = "linux") {
+        assert!(!dead.exists(), "the dead process's temporary file is left");
+    }
+    assert!(live.exists(), "a live process's temporary file was removed");
+    assert!(other.exists(), "another file's temporary file was removed");
+}
