@@ -1,6 +1,6 @@
 //! Subcommands of the `tracepass` binary. Errors go to stderr with a non-zero exit code.
 
-use crate::input::{load_module, out, program_from_traces, registry};
+use crate::input::{load_module, out, program_from_traces};
 use crate::outputs::Files;
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -38,7 +38,8 @@ pub enum Command {
         #[arg(long)]
         forward: bool,
     },
-    /// Convert between formats; the extension decides (.trace text, .tpb binary, .json).
+    /// Convert between formats; the extension decides (.trace text, .tpb binary, .json). An
+    /// export directory is read as its program.
     Convert { input: PathBuf, output: PathBuf },
     /// Check every invariant; prints every violation (parse errors included) with its line. An
     /// export directory: its forward and backward, its prologue, and how they pair.
@@ -57,7 +58,7 @@ pub enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Graphviz DOT of a trace (of a program: its backward).
+    /// Graphviz DOT of a trace (of a program or an export directory: its backward).
     Dot {
         file: PathBuf,
         /// Output file; stdout when absent.
@@ -75,7 +76,7 @@ pub enum Command {
     /// of one process: use `tracepass train --world-size N`.
     Launch {
         /// Processes (GPUs) on this machine.
-        #[arg(long, allow_negative_numbers = true, value_parser = crate::numbers::count)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::numbers::count_from_1)]
         nproc_per_node: usize,
         /// Address rank 0 listens on for the rendezvous.
         #[arg(long, default_value = "127.0.0.1")]
@@ -126,33 +127,12 @@ pub fn run(cli: Cli) -> Result<()> {
                 .input("", Some(&input))
                 .output("output", Some(&output))
                 .check()?;
-            let m = fsio::load(&input)?;
+            let m = load_module(&input)?;
             fsio::save(&output, &m)?;
             Ok(())
         }
         Command::Verify { file } if tracepass_ir::is_export_dir(&file) => {
-            for name in ["forward.trace", "backward.trace"] {
-                crate::verify_cmd::run(&file.join(name))?;
-            }
-            let e = tracepass_ir::load_export_with(&file, registry())?;
-            let p = &e.program;
-            out(&format!(
-                "{}: ok: {} parameters ({} trainable, {} frozen, {} tied), {} buffers, data {}\n",
-                file.display(),
-                p.params.iter().filter(|x| !x.buffer).count(),
-                p.params.iter().filter(|x| x.requires_grad).count(),
-                p.params
-                    .iter()
-                    .filter(|x| !x.buffer && !x.requires_grad)
-                    .count(),
-                p.params.iter().filter(|x| x.tied_to.is_some()).count(),
-                p.params.iter().filter(|x| x.buffer).count(),
-                p.data_inputs()
-                    .into_iter()
-                    .map(|(_, n)| n)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
+            crate::verify_cmd::run_export(&file)
         }
         Command::Verify { file } => crate::verify_cmd::run(&file),
         Command::Pack {
@@ -182,7 +162,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 .input("", Some(&file))
                 .output("-o", output.as_deref())
                 .check()?;
-            let m = fsio::load(&file)?;
+            let m = load_module(&file)?;
             let t = match &m {
                 Module::Trace(t) => t,
                 Module::Program(p) => &p.backward,
@@ -202,7 +182,7 @@ pub fn run(cli: Cli) -> Result<()> {
             master_port,
             args,
         } => {
-            crate::launch::check_args(&args)?;
+            crate::launch::check_args(&args, nproc_per_node)?;
             Ok(crate::launch::launch(
                 nproc_per_node,
                 &master_addr,

@@ -21,6 +21,7 @@ pub fn registry() -> &'static OpRegistry {
 
 /// A trace or program file, or an export directory (read as the program it holds).
 pub fn load_module(path: &Path) -> Result<Module> {
+    check_exists(path)?;
     if tracepass_ir::is_export_dir(path) {
         return Ok(Module::Program(
             tracepass_ir::load_export_with(path, registry())?.program,
@@ -33,6 +34,15 @@ pub fn load_module(path: &Path) -> Result<Module> {
         );
     }
     Ok(fsio::load_with(path, registry())?)
+}
+
+/// Refuses a path that names nothing, before its extension is looked at (a missing folder would
+/// otherwise be "an unknown file extension").
+pub fn check_exists(path: &Path) -> Result<()> {
+    if !path.exists() {
+        bail!("{}: No such file or directory", path.display());
+    }
+    Ok(())
 }
 
 /// Chooses the registry of [`registry`]: with `--allow-unregistered`, unknown ops are kept.

@@ -41,8 +41,42 @@ pub fn main() -> std::process::ExitCode {
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes on one line, `a: b: c`, leaving out a cause whose text is already
+/// there: a library error that prints its source in its own message (`pipeline `x`: unknown
+/// pass ...`) would otherwise name it twice.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("inner `x`")]
+        struct Inner;
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: {source}")]
+        struct Outer {
+            source: Inner,
+        }
+        let e = anyhow::Error::new(Outer { source: Inner });
+        assert_eq!(super::error_text(&e), "outer: inner `x`");
+        let e = anyhow::Error::new(Inner).context("reading f");
+        assert_eq!(super::error_text(&e), "reading f: inner `x`");
     }
 }

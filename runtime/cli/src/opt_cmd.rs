@@ -221,6 +221,12 @@ pub fn run(args: OptArgs) -> Result<()> {
                 "corrupt" => PassFault::Corrupt,
                 _ => bail!("--inject-fault {f}: expected PASS:panic|corrupt"),
             };
+            if !names.contains(&pass) {
+                bail!(
+                    "--inject-fault {f}: the pipeline has no pass `{pass}` (it runs: {}; the fault would never fire)",
+                    names.join(", ")
+                );
+            }
             Some((pass.to_string(), kind))
         }
         None => None,

@@ -1,7 +1,7 @@
 //! `tracepass train`: options, progress and output of the trainer.
 
 use crate::input::{load_program, program_from_traces};
-use crate::numbers::{count, count64};
+use crate::numbers::{count, count64, count_from_1};
 use crate::outputs::Files;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -13,10 +13,10 @@ use tracepass_runtime::train::{Fault, ModelSource, OptimizerKind, TrainConfig, T
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     /// Number of ranks (threads on this machine).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = count)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = count_from_1)]
     pub world_size: usize,
     /// Optimizer steps, counted from the start of training (a resumed run continues to it).
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = count)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = count_from_1)]
     pub steps: usize,
     /// Gradient bucket cap in MiB; 0 or less: one all-reduce per gradient.
     #[arg(long, default_value_t = 25.0, allow_negative_numbers = true)]
@@ -95,7 +95,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE.safetensors")]
     pub save: Option<PathBuf>,
     /// Also write the checkpoint every N steps (N >= 1).
-    #[arg(long, requires = "save", allow_negative_numbers = true, value_parser = count)]
+    #[arg(long, requires = "save", allow_negative_numbers = true, value_parser = count_from_1)]
     pub save_every: Option<usize>,
     /// Continue from a checkpoint; --steps counts from the start of training.
     #[arg(long, value_name = "FILE.safetensors", conflicts_with = "params")]
@@ -230,6 +230,27 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         Some(f) => Some(Fault::parse(f).map_err(anyhow::Error::msg)?),
         None => None,
     };
+    if let Some(f) = &fault {
+        let (rank, step) = match *f {
+            Fault::Panic { rank, step } | Fault::Vanish { rank, step } => (rank, Some(step)),
+            Fault::Mismatch { rank } => (rank, None),
+        };
+        if rank >= args.world_size {
+            bail!(
+                "--inject-fault {}: rank {rank} is not a rank of --world-size {} (it would never fire)",
+                args.inject_fault.as_deref().unwrap_or_default(),
+                args.world_size
+            );
+        }
+        if step.is_some_and(|s| s >= args.steps) {
+            bail!(
+                "--inject-fault {}: step {} is past the last step of --steps {} (it would never fire)",
+                args.inject_fault.as_deref().unwrap_or_default(),
+                step.unwrap_or_default(),
+                args.steps
+            );
+        }
+    }
     Ok(TrainConfig {
         model: model_source(args)?,
         world_size: args.world_size,

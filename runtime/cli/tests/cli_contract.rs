@@ -549,7 +549,10 @@ fn launch_on_cpu_refuses_with_the_fix() {
     ]);
     fails_with(
         &o,
-        &["threads of one process", "tracepass train --world-size N"],
+        &[
+            "threads of one process",
+            "run `tracepass train --world-size 2 --steps 3` instead",
+        ],
     );
     assert!(losses(&o).is_empty());
     let o = run(&["launch", "--nproc-per-node", "2", "--", "show", "x.trace"]);
