@@ -258,10 +258,10 @@ impl Model {
             } => {
                 // the trace is built before any other check: count first, then build
                 crate::train::memory::check_fits(
-                    &format!("deep-mlp:{layers},{width},{batch}"),
+                    "the model",
                     deep_mlp_bytes(*layers, *width, *batch),
                 )
-                .map_err(|m| load_err("deep MLP", m))?;
+                .map_err(|m| load_err(format!("deep-mlp:{layers},{width},{batch}"), m))?;
                 let spec = synth::MlpSpec::deep(*layers, *width, *batch);
                 let p = synth::mlp_program(&spec).map_err(|e| load_err("deep MLP", e))?;
                 (
