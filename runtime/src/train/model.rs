@@ -403,8 +403,10 @@ impl Model {
 /// convention holds: the one input is `x`.
 fn data_args(program: &Program, from_export: bool) -> Result<Vec<DataArg>, ModelError> {
     let mut out = Vec::new();
+    let params: std::collections::HashSet<usize> =
+        program.params.iter().map(|p| p.forward_arg).collect();
     for (i, &a) in program.forward.args().iter().enumerate() {
-        if program.params.iter().any(|p| p.forward_arg == i) {
+        if params.contains(&i) {
             continue;
         }
         let name = program.forward.name(a);
