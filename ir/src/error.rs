@@ -40,6 +40,14 @@ pub enum FileError {
         /// serde_json's message, or why the content is refused.
         message: String,
     },
+    /// `export.json` reads but says something an export cannot mean.
+    #[error("{path}: {message}")]
+    ExportInfo {
+        /// The `export.json` file.
+        path: PathBuf,
+        /// What is wrong and how to put it right.
+        message: String,
+    },
     /// The file's extension names no format (the format is chosen by extension).
     #[error("{path}: unknown file extension; use .trace (text), .tpb (binary) or .json")]
     UnknownFormat {

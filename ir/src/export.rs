@@ -11,8 +11,10 @@ use crate::registry::OpRegistry;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// `export.json`: how to train the exported model.
+/// `export.json`: how to train the exported model. An unknown key is an error: a misspelt
+/// `world_size` or `tied` would otherwise train another model than the one exported.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExportInfo {
     /// The version of the export format ([`EXPORT_FORMAT`] is the one this build reads).
     pub format: u32,
@@ -90,17 +92,23 @@ pub fn load_export_with(dir: &Path, reg: &OpRegistry) -> Result<Export, FileErro
     }
     let json_path = dir.join("export.json");
     let info: ExportInfo =
-        serde_json::from_str(&read(&json_path)?).map_err(|e| FileError::Json {
+        serde_json::from_str(&read(&json_path)?).map_err(|e| FileError::ExportInfo {
             path: json_path.clone(),
             message: e.to_string(),
         })?;
     if info.format != EXPORT_FORMAT {
-        return Err(FileError::Json {
+        return Err(FileError::ExportInfo {
             path: json_path,
             message: format!(
                 "export format {} (this build reads format {EXPORT_FORMAT})",
                 info.format
             ),
+        });
+    }
+    if info.world_size == Some(0) {
+        return Err(FileError::ExportInfo {
+            path: json_path,
+            message: "`world_size` 0: give the number of ranks Thunder's DDP was traced for (at least 1), or null for a plain export".into(),
         });
     }
     let trace = |name: &str| -> Result<crate::Trace, FileError> {

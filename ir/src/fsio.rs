@@ -10,6 +10,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 /// File formats, chosen by extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,8 +44,69 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + 
     }
 }
 
+/// The temporary files [`write_atomic`] has created and not yet renamed or removed. A file is
+/// created and registered under this lock, and renamed and unregistered under it, so
+/// [`remove_temp_files`] sees every one that exists.
+static TEMP_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn temp_files() -> MutexGuard<'static, Vec<PathBuf>> {
+    TEMP_FILES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Removes the temporary files of writes still in progress, and keeps any other from starting:
+/// for a handler of SIGINT or SIGTERM, which then ends the process. A write that would start
+/// afterwards blocks until the process exits.
+pub fn remove_temp_files() {
+    let files = temp_files();
+    for f in files.iter() {
+        let _ = fs::remove_file(f);
+    }
+    // held until the process ends: no new temporary file is created meanwhile
+    std::mem::forget(files);
+}
+
+/// The prefix of the temporary files of writes to `file_name`: `.NAME.tmp-PID-N`.
+fn temp_prefix(file_name: &str) -> String {
+    format!(".{file_name}.tmp-")
+}
+
+/// Whether the process `pid` is running; `None` where this cannot be told.
+fn process_alive(pid: u32) -> Option<bool> {
+    if cfg!(target_os = "linux") {
+        Some(Path::new("/proc").join(pid.to_string()).exists())
+    } else {
+        None
+    }
+}
+
+/// Removes the temporary files that writes to `dir/file_name` left when their process was
+/// killed outright (SIGKILL, a power cut): those whose process no longer runs.
+fn remove_stale_temp_files(dir: &Path, file_name: &str) {
+    let prefix = temp_prefix(file_name);
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest
+            .split_once('-')
+            .and_then(|(pid, n)| n.parse::<u64>().ok().and(pid.parse::<u32>().ok()))
+        else {
+            continue;
+        };
+        if pid != std::process::id() && process_alive(pid) == Some(false) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, rename,
-/// fsync of the folder. A crash leaves either the old file or the new one, never a mix.
+/// fsync of the folder. A crash leaves either the old file or the new one, never a mix; the
+/// temporary file is removed on failure, by [`remove_temp_files`] on a signal, and by the next
+/// write to `path` when its process was killed outright.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = match path.parent() {
@@ -59,20 +121,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
         })?
         .to_string_lossy()
         .into_owned();
+    remove_stale_temp_files(&dir, &file_name);
     let tmp = dir.join(format!(
-        ".{file_name}.tmp-{}-{}",
+        "{}{}-{}",
+        temp_prefix(&file_name),
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
+    let unregister = |tmp: &Path| temp_files().retain(|t| t != tmp);
     let result = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
+        let mut f = {
+            let mut live = temp_files();
+            let f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?;
+            live.push(tmp.clone());
+            f
+        };
         f.write_all(bytes)?;
         f.sync_all()?;
         drop(f);
-        fs::rename(&tmp, path)?;
+        {
+            let mut live = temp_files();
+            fs::rename(&tmp, path)?;
+            live.retain(|t| *t != tmp);
+        }
         if let Ok(d) = fs::File::open(&dir) {
             let _ = d.sync_all();
         }
@@ -80,6 +154,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
+        unregister(&tmp);
     }
     result.map_err(io_err(path))
 }

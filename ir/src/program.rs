@@ -393,11 +393,13 @@ impl Program {
 
     /// Forward arguments that are data (neither parameter nor buffer), by name.
     pub fn data_inputs(&self) -> Vec<(usize, String)> {
+        let params: std::collections::HashSet<usize> =
+            self.params.iter().map(|p| p.forward_arg).collect();
         self.forward
             .args()
             .iter()
             .enumerate()
-            .filter(|(i, _)| !self.params.iter().any(|p| p.forward_arg == *i))
+            .filter(|(i, _)| !params.contains(i))
             .map(|(i, a)| (i, self.forward.name(*a)))
             .collect()
     }

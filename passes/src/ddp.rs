@@ -240,18 +240,23 @@ fn gradient_groups(p: &Program) -> Result<GradientGroups, String> {
     let grads_out = p.gradient_values();
     let mut groups: Vec<GradGroup> = Vec::new();
     let mut seen = ValueIdSet::default();
+    // by name, so that a model of many parameters is not searched once for each of them
+    let by_fqn: HashMap<&str, &tracepass_ir::Param> =
+        p.params.iter().map(|x| (x.fqn.as_str(), x)).collect();
+    let mut group_of: HashMap<&str, usize> = HashMap::default();
     for param in p.params.iter().filter(|x| x.requires_grad && !x.buffer) {
         let primary = param.tied_to.as_deref().unwrap_or(&param.fqn);
-        let primary_param = p.params.iter().find(|x| x.fqn == primary).ok_or_else(|| {
+        let primary_param = by_fqn.get(primary).copied().ok_or_else(|| {
             format!(
                 "`{}` is tied to `{primary}`, which is not a parameter",
                 param.fqn
             )
         })?;
         let at = |x: &tracepass_ir::Param| x.grad_output.unwrap_or(x.forward_arg);
-        let gi = match groups.iter().position(|g| g.fqns[0] == primary) {
-            Some(i) => i,
+        let gi = match group_of.get(primary) {
+            Some(&i) => i,
             None => {
+                group_of.insert(primary, groups.len());
                 groups.push(GradGroup {
                     fqns: vec![primary.to_string()],
                     member_positions: vec![at(primary_param)],
@@ -745,10 +750,16 @@ impl Pass for Ddp {
         }
         rw.set_return(ret);
         rw.apply(t).map_err(|e| PassError::rewrite("ddp", e))?;
+        let index: HashMap<String, usize> = p
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (x.fqn.clone(), i))
+            .collect();
         for g in &groups {
             for (fqn, pos) in g.fqns.iter().zip(&g.member_positions) {
-                if let Some(param) = p.params.iter_mut().find(|x| &x.fqn == fqn) {
-                    param.grad_output = (*pos == g.primary_pos).then_some(*pos);
+                if let Some(&i) = index.get(fqn) {
+                    p.params[i].grad_output = (*pos == g.primary_pos).then_some(*pos);
                 }
             }
         }

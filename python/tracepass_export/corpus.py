@@ -110,7 +110,7 @@ def readme(out: Path, done: list[str], failed: dict[str, str]) -> str:
     from .models import MODELS
 
     lines = [
-        "# The model corpus: real Thunder exports (format: ../../shared/EXPORT_FORMAT.md)",
+        "# The model corpus: real Thunder exports (format: ../../docs/EXPORT_FORMAT.md)",
         "",
         "Made by `cargo xtask corpus` (which runs `python -m tracepass_export.corpus --out testdata/models`)",
         "with lightning-thunder 0.2.6 and torch 2.9.0 on CPU, float32 (`python/requirements.txt`). Each model",

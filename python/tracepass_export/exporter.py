@@ -1,4 +1,4 @@
-"""Write a tracepass export directory (../shared/EXPORT_FORMAT.md) for one model.
+"""Write a tracepass export directory (../docs/EXPORT_FORMAT.md) for one model.
 
 `export(model_factory, batch, loss, out_dir, ...)` runs `thunder.jit(model)` (or, with
 `ddp=N`, `thunder.distributed.ddp(thunder.jit(model))` on N gloo ranks, rank 0's traces) for one

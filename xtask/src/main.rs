@@ -29,7 +29,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU), opt (the export
-    /// corpus through `opt`), models (the export corpus trained, against PyTorch).
+    /// corpus through `opt`), models (the export corpus trained, against PyTorch), scaling
+    /// (whole runs at doubling depth and micro-step counts).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
@@ -105,9 +106,10 @@ fn main() -> Result<()> {
             "cuda" => cuda::bench().map(|_| ()),
             "opt" => bench_opt::bench_opt(),
             "models" => bench_models::bench_models(true),
+            "scaling" => bench_scaling(),
             other => {
                 bail!(
-                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models"
+                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, scaling"
                 )
             }
         },
@@ -475,6 +477,58 @@ fn bench_runtime() -> Result<()> {
         println!("| deep MLP 16 x 1024, batch 8, loss sum | {world} | 10 | {sps:.2} | {torch} | {:.2}x | >= 1x |", sps / torch);
     }
     Ok(())
+}
+
+/// Whole runs (model built, passes, plans, one step) at doubling sizes: a part of the run
+/// that grows faster than the size shows as a ratio well over 2.
+fn bench_scaling() -> Result<()> {
+    use tracepass_runtime::train::{train, ModelSource, TrainConfig};
+    let quiet = &|_: usize, _: f64| {};
+    println!("## Scaling: one whole run per size, 1 rank, 1 step (target: each doubling <= 2.5x the time)");
+    println!("| run | size | s | ratio to half the size | target |");
+    println!("|---|---|---|---|---|");
+    let run = |what: &str, sizes: &[usize], cfg: &dyn Fn(usize) -> TrainConfig| -> Result<()> {
+        let mut before: Option<f64> = None;
+        for &n in sizes {
+            let start = std::time::Instant::now();
+            train(&cfg(n), quiet)?;
+            let s = start.elapsed().as_secs_f64();
+            let ratio = before.map(|b| s / b);
+            println!(
+                "| {what} | {n} | {s:.2} | {} | {} |",
+                ratio.map_or("-".to_string(), |r| format!("{r:.2}x")),
+                match ratio {
+                    Some(r) if r > 2.5 => "FAIL (> 2.5x)",
+                    Some(_) => "ok",
+                    None => "-",
+                }
+            );
+            before = Some(s);
+        }
+        Ok(())
+    };
+    run(
+        "deep-mlp:L,4,4 (L layers)",
+        &[2500, 5000, 10000, 20000],
+        &|layers| TrainConfig {
+            model: ModelSource::DeepMlp {
+                layers,
+                width: 4,
+                batch: 4,
+            },
+            steps: 1,
+            ..TrainConfig::default()
+        },
+    )?;
+    run(
+        "seed, --no-sync-steps K",
+        &[25_000, 50_000, 100_000],
+        &|k| TrainConfig {
+            no_sync_steps: k,
+            steps: 1,
+            ..TrainConfig::default()
+        },
+    )
 }
 
 /// Mean over ranks and the steady-state steps of (backward, backward compute, comm, overlap).

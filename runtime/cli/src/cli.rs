@@ -1,6 +1,7 @@
 //! Subcommands of the `tracepass` binary. Errors go to stderr with a non-zero exit code.
 
-use crate::input::{check_output, load_module, out, program_from_traces, registry};
+use crate::input::{load_module, out, program_from_traces};
+use crate::outputs::Files;
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -37,7 +38,8 @@ pub enum Command {
         #[arg(long)]
         forward: bool,
     },
-    /// Convert between formats; the extension decides (.trace text, .tpb binary, .json).
+    /// Convert between formats; the extension decides (.trace text, .tpb binary, .json). An
+    /// export directory is read as its program.
     Convert { input: PathBuf, output: PathBuf },
     /// Check every invariant; prints every violation (parse errors included) with its line. An
     /// export directory: its forward and backward, its prologue, and how they pair.
@@ -56,7 +58,7 @@ pub enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Graphviz DOT of a trace (of a program: its backward).
+    /// Graphviz DOT of a trace (of a program or an export directory: its backward).
     Dot {
         file: PathBuf,
         /// Output file; stdout when absent.
@@ -74,7 +76,7 @@ pub enum Command {
     /// of one process: use `tracepass train --world-size N`.
     Launch {
         /// Processes (GPUs) on this machine.
-        #[arg(long, allow_negative_numbers = true, value_parser = crate::numbers::count)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::numbers::count_from_1)]
         nproc_per_node: usize,
         /// Address rank 0 listens on for the rendezvous.
         #[arg(long, default_value = "127.0.0.1")]
@@ -89,7 +91,7 @@ pub enum Command {
     /// Testing aid: the TCP rendezvous of a launched rank; prints a digest of rank 0's id.
     #[command(hide = true)]
     RendezvousCheck {
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 30.0, allow_negative_numbers = true, value_parser = crate::numbers::seconds)]
         timeout: f64,
     },
 }
@@ -121,43 +123,16 @@ pub fn run(cli: Cli) -> Result<()> {
             out(&print_trace_with(t, opts))
         }
         Command::Convert { input, output } => {
-            check_output(&output, "output")?;
-            let m = fsio::load(&input)?;
+            Files::new()
+                .input("", Some(&input))
+                .output("output", Some(&output))
+                .check()?;
+            let m = load_module(&input)?;
             fsio::save(&output, &m)?;
             Ok(())
         }
         Command::Verify { file } if tracepass_ir::is_export_dir(&file) => {
-            for name in ["forward.trace", "backward.trace"] {
-                crate::verify_cmd::run(&file.join(name))?;
-            }
-            let e = tracepass_ir::load_export_with(&file, registry())?;
-            let p = &e.program;
-            out(&format!(
-                "{}: ok: {} parameters ({} trainable, {} frozen, {} tied), {} buffers, data {}\n",
-                file.display(),
-                p.params.iter().filter(|x| !x.buffer).count(),
-                p.params.iter().filter(|x| x.requires_grad).count(),
-                p.params
-                    .iter()
-                    .filter(|x| !x.buffer && !x.requires_grad)
-                    .count(),
-                p.params.iter().filter(|x| x.tied_to.is_some()).count(),
-                p.params.iter().filter(|x| x.buffer).count(),
-                p.data_inputs()
-                    .into_iter()
-                    .map(|(_, n)| n)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))?;
-            let unused = p.unused_params();
-            if unused.is_empty() {
-                return Ok(());
-            }
-            out(&format!(
-                "{}: unused: {} (the loss never reaches them: no gradient, never updated)\n",
-                file.display(),
-                unused.join(", ")
-            ))
+            crate::verify_cmd::run_export(&file)
         }
         Command::Verify { file } => crate::verify_cmd::run(&file),
         Command::Pack {
@@ -166,7 +141,12 @@ pub fn run(cli: Cli) -> Result<()> {
             prologue,
             output,
         } => {
-            check_output(&output, "-o")?;
+            Files::new()
+                .input("forward", Some(&forward))
+                .input("backward", Some(&backward))
+                .input("--prologue", prologue.as_deref())
+                .output("-o", Some(&output))
+                .check()?;
             if fsio::Format::from_path(&output)? == fsio::Format::Text {
                 bail!(
                     "-o {}: a .trace file holds one trace; write the program as .tpb or .json",
@@ -178,10 +158,11 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Dot { file, output } => {
-            if let Some(o) = &output {
-                check_output(o, "-o")?;
-            }
-            let m = fsio::load(&file)?;
+            Files::new()
+                .input("", Some(&file))
+                .output("-o", output.as_deref())
+                .check()?;
+            let m = load_module(&file)?;
             let t = match &m {
                 Module::Trace(t) => t,
                 Module::Program(p) => &p.backward,
@@ -201,7 +182,7 @@ pub fn run(cli: Cli) -> Result<()> {
             master_port,
             args,
         } => {
-            crate::launch::check_args(&args)?;
+            crate::launch::check_args(&args, nproc_per_node)?;
             Ok(crate::launch::launch(
                 nproc_per_node,
                 &master_addr,
@@ -227,7 +208,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let got = exchange(
                 &env,
                 (env.rank == 0).then_some(id.as_slice()),
-                std::time::Duration::from_secs_f64(timeout.max(0.01)),
+                std::time::Duration::try_from_secs_f64(timeout.max(0.01))?,
             )?;
             let digest = got.iter().fold(0xcbf29ce484222325u64, |h, b| {
                 (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)

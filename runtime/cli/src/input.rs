@@ -21,7 +21,23 @@ pub fn registry() -> &'static OpRegistry {
 
 /// A trace or program file, or an export directory (read as the program it holds).
 pub fn load_module(path: &Path) -> Result<Module> {
+    check_exists(path)?;
+    if path.is_dir() && !tracepass_ir::is_export_dir(path) {
+        bail!(
+            "{}: is a folder without export.json, not an export directory",
+            path.display()
+        );
+    }
     Ok(fsio::load_with(path, registry())?)
+}
+
+/// Refuses a path that names nothing, before its extension is looked at (a missing folder would
+/// otherwise be "an unknown file extension").
+pub fn check_exists(path: &Path) -> Result<()> {
+    if !path.exists() {
+        bail!("{}: No such file or directory", path.display());
+    }
+    Ok(())
 }
 
 /// Chooses the registry of [`registry`]: with `--allow-unregistered`, unknown ops are kept.

@@ -21,7 +21,7 @@ pub enum LaunchError {
 
 /// Refuses what would run as unsynchronized copies: only `train --device cuda` (one process per
 /// GPU, NCCL between them) is a distributed run; CPU ranks are threads of one process.
-pub fn check_args(args: &[String]) -> Result<(), LaunchError> {
+pub fn check_args(args: &[String], nproc: usize) -> Result<(), LaunchError> {
     let sub = args.first().map(String::as_str).unwrap_or("");
     match sub {
         "rendezvous-check" => Ok(()),
@@ -35,13 +35,22 @@ pub fn check_args(args: &[String]) -> Result<(), LaunchError> {
                 }
             }
             if device == "cuda" {
-                Ok(())
-            } else {
-                Err(LaunchError::NotDistributed(format!(
-                    "launch starts one process per GPU (`train --device cuda`); `train --device {device}` runs its ranks as threads of one process, so launched copies would each train alone: run `tracepass train --world-size N {}` instead",
-                    args[1..].join(" ")
-                ).trim_end().to_string()))
+                return Ok(());
             }
+            // the same run as threads: the processes' count becomes the world size, unless
+            // the command line gives one already
+            let has_world_size = args
+                .iter()
+                .any(|a| a == "--world-size" || a.starts_with("--world-size="));
+            let mut suggested = vec!["tracepass".to_string(), "train".to_string()];
+            if !has_world_size {
+                suggested.extend(["--world-size".to_string(), nproc.to_string()]);
+            }
+            suggested.extend(args[1..].iter().cloned());
+            Err(LaunchError::NotDistributed(format!(
+                "launch starts one process per GPU (`train --device cuda`); `train --device {device}` runs its ranks as threads of one process, so launched copies would each train alone: run `{}` instead",
+                suggested.join(" ")
+            )))
         }
         other => Err(LaunchError::NotDistributed(format!(
             "launch runs `train --device cuda` (one process per GPU); `{other}` is not a distributed command: run `tracepass {}` directly",

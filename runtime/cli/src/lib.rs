@@ -2,8 +2,9 @@
 //!
 //! One file per subcommand (`opt_cmd`, `train_cmd`, `simulate_cmd`, `verify_cmd`, `launch`),
 //! [`cli`] for the arguments and their dispatch, `input` for the files every subcommand
-//! reads and writes, [`alloc`] for the allocator settings the binaries share. Errors are
-//! `anyhow` chains printed to stderr with a non-zero exit code.
+//! reads and writes, `outputs` for keeping outputs off the inputs, `signals` for removing a
+//! write's temporary file on SIGINT or SIGTERM, [`alloc`] for the allocator settings the
+//! binaries share. Errors are `anyhow` chains printed to stderr with a non-zero exit code.
 //!
 //! Running a subcommand from Rust, as the binary does (here `tracepass verify` of the seed
 //! example's forward, which prints `...: ok`):
@@ -24,6 +25,8 @@ mod input;
 mod launch;
 mod numbers;
 mod opt_cmd;
+mod outputs;
+mod signals;
 mod simulate_cmd;
 mod train_cmd;
 mod verify_cmd;
@@ -33,11 +36,47 @@ pub use cli::{run, Cli};
 /// Parses the process's arguments, runs the subcommand and prints an error chain to stderr.
 pub fn main() -> std::process::ExitCode {
     use clap::Parser;
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    signals::remove_temp_files_on_signal();
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes on one line, `a: b: c`, leaving out a cause whose text is already
+/// there: a library error that prints its source in its own message (`pipeline `x`: unknown
+/// pass ...`) would otherwise name it twice.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("inner `x`")]
+        struct Inner;
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: {source}")]
+        struct Outer {
+            source: Inner,
+        }
+        let e = anyhow::Error::new(Outer { source: Inner });
+        assert_eq!(super::error_text(&e), "outer: inner `x`");
+        let e = anyhow::Error::new(Inner).context("reading f");
+        assert_eq!(super::error_text(&e), "reading f: inner `x`");
     }
 }

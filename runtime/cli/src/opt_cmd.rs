@@ -1,7 +1,8 @@
 //! `tracepass opt`: a pass pipeline run over a trace, program or export directory, like
 //! mlir-opt, with IR printing around passes, timing, statistics and reproducers of failures.
 
-use crate::input::{check_output, load_input, out, registry};
+use crate::input::{load_input, out, registry};
+use crate::outputs::Files;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use tracepass_ir::{fsio, Module, Program};
@@ -122,8 +123,14 @@ impl Pass for Watched {
 
 /// Runs `tracepass opt`.
 pub fn run(args: OptArgs) -> Result<()> {
+    Files::new()
+        .input("", args.input.as_deref())
+        .input("--forward", args.forward.as_deref())
+        .input("--prologue", args.prologue.as_deref())
+        .input("--reproduce", args.reproduce.as_deref())
+        .output("-o", args.output.as_deref())
+        .check()?;
     if let Some(o) = &args.output {
-        check_output(o, "-o")?;
         fsio::Format::from_path(o)?;
     }
     if let Some(d) = &args.reproducer_dir {
@@ -183,6 +190,12 @@ pub fn run(args: OptArgs) -> Result<()> {
                 "corrupt" => PassFault::Corrupt,
                 _ => bail!("--inject-fault {f}: expected PASS:panic|corrupt"),
             };
+            if !names.contains(&pass) {
+                bail!(
+                    "--inject-fault {f}: the pipeline has no pass `{pass}` (it runs: {}; the fault would never fire)",
+                    names.join(", ")
+                );
+            }
             Some((pass.to_string(), kind))
         }
         None => None,

@@ -19,7 +19,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub passes: Option<String>,
     /// Ranks to model (must match any ddp(world_size=...) in --passes).
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::numbers::count)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::numbers::count_from_1)]
     pub world_size: usize,
     /// Device: h100, h200, a100, l40s, or cpu (measured on this machine).
     #[arg(long, default_value = "h100")]

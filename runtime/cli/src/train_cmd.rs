@@ -1,7 +1,8 @@
 //! `tracepass train`: options, progress and output of the trainer.
 
-use crate::input::{check_output, load_program, program_from_traces};
-use crate::numbers::{count, count64};
+use crate::input::{load_program, program_from_traces};
+use crate::numbers::{count, count64, count_from_1};
+use crate::outputs::Files;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,10 +15,10 @@ use tracepass_runtime::train::{
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     /// Number of ranks (threads on this machine).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = count)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = count_from_1)]
     pub world_size: usize,
     /// Optimizer steps, counted from the start of training (a resumed run continues to it).
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = count)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = count_from_1)]
     pub steps: usize,
     /// Gradient bucket cap in MiB; 0 or less: one all-reduce per gradient.
     #[arg(long, default_value_t = 25.0, allow_negative_numbers = true)]
@@ -75,7 +76,7 @@ pub struct TrainArgs {
     pub link: Option<String>,
     /// Seconds a rank waits at a collective before it gives up with an error (a --link whose
     /// all-reduce takes longer is refused before training).
-    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true, value_parser = crate::numbers::seconds)]
     pub collective_timeout: f64,
     /// Write a Chrome/Perfetto timeline (open in ui.perfetto.dev).
     #[arg(long, value_name = "FILE.json")]
@@ -96,7 +97,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE.safetensors")]
     pub save: Option<PathBuf>,
     /// Also write the checkpoint every N steps (N >= 1).
-    #[arg(long, requires = "save", allow_negative_numbers = true, value_parser = count)]
+    #[arg(long, requires = "save", allow_negative_numbers = true, value_parser = count_from_1)]
     pub save_every: Option<usize>,
     /// Continue from a checkpoint; --steps counts from the start of training.
     #[arg(long, value_name = "FILE.safetensors", conflicts_with = "params")]
@@ -219,12 +220,9 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
             bail!("--lr {lr}: the learning rate must be a positive number");
         }
     }
-    if !(args.collective_timeout.is_finite() && args.collective_timeout > 0.0) {
-        bail!(
-            "--collective-timeout {}: must be a positive number of seconds",
-            args.collective_timeout
-        );
-    }
+    let collective_timeout = crate::numbers::check_seconds(args.collective_timeout)
+        .and_then(|s| Duration::try_from_secs_f64(s).map_err(|e| e.to_string()))
+        .map_err(|e| anyhow::anyhow!("--collective-timeout {e}"))?;
     if !args.bucket_mb.is_finite() {
         bail!("--bucket-mb {}: must be a finite number", args.bucket_mb);
     }
@@ -246,6 +244,27 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         Some(f) => Some(Fault::parse(f).map_err(anyhow::Error::msg)?),
         None => None,
     };
+    if let Some(f) = &fault {
+        let (rank, step) = match *f {
+            Fault::Panic { rank, step } | Fault::Vanish { rank, step } => (rank, Some(step)),
+            Fault::Mismatch { rank } => (rank, None),
+        };
+        if rank >= args.world_size {
+            bail!(
+                "--inject-fault {}: rank {rank} is not a rank of --world-size {} (it would never fire)",
+                args.inject_fault.as_deref().unwrap_or_default(),
+                args.world_size
+            );
+        }
+        if step.is_some_and(|s| s >= args.steps) {
+            bail!(
+                "--inject-fault {}: step {} is past the last step of --steps {} (it would never fire)",
+                args.inject_fault.as_deref().unwrap_or_default(),
+                step.unwrap_or_default(),
+                args.steps
+            );
+        }
+    }
     Ok(TrainConfig {
         model: model_source(args)?,
         world_size: args.world_size,
@@ -259,7 +278,7 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         seed: args.seed,
         optimizer,
         link,
-        collective_timeout: Duration::from_secs_f64(args.collective_timeout),
+        collective_timeout,
         timeline: args.timeline.is_some(),
         passes: args
             .passes
@@ -331,16 +350,21 @@ fn check_not_launched_on_cpu(args: &TrainArgs) -> Result<()> {
 pub fn run(args: TrainArgs) -> Result<()> {
     check_not_launched_on_cpu(&args)?;
     // every output is checked before the first step, so no run trains only to fail at the end
-    for (flag, path) in [
-        ("--save", &args.save),
-        ("--save-grads", &args.save_grads),
-        ("--timeline", &args.timeline),
-        ("--metrics-json", &args.metrics_json),
-    ] {
-        if let Some(p) = path {
-            check_output(p, flag)?;
-        }
-    }
+    let model = std::path::Path::new(&args.model);
+    let model_is_path = args.model != "seed" && !args.model.starts_with("deep-mlp:");
+    Files::new()
+        .input("--model", model_is_path.then_some(model))
+        .input("--forward", args.forward.as_deref())
+        .input("--backward", args.backward.as_deref())
+        .input("--prologue", args.prologue.as_deref())
+        .input("--params", args.params.as_deref())
+        .input("--data", args.data.as_deref())
+        .input_replaced_by("--resume", args.resume.as_deref(), "--save")
+        .output("--save", args.save.as_deref())
+        .output("--save-grads", args.save_grads.as_deref())
+        .output("--timeline", args.timeline.as_deref())
+        .output("--metrics-json", args.metrics_json.as_deref())
+        .check()?;
     let cfg = config(&args)?;
     // the bar (stderr, terminals only) counts this run's steps; every loss line goes to stdout
     let bar = (cfg.steps >= 100).then(|| {

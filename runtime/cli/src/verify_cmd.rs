@@ -1,10 +1,13 @@
 //! `tracepass verify`: every violation of a file, each with its line. A text trace that does not
 //! parse gets every parse error (the failing line is set aside and parsing goes on); one that
-//! parses gets every semantic violation, located by its statement's line in the file.
+//! parses gets every semantic violation, located by its statement's line in the file. An export
+//! directory gets its traces checked so, then what training it needs.
 
 use anyhow::{bail, Result};
 use std::path::Path;
 use tracepass_ir::{fsio, parse_trace_with, verify_with, Diagnostic, Module};
+use tracepass_runtime::tensor::TensorFile;
+use tracepass_runtime::train::{file_params, forward_output_at, LossKind};
 
 /// At most this many parse errors are reported for one file.
 const MAX_PARSE_ERRORS: usize = 100;
@@ -82,6 +85,10 @@ fn line_of(text: &str, d: &Diagnostic) -> Option<usize> {
 
 pub fn run(file: &Path) -> Result<()> {
     let shown = file.display();
+    crate::input::check_exists(file)?;
+    if file.is_dir() {
+        bail!("{shown}: is a folder without export.json, not an export directory");
+    }
     let text = match fsio::Format::from_path(file)? {
         fsio::Format::Text => {
             Some(std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{shown}: {e}"))?)
@@ -130,4 +137,60 @@ pub fn run(file: &Path) -> Result<()> {
         );
     }
     crate::input::out(&format!("{shown}: ok\n"))
+}
+
+/// `verify DIR` of an export directory: its traces line by line, then how they pair, and what
+/// `train` will need of it: a known loss, the model output it names, and every parameter and
+/// buffer in `params.safetensors` with the program's shape.
+pub fn run_export(dir: &Path) -> Result<()> {
+    for name in ["forward.trace", "backward.trace"] {
+        run(&dir.join(name))?;
+    }
+    let e = tracepass_ir::load_export_with(dir, crate::input::registry())?;
+    let json = dir.join("export.json");
+    let p = &e.program;
+    LossKind::from_export(&e.info.loss).map_err(|m| anyhow::anyhow!("{}: {m}", json.display()))?;
+    if forward_output_at(&p.forward, e.info.output).is_none() {
+        bail!(
+            "{}: `output` {}: the forward has no model output {} (they count from 0)",
+            json.display(),
+            e.info.output,
+            e.info.output
+        );
+    }
+    let params = e.file("params.safetensors");
+    if !params.is_file() {
+        bail!(
+            "{}: missing; an export holds every parameter and buffer there (docs/EXPORT_FORMAT.md)",
+            params.display()
+        );
+    }
+    let file = TensorFile::load(&params)?;
+    file_params(&p.params, &file).map_err(anyhow::Error::msg)?;
+    crate::input::out(&format!(
+        "{}: ok: {} parameters ({} trainable, {} frozen, {} tied), {} buffers, data {}\n",
+        dir.display(),
+        p.params.iter().filter(|x| !x.buffer).count(),
+        p.params.iter().filter(|x| x.requires_grad).count(),
+        p.params
+            .iter()
+            .filter(|x| !x.buffer && !x.requires_grad)
+            .count(),
+        p.params.iter().filter(|x| x.tied_to.is_some()).count(),
+        p.params.iter().filter(|x| x.buffer).count(),
+        p.data_inputs()
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))?;
+    let unused = p.unused_params();
+    if unused.is_empty() {
+        return Ok(());
+    }
+    crate::input::out(&format!(
+        "{}: unused: {} (the loss never reaches them: no gradient, never updated)\n",
+        dir.display(),
+        unused.join(", ")
+    ))
 }

@@ -399,7 +399,7 @@ fn bad_numbers_are_named() {
             vec!["--lr", "-1"],
             "--lr -1: the learning rate must be a positive",
         ),
-        (vec!["--link", "-1,10"], "latency must be >= 0"),
+        (vec!["--link", "-1,10"], "latency must be between 0 and"),
         (
             vec!["--seed", "99999999999999999999999"],
             "is too large (at most 18446744073709551615)",
@@ -549,7 +549,10 @@ fn launch_on_cpu_refuses_with_the_fix() {
     ]);
     fails_with(
         &o,
-        &["threads of one process", "tracepass train --world-size N"],
+        &[
+            "threads of one process",
+            "run `tracepass train --world-size 2 --steps 3` instead",
+        ],
     );
     assert!(losses(&o).is_empty());
     let o = run(&["launch", "--nproc-per-node", "2", "--", "show", "x.trace"]);

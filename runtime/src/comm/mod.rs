@@ -86,6 +86,11 @@ pub struct LinkModel {
 }
 
 impl LinkModel {
+    /// The largest per-hop latency a link may have: 1000 s.
+    pub const MAX_LATENCY_US: f64 = 1e9;
+    /// The smallest bandwidth a link may have: 1 bit/s. Below it every time overflows.
+    pub const MIN_BANDWIDTH_GBPS: f64 = 1e-9;
+
     /// Parses `latency_us,bandwidth_gbps` (gigabits per second: `5,100` is 5 us and 100 Gb/s).
     pub fn parse(s: &str) -> Result<LinkModel, String> {
         let (l, b) = s
@@ -99,18 +104,25 @@ impl LinkModel {
             .trim()
             .parse()
             .map_err(|_| format!("link '{s}': bandwidth '{b}' is not a number"))?;
-        if !(latency_us.is_finite() && latency_us >= 0.0) {
-            return Err(format!("link '{s}': latency must be >= 0"));
+        if !(latency_us.is_finite() && (0.0..=Self::MAX_LATENCY_US).contains(&latency_us)) {
+            return Err(format!(
+                "link '{s}': latency must be between 0 and {:e} us",
+                Self::MAX_LATENCY_US
+            ));
         }
-        if !(bandwidth_gbps.is_finite() && bandwidth_gbps > 0.0) {
-            return Err(format!("link '{s}': bandwidth must be > 0"));
+        if !(bandwidth_gbps.is_finite() && bandwidth_gbps >= Self::MIN_BANDWIDTH_GBPS) {
+            return Err(format!(
+                "link '{s}': bandwidth must be a finite number of at least {:e} Gb/s",
+                Self::MIN_BANDWIDTH_GBPS
+            ));
         }
         Ok(LinkModel {
             latency_us,
             bandwidth_gbps,
         })
     }
-    /// Ring all-reduce time: `2(n-1)` latency hops plus `2(n-1)/n * bytes / bandwidth`.
+    /// Ring all-reduce time: `2(n-1)` latency hops plus `2(n-1)/n * bytes / bandwidth`;
+    /// [`Duration::MAX`] where that is longer than a `Duration` holds.
     pub fn all_reduce_time(&self, bytes: usize, world: usize) -> Duration {
         if world <= 1 {
             return Duration::ZERO;
@@ -119,7 +131,7 @@ impl LinkModel {
         let bytes_per_s = self.bandwidth_gbps * 1e9 / 8.0;
         let secs = 2.0 * (n - 1.0) * self.latency_us * 1e-6
             + 2.0 * (n - 1.0) / n * bytes as f64 / bytes_per_s;
-        Duration::from_secs_f64(secs)
+        Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
     }
 }
 
@@ -162,5 +174,13 @@ mod tests {
         assert!(LinkModel::parse("10").is_err());
         assert!(LinkModel::parse("1,0").is_err());
         assert!(LinkModel::parse("-1,5").is_err());
+        // extreme values are refused by name, and a time too long for a Duration saturates
+        assert!(LinkModel::parse("1,1e-300").is_err());
+        assert!(LinkModel::parse("1e300,1").is_err());
+        let slow = LinkModel {
+            latency_us: 1.0,
+            bandwidth_gbps: 1e-300,
+        };
+        assert_eq!(slow.all_reduce_time(1 << 20, 2), Duration::MAX);
     }
 }

@@ -114,7 +114,12 @@ pub fn exchange(
     timeout: Duration,
 ) -> Result<Vec<u8>, RendezvousError> {
     let addr = env.addr();
-    let deadline = Instant::now() + timeout;
+    let now = Instant::now();
+    // a timeout too long for an Instant waits as long as one can
+    let deadline = now
+        .checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+        .unwrap_or(now);
     if env.rank == 0 {
         let payload = payload.ok_or_else(|| RendezvousError::Net {
             addr: addr.clone(),

@@ -124,7 +124,7 @@ impl Shared {
         data: Option<Tensor>,
     ) -> Result<(Tensor, Instant), CommError> {
         let world = self.world;
-        let deadline = Instant::now() + self.options.timeout;
+        let deadline = after(Instant::now(), self.options.timeout);
         let mut st = self.lock();
         if let Some((failed, reason)) = &st.failed {
             return Err(CommError::PeerFailed {
@@ -192,7 +192,7 @@ impl Shared {
                         (self.options.link, ready, sig.kind)
                     {
                         let bytes = sig.numel * sig.dtype.map_or(4, |d| d.size_bytes());
-                        let until = ready + link.all_reduce_time(bytes, world);
+                        let until = after(ready, link.all_reduce_time(bytes, world));
                         let now = Instant::now();
                         if until > now {
                             thread::sleep(until - now);
@@ -267,6 +267,14 @@ impl Shared {
 }
 
 /// The broadcast root's tensor, or an empty one for a barrier.
+/// `d` after `t`; a `d` too long for an `Instant` (a timeout of centuries) is as far off as one
+/// can be, instead of a panic.
+fn after(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .or_else(|| t.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+        .unwrap_or(t)
+}
+
 fn pick(kind: &Kind, contribs: &mut [Option<Tensor>]) -> Result<Tensor, String> {
     match kind {
         Kind::Broadcast(root) => contribs
@@ -448,7 +456,14 @@ impl ThreadComm {
 
     fn block(&self, h: ThreadHandle) -> Outcome {
         // The worker gives up after the timeout itself; the margin covers a simulated link.
-        let deadline = Instant::now() + self.shared.options.timeout * 2 + Duration::from_secs(1);
+        let deadline = after(
+            Instant::now(),
+            self.shared
+                .options
+                .timeout
+                .saturating_mul(2)
+                .saturating_add(Duration::from_secs(1)),
+        );
         let mut v = h.done.value.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(r) = v.take() {

@@ -5,7 +5,7 @@ use serde::Serialize;
 use std::time::Instant;
 
 /// A time interval in microseconds since the run's epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Default)]
 pub struct Span {
     pub start_us: f64,
     pub end_us: f64,
@@ -120,7 +120,7 @@ pub fn busy(spans: &[Span]) -> f64 {
 }
 
 /// Busy compute, communication, and how much of the communication the compute hid (seconds).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct OverlapSummary {
     pub compute_s: f64,
     pub comm_s: f64,
@@ -132,6 +132,16 @@ pub struct OverlapSummary {
 }
 
 impl OverlapSummary {
+    /// Adds the times of a stretch disjoint in time from those already summed (a finished
+    /// micro-step), so that unions and overlaps add up.
+    pub fn add(&mut self, m: &StepMetrics) {
+        self.compute_s += m.compute_s;
+        self.comm_s += m.comm_s;
+        self.overlap_s += m.overlap_s;
+        self.exposed_comm_s += m.exposed_comm_s;
+        self.overlap_pct = pct(self.overlap_s, self.comm_s);
+    }
+
     /// Summarizes compute and communication spans (microseconds, possibly overlapping).
     pub fn of(compute: &[Span], comm: &[Span]) -> OverlapSummary {
         let (compute_us, comm_us) = (busy(compute), busy(comm));
@@ -140,13 +150,18 @@ impl OverlapSummary {
             compute_s: compute_us * 1e-6,
             comm_s: comm_us * 1e-6,
             overlap_s: overlap_us * 1e-6,
-            overlap_pct: if comm_us > 0.0 {
-                100.0 * overlap_us / comm_us
-            } else {
-                100.0
-            },
+            overlap_pct: pct(overlap_us, comm_us),
             exposed_comm_s: (comm_us - overlap_us) * 1e-6,
         }
+    }
+}
+
+/// overlap / comm in percent; 100 when there was no communication to hide.
+fn pct(overlap: f64, comm: f64) -> f64 {
+    if comm > 0.0 {
+        100.0 * overlap / comm
+    } else {
+        100.0
     }
 }
 
@@ -221,6 +236,16 @@ impl StepMetrics {
                 .flat_map(|r| r.buckets.iter().cloned())
                 .collect(),
         }
+    }
+
+    /// Adds the summed times of the step's earlier micro-steps (disjoint in time from this
+    /// one's recordings).
+    pub fn add_local(&mut self, local: &OverlapSummary) {
+        self.compute_s += local.compute_s;
+        self.comm_s += local.comm_s;
+        self.overlap_s += local.overlap_s;
+        self.exposed_comm_s += local.exposed_comm_s;
+        self.overlap_pct = pct(self.overlap_s, self.comm_s);
     }
 }
 
@@ -297,6 +322,45 @@ mod tests {
             start_us: a,
             end_us: b,
         }
+    }
+
+    #[test]
+    fn micro_steps_summed_one_by_one_equal_the_step_summed_whole() {
+        let rec = |at: f64, comm: bool| Recording {
+            compute: vec![s(at, at + 40.), s(at + 50., at + 90.)],
+            buckets: comm
+                .then(|| BucketRecord {
+                    label: "b0".into(),
+                    bytes: 4,
+                    ready_us: at,
+                    launch_us: at,
+                    comm_start_us: at + 30.,
+                    comm_end_us: at + 70.,
+                    wait_start_us: at + 60.,
+                    wait_end_us: at + 70.,
+                })
+                .into_iter()
+                .collect(),
+            events: vec![],
+        };
+        let (a, b, c) = (rec(0., false), rec(100., true), rec(200., true));
+        let whole = StepMetrics::from_recordings(0, 0, s(0., 300.), &[&a, &b, &c]);
+        let mut local = OverlapSummary::default();
+        for r in [&a, &b] {
+            local.add(&StepMetrics::from_recordings(0, 0, Span::default(), &[r]));
+        }
+        let mut parts = StepMetrics::from_recordings(0, 0, s(0., 300.), &[&c]);
+        parts.add_local(&local);
+        for (x, y) in [
+            (parts.compute_s, whole.compute_s),
+            (parts.comm_s, whole.comm_s),
+            (parts.overlap_s, whole.overlap_s),
+            (parts.exposed_comm_s, whole.exposed_comm_s),
+            (parts.overlap_pct, whole.overlap_pct),
+        ] {
+            assert!((x - y).abs() < 1e-12, "{x} vs {y}");
+        }
+        assert!((whole.compute_s - 240e-6).abs() < 1e-12);
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub enum TensorFileError {
         name: String,
         available: String,
     },
+    #[error("{message}")]
+    TooLarge { message: String },
     #[error("{path}: could not write: {message}")]
     Write { path: PathBuf, message: String },
 }
@@ -51,16 +53,32 @@ fn le_chunks<const N: usize>(b: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
 }
 
 impl TensorFile {
+    /// Reads every tensor of a safetensors file. The file is mapped, not read whole, and the
+    /// tensors' sizes (as the header declares them) are checked against the memory available
+    /// before any is copied out, so a file too large for the machine is an error, not an OOM kill.
     pub fn load(path: &Path) -> Result<TensorFile, TensorFileError> {
-        let bytes = std::fs::read(path).map_err(|error| TensorFileError::Io {
+        let io = |error| TensorFileError::Io {
             path: path.to_path_buf(),
             error,
-        })?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| TensorFileError::Format {
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the map is only read, and lives until the tensors are copied out below. Files
+        // this crate writes are replaced by rename, never changed in place, so a mapped one
+        // keeps its contents; another program truncating it meanwhile is outside our control,
+        // as it is for every reader of a mapped file (safetensors' own loaders included).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let bytes: &[u8] = &map;
+        let st = SafeTensors::deserialize(bytes).map_err(|e| TensorFileError::Format {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        let metadata = SafeTensors::read_metadata(&bytes)
+        let declared = st
+            .tensors()
+            .iter()
+            .try_fold(0u64, |n, (_, v)| n.checked_add(v.data().len() as u64));
+        crate::train::memory::check_fits(&format!("{}: its tensors", path.display()), declared)
+            .map_err(|message| TensorFileError::TooLarge { message })?;
+        let metadata = SafeTensors::read_metadata(bytes)
             .ok()
             .and_then(|(_, m)| m.metadata().clone())
             .map(|m| m.into_iter().collect())

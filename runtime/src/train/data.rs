@@ -312,6 +312,8 @@ fn values_for(
 /// Initial parameters like `nn.Linear`'s default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the
 /// weight and the bias, fan_in taken from the layer's weight. The same on every rank.
 pub fn seeded_params(params: &[Param], seed: u64) -> Result<Vec<Tensor>, String> {
+    let by_fqn: std::collections::HashMap<&str, &Param> =
+        params.iter().map(|q| (q.fqn.as_str(), q)).collect();
     params
         .iter()
         .enumerate()
@@ -321,7 +323,7 @@ pub fn seeded_params(params: &[Param], seed: u64) -> Result<Vec<Tensor>, String>
             } else {
                 let weight = p.fqn.strip_suffix("bias").map(|m| format!("{m}weight"));
                 weight
-                    .and_then(|w| params.iter().find(|q| q.fqn == w))
+                    .and_then(|w| by_fqn.get(w.as_str()).copied())
                     .map(|w| w.shape[1..].iter().product::<usize>())
                     .unwrap_or(p.shape.iter().product())
             };

@@ -15,6 +15,25 @@ pub fn available_bytes() -> Option<u64> {
     meminfo.into_iter().chain(cgroup).min()
 }
 
+/// Refuses `what` when the `bytes` it needs (`None`: more than a u64 counts) exceed what
+/// [`available_bytes`] says this process can still get. Unknown availability passes.
+pub fn check_fits(what: &str, bytes: Option<u64>) -> Result<(), String> {
+    let Some(bytes) = bytes else {
+        return Err(format!(
+            "{what} does not fit in memory: it needs more than {} bytes",
+            u64::MAX
+        ));
+    };
+    match available_bytes() {
+        Some(avail) if bytes > avail => Err(format!(
+            "{what} does not fit in memory: it needs at least {}, and {} is available",
+            gib(bytes),
+            gib(avail)
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `MemAvailable:   24078836 kB` → bytes.
 fn mem_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -52,6 +71,20 @@ mod tests {
             None
         );
         assert_eq!(cgroup_headroom(None, Some("300".into())), None);
+    }
+
+    #[test]
+    fn sizes_past_memory_or_past_counting_are_refused() {
+        let e = check_fits("x", None).expect_err("uncountable");
+        assert!(e.contains("x does not fit in memory"), "{e}");
+        if available_bytes().is_some() {
+            let e = check_fits("y", Some(u64::MAX)).expect_err("too large");
+            assert!(
+                e.contains("y does not fit in memory: it needs at least"),
+                "{e}"
+            );
+        }
+        assert!(check_fits("z", Some(1)).is_ok());
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub(crate) mod memory;
 pub(crate) mod model;
 pub(crate) mod optim;
 pub(crate) mod rank_loop;
+pub(crate) mod rank_threads;
 pub(crate) mod trainer;
 
 pub use data::{file_params, seeded_params, Batch, DataSource};

@@ -167,6 +167,24 @@ struct ExportParts {
     world_size: Option<usize>,
 }
 
+/// A floor of the bytes a deep MLP takes to build and train (`None` past u64): its f32
+/// parameters, the activations a layer saves (its input and four GELU values), and the traces'
+/// nodes (at least [`DEEP_MLP_IR_BYTES_PER_LAYER`] a layer).
+fn deep_mlp_bytes(layers: usize, width: usize, batch: usize) -> Option<u64> {
+    let (l, w, b) = (layers as u64, width as u64, batch as u64);
+    let params = w.checked_mul(w)?.checked_add(w)?;
+    let saved = b.checked_mul(w)?.checked_mul(5)?;
+    let per_layer = params
+        .checked_add(saved)?
+        .checked_mul(4)?
+        .checked_add(DEEP_MLP_IR_BYTES_PER_LAYER)?;
+    l.checked_mul(per_layer)
+}
+
+/// The forward and backward of one deep-MLP layer hold about 30 nodes with their types and
+/// names; measured at tens of KiB a layer with the plans, so 4 KiB is a floor.
+const DEEP_MLP_IR_BYTES_PER_LAYER: u64 = 4096;
+
 fn load_err(what: impl Into<String>, message: impl ToString) -> ModelError {
     ModelError::Load {
         what: what.into(),
@@ -238,6 +256,12 @@ impl Model {
                 width,
                 batch,
             } => {
+                // the trace is built before any other check: count first, then build
+                crate::train::memory::check_fits(
+                    "the model",
+                    deep_mlp_bytes(*layers, *width, *batch),
+                )
+                .map_err(|m| load_err(format!("deep-mlp:{layers},{width},{batch}"), m))?;
                 let spec = synth::MlpSpec::deep(*layers, *width, *batch);
                 let p = synth::mlp_program(&spec).map_err(|e| load_err("deep MLP", e))?;
                 (
@@ -409,8 +433,10 @@ impl Model {
 /// convention holds: the one input is `x`.
 fn data_args(program: &Program, from_export: bool) -> Result<Vec<DataArg>, ModelError> {
     let mut out = Vec::new();
+    let params: std::collections::HashSet<usize> =
+        program.params.iter().map(|p| p.forward_arg).collect();
     for (i, &a) in program.forward.args().iter().enumerate() {
-        if program.params.iter().any(|p| p.forward_arg == i) {
+        if params.contains(&i) {
             continue;
         }
         let name = program.forward.name(a);

@@ -8,7 +8,7 @@ use crate::comm::{CommError, Communicator, ReduceOp};
 use crate::exec::backend::{Backend, Input};
 use crate::exec::executor::{ExecError, Executor, RValue};
 use crate::exec::kernel::{BinaryOp, Kernel, Side};
-use crate::exec::metrics::{Clock, Event, Recording, Span, StepMetrics};
+use crate::exec::metrics::{Clock, Event, OverlapSummary, Recording, Span, StepMetrics};
 use crate::tensor::Tensor;
 use crate::train::checkpoint::Checkpoint;
 use crate::train::data::DataSource;
@@ -23,7 +23,8 @@ use tracepass_ir::DType;
 /// times of the step's collectives by the device's and report a failure seen in the
 /// background (an asynchronous NCCL error).
 pub trait StepComm: Communicator {
-    /// Called once the step's work is done and the device synchronized.
+    /// Called after each micro-step without synchronization (once all its collectives were
+    /// waited) and once the step's work is done and the device synchronized.
     fn end_step(&mut self, recs: &mut [Recording], clock: &Clock) -> Result<(), String> {
         let _ = (recs, clock);
         match self.failure() {
@@ -146,7 +147,10 @@ where
         let step_start = Instant::now();
         let mut recs: Vec<Recording> = Vec::new();
         let mut acc: Vec<Option<B::Tensor>> = vec![None; n_grads];
-        let mut loss_handles = Vec::new();
+        // finished local micro-steps, summarized as they end: a step of a million micro-steps
+        // keeps no record or handle of each
+        let mut local = OverlapSummary::default();
+        let mut loss_sum = 0.0;
         let mut synced: Vec<RValue<B::Tensor>> = Vec::new();
         let (mut forward_s, mut backward_s, mut backward_compute_s) = (0.0, 0.0, 0.0);
         for micro in 0..micro_per_step {
@@ -198,10 +202,9 @@ where
             let loss_t = Tensor::from_f64(vec![1], vec![loss])
                 .to_dtype(loss_dtype)
                 .ok_or_else(|| fail(format!("the loss cannot be held in {loss_dtype}")))?;
-            loss_handles.push(
-                comm.all_reduce_async(up(&loss_t)?, ReduceOp::Sum, "loss")
-                    .map_err(comm_err)?,
-            );
+            let loss_handle = comm
+                .all_reduce_async(up(&loss_t)?, ReduceOp::Sum, "loss")
+                .map_err(comm_err)?;
             let mut binputs = vec![forward.saved, RValue::Seq(vec![RValue::Tensor(up(&cot)?)])];
             let last = micro + 1 == micro_per_step;
             let plan = if last {
@@ -227,6 +230,9 @@ where
             backward_s += t_bwd.elapsed().as_secs_f64();
             backward_compute_s += crate::exec::metrics::busy(&rec.compute) * 1e-6;
             recs.push(rec);
+            // summed in micro-step order, as each micro-step ends
+            let (t, _) = comm.wait(loss_handle).map_err(comm_err)?;
+            loss_sum += down(&t)?.to_f64_vec().first().copied().unwrap_or(f64::NAN);
             if last {
                 synced = grads;
             } else {
@@ -238,12 +244,21 @@ where
                         });
                     }
                 }
+                // every collective of this micro-step has been waited: its spans lie within
+                // it, so its summary adds to the others' exactly
+                comm.end_step(&mut recs, &clock).map_err(&fail)?;
+                let refs: Vec<&Recording> = recs.iter().collect();
+                local.add(&StepMetrics::from_recordings(
+                    step,
+                    rank,
+                    Span::default(),
+                    &refs,
+                ));
+                if clock.events {
+                    out.events.extend(recs.drain(..).flat_map(|r| r.events));
+                }
+                recs.clear();
             }
-        }
-        let mut loss_sum = 0.0;
-        for h in loss_handles {
-            let (t, _) = comm.wait(h).map_err(comm_err)?;
-            loss_sum += down(&t)?.to_f64_vec().first().copied().unwrap_or(f64::NAN);
         }
         let loss = loss_sum / (cfg.world_size * micro_per_step) as f64;
         let host_grads: Vec<Option<Tensor>> = model
@@ -286,6 +301,7 @@ where
             },
             &refs,
         );
+        m.add_local(&local);
         m.forward_s = forward_s;
         m.backward_s = backward_s;
         m.backward_compute_s = backward_compute_s;

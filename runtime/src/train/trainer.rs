@@ -596,10 +596,15 @@ pub(crate) fn collective_lines(
         numel: 1,
         group: "world".into(),
     };
-    let mut list = vec![loss; no_sync_steps + 1];
-    list.extend(plans.forward.collectives.iter().cloned());
-    list.extend(plans.sync.collectives.iter().cloned());
-    crate::train::fingerprint::describe(&list)
+    // one line for the loss of every micro-step: a million micro-steps make no million lines
+    let describe = crate::train::fingerprint::describe;
+    let mut lines: Vec<String> = describe(&[loss])
+        .into_iter()
+        .map(|l| format!("{l}, once in each of {} micro-steps", no_sync_steps + 1))
+        .collect();
+    lines.extend(describe(&plans.forward.collectives));
+    lines.extend(describe(&plans.sync.collectives));
+    lines
 }
 
 /// The message of a caught panic's payload (a `&str` or `String`; otherwise a placeholder).
@@ -828,6 +833,15 @@ pub fn train_with(
 ) -> Result<TrainReport, TrainError> {
     if cfg.world_size == 0 {
         return Err(TrainError::Config("--world-size must be at least 1".into()));
+    }
+    if let Some(max) = crate::train::rank_threads::max_ranks() {
+        if cfg.world_size > max {
+            return Err(TrainError::Config(format!(
+                "--world-size {}: ranks are threads of this process ({} each), and this machine allows at most {max} ranks (threads-max, RLIMIT_NPROC, vm.max_map_count)",
+                cfg.world_size,
+                crate::train::rank_threads::THREADS_PER_RANK
+            )));
+        }
     }
     if !cfg.bucket_mb.is_finite() {
         return Err(TrainError::Config(format!(
@@ -1076,4 +1090,26 @@ pub fn local_gradients_at(
         .map_err(err)?;
     let grads = model.param_grads(&grads, add).map_err(TrainError::Input)?;
     Ok((loss, grads))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_collectives_fingerprint_does_not_grow_with_micro_steps() {
+        let model = Model::load(&ModelSource::Seed).expect("seed");
+        let cfg = TrainConfig {
+            world_size: 2,
+            no_sync_steps: 1,
+            ..TrainConfig::default()
+        };
+        let plans = build_plans(&model, &cfg).expect("plans");
+        let few = collective_lines(&plans, 1, tracepass_ir::DType::F64);
+        let many = collective_lines(&plans, 1_000_000, tracepass_ir::DType::F64);
+        assert_eq!(few.len(), many.len());
+        // the count is still part of what the ranks compare
+        assert_ne!(few, many);
+        assert!(many[0].contains("1000001 micro-steps"), "{}", many[0]);
+    }
 }
