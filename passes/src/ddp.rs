@@ -210,23 +210,23 @@ impl Ddp {
 
 /// The gradient of one trainable tensor: a parameter, or a tie group that is one tensor.
 #[derive(Clone, Debug)]
-struct GradGroup {
+pub(crate) struct GradGroup {
     /// The parameters' names, the primary (first in the module's order) first.
-    fqns: Vec<String>,
+    pub(crate) fqns: Vec<String>,
     /// Each member's position in the backward's return.
-    member_positions: Vec<usize>,
+    pub(crate) member_positions: Vec<usize>,
     /// Where the synchronized gradient is returned: the primary's position.
-    primary_pos: usize,
+    pub(crate) primary_pos: usize,
     /// Positions that return a gradient now.
-    positions: Vec<usize>,
+    pub(crate) positions: Vec<usize>,
     /// The gradient values at those positions (added up when a tie has several).
-    values: Vec<ValueId>,
+    pub(crate) values: Vec<ValueId>,
 }
 
 /// Groups trainable parameters into tensors (ties are one) and finds each one's gradients in
 /// the backward's return. A trainable tensor without a gradient is an error naming it: ddp
 /// never leaves a trainable gradient unsynchronized, and never guesses.
-fn gradient_groups(p: &Program) -> Result<Vec<GradGroup>, String> {
+pub(crate) fn gradient_groups(p: &Program) -> Result<Vec<GradGroup>, String> {
     let grads_out = p.gradient_values();
     let mut groups: Vec<GradGroup> = Vec::new();
     let mut seen = ValueIdSet::default();

@@ -102,6 +102,7 @@ pub mod catalog;
 pub mod cse;
 pub mod dce;
 pub mod ddp;
+pub mod ddp_plan;
 pub mod manager;
 pub mod no_sync;
 pub mod pass;
@@ -114,6 +115,9 @@ pub use catalog::build_pass;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
+pub use ddp_plan::{
+    plan_ddp, plan_ddp_text, BucketPlan, DdpPlan, GradientPlan, PlanError, PlanParam,
+};
 pub use manager::{timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport};
 pub use no_sync::NoSync;
 pub use pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, TracePass};
