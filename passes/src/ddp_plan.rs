@@ -6,8 +6,8 @@
 
 use crate::ddp::{gradient_groups, plan_buckets, DdpOptions};
 use tracepass_ir::{
-    parse_trace, Def, Device, Param, ParseError, Program, Trace, Type, ValueId, MAX_TENSOR_BYTES,
-    UNSCHEDULED,
+    inline_fusion_regions, parse_trace, Def, Device, Param, ParseError, Program, Trace, Type,
+    ValueId, MAX_TENSOR_BYTES, UNSCHEDULED,
 };
 
 /// One trainable parameter as the runtime sees it.
@@ -82,14 +82,18 @@ pub enum PlanError {
     Gradients(String),
 }
 
-/// Plans DDP for a backward trace given as Thunder prints it.
+/// Plans DDP for a backward trace given as Thunder prints it. Executor fusion regions
+/// (`nvFusion0`, `TorchCompile1`) are read through their bodies
+/// ([`inline_fusion_regions`]): a value a region returns is named by the body's statement that
+/// computes it, so a runtime places work after that value's region.
 pub fn plan_ddp_text(
     backward: &str,
     params: &[PlanParam],
     world_size: usize,
     bucket_mb: f64,
 ) -> Result<DdpPlan, PlanError> {
-    plan_ddp(parse_trace(backward)?, params, world_size, bucket_mb)
+    let (text, _regions) = inline_fusion_regions(backward);
+    plan_ddp(parse_trace(&text)?, params, world_size, bucket_mb)
 }
 
 /// Plans DDP for a parsed backward: pre-averaged gradients (divided by `world_size`), bucketed

@@ -94,3 +94,41 @@ fn nanogpt_tie_is_one_gradient_summed_from_two_values() {
     assert_eq!(tie.positions.len(), 2);
     assert!(tie.positions.contains(&tie.return_position));
 }
+
+#[test]
+fn a_torch_compile_fusion_region_is_read_through_its_body() {
+    // Thunder 0.2.6 on CPU with `executors=[torch_compile_ex, ...]`: the whole backward of
+    // Linear(4,4), Tanh, Linear(4,2) is one `TorchCompile1` region
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/thunder/torchcompile/backward.trace"),
+    )
+    .unwrap();
+    assert!(
+        parse_trace(&text).is_err(),
+        "a region without its body is an unknown op"
+    );
+    let params: Vec<PlanParam> = [
+        ("0.bias", 1),
+        ("0.weight", 2),
+        ("2.bias", 3),
+        ("2.weight", 4),
+    ]
+    .iter()
+    .map(|(f, p)| PlanParam {
+        fqn: f.to_string(),
+        grad_output: Some(*p),
+        requires_grad: true,
+        tied_to: None,
+    })
+    .collect();
+    let plan = plan_ddp_text(&text, &params, 2, 0.0).unwrap();
+    assert_eq!(plan.buckets.len(), 4);
+    // ready order inside the region: the last layer's weight and bias first
+    let order: Vec<&str> = plan.gradients.iter().map(|g| g.fqns[0].as_str()).collect();
+    assert_eq!(order, ["2.weight", "2.bias", "0.weight", "0.bias"]);
+    assert_eq!(plan.gradients[0].shape, [2, 4]);
+    let (_, regions) = inline_fusion_regions(&text);
+    assert_eq!(regions.len(), 1);
+    assert_eq!(regions[0].outputs, ["t34", "t37", "t17", "t20"]);
+}
