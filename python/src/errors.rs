@@ -238,7 +238,6 @@ pub fn file_err(py: Python<'_>, text: String, path: &Path, message: String) -> P
 
 /// A [`tracepass_passes::PassError`]: a wrong pipeline is a [`PipelineError`], the verifier's
 /// findings a [`VerifyError`], a pass that refused or failed a [`PassError`].
-#[allow(dead_code)] // used by the pipeline bindings
 pub fn pass_error(py: Python<'_>, e: &RsPassError, reproducer: Option<&Path>) -> PyErr {
     let text = match reproducer {
         Some(r) => format!("{e}\nreproducer written to {}", r.display()),
@@ -276,13 +275,11 @@ pub fn pass_error(py: Python<'_>, e: &RsPassError, reproducer: Option<&Path>) ->
 }
 
 /// A failed pipeline run: its pass error, with the reproducer written for it.
-#[allow(dead_code)] // used by the pipeline bindings
 pub fn run_error(py: Python<'_>, e: &RunError) -> PyErr {
     pass_error(py, &e.error, e.reproducer.as_deref())
 }
 
 /// An error of a kind that carries only its message.
-#[allow(dead_code)] // used by the checkpoint and simulate bindings
 pub fn simple<T: pyo3::PyTypeInfo>(py: Python<'_>, message: String) -> PyErr {
     with_attrs(
         py,

@@ -30,6 +30,10 @@ pub struct Checkpoint {
     pub exp_avg_sq: Vec<Vec<f32>>,
     /// The number of ranks that trained it (`None`: not recorded, as in older checkpoints).
     pub world_size: Option<usize>,
+    /// Groups of parameter names that are one tensor, the one the others are tied to first
+    /// (empty: none, or not recorded, as in older checkpoints). Readers outside the runtime
+    /// (`tracepass.load_checkpoint`) need it to give PyTorch one shared tensor per group.
+    pub tied: Vec<Vec<String>>,
 }
 
 fn kind_name(k: OptimizerKind) -> &'static str {
@@ -59,6 +63,20 @@ pub fn save_for(
     opt: &Optimizer,
     world_size: Option<usize>,
 ) -> Result<(), CheckpointError> {
+    save_tied(path, step, names, params, opt, world_size, &[])
+}
+
+/// As [`save_for`], recording which parameters are one tensor (`ties`: index groups into
+/// `names`, the primary first) in the `tied` metadata, as JSON name groups.
+pub fn save_tied(
+    path: &Path,
+    step: usize,
+    names: &[String],
+    params: &[Tensor],
+    opt: &Optimizer,
+    world_size: Option<usize>,
+    ties: &[Vec<usize>],
+) -> Result<(), CheckpointError> {
     let (opt_step, m, v) = opt.state();
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (i, (n, p)) in names.iter().zip(params).enumerate() {
@@ -82,9 +100,130 @@ pub fn save_for(
     ]
     .into_iter()
     .chain(world_size.map(|w| ("world_size".to_string(), w.to_string())))
+    .chain(tied_metadata(names, ties).map(|t| ("tied".to_string(), t)))
     .collect();
     save_tensors_with(path, &tensors, &meta)?;
     Ok(())
+}
+
+/// The `tied` metadata: name groups as JSON, or `None` when nothing is tied.
+fn tied_metadata(names: &[String], ties: &[Vec<usize>]) -> Option<String> {
+    let groups: Vec<Vec<&str>> = ties
+        .iter()
+        .map(|g| {
+            g.iter()
+                .filter_map(|&i| names.get(i).map(String::as_str))
+                .collect()
+        })
+        .filter(|g: &Vec<&str>| g.len() > 1)
+        .collect();
+    (!groups.is_empty()).then(|| serde_json::to_string(&groups).unwrap_or_default())
+}
+
+/// A checkpoint's metadata, checked.
+struct Header {
+    step: usize,
+    optimizer: String,
+    optimizer_step: u64,
+    world_size: Option<usize>,
+    tied: Vec<Vec<String>>,
+}
+
+fn header(f: &TensorFile, p: &str) -> Result<Header, CheckpointError> {
+    let meta = |k: &str| {
+        f.metadata
+            .get(k)
+            .cloned()
+            .ok_or_else(|| CheckpointError::Format {
+                path: p.to_string(),
+                what: format!("no `{k}` in its metadata"),
+            })
+    };
+    let format = meta("format")?;
+    if format != FORMAT {
+        return Err(CheckpointError::Format {
+            path: p.to_string(),
+            what: format!("format `{format}`, expected `{FORMAT}`"),
+        });
+    }
+    let num = |k: &str| -> Result<u64, CheckpointError> {
+        meta(k)?.parse().map_err(|_| CheckpointError::Format {
+            path: p.to_string(),
+            what: format!("`{k}` is not a number"),
+        })
+    };
+    let world_size = match f.metadata.get("world_size") {
+        Some(_) => Some(num("world_size")? as usize),
+        None => None,
+    };
+    let tied = match f.metadata.get("tied") {
+        Some(t) => serde_json::from_str(t).map_err(|e| CheckpointError::Format {
+            path: p.to_string(),
+            what: format!("`tied` is not a JSON list of name groups: {e}"),
+        })?,
+        None => Vec::new(),
+    };
+    Ok(Header {
+        step: num("step")? as usize,
+        optimizer: meta("optimizer")?,
+        optimizer_step: num("optimizer_step")?,
+        world_size,
+        tied,
+    })
+}
+
+/// Everything a checkpoint holds, by name: for readers that do not know the model
+/// (`tracepass.load_checkpoint` gives it to PyTorch).
+#[derive(Debug, Clone)]
+pub struct CheckpointContents {
+    /// Optimizer steps completed.
+    pub step: usize,
+    /// `adamw` or `sgd`.
+    pub optimizer: String,
+    /// The optimizer's own step count.
+    pub optimizer_step: u64,
+    /// The number of ranks that trained it, when recorded.
+    pub world_size: Option<usize>,
+    /// Groups of parameter names that are one tensor, the primary first.
+    pub tied: Vec<Vec<String>>,
+    /// Parameters and buffers by fully qualified name.
+    pub params: BTreeMap<String, Tensor>,
+    /// The optimizer's first moments by parameter name (flat, as the runtime keeps them).
+    pub exp_avg: BTreeMap<String, Tensor>,
+    /// The optimizer's second moments by parameter name (flat).
+    pub exp_avg_sq: BTreeMap<String, Tensor>,
+}
+
+/// Reads a whole checkpoint without knowing the model.
+pub fn read(path: &Path) -> Result<CheckpointContents, CheckpointError> {
+    let f = TensorFile::load(path)?;
+    let h = header(&f, &path.display().to_string())?;
+    let mut ck = CheckpointContents {
+        step: h.step,
+        optimizer: h.optimizer,
+        optimizer_step: h.optimizer_step,
+        world_size: h.world_size,
+        tied: h.tied,
+        params: BTreeMap::new(),
+        exp_avg: BTreeMap::new(),
+        exp_avg_sq: BTreeMap::new(),
+    };
+    for (name, t) in f.tensors {
+        let (into, n) = if let Some(n) = name.strip_prefix("param.") {
+            (&mut ck.params, n)
+        } else if let Some(n) = name.strip_prefix("exp_avg_sq.") {
+            (&mut ck.exp_avg_sq, n)
+        } else if let Some(n) = name.strip_prefix("exp_avg.") {
+            (&mut ck.exp_avg, n)
+        } else {
+            return Err(CheckpointError::Format {
+                path: path.display().to_string(),
+                what: format!("tensor `{name}` is neither a parameter nor optimizer state"),
+            });
+        };
+        into.insert(n.to_string(), t);
+    }
+    Ok(ck)
 }
 
 /// Reads a checkpoint for a model with parameters `names` of shapes `shapes`, trained by `kind`.
@@ -96,51 +235,25 @@ pub fn load(
 ) -> Result<Checkpoint, CheckpointError> {
     let f = TensorFile::load(path)?;
     let p = path.display().to_string();
-    let meta = |k: &str| {
-        f.metadata
-            .get(k)
-            .cloned()
-            .ok_or_else(|| CheckpointError::Format {
-                path: p.clone(),
-                what: format!("no `{k}` in its metadata"),
-            })
-    };
-    let format = meta("format")?;
-    if format != FORMAT {
-        return Err(CheckpointError::Format {
-            path: p.clone(),
-            what: format!("format `{format}`, expected `{FORMAT}`"),
-        });
-    }
-    let num = |k: &str| -> Result<u64, CheckpointError> {
-        meta(k)?.parse().map_err(|_| CheckpointError::Format {
-            path: p.clone(),
-            what: format!("`{k}` is not a number"),
-        })
-    };
-    let step = num("step")? as usize;
-    let optimizer_step = num("optimizer_step")?;
-    let world_size = match f.metadata.get("world_size") {
-        Some(_) => Some(num("world_size")? as usize),
-        None => None,
-    };
-    let saved_kind = meta("optimizer")?;
-    if saved_kind != kind_name(kind) {
+    let h = header(&f, &p)?;
+    if h.optimizer != kind_name(kind) {
         return Err(CheckpointError::Mismatch {
             path: p.clone(),
             what: format!(
-                "saved by {saved_kind}, but this run uses {}",
+                "saved by {}, but this run uses {}",
+                h.optimizer,
                 kind_name(kind)
             ),
         });
     }
     let mut ck = Checkpoint {
-        step,
+        step: h.step,
         params: Vec::new(),
-        optimizer_step,
+        optimizer_step: h.optimizer_step,
         exp_avg: Vec::new(),
         exp_avg_sq: Vec::new(),
-        world_size,
+        world_size: h.world_size,
+        tied: h.tied,
     };
     for (n, shape) in names.iter().zip(shapes) {
         let t = f.get(&format!("param.{n}"))?;

@@ -269,13 +269,14 @@ where
             if let Some(path) = &cfg.save {
                 let done = step + 1;
                 if cfg.checkpoint_due(done) {
-                    crate::train::checkpoint::save_for(
+                    crate::train::checkpoint::save_tied(
                         path,
                         done,
                         &model.param_names(),
                         &params,
                         &opt,
                         Some(cfg.world_size),
+                        &model.ties,
                     )
                     .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
                 }
