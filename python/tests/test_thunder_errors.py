@@ -185,3 +185,28 @@ def test_plan_counts_frozen_and_ties(world):
     assert ["emb.weight", "head.weight"] in fqns, fqns
     assert not any("frozen" in f for g in fqns for f in g), fqns
     assert len(plan["buckets"]) == 3  # the tie once, mid.weight, mid.bias
+
+
+def test_fusion_regions_survive_and_are_synchronized(world):
+    """With torch.compile regions (as nvFuser's on GPU) the backward is one `TorchCompile`
+    region: the plan reads it through its body and the region stays as Thunder made it."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    world(2)
+    model = mlp()
+    reference = mlp()
+    dm = thunder.jit(
+        model,
+        executors=[torch_compile_ex, *thunder.get_default_executors()],
+        transforms=[tt.DDP(bucket_size_in_mb=0)],
+    )
+    x = torch.randn(3, 8)
+    with tt.CollectiveLog() as log:
+        dm(x).square().mean().backward()
+    assert log.all_reduces == len(tt.plan_of(dm)["buckets"]) == 4
+    text = str(thunder.last_backward_traces(dm)[-1])
+    assert re.search(r"= TorchCompile\d+\(", text), text
+    # the fake group's all-reduce leaves each rank's own gradient: divided by the world size
+    reference(x).square().mean().backward()
+    for (n, p), q in zip(dm.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad / 2, msg=n)
