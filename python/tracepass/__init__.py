@@ -56,6 +56,8 @@ def verify(target: Trace | Program) -> None:
 
 # Submodules that import torch or Thunder load on first use, never at `import tracepass`.
 _LAZY_MODULES = ("thunder", "export", "bench")
+# What `tracepass.thunder` exposes, reachable as `tracepass.<name>` (importing Thunder then).
+_THUNDER_NAMES = ("DDP", "ThunderDDPError", "ddp", "no_sync", "plan_of", "CollectiveLog")
 
 
 def __getattr__(name: str) -> Any:
@@ -63,11 +65,15 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
+    if name in _THUNDER_NAMES:
+        value = getattr(importlib.import_module(".thunder", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'tracepass' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_MODULES))
+    return sorted(set(globals()) | set(_LAZY_MODULES) | set(_THUNDER_NAMES))
 
 
 __all__ = [
