@@ -287,3 +287,22 @@ pub fn simple<T: pyo3::PyTypeInfo>(py: Python<'_>, message: String) -> PyErr {
         &[("message", obj(py, message))],
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LineIndex;
+
+    #[test]
+    fn a_statement_is_found_on_its_printed_line_with_or_without_its_comment() {
+        let printed = "def f(x):\n  # x: \"cpu f32[4]\"\n  a = prims.neg(x)  # a: \"cpu f32[4]\"\n  return a\n";
+        let index = LineIndex::new(printed);
+        assert_eq!(
+            index.line_of("a = prims.neg(x)  # a: \"cpu f32[4]\""),
+            Some(3)
+        );
+        assert_eq!(index.line_of("a = prims.neg(x)"), Some(3));
+        assert_eq!(index.line_of("return a"), Some(4));
+        assert_eq!(index.line_of("b = prims.neg(a)"), None);
+        assert_eq!(index.line_of(""), None);
+    }
+}
