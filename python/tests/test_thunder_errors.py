@@ -210,3 +210,22 @@ def test_fusion_regions_survive_and_are_synchronized(world):
     reference(x).square().mean().backward()
     for (n, p), q in zip(dm.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad / 2, msg=n)
+
+
+@pytest.mark.skipif(not hasattr(tt, "DDPPlugin"), reason="this Thunder has no plugins")
+def test_as_a_plugin(world):
+    from thunder.recipes import BaseRecipe
+
+    class NoFuser(BaseRecipe):
+        """Thunder's base recipe without a fusion executor (nvFuser needs a GPU; torch.compile's
+        regions are tested above)."""
+
+        def setup_fuser(self) -> None:
+            pass
+
+    world(2)
+    model = thunder.compile(mlp(), recipe=NoFuser(), plugins=[tt.DDPPlugin(bucket_size_in_mb=0)])
+    out = model(torch.randn(3, 8))
+    with tt.CollectiveLog() as log:
+        out.square().mean().backward()
+    assert log.all_reduces == len(tt.plan_of(model)["buckets"]) == 4

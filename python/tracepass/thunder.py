@@ -39,7 +39,7 @@ import torch.distributed as tdist
 from . import _native
 from .errors import TracepassError
 
-__all__ = ["DDP", "ThunderDDPError", "ddp", "no_sync", "plan_of", "CollectiveLog"]
+__all__ = ["DDP", "DDPPlugin", "ThunderDDPError", "ddp", "no_sync", "plan_of", "CollectiveLog"]
 
 
 class ThunderDDPError(TracepassError):
@@ -327,6 +327,24 @@ def _make_transform_class():
     return DDP
 
 
+def _make_plugin_class():
+    from thunder import Plugin
+
+    class DDPPlugin(Plugin):
+        """tracepass's DDP as a Thunder plugin: ``thunder.compile(model, plugins=[DDPPlugin()])``
+        (same arguments as :class:`DDP`)."""
+
+        def __init__(self, bucket_size_in_mb: float = 25.0, broadcast_from: int | None = None, process_group=None):
+            self.transform = DDP(
+                bucket_size_in_mb=bucket_size_in_mb, broadcast_from=broadcast_from, process_group=process_group
+            )
+
+        def setup_transforms(self):
+            return [self.transform]
+
+    return DDPPlugin
+
+
 def _plan_params(model, arg_fqns, returned) -> list[tuple[str, int | None, bool, str | None]]:
     """(fqn, return position, requires_grad, tied_to) for every parameter the forward takes;
     a parameter under two names (a tie) names its first, in the module's order."""
@@ -596,4 +614,8 @@ class CollectiveLog:
 try:
     DDP = _make_transform_class()  # noqa: F811
 except ImportError:  # Thunder absent: tracepass itself does not need it
+    pass
+try:
+    DDPPlugin = _make_plugin_class()
+except ImportError:  # a Thunder without plugins
     pass
