@@ -14,7 +14,6 @@ The helpers here (`run_ranks`, `make`, `MODELS`) are the tests' too.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import socket
 import sys
@@ -192,7 +191,9 @@ def _bench_worker(rank: int, world: int, models: list[str], steps: int, warmup: 
     return out
 
 
-def bench(worlds: list[int], models: list[str], steps: int, warmup: int) -> list[dict]:
+def bench(worlds: list[int], models: list[str], steps: int, warmup: int, on_world=None) -> list[dict]:
+    """Rows of (world, model, way, steps/s, exposed comm ms/step); `on_world(rows)` is called
+    after each world size with all rows so far (a long run shows its first results early)."""
     rows = []
     for world in worlds:
         per_rank = run_ranks(world, _bench_worker, models, steps, warmup)
@@ -209,6 +210,8 @@ def bench(worlds: list[int], models: list[str], steps: int, warmup: int) -> list
                         "exposed_comm_ms": max(0.0, (synced - local) / steps * 1e3),
                     }
                 )
+        if on_world is not None:
+            on_world(rows)
     return rows
 
 
@@ -243,8 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in MODELS.keys()]
     if unknown or any(w < 2 for w in worlds) or a.steps < 1:
         ap.error(f"unknown models {unknown}; valid: {', '.join(MODELS.keys())}; worlds >= 2; steps >= 1")
-    with contextlib.redirect_stderr(sys.stderr):
-        rows = bench(worlds, models, a.steps, a.warmup)
+    def partial(rows: list[dict]) -> None:
+        if len(worlds) > 1 and rows[-1]["world"] != worlds[-1]:
+            print(f"(world sizes so far)\n{table(rows)}\n", file=sys.stderr, flush=True)
+
+    rows = bench(worlds, models, a.steps, a.warmup, on_world=partial)
     print(table(rows))
     return 0
 
