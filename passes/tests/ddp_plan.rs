@@ -101,7 +101,7 @@ fn a_torch_compile_fusion_region_is_read_through_its_body() {
     // Linear(4,4), Tanh, Linear(4,2) is one `TorchCompile1` region
     let text = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../testdata/thunder/torchcompile/backward.trace"),
+            .join("../testdata/thunder/torchcompile/backward.fused-trace"),
     )
     .unwrap();
     assert!(
