@@ -26,11 +26,10 @@ on exit, all-reduces what was accumulated, as Thunder does.
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
