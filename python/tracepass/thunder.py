@@ -323,6 +323,7 @@ def _make_transform_class():
             plan["bucket_size_in_mb"] = self.bucket_size_in_mb
             return plan
 
+    DDP.__qualname__ = "DDP"
     return DDP
 
 
@@ -341,6 +342,7 @@ def _make_plugin_class():
         def setup_transforms(self):
             return [self.transform]
 
+    DDPPlugin.__qualname__ = "DDPPlugin"
     return DDPPlugin
 
 
