@@ -282,3 +282,16 @@ def test_the_type_stubs_cover_the_native_module():
         stubbed = {m.name for m in classes[cls].body if isinstance(m, ast.FunctionDef)}
         real = {m for m in dir(getattr(_native, cls)) if not m.startswith("_")}
         assert real <= stubbed, (cls, sorted(real - stubbed))
+
+
+def test_the_package_reaches_every_name_of_tracepass_thunder_lazily():
+    import ast
+
+    source = Path(tp.__file__).with_name("thunder.py").read_text()
+    exported = next(
+        ast.literal_eval(n.value)
+        for n in ast.parse(source).body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)
+    )
+    assert set(exported) == set(tp._THUNDER_NAMES)
+    assert set(exported) <= set(dir(tp))

@@ -57,7 +57,7 @@ def verify(target: Trace | Program) -> None:
 # Submodules that import torch or Thunder load on first use, never at `import tracepass`.
 _LAZY_MODULES = ("thunder", "export", "bench")
 # What `tracepass.thunder` exposes, reachable as `tracepass.<name>` (importing Thunder then).
-_THUNDER_NAMES = ("DDP", "ThunderDDPError", "ddp", "no_sync", "plan_of", "CollectiveLog")
+_THUNDER_NAMES = ("DDP", "DDPPlugin", "ThunderDDPError", "ddp", "no_sync", "plan_of", "CollectiveLog")
 
 
 def __getattr__(name: str) -> Any:
