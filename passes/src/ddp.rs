@@ -210,33 +210,33 @@ impl Ddp {
 
 /// The gradient of one trainable tensor: a parameter, or a tie group that is one tensor.
 #[derive(Clone, Debug)]
-struct GradGroup {
+pub(crate) struct GradGroup {
     /// The parameters' names, the primary (first in the module's order) first.
-    fqns: Vec<String>,
+    pub(crate) fqns: Vec<String>,
     /// Each member's position in the backward's return.
-    member_positions: Vec<usize>,
+    pub(crate) member_positions: Vec<usize>,
     /// Where the synchronized gradient is returned: the primary's position.
-    primary_pos: usize,
+    pub(crate) primary_pos: usize,
     /// Positions that return a gradient now.
-    positions: Vec<usize>,
+    pub(crate) positions: Vec<usize>,
     /// The gradient values at those positions (added up when a tie has several).
-    values: Vec<ValueId>,
+    pub(crate) values: Vec<ValueId>,
 }
 
 /// The trainable tensors with a gradient to synchronize, and the names of those the backward
 /// returns no gradient for.
-struct GradientGroups {
-    groups: Vec<GradGroup>,
+pub(crate) struct GradientGroups {
+    pub(crate) groups: Vec<GradGroup>,
     /// Trainable parameters whose tensor gets no gradient at all: the loss never reaches them,
     /// which the trace proves statically. Like PyTorch (a `None` grad) and Thunder (no gradient
     /// returned), ddp leaves them alone and the trainer does not update them.
-    unused: Vec<String>,
+    pub(crate) unused: Vec<String>,
 }
 
 /// Groups trainable parameters into tensors (ties are one) and finds each one's gradients in
 /// the backward's return. A tensor without any gradient is unused (reported, left alone);
 /// a gradient returned for something that is not a trainable parameter is an error naming it.
-fn gradient_groups(p: &Program) -> Result<GradientGroups, String> {
+pub(crate) fn gradient_groups(p: &Program) -> Result<GradientGroups, String> {
     let grads_out = p.gradient_values();
     let mut groups: Vec<GradGroup> = Vec::new();
     let mut seen = ValueIdSet::default();

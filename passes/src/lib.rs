@@ -107,6 +107,7 @@ pub mod cse;
 pub mod dce;
 pub mod ddp;
 pub mod instrument;
+pub mod ddp_plan;
 pub mod manager;
 pub mod no_sync;
 pub mod pass;
@@ -121,6 +122,9 @@ pub use catalog::build_pass;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
+pub use ddp_plan::{
+    plan_ddp, plan_ddp_text, BucketPlan, DdpPlan, GradientPlan, PlanError, PlanParam,
+};
 pub use instrument::{dump_program, IrPrinter, PassInstrumentation, ReproducerWriter};
 pub use manager::{
     reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,

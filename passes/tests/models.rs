@@ -1,5 +1,5 @@
 //! The DDP pass on every real model of the corpus (`testdata/models/`, export directories made by
-//! `python/tracepass_export` from Lightning Thunder 0.2.6): every trainable gradient is reduced
+//! `python/tracepass/export` from Lightning Thunder 0.2.6): every trainable gradient is reduced
 //! exactly once (a tie once), frozen parameters, buffers and inputs are left alone and named,
 //! buckets follow the cap, waits sit right before their first use, and re-bucketing Thunder's
 //! own DDP backward gives the same buckets as bucketing the plain one.

@@ -16,9 +16,9 @@ pytest.importorskip("safetensors")
 import torch.nn as nn  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from tracepass_export import ExportError, export  # noqa: E402
-from tracepass_export.exporter import prologue_state_names  # noqa: E402
-from tracepass_export.models import batch_mlp, make_mlp_frozen  # noqa: E402
+from tracepass.export import ExportError, export  # noqa: E402
+from tracepass.export.exporter import prologue_state_names  # noqa: E402
+from tracepass.export.models import batch_mlp, make_mlp_frozen  # noqa: E402
 
 
 class TiedLm(nn.Module):
@@ -116,7 +116,7 @@ def test_frozen_parameters_have_no_gradient(tmp_path):
     assert read(out, "reference/thunder_check.json")["grad_max_rel_err"] < 1e-5
 
     # The PyTorch baseline trains the export itself: its first step's loss is the reference's.
-    from tracepass_export.bench_torch import bench_one
+    from tracepass.export.bench_torch import bench_one
 
     r = bench_one(out, 1, 0, 3)
     assert r["first_loss"] == pytest.approx(read(out, "reference/loss.json")["losses"][0], rel=1e-5)

@@ -7,8 +7,8 @@ pytest.importorskip("safetensors")
 
 import torch.nn as nn  # noqa: E402
 
-from tracepass_export.bench_torch import BenchError, batches_of, load_params  # noqa: E402
-from tracepass_export.exporter import (  # noqa: E402
+from tracepass.export.bench_torch import BenchError, batches_of, load_params  # noqa: E402
+from tracepass.export.exporter import (  # noqa: E402
     ExportError,
     check_signature,
     compute_loss,
@@ -21,7 +21,7 @@ from tracepass_export.exporter import (  # noqa: E402
     snapshot_state,
     tied_groups,
 )
-from tracepass_export.models import batch_bert, batch_mlp  # noqa: E402
+from tracepass.export.models import batch_bert, batch_mlp  # noqa: E402
 
 
 class Tied(nn.Module):

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tracepass_export.vocab import callees, main, markdown, statements, vocab
+from tracepass.export.vocab import callees, main, markdown, statements, vocab
 
 TRACE = '''# Constructed by Delete Last Used (took 3 milliseconds)
 import torch

@@ -755,3 +755,52 @@ fn a_model_too_large_for_memory_is_an_error_not_an_abort() {
         assert!(e.contains("cannot allocate"), "{e}");
     }
 }
+
+/// A checkpoint names its tied parameters, so a reader without the model (Python's
+/// `tracepass.load_checkpoint`) can make them one tensor again; a model without ties records
+/// none.
+#[test]
+fn a_checkpoint_records_ties_and_reads_without_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck.safetensors");
+    let report = run(&TrainConfig {
+        model: ModelSource::Export(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/nanogpt"),
+        ),
+        world_size: 1,
+        steps: 1,
+        save: Some(ck.clone()),
+        pin_ranks: false,
+        ..TrainConfig::default()
+    });
+    let c = tracepass_runtime::train::checkpoint::read(&ck).unwrap();
+    assert_eq!(
+        c.tied,
+        vec![vec![
+            "transformer.wte.weight".to_string(),
+            "lm_head.weight".to_string()
+        ]]
+    );
+    assert_eq!((c.step, c.optimizer.as_str()), (1, "adamw"));
+    let mut names = report.param_names.clone();
+    names.sort();
+    assert_eq!(c.params.keys().cloned().collect::<Vec<_>>(), names);
+    assert!(c.params["lm_head.weight"].bitwise_eq(&c.params["transformer.wte.weight"]));
+    assert_eq!(
+        c.exp_avg["lm_head.weight"].numel(),
+        c.params["lm_head.weight"].numel()
+    );
+
+    let seed = dir.path().join("seed.safetensors");
+    run(&TrainConfig {
+        world_size: 1,
+        steps: 1,
+        save: Some(seed.clone()),
+        pin_ranks: false,
+        ..TrainConfig::default()
+    });
+    assert!(tracepass_runtime::train::checkpoint::read(&seed)
+        .unwrap()
+        .tied
+        .is_empty());
+}

@@ -1,6 +1,6 @@
 //! `cargo xtask bench models`: training steps/s of every plain corpus export on 1, 2 and 4 CPU
 //! ranks, against PyTorch eager with DistributedDataParallel (gloo, one thread per process) on
-//! the same batches, as `python/tracepass_export/bench_torch.py` measured it
+//! the same batches, as `python/tracepass/export/bench_torch.py` measured it
 //! (`testdata/models/torch_baseline.json`). Same protocol: 5 warm-up steps, 30 timed, AdamW.
 //! With `--breakdown`, the ops that take most of a one-rank step.
 

@@ -311,19 +311,19 @@ fn gen_testdata() -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask corpus`: runs `python -m tracepass_export.corpus` from the workspace root with
-/// python/ on PYTHONPATH, after checking that the Python has torch and Thunder.
+/// `cargo xtask corpus`: runs `python -m tracepass.export.corpus` from the workspace root, after
+/// checking that the Python has torch, Thunder and the tracepass package (`pip install ./python`:
+/// the exporter is `tracepass.export`, whose package needs its native module built).
 fn corpus(models: Option<&str>, out: &std::path::Path, ddp: usize) -> Result<()> {
     use anyhow::Context;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("xtask has no parent folder")?;
     let python = std::env::var("TRACEPASS_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let pythonpath = root.join("python");
     let probe = std::process::Command::new(&python)
         .args([
             "-c",
-            "import torch, thunder, safetensors; print(torch.__version__, thunder.__version__)",
+            "import torch, thunder, safetensors, tracepass.export; print(torch.__version__, thunder.__version__)",
         ])
         .output()
         .with_context(|| format!("cannot run `{python}` (set TRACEPASS_PYTHON to a Python with the exporter's requirements)"))?;
@@ -336,7 +336,8 @@ fn corpus(models: Option<&str>, out: &std::path::Path, ddp: usize) -> Result<()>
             .unwrap_or("");
         bail!(
             "`{python}` lacks the exporter's packages ({last}); install torch 2.9.0 and lightning-thunder \
-             0.2.6 with `pip install -r python/requirements.txt` and point TRACEPASS_PYTHON at that Python"
+             0.2.6 with `pip install -r python/requirements.txt`, then the package with `pip install ./python`, \
+             and point TRACEPASS_PYTHON at that Python"
         );
     }
     println!(
@@ -350,8 +351,7 @@ fn corpus(models: Option<&str>, out: &std::path::Path, ddp: usize) -> Result<()>
     };
     let mut cmd = std::process::Command::new(&python);
     cmd.current_dir(root)
-        .env("PYTHONPATH", &pythonpath)
-        .args(["-m", "tracepass_export.corpus", "--out"])
+        .args(["-m", "tracepass.export.corpus", "--out"])
         .arg(&out)
         .args(["--ddp", &ddp.to_string()]);
     if let Some(m) = models {
@@ -359,7 +359,7 @@ fn corpus(models: Option<&str>, out: &std::path::Path, ddp: usize) -> Result<()>
     }
     let status = cmd
         .status()
-        .with_context(|| format!("cannot run `{python} -m tracepass_export.corpus`"))?;
+        .with_context(|| format!("cannot run `{python} -m tracepass.export.corpus`"))?;
     if !status.success() {
         bail!("the exporter failed ({status}); see its output above");
     }

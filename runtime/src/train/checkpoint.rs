@@ -43,6 +43,10 @@ pub struct Checkpoint {
     pub exp_avg_sq: Vec<Vec<f32>>,
     /// The number of ranks that trained it (`None`: not recorded, as in older checkpoints).
     pub world_size: Option<usize>,
+    /// Groups of parameter names that are one tensor, the one the others are tied to first
+    /// (empty: none, or not recorded, as in older checkpoints). Readers outside the runtime
+    /// (`tracepass.load_checkpoint`) need it to give PyTorch one shared tensor per group.
+    pub tied: Vec<Vec<String>>,
 }
 
 fn kind_name(k: OptimizerKind) -> &'static str {
@@ -71,6 +75,20 @@ pub fn save_for(
     params: &[Tensor],
     opt: &Optimizer,
     world_size: Option<usize>,
+) -> Result<(), CheckpointError> {
+    save_tied(path, step, names, params, opt, world_size, &[])
+}
+
+/// As [`save_for`], recording which parameters are one tensor (`ties`: index groups into
+/// `names`, the primary first) in the `tied` metadata, as JSON name groups.
+pub fn save_tied(
+    path: &Path,
+    step: usize,
+    names: &[String],
+    params: &[Tensor],
+    opt: &Optimizer,
+    world_size: Option<usize>,
+    ties: &[Vec<usize>],
 ) -> Result<(), CheckpointError> {
     let (opt_step, m, v) = opt.state();
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
@@ -101,6 +119,7 @@ pub fn save_for(
     ]
     .into_iter()
     .chain(world_size.map(|w| ("world_size".to_string(), w.to_string())))
+    .chain(tied_metadata(names, ties).map(|t| ("tied".to_string(), t)))
     .chain((!no_gradient.is_empty()).then(|| (NO_GRADIENT.to_string(), no_gradient.join(","))))
     .chain(
         tensors
@@ -112,28 +131,46 @@ pub fn save_for(
     Ok(())
 }
 
-/// Reads a checkpoint for a model with parameters `names` of shapes `shapes`, trained by `kind`.
-pub fn load(
-    path: &Path,
-    names: &[String],
-    shapes: &[Vec<usize>],
-    kind: OptimizerKind,
-) -> Result<Checkpoint, CheckpointError> {
-    let f = TensorFile::load(path)?;
-    let p = path.display().to_string();
+/// The `tied` metadata: name groups as JSON, or `None` when nothing is tied.
+fn tied_metadata(names: &[String], ties: &[Vec<usize>]) -> Option<String> {
+    let groups: Vec<Vec<&str>> = ties
+        .iter()
+        .map(|g| {
+            g.iter()
+                .filter_map(|&i| names.get(i).map(String::as_str))
+                .collect()
+        })
+        .filter(|g: &Vec<&str>| g.len() > 1)
+        .collect();
+    (!groups.is_empty()).then(|| serde_json::to_string(&groups).unwrap_or_default())
+}
+
+/// A checkpoint's metadata, checked.
+struct Header {
+    step: usize,
+    optimizer: String,
+    optimizer_step: u64,
+    world_size: Option<usize>,
+    tied: Vec<Vec<String>>,
+    /// Parameters saved without optimizer state: they had no gradient.
+    no_gradient: Vec<String>,
+}
+
+/// Checks the metadata and, from format 2 on, every tensor against its CRC-32.
+fn header(f: &TensorFile, p: &str) -> Result<Header, CheckpointError> {
     let meta = |k: &str| {
         f.metadata
             .get(k)
             .cloned()
             .ok_or_else(|| CheckpointError::Format {
-                path: p.clone(),
+                path: p.to_string(),
                 what: format!("no `{k}` in its metadata"),
             })
     };
     let format = meta("format")?;
     if format != FORMAT && format != FORMAT_WITHOUT_CHECKSUMS {
         return Err(CheckpointError::Format {
-            path: p.clone(),
+            path: p.to_string(),
             what: format!("format `{format}`, expected `{FORMAT}`"),
         });
     }
@@ -141,14 +178,14 @@ pub fn load(
         for (name, t) in &f.tensors {
             let Some(want) = f.metadata.get(&crc_key(name)) else {
                 return Err(CheckpointError::Corrupt {
-                    path: p.clone(),
+                    path: p.to_string(),
                     what: format!("tensor `{name}` has no checksum (`{}`)", crc_key(name)),
                 });
             };
             let got = format!("{:08x}", tensor_crc32(t));
             if *want != got {
                 return Err(CheckpointError::Corrupt {
-                    path: p.clone(),
+                    path: p.to_string(),
                     what: format!(
                         "tensor `{name}` does not match its checksum (CRC-32 {got}, saved {want})"
                     ),
@@ -158,38 +195,121 @@ pub fn load(
     }
     let num = |k: &str| -> Result<u64, CheckpointError> {
         meta(k)?.parse().map_err(|_| CheckpointError::Format {
-            path: p.clone(),
+            path: p.to_string(),
             what: format!("`{k}` is not a number"),
         })
     };
-    let step = num("step")? as usize;
-    let optimizer_step = num("optimizer_step")?;
     let world_size = match f.metadata.get("world_size") {
         Some(_) => Some(num("world_size")? as usize),
         None => None,
     };
-    let saved_kind = meta("optimizer")?;
-    if saved_kind != kind_name(kind) {
+    let tied = match f.metadata.get("tied") {
+        Some(t) => serde_json::from_str(t).map_err(|e| CheckpointError::Format {
+            path: p.to_string(),
+            what: format!("`tied` is not a JSON list of name groups: {e}"),
+        })?,
+        None => Vec::new(),
+    };
+    Ok(Header {
+        step: num("step")? as usize,
+        optimizer: meta("optimizer")?,
+        optimizer_step: num("optimizer_step")?,
+        world_size,
+        tied,
+        no_gradient: f
+            .metadata
+            .get(NO_GRADIENT)
+            .map_or_else(Vec::new, |s| s.split(',').map(str::to_string).collect()),
+    })
+}
+
+/// Everything a checkpoint holds, by name: for readers that do not know the model
+/// (`tracepass.load_checkpoint` gives it to PyTorch).
+#[derive(Debug, Clone)]
+pub struct CheckpointContents {
+    /// Optimizer steps completed.
+    pub step: usize,
+    /// `adamw` or `sgd`.
+    pub optimizer: String,
+    /// The optimizer's own step count.
+    pub optimizer_step: u64,
+    /// The number of ranks that trained it, when recorded.
+    pub world_size: Option<usize>,
+    /// Groups of parameter names that are one tensor, the primary first.
+    pub tied: Vec<Vec<String>>,
+    /// Trainable parameters that had no gradient (the loss never reaches them): no optimizer
+    /// state is saved for them.
+    pub no_gradient: Vec<String>,
+    /// Parameters and buffers by fully qualified name.
+    pub params: BTreeMap<String, Tensor>,
+    /// The optimizer's first moments by parameter name (flat, as the runtime keeps them).
+    pub exp_avg: BTreeMap<String, Tensor>,
+    /// The optimizer's second moments by parameter name (flat).
+    pub exp_avg_sq: BTreeMap<String, Tensor>,
+}
+
+/// Reads a whole checkpoint without knowing the model.
+pub fn read(path: &Path) -> Result<CheckpointContents, CheckpointError> {
+    let f = TensorFile::load(path)?;
+    let h = header(&f, &path.display().to_string())?;
+    let mut ck = CheckpointContents {
+        step: h.step,
+        optimizer: h.optimizer,
+        optimizer_step: h.optimizer_step,
+        world_size: h.world_size,
+        tied: h.tied,
+        no_gradient: h.no_gradient,
+        params: BTreeMap::new(),
+        exp_avg: BTreeMap::new(),
+        exp_avg_sq: BTreeMap::new(),
+    };
+    for (name, t) in f.tensors {
+        let (into, n) = if let Some(n) = name.strip_prefix("param.") {
+            (&mut ck.params, n)
+        } else if let Some(n) = name.strip_prefix("exp_avg_sq.") {
+            (&mut ck.exp_avg_sq, n)
+        } else if let Some(n) = name.strip_prefix("exp_avg.") {
+            (&mut ck.exp_avg, n)
+        } else {
+            return Err(CheckpointError::Format {
+                path: path.display().to_string(),
+                what: format!("tensor `{name}` is neither a parameter nor optimizer state"),
+            });
+        };
+        into.insert(n.to_string(), t);
+    }
+    Ok(ck)
+}
+
+/// Reads a checkpoint for a model with parameters `names` of shapes `shapes`, trained by `kind`.
+pub fn load(
+    path: &Path,
+    names: &[String],
+    shapes: &[Vec<usize>],
+    kind: OptimizerKind,
+) -> Result<Checkpoint, CheckpointError> {
+    let f = TensorFile::load(path)?;
+    let p = path.display().to_string();
+    let h = header(&f, &p)?;
+    if h.optimizer != kind_name(kind) {
         return Err(CheckpointError::Mismatch {
             path: p.clone(),
             what: format!(
-                "saved by {saved_kind}, but this run uses {}",
+                "saved by {}, but this run uses {}",
+                h.optimizer,
                 kind_name(kind)
             ),
         });
     }
     let mut ck = Checkpoint {
-        step,
+        step: h.step,
         params: Vec::new(),
-        optimizer_step,
+        optimizer_step: h.optimizer_step,
         exp_avg: Vec::new(),
         exp_avg_sq: Vec::new(),
-        world_size,
+        world_size: h.world_size,
+        tied: h.tied,
     };
-    let no_gradient: Vec<&str> = f
-        .metadata
-        .get(NO_GRADIENT)
-        .map_or_else(Vec::new, |s| s.split(',').collect());
     for (n, shape) in names.iter().zip(shapes) {
         let t = f.get(&format!("param.{n}"))?;
         if t.shape() != shape.as_slice() {
@@ -203,7 +323,7 @@ pub fn load(
         }
         ck.params.push(t.clone());
         let numel: usize = shape.iter().product();
-        if no_gradient.contains(&n.as_str()) {
+        if h.no_gradient.contains(n) {
             ck.exp_avg.push(Vec::new());
             ck.exp_avg_sq.push(Vec::new());
             continue;

@@ -321,13 +321,14 @@ where
                             path.display()
                         )));
                     }
-                    crate::train::checkpoint::save_for(
+                    crate::train::checkpoint::save_tied(
                         path,
                         done,
                         &model.param_names(),
                         &params,
                         &opt,
                         Some(cfg.world_size),
+                        &model.ties,
                     )
                     .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
                 }

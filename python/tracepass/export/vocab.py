@@ -1,6 +1,6 @@
 """Every distinct callee of the corpus traces, with counts.
 
-    python -m tracepass_export.vocab testdata/models [--markdown OUT.md]
+    python -m tracepass.export.vocab testdata/models [--markdown OUT.md]
 
 Reads `forward.trace` and `backward.trace` of every export directory below the given roots and
 counts, per callee spelling (`torch.nn.functional.linear`, `Tensor.expand`, `torch_slice_prim_impl`,
@@ -91,7 +91,7 @@ def markdown(v: dict, dirs: list[Path]) -> str:
         "",
         "Every distinct callee spelling in the `forward.trace` and `backward.trace` of "
         f"{len(dirs)} export directories ({', '.join(d.name for d in dirs)}), with the number of "
-        "statements calling it. Made by `python -m tracepass_export.vocab testdata/models "
+        "statements calling it. Made by `python -m tracepass.export.vocab testdata/models "
         "--markdown testdata/models/VOCAB.md`.",
         "",
         f"{len(names)} callees.",
@@ -107,7 +107,7 @@ def markdown(v: dict, dirs: list[Path]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tracepass_export.vocab", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tracepass.export.vocab", description=__doc__.split("\n")[0])
     ap.add_argument("roots", nargs="+", type=Path, help="export directories or folders holding them")
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
     a = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """PyTorch baseline: training steps/s of each corpus model, eager and DistributedDataParallel.
 
-    python -m tracepass_export.bench_torch testdata/models [--ranks 1,2,4] [--steps 30] [--json FILE]
+    python -m tracepass.export.bench_torch testdata/models [--ranks 1,2,4] [--steps 30] [--json FILE]
 
 For every plain export directory given (or found below a folder; `-ddp` exports are the same
 models and are skipped), and every world size: one process per rank (spawned), gloo,
@@ -170,7 +170,7 @@ def plain_exports(roots: list[Path]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tracepass_export.bench_torch", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tracepass.export.bench_torch", description=__doc__.split("\n")[0])
     ap.add_argument("roots", nargs="+", type=Path, help="export directories or folders holding them")
     ap.add_argument("--ranks", default="1,2,4", help="world sizes, comma-separated")
     ap.add_argument("--warmup", type=int, default=5)

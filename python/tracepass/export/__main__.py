@@ -1,4 +1,4 @@
-"""python -m tracepass_export --model NAME --out DIR [--ddp N]"""
+"""python -m tracepass.export --model NAME --out DIR [--ddp N]"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from .models import MODELS
 
-    ap = argparse.ArgumentParser(prog="python -m tracepass_export", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tracepass.export", description=__doc__)
     ap.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}")
     ap.add_argument("--out", required=True, help="export directory to write (replaced if it exists)")
     ap.add_argument("--ddp", type=int, default=None, help="trace thunder.distributed.ddp on N gloo ranks")

@@ -1,6 +1,6 @@
 """Regenerate the corpus: every registry model, plain and `-ddp` (2 ranks), plus README.md and VOCAB.md.
 
-    python -m tracepass_export.corpus --out testdata/models [--models nanogpt,cnn] [--ddp 2]
+    python -m tracepass.export.corpus --out testdata/models [--models nanogpt,cnn] [--ddp 2]
 
 `cargo xtask corpus` runs this. A model that Thunder cannot trace is reported (and listed in the
 README) instead of stopping the rest; the exit status is 1 if any failed.
@@ -94,7 +94,7 @@ def baseline_table(path: Path) -> list[str]:
         "",
         "## PyTorch baselines (torch_baseline.json, steps/s)",
         "",
-        f"`python -m tracepass_export.bench_torch testdata/models --json testdata/models/torch_baseline.json`:",
+        f"`python -m tracepass.export.bench_torch testdata/models --json testdata/models/torch_baseline.json`:",
         f"{doc['what']}; {doc['timed_steps']} steps timed after {doc['warmup_steps']}, on {doc['cpus']} CPUs"
         f" ({doc['cpu']}){'; load average ' + doc['loadavg'] if doc.get('loadavg') else ''}.",
         "",
@@ -112,7 +112,7 @@ def readme(out: Path, done: list[str], failed: dict[str, str]) -> str:
     lines = [
         "# The model corpus: real Thunder exports (format: ../../docs/EXPORT_FORMAT.md)",
         "",
-        "Made by `cargo xtask corpus` (which runs `python -m tracepass_export.corpus --out testdata/models`)",
+        "Made by `cargo xtask corpus` (which runs `python -m tracepass.export.corpus --out testdata/models`)",
         "with lightning-thunder 0.2.6 and torch 2.9.0 on CPU, float32 (`python/requirements.txt`). Each model",
         "is built from code or a config with random init (seed 0, no downloaded weights), jitted with",
         "`thunder.jit(model)` and run for one forward and backward; the loss (`F.cross_entropy` of the",
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     from .exporter import export, versions
     from .models import MODELS
 
-    ap = argparse.ArgumentParser(prog="python -m tracepass_export.corpus", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tracepass.export.corpus", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated (default: all)")
     ap.add_argument("--ddp", type=int, default=2, help="ranks of the -ddp exports (0: none)")

@@ -175,7 +175,7 @@ def portable_source_paths(trace_text: str) -> str:
     """Cut the absolute paths of source-location comments (`  # /x/site-packages/torch/...:134: `)
     to `site-packages/...` (or the path below this package's repository), as in the shared
     exports, so the corpus does not depend on where Python lives. Nothing else changes."""
-    here = str(Path(__file__).resolve().parents[2]) + "/"
+    here = str(Path(__file__).resolve().parents[3]) + "/"
 
     def cut(m: re.Match) -> str:
         path = m.group(2)
