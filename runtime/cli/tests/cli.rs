@@ -453,7 +453,7 @@ fn every_file_error_class_has_its_message_and_exit_code() {
     write(
         "version.tpb",
         &version,
-        "unsupported format version 99 (this build reads versions 1 to 4)",
+        "unsupported format version 99 (this build reads versions 1 to 5)",
     );
     write(
         "trunc.tpb",
