@@ -95,6 +95,7 @@ fn help_comes_from_the_declarations() {
     let h = PassRegistry::builtin().help();
     for name in [
         "ddp",
+        "fsdp",
         "sort-waits",
         "no-sync",
         "accumulate-grads",
@@ -110,6 +111,7 @@ fn help_comes_from_the_declarations() {
         PassRegistry::builtin().names(),
         [
             "ddp",
+            "fsdp",
             "sort-waits",
             "no-sync",
             "accumulate-grads",
@@ -117,6 +119,7 @@ fn help_comes_from_the_declarations() {
             "cse"
         ]
     );
+    assert!(h.contains("zero3|zero2"), "{h}");
 }
 
 struct CountNodes;
