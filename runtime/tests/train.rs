@@ -588,6 +588,22 @@ fn bad_options_are_rejected_before_anything_runs() {
         (
             TrainConfig {
                 world_size: 2,
+                passes: Some(parse_pipeline("fsdp(world_size=2,sharding=zero3),sort-waits").unwrap()),
+                ..TrainConfig::default()
+            },
+            "sharded training (fsdp) is not supported by the trainer yet (issue #29",
+        ),
+        (
+            TrainConfig {
+                world_size: 2,
+                passes: Some(parse_pipeline("fsdp(world_size=4)").unwrap()),
+                ..TrainConfig::default()
+            },
+            "is for world size 4, but this run has --world-size 2 (it would shard the parameters 4 ways)",
+        ),
+        (
+            TrainConfig {
+                world_size: 2,
                 passes: Some(parse_pipeline("dce").unwrap()),
                 ..TrainConfig::default()
             },
@@ -754,4 +770,24 @@ fn a_model_too_large_for_memory_is_an_error_not_an_abort() {
         // elsewhere the allocation itself is fallible
         assert!(e.contains("cannot allocate"), "{e}");
     }
+}
+
+/// A program fsdp rewrote takes shards the trainer cannot keep yet: refused, naming why, as
+/// the unsharded program is not.
+#[test]
+fn a_sharded_program_is_refused() {
+    let model = Model::load(&ModelSource::Seed).unwrap();
+    let mut p = model.program.clone();
+    tracepass_passes::PassManager::parse("fsdp(world_size=2)")
+        .unwrap()
+        .run(&mut p, tracepass_ir::OpRegistry::builtin())
+        .unwrap();
+    let e = tracepass_runtime::train::check_trainable(None, &p)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the program is sharded (fsdp ran on it)"), "{e}");
+    assert!(e.contains("issue #29"), "{e}");
+    tracepass_runtime::train::check_trainable(None, &model.program).unwrap();
+    let ddp = parse_pipeline("ddp(world_size=2),sort-waits").unwrap();
+    tracepass_runtime::train::check_trainable(Some(&ddp), &model.program).unwrap();
 }
