@@ -369,16 +369,22 @@ fn queue_gathers(
 ) -> Vec<Vec<ValueId>> {
     let sched = t.schedule().to_vec();
     let n = sched.len();
-    let mut gathers: Vec<Gather> = buckets
+    let gathers: Vec<Gather> = buckets
         .iter()
         .zip(shards)
         .map(|(b, s)| gather_nodes(t, b, tensors, *s, opts.world_size))
         .collect();
     let mut outs = Vec::with_capacity(buckets.len());
-    for k in 0..buckets.len() {
+    for (
+        k,
+        Gather {
+            gather: g,
+            rest,
+            outs: members,
+        },
+    ) in gathers.into_iter().enumerate()
+    {
         let a = k.saturating_sub(opts.prefetch);
-        let g = std::mem::replace(&mut gathers[k].gather, Node::new(ops::WAIT, vec![], vec![]));
-        let rest = std::mem::take(&mut gathers[k].rest);
         // the all-gather
         if a == 0 {
             match start {
@@ -401,7 +407,7 @@ fn queue_gathers(
                 rw.insert_at_end(node);
             }
         }
-        outs.push(std::mem::take(&mut gathers[k].outs));
+        outs.push(members);
     }
     outs
 }
