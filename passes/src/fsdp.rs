@@ -468,6 +468,9 @@ impl Pass for Fsdp {
                 "the backward already all-reduces gradients (ddp, or Thunder's own DDP); fsdp replaces ddp: run `no-sync` first, or give the plain export",
             ));
         }
+        if !matches!(p.backward.ret, Arg::Tuple(_) | Arg::List(_)) {
+            return Err(fail("the backward's return is not a tuple of gradients"));
+        }
         let grads_out = p.gradient_values();
         let unused: Vec<String> = p.unused_params().into_iter().map(String::from).collect();
         // 1. the tensors to shard: trainable parameters with a gradient (a tie is one tensor),
@@ -574,6 +577,17 @@ impl Pass for Fsdp {
             })
             .collect();
 
+        let saved_before = p.forward_saved();
+        let saved_names = p.backward_saved();
+        if opts.sharding == Sharding::Zero3 && saved_names.len() != saved_before.len() {
+            // the forward will save shards; a backward that does not unpack them one for one
+            // could not be told which of its values to gather again
+            return Err(fail(format!(
+                "zero3: the forward saves {} values but the backward unpacks {}",
+                saved_before.len(),
+                saved_names.len()
+            )));
+        }
         // 2. the forward: shard arguments in place of the parameters, gathered before use
         let sharded_args: Vec<ValueId> = tensors.iter().flat_map(|x| x.args.clone()).collect();
         let f = &mut p.forward;
@@ -594,7 +608,6 @@ impl Pass for Fsdp {
         let mut new_args: Vec<ValueId> = kept.iter().map(|i| old_args[*i]).collect();
         new_args.extend(&shard_args);
         let new_index = |old: usize| kept.iter().position(|k| *k == old);
-        let saved_before = p.forward_saved();
         let f = &mut p.forward;
         let first: Vec<usize> = buckets
             .iter()
@@ -658,10 +671,9 @@ impl Pass for Fsdp {
         cx.changed_trace(true);
 
         // 3. the backward: zero3 gathers the saved parameters again
-        let saved_names = p.backward_saved();
         let b = &mut p.backward;
         let pos = b.schedule_positions();
-        if opts.sharding == Sharding::Zero3 && saved_names.len() == saved_before.len() {
+        if opts.sharding == Sharding::Zero3 {
             // per bucket: the saved values of its members (backward side), by member
             let mut per_bucket: Vec<Vec<(usize, ValueId)>> = vec![Vec::new(); buckets.len()];
             for (fv, bv) in saved_before.iter().zip(&saved_names) {
