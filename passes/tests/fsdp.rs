@@ -557,6 +557,14 @@ fn sort_waits_moves_waits_to_their_first_use() {
             }
         }
     }
+    // each reduce-scatter as early as its operands allow: right after the buffer is padded
+    let b = &q.backward;
+    let pos = b.schedule_positions();
+    assert!(count(b, ops::REDUCE_SCATTER) > 1);
+    for (idx, n) in nodes_of(b, ops::REDUCE_SCATTER) {
+        let producer = b.producer(operand(n)).unwrap();
+        assert_eq!(pos[producer.index()] + 1, pos[idx.index()]);
+    }
 }
 
 #[test]
