@@ -3,16 +3,17 @@
 //! another serde format touches nothing else.
 //!
 //! Versions: 2 and later store each trace in columns (see `columns.rs`); 1 stored it as rows
-//! of nodes and values, and is still read. 3 added the parameters' buffer flag; 4 (written)
-//! added the nested left-hand side (`Lhs::Nested`), a binding no earlier file holds, so every
-//! earlier file reads as it did.
+//! of nodes and values, and is still read. 3 added the parameters' buffer flag; 4 added the
+//! nested left-hand side (`Lhs::Nested`), a binding no earlier file holds, so every earlier
+//! file reads as it did; 5 (written) added the parameters' shard placement (`fsdp`), absent
+//! (not sharded) in every earlier file.
 
 use crate::program::Module;
 
 /// First bytes of every `.tpb` file.
 pub const MAGIC: [u8; 8] = *b"TRACEPB\0";
 /// Version of the payload layout; bump on any incompatible change of the serde form.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest version this build still reads.
 pub const OLDEST_READ_VERSION: u32 = 1;
 /// magic (8) + version (4) + crc32 (4) + payload length (8).

@@ -77,7 +77,7 @@ pub use op_table::fallback::saved_operands as fallback_operands;
 pub use parse::{parse_trace, parse_trace_with, ParseError};
 pub use petgraph::stable_graph::NodeIndex;
 pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
-pub use program::{Module, Param, Program, ProgramError};
+pub use program::{Module, Param, ParamShard, Program, ProgramError};
 pub use prologue::{parse_prologue, ModuleTensor, Prologue, TensorKind};
 pub use registry::{
     ops, DTypeRule, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry, OpSpec, RegistryError,

@@ -498,6 +498,52 @@ pub(crate) fn all_reduce(cx: &MetaCx) -> R<MetaOut> {
     Ok(MetaOut::Types(vec![Type::Future(t)]))
 }
 
+/// The `world_size=` of a sharded collective: a positive integer.
+fn world_size(cx: &MetaCx) -> R<usize> {
+    let w = cx.int_param("world_size")?;
+    usize::try_from(w)
+        .ok()
+        .filter(|w| *w > 0)
+        .ok_or_else(|| format!("{}: world_size must be positive, got {w}", cx.op))
+}
+
+/// A flat (1-d) tensor operand of a sharded collective.
+fn flat(cx: &MetaCx) -> R<TensorType> {
+    let t = cx.tensor_param("a")?;
+    if t.shape.len() != 1 {
+        return Err(format!("{} takes a flat (1-d) buffer, got {}", cx.op, t));
+    }
+    Ok(t)
+}
+
+/// `all_gather_async(shard, ..., world_size=W)`: a future of the `W` shards end to end.
+pub(crate) fn all_gather(cx: &MetaCx) -> R<MetaOut> {
+    let t = flat(cx)?;
+    let w = world_size(cx)?;
+    let n = t.shape[0].checked_mul(w).ok_or_else(|| {
+        format!(
+            "{}: {w} shards of {} elements are too many",
+            cx.op, t.shape[0]
+        )
+    })?;
+    Ok(MetaOut::Types(vec![Type::Future(t.with_shape([n]))]))
+}
+
+/// `reduce_scatter_async(buf, ..., world_size=W)`: a future of this rank's `1/W` of `buf`,
+/// whose size must be a multiple of `W` (passes pad it).
+pub(crate) fn reduce_scatter(cx: &MetaCx) -> R<MetaOut> {
+    let t = flat(cx)?;
+    let w = world_size(cx)?;
+    let n = t.shape[0];
+    if n % w != 0 {
+        return Err(format!(
+            "{}: {n} elements do not split into {w} equal shards (pad the buffer to a multiple of {w})",
+            cx.op
+        ));
+    }
+    Ok(MetaOut::Types(vec![Type::Future(t.with_shape([n / w]))]))
+}
+
 pub(crate) fn wait(cx: &MetaCx) -> R<MetaOut> {
     match cx.type_of(cx.arg(0)?)? {
         Type::Future(t) => Ok(MetaOut::Types(vec![Type::Tensor(t)])),

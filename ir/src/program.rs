@@ -30,9 +30,40 @@ pub struct Param {
     /// A buffer (`module.get_buffer`: running statistics, masks), not a parameter: never
     /// trained, never synchronized.
     pub buffer: bool,
+    /// Where `fsdp` put the parameter: then `forward_arg` is its bucket's shard argument and
+    /// `grad_output` the position of that shard's gradient (`None`: not sharded).
+    pub shard: Option<ParamShard>,
 }
 
-/// Files of format versions 1 and 2 have no `buffer` field: their parameters are parameters.
+/// A sharded parameter's place in its bucket: the bucket is the flat concatenation of its
+/// members, zero-padded at the end to a multiple of `world_size` elements, and rank `r` holds
+/// elements `r * shard_numel .. (r + 1) * shard_numel` of it. What the runtime needs to cut a
+/// parameter into shards and to put a checkpoint's shards back together.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamShard {
+    /// The bucket's name (`b0`); its shard argument is `shard_<bucket>`.
+    pub bucket: String,
+    /// Where the parameter starts in the bucket's flat buffer, in elements.
+    pub offset: usize,
+    /// The parameter's element count.
+    pub numel: usize,
+    /// Elements of the bucket's members together, before padding.
+    pub bucket_numel: usize,
+    /// Zeros after the last member, so the bucket splits into equal shards.
+    pub padding: usize,
+    /// Ranks the bucket is split over.
+    pub world_size: usize,
+}
+
+impl ParamShard {
+    /// Elements of each rank's shard: the padded bucket over the world size.
+    pub fn shard_numel(&self) -> usize {
+        (self.bucket_numel + self.padding) / self.world_size.max(1)
+    }
+}
+
+/// Files of format versions 1 and 2 have no `buffer` field: their parameters are parameters;
+/// files before version 5 have no `shard` field: their parameters are not sharded.
 impl<'de> Deserialize<'de> for Param {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Param, D::Error> {
         #[derive(Deserialize)]
@@ -59,6 +90,21 @@ impl<'de> Deserialize<'de> for Param {
             #[serde(default)]
             buffer: bool,
         }
+        #[derive(Deserialize)]
+        struct Sharded {
+            fqn: String,
+            forward_arg: usize,
+            grad_output: Option<usize>,
+            shape: Vec<usize>,
+            dtype: DType,
+            device: Device,
+            requires_grad: bool,
+            tied_to: Option<String>,
+            #[serde(default)]
+            buffer: bool,
+            #[serde(default)]
+            shard: Option<ParamShard>,
+        }
         if crate::trace::reading_legacy_params() {
             let l = Legacy::deserialize(d)?;
             return Ok(Param {
@@ -71,9 +117,26 @@ impl<'de> Deserialize<'de> for Param {
                 requires_grad: l.requires_grad,
                 tied_to: l.tied_to,
                 buffer: false,
+                shard: None,
             });
         }
-        let c = Current::deserialize(d)?;
+        let c = if crate::trace::reading_unsharded_params() {
+            let c = Current::deserialize(d)?;
+            Sharded {
+                fqn: c.fqn,
+                forward_arg: c.forward_arg,
+                grad_output: c.grad_output,
+                shape: c.shape,
+                dtype: c.dtype,
+                device: c.device,
+                requires_grad: c.requires_grad,
+                tied_to: c.tied_to,
+                buffer: c.buffer,
+                shard: None,
+            }
+        } else {
+            Sharded::deserialize(d)?
+        };
         Ok(Param {
             fqn: c.fqn,
             forward_arg: c.forward_arg,
@@ -84,6 +147,7 @@ impl<'de> Deserialize<'de> for Param {
             requires_grad: c.requires_grad,
             tied_to: c.tied_to,
             buffer: c.buffer,
+            shard: c.shard,
         })
     }
 }
@@ -247,6 +311,7 @@ impl Program {
                 requires_grad: grad_output.is_some(),
                 tied_to: None,
                 buffer: false,
+                shard: None,
             });
         }
         let p = Program {
@@ -336,6 +401,7 @@ impl Program {
                 requires_grad: !buffer && mt.requires_grad.unwrap_or(false),
                 tied_to: None,
                 buffer,
+                shard: None,
             });
         }
         let order = |fqn: &str| prologue.tensors.iter().position(|t| t.fqn == fqn);

@@ -20,6 +20,12 @@ pub mod ops {
     pub const BUCKET_PACK: &str = "dist.bucket_pack";
     /// Starts an asynchronous all-reduce; its output is a future.
     pub const ALL_REDUCE: &str = "dist.all_reduce_async";
+    /// Starts an asynchronous all-gather of each rank's flat shard; its output is a future of
+    /// the `world_size` shards end to end.
+    pub const ALL_GATHER: &str = "dist.all_gather_async";
+    /// Starts an asynchronous reduce-scatter of a flat buffer; its output is a future of this
+    /// rank's reduced `1/world_size` of it.
+    pub const REDUCE_SCATTER: &str = "dist.reduce_scatter_async";
     /// Waits on a future.
     pub const WAIT: &str = "dist.wait";
     /// Unpacks a reduced bucket into gradients.

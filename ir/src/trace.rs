@@ -291,6 +291,21 @@ impl Trace {
     pub fn args(&self) -> &[ValueId] {
         &self.args
     }
+    /// Replaces the argument list (a pass that changes what a trace takes: `fsdp` trades
+    /// parameters for their shards). Each value of `args` must be in the value table and be
+    /// an argument already or not yet defined; an argument left out becomes undefined, so
+    /// whatever still reads it is the verifier's error, and [`Trace::purge_undefined_values`]
+    /// drops it once nothing does.
+    pub fn set_args(&mut self, args: Vec<ValueId>) {
+        for old in std::mem::take(&mut self.args) {
+            if let Some(v) = self.entry_mut(old) {
+                v.def = Def::Undefined;
+            }
+        }
+        for id in args {
+            self.push_existing_arg(id);
+        }
+    }
     /// Reads a stored value's name and type out of the trace's tables.
     fn view(&self, v: &Value) -> ValueRef<'_> {
         ValueRef {
@@ -789,11 +804,18 @@ struct Decoding {
     rows: bool,
     /// Whether parameters carry no buffer flag (format versions 1 and 2).
     legacy_params: bool,
+    /// Whether parameters carry no shard placement (format versions 1 to 4).
+    unsharded_params: bool,
 }
 
 thread_local! {
     static DECODING: std::cell::Cell<Decoding> = const {
-        std::cell::Cell::new(Decoding { budget: usize::MAX, rows: false, legacy_params: false })
+        std::cell::Cell::new(Decoding {
+            budget: usize::MAX,
+            rows: false,
+            legacy_params: false,
+            unsharded_params: false,
+        })
     };
 }
 
@@ -804,6 +826,7 @@ pub(crate) fn decoding<R>(bytes: usize, version: u32, f: impl FnOnce() -> R) -> 
             budget: bytes,
             rows: version == 1,
             legacy_params: version <= 2,
+            unsharded_params: version <= 4,
         })
     });
     let r = f();
@@ -818,6 +841,11 @@ pub(crate) fn decode_budget() -> usize {
 /// Whether the payload being decoded predates the parameters' buffer flag.
 pub(crate) fn reading_legacy_params() -> bool {
     DECODING.with(|d| d.get().legacy_params)
+}
+
+/// Whether the payload being decoded predates the parameters' shard placement.
+pub(crate) fn reading_unsharded_params() -> bool {
+    DECODING.with(|d| d.get().unsharded_params)
 }
 
 fn reading_rows() -> bool {

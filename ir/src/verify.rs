@@ -228,7 +228,8 @@ impl Verifier<'_> {
             }
         }
         let mut future_waits: HashMap<ValueId, usize> = HashMap::default();
-        let mut reduced_buffers: HashMap<ValueId, NodeIndex> = HashMap::default();
+        // buffers an all-reduce or a reduce-scatter works on in place, and which op took them
+        let mut reduced_buffers: HashMap<ValueId, (NodeIndex, &str)> = HashMap::default();
         // (producer, value) per operand read, and per incoming data edge
         let mut want: Vec<(NodeIndex, ValueId)> = Vec::new();
         let mut have: Vec<(NodeIndex, ValueId)> = Vec::new();
@@ -241,13 +242,10 @@ impl Verifier<'_> {
                     problems.push(format!("uses `{}` before it is defined", val.name))
                 }
                 Some(val) => {
-                    if let Some(r) = reduced_buffers.get(&v) {
+                    if let Some((r, op)) = reduced_buffers.get(&v) {
                         if *r != idx {
-                            problems.push(format!(
-                                "uses `{}` after it was handed to {}",
-                                val.name,
-                                ops::ALL_REDUCE
-                            ));
+                            problems
+                                .push(format!("uses `{}` after it was handed to {op}", val.name));
                         }
                     }
                     if val.ty.is_future() {
@@ -296,9 +294,15 @@ impl Verifier<'_> {
                     "the places of a nested left-hand side on a {lhs:?} binding"
                 )),
             }
-            if node.op == ops::ALL_REDUCE {
+            // an all-gather only reads its shard (the backward may gather it again)
+            if node.op == ops::ALL_REDUCE || node.op == ops::REDUCE_SCATTER {
+                let op = if node.op == ops::ALL_REDUCE {
+                    ops::ALL_REDUCE
+                } else {
+                    ops::REDUCE_SCATTER
+                };
                 if let Some(b) = node.args.first().and_then(|a| a.as_value()) {
-                    reduced_buffers.insert(b, idx);
+                    reduced_buffers.insert(b, (idx, op));
                 }
             }
             // the graph's data edges into the node are its operands' producers, one per read

@@ -225,7 +225,7 @@ fn binary_wrong_version() {
     b[8] = 99;
     assert_eq!(
         codec::decode(&b).unwrap_err().to_string(),
-        "unsupported format version 99 (this build reads versions 1 to 4)"
+        "unsupported format version 99 (this build reads versions 1 to 5)"
     );
 }
 

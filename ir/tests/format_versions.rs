@@ -51,10 +51,10 @@ fn the_header_version_decides_the_layout() {
     let mut bytes = codec::encode(&Module::Program(t)).unwrap();
     bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
     assert!(codec::decode(&bytes).is_err());
-    bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&6u32.to_le_bytes());
     assert_eq!(
         codec::decode(&bytes).unwrap_err().to_string(),
-        "unsupported format version 5 (this build reads versions 1 to 4)"
+        "unsupported format version 6 (this build reads versions 1 to 5)"
     );
 }
 
@@ -62,10 +62,65 @@ fn the_header_version_decides_the_layout() {
 /// version-3 file but for its header, and reads the same under either version.
 #[test]
 fn version_3_files_still_decode() {
-    let t = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
-    let m = Module::Program(t);
-    let mut bytes = codec::encode(&m).unwrap();
-    assert_eq!(version_of(&bytes), 4);
+    let v4 = std::fs::read(compat("mlp_frozen.v4.tpb")).unwrap();
+    let m = codec::decode(&v4).unwrap();
+    let mut bytes = v4.clone();
     bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
     assert!(codec::decode(&bytes).unwrap() == m);
+}
+
+/// Version 5 added the parameters' shard placement (`fsdp`): a version-4 program (written by
+/// tracepass before it) reads with every parameter unsharded, and is written back as
+/// version 5 the same.
+#[test]
+fn version_4_programs_still_decode_unsharded() {
+    let v4 = std::fs::read(compat("mlp_frozen.v4.tpb")).unwrap();
+    assert_eq!(version_of(&v4), 4);
+    let Module::Program(p) = codec::decode(&v4).unwrap() else {
+        panic!("mlp_frozen.v4.tpb holds a program");
+    };
+    let fqns: Vec<&str> = p.params.iter().map(|x| x.fqn.as_str()).collect();
+    assert_eq!(
+        fqns,
+        [
+            "fc1.bias",
+            "fc1.weight",
+            "fc2.bias",
+            "fc2.weight",
+            "fc3.bias",
+            "fc3.weight",
+            "norm1.bias",
+            "norm1.weight",
+            "norm2.bias",
+            "norm2.weight"
+        ]
+    );
+    // the export freezes some of them: both kinds read back
+    assert!(p.params.iter().any(|x| x.requires_grad));
+    assert!(p.params.iter().any(|x| !x.requires_grad));
+    assert!(p.params.iter().all(|x| x.shard.is_none()));
+    let m = Module::Program(p);
+    let v5 = codec::encode(&m).unwrap();
+    assert_eq!(version_of(&v5), codec::FORMAT_VERSION);
+    assert_eq!(codec::FORMAT_VERSION, 5);
+    assert!(codec::decode(&v5).unwrap() == m);
+}
+
+/// A shard placement survives the binary format and JSON.
+#[test]
+fn shard_placements_round_trip() {
+    let mut p = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    p.params[0].shard = Some(tracepass_ir::ParamShard {
+        bucket: "b0".into(),
+        offset: 3,
+        numel: 10,
+        bucket_numel: 13,
+        padding: 3,
+        world_size: 4,
+    });
+    assert_eq!(p.params[0].shard.as_ref().unwrap().shard_numel(), 4);
+    let m = Module::Program(p);
+    assert!(codec::decode(&codec::encode(&m).unwrap()).unwrap() == m);
+    let json = serde_json::to_string(&m).unwrap();
+    assert!(serde_json::from_str::<Module>(&json).unwrap() == m);
 }

@@ -5,6 +5,7 @@ use crate::canonicalize::Canonicalize;
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::ddp::{Ddp, DdpOptions, DDP};
+use crate::fsdp::{Fsdp, FsdpOptions, FSDP};
 use crate::no_sync::NoSync;
 use crate::pass::PassError;
 use crate::pipeline::PassSpec;
@@ -60,6 +61,8 @@ pub(crate) fn builtin_registry() -> PassRegistry {
     let mut r = PassRegistry::new();
     let all = [
         r.register_pass(&DDP, |o| Ddp::new(DdpOptions::from_values(o)))
+            .map(|_| ()),
+        r.register_pass(&FSDP, |o| Fsdp::new(FsdpOptions::from_values(o)))
             .map(|_| ()),
         r.register_trace_pass(&SORT_WAITS, |_| Ok(SortWaits))
             .map(|_| ()),

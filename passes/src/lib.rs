@@ -108,6 +108,7 @@ pub mod dce;
 pub mod ddp;
 pub mod instrument;
 pub mod ddp_plan;
+pub mod fsdp;
 pub mod manager;
 pub mod no_sync;
 pub mod pass;
@@ -125,6 +126,7 @@ pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
 pub use ddp_plan::{
     plan_ddp, plan_ddp_text, BucketPlan, DdpPlan, GradientPlan, PlanError, PlanParam,
 };
+pub use fsdp::{Fsdp, FsdpOptions, Sharding};
 pub use instrument::{dump_program, IrPrinter, PassInstrumentation, ReproducerWriter};
 pub use manager::{
     reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,

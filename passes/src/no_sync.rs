@@ -166,6 +166,14 @@ impl TracePass for NoSync {
         "no-sync"
     }
     fn run_on_trace(&self, t: &mut Trace, cx: &mut PassContext) -> Result<Changed, PassError> {
+        if crate::fsdp::shards(t) {
+            // an fsdp backward returns gradient shards: without its reduce-scatters it would
+            // return whole local gradients where the program promises shards
+            return Err(PassError::Failed {
+                pass: "no-sync".into(),
+                message: "the trace reduce-scatters gradient shards (fsdp): removing the reduce-scatters would return whole gradients where shards are expected; accumulate with `fsdp(...),accumulate-grads` (each micro-step reduce-scatters and adds up its shard), or run `accumulate-grads,fsdp(...)` on the unsharded program".into(),
+            });
+        }
         let n = no_sync(t).map_err(|e| PassError::rewrite("no-sync", e))?;
         cx.stat("no-sync.collectives_removed", n as u64);
         Ok((n > 0).into())

@@ -95,6 +95,7 @@ fn help_comes_from_the_declarations() {
     let h = PassRegistry::builtin().help();
     for name in [
         "ddp",
+        "fsdp",
         "sort-waits",
         "no-sync",
         "accumulate-grads",
@@ -111,6 +112,7 @@ fn help_comes_from_the_declarations() {
         PassRegistry::builtin().names(),
         [
             "ddp",
+            "fsdp",
             "sort-waits",
             "no-sync",
             "accumulate-grads",
@@ -119,6 +121,7 @@ fn help_comes_from_the_declarations() {
             "canonicalize"
         ]
     );
+    assert!(h.contains("zero3|zero2"), "{h}");
 }
 
 struct CountNodes;

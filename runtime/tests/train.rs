@@ -588,6 +588,22 @@ fn bad_options_are_rejected_before_anything_runs() {
         (
             TrainConfig {
                 world_size: 2,
+                passes: Some(parse_pipeline("fsdp(world_size=2,sharding=zero3),sort-waits").unwrap()),
+                ..TrainConfig::default()
+            },
+            "sharded training (fsdp) is not supported by the trainer yet (issue #29",
+        ),
+        (
+            TrainConfig {
+                world_size: 2,
+                passes: Some(parse_pipeline("fsdp(world_size=4)").unwrap()),
+                ..TrainConfig::default()
+            },
+            "is for world size 4, but this run has --world-size 2 (it would shard the parameters 4 ways)",
+        ),
+        (
+            TrainConfig {
+                world_size: 2,
                 passes: Some(parse_pipeline("dce").unwrap()),
                 ..TrainConfig::default()
             },
@@ -803,4 +819,24 @@ fn a_checkpoint_records_ties_and_reads_without_the_model() {
         .unwrap()
         .tied
         .is_empty());
+}
+
+/// A program fsdp rewrote takes shards the trainer cannot keep yet: refused, naming why, as
+/// the unsharded program is not.
+#[test]
+fn a_sharded_program_is_refused() {
+    let model = Model::load(&ModelSource::Seed).unwrap();
+    let mut p = model.program.clone();
+    tracepass_passes::PassManager::parse("fsdp(world_size=2)")
+        .unwrap()
+        .run(&mut p, tracepass_ir::OpRegistry::builtin())
+        .unwrap();
+    let e = tracepass_runtime::train::check_trainable(None, &p)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the program is sharded (fsdp ran on it)"), "{e}");
+    assert!(e.contains("issue #29"), "{e}");
+    tracepass_runtime::train::check_trainable(None, &model.program).unwrap();
+    let ddp = parse_pipeline("ddp(world_size=2),sort-waits").unwrap();
+    tracepass_runtime::train::check_trainable(Some(&ddp), &model.program).unwrap();
 }

@@ -2,7 +2,7 @@
 //! ...) and tracepass's bucketed forms of them, one canonical op each.
 
 use super::op;
-use crate::meta::{all_reduce, bucket_pack, identity, unpack, wait};
+use crate::meta::{all_gather, all_reduce, bucket_pack, identity, reduce_scatter, unpack, wait};
 use crate::registry::DTypeRule::{First, Meta};
 use crate::registry::Effect::{Collective, Pure};
 use crate::registry::{ops, OpSpec};
@@ -18,6 +18,23 @@ const OPS: &[OpSpec] = &[
         "a, op=None, group=None, do_async=True, skip_clone=False",
         First,
         all_reduce,
+    ),
+    // tracepass's sharded collectives (the `fsdp` pass): flat buffers, resolved by `wait`
+    op(
+        ops::ALL_GATHER,
+        &[],
+        Collective,
+        "a, group=None, /, *, world_size",
+        First,
+        all_gather,
+    ),
+    op(
+        ops::REDUCE_SCATTER,
+        &[],
+        Collective,
+        "a, op=None, group=None, /, *, world_size",
+        First,
+        reduce_scatter,
     ),
     op(
         ops::WAIT,

@@ -15,6 +15,9 @@ use tracepass_passes::{
 const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
   ddp(world_size=N[,bucket_mb=25][,first_bucket_mb=MB][,average=pre|post][,group=world][,launch=ready|end])
       pre-average, bucket and all-reduce the gradients asynchronously (needs the forward)
+  fsdp(world_size=N[,sharding=zero3|zero2][,bucket_mb=25][,prefetch=1][,shard_frozen=false])
+      shard the parameters: all-gather them in the forward (zero3: again in the backward),
+      reduce-scatter the gradients (needs the forward; write a .tpb or .json to keep it)
   sort-waits        move each wait to just before its first use
   no-sync           remove gradient synchronization (Thunder's own DDP included)
   accumulate-grads  the synchronized step of gradient accumulation (adds acc_* arguments)

@@ -136,7 +136,7 @@ fn opt_errors_and_reproducer() {
         "dce,unroll",
     ]);
     assert!(stderr(&o).contains(
-        "unknown pass `unroll`; valid passes: ddp, sort-waits, no-sync, accumulate-grads, dce, cse"
+        "unknown pass `unroll`; valid passes: ddp, fsdp, sort-waits, no-sync, accumulate-grads, dce, cse"
     ));
     // ddp without the forward is a user error: a clear message and no reproducer
     let dir = tempfile::tempdir().unwrap();
@@ -453,7 +453,7 @@ fn every_file_error_class_has_its_message_and_exit_code() {
     write(
         "version.tpb",
         &version,
-        "unsupported format version 99 (this build reads versions 1 to 4)",
+        "unsupported format version 99 (this build reads versions 1 to 5)",
     );
     write(
         "trunc.tpb",

@@ -133,6 +133,22 @@ impl LinkModel {
             + 2.0 * (n - 1.0) / n * bytes as f64 / bytes_per_s;
         Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
     }
+    /// Ring all-gather or reduce-scatter of a buffer of `bytes` (the gathered whole, or the
+    /// whole being scattered): half an all-reduce, `(n-1)` latency hops plus
+    /// `(n-1)/n * bytes / bandwidth`.
+    pub fn all_gather_time(&self, bytes: usize, world: usize) -> Duration {
+        if world <= 1 {
+            return Duration::ZERO;
+        }
+        let n = world as f64;
+        let bytes_per_s = self.bandwidth_gbps * 1e9 / 8.0;
+        let secs = (n - 1.0) * self.latency_us * 1e-6 + (n - 1.0) / n * bytes as f64 / bytes_per_s;
+        Duration::from_secs_f64(secs)
+    }
+    /// Ring reduce-scatter of `bytes`: the same traffic as an all-gather of them.
+    pub fn reduce_scatter_time(&self, bytes: usize, world: usize) -> Duration {
+        self.all_gather_time(bytes, world)
+    }
 }
 
 /// Collectives of one rank. Calls must be made in the same order on every rank.
@@ -182,5 +198,18 @@ mod tests {
             bandwidth_gbps: 1e-300,
         };
         assert_eq!(slow.all_reduce_time(1 << 20, 2), Duration::MAX);
+    }
+
+    #[test]
+    fn all_gather_and_reduce_scatter_are_half_an_all_reduce() {
+        let l = LinkModel::parse("10,80").expect("valid");
+        // 4 ranks, 10 MB gathered: 3 hops of 10 us + 0.75 * 1e7 B / 1e10 B/s = 30 us + 0.75 ms
+        let t = l.all_gather_time(10_000_000, 4).as_secs_f64();
+        assert!((t - 0.00078).abs() < 1e-9, "{t}");
+        assert_eq!(
+            l.reduce_scatter_time(10_000_000, 4),
+            l.all_gather_time(10_000_000, 4)
+        );
+        assert_eq!(l.all_gather_time(1000, 1), Duration::ZERO);
     }
 }

@@ -1,6 +1,7 @@
 //! Predicts a backward's step time from a cost model: each op's FLOPs and bytes against the
-//! device's peaks on one compute stream, each all-reduce by the ring alpha-beta model on one
-//! communication stream, waits joining the two.
+//! device's peaks on one compute stream, each collective (all-reduce, and `fsdp`'s all-gather
+//! and reduce-scatter) by the ring alpha-beta model on one communication stream, waits joining
+//! the two.
 
 use super::device::DeviceModel;
 use crate::comm::LinkModel;
@@ -143,19 +144,38 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
                 push_busy(&mut now, dt, &mut busy);
                 ops_count += 1;
             }
-            ops::ALL_REDUCE => {
+            ops::ALL_REDUCE | ops::ALL_GATHER | ops::REDUCE_SCATTER => {
                 let buf = n
                     .args()
                     .first()
                     .and_then(Arg::as_value)
-                    .ok_or_else(|| err("all-reduce of no tensor".into()))?;
-                let bytes = tensor_bytes(trace, buf);
-                let mut dur = opts
-                    .link
-                    .all_reduce_time(bytes, opts.world_size)
-                    .as_secs_f64();
-                if opts.host_reduction && opts.world_size > 1 {
-                    dur = dur.max((opts.world_size + 1) as f64 * bytes as f64 / dev.mem_bw);
+                    .ok_or_else(|| err(format!("{} of no tensor", n.op)))?;
+                let w = opts.world_size;
+                // what the ring moves is the whole buffer: the gathered result, or the buffer
+                // being reduce-scattered
+                let (bytes, ring) = match n.op.as_str() {
+                    ops::ALL_REDUCE => {
+                        let bytes = tensor_bytes(trace, buf);
+                        (bytes, opts.link.all_reduce_time(bytes, w))
+                    }
+                    ops::ALL_GATHER => {
+                        let bytes = n.outputs().first().map_or(0, |f| tensor_bytes(trace, *f));
+                        (bytes, opts.link.all_gather_time(bytes, w))
+                    }
+                    _ => {
+                        let bytes = tensor_bytes(trace, buf);
+                        (bytes, opts.link.reduce_scatter_time(bytes, w))
+                    }
+                };
+                let mut dur = ring.as_secs_f64();
+                if opts.host_reduction && w > 1 {
+                    // the host reads every rank's part of what it reduces and writes its own
+                    let reduced = match n.op.as_str() {
+                        ops::ALL_REDUCE => bytes,
+                        ops::REDUCE_SCATTER => bytes / w,
+                        _ => 0,
+                    };
+                    dur = dur.max((w + 1) as f64 * reduced as f64 / dev.mem_bw);
                 }
                 let start = now.max(comm_free);
                 let end = start + dur;
@@ -187,7 +207,7 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
                     .ok_or_else(|| err("wait on no future".into()))?;
                 let b = *future_bucket
                     .get(&f)
-                    .ok_or_else(|| err("wait before its all-reduce".into()))?;
+                    .ok_or_else(|| err("wait before its collective".into()))?;
                 buckets[b].wait_s = now;
                 now = now.max(buckets[b].end_s);
             }
@@ -211,4 +231,42 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
         ops: ops_count,
         buckets,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An all-gather and a reduce-scatter each take the ring time of their whole buffer, on
+    /// the communication stream, and their waits join it.
+    #[test]
+    fn sharded_collectives_take_their_ring_time() {
+        let t = tracepass_ir::parse_trace(concat!(
+            "def f(shard, g):\n",
+            "  # shard: \"cpu f32[250000]\"\n",
+            "  # g: \"cpu f32[1000000]\"\n",
+            "  ft0 = dist.all_gather_async(shard, 'world', world_size=4)  # ft0: \"FUTURE cpu f32[1000000]\"\n",
+            "  t0 = dist.wait(ft0)  # t0: \"cpu f32[1000000]\"\n",
+            "  ft1 = dist.reduce_scatter_async(g, 'sum', 'world', world_size=4)  # ft1: \"FUTURE cpu f32[250000]\"\n",
+            "  t1 = dist.wait(ft1)  # t1: \"cpu f32[250000]\"\n",
+            "  return (t0, t1)\n",
+        ))
+        .expect("parses");
+        let link = crate::comm::LinkModel::parse("10,80").expect("valid");
+        let opts = SimOptions {
+            world_size: 4,
+            device: DeviceModel::named("h100").expect("known"),
+            link,
+            host_reduction: false,
+        };
+        let r = simulate(&t, &opts).expect("simulates");
+        assert_eq!(r.buckets.len(), 2);
+        let ring = link.all_gather_time(4_000_000, 4).as_secs_f64();
+        for b in &r.buckets {
+            assert_eq!(b.bytes, 4_000_000);
+            assert!((b.end_s - b.start_s - ring).abs() < 1e-12);
+        }
+        // nothing overlaps them: the step is the two collectives back to back
+        assert!((r.step_s - 2.0 * ring).abs() < 1e-12, "{}", r.step_s);
+    }
 }

@@ -225,6 +225,7 @@ mod tests {
             requires_grad: !buffer,
             tied_to: None,
             buffer,
+            shard: None,
         };
         p.params = vec![param("w", 1, false), param("rm", 2, true)];
         p

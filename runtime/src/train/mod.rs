@@ -24,6 +24,6 @@ pub use model::{
 pub use optim::{Optimizer, OptimizerKind};
 pub use rank_loop::StepComm;
 pub use trainer::{
-    check_pipeline, local_gradients, local_gradients_at, panic_message, train, train_with, Fault,
-    TrainConfig, TrainError, TrainReport,
+    check_pipeline, check_trainable, local_gradients, local_gradients_at, panic_message, train,
+    train_with, Fault, TrainConfig, TrainError, TrainReport,
 };

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tracepass_ir::{ops, Arg, OpRegistry, Program, Trace, ValueId};
 use tracepass_passes::{
-    print_pipeline, synchronizes, Ddp, DdpOptions, PassError, PassManager, PassRegistry, PassSpec,
-    RunError,
+    print_pipeline, synchronizes, Ddp, DdpOptions, Fsdp, PassError, PassManager, PassRegistry,
+    PassSpec, RunError,
 };
 
 /// A fault to inject (tests and `--inject-fault`): what a real failure would do to one rank.
@@ -353,9 +353,22 @@ impl Plans {
 }
 
 /// Refuses a pipeline that contradicts the run: a `ddp` pass for another world size (it would
-/// divide the gradients by the wrong number) or for a process group this runtime does not have.
+/// divide the gradients by the wrong number) or for a process group this runtime does not have,
+/// an `fsdp` pass for another world size (it would cut the parameters into the wrong shards).
 pub fn check_pipeline(specs: &[PassSpec], world_size: usize) -> Result<(), TrainError> {
     let pipeline = print_pipeline(specs);
+    for spec in specs.iter().filter(|s| s.name == "fsdp") {
+        let fsdp = Fsdp::from_spec(spec).map_err(|source| TrainError::Pipeline {
+            pipeline: pipeline.clone(),
+            source: Box::new(source),
+        })?;
+        let n = fsdp.options().world_size;
+        if n != world_size {
+            return Err(TrainError::Config(format!(
+                "--passes `{pipeline}`: `{spec}` is for world size {n}, but this run has --world-size {world_size} (it would shard the parameters {n} ways); use fsdp(world_size={world_size},...)"
+            )));
+        }
+    }
     for spec in specs.iter().filter(|s| s.name == "ddp") {
         let ddp = Ddp::from_spec(spec).map_err(|source| TrainError::Pipeline {
             pipeline: pipeline.clone(),
@@ -378,11 +391,39 @@ pub fn check_pipeline(specs: &[PassSpec], world_size: usize) -> Result<(), Train
     Ok(())
 }
 
+/// Why the trainer refuses sharded training: it would run it wrongly, so it does not run it.
+const NO_SHARDED_TRAINING: &str = "sharded training (fsdp) is not supported by the trainer yet \
+     (issue #29: the executor does not run all-gathers and reduce-scatters, nor keep parameter \
+     and optimizer shards); inspect the rewrite with `tracepass opt`, time it with `tracepass \
+     simulate`, and train with ddp";
+
+/// Refuses what the trainer cannot run yet: a pipeline with `fsdp`, or a program it sharded.
+pub fn check_trainable(specs: Option<&[PassSpec]>, p: &Program) -> Result<(), TrainError> {
+    if let Some(specs) = specs {
+        if specs.iter().any(|s| s.name == "fsdp") {
+            return Err(TrainError::Config(format!(
+                "--passes `{}`: {NO_SHARDED_TRAINING}",
+                print_pipeline(specs)
+            )));
+        }
+    }
+    if p.params.iter().any(|x| x.shard.is_some())
+        || tracepass_passes::fsdp::shards(&p.forward)
+        || tracepass_passes::fsdp::shards(&p.backward)
+    {
+        return Err(TrainError::Config(format!(
+            "the program is sharded (fsdp ran on it): {NO_SHARDED_TRAINING}"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainError> {
     let p = &model.program;
     if let Some(pl) = &cfg.passes {
         check_pipeline(pl, cfg.world_size)?;
     }
+    check_trainable(cfg.passes.as_deref(), p)?;
     let ret = match &p.forward.ret {
         Arg::Tuple(items) if items.len() == 2 => items[1].clone(),
         _ => {

@@ -1,0 +1,150 @@
+//! The fsdp pass through the `tracepass` binary: `opt` rewrites a corpus export and writes a
+//! program that `verify` accepts, `simulate` times a sharded backward, and `train` refuses
+//! sharded training (a pipeline with fsdp, or a program fsdp rewrote) until the runtime
+//! supports it, before it runs any step.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn mlp() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models/mlp")
+        .to_string_lossy()
+        .into_owned()
+}
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tracepass"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", stderr(o));
+    stdout(o)
+}
+fn sharded_program(dir: &Path) -> PathBuf {
+    let out = dir.join("mlp_fsdp.tpb");
+    ok(&run(&[
+        "opt",
+        &mlp(),
+        "--passes",
+        "fsdp(world_size=4,sharding=zero3)",
+        "-o",
+        out.to_str().unwrap(),
+    ]));
+    out
+}
+
+#[test]
+fn opt_shards_a_corpus_export() {
+    let o = run(&[
+        "opt",
+        &mlp(),
+        "--passes",
+        "fsdp(world_size=4,sharding=zero3)",
+        "--stats",
+    ]);
+    let backward = ok(&o);
+    // the backward gathers the saved parameters again and reduce-scatters the gradients
+    assert!(backward.contains("dist.all_gather_async("), "{backward}");
+    assert!(
+        backward.contains("dist.reduce_scatter_async("),
+        "{backward}"
+    );
+    assert!(!backward.contains("dist.all_reduce_async("), "{backward}");
+    let err = stderr(&o);
+    assert!(err.contains("stat fsdp.buckets: 1"), "{err}");
+    assert!(err.contains("stat fsdp.sharded: 10"), "{err}");
+    // the whole program, verified again from the file
+    let dir = tempfile::tempdir().unwrap();
+    let p = sharded_program(dir.path());
+    let v = ok(&run(&["verify", p.to_str().unwrap()]));
+    assert!(v.contains(": ok"), "{v}");
+    // and its text form: the forward takes the shard
+    let text = dir.path().join("mlp_fsdp.json");
+    ok(&run(&[
+        "convert",
+        p.to_str().unwrap(),
+        text.to_str().unwrap(),
+    ]));
+    let json = std::fs::read_to_string(&text).unwrap();
+    // 7178 elements pad to 7180, split four ways
+    let placement = "\"shard\": {\n          \"bucket\": \"b0\",\n          \"offset\": 0,\n          \"numel\": 64,\n          \"bucket_numel\": 7178,\n          \"padding\": 2,\n          \"world_size\": 4\n        }";
+    assert!(json.contains(placement), "shard placements are written");
+}
+
+#[test]
+fn simulate_times_a_sharded_backward() {
+    let o = run(&[
+        "simulate",
+        &mlp(),
+        "--world-size",
+        "4",
+        "--passes",
+        "fsdp(world_size=4,sharding=zero3,bucket_mb=0.01),sort-waits",
+        "--json",
+    ]);
+    let s = ok(&o);
+    // zero3 with small buckets: gathers and reduce-scatters on the communication stream
+    assert!(s.contains("\"buckets\""), "{s}");
+    assert!(
+        s.contains("shard_b0"),
+        "the backward's gather of b0 is timed: {s}"
+    );
+    let o = run(&[
+        "simulate",
+        &mlp(),
+        "--world-size",
+        "2",
+        "--passes",
+        "fsdp(world_size=4),sort-waits",
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("world size 4") && e.contains("--world-size 2"),
+        "{e}"
+    );
+}
+
+#[test]
+fn train_refuses_sharded_training() {
+    let o = run(&[
+        "train",
+        "--world-size",
+        "2",
+        "--steps",
+        "2",
+        "--passes",
+        "fsdp(world_size=2,sharding=zero2)",
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("sharded training (fsdp) is not supported by the trainer yet (issue #29"),
+        "{e}"
+    );
+    assert!(!stdout(&o).contains("-th loss"), "no step ran");
+    // a program fsdp already rewrote is refused too
+    let dir = tempfile::tempdir().unwrap();
+    let p = sharded_program(dir.path());
+    let o = run(&[
+        "train",
+        "--model",
+        p.to_str().unwrap(),
+        "--world-size",
+        "4",
+        "--steps",
+        "2",
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("the program is sharded (fsdp ran on it)"), "{e}");
+    assert!(!stdout(&o).contains("-th loss"), "no step ran");
+}
