@@ -153,6 +153,7 @@ pub fn plan_ddp(
             requires_grad: p.requires_grad,
             tied_to: p.tied_to.clone(),
             buffer: false,
+            shard: None,
         });
     }
     let program = Program {
