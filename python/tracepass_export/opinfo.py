@@ -33,12 +33,16 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .exporter import portable_source_paths
+
 # the dtypes a sample is made in: (torch dtype, file tag, samples per op, with gradients)
 DTYPES = (
     (torch.float32, "f32", 1, True),
     (torch.bfloat16, "bf16", 1, True),
 )
 SEED = 1234
+# samples with larger inputs are skipped, so the checked-in corpus stays a few MB
+MAX_SAMPLE_BYTES = 1 << 20
 
 
 def _thunder_dtype(d: torch.dtype):
@@ -117,6 +121,9 @@ def probe_sample(op, sample, dtype_tag: str, grad: bool, out_dir: Path) -> dict[
 
     args, kwargs = sample.args, sample.kwargs
     leaves = _tensors((args, kwargs))
+    size = sum(t.numel() * t.element_size() for t in leaves)
+    if size > MAX_SAMPLE_BYTES:
+        raise ValueError(f"skipped: the sample's tensors are over the probe's 1 MB cap ({size} bytes)")
     entry: dict[str, Any] = {"op": op.name, "dtype": dtype_tag, "dir": out_dir.name}
 
     def call(*ts):
@@ -130,7 +137,7 @@ def probe_sample(op, sample, dtype_tag: str, grad: bool, out_dir: Path) -> dict[
     th_out = _tensors(out)
     cots = _cotangents(th_out)
     th_grads = _grads(th_out, cots, th_in) if grad else [None] * len(th_in)
-    fwd = str(thunder.last_traces(jf)[-1])
+    fwd = portable_source_paths(str(thunder.last_traces(jf)[-1]))
     bws = thunder.last_backward_traces(jf) if grad and _differentiable(th_out) else []
     names = _trace_args(fwd)
     if len(names) != len(leaves):
@@ -160,7 +167,7 @@ def probe_sample(op, sample, dtype_tag: str, grad: bool, out_dir: Path) -> dict[
     (out_dir / "forward.trace").write_text(fwd)
     inputs = {n: _contig(t) for n, t in zip(names, leaves)}
     if bws:
-        (out_dir / "backward.trace").write_text(str(bws[-1]))
+        (out_dir / "backward.trace").write_text(portable_source_paths(str(bws[-1])))
         for i, c in enumerate(cots):
             inputs[f"cotangents.{i}"] = _contig(c)
     expected = {f"output.{i}": _contig(o) for i, o in enumerate(ref_out)}
@@ -185,10 +192,11 @@ def probe(
 
     warnings.filterwarnings("ignore")
     k, n = part
+    extra = n == 0
     if n == 1 and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    index_path = out / ("index.json" if n == 1 else f"index.part{k}.json")
+    index_path = out / ("index.json" if n == 1 else "index.extra.json" if extra else f"index.part{k}.json")
     index: dict[str, Any] = {
         "thunder": thunder.__version__,
         "torch": torch.__version__.split("+")[0],
@@ -200,7 +208,7 @@ def probe(
     for pos, op in enumerate(opinfos):
         if only and op.name not in only:
             continue
-        if pos % n != k:
+        if not extra and pos % n != k:
             continue
         if op.name in seen:  # a few OpInfos share a name; the first one stands
             continue
@@ -223,7 +231,16 @@ def probe(
                         index["samples"].append(probe_sample(op, sample, tag, grad, d))
                     except Exception as e:  # noqa: BLE001 - Thunder's error is the datum
                         shutil.rmtree(d, ignore_errors=True)
-                        index["failures"].append({"op": op.name, "dtype": tag, "sample": taken, "error": _short(e)})
+                        # an op Thunder has no gradient for is still jitted without one
+                        try:
+                            if not grad:
+                                raise
+                            entry = probe_sample(op, sample, tag, False, d)
+                            entry["grad_error"] = _short(e)
+                            index["samples"].append(entry)
+                        except Exception:  # noqa: BLE001
+                            shutil.rmtree(d, ignore_errors=True)
+                            index["failures"].append({"op": op.name, "dtype": tag, "sample": taken, "error": _short(e)})
                     taken += 1
             except Exception as e:  # noqa: BLE001 - a generator that fails is one failure
                 index["failures"].append({"op": op.name, "dtype": tag, "sample": None, "error": _short(e)})
@@ -234,11 +251,14 @@ def probe(
 
 
 def merge(out: Path) -> dict[str, Any]:
-    """Joins the `index.part<k>.json` of a run split in parts into `index.json`."""
+    """Joins the `index.part<k>.json` of a run split in parts into `index.json` (or into the
+    `index.json` there), then `index.extra.json` (a rerun of some ops), whose ops replace
+    theirs."""
     parts = sorted(out.glob("index.part*.json"))
-    if not parts:
-        raise SystemExit(f"error: no index.part*.json in {out}")
-    index: dict[str, Any] = {}
+    base = out / "index.json"
+    if not parts and not base.exists():
+        raise SystemExit(f"error: no index.part*.json or index.json in {out}")
+    index: dict[str, Any] = json.loads(base.read_text()) if base.exists() and not parts else {}
     for p in parts:
         part = json.loads(p.read_text())
         if not index:
@@ -248,6 +268,13 @@ def merge(out: Path) -> dict[str, Any]:
             index["samples"] += part["samples"]
             index["failures"] += part["failures"]
         p.unlink()
+    extra_path = out / "index.extra.json"
+    if extra_path.exists():
+        extra = json.loads(extra_path.read_text())
+        redone = {s["op"] for s in extra["samples"]} | {f["op"] for f in extra["failures"]}
+        index["samples"] = [s for s in index["samples"] if s["op"] not in redone] + extra["samples"]
+        index["failures"] = [f for f in index["failures"] if f["op"] not in redone] + extra["failures"]
+        extra_path.unlink()
     index["samples"].sort(key=lambda s: (s["op"], s["dir"]))
     index["failures"].sort(key=lambda f: (f["op"], f["dtype"]))
     (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
@@ -260,7 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", help="only these OpInfo names, comma separated")
     ap.add_argument("--samples", type=int, help="at most this many samples per op and dtype")
     ap.add_argument("--dtypes", default="f32,bf16", help="dtype tags to make samples in (f32, bf16)")
-    ap.add_argument("--part", help="K/N: only the ops at positions K mod N (run N of these side by side)")
+    ap.add_argument(
+        "--part",
+        help="K/N: only the ops at positions K mod N (run N of these side by side); "
+        "`extra`: rerun --ops into an existing folder (--merge puts them in place)",
+    )
     ap.add_argument("--merge", action="store_true", help="join the index.part*.json of a split run")
     a = ap.parse_args(argv)
     if a.merge:
@@ -269,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     only = set(a.ops.split(",")) if a.ops else None
     part = (0, 1)
-    if a.part:
+    if a.part == "extra":
+        part = (0, 0)
+    elif a.part:
         k, n = (int(x) for x in a.part.split("/"))
         if not 0 <= k < n:
             ap.error(f"--part {a.part}: K must be in 0..N")
