@@ -66,7 +66,7 @@ const SPECIAL: &[OpSpec] = &[
     ),
 ];
 
-pub(crate) const PARTS: &[&[OpSpec]] = &[SPECIAL, INDEXING];
+pub(crate) const PARTS: &[&[OpSpec]] = &[SPECIAL, INDEXING, MORE];
 
 /// `bitcast(a, dtype)`: the same bits read as `dtype`, of the same width.
 fn bitcast(cx: &MetaCx) -> R {
@@ -121,5 +121,56 @@ const INDEXING: &[OpSpec] = &[
         "a, indices, values, accumulate=False, /",
         First,
         like_a,
+    ),
+];
+
+/// `any(a, dim=None, keepdim=False)`: whether any element is nonzero, over `dim` (all
+/// dimensions when `None`), as a bool tensor.
+fn any(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("a")?;
+    let rank = t.shape.len();
+    let dims: Vec<usize> = match cx.opt("dim") {
+        None | Some(crate::Arg::None) => (0..rank).collect(),
+        Some(_) => cx
+            .ints_param("dim")
+            .or_else(|_| cx.int_param("dim").map(|d| vec![d]))?
+            .into_iter()
+            .map(|d| crate::meta::norm_dim(d, rank.max(1), cx.op))
+            .collect::<Result<_, _>>()?,
+    };
+    let keep = matches!(cx.opt("keepdim"), Some(crate::Arg::Bool(true)));
+    let shape: Vec<usize> = t
+        .shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &s)| match (dims.contains(&i), keep) {
+            (false, _) => Some(s),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    crate::meta::one(TensorType::new(shape, DType::Bool, t.device))
+}
+
+fn ab(cx: &MetaCx) -> R {
+    ew(cx, &["a", "b"], &[])
+}
+
+const MORE: &[OpSpec] = &[
+    op(
+        "ltorch.any",
+        &["torch.any", "Tensor.any"],
+        Pure,
+        "a, /, dim=None, keepdim=False",
+        Meta,
+        any,
+    ),
+    op(
+        "ltorch.zeta",
+        &["torch.special.zeta"],
+        Pure,
+        "a, b, /",
+        PromoteToFloat,
+        ab,
     ),
 ];

@@ -116,6 +116,19 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.digamma", Cpu(|o| unary(o, UnaryOp::Digamma))),
         ("prims.bitcast", Cpu(bitcast)),
         (
+            "ltorch.any",
+            Unsupported {
+                reason: "no kernel reduces to a bool by `any` (Thunder's traces of models \
+                         compare and reduce with sum or amax instead)",
+            },
+        ),
+        (
+            "ltorch.zeta",
+            Unsupported {
+                reason: ELEMENTWISE_FN,
+            },
+        ),
+        (
             "ltorch.index_copy",
             Unsupported {
                 reason: "no kernel copies rows into a tensor at an index (index_add and \
