@@ -859,10 +859,21 @@ impl<'a> Parser<'a> {
                 }
                 // `infer_node` binds nested places to types
                 MetaOut::Declared | MetaOut::Places(_) => {
+                    // Thunder binds a member it never reads to `_` (`t4, _, = cotangents`,
+                    // the cotangent of an integer output) and gives it no type comment
+                    let discarded: Vec<_> = node
+                        .outputs
+                        .iter()
+                        .filter(|o| untyped.contains_key(o) && self.trace.name(**o) == "_")
+                        .copied()
+                        .collect();
+                    for o in discarded {
+                        self.trace.set_ty(o, Type::Any);
+                    }
                     let o = node
                         .outputs
                         .iter()
-                        .find(|o| untyped.contains_key(o))
+                        .find(|o| untyped.contains_key(o) && self.trace.name(**o) != "_")
                         .copied();
                     if let Some(o) = o {
                         return Err(self.err(

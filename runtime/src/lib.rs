@@ -41,6 +41,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod exec;
+pub mod run;
 pub mod sim;
 pub mod tensor;
 pub mod train;

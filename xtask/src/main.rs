@@ -72,6 +72,9 @@ enum Cmd {
         #[arg(long, default_value_t = 2)]
         ddp: usize,
     },
+    /// Rewrite testdata/opinfo/README.md (the coverage table of Thunder's OpInfo samples) and
+    /// coverage.json (the floor `runtime/tests/opinfo.rs` holds) from a run of that test.
+    OpinfoReport,
     /// Profiling aid: decode (or parse, or run the DDP passes on) an N-node backward repeatedly.
     #[command(hide = true)]
     Repeat {
@@ -114,6 +117,7 @@ fn main() -> Result<()> {
             }
         },
         Cmd::GenTestdata => gen_testdata(),
+        Cmd::OpinfoReport => opinfo_report(),
         Cmd::GpuCheck { models, skip_bench } => cuda::gpu_check(models, skip_bench),
         Cmd::Corpus { models, out, ddp } => corpus(models.as_deref(), &out, ddp),
         Cmd::Fuzz { target, time } => fuzz(&target, time),
@@ -308,6 +312,28 @@ fn gen_testdata() -> Result<()> {
             dir.display()
         );
     }
+    Ok(())
+}
+
+/// Runs the OpInfo test in report mode: it writes the table and the new floor.
+fn opinfo_report() -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let status = std::process::Command::new(cargo)
+        .args([
+            "test",
+            "-p",
+            "tracepass-runtime",
+            "--test",
+            "opinfo",
+            "--",
+            "opinfo_samples_match_pytorch",
+        ])
+        .env("TRACEPASS_OPINFO_REPORT", "1")
+        .status()?;
+    if !status.success() {
+        bail!("the OpInfo test failed ({status})");
+    }
+    println!("wrote testdata/opinfo/README.md and testdata/opinfo/coverage.json");
     Ok(())
 }
 

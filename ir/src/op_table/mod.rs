@@ -17,6 +17,7 @@ mod nn;
 mod python;
 mod reduction;
 mod shape;
+mod vocab;
 
 use crate::registry::{DTypeRule, Effect, MetaFn, OpSpec};
 
@@ -32,6 +33,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
         python::PARTS,
         dist::PARTS,
         fallback::PARTS,
+        vocab::PARTS,
     ]
     .into_iter()
     .flatten()

@@ -67,6 +67,11 @@ pub enum Command {
     },
     /// Run a pass pipeline, like mlir-opt.
     Opt(crate::opt_cmd::OptArgs),
+    /// Execute a trace (or a forward and its backward) on tensors from a safetensors file,
+    /// like mlir-cpu-runner.
+    Run(Box<crate::run_cmd::RunArgs>),
+    /// The op table: canonical names, dtype rule, effect, kernel status, spellings.
+    Ops(crate::ops_cmd::OpsArgs),
     /// Train a model with DDP on thread ranks (the seed example by default).
     Train(Box<crate::train_cmd::TrainArgs>),
     /// Predict step time, overlap and exposed communication on a modelled device and network.
@@ -174,6 +179,8 @@ pub fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Opt(args) => crate::opt_cmd::run(args),
+        Command::Run(args) => crate::run_cmd::run(*args),
+        Command::Ops(args) => crate::ops_cmd::run(args),
         Command::Train(args) => crate::train_cmd::run(*args),
         Command::Simulate(args) => crate::simulate_cmd::run(*args),
         Command::Launch {

@@ -94,6 +94,12 @@ macro_rules! for_unary_op {
             UnaryOp::Softsign => |x: $t| x.via(|x: f64| x / (1.0 + x.abs())),
             UnaryOp::Tanhshrink => |x: $t| x.via(|x: f64| x - x.tanh()),
             UnaryOp::Selu => |x: $t| x.via(|x: f64| 1.0507009873554805 * if x > 0.0 { x } else { 1.6732632423543772 * x.exp_m1() }),
+            UnaryOp::Lgamma => |x: $t| x.via(libm::lgamma),
+            UnaryOp::Digamma => |x: $t| x.via(crate::cpu::special::digamma),
+            UnaryOp::Trigamma => |x: $t| x.via(crate::cpu::special::trigamma),
+            UnaryOp::Erfinv => |x: $t| x.via(crate::cpu::special::erfinv),
+            UnaryOp::Erfcinv => |x: $t| x.via(crate::cpu::special::erfcinv),
+            UnaryOp::Ndtri => |x: $t| x.via(crate::cpu::special::ndtri),
 
         )
     };

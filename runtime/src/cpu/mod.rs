@@ -25,6 +25,7 @@ pub(crate) mod random;
 pub(crate) mod real;
 pub(crate) mod reduce;
 pub(crate) mod sort;
+pub(crate) mod special;
 pub(crate) mod var_mean;
 
 use crate::exec::backend::{Backend, Input, KernelError};

@@ -56,7 +56,8 @@ macro_rules! every {
 pub const UNARY_OPS: &[UnaryOp] = &every!(UnaryOp: Neg, Abs, Exp, Log, Log1p, Expm1, Sqrt,
     Rsqrt, Tanh, Sigmoid, Relu, Sin, Cos, Reciprocal, Sign, Erf, Gelu, GeluTanh, Exp2, Log2,
     Log10, Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Floor, Ceil, Round, Trunc,
-    Erfc, Relu6, Hardswish, Hardsigmoid, Softplus, Mish, Logsigmoid, Softsign, Tanhshrink, Selu);
+    Erfc, Relu6, Hardswish, Hardsigmoid, Softplus, Mish, Logsigmoid, Softsign, Tanhshrink, Selu,
+    Lgamma, Digamma, Trigamma, Erfinv, Erfcinv, Ndtri);
 
 /// Every binary op.
 pub const BINARY_OPS: &[BinaryOp] = &every!(BinaryOp: Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2, FloorDivide, Remainder,
@@ -212,8 +213,53 @@ fn unary_expr(op: UnaryOp) -> &'static str {
         UnaryOp::Softsign => "x / (1.0f + fabsf(x))",
         UnaryOp::Tanhshrink => "x - tanhf(x)",
         UnaryOp::Selu => "1.0507009873554805f * (x > 0.0f ? x : 1.6732632423543772f * expm1f(x))",
+        UnaryOp::Lgamma => "lgammaf(x)",
+        UnaryOp::Digamma => "digamma_f(x)",
+        UnaryOp::Trigamma => "trigamma_f(x)",
+        UnaryOp::Erfinv => "erfinvf(x)",
+        UnaryOp::Erfcinv => "erfcinvf(x)",
+        UnaryOp::Ndtri => "normcdfinvf(x)",
     }
 }
+
+/// digamma and trigamma (CUDA's math library has neither), as `cpu::special` computes them:
+/// reflection below 0, recurrence up to 10, then the asymptotic series; in double.
+const SPECIAL_FNS: &str = r#"
+__device__ double digamma_d(double x) {
+    const double PI = 3.141592653589793;
+    if (x != x) return x;
+    if (x == 0.0) return signbit(x) ? 1.0 / 0.0 : -1.0 / 0.0;
+    double acc = 0.0;
+    if (x < 0.0) {
+        if (x == floor(x)) return 0.0 / 0.0;
+        acc = -PI / tan(PI * x);
+        x = 1.0 - x;
+    }
+    while (x < 10.0) { acc -= 1.0 / x; x += 1.0; }
+    double r = 1.0 / (x * x);
+    double tail = r * (1.0/12 - r * (1.0/120 - r * (1.0/252 - r * (1.0/240 - r * (1.0/132 - r * 691.0/32760)))));
+    return acc + log(x) - 0.5 / x - tail;
+}
+__device__ float digamma_f(float x) { return (float)digamma_d((double)x); }
+__device__ double trigamma_d(double x) {
+    const double PI = 3.141592653589793;
+    if (x != x) return x;
+    if (x <= 0.0 && x == floor(x)) return 1.0 / 0.0;
+    double acc = 0.0, sign = 1.0;
+    if (x < 0.0) {
+        double s = sin(PI * x);
+        acc = PI * PI / (s * s);
+        sign = -1.0;
+        x = 1.0 - x;
+    }
+    double inner = 0.0;
+    while (x < 10.0) { inner += 1.0 / (x * x); x += 1.0; }
+    double r = 1.0 / (x * x);
+    inner += 1.0 / x + r / 2.0 + r / x * (1.0/6 - r * (1.0/30 - r * (1.0/42 - r * (1.0/30 - r * 5.0/66))));
+    return acc + sign * inner;
+}
+__device__ float trigamma_f(float x) { return (float)trigamma_d((double)x); }
+"#;
 
 fn binary_expr(op: BinaryOp) -> &'static str {
     match op {
@@ -257,8 +303,13 @@ pub struct Source {
 pub fn unary(op: UnaryOp, d: DType) -> Option<Source> {
     let (t, ld, st) = ctype(d)?;
     let name = format!("unary_{op:?}_{d}").to_lowercase();
+    let special = if matches!(op, UnaryOp::Digamma | UnaryOp::Trigamma) {
+        SPECIAL_FNS
+    } else {
+        ""
+    };
     let code = format!(
-        "{PRELUDE}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    float x = {ld}(in, i);\n    {st}(out, i, {});\n  }}\n}}\n",
+        "{PRELUDE}{special}\nextern \"C\" __global__ void {name}(const {t}* in, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    float x = {ld}(in, i);\n    {st}(out, i, {});\n  }}\n}}\n",
         unary_expr(op)
     );
     Some(Source { name, code })

@@ -64,6 +64,16 @@ pub enum UnaryOp {
     Tanhshrink,
     /// `scale * (max(0, x) + min(0, alpha * (exp(x) - 1)))`, PyTorch's constants.
     Selu,
+    /// `ln |Gamma(x)|`.
+    Lgamma,
+    /// `psi(x)`, the derivative of lgamma.
+    Digamma,
+    /// `polygamma(1, x)`, the derivative of digamma.
+    Trigamma,
+    Erfinv,
+    Erfcinv,
+    /// The inverse of the standard normal CDF (`torch.special.ndtri`).
+    Ndtri,
 }
 
 /// An activation with parameters, as PyTorch's functional form computes it.

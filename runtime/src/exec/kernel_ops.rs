@@ -44,8 +44,6 @@ impl std::fmt::Debug for KernelEntry {
 
 const ELEMENTWISE_FN: &str = "no CPU kernel computes this elementwise function: the kernel set's \
      UnaryOp/BinaryOp lack it, and a new one needs the CUDA backend's kernel too";
-const FLOAT_CLASS: &str = "no CPU kernel classifies floats by sign bit (isnan, isinf and \
-     isfinite have one)";
 const TERNARY: &str = "a three-operand elementwise op: no CPU kernel (the kernel set's \
      elementwise kernels take two operands)";
 const NORM: &str = "a normalization composite with no fused CPU kernel: Thunder's traces of \
@@ -115,22 +113,59 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.acosh", Cpu(|o| unary(o, UnaryOp::Acosh))),
         ("ltorch.atanh", Cpu(|o| unary(o, UnaryOp::Atanh))),
         ("ltorch.erfc", Cpu(|o| unary(o, UnaryOp::Erfc))),
+        ("ltorch.erfinv", Cpu(|o| unary(o, UnaryOp::Erfinv))),
+        ("ltorch.lgamma", Cpu(|o| unary(o, UnaryOp::Lgamma))),
+        ("ltorch.digamma", Cpu(|o| unary(o, UnaryOp::Digamma))),
+        ("prims.bitcast", Cpu(bitcast)),
         (
-            "ltorch.erfinv",
+            "ltorch.any",
+            Unsupported {
+                reason: "no kernel reduces to a bool by `any` (Thunder's traces of models \
+                         compare and reduce with sum or amax instead)",
+            },
+        ),
+        (
+            "ltorch.zeta",
             Unsupported {
                 reason: ELEMENTWISE_FN,
             },
         ),
         (
-            "ltorch.lgamma",
+            "ltorch.index_copy",
             Unsupported {
-                reason: ELEMENTWISE_FN,
+                reason: "no kernel copies rows into a tensor at an index (index_add and \
+                         scatter_add accumulate; index_copy overwrites)",
             },
         ),
         (
-            "ltorch.digamma",
+            "ltorch.scatter",
             Unsupported {
-                reason: ELEMENTWISE_FN,
+                reason: "no kernel overwrites a tensor at an index along a dimension \
+                         (scatter_add accumulates; scatter overwrites)",
+            },
+        ),
+        (
+            "ltorch.index_put",
+            Unsupported {
+                reason: "no kernel writes values at a tuple of index tensors (advanced \
+                         indexing assignment)",
+            },
+        ),
+        ("ltorch.erfcinv", Cpu(|o| unary(o, UnaryOp::Erfcinv))),
+        ("ltorch.ndtri", Cpu(|o| unary(o, UnaryOp::Ndtri))),
+        ("ltorch.polygamma", Cpu(polygamma)),
+        (
+            "ltorch.frexp",
+            Unsupported {
+                reason: "no kernel splits floats into mantissa and exponent (a two-output \
+                         elementwise op; the kernel set's elementwise kernels give one)",
+            },
+        ),
+        (
+            "ltorch.log_sigmoid_backward",
+            Unsupported {
+                reason: "aten's log_sigmoid_backward has no kernel yet (Thunder calls it for \
+                         logsigmoid's gradient: grad * sigmoid(-x))",
             },
         ),
         ("ltorch.floor", Cpu(|o| unary(o, UnaryOp::Floor))),
@@ -140,12 +175,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.bitwise_not", Cpu(bitwise_not)),
         ("ltorch.isinf", Cpu(|o| float_class(o, true))),
         ("ltorch.isfinite", Cpu(|o| float_class(o, false))),
-        (
-            "ltorch.signbit",
-            Unsupported {
-                reason: FLOAT_CLASS,
-            },
-        ),
+        ("ltorch.signbit", Cpu(signbit)),
         // ----- elementwise, binary -----
         ("ltorch.add", Cpu(|o| binary(o, BinaryOp::Add))),
         ("prims.add", Cpu(|o| binary(o, BinaryOp::Add))),
@@ -651,6 +681,26 @@ fn unary(o: &mut Ops<'_>, op: UnaryOp) -> Result<Kernel, String> {
     Ok(Kernel::Unary(op))
 }
 
+/// `polygamma(n, a)`: the kernels compute n = 0 (digamma) and n = 1 (trigamma).
+fn polygamma(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let n = match o.arg(0, "n") {
+        Some(Arg::Int(n)) => *n,
+        other => {
+            return Err(format!(
+                "polygamma's order must be a literal int, not {other:?}"
+            ))
+        }
+    };
+    o.tensor(1, "a")?;
+    match n {
+        0 => Ok(Kernel::Unary(UnaryOp::Digamma)),
+        1 => Ok(Kernel::Unary(UnaryOp::Trigamma)),
+        n => Err(format!(
+            "polygamma of order {n}: the kernels compute orders 0 and 1"
+        )),
+    }
+}
+
 /// An activation `f(a, inplace=False)`: the out-of-place form only.
 fn activation(o: &mut Ops<'_>, op: UnaryOp) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
@@ -840,6 +890,60 @@ fn float_class(o: &mut Ops<'_>, inf: bool) -> Result<Kernel, String> {
         b: Side::Scalar(f64::INFINITY),
     });
     Ok(Kernel::Unary(UnaryOp::Abs))
+}
+
+/// `bitcast(a, dtype)`: to its own dtype it is the identity; between dtypes of one width the
+/// kernels have no reinterpretation.
+fn bitcast(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let from = o
+        .arg(0, "a")
+        .and_then(Arg::as_value)
+        .and_then(|v| o.trace.ty(v))
+        .and_then(|t| t.as_tensor())
+        .map(|t| t.dtype)
+        .ok_or("operand 0 (`a`) is not a tensor")?;
+    let to = o.out(0)?.dtype;
+    if from == to {
+        Ok(Kernel::Identity)
+    } else {
+        Err(format!(
+            "bitcast from {from} to {to}: the kernels do not reinterpret bits between dtypes"
+        ))
+    }
+}
+
+/// `signbit(a)`: `atan2(a, -1) < 0`, which is true exactly for a set sign bit of a number
+/// (-0.0 and -inf included; NaN gives false, as PyTorch's for the NaN it makes); an integer's
+/// is `a < 0`.
+fn signbit(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let v = match o.arg(0, "a") {
+        Some(Arg::Value(v)) => *v,
+        other => return Err(format!("operand 0 (`a`) must be a tensor, got {other:?}")),
+    };
+    let float = o
+        .trace
+        .ty(v)
+        .and_then(|t| t.as_tensor())
+        .ok_or("operand 0 (`a`) is not a tensor")?
+        .dtype
+        .is_float();
+    o.tensor(0, "a")?;
+    let negative = Kernel::Compare {
+        op: CompareOp::Lt,
+        a: Side::Input(0),
+        b: Side::Scalar(0.0),
+    };
+    if !float {
+        return Ok(negative);
+    }
+    o.then = Some(negative);
+    Ok(Kernel::Binary {
+        op: BinaryOp::Atan2,
+        a: Side::Input(0),
+        b: Side::Scalar(-1.0),
+        alpha: 1.0,
+    })
 }
 
 /// `bitwise_and/or/xor(a, b)` into the output's dtype, or `logical_and/or/xor(a, b)`.
@@ -1455,8 +1559,6 @@ fn nll_loss_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "grad")?;
     o.tensor(1, "a")?;
     o.tensor(2, "target")?;
-    o.tensor(6, "total_weight")?;
-    let weighted = o.opt_tensor(3, "weight")?;
     let reduction = match o.arg(4, "reduction") {
         Some(a) => {
             let s = a
@@ -1467,6 +1569,15 @@ fn nll_loss_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
         }
         None => LossReduction::Mean,
     };
+    // Thunder passes `None` for the total weight of an unreduced loss, which does not read
+    // it: the gradient stands in for the operand
+    let no_total = matches!(o.arg(6, "total_weight"), None | Some(Arg::None));
+    if no_total && reduction != LossReduction::Mean {
+        o.tensor(0, "grad")?;
+    } else {
+        o.tensor(6, "total_weight")?;
+    }
+    let weighted = o.opt_tensor(3, "weight")?;
     let ignore_index = o.int(5, "ignore_index")?.unwrap_or(-100);
     Ok(Kernel::NllLossBackward {
         reduction,
