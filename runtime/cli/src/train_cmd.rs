@@ -246,7 +246,9 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
     };
     if let Some(f) = &fault {
         let (rank, step) = match *f {
-            Fault::Panic { rank, step } | Fault::Vanish { rank, step } => (rank, Some(step)),
+            Fault::Panic { rank, step }
+            | Fault::Vanish { rank, step }
+            | Fault::Slow { rank, step } => (rank, Some(step)),
             Fault::Mismatch { rank } => (rank, None),
         };
         if rank >= args.world_size {
