@@ -217,7 +217,9 @@ pub fn file_error(py: Python<'_>, e: &IrFileError) -> PyErr {
         ),
         IrFileError::Io { path, error } => file_err(py, e.to_string(), path, error.to_string()),
         IrFileError::Codec { path, error } => file_err(py, e.to_string(), path, error.to_string()),
-        IrFileError::Json { path, message } => file_err(py, e.to_string(), path, message.clone()),
+        IrFileError::Json { path, message } | IrFileError::ExportInfo { path, message } => {
+            file_err(py, e.to_string(), path, message.clone())
+        }
         IrFileError::UnknownFormat { path }
         | IrFileError::ProgramAsText { path }
         | IrFileError::NotAProgram { path } => file_err(py, e.to_string(), path, e.to_string()),
