@@ -468,6 +468,9 @@ impl Pass for Fsdp {
                 "the backward already all-reduces gradients (ddp, or Thunder's own DDP); fsdp replaces ddp: run `no-sync` first, or give the plain export",
             ));
         }
+        // the forward saves shards and the backward returns gradient shards: not the types
+        // they returned before, by design
+        cx.changed_interface();
         if !matches!(p.backward.ret, Arg::Tuple(_) | Arg::List(_)) {
             return Err(fail("the backward's return is not a tuple of gradients"));
         }

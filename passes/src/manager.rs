@@ -344,6 +344,7 @@ impl PassManager {
             };
             let start = Instant::now();
             cx.touched = [false; 2];
+            cx.interface_changed = false;
             cx.pass = pass.spec();
             // a panicking pass is an error like any other (the program may be half rewritten)
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass.run(p, cx)));
@@ -390,7 +391,7 @@ impl PassManager {
                         }
                     }
                 }
-                if bad.is_none() {
+                if bad.is_none() && !cx.interface_changed {
                     for (t, before) in traces(p).into_iter().zip(&returns) {
                         if let Err(error) = verify_return_types(t, before) {
                             bad = Some(error);

@@ -39,6 +39,9 @@ pub struct PassContext<'r> {
     pub(crate) pass: String,
     /// The trace a trace-level pass is running on (its name).
     pub(crate) trace: Option<String>,
+    /// Whether the running pass changed what the traces return on purpose
+    /// ([`PassContext::changed_interface`]).
+    pub(crate) interface_changed: bool,
 }
 
 /// A counter a pass reported, with where it comes from: a trace-level pass runs once per
@@ -66,6 +69,7 @@ impl<'r> PassContext<'r> {
             touched: [false; 2],
             pass: String::new(),
             trace: None,
+            interface_changed: false,
         }
     }
     /// Reports a counter (`dce.removed`), listed in the run's [`crate::RunReport::stats`], and
@@ -92,6 +96,14 @@ impl<'r> PassContext<'r> {
     /// provenance line goes on the traces it changed (the backward when it names none).
     pub fn changed_trace(&mut self, forward: bool) {
         self.touched[usize::from(!forward)] = true;
+    }
+
+    /// Says the running pass changes what the traces return on purpose (`fsdp` returns
+    /// parameter shards where gradients were, and saves shards for the backward), so the
+    /// manager does not hold it to the returned types it found before the pass. Every other
+    /// check still runs on the traces it changed.
+    pub fn changed_interface(&mut self) {
+        self.interface_changed = true;
     }
 }
 

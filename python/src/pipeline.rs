@@ -102,9 +102,8 @@ fn run_specs(
     let mut steps = Vec::new();
     for spec in specs {
         for run in expand(reg, spec, p.is_lone()) {
-            let mut pm =
-                PassManager::from_specs(reg, std::slice::from_ref(&run))
-                    .map_err(tracepass_passes::RunError::new)?;
+            let mut pm = PassManager::from_specs(reg, std::slice::from_ref(&run))
+                .map_err(tracepass_passes::RunError::new)?;
             pm.verify_each = verify;
             pm.reproducer_dir = reproducer_dir.clone();
             let before = (p.forward.provenance.len(), p.backward.provenance.len());

@@ -241,20 +241,20 @@ fn a_plan_error_lists_every_op_without_a_kernel_at_once() {
     // two unsupported ops, one of them twice, around ops that have kernels
     let mut b = TraceBuilder::new("f", TraceKind::Forward);
     let x = b.arg("x", f32t(&[4]));
-    let a = b.op("ltorch.lgamma", vec![x.into()]).unwrap();
+    let a = b.op("ltorch.zeta", vec![x.into(), x.into()]).unwrap();
     let e = b.op("ltorch.exp", vec![a.into()]).unwrap();
-    // (cumsum was the second op until it got a kernel; digamma still has none)
-    let c = b.op("ltorch.digamma", vec![e.into()]).unwrap();
-    let f = b.op("ltorch.lgamma", vec![c.into()]).unwrap();
-    b.ret(Arg::Value(f));
+    // (lgamma and digamma were these ops until they got kernels; zeta and any still have none)
+    let c = b.op("ltorch.any", vec![e.into()]).unwrap();
+    let f = b.op("ltorch.zeta", vec![e.into(), x.into()]).unwrap();
+    b.ret(Arg::Tuple(vec![Arg::Value(f), Arg::Value(c)]));
     let t = b.finish();
-    let err = Plan::compile(&t, &[Some(f)]).expect_err("lgamma and digamma have no kernel");
+    let err = Plan::compile(&t, &[Some(f), Some(c)]).expect_err("zeta and any have no kernel");
     let listed: Vec<(&str, usize)> = err
         .missing
         .iter()
         .map(|m| (m.op.as_str(), m.count))
         .collect();
-    assert_eq!(listed, vec![("ltorch.lgamma", 2), ("ltorch.digamma", 1)]);
+    assert_eq!(listed, vec![("ltorch.zeta", 2), ("ltorch.any", 1)]);
     // the first node of each, as printed, and why
     let first_lgamma = tracepass_ir::print_node_line(&t, t.schedule()[0]);
     let first_digamma = tracepass_ir::print_node_line(&t, t.schedule()[2]);
