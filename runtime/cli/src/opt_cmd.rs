@@ -262,8 +262,15 @@ pub fn run(args: OptArgs) -> Result<()> {
         eprint!("{}", timing_table(&report));
     }
     if args.stats {
-        for (k, v) in &report.stats {
-            eprintln!("stat {k}: {v}");
+        // each counter with the pass that reported it and, for a trace-level pass, its trace
+        for st in &report.stat_details {
+            match &st.trace {
+                Some(t) => eprintln!(
+                    "stat {}: {} (pass {}, trace {t})",
+                    st.key, st.value, st.pass
+                ),
+                None => eprintln!("stat {}: {} (pass {})", st.key, st.value, st.pass),
+            }
         }
         for (k, v) in &report.notes {
             eprintln!("note {k}: {v}");

@@ -76,7 +76,7 @@ fn opt_writes_the_whole_program_and_reads_it_again() {
         "-o",
         second.to_str().unwrap(),
     ]));
-    assert!(err.contains("stat ddp.buckets: 1"), "{err}");
+    assert!(err.contains("stat ddp.buckets: 1 (pass ddp("), "{err}");
     assert!(err.contains("stat ddp.gradients: 28"), "{err}");
 }
 
@@ -352,4 +352,31 @@ fn bad_export_directories_and_missing_batches_are_named() {
         "1",
     ]));
     assert!(err.contains("params.safetensors"), "{err}");
+}
+
+/// `--stats` says which pass reported each counter and, for a trace-level pass, which trace.
+#[test]
+fn stats_name_their_pass_and_trace() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/mlp");
+    let o = Command::new(env!("CARGO_BIN_EXE_tracepass"))
+        .args([
+            "opt",
+            dir.to_str().unwrap(),
+            "--passes",
+            "ddp(world_size=2),dce",
+            "--stats",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("stat ddp.buckets: 1 (pass ddp(world_size=2"),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("stat dce.") && l.contains("(pass dce, trace ")),
+        "{err}"
+    );
 }
