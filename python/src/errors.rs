@@ -250,15 +250,19 @@ pub fn pass_error(py: Python<'_>, e: &RsPassError, reproducer: Option<&Path>) ->
             verify_error(py, error, None, Some(pass.as_str()), text)
         }
         RsPassError::InvalidInput(error) => verify_error(py, error, None, None, text),
-        RsPassError::Failed { pass, message } => with_attrs(
-            py,
-            PassError::new_err(text),
-            &[
-                ("pass_name", obj(py, pass.as_str())),
-                ("message", obj(py, message.as_str())),
-                ("reproducer", path_obj(py, reproducer)),
-            ],
-        ),
+        // verification after each pass was off; the end of the pipeline is always verified
+        RsPassError::VerifyAtEnd { error, .. } => verify_error(py, error, None, None, text),
+        RsPassError::Failed { pass, message } | RsPassError::Panicked { pass, message } => {
+            with_attrs(
+                py,
+                PassError::new_err(text),
+                &[
+                    ("pass_name", obj(py, pass.as_str())),
+                    ("message", obj(py, message.as_str())),
+                    ("reproducer", path_obj(py, reproducer)),
+                ],
+            )
+        }
         RsPassError::Rewrite { pass, error } => with_attrs(
             py,
             PassError::new_err(text),
