@@ -11,6 +11,7 @@ use timing::{
     CACHE_STATES,
 };
 
+mod bench_gemm;
 mod bench_models;
 mod bench_opt;
 mod cuda;
@@ -29,7 +30,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU), opt (the export
-    /// corpus through `opt`), models (the export corpus trained, against PyTorch).
+    /// corpus through `opt`), models (the export corpus trained, against PyTorch), gemm (GEMM
+    /// crates on the mid-size models' shapes).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
@@ -105,9 +107,10 @@ fn main() -> Result<()> {
             "cuda" => cuda::bench().map(|_| ()),
             "opt" => bench_opt::bench_opt(),
             "models" => bench_models::bench_models(true),
+            "gemm" => bench_gemm::bench_gemm(),
             other => {
                 bail!(
-                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models"
+                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, gemm"
                 )
             }
         },
@@ -399,9 +402,7 @@ fn bench_runtime() -> Result<()> {
     use tracepass_runtime::train::{train, TrainConfig};
 
     let (peak, cpu_desc) = peak_gflops();
-    println!(
-        "## GEMM (matrixmultiply sgemm, one thread; peak estimate {peak:.1} GFLOP/s: {cpu_desc})"
-    );
+    println!("## GEMM (the `gemm` crate, one thread; peak estimate {peak:.1} GFLOP/s: {cpu_desc})");
     println!("| m x k x n | ms | GFLOP/s | % of peak |");
     println!("|---|---|---|---|");
     for (m, k, n) in [
