@@ -102,6 +102,9 @@ pub struct TrainArgs {
     /// Let the OS place the rank threads instead of pinning rank r to the (r mod n)-th CPU.
     #[arg(long)]
     pub no_pin_ranks: bool,
+    /// Threads per rank for matrix products; 0: the CPUs left over by the ranks (CPUs / ranks).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = count)]
+    pub threads_per_rank: usize,
     /// Testing aid: `RANK:STEP:panic`, `RANK:STEP:vanish` or `RANK:0:mismatch`.
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
@@ -259,6 +262,7 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         save_every: args.save_every,
         resume: args.resume.clone(),
         pin_ranks: !args.no_pin_ranks,
+        threads_per_rank: args.threads_per_rank,
     })
 }
 
