@@ -4,14 +4,16 @@ use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc_count::Counting = alloc_count::Counting(mimalloc::MiMalloc);
 use std::time::Instant;
 use timing::{
     report_growth, report_scaling, reps_for, sizes, time, time_hot, time_on_copies, Timing,
     CACHE_STATES,
 };
 
+mod alloc_count;
 mod bench_gemm;
+mod bench_mid;
 mod bench_models;
 mod bench_opt;
 mod cuda;
@@ -31,7 +33,7 @@ struct Cli {
 enum Cmd {
     /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU), opt (the export
     /// corpus through `opt`), models (the export corpus trained, against PyTorch), gemm (GEMM
-    /// crates on the mid-size models' shapes).
+    /// crates on the mid-size models' shapes), mid (mid-size exports trained, against PyTorch).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
@@ -108,9 +110,10 @@ fn main() -> Result<()> {
             "opt" => bench_opt::bench_opt(),
             "models" => bench_models::bench_models(true),
             "gemm" => bench_gemm::bench_gemm(),
+            "mid" => bench_mid::bench_mid(),
             other => {
                 bail!(
-                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, gemm"
+                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, gemm, mid"
                 )
             }
         },
