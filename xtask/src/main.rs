@@ -4,13 +4,16 @@ use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc_count::Counting = alloc_count::Counting(mimalloc::MiMalloc);
 use std::time::Instant;
 use timing::{
     report_growth, report_scaling, reps_for, sizes, time, time_hot, time_on_copies, Timing,
     CACHE_STATES,
 };
 
+mod alloc_count;
+mod bench_gemm;
+mod bench_mid;
 mod bench_models;
 mod bench_opt;
 mod cuda;
@@ -30,7 +33,8 @@ struct Cli {
 enum Cmd {
     /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU), opt (the export
     /// corpus through `opt`), models (the export corpus trained, against PyTorch), scaling
-    /// (whole runs at doubling depth and micro-step counts).
+    /// (whole runs at doubling depth and micro-step counts), gemm (GEMM crates on the mid-size
+    /// models' shapes), mid (mid-size exports trained, against PyTorch).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
@@ -110,9 +114,11 @@ fn main() -> Result<()> {
             "opt" => bench_opt::bench_opt(),
             "models" => bench_models::bench_models(true),
             "scaling" => bench_scaling(),
+            "gemm" => bench_gemm::bench_gemm(),
+            "mid" => bench_mid::bench_mid(),
             other => {
                 bail!(
-                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, scaling"
+                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, scaling, gemm, mid"
                 )
             }
         },
@@ -429,9 +435,7 @@ fn bench_runtime() -> Result<()> {
     use tracepass_runtime::train::{train, TrainConfig};
 
     let (peak, cpu_desc) = peak_gflops();
-    println!(
-        "## GEMM (matrixmultiply sgemm, one thread; peak estimate {peak:.1} GFLOP/s: {cpu_desc})"
-    );
+    println!("## GEMM (the `gemm` crate, one thread; peak estimate {peak:.1} GFLOP/s: {cpu_desc})");
     println!("| m x k x n | ms | GFLOP/s | % of peak |");
     println!("|---|---|---|---|");
     for (m, k, n) in [

@@ -8,7 +8,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .mid_models import MID_MODELS
     from .models import MODELS
+
+    MODELS = {**MODELS, **MID_MODELS}
 
     ap = argparse.ArgumentParser(prog="python -m tracepass.export", description=__doc__)
     ap.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}")

@@ -4,7 +4,7 @@
 
 For every plain export directory given (or found below a folder; `-ddp` exports are the same
 models and are skipped), and every world size: one process per rank (spawned), gloo,
-`torch.set_num_threads(1)`, the model built from the corpus registry with the export's own
+`torch.set_num_threads(1)` (`--threads`), the model built from the corpus registry with the export's own
 `params.safetensors` loaded, batches from its `data.safetensors` (`<arg>.<step mod n>.<rank>`, passed
 by keyword), the
 loss of its `export.json`, AdamW (lr 1e-3). World size 1 is plain eager; more ranks wrap the model in
@@ -75,18 +75,19 @@ def load_params(model, params: dict) -> None:
             dst.copy_(t)
 
 
-def _worker(rank, world, port, export_dir, warmup, steps, result_dir):
+def _worker(rank, world, port, export_dir, warmup, steps, result_dir, threads=1):
     import torch
     import torch.distributed as tdist
     from safetensors.torch import load_file
 
     from .exporter import compute_loss, pick_output
+    from .mid_models import MID_MODELS
     from .models import MODELS
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     d = Path(export_dir)
     meta = load_export(d)
-    spec = MODELS.get(meta["model"])
+    spec = {**MODELS, **MID_MODELS}.get(meta["model"])
     if spec is None:
         raise BenchError(f"{d}: model `{meta['model']}` is not in the corpus registry")
     if world > 1:
@@ -124,15 +125,19 @@ def _worker(rank, world, port, export_dir, warmup, steps, result_dir):
             tdist.barrier()
         dt = time.perf_counter() - t0
         if rank == 0:
+            import resource
+
+            # peak resident memory of this rank's process (KiB on Linux)
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             Path(result_dir, "r.json").write_text(
-                json.dumps({"seconds": dt, "first_loss": losses[0], "last_loss": losses[-1]})
+                json.dumps({"seconds": dt, "first_loss": losses[0], "last_loss": losses[-1], "max_rss": rss})
             )
     finally:
         if world > 1:
             tdist.destroy_process_group()
 
 
-def bench_one(export_dir: Path, world: int, warmup: int, steps: int) -> dict:
+def bench_one(export_dir: Path, world: int, warmup: int, steps: int, threads: int = 1) -> dict:
     import torch.multiprocessing as mp
 
     from .exporter import free_port
@@ -141,7 +146,7 @@ def bench_one(export_dir: Path, world: int, warmup: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
             _worker,
-            args=(world, free_port(), str(export_dir), warmup, steps, tmp),
+            args=(world, free_port(), str(export_dir), warmup, steps, tmp, threads),
             nprocs=world,
             join=True,
             start_method="spawn",
@@ -152,6 +157,7 @@ def bench_one(export_dir: Path, world: int, warmup: int, steps: int) -> dict:
         "step_ms": 1e3 * r["seconds"] / steps,
         "first_loss": r["first_loss"],
         "last_loss": r["last_loss"],
+        "max_rss_bytes": r["max_rss"],
     }
 
 
@@ -176,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per process")
     a = ap.parse_args(argv)
 
     import torch
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     for d in dirs:
         for w in worlds:
             try:
-                r = bench_one(d, w, a.warmup, a.steps)
+                r = bench_one(d, w, a.warmup, a.steps, a.threads)
             except BenchError as e:
                 print(f"error: {d}: {e}", file=sys.stderr)
                 return 1
@@ -209,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     doc = {
         "what": "PyTorch eager (1 rank) and DistributedDataParallel (gloo) training steps/s, "
-        "one process per rank, torch.set_num_threads(1), AdamW lr 1e-3, each export's own batches",
+        f"one process per rank, torch.set_num_threads({a.threads}), AdamW lr 1e-3, each export's own batches",
         "torch": torch.__version__.split("+")[0],
         "python": platform.python_version(),
         "cpu": _cpu_name(),

@@ -105,6 +105,9 @@ pub struct TrainArgs {
     /// Let the OS place the rank threads instead of pinning rank r to the (r mod n)-th CPU.
     #[arg(long)]
     pub no_pin_ranks: bool,
+    /// Threads per rank for matrix products; 0: the CPUs left over by the ranks (CPUs / ranks).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = count)]
+    pub threads_per_rank: usize,
     /// The loss: cross_entropy (integer targets), mse, sum or output; default: the export's
     /// (export.json), or for a program file or traces the seed's soft-target cross entropy.
     #[arg(long)]
@@ -302,6 +305,7 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
             .transpose()
             .map_err(|e| anyhow::anyhow!("--loss: {e}"))?,
         targets: args.targets.clone(),
+        threads_per_rank: args.threads_per_rank,
     })
 }
 

@@ -13,6 +13,7 @@ pub(crate) mod conv;
 pub(crate) mod cumsum;
 pub(crate) mod elementwise;
 pub(crate) mod embedding;
+pub(crate) mod fast_math;
 pub(crate) mod fill;
 pub(crate) mod gemm;
 pub(crate) mod indexing;

@@ -46,7 +46,7 @@ pub trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident, $erf:path, $vec:ident) => {
+    ($t:ty, $variant:ident, $erf:path, $tanh:path, $vec:ident) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -56,7 +56,7 @@ macro_rules! real {
             }
             #[inline(always)]
             fn tanh(self) -> Self {
-                <$t>::tanh(self)
+                $tanh(self)
             }
             #[inline(always)]
             fn exp(self) -> Self {
@@ -139,5 +139,5 @@ macro_rules! real {
     };
 }
 
-real!(f32, F32, libm::erff, to_f32_vec);
-real!(f64, F64, libm::erf, to_f64_vec);
+real!(f32, F32, libm::erff, super::fast_math::tanh_f32, to_f32_vec);
+real!(f64, F64, libm::erf, f64::tanh, to_f64_vec);

@@ -4,26 +4,33 @@
 //! for the slowest. Pinning rank `r` to the `r mod n`-th CPU the process may use (as launchers
 //! bind one process per GPU to its CPUs) keeps the ranks' progress even.
 
-/// Pins the calling thread to the CPU for `rank`; returns that CPU, or why it could not.
+/// Pins the calling thread to the `width` CPUs of `rank` (CPUs `rank * width ..` of those the
+/// process may use, wrapping around); threads it starts later inherit them. Returns the first.
 #[cfg(target_os = "linux")]
-pub fn pin_current_thread(rank: usize) -> Result<usize, String> {
+pub fn pin_current_thread_to(rank: usize, width: usize) -> Result<usize, String> {
     let allowed = allowed_cpus()?;
-    let Some(&cpu) = allowed.get(rank % allowed.len().max(1)) else {
+    if allowed.is_empty() {
         return Err("the process may run on no CPU".into());
-    };
+    }
+    let width = width.clamp(1, allowed.len());
+    let cpus: Vec<usize> = (0..width)
+        .map(|i| allowed[(rank * width + i) % allowed.len()])
+        .collect();
     // SAFETY: `cpu_set_t` is plain data; the call sets the calling thread's mask (pid 0)
     // from a set of the size passed.
     unsafe {
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut one);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) != 0 {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in &cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
             return Err(format!(
                 "sched_setaffinity: {}",
                 std::io::Error::last_os_error()
             ));
         }
     }
-    Ok(cpu)
+    Ok(cpus[0])
 }
 
 /// The CPUs the calling thread may run on.
@@ -47,7 +54,7 @@ fn allowed_cpus() -> Result<Vec<usize>, String> {
 
 /// Pinning is only implemented on Linux.
 #[cfg(not(target_os = "linux"))]
-pub fn pin_current_thread(_rank: usize) -> Result<usize, String> {
+pub fn pin_current_thread_to(_rank: usize, _width: usize) -> Result<usize, String> {
     Err("pinning threads is only supported on Linux".into())
 }
 
@@ -58,12 +65,30 @@ mod tests {
     #[test]
     fn a_pinned_thread_runs_on_one_allowed_cpu() {
         let cpu = std::thread::spawn(|| {
-            let cpu = pin_current_thread(5)?;
+            let cpu = pin_current_thread_to(5, 1)?;
             assert_eq!(allowed_cpus()?, vec![cpu]);
             Ok::<usize, String>(cpu)
         })
         .join()
         .expect("the test thread finishes");
         assert!(cpu.is_ok(), "{cpu:?}");
+    }
+
+    #[test]
+    fn a_rank_pinned_to_a_width_gets_that_many_cpus_and_its_threads_inherit_them() {
+        let got = std::thread::spawn(|| {
+            let before = allowed_cpus()?.len();
+            pin_current_thread_to(1, 2)?;
+            let mine = allowed_cpus()?;
+            let child = std::thread::spawn(allowed_cpus)
+                .join()
+                .expect("the child thread finishes")?;
+            Ok::<_, String>((before, mine, child))
+        })
+        .join()
+        .expect("the test thread finishes");
+        let (before, mine, child) = got.expect("pinning works here");
+        assert_eq!(mine.len(), before.min(2));
+        assert_eq!(child, mine);
     }
 }

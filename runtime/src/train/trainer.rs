@@ -107,9 +107,21 @@ pub struct TrainConfig {
     /// Train on through a non-finite loss, gradient norm or parameter instead of stopping at
     /// the first (a non-finite checkpoint is never written either way).
     pub allow_non_finite: bool,
+    /// Threads each rank computes with: its matrix products share them through a rayon pool
+    /// of its own. 0: the CPUs left over by the ranks (CPUs / ranks, at least one).
+    pub threads_per_rank: usize,
 }
 
 impl TrainConfig {
+    /// The threads each rank computes with: `threads_per_rank`, or when 0 the CPUs this
+    /// process may use shared out among the ranks.
+    pub fn rank_threads(&self) -> usize {
+        if self.threads_per_rank > 0 {
+            return self.threads_per_rank;
+        }
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cpus / self.world_size.max(1)).max(1)
+    }
     /// Whether a checkpoint is written after `done` steps: after the last one, and every
     /// `save_every` steps.
     pub(crate) fn checkpoint_due(&self, done: usize) -> bool {
@@ -147,6 +159,7 @@ impl Default for TrainConfig {
             allow_non_finite: false,
             loss: None,
             targets: None,
+            threads_per_rank: 0,
         }
     }
 }
@@ -957,12 +970,27 @@ pub fn train_with(
                 std::thread::Builder::new()
                     .name(format!("rank-{rank}"))
                     .spawn_scoped(s, move || {
+                        let threads = shared.cfg.rank_threads();
                         if shared.cfg.pin_ranks {
                             // best effort: an unpinned rank is slower to line up, not wrong
-                            let _ = crate::train::affinity::pin_current_thread(rank);
+                            let _ = crate::train::affinity::pin_current_thread_to(rank, threads);
                         }
                         let r = catch_unwind(AssertUnwindSafe(|| {
-                            rank_main(rank, comm, shared, on_step)
+                            if threads <= 1 {
+                                return rank_main(rank, comm, shared, on_step);
+                            }
+                            // the pool's threads inherit this rank's CPUs
+                            match rayon::ThreadPoolBuilder::new()
+                                .num_threads(threads)
+                                .thread_name(move |i| format!("rank-{rank}-worker-{i}"))
+                                .build()
+                            {
+                                Ok(pool) => pool.install(|| rank_main(rank, comm, shared, on_step)),
+                                Err(e) => Err(TrainError::Rank {
+                                    rank,
+                                    message: format!("cannot start {threads} threads: {e}"),
+                                }),
+                            }
                         }));
                         let r = match r {
                             Ok(r) => r,
