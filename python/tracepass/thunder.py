@@ -36,21 +36,9 @@ import torch
 import torch.distributed as tdist
 
 from . import _native
-from .errors import TracepassError
+from .errors import PlanError, ThunderDDPError
 
 __all__ = ["DDP", "DDPPlugin", "ThunderDDPError", "ddp", "no_sync", "plan_of", "CollectiveLog"]
-
-
-class ThunderDDPError(TracepassError):
-    """tracepass cannot synchronize this model's gradients in Thunder: the message names the
-    op, parameter or setting, and the line of the backward where it applies. ``kind`` is
-    ``parse`` (the backward does not parse), ``options``, ``gradients`` (parameters and
-    backward disagree), ``mapping`` (the plan does not map onto Thunder's trace) or
-    ``no_sync``."""
-
-    def __init__(self, message: str, kind: str = "mapping"):
-        super().__init__(message)
-        self.kind = kind
 
 
 # ---- the collectives, as one Thunder executor -------------------------------------------------
@@ -155,16 +143,17 @@ def _default_group():
     return tdist.distributed_c10d._get_default_group()
 
 
-def _line_of(trace, name: str | None) -> str:
-    """The printed statement of `trace` that defines `name`, with its line number."""
+def _line_of(trace, name: str | None) -> tuple[str, int | None]:
+    """The printed statement of `trace` that defines `name`, with its line number (for a
+    message), and that line number."""
     if name is None:
-        return ""
+        return "", None
     for i, line in enumerate(str(trace).splitlines(), 1):
         s = line.strip()
         lhs = s.split(" = ", 1)[0] if " = " in s and not s.startswith("#") else ""
         if name in [t.strip() for t in lhs.replace("(", "").replace(")", "").split(",")]:
-            return f" (line {i}: `{s.split('  #')[0]}`)"
-    return ""
+            return f" (line {i}: `{s.split('  #')[0]}`)", i
+    return "", None
 
 
 class DDP:
@@ -315,9 +304,10 @@ def _make_transform_class():
             world = tdist.get_world_size(self._group)
             try:
                 plan = _native.plan_ddp(text, params, world, self.bucket_size_in_mb)
-            except ValueError as e:
-                kind, message = e.args if len(e.args) == 2 else ("gradients", str(e))
-                raise ThunderDDPError(f"tracepass cannot plan DDP for this backward: {message}", kind) from None
+            except PlanError as e:
+                raise ThunderDDPError(
+                    f"tracepass cannot plan DDP for this backward: {e.message}", e.kind, line=e.line
+                ) from None
             _check_coverage(plan, params, returned, trace)
             plan["world_size"] = world
             plan["bucket_size_in_mb"] = self.bucket_size_in_mb
@@ -371,10 +361,12 @@ def _check_coverage(plan: dict, params, returned, trace) -> None:
     for fqn, pos, _requires_grad, _tied in params:
         if pos is not None and pos not in covered:
             name = getattr(returned[pos], "name", str(returned[pos]))
+            where, line = _line_of(trace, name)
             raise ThunderDDPError(
                 f"the backward returns gradient `{name}` for parameter `{fqn}`, which the DDP plan "
-                f"does not cover{_line_of(trace, name)}",
+                f"does not cover{where}",
                 "gradients",
+                line=line,
             )
 
 
