@@ -11,9 +11,10 @@ tracepass's planner (`tracepass._native.plan_ddp`, the `ddp` pass's own gradient
 bucketing). The plan says which returned gradients to synchronize (a tie once, frozen
 parameters never), how to bucket them in the order the backward completes them and after which
 statement each bucket's all-reduce goes. This module only maps the plan onto Thunder's bound
-symbols: each gradient is divided by the world size right after it is computed, each bucket
-is packed and all-reduced (``torch.distributed``, asynchronously: gloo on CPU, NCCL on GPU)
-right after its last gradient, and each wait and unpack goes just before the return. Anything
+symbols: each bucket is packed, divided by the world size (one op per bucket, before the
+reduction) and all-reduced (``torch.distributed``, asynchronously: gloo on CPU, NCCL on GPU)
+right after its last gradient is computed, and each wait and unpack goes just before the
+return. Anything
 the planner cannot read (an op it does not know, a Thunder whose traces it cannot map) is a
 :class:`ThunderDDPError` when Thunder compiles the model (its first call), never a step with
 unsynchronized gradients. ``DDP(fallback_to_thunder=True)`` opts into unplanned, unbucketed
@@ -49,6 +50,7 @@ class _Layout:
     """What a bucket's collectives need at run time (Thunder passes only the plan's key)."""
 
     group: Any
+    world_size: int
     offsets: list[int]
     numels: list[int]
     shapes: list[tuple[int, ...]]
@@ -69,20 +71,19 @@ class _Pending:
         self.buffer = buffer
 
 
-def _prediv_impl(g: torch.Tensor, world_size: int) -> torch.Tensor:
-    return torch.true_divide(g, world_size)
-
-
 def _tie_add_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a + b
 
 
 def _bucket_start_impl(grads: list[torch.Tensor], plan_key: int, bucket: int) -> _Pending:
     layout = _LAYOUTS[(plan_key, bucket)]
+    # the pre-division by the world size, once per bucket: one op on the packed buffer instead
+    # of one per gradient (elementwise, so each value is divided exactly as on its own)
     if len(grads) == 1:
-        buffer = grads[0].reshape(-1)
+        buffer = torch.div(grads[0].reshape(-1), layout.world_size)
     else:
         buffer = torch.cat([g.reshape(-1) for g in grads])
+        buffer.div_(layout.world_size)
     # looked up at call time, so instrumentation (tests, profilers) sees each call
     work = tdist.all_reduce(buffer, op=tdist.ReduceOp.SUM, group=layout.group, async_op=True)
     return _Pending(work, buffer)
@@ -99,8 +100,8 @@ _OPS: dict[str, Any] = {}
 
 
 def _ops() -> dict[str, Any]:
-    """Registers the executor once: pre-division, tie sum, bucket start (pack + async
-    all-reduce) and bucket finish (wait + unpack)."""
+    """Registers the executor once: tie sum, bucket start (pack, pre-divide by the world size,
+    async all-reduce) and bucket finish (wait + unpack)."""
     if _OPS:
         return _OPS
     from thunder.core.proxies import TensorProxy
@@ -108,9 +109,6 @@ def _ops() -> dict[str, Any]:
 
     ex = OperatorExecutor("tracepass_ddp", version="0.1")
     register_executor(ex)
-
-    def prediv_meta(g, world_size):
-        return TensorProxy(like=g)
 
     def tie_add_meta(a, b):
         return TensorProxy(like=a)
@@ -123,7 +121,6 @@ def _ops() -> dict[str, Any]:
         layout = _LAYOUTS[(plan_key, bucket)]
         return tuple(TensorProxy(like=pending, shape=tuple(s)) for s in layout.shapes)
 
-    _OPS["prediv"] = ex.register_operator("tracepass_prediv", meta=prediv_meta, fn=_prediv_impl)
     _OPS["tie_add"] = ex.register_operator("tracepass_tie_add", meta=tie_add_meta, fn=_tie_add_impl)
     _OPS["start"] = ex.register_operator("tracepass_bucket_start", meta=start_meta, fn=_bucket_start_impl)
     _OPS["finish"] = ex.register_operator("tracepass_bucket_finish", meta=finish_meta, fn=_bucket_finish_impl)
@@ -414,7 +411,7 @@ def _apply_plan(trace, plan: dict, group):
     last_of_bucket = {b["gradients"][-1]: bi for bi, b in enumerate(plan["buckets"])}
     new = from_trace(trace)
     inserts: dict[int, list] = {}
-    divided: list[Any] = [None] * len(grads)
+    summed: list[Any] = [None] * len(grads)
     pendings: list[Any] = [None] * len(plan["buckets"])
     with tracectx(new):
         for bi, b in enumerate(plan["buckets"]):
@@ -422,7 +419,7 @@ def _apply_plan(trace, plan: dict, group):
             numels = [int(torch.Size(s).numel()) for s in shapes]
             offsets = list(itertools.accumulate([0] + numels[:-1]))
             with _LAYOUT_LOCK:
-                _LAYOUTS[(plan_key, bi)] = _Layout(group, offsets, numels, shapes)
+                _LAYOUTS[(plan_key, bi)] = _Layout(group, plan["world_size"], offsets, numels, shapes)
         for k, g in enumerate(grads):
             at = slot(g["ready_after"])
             new.push_scope([])
@@ -430,10 +427,10 @@ def _apply_plan(trace, plan: dict, group):
             acc = values[0]
             for v in values[1:]:
                 acc = ops["tie_add"](acc, v)
-            divided[k] = ops["prediv"](acc, plan["world_size"])
+            summed[k] = acc
             if k in last_of_bucket:
                 bi = last_of_bucket[k]
-                members = [divided[m] for m in plan["buckets"][bi]["gradients"]]
+                members = [summed[m] for m in plan["buckets"][bi]["gradients"]]
                 pendings[bi] = ops["start"](members, plan_key, bi)
             inserts.setdefault(at, []).extend(new.pop_scope())
         new.push_scope([])
@@ -487,9 +484,10 @@ def _fallback(trace, group, positions: list[int]):
         for pos in positions:
             g = returned[pos]
             with _LAYOUT_LOCK:
-                _LAYOUTS[(plan_key, pos)] = _Layout(group, [0], [int(torch.Size(g.shape).numel())], [tuple(g.shape)])
-            d = ops["prediv"](g, world)
-            returned[pos] = ops["finish"](ops["start"]([d], plan_key, pos), plan_key, pos)[0]
+                _LAYOUTS[(plan_key, pos)] = _Layout(
+                    group, world, [0], [int(torch.Size(g.shape).numel())], [tuple(g.shape)]
+                )
+            returned[pos] = ops["finish"](ops["start"]([g], plan_key, pos), plan_key, pos)[0]
         tail = new.pop_scope()
     new.bound_symbols = bsyms[:-1] + tail + [ret.from_bsym(args=(tuple(returned),))]
     return new
