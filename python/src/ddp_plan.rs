@@ -2,18 +2,18 @@
 //! maps the plan onto Thunder's bound symbols; every decision (which gradients, which buckets,
 //! where each all-reduce goes) is made here, by the same code as the `ddp` pass.
 
-use pyo3::exceptions::PyValueError;
+use crate::errors;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use tracepass_passes::{plan_ddp_text, PlanError, PlanParam};
+use tracepass_passes::{plan_ddp_text, PlanParam};
 
 /// Plans DDP for `backward` (Thunder's printed backward trace).
 ///
 /// `params`: `(fqn, grad_output, requires_grad, tied_to)` per parameter, in the module's order.
 /// Returns `{"gradients": [...], "buckets": [...]}` (see `tracepass_passes::DdpPlan`). Raises
-/// `ValueError(kind, message)` with kind `parse` (the trace does not parse: an unknown op,
-/// with its line), `options` (world size below 2, a bad bucket size) or `gradients` (the
-/// parameters and the backward disagree).
+/// `PlanError` with `kind` `parse` (the trace does not parse: an unknown op, with its
+/// `line`), `options` (world size below 2, a bad bucket size) or `gradients` (the parameters
+/// and the backward disagree).
 #[pyfunction]
 #[pyo3(signature = (backward, params, world_size, bucket_mb))]
 fn plan_ddp<'py>(
@@ -33,14 +33,7 @@ fn plan_ddp<'py>(
         })
         .collect();
     let result = py.detach(|| plan_ddp_text(backward, &params, world_size, bucket_mb));
-    let p = result.map_err(|e| {
-        let kind = match e {
-            PlanError::Parse(_) => "parse",
-            PlanError::Options(_) => "options",
-            PlanError::Gradients(_) => "gradients",
-        };
-        PyValueError::new_err((kind, e.to_string()))
-    })?;
+    let p = result.map_err(|e| errors::plan_error(py, &e))?;
     let gradients = PyList::empty(py);
     for g in &p.gradients {
         let d = PyDict::new(py);

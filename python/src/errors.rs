@@ -12,7 +12,7 @@ use std::path::Path;
 use tracepass_ir::{
     FileError as IrFileError, ParseError as IrParseError, VerifyError as IrVerifyError,
 };
-use tracepass_passes::{PassError as RsPassError, RunError};
+use tracepass_passes::{PassError as RsPassError, PlanError as RsPlanError, RunError};
 
 create_exception!(
     _native,
@@ -74,6 +74,12 @@ create_exception!(
     TracepassError,
     "Training failed: `message`."
 );
+create_exception!(
+    _native,
+    PlanError,
+    TracepassError,
+    "No DDP plan for a backward: `kind` (`parse`, `options` or `gradients`), `message`, `file` (None: a trace's text), `line` (of the backward, or None)."
+);
 
 /// Adds the exception classes to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -88,6 +94,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     m.add("SimulateError", py.get_type::<SimulateError>())?;
     m.add("TrainError", py.get_type::<TrainError>())?;
+    m.add("PlanError", py.get_type::<PlanError>())?;
     Ok(())
 }
 
@@ -283,6 +290,26 @@ pub fn pass_error(py: Python<'_>, e: &RsPassError, reproducer: Option<&Path>) ->
 /// A failed pipeline run: its pass error, with the reproducer written for it.
 pub fn run_error(py: Python<'_>, e: &RunError) -> PyErr {
     pass_error(py, &e.error, e.reproducer.as_deref())
+}
+
+/// A [`tracepass_passes::PlanError`]: its kind as a word, and the backward's line where the
+/// text did not parse.
+pub fn plan_error(py: Python<'_>, e: &RsPlanError) -> PyErr {
+    let (kind, line) = match e {
+        RsPlanError::Parse(p) => ("parse", Some(p.line)),
+        RsPlanError::Options(_) => ("options", None),
+        RsPlanError::Gradients(_) => ("gradients", None),
+    };
+    with_attrs(
+        py,
+        PlanError::new_err(e.to_string()),
+        &[
+            ("kind", obj(py, kind)),
+            ("message", obj(py, e.to_string())),
+            ("file", py.None()),
+            ("line", obj(py, line)),
+        ],
+    )
 }
 
 /// An error of a kind that carries only its message.

@@ -253,19 +253,35 @@ def test_simulate_predicts_a_step_and_its_buckets():
         tp.simulate(p, 4, passes="ddp(world_size=8)")
 
 
-def test_every_error_is_a_tracepass_error():
-    for cls in (
-        tp.ParseError,
-        tp.VerifyError,
-        tp.FileError,
-        tp.ProgramError,
-        tp.PipelineError,
-        tp.PassError,
-        tp.CheckpointError,
-        tp.SimulateError,
-        tp.TrainError,
-    ):
-        assert issubclass(cls, tp.TracepassError) and issubclass(cls, Exception)
+def test_every_error_is_a_tracepass_error_exported_from_the_package():
+    from tracepass import _native
+
+    native = {n for n, v in vars(_native).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    # every exception the Rust side raises, and tracepass.thunder's, is in the hierarchy and
+    # reachable from `tracepass` (without importing Thunder)
+    assert native | {"ThunderDDPError"} == set(tp.errors.__all__), sorted(native ^ set(tp.errors.__all__))
+    assert set(tp.errors.__all__) <= set(tp.__all__)
+    for name in tp.errors.__all__:
+        cls = getattr(tp, name)
+        assert cls is getattr(tp.errors, name)
+        assert issubclass(cls, tp.TracepassError) and issubclass(cls, Exception), name
+
+
+def test_a_plan_error_keeps_kind_message_and_line():
+    with pytest.raises(tp.PlanError) as e:
+        tp._native.plan_ddp(NEG, [], 1, 25.0)
+    assert (e.value.kind, e.value.line, e.value.file) == ("options", None, None)
+    assert "world size 1" in e.value.message and str(e.value) == e.value.message
+    with pytest.raises(tp.PlanError) as e:
+        tp._native.plan_ddp(NEG.replace("prims.mul", "user.frobnicate"), [], 2, 25.0)
+    assert (e.value.kind, e.value.line) == ("parse", 4), str(e.value)
+    assert "frobnicate" in e.value.message
+    with pytest.raises(tp.PlanError) as e:
+        tp._native.plan_ddp(NEG, [("w", 3, True, None)], 2, 25.0)
+    assert e.value.kind == "gradients", str(e.value)
+    # tracepass.thunder's error carries the same attributes
+    err = tp.ThunderDDPError("no plan", "parse", line=7)
+    assert (err.message, err.kind, err.line, err.file) == ("no plan", "parse", 7, None)
 
 
 def test_the_type_stubs_cover_the_native_module():
@@ -295,5 +311,6 @@ def test_the_package_reaches_every_name_of_tracepass_thunder_lazily():
         for n in ast.parse(source).body
         if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)
     )
-    assert set(exported) == set(tp._THUNDER_NAMES)
+    # the exception is in tracepass.errors, reachable without Thunder
+    assert set(exported) == set(tp._THUNDER_NAMES) | {"ThunderDDPError"}
     assert set(exported) <= set(dir(tp))

@@ -77,9 +77,41 @@ def two_ranks():
     return run_ranks(2, _parity_worker, PARITY_MODELS)
 
 
+def _subgroup_worker(rank: int, world: int, name: str) -> dict:
+    """Four ranks as two groups of two (`new_group`): one step's gradients, averaged within
+    each rank's group only, by tracepass and by eager PyTorch DDP on the same group."""
+    import thunder
+    import torch.distributed as tdist
+
+    import tracepass.thunder as tt
+
+    # every rank makes both groups, in the same order, as torch.distributed requires
+    groups = [tdist.new_group([0, 1]), tdist.new_group([2, 3])]
+    group = groups[rank // 2]
+    out: dict = {}
+    for way in ("eager", "tracepass"):
+        model = make(name)
+        if way == "eager":
+            dm = torch.nn.parallel.DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
+        else:
+            dm = tt.ddp(thunder.jit(model), process_group=group)
+        MODELS[name].loss(dm, 0, rank).backward()
+        named = dm.module.named_parameters() if way == "eager" else dm.named_parameters()
+        out[way] = {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
+    tdist.barrier()
+    return out
+
+
+def _four_rank_worker(rank: int, world: int) -> dict:
+    return {
+        "parity": _parity_worker(rank, world, ["mlp-frozen"]),
+        "subgroup": _subgroup_worker(rank, world, "mlp-frozen"),
+    }
+
+
 @pytest.fixture(scope="module")
 def four_ranks():
-    return run_ranks(4, _parity_worker, ["mlp-frozen"])
+    return run_ranks(4, _four_rank_worker)
 
 
 def _check_parity(results: list[dict], name: str) -> None:
@@ -105,7 +137,22 @@ def test_gradients_and_losses_match_thunder_and_pytorch_ddp(two_ranks, name):
 
 
 def test_four_ranks(four_ranks):
-    _check_parity(four_ranks, "mlp-frozen")
+    _check_parity([r["parity"] for r in four_ranks], "mlp-frozen")
+
+
+def test_a_process_group_averages_within_the_group_only(four_ranks):
+    results = [r["subgroup"] for r in four_ranks]
+    eager = [r["eager"] for r in results]
+    floor = max(float(g.abs().max()) for r in eager for g in r.values())
+    for rank, r in enumerate(results):
+        assert set(r["tracepass"]) == set(r["eager"]), rank
+        for n, g in r["eager"].items():
+            assert close(r["tracepass"][n], g, floor), f"rank {rank} {n}: tracepass vs PyTorch DDP on the group"
+    for a, b in ((0, 1), (2, 3)):
+        for n in eager[a]:
+            assert close(results[b]["tracepass"][n], results[a]["tracepass"][n], floor), f"ranks {a}, {b} {n}"
+    # the two groups saw different batches: averaged over all four ranks they would agree
+    assert any(not close(results[2]["tracepass"][n], results[0]["tracepass"][n], floor) for n in eager[0])
 
 
 def test_ties_once_and_frozen_never(two_ranks):

@@ -98,6 +98,9 @@ def test_unknown_op_in_the_backward_names_the_op_and_line(world):
     assert e.value.kind == "parse", msg
     assert "frobnicate" in msg, msg
     assert re.search(r"line \d+", msg), msg
+    # the line is an attribute too, as on every tracepass error, and it is the op's
+    assert isinstance(e.value, tracepass.TracepassError)
+    assert f"line {e.value.line}" in msg, (e.value.line, msg)
 
 
 def test_unknown_op_with_the_fallback_still_synchronizes(world):
@@ -131,6 +134,7 @@ def test_a_parameter_missing_from_the_plan_is_named(world, monkeypatch):
     assert e.value.kind == "gradients", msg
     assert re.search(r"parameter `\d\.(weight|bias)`", msg), msg
     assert "does not cover" in msg and re.search(r"line \d+", msg), msg
+    assert f"line {e.value.line}:" in msg, (e.value.line, msg)
 
 
 def test_thunders_own_ddp_underneath_is_refused(world):

@@ -28,19 +28,9 @@ from ._native import (
     simulate,
     train,
 )
+from . import errors as _errors
 from .checkpoint import load_checkpoint, optimizer_state_dict
-from .errors import (
-    CheckpointError,
-    FileError,
-    ParseError,
-    PassError,
-    PipelineError,
-    ProgramError,
-    SimulateError,
-    TracepassError,
-    TrainError,
-    VerifyError,
-)
+from .errors import *  # noqa: F403 (every exception, as `errors.__all__` lists them)
 
 
 def load_trace(path: str, forward: bool = False) -> Trace:
@@ -57,7 +47,7 @@ def verify(target: Trace | Program) -> None:
 # Submodules that import torch or Thunder load on first use, never at `import tracepass`.
 _LAZY_MODULES = ("thunder", "export", "bench")
 # What `tracepass.thunder` exposes, reachable as `tracepass.<name>` (importing Thunder then).
-_THUNDER_NAMES = ("DDP", "DDPPlugin", "ThunderDDPError", "ddp", "no_sync", "plan_of", "CollectiveLog")
+_THUNDER_NAMES = ("DDP", "DDPPlugin", "ddp", "no_sync", "plan_of", "CollectiveLog")
 
 
 def __getattr__(name: str) -> Any:
@@ -76,21 +66,11 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY_MODULES) | set(_THUNDER_NAMES))
 
 
-__all__ = [
-    "CheckpointError",
-    "FileError",
-    "ParseError",
-    "PassError",
-    "PipelineError",
+__all__ = _errors.__all__ + [
     "PipelineResult",
     "Program",
-    "ProgramError",
-    "SimulateError",
     "Statement",
     "Trace",
-    "TracepassError",
-    "TrainError",
-    "VerifyError",
     "__version__",
     "load_checkpoint",
     "load_program",

@@ -57,6 +57,12 @@ class SimulateError(TracepassError):
 class TrainError(TracepassError):
     message: str
 
+class PlanError(TracepassError):
+    kind: str
+    message: str
+    file: str | None
+    line: int | None
+
 class Statement:
     """One statement: its canonical op, operands, outputs, text and line in ``str(trace)``."""
 

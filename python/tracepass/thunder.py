@@ -11,9 +11,10 @@ tracepass's planner (`tracepass._native.plan_ddp`, the `ddp` pass's own gradient
 bucketing). The plan says which returned gradients to synchronize (a tie once, frozen
 parameters never), how to bucket them in the order the backward completes them and after which
 statement each bucket's all-reduce goes. This module only maps the plan onto Thunder's bound
-symbols: each gradient is divided by the world size right after it is computed, each bucket
-is packed and all-reduced (``torch.distributed``, asynchronously: gloo on CPU, NCCL on GPU)
-right after its last gradient, and each wait and unpack goes just before the return. Anything
+symbols: each bucket is packed, divided by the world size (one op per bucket, before the
+reduction) and all-reduced (``torch.distributed``, asynchronously: gloo on CPU, NCCL on GPU)
+right after its last gradient is computed, and each wait and unpack goes just before the
+return. Anything
 the planner cannot read (an op it does not know, a Thunder whose traces it cannot map) is a
 :class:`ThunderDDPError` when Thunder compiles the model (its first call), never a step with
 unsynchronized gradients. ``DDP(fallback_to_thunder=True)`` opts into unplanned, unbucketed
@@ -36,21 +37,9 @@ import torch
 import torch.distributed as tdist
 
 from . import _native
-from .errors import TracepassError
+from .errors import PlanError, ThunderDDPError
 
 __all__ = ["DDP", "DDPPlugin", "ThunderDDPError", "ddp", "no_sync", "plan_of", "CollectiveLog"]
-
-
-class ThunderDDPError(TracepassError):
-    """tracepass cannot synchronize this model's gradients in Thunder: the message names the
-    op, parameter or setting, and the line of the backward where it applies. ``kind`` is
-    ``parse`` (the backward does not parse), ``options``, ``gradients`` (parameters and
-    backward disagree), ``mapping`` (the plan does not map onto Thunder's trace) or
-    ``no_sync``."""
-
-    def __init__(self, message: str, kind: str = "mapping"):
-        super().__init__(message)
-        self.kind = kind
 
 
 # ---- the collectives, as one Thunder executor -------------------------------------------------
@@ -61,6 +50,7 @@ class _Layout:
     """What a bucket's collectives need at run time (Thunder passes only the plan's key)."""
 
     group: Any
+    world_size: int
     offsets: list[int]
     numels: list[int]
     shapes: list[tuple[int, ...]]
@@ -81,20 +71,19 @@ class _Pending:
         self.buffer = buffer
 
 
-def _prediv_impl(g: torch.Tensor, world_size: int) -> torch.Tensor:
-    return torch.true_divide(g, world_size)
-
-
 def _tie_add_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a + b
 
 
 def _bucket_start_impl(grads: list[torch.Tensor], plan_key: int, bucket: int) -> _Pending:
     layout = _LAYOUTS[(plan_key, bucket)]
+    # the pre-division by the world size, once per bucket: one op on the packed buffer instead
+    # of one per gradient (elementwise, so each value is divided exactly as on its own)
     if len(grads) == 1:
-        buffer = grads[0].reshape(-1)
+        buffer = torch.div(grads[0].reshape(-1), layout.world_size)
     else:
         buffer = torch.cat([g.reshape(-1) for g in grads])
+        buffer.div_(layout.world_size)
     # looked up at call time, so instrumentation (tests, profilers) sees each call
     work = tdist.all_reduce(buffer, op=tdist.ReduceOp.SUM, group=layout.group, async_op=True)
     return _Pending(work, buffer)
@@ -111,8 +100,8 @@ _OPS: dict[str, Any] = {}
 
 
 def _ops() -> dict[str, Any]:
-    """Registers the executor once: pre-division, tie sum, bucket start (pack + async
-    all-reduce) and bucket finish (wait + unpack)."""
+    """Registers the executor once: tie sum, bucket start (pack, pre-divide by the world size,
+    async all-reduce) and bucket finish (wait + unpack)."""
     if _OPS:
         return _OPS
     from thunder.core.proxies import TensorProxy
@@ -120,9 +109,6 @@ def _ops() -> dict[str, Any]:
 
     ex = OperatorExecutor("tracepass_ddp", version="0.1")
     register_executor(ex)
-
-    def prediv_meta(g, world_size):
-        return TensorProxy(like=g)
 
     def tie_add_meta(a, b):
         return TensorProxy(like=a)
@@ -135,7 +121,6 @@ def _ops() -> dict[str, Any]:
         layout = _LAYOUTS[(plan_key, bucket)]
         return tuple(TensorProxy(like=pending, shape=tuple(s)) for s in layout.shapes)
 
-    _OPS["prediv"] = ex.register_operator("tracepass_prediv", meta=prediv_meta, fn=_prediv_impl)
     _OPS["tie_add"] = ex.register_operator("tracepass_tie_add", meta=tie_add_meta, fn=_tie_add_impl)
     _OPS["start"] = ex.register_operator("tracepass_bucket_start", meta=start_meta, fn=_bucket_start_impl)
     _OPS["finish"] = ex.register_operator("tracepass_bucket_finish", meta=finish_meta, fn=_bucket_finish_impl)
@@ -155,16 +140,17 @@ def _default_group():
     return tdist.distributed_c10d._get_default_group()
 
 
-def _line_of(trace, name: str | None) -> str:
-    """The printed statement of `trace` that defines `name`, with its line number."""
+def _line_of(trace, name: str | None) -> tuple[str, int | None]:
+    """The printed statement of `trace` that defines `name`, with its line number (for a
+    message), and that line number."""
     if name is None:
-        return ""
+        return "", None
     for i, line in enumerate(str(trace).splitlines(), 1):
         s = line.strip()
         lhs = s.split(" = ", 1)[0] if " = " in s and not s.startswith("#") else ""
         if name in [t.strip() for t in lhs.replace("(", "").replace(")", "").split(",")]:
-            return f" (line {i}: `{s.split('  #')[0]}`)"
-    return ""
+            return f" (line {i}: `{s.split('  #')[0]}`)", i
+    return "", None
 
 
 class DDP:
@@ -315,9 +301,10 @@ def _make_transform_class():
             world = tdist.get_world_size(self._group)
             try:
                 plan = _native.plan_ddp(text, params, world, self.bucket_size_in_mb)
-            except ValueError as e:
-                kind, message = e.args if len(e.args) == 2 else ("gradients", str(e))
-                raise ThunderDDPError(f"tracepass cannot plan DDP for this backward: {message}", kind) from None
+            except PlanError as e:
+                raise ThunderDDPError(
+                    f"tracepass cannot plan DDP for this backward: {e.message}", e.kind, line=e.line
+                ) from None
             _check_coverage(plan, params, returned, trace)
             plan["world_size"] = world
             plan["bucket_size_in_mb"] = self.bucket_size_in_mb
@@ -371,10 +358,12 @@ def _check_coverage(plan: dict, params, returned, trace) -> None:
     for fqn, pos, _requires_grad, _tied in params:
         if pos is not None and pos not in covered:
             name = getattr(returned[pos], "name", str(returned[pos]))
+            where, line = _line_of(trace, name)
             raise ThunderDDPError(
                 f"the backward returns gradient `{name}` for parameter `{fqn}`, which the DDP plan "
-                f"does not cover{_line_of(trace, name)}",
+                f"does not cover{where}",
                 "gradients",
+                line=line,
             )
 
 
@@ -422,7 +411,7 @@ def _apply_plan(trace, plan: dict, group):
     last_of_bucket = {b["gradients"][-1]: bi for bi, b in enumerate(plan["buckets"])}
     new = from_trace(trace)
     inserts: dict[int, list] = {}
-    divided: list[Any] = [None] * len(grads)
+    summed: list[Any] = [None] * len(grads)
     pendings: list[Any] = [None] * len(plan["buckets"])
     with tracectx(new):
         for bi, b in enumerate(plan["buckets"]):
@@ -430,7 +419,7 @@ def _apply_plan(trace, plan: dict, group):
             numels = [int(torch.Size(s).numel()) for s in shapes]
             offsets = list(itertools.accumulate([0] + numels[:-1]))
             with _LAYOUT_LOCK:
-                _LAYOUTS[(plan_key, bi)] = _Layout(group, offsets, numels, shapes)
+                _LAYOUTS[(plan_key, bi)] = _Layout(group, plan["world_size"], offsets, numels, shapes)
         for k, g in enumerate(grads):
             at = slot(g["ready_after"])
             new.push_scope([])
@@ -438,10 +427,10 @@ def _apply_plan(trace, plan: dict, group):
             acc = values[0]
             for v in values[1:]:
                 acc = ops["tie_add"](acc, v)
-            divided[k] = ops["prediv"](acc, plan["world_size"])
+            summed[k] = acc
             if k in last_of_bucket:
                 bi = last_of_bucket[k]
-                members = [divided[m] for m in plan["buckets"][bi]["gradients"]]
+                members = [summed[m] for m in plan["buckets"][bi]["gradients"]]
                 pendings[bi] = ops["start"](members, plan_key, bi)
             inserts.setdefault(at, []).extend(new.pop_scope())
         new.push_scope([])
@@ -495,9 +484,10 @@ def _fallback(trace, group, positions: list[int]):
         for pos in positions:
             g = returned[pos]
             with _LAYOUT_LOCK:
-                _LAYOUTS[(plan_key, pos)] = _Layout(group, [0], [int(torch.Size(g.shape).numel())], [tuple(g.shape)])
-            d = ops["prediv"](g, world)
-            returned[pos] = ops["finish"](ops["start"]([d], plan_key, pos), plan_key, pos)[0]
+                _LAYOUTS[(plan_key, pos)] = _Layout(
+                    group, world, [0], [int(torch.Size(g.shape).numel())], [tuple(g.shape)]
+                )
+            returned[pos] = ops["finish"](ops["start"]([g], plan_key, pos), plan_key, pos)[0]
         tail = new.pop_scope()
     new.bound_symbols = bsyms[:-1] + tail + [ret.from_bsym(args=(tuple(returned),))]
     return new

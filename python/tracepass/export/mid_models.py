@@ -7,82 +7,35 @@ them with `python -m tracepass.export --model NAME --out DIR` into a folder outs
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 
 import torch
 import torch.nn as nn
 
-from .models import Batch, ModelSpec
+from .models import Batch, InplaceBlock, ModelSpec, batch_tokens, make_llama, make_nanogpt
 
 MID_VOCAB, MID_BLOCK, MID_BATCH = 512, 128, 4
 
-
-def make_nanogpt_mid() -> nn.Module:
-    from thunder.tests.nanogpt_model import GPT, GPTConfig
-
-    cfg = GPTConfig(
-        block_size=MID_BLOCK,
-        vocab_size=MID_VOCAB,
-        n_layer=4,
-        n_head=6,
-        n_embd=384,
-        dropout=0.0,
-        bias=True,
-    )
-    return GPT(cfg)
-
-
-def batch_tokens_mid(gen: torch.Generator) -> Batch:
-    idx = torch.randint(0, MID_VOCAB, (MID_BATCH, MID_BLOCK), generator=gen, dtype=torch.int64)
-    targets = torch.randint(0, MID_VOCAB, (MID_BATCH, MID_BLOCK), generator=gen, dtype=torch.int64)
-    return OrderedDict(idx=idx), targets
-
-
-def make_llama_mid() -> nn.Module:
-    from litgpt.config import Config
-    from litgpt.model import GPT
-
-    cfg = Config(
-        name="mid-llama",
-        block_size=MID_BLOCK,
-        vocab_size=MID_VOCAB,
-        padded_vocab_size=MID_VOCAB,
-        n_layer=4,
-        n_embd=384,
-        n_head=6,
-        n_query_groups=6,
-        rotary_percentage=1.0,
-        parallel_residual=False,
-        bias=False,
-        norm_class_name="RMSNorm",
-        norm_eps=1e-5,
-        mlp_class_name="LLaMAMLP",
-        intermediate_size=1024,
-    )
-    return GPT(cfg)
-
-
-class BasicBlock(nn.Module):
-    """torchvision's ResNet BasicBlock (torchvision is not in the pinned venv)."""
-
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        skip = x if self.downsample is None else self.downsample(x)
-        return torch.relu(y + skip)
+# the corpus factories at compute-bound sizes (partials of module-level functions pickle, as
+# the exporter's rank processes need)
+make_nanogpt_mid = partial(make_nanogpt, vocab=MID_VOCAB, block=MID_BLOCK, n_layer=4, n_head=6, n_embd=384)
+make_llama_mid = partial(
+    make_llama,
+    vocab=MID_VOCAB,
+    block=MID_BLOCK,
+    n_layer=4,
+    n_embd=384,
+    n_head=6,
+    n_query_groups=6,
+    intermediate_size=1024,
+    name="mid-llama",
+)
+batch_tokens_mid = partial(batch_tokens, vocab=MID_VOCAB, block=MID_BLOCK, batch=MID_BATCH)
 
 
 class ResNet18(nn.Module):
-    """torchvision's resnet18 layout: 7x7 stem, max pool, 4 stages of 2 BasicBlocks, 10 classes."""
+    """torchvision's resnet18 layout (torchvision is not in the pinned venv): 7x7 stem, max pool,
+    4 stages of 2 BasicBlocks (the corpus's `InplaceBlock`, out of place), 10 classes."""
 
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
@@ -91,7 +44,8 @@ class ResNet18(nn.Module):
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         stages, cin = [], 64
         for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
-            stages.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
+            blocks = [InplaceBlock(cin, cout, stride, inplace=False), InplaceBlock(cout, cout, 1, inplace=False)]
+            stages.append(nn.Sequential(*blocks))
             cin = cout
         self.layers = nn.Sequential(*stages)
         self.avgpool = nn.AdaptiveAvgPool2d(1)

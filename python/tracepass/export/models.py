@@ -37,24 +37,29 @@ class ModelSpec:
 NANOGPT_VOCAB, NANOGPT_BLOCK = 128, 16
 
 
-def make_nanogpt() -> nn.Module:
+def make_nanogpt(
+    vocab: int = NANOGPT_VOCAB, block: int = NANOGPT_BLOCK, n_layer: int = 2, n_head: int = 4, n_embd: int = 64
+) -> nn.Module:
+    """The corpus nanoGPT; other sizes (`mid_models`) with the same code."""
     from thunder.tests.nanogpt_model import GPT, GPTConfig
 
     cfg = GPTConfig(
-        block_size=NANOGPT_BLOCK,
-        vocab_size=NANOGPT_VOCAB,
-        n_layer=2,
-        n_head=4,
-        n_embd=64,
+        block_size=block,
+        vocab_size=vocab,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
         dropout=0.0,
         bias=True,
     )
     return GPT(cfg)
 
 
-def batch_tokens(gen: torch.Generator, vocab: int = NANOGPT_VOCAB, block: int = NANOGPT_BLOCK) -> Batch:
-    idx = torch.randint(0, vocab, (2, block), generator=gen, dtype=torch.int64)
-    targets = torch.randint(0, vocab, (2, block), generator=gen, dtype=torch.int64)
+def batch_tokens(
+    gen: torch.Generator, vocab: int = NANOGPT_VOCAB, block: int = NANOGPT_BLOCK, batch: int = 2
+) -> Batch:
+    idx = torch.randint(0, vocab, (batch, block), generator=gen, dtype=torch.int64)
+    targets = torch.randint(0, vocab, (batch, block), generator=gen, dtype=torch.int64)
     return OrderedDict(idx=idx), targets
 
 
@@ -129,26 +134,36 @@ def batch_mlp(gen: torch.Generator) -> Batch:
 LLAMA_VOCAB, LLAMA_BLOCK = 128, 16
 
 
-def make_llama() -> nn.Module:
+def make_llama(
+    vocab: int = LLAMA_VOCAB,
+    block: int = LLAMA_BLOCK,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_query_groups: int = 2,
+    intermediate_size: int = 128,
+    name: str = "tiny-llama",
+) -> nn.Module:
+    """The corpus Llama; other sizes (`mid_models`) with the same code."""
     from litgpt.config import Config
     from litgpt.model import GPT
 
     cfg = Config(
-        name="tiny-llama",
-        block_size=LLAMA_BLOCK,
-        vocab_size=LLAMA_VOCAB,
-        padded_vocab_size=LLAMA_VOCAB,
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        n_query_groups=2,
+        name=name,
+        block_size=block,
+        vocab_size=vocab,
+        padded_vocab_size=vocab,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_query_groups=n_query_groups,
         rotary_percentage=1.0,
         parallel_residual=False,
         bias=False,
         norm_class_name="RMSNorm",
         norm_eps=1e-5,
         mlp_class_name="LLaMAMLP",
-        intermediate_size=128,
+        intermediate_size=intermediate_size,
     )
     return GPT(cfg)
 
@@ -542,10 +557,13 @@ def batch_shifted(gen: torch.Generator) -> Batch:
 
 class InplaceBlock(nn.Module):
     """torchvision's `BasicBlock`, written as it is: `nn.ReLU(inplace=True)` and
-    `out += identity`, which Thunder traces as `copy_` writes read on through `update_aliases`."""
+    `out += identity`, which Thunder traces as `copy_` writes read on through `update_aliases`.
+    With `inplace=False` the same block out of place (`torch.relu`, `+`), as `mid_models`'
+    ResNet-18 uses it."""
 
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
+    def __init__(self, cin: int, cout: int, stride: int, inplace: bool = True) -> None:
         super().__init__()
+        self.inplace = inplace
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
         self.relu = nn.ReLU(inplace=True)
@@ -558,6 +576,11 @@ class InplaceBlock(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.inplace:
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            skip = x if self.downsample is None else self.downsample(x)
+            return torch.relu(y + skip)
         identity = x
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
