@@ -107,6 +107,7 @@ pub mod cse;
 pub mod dce;
 pub mod ddp;
 pub mod ddp_plan;
+pub mod fold;
 pub mod fsdp;
 pub mod instrument;
 pub mod manager;
