@@ -128,7 +128,9 @@ pub use ddp_plan::{
     plan_ddp, plan_ddp_text, BucketPlan, DdpPlan, GradientPlan, PlanError, PlanParam,
 };
 pub use fsdp::{Fsdp, FsdpOptions, Sharding};
-pub use instrument::{dump_program, IrPrinter, PassInstrumentation, ReproducerWriter};
+pub use instrument::{
+    dump_program, IrPrinter, PassInstrumentation, ReproducerError, ReproducerWriter,
+};
 pub use manager::{
     reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,
 };

@@ -345,6 +345,14 @@ impl PassError {
             error: Box::new(error),
         }
     }
+    /// Whether the failure is a bug in a pass (it panicked, or left IR the verifier rejects,
+    /// after it or at the end), not a pass refusing its input: what a reproducer is for.
+    pub fn is_internal(&self) -> bool {
+        matches!(
+            self,
+            PassError::Panicked { .. } | PassError::Verify { .. } | PassError::VerifyAtEnd { .. }
+        )
+    }
 }
 
 /// Per-pass result of a pipeline run.

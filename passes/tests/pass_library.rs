@@ -276,6 +276,58 @@ fn failures_keep_what_came_before_and_their_own_reproducers() {
     );
 }
 
+/// The reproducer writer `tracepass opt` uses: for internal failures only, reading the input
+/// again when one happens (no copy per run), and saying why it could not write one.
+#[test]
+fn a_reproducer_writer_of_ones_own_making() {
+    use std::{cell::Cell, rc::Rc};
+    let program = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let reloads = Rc::new(Cell::new(0));
+    let writer = |dir: &std::path::Path| {
+        let (input, reloads) = (program.clone(), reloads.clone());
+        ReproducerWriter::new(dir)
+            .internal_only()
+            .reload_input(move || {
+                reloads.set(reloads.get() + 1);
+                Ok(Module::Program(input.clone()))
+            })
+    };
+    // a pass refusing its input (ddp twice) is not internal: nothing is read or written
+    let mut pm = PassManager::parse("ddp(world_size=2),ddp(world_size=2)").unwrap();
+    pm.reproducer(writer(dir.path()));
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(!e.error.is_internal(), "{e}");
+    assert!(e.reproducer.is_none() && e.report.reproducer_error.is_none());
+    assert_eq!(reloads.get(), 0);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    // a panic is: the input is read again and written with the pipeline
+    let mut pm = PassManager::parse("dce").unwrap();
+    pm.add_trace_pass(FnPass("boom", |_: &mut Trace| panic!("boom")));
+    pm.reproducer(writer(dir.path()));
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(e.error.is_internal());
+    assert_eq!(reloads.get(), 1);
+    let r = Reproducer::load(e.reproducer.as_deref().expect("written")).unwrap();
+    assert_eq!(
+        (r.pipeline.as_str(), r.failed_pass.as_str()),
+        ("dce,boom", "boom")
+    );
+    assert!(r.input == Module::Program(program.clone()));
+    // a folder that is not there: the error says why, and the run's error stays the pass's
+    pm.reproducer(writer(&dir.path().join("missing")));
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(e.reproducer.is_none());
+    assert!(e.report.reproducer_error.is_some(), "{e}");
+    assert!(matches!(e.error, PassError::Panicked { .. }));
+}
+
 /// Instrumentation: hooks around every pass, the manager's own printing built on them.
 #[test]
 fn instrumentation_sees_every_pass_and_failure() {
