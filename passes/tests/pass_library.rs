@@ -44,6 +44,53 @@ fn a_pass_that_changes_a_return_type_is_caught() {
     );
 }
 
+/// A pass that changes a return type on purpose says where: only the places it declared are
+/// let go; a change anywhere else is still caught.
+#[test]
+fn a_declared_return_change_lets_go_of_that_place_only() {
+    const TWO: &str = "def f(x, z):\n  # x: \"cpu i64[4]\"\n  # z: \"cpu i64[4]\"\n  y = prims.mul(x, 1.0)  # y: \"cpu f32[4]\"\n  w = prims.mul(z, 1.0)  # w: \"cpu f32[4]\"\n  return (y, (w, y))\n";
+    /// Returns `x` in place of `y` (a type change), declaring the places `declared`.
+    struct Retype(&'static [&'static [u32]]);
+    impl Pass for Retype {
+        fn name(&self) -> &str {
+            "retype"
+        }
+        fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+            for place in self.0 {
+                cx.changed_return(false, place);
+            }
+            let t = &mut p.backward;
+            let (x, y) = (t.find_value("x").unwrap(), t.find_value("y").unwrap());
+            let mut rw = Rewriter::new();
+            rw.replace_all_uses(y, x);
+            rw.erase(t.producer(y).unwrap());
+            rw.apply(t).map_err(|e| PassError::rewrite("retype", e))?;
+            Ok(Changed::Yes)
+        }
+    }
+    let run = |declared| {
+        let mut p = Program::lone(parse_trace(TWO).unwrap());
+        let mut pm = PassManager::new();
+        pm.add(Retype(declared));
+        pm.run(&mut p, OpRegistry::builtin())
+    };
+    // y is returned at [0] and at [1, 1]: declaring both, or the whole return, lets it pass
+    assert!(run(&[&[0], &[1, 1]]).is_ok());
+    assert!(run(&[&[0], &[1]]).is_ok());
+    assert!(run(&[&[]]).is_ok());
+    // declaring one place leaves the other checked; declaring none checks both
+    for declared in [&[&[0u32] as &[u32]] as &[&[u32]], &[&[1, 0]], &[]] {
+        let e = run(declared).unwrap_err();
+        let PassError::Verify { error, .. } = &e.error else {
+            panic!("a verification error expected: {e}");
+        };
+        assert!(
+            error.diagnostics[0].message.contains("\"cpu i64[4]\""),
+            "{error}"
+        );
+    }
+}
+
 struct Nothing;
 
 impl TracePass for Nothing {
