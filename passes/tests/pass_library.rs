@@ -91,6 +91,86 @@ fn a_declared_return_change_lets_go_of_that_place_only() {
     }
 }
 
+/// What a new parameter layout changes (`fsdp`) is let go: the forward's `flat_args` and saved
+/// parameters, the backward's gradients; the model's output is still held to its type.
+#[test]
+fn a_new_parameter_layout_lets_go_of_parameter_places_only() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/mlp");
+    let (program, _) = fsio::load(&dir).unwrap().into_program();
+    /// Returns the last parameter where `flat_args` and the saved parameters were (and where
+    /// the model's output was, when `.0`), and its gradient in every parameter's gradient
+    /// place: types change at each.
+    struct Relayout(bool);
+    impl Pass for Relayout {
+        fn name(&self) -> &str {
+            "relayout"
+        }
+        fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+            cx.changed_parameter_returns(p);
+            let params: Vec<ValueId> = p
+                .params
+                .iter()
+                .map(|x| p.forward.args()[x.forward_arg])
+                .collect();
+            let last = *params.last().unwrap();
+            let mut ret = p.forward.ret.clone();
+            let Arg::Tuple(items) = &mut ret else {
+                panic!("a forward returns a tuple")
+            };
+            let Some(Arg::Dict(entries)) = items.get_mut(0) else {
+                panic!("the forward returns a dict first")
+            };
+            for (k, v) in entries.iter_mut() {
+                if k.as_str() == Some("flat_args") || (self.0 && k.as_str() == Some("output")) {
+                    v.map_values(&mut |_| last);
+                }
+            }
+            if let Some(Arg::Tuple(saved)) = items.get_mut(1) {
+                if let Some(first) = saved.first_mut() {
+                    first.map_values(&mut |v| if params.contains(&v) { last } else { v });
+                }
+            }
+            let mut rw = Rewriter::new();
+            rw.set_return(ret);
+            rw.apply(&mut p.forward)
+                .map_err(|e| PassError::rewrite("relayout", e))?;
+            let places: Vec<usize> = p.params.iter().filter_map(|x| x.grad_output).collect();
+            let b = &mut p.backward;
+            let mut ret = b.ret.clone();
+            let Arg::Tuple(grads) = &mut ret else {
+                panic!("a backward returns a tuple")
+            };
+            let last_grad = grads[*places.last().unwrap()].clone();
+            for k in places {
+                grads[k] = last_grad.clone();
+            }
+            let mut rw = Rewriter::new();
+            rw.set_return(ret);
+            rw.apply(b).map_err(|e| PassError::rewrite("relayout", e))?;
+            Ok(Changed::Yes)
+        }
+    }
+    let run = |output| {
+        let mut p = program.clone();
+        let mut pm = PassManager::new();
+        pm.add(Relayout(output));
+        pm.verify_each = true;
+        pm.run(&mut p, OpRegistry::builtin())
+    };
+    run(false).unwrap_or_else(|e| panic!("{e}"));
+    let e = run(true).unwrap_err();
+    let PassError::Verify { error, .. } = &e.error else {
+        panic!("a verification error expected: {e}");
+    };
+    assert_eq!(error.diagnostics.len(), 1, "{error}");
+    assert!(
+        error.diagnostics[0]
+            .message
+            .contains("returned `t_norm2_weight` is \"cpu f32[64]\"; it was `t648`"),
+        "{error}"
+    );
+}
+
 struct Nothing;
 
 impl TracePass for Nothing {
