@@ -701,6 +701,7 @@ impl Rewriter {
         Ok(())
     }
 }
+
 /// Whether `lit` may stand where a value of type `ty` was read: a number of the same kind
 /// (an `int` is not a `float`: Python computes with them differently), equal to the value
 /// the type states, if it states one.
