@@ -174,6 +174,25 @@ impl Arg {
             _ => {}
         }
     }
+    /// Replaces every value reference `f` gives a literal for by that literal (the rewriter's
+    /// [`crate::Rewriter::replace_all_uses_with_literal`]).
+    pub(crate) fn substitute_values(&mut self, f: &mut impl FnMut(ValueId) -> Option<Arg>) {
+        match self {
+            Arg::Value(v) => {
+                if let Some(lit) = f(*v) {
+                    *self = lit;
+                }
+            }
+            Arg::Tuple(items) | Arg::List(items) => {
+                items.iter_mut().for_each(|a| a.substitute_values(f))
+            }
+            Arg::Dict(items) => items.iter_mut().for_each(|(k, v)| {
+                k.substitute_values(f);
+                v.substitute_values(f);
+            }),
+            _ => {}
+        }
+    }
     /// The value this operand reads, if it is one.
     pub fn as_value(&self) -> Option<ValueId> {
         match self {

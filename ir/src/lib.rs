@@ -83,7 +83,7 @@ pub use registry::{
     ops, DTypeRule, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry, OpSpec, RegistryError,
     ResultPlace,
 };
-pub use rewriter::{Applied, NewNode, NodeRef, RewriteError, Rewriter};
+pub use rewriter::{literal_fits, Applied, NewNode, NodeRef, RewriteError, Rewriter};
 pub use signature::{Bound, Signature};
 pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
 pub use types::{

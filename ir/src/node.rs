@@ -237,6 +237,15 @@ impl Node {
             e.kwargs.iter().for_each(|(_, a)| a.for_each_value(f));
         }
     }
+    /// Replaces every value the node reads that `f` gives a literal for by that literal.
+    pub(crate) fn substitute_operands(&mut self, f: &mut impl FnMut(ValueId) -> Option<Arg>) {
+        self.args.iter_mut().for_each(|a| a.substitute_values(f));
+        if let Some(e) = &mut self.extra {
+            e.kwargs
+                .iter_mut()
+                .for_each(|(_, a)| a.substitute_values(f));
+        }
+    }
     /// Replaces every value the node reads by `f` of it (for a node not in a trace: in a trace, use the [`crate::Rewriter`]).
     pub fn map_operands(&mut self, f: &mut impl FnMut(ValueId) -> ValueId) {
         self.args.iter_mut().for_each(|a| a.map_values(f));

@@ -63,11 +63,14 @@ impl ParamShard {
 }
 
 /// Files of format versions 1 and 2 have no `buffer` field: their parameters are parameters;
-/// files before version 5 have no `shard` field: their parameters are not sharded.
+/// files before version 5 have no `shard` field: their parameters are not sharded. One stored
+/// form serves every version: JSON leaves an absent field out, and the binary form (which
+/// does not name its fields) is read as only as many fields as the file's version wrote, the
+/// rest taking their defaults.
 impl<'de> Deserialize<'de> for Param {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Param, D::Error> {
         #[derive(Deserialize)]
-        struct Legacy {
+        struct Stored {
             fqn: String,
             forward_arg: usize,
             grad_output: Option<usize>,
@@ -76,78 +79,58 @@ impl<'de> Deserialize<'de> for Param {
             device: Device,
             requires_grad: bool,
             tied_to: Option<String>,
-        }
-        #[derive(Deserialize)]
-        struct Current {
-            fqn: String,
-            forward_arg: usize,
-            grad_output: Option<usize>,
-            shape: Vec<usize>,
-            dtype: DType,
-            device: Device,
-            requires_grad: bool,
-            tied_to: Option<String>,
+            /// Since version 3.
             #[serde(default)]
             buffer: bool,
-        }
-        #[derive(Deserialize)]
-        struct Sharded {
-            fqn: String,
-            forward_arg: usize,
-            grad_output: Option<usize>,
-            shape: Vec<usize>,
-            dtype: DType,
-            device: Device,
-            requires_grad: bool,
-            tied_to: Option<String>,
-            #[serde(default)]
-            buffer: bool,
+            /// Since version 5.
             #[serde(default)]
             shard: Option<ParamShard>,
         }
-        if crate::trace::reading_legacy_params() {
-            let l = Legacy::deserialize(d)?;
-            return Ok(Param {
-                fqn: l.fqn,
-                forward_arg: l.forward_arg,
-                grad_output: l.grad_output,
-                shape: l.shape,
-                dtype: l.dtype,
-                device: l.device,
-                requires_grad: l.requires_grad,
-                tied_to: l.tied_to,
-                buffer: false,
-                shard: None,
-            });
-        }
-        let c = if crate::trace::reading_unsharded_params() {
-            let c = Current::deserialize(d)?;
-            Sharded {
-                fqn: c.fqn,
-                forward_arg: c.forward_arg,
-                grad_output: c.grad_output,
-                shape: c.shape,
-                dtype: c.dtype,
-                device: c.device,
-                requires_grad: c.requires_grad,
-                tied_to: c.tied_to,
-                buffer: c.buffer,
-                shard: None,
+        const FIELDS: &[&str] = &[
+            "fqn",
+            "forward_arg",
+            "grad_output",
+            "shape",
+            "dtype",
+            "device",
+            "requires_grad",
+            "tied_to",
+            "buffer",
+            "shard",
+        ];
+        /// Hands the fields the file holds to `Stored`, whose missing ones default.
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Stored;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a parameter")
             }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Stored, A::Error> {
+                Stored::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Stored, A::Error> {
+                Stored::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        let stored_fields = if crate::trace::reading_legacy_params() {
+            8
+        } else if crate::trace::reading_unsharded_params() {
+            9
         } else {
-            Sharded::deserialize(d)?
+            FIELDS.len()
         };
+        let s = d.deserialize_struct("Param", &FIELDS[..stored_fields], Fields)?;
         Ok(Param {
-            fqn: c.fqn,
-            forward_arg: c.forward_arg,
-            grad_output: c.grad_output,
-            shape: c.shape,
-            dtype: c.dtype,
-            device: c.device,
-            requires_grad: c.requires_grad,
-            tied_to: c.tied_to,
-            buffer: c.buffer,
-            shard: c.shard,
+            fqn: s.fqn,
+            forward_arg: s.forward_arg,
+            grad_output: s.grad_output,
+            shape: s.shape,
+            dtype: s.dtype,
+            device: s.device,
+            requires_grad: s.requires_grad,
+            tied_to: s.tied_to,
+            buffer: s.buffer,
+            shard: s.shard,
         })
     }
 }

@@ -3,7 +3,8 @@
 //! In the spirit of rustc's `MirPatch` and Cranelift's cursor: a pass reads the trace, queues
 //! insertions ([`Rewriter::insert_before`], [`Rewriter::insert_after`],
 //! [`Rewriter::insert_at_start`], [`Rewriter::insert_at_end`]), replacements
-//! ([`Rewriter::replace_all_uses`]), erasures ([`Rewriter::erase`]), ordering constraints and a
+//! ([`Rewriter::replace_all_uses`], and by a literal: [`Rewriter::replace_all_uses_with_literal`]),
+//! erasures ([`Rewriter::erase`]), ordering constraints and a
 //! new return ([`Rewriter::set_return`]), and [`Rewriter::apply`] carries them out in one sweep.
 //! Operands, graph edges, value definitions and the schedule stay consistent by construction:
 //! a pass never splices the schedule or rebuilds edges by hand. Values are still made on the
@@ -132,6 +133,20 @@ pub enum RewriteError {
         /// The value's name.
         value: String,
     },
+    /// A value would be replaced by a literal that is not a number (or `None`) of its type.
+    #[error("trace `{trace}`: cannot replace `{value}` (\"{ty}\") by the literal {literal}: it must be a literal of the value's type{why}")]
+    LiteralType {
+        /// The trace's name.
+        trace: String,
+        /// The value's name.
+        value: String,
+        /// Its type (`?` when it has none).
+        ty: String,
+        /// The literal, printed.
+        literal: String,
+        /// What else is wrong, if anything (`; it is also replaced by a value`).
+        why: String,
+    },
     /// A new order is not a permutation of the schedule, or comes with other edits.
     #[error("trace `{trace}`: bad reordering: {reason}")]
     BadOrder {
@@ -155,6 +170,8 @@ pub struct Rewriter {
     replacements: ValueIdMap<ValueId>,
     /// Per replaced value, the readers that keep reading it ([`Rewriter::replace_all_uses_except`]).
     kept_readers: ValueIdMap<Vec<NodeRef>>,
+    /// Values whose readers read a literal instead ([`Rewriter::replace_all_uses_with_literal`]).
+    literals: ValueIdMap<Arg>,
     /// Nodes replaced in place ([`Rewriter::replace`]): their order edges move to the new node.
     replaced: Vec<(NodeIndex, NewNode)>,
     erased: Vec<NodeIndex>,
@@ -188,6 +205,7 @@ impl Rewriter {
     pub fn is_empty(&self) -> bool {
         self.inserts.is_empty()
             && self.replacements.is_empty()
+            && self.literals.is_empty()
             && self.erased.is_empty()
             && self.order_edges.is_empty()
             && self.ret.is_none()
@@ -241,6 +259,16 @@ impl Rewriter {
             self.kept_readers.entry(old).or_default().extend(keep);
         }
     }
+    /// Makes every reader of `old` (existing and inserted nodes, and the return) read the
+    /// literal `lit` instead: a fold that computed a number puts it where the number was read.
+    /// `lit` must be a literal of `old`'s type, checked by [`Rewriter::apply`]: an `Int` for
+    /// an `int`, a `Float` for a `float` (bit for bit the known value, if the type states one),
+    /// a `Bool` for a `bool`, `None` for `None`; never a tensor. Readers of a value replaced by
+    /// `old` ([`Rewriter::replace_all_uses`]) read the literal too; `old` itself must not also
+    /// be replaced by a value.
+    pub fn replace_all_uses_with_literal(&mut self, old: ValueId, lit: Arg) {
+        self.literals.insert(old, lit);
+    }
     /// Replaces `node` by `new` in place: `new` takes its place in the schedule and its order
     /// edges, and may define the same values (their names stay, and their readers read them
     /// from `new`), so a fold does not mint names. `new`'s outputs must cover every output of
@@ -288,6 +316,43 @@ impl Rewriter {
             }
         }
         v
+    }
+
+    /// The literal `reader` reads in place of `v`, if `v` (after its replacements) is replaced
+    /// by one.
+    fn literal_for(&self, v: ValueId, reader: Option<NodeRef>) -> Option<Arg> {
+        if self.literals.is_empty() {
+            return None;
+        }
+        self.literals.get(&self.resolve(v, reader)).cloned()
+    }
+
+    /// Refuses a literal that is not one of its value's type, or a value replaced both by a
+    /// literal and by a value.
+    fn check_literals(&self, t: &Trace) -> Result<(), RewriteError> {
+        for (v, lit) in &self.literals {
+            let ty = t.ty(*v);
+            let why = if self.replacements.contains_key(v) {
+                "; it is also replaced by a value"
+            } else if t.value(*v).is_none() {
+                "; it is not in the value table"
+            } else {
+                ""
+            };
+            if why.is_empty() && literal_fits(ty, lit) {
+                continue;
+            }
+            let mut literal = String::new();
+            crate::print::write_arg(&mut literal, t, lit);
+            return Err(RewriteError::LiteralType {
+                trace: t.name.clone(),
+                value: t.name(*v),
+                ty: ty.map_or("?".to_string(), |ty| ty.to_string()),
+                literal,
+                why: why.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// Applies every queued edit. Checks come first: when it fails, the trace is unchanged.
@@ -396,7 +461,7 @@ impl Rewriter {
         // the existing nodes whose operands change: readers of replaced values, and readers
         // of values an inserted node defines again (their edges come from the erased node)
         let mut readers: Vec<NodeIndex> = Vec::new();
-        for old in self.replacements.keys() {
+        for old in self.replacements.keys().chain(self.literals.keys()) {
             readers.extend(t.users(*old));
         }
         for v in &redefined {
@@ -405,6 +470,7 @@ impl Rewriter {
         readers.retain(|r| !dead[r.index()]);
         readers.sort_unstable();
         readers.dedup();
+        self.check_literals(t)?;
         self.check_self_use(t, &readers)?;
         if !self.erased.is_empty() {
             self.check_erasable(t, &dead, &redefined)?;
@@ -435,9 +501,13 @@ impl Rewriter {
         let mut places = Vec::with_capacity(inserts.len());
         let mut new_nodes = Vec::with_capacity(inserts.len());
         let has_replacements = !self.replacements.is_empty();
+        let has_literals = !self.literals.is_empty();
         for (k, (place, mut node)) in inserts.into_iter().enumerate() {
+            let me = Some(NodeRef::New(NewNode(k as u32)));
+            if has_literals {
+                node.substitute_operands(&mut |v| self.literal_for(v, me));
+            }
             if has_replacements {
-                let me = Some(NodeRef::New(NewNode(k as u32)));
                 node.map_operands(&mut |v| self.resolve(v, me));
             }
             let n_out = node.outputs.len();
@@ -455,9 +525,15 @@ impl Rewriter {
         for r in readers {
             if let Some(n) = t.graph.node_weight_mut(r) {
                 let me = Some(NodeRef::Old(r));
+                if has_literals {
+                    n.substitute_operands(&mut |v| self.literal_for(v, me));
+                }
                 n.map_operands(&mut |v| self.resolve(v, me));
             }
             t.rewire_node(r);
+        }
+        if has_literals {
+            ret.substitute_values(&mut |v| self.literal_for(v, None));
         }
         if has_replacements {
             ret.map_values(&mut |v| self.resolve(v, None));
@@ -540,7 +616,7 @@ impl Rewriter {
             let mut bad = None;
             node.for_each_operand(&mut |v| {
                 let r = self.resolve(v, Some(me));
-                if bad.is_none() && node.outputs.contains(&r) {
+                if bad.is_none() && node.outputs.contains(&r) && !self.literals.contains_key(&r) {
                     bad = Some(r);
                 }
             });
@@ -577,6 +653,7 @@ impl Rewriter {
             reader,
         };
         let is_dead_output = |v: ValueId| match t.value(v).map(|x| x.def) {
+            _ if self.literals.contains_key(&v) => false,
             Some(Def::Node(p, _)) => {
                 dead.get(p.index()).copied().unwrap_or(false) && !redefined.contains(&v)
             }
@@ -624,6 +701,21 @@ impl Rewriter {
         Ok(())
     }
 }
+
+/// Whether `lit` may stand where a value of type `ty` was read: a number of the same kind
+/// (an `int` is not a `float`: Python computes with them differently), equal to the value
+/// the type states, if it states one.
+pub fn literal_fits(ty: Option<&crate::Type>, lit: &Arg) -> bool {
+    use crate::Type;
+    match (ty, lit) {
+        (Some(Type::Int(k)), Arg::Int(i)) => k.is_none_or(|k| k == *i),
+        (Some(Type::Float(k)), Arg::Float(f)) => k.is_none_or(|k| k.to_bits() == f.to_bits()),
+        (Some(Type::Bool(k)), Arg::Bool(b)) => k.is_none_or(|k| k == *b),
+        (Some(Type::None), Arg::None) => true,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -866,6 +958,54 @@ mod tests {
         };
         let dx = d.find_value("x").unwrap();
         assert_eq!(d.users(dx).len(), 2);
+    }
+
+    /// Issue #27: a fold that computed a number puts the literal where the number was read,
+    /// in nodes, inserted nodes and the return; a literal of another type is refused.
+    #[test]
+    fn a_value_replaced_by_a_literal_is_read_as_that_literal() {
+        const SCALARS: &str = "def f(x):\n  # x: \"cpu f32[4]\"\n  s = prims.mul(2.0, 3.0)  # s: \"float 6.0\"\n  a = prims.mul(x, s)  # a: \"cpu f32[4]\"\n  return (a, s)\n";
+        let mut t = parse_trace(SCALARS).unwrap();
+        let [x, s, a] = ["x", "s", "a"].map(|n| t.find_value(n).unwrap());
+        let (ps, pa) = (t.producer(s).unwrap(), t.producer(a).unwrap());
+        let before = t.clone();
+        // the wrong kind of number, another number than the type states, a tensor
+        for (v, lit) in [(s, Arg::Int(6)), (s, Arg::Float(6.5)), (x, Arg::Float(1.0))] {
+            let mut rw = Rewriter::new();
+            rw.replace_all_uses_with_literal(v, lit);
+            let e = rw.apply(&mut t).unwrap_err();
+            assert!(matches!(e, RewriteError::LiteralType { .. }), "{e}");
+            assert!(t == before, "a refused rewrite changes nothing");
+        }
+        // replaced by a value and by a literal at once
+        let mut rw = Rewriter::new();
+        rw.replace_all_uses(s, x);
+        rw.replace_all_uses_with_literal(s, Arg::Float(6.0));
+        let e = rw.apply(&mut t).unwrap_err();
+        assert!(e.to_string().contains("also replaced by a value"), "{e}");
+        // the literal goes where s was read, and s's producer can go
+        let y = t.new_value("y", t.ty(x).unwrap().clone());
+        let mut rw = Rewriter::new();
+        rw.replace_all_uses_with_literal(s, Arg::Float(6.0));
+        rw.erase(ps);
+        let ny = rw.insert_after(
+            pa,
+            Node::new("prims.add", vec![Arg::Value(a), Arg::Value(s)], vec![y]),
+        );
+        let applied = rw.apply(&mut t).unwrap();
+        verify(&t).unwrap();
+        assert_eq!(
+            body(&t),
+            [
+                "a = prims.mul(x, 6.0)",
+                "y = prims.add(a, 6.0)",
+                "return (a, 6.0)"
+            ]
+        );
+        assert!(t.find_value("s").is_none(), "the folded value is purged");
+        assert_eq!(t.users(x), vec![pa]);
+        let ny = applied.index(ny).unwrap();
+        assert!(t.predecessors(ny).all(|(p, _)| p == pa));
     }
 
     fn c_of(t: &Trace) -> ValueId {

@@ -110,6 +110,18 @@ impl ReturnTypes {
         walk(t, &t.ret, &mut Vec::new(), &mut out);
         out
     }
+    /// The same places but those at or under any of `places` (paths as [`ReturnTypes::of`]
+    /// gives them; `[]` is the whole return): what is left to check when a pass changes
+    /// those on purpose.
+    pub fn without(&self, places: &[Vec<u32>]) -> ReturnTypes {
+        ReturnTypes(
+            self.0
+                .iter()
+                .filter(|(path, _, _)| !places.iter().any(|p| path.starts_with(p)))
+                .cloned()
+                .collect(),
+        )
+    }
 }
 
 /// Checks that every place of `t`'s return structure that held a value before (`before`) and

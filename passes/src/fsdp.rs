@@ -470,7 +470,7 @@ impl Pass for Fsdp {
         }
         // the forward saves shards and the backward returns gradient shards: not the types
         // they returned before, by design
-        cx.changed_interface();
+        cx.changed_parameter_returns(p);
         if !matches!(p.backward.ret, Arg::Tuple(_) | Arg::List(_)) {
             return Err(fail("the backward's return is not a tuple of gradients"));
         }

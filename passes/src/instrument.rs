@@ -115,49 +115,98 @@ impl<F: FnMut(String)> PassInstrumentation for IrPrinter<F> {
 }
 
 /// Writes a [`Reproducer`] (the pipeline's input and the pipeline) to a folder when a run
-/// fails. It keeps a copy of the input from the start of each run: a cost worth paying only
-/// where a failure must be replayable.
+/// fails. By default it keeps a copy of the input from the start of each run: a cost worth
+/// paying only where a failure must be replayable; [`ReproducerWriter::reload_input`] reads
+/// the input again instead, when it fails. `tracepass opt` writes its reproducers with it.
 pub struct ReproducerWriter {
     dir: PathBuf,
-    input: Option<(Program, String)>,
+    pipeline: String,
+    /// The input, copied at the start of the run (without a reloader).
+    input: Option<Program>,
+    reload: Option<InputReloader>,
+    internal_only: bool,
     /// The file written for the last failure, if one was.
     pub written: Option<PathBuf>,
+    /// Why the last failure's reproducer could not be written, if it could not.
+    pub error: Option<ReproducerError>,
 }
 
+/// Why a reproducer could not be written (the folder, the input read again).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ReproducerError(pub String);
+
+/// Reads a pipeline's input again (from the files it came from).
+type InputReloader = Box<dyn FnMut() -> Result<Module, String>>;
+
 impl ReproducerWriter {
-    /// A writer into `dir` (numbered files, see [`reproducer_path`]).
+    /// A writer into `dir` (numbered files, see [`reproducer_path`]), for every failure.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         ReproducerWriter {
             dir: dir.into(),
+            pipeline: String::new(),
             input: None,
+            reload: None,
+            internal_only: false,
             written: None,
+            error: None,
         }
+    }
+    /// Reads the input with `reload` when a failure needs it, instead of copying it at the
+    /// start of every run (a million-node program costs more to copy than the passes take).
+    /// `reload` must give the pipeline's input as it was: read again from its files.
+    pub fn reload_input(
+        mut self,
+        reload: impl FnMut() -> Result<Module, String> + 'static,
+    ) -> Self {
+        self.reload = Some(Box::new(reload));
+        self
+    }
+    /// Writes only for failures that are bugs in a pass ([`PassError::is_internal`]): a pass
+    /// refusing its input is an error to fix in the input, with nothing to replay.
+    pub fn internal_only(mut self) -> Self {
+        self.internal_only = true;
+        self
+    }
+    /// The folder reproducers go to.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    fn write(&mut self, pass: &str, error: &PassError) -> Result<PathBuf, String> {
+        let input = match (&mut self.reload, &self.input) {
+            (Some(reload), _) => reload()?,
+            (None, Some(p)) if p.is_lone() => Module::Trace(p.backward.clone()),
+            (None, Some(p)) => Module::Program(p.clone()),
+            (None, None) => return Err("the run's input was not kept".into()),
+        };
+        let repro = Reproducer {
+            pipeline: self.pipeline.clone(),
+            failed_pass: pass.to_string(),
+            error: error.to_string(),
+            input,
+        };
+        let path = reproducer_path(&self.dir);
+        let bytes = serde_json::to_vec_pretty(&repro).map_err(|e| e.to_string())?;
+        tracepass_ir::fsio::write_atomic(&path, &bytes).map_err(|e| e.to_string())?;
+        Ok(path)
     }
 }
 
 impl PassInstrumentation for ReproducerWriter {
     fn before_pipeline(&mut self, input: &Program, pipeline: &str) {
-        self.input = Some((input.clone(), pipeline.to_string()));
+        self.pipeline = pipeline.to_string();
+        self.input = self.reload.is_none().then(|| input.clone());
         self.written = None;
+        self.error = None;
     }
     fn after_failure(&mut self, pass: &str, _: &Program, error: &PassError) {
-        let Some((input, pipeline)) = &self.input else {
+        if self.internal_only && !error.is_internal() {
             return;
-        };
-        let repro = Reproducer {
-            pipeline: pipeline.clone(),
-            failed_pass: pass.to_string(),
-            error: error.to_string(),
-            input: if input.is_lone() {
-                Module::Trace(input.backward.clone())
-            } else {
-                Module::Program(input.clone())
-            },
-        };
-        let path = reproducer_path(&self.dir);
-        let written = serde_json::to_vec_pretty(&repro)
-            .ok()
-            .and_then(|bytes| tracepass_ir::fsio::write_atomic(&path, &bytes).ok());
-        self.written = written.map(|_| path);
+        }
+        match self.write(pass, error) {
+            Ok(path) => self.written = Some(path),
+            Err(e) => self.error = Some(ReproducerError(e)),
+        }
     }
 }

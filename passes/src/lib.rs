@@ -107,6 +107,7 @@ pub mod cse;
 pub mod dce;
 pub mod ddp;
 pub mod ddp_plan;
+pub mod fold;
 pub mod fsdp;
 pub mod instrument;
 pub mod manager;
@@ -127,7 +128,9 @@ pub use ddp_plan::{
     plan_ddp, plan_ddp_text, BucketPlan, DdpPlan, GradientPlan, PlanError, PlanParam,
 };
 pub use fsdp::{Fsdp, FsdpOptions, Sharding};
-pub use instrument::{dump_program, IrPrinter, PassInstrumentation, ReproducerWriter};
+pub use instrument::{
+    dump_program, IrPrinter, PassInstrumentation, ReproducerError, ReproducerWriter,
+};
 pub use manager::{
     reproducer_path, timing_table, PassManager, PrintIr, Reproducer, RunError, RunReport,
 };

@@ -1,7 +1,7 @@
 //! The PassManager: runs a pipeline with verification after every pass, IR printing, timing, and
 //! a reproducer file when a pass fails.
 
-use crate::instrument::{IrPrinter, PassInstrumentation, ReproducerWriter};
+use crate::instrument::{IrPrinter, PassInstrumentation, ReproducerError, ReproducerWriter};
 use crate::pass::{Changed, OnTraces, Pass, PassContext, PassError, PassTiming, Stat, TracePass};
 use crate::pipeline::{parse_pipeline, print_pipeline, PassSpec};
 use crate::registry::{BuiltPass, PassRegistry};
@@ -43,6 +43,9 @@ pub struct PassManager {
     pub record_time: bool,
     /// Folder for reproducer files when a pass fails (`None`: none written).
     pub reproducer_dir: Option<PathBuf>,
+    /// A reproducer writer of the caller's making ([`PassManager::reproducer`]), in place of
+    /// the one `reproducer_dir` makes.
+    reproducer: std::cell::RefCell<Option<ReproducerWriter>>,
 }
 
 /// What a pipeline run produced besides the program.
@@ -58,6 +61,9 @@ pub struct RunReport {
     pub notes: Vec<(String, String)>,
     /// IR dumps requested with the print options, in order, each with a heading.
     pub dumps: Vec<String>,
+    /// For a failed run: why no reproducer could be written, where one was due (a folder
+    /// that cannot be written, an input that cannot be read again).
+    pub reproducer_error: Option<ReproducerError>,
 }
 
 /// The input of a failed pipeline, replayable with `tracepass opt --reproduce FILE`.
@@ -148,6 +154,7 @@ impl PassManager {
             print_ir: PrintIr::default(),
             record_time: false,
             reproducer_dir: None,
+            reproducer: Default::default(),
         }
     }
     /// Builds a manager from a pipeline string of built-in passes.
@@ -253,6 +260,14 @@ impl PassManager {
         self
     }
 
+    /// Writes reproducers with `w` (its folder, which failures, how it keeps the input), in
+    /// place of the writer [`PassManager::reproducer_dir`] makes; [`RunError::reproducer`]
+    /// names what it wrote.
+    pub fn reproducer(&mut self, w: ReproducerWriter) -> &mut Self {
+        *self.reproducer.get_mut() = Some(w);
+        self
+    }
+
     /// Runs every pass in order on `p`; with `verify_each`, verifies the input and, after each
     /// pass, every trace it changed.
     pub fn run(&self, p: &mut Program, reg: &OpRegistry) -> Result<RunReport, RunError> {
@@ -263,9 +278,11 @@ impl PassManager {
         let mut printer = IrPrinter::new(self.print_ir.clone(), move |d| sink.borrow_mut().push(d));
         // the input is kept only when a failure would write a reproducer of it (a copy of a
         // million-node program costs more than the passes)
-        let mut repro = self.reproducer_dir.as_ref().map(ReproducerWriter::new);
+        let mut own = self.reproducer_dir.as_ref().map(ReproducerWriter::new);
+        let mut given = self.reproducer.borrow_mut();
+        let mut repro = given.as_mut().or(own.as_mut());
         let mut hooks: Vec<&mut dyn PassInstrumentation> = vec![&mut printer];
-        if let Some(r) = repro.as_mut() {
+        if let Some(r) = repro.as_deref_mut() {
             hooks.push(r);
         }
         hooks.extend(
@@ -288,8 +305,14 @@ impl PassManager {
             Ok(()) => Ok(report),
             Err(error) => Err(RunError {
                 error,
-                reproducer: repro.and_then(|r| r.written).map(PathBuf::into_boxed_path),
-                report: Box::new(report),
+                reproducer: repro
+                    .as_ref()
+                    .and_then(|r| r.written.clone())
+                    .map(PathBuf::into_boxed_path),
+                report: Box::new(RunReport {
+                    reproducer_error: repro.as_ref().and_then(|r| r.error.clone()),
+                    ..report
+                }),
             }),
         }
     }
@@ -344,7 +367,7 @@ impl PassManager {
             };
             let start = Instant::now();
             cx.touched = [false; 2];
-            cx.interface_changed = false;
+            cx.changed_returns = Default::default();
             cx.pass = pass.spec();
             // a panicking pass is an error like any other (the program may be half rewritten)
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass.run(p, cx)));
@@ -391,9 +414,15 @@ impl PassManager {
                         }
                     }
                 }
-                if bad.is_none() && !cx.interface_changed {
-                    for (t, before) in traces(p).into_iter().zip(&returns) {
-                        if let Err(error) = verify_return_types(t, before) {
+                if bad.is_none() {
+                    // the places the pass declared it changes are not held to their types
+                    let declared = if p.is_lone() {
+                        &cx.changed_returns[1..]
+                    } else {
+                        &cx.changed_returns[..]
+                    };
+                    for ((t, before), places) in traces(p).into_iter().zip(&returns).zip(declared) {
+                        if let Err(error) = verify_return_types(t, &before.without(places)) {
                             bad = Some(error);
                             break;
                         }

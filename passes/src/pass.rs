@@ -2,7 +2,7 @@
 
 use crate::pipeline::Anchor;
 use std::time::Duration;
-use tracepass_ir::{OpRegistry, Program, Trace, VerifyError};
+use tracepass_ir::{Arg, OpRegistry, Program, Trace, ValueId, VerifyError};
 
 /// Whether a pass changed the program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,9 +39,9 @@ pub struct PassContext<'r> {
     pub(crate) pass: String,
     /// The trace a trace-level pass is running on (its name).
     pub(crate) trace: Option<String>,
-    /// Whether the running pass changed what the traces return on purpose
-    /// ([`PassContext::changed_interface`]).
-    pub(crate) interface_changed: bool,
+    /// The return places of the forward and of the backward the running pass changes on
+    /// purpose ([`PassContext::changed_return`]): paths, everything under each included.
+    pub(crate) changed_returns: [Vec<Vec<u32>>; 2],
 }
 
 /// A counter a pass reported, with where it comes from: a trace-level pass runs once per
@@ -69,7 +69,7 @@ impl<'r> PassContext<'r> {
             touched: [false; 2],
             pass: String::new(),
             trace: None,
-            interface_changed: false,
+            changed_returns: Default::default(),
         }
     }
     /// Reports a counter (`dce.removed`), listed in the run's [`crate::RunReport::stats`], and
@@ -98,12 +98,48 @@ impl<'r> PassContext<'r> {
         self.touched[usize::from(!forward)] = true;
     }
 
-    /// Says the running pass changes what the traces return on purpose (`fsdp` returns
-    /// parameter shards where gradients were, and saves shards for the backward), so the
-    /// manager does not hold it to the returned types it found before the pass. Every other
-    /// check still runs on the traces it changed.
-    pub fn changed_interface(&mut self) {
-        self.interface_changed = true;
+    /// Says the running pass changes on purpose the type of what the forward (or the
+    /// backward; a lone trace is the backward) returns at `place`, and of everything under it:
+    /// a path of indices into nested tuples, lists and dicts, as
+    /// [`ReturnTypes::of`](tracepass_ir::ReturnTypes::of) gives them (`&[]`: the whole
+    /// return). The manager holds every other place to the type it had before the pass; every
+    /// other check still runs.
+    pub fn changed_return(&mut self, forward: bool, place: &[u32]) {
+        self.changed_returns[usize::from(!forward)].push(place.to_vec());
+    }
+
+    /// Declares the return places a change of the parameters' layout changes (`fsdp` takes
+    /// shards where parameters were): in the forward, the `flat_args` entry of its return
+    /// dict and each saved value that is a parameter; in the backward, each parameter's
+    /// gradient. Call it on the program as it was before the pass. Model outputs and other
+    /// saved values are still held to their types.
+    pub fn changed_parameter_returns(&mut self, p: &Program) {
+        let param_args: Vec<ValueId> = p
+            .params
+            .iter()
+            .filter_map(|x| p.forward.args().get(x.forward_arg).copied())
+            .collect();
+        if let Arg::Tuple(items) = &p.forward.ret {
+            if let Some(Arg::Dict(entries)) = items.first() {
+                for (k, (key, _)) in entries.iter().enumerate() {
+                    if key.as_str() == Some("flat_args") {
+                        self.changed_return(true, &[0, k as u32]);
+                    }
+                }
+            }
+            if let Some(Arg::Tuple(saved)) = items.get(1) {
+                if let Some(Arg::Tuple(first)) = saved.first() {
+                    for (i, s) in first.iter().enumerate() {
+                        if s.as_value().is_some_and(|v| param_args.contains(&v)) {
+                            self.changed_return(true, &[1, 0, i as u32]);
+                        }
+                    }
+                }
+            }
+        }
+        for k in p.params.iter().filter_map(|x| x.grad_output) {
+            self.changed_return(false, &[k as u32]);
+        }
     }
 }
 
@@ -344,6 +380,14 @@ impl PassError {
             pass: pass.into(),
             error: Box::new(error),
         }
+    }
+    /// Whether the failure is a bug in a pass (it panicked, or left IR the verifier rejects,
+    /// after it or at the end), not a pass refusing its input: what a reproducer is for.
+    pub fn is_internal(&self) -> bool {
+        matches!(
+            self,
+            PassError::Panicked { .. } | PassError::Verify { .. } | PassError::VerifyAtEnd { .. }
+        )
     }
 }
 

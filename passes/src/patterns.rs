@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use tracepass_ir::op::Op;
 use tracepass_ir::{
-    Arg, Effect, Node, NodeIndex, OpRegistry, RewriteError, Rewriter, Trace, ValueId,
+    literal_fits, Arg, Effect, Node, NodeIndex, OpRegistry, RewriteError, Rewriter, Trace, ValueId,
 };
 
 /// What an operand of a source shape matches.
@@ -38,6 +38,9 @@ pub enum Operand {
     /// A number literal equal to this one: an integer or a float, compared by value, and a
     /// float zero by its sign too (`-0.0` is not `0.0` here).
     Number(f64),
+    /// A number literal (an integer or a float, not a bool), bound to a name
+    /// ([`Bindings::literal`]): what a constant fold computes with.
+    Literal(&'static str),
     /// Anything (a value or a literal), not bound.
     Any,
     /// A value defined by a node of `op` whose positional operands match these.
@@ -71,6 +74,10 @@ pub enum Rewrite {
     Value(&'static str),
     /// A node of your own making defines the root's outputs in its place (their names stay).
     Node(fn(&Trace, &Bindings) -> Option<Node>),
+    /// The root's readers read this literal instead (a fold computed it; `None`: no fold
+    /// after all); the root goes. The rewriter checks that the literal is a number of the
+    /// root's result type.
+    Literal(fn(&Trace, &Bindings) -> Option<Arg>),
 }
 
 /// A rewrite pattern: a source shape, its guards, and a replacement.
@@ -96,6 +103,7 @@ pub struct Bindings {
     /// The root node.
     pub root: NodeIndex,
     values: Vec<(&'static str, ValueId)>,
+    literals: Vec<(&'static str, Arg)>,
 }
 
 impl Bindings {
@@ -105,6 +113,13 @@ impl Bindings {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, v)| *v)
+    }
+    /// The number literal bound to `name` ([`Operand::Literal`]).
+    pub fn literal(&self, name: &str) -> Option<&Arg> {
+        self.literals
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, a)| a)
     }
 }
 
@@ -148,6 +163,16 @@ fn match_operand(t: &Trace, a: &Arg, p: &Operand, b: &mut Bindings) -> bool {
     match p {
         Operand::Any | Operand::Rest => true,
         Operand::Number(x) => number_matches(*x, a),
+        Operand::Literal(name) => match a {
+            Arg::Int(_) | Arg::Float(_) => match b.literal(name) {
+                Some(bound) => bound == a,
+                None => {
+                    b.literals.push((name, a.clone()));
+                    true
+                }
+            },
+            _ => false,
+        },
         Operand::Bind(name) => match a {
             Arg::Value(v) => match b.get(name) {
                 Some(bound) => bound == *v,
@@ -189,6 +214,7 @@ impl Pattern {
             let mut b = Bindings {
                 root: idx,
                 values: Vec::new(),
+                literals: Vec::new(),
             };
             (match_operands(t, args, self.operands, &mut b) && self.guards_hold(t, node, &b, reg))
                 .then_some(b)
@@ -217,8 +243,8 @@ impl Pattern {
 
 /// Applies `patterns` to `t` until none applies (at most 16 sweeps), in schedule order: each
 /// sweep finds every match first, then applies them at once with a [`Rewriter`]. A root is
-/// replaced only when it is pure, and a value only by one of exactly its type, whatever the
-/// pattern's guards say. Unread nodes are left for `dce`.
+/// replaced only when it is pure, a value only by one of exactly its type and a literal only
+/// by a number of its type (the rewriter refuses others), whatever the pattern's guards say. Unread nodes are left for `dce`.
 pub fn apply_patterns_greedily(
     t: &mut Trace,
     patterns: &[&Pattern],
@@ -263,6 +289,14 @@ pub fn apply_patterns_greedily(
                     Rewrite::Node(make) => match make(t, &b) {
                         Some(n) if n.outputs() == node.outputs() => {
                             rw.replace(idx, n);
+                            true
+                        }
+                        _ => false,
+                    },
+                    Rewrite::Literal(fold) => match fold(t, &b) {
+                        Some(lit) if literal_fits(t.ty(out), &lit) => {
+                            rw.replace_all_uses_with_literal(out, lit);
+                            rw.erase(idx);
                             true
                         }
                         _ => false,

@@ -88,6 +88,84 @@ fn every_rule_applies_and_nothing_inexact_does() {
     assert!(again == t);
 }
 
+/// Constant folds: exact scalings of tensors, and scalar arithmetic to literals.
+const FOLDS: &str = r#"def f(x, h, i, y):
+  # x: "cpu f32[4]"
+  # h: "cpu f16[4]"
+  # i: "cpu i64[4]"
+  # y: "cpu f32[4]"
+  a = torch.mul(x, 2.0)  # a: "cpu f32[4]"
+  b = torch.mul(4.0, a)  # b: "cpu f32[4]"
+  c = prims.mul(y, 3.0)  # c: "cpu f32[4]"
+  d = prims.mul(c, 5.0)  # d: "cpu f32[4]"
+  e = prims.mul(h, 256.0)  # e: "cpu f16[4]"
+  g = prims.mul(e, 256.0)  # g: "cpu f16[4]"
+  j = prims.mul(i, 3)  # j: "cpu i64[4]"
+  k = prims.mul(5, j)  # k: "cpu i64[4]"
+  l = prims.mul(i, 2.0)  # l: "cpu f32[4]"
+  m = prims.mul(l, 2.0)  # m: "cpu f32[4]"
+  o = prims.mul(y, 0.5)  # o: "cpu f32[4]"
+  q = prims.mul(o, 0.5)  # q: "cpu f32[4]"
+  n = prims.mul(2, 3)  # n: "int 6"
+  r = prims.add(n, 4)  # r: "int 10"
+  s = prims.mul(0.1, 3.0)  # s: "float 0.30000000000000004"
+  u = prims.mul(x, s)  # u: "cpu f32[4]"
+  v = prims.sub(r, 0.5)  # v: "float 9.5"
+  w = prims.mul(y, v)  # w: "cpu f32[4]"
+  z = prims.mul(9223372036854775807, 2)  # z: "int"
+  return (b, d, g, k, m, q, u, w, r, z)
+"#;
+
+#[test]
+fn constant_folds_are_exact_and_refused_where_they_would_round() {
+    let input = parse_trace(FOLDS).unwrap();
+    verify(&input).unwrap();
+    let (t, r) = run(input, "canonicalize,dce");
+    verify(&t).unwrap();
+    insta::assert_snapshot!("canonicalize_folds", canonical_text(&t));
+    assert_eq!(stat(&r, "canonicalize.mul-const-const"), 2);
+    // 2*3, then 6+4 and 0.1*3.0, then 10-0.5 (each waits for the literal it reads)
+    assert_eq!(stat(&r, "canonicalize.fold-scalar"), 4);
+    let body = print_trace(&t);
+    let line = |name: &str| {
+        let v = t
+            .find_value(name)
+            .unwrap_or_else(|| panic!("{name} is kept"));
+        let n = t.node(t.producer(v).unwrap()).unwrap();
+        (n.op.to_string(), n.args().to_vec())
+    };
+    let [x, y, i, c, e, l, o] =
+        ["x", "y", "i", "c", "e", "l", "o"].map(|n| t.find_value(n).unwrap());
+    // x*2*4 is x*8 (powers of two, above one), i*3*5 is i*15 (integers wrap alike)
+    assert_eq!(line("b").1, [Arg::Value(x), Arg::Float(8.0)]);
+    assert_eq!(line("k").1, [Arg::Value(i), Arg::Int(15)]);
+    // kept: 3*5 rounds, 256*256 overflows f16's scalar, i64*2.0 is a float tensor, and
+    // halvings round in the subnormals
+    assert_eq!(line("d").1, [Arg::Value(c), Arg::Float(5.0)]);
+    assert_eq!(line("g").1, [Arg::Value(e), Arg::Float(256.0)]);
+    assert_eq!(line("m").1, [Arg::Value(l), Arg::Float(2.0)]);
+    assert_eq!(line("q").1, [Arg::Value(o), Arg::Float(0.5)]);
+    // scalars are literals where they were read, in Python's arithmetic
+    assert_eq!(line("u").1, [Arg::Value(x), Arg::Float(0.1 * 3.0)]);
+    assert_eq!(line("w").1, [Arg::Value(y), Arg::Float(9.5)]);
+    for gone in ["a", "j", "n", "s", "v", "r"] {
+        assert!(
+            t.find_value(gone).is_none(),
+            "{gone} is folded away:\n{body}"
+        );
+    }
+    // i64::MAX * 2 has no i64 result: not folded
+    assert!(t.find_value("z").is_some(), "{body}");
+    let Arg::Tuple(ret) = &t.ret else {
+        panic!("a tuple is returned")
+    };
+    assert_eq!(ret[8], Arg::Int(10), "the returned scalar is the literal");
+    // a fixed point
+    let (again, r2) = run(t.clone(), "canonicalize");
+    assert_eq!(stat(&r2, "canonicalize.rewrites"), 0);
+    assert!(again == t);
+}
+
 #[test]
 fn casts_an_in_place_update_could_tell_apart_are_kept() {
     let src = r#"def f(x, y):

@@ -44,6 +44,133 @@ fn a_pass_that_changes_a_return_type_is_caught() {
     );
 }
 
+/// A pass that changes a return type on purpose says where: only the places it declared are
+/// let go; a change anywhere else is still caught.
+#[test]
+fn a_declared_return_change_lets_go_of_that_place_only() {
+    const TWO: &str = "def f(x, z):\n  # x: \"cpu i64[4]\"\n  # z: \"cpu i64[4]\"\n  y = prims.mul(x, 1.0)  # y: \"cpu f32[4]\"\n  w = prims.mul(z, 1.0)  # w: \"cpu f32[4]\"\n  return (y, (w, y))\n";
+    /// Returns `x` in place of `y` (a type change), declaring the places `declared`.
+    struct Retype(&'static [&'static [u32]]);
+    impl Pass for Retype {
+        fn name(&self) -> &str {
+            "retype"
+        }
+        fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+            for place in self.0 {
+                cx.changed_return(false, place);
+            }
+            let t = &mut p.backward;
+            let (x, y) = (t.find_value("x").unwrap(), t.find_value("y").unwrap());
+            let mut rw = Rewriter::new();
+            rw.replace_all_uses(y, x);
+            rw.erase(t.producer(y).unwrap());
+            rw.apply(t).map_err(|e| PassError::rewrite("retype", e))?;
+            Ok(Changed::Yes)
+        }
+    }
+    let run = |declared| {
+        let mut p = Program::lone(parse_trace(TWO).unwrap());
+        let mut pm = PassManager::new();
+        pm.add(Retype(declared));
+        pm.run(&mut p, OpRegistry::builtin())
+    };
+    // y is returned at [0] and at [1, 1]: declaring both, or the whole return, lets it pass
+    assert!(run(&[&[0], &[1, 1]]).is_ok());
+    assert!(run(&[&[0], &[1]]).is_ok());
+    assert!(run(&[&[]]).is_ok());
+    // declaring one place leaves the other checked; declaring none checks both
+    for declared in [&[&[0u32] as &[u32]] as &[&[u32]], &[&[1, 0]], &[]] {
+        let e = run(declared).unwrap_err();
+        let PassError::Verify { error, .. } = &e.error else {
+            panic!("a verification error expected: {e}");
+        };
+        assert!(
+            error.diagnostics[0].message.contains("\"cpu i64[4]\""),
+            "{error}"
+        );
+    }
+}
+
+/// What a new parameter layout changes (`fsdp`) is let go: the forward's `flat_args` and saved
+/// parameters, the backward's gradients; the model's output is still held to its type.
+#[test]
+fn a_new_parameter_layout_lets_go_of_parameter_places_only() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/mlp");
+    let (program, _) = fsio::load(&dir).unwrap().into_program();
+    /// Returns the last parameter where `flat_args` and the saved parameters were (and where
+    /// the model's output was, when `.0`), and its gradient in every parameter's gradient
+    /// place: types change at each.
+    struct Relayout(bool);
+    impl Pass for Relayout {
+        fn name(&self) -> &str {
+            "relayout"
+        }
+        fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+            cx.changed_parameter_returns(p);
+            let params: Vec<ValueId> = p
+                .params
+                .iter()
+                .map(|x| p.forward.args()[x.forward_arg])
+                .collect();
+            let last = *params.last().unwrap();
+            let mut ret = p.forward.ret.clone();
+            let Arg::Tuple(items) = &mut ret else {
+                panic!("a forward returns a tuple")
+            };
+            let Some(Arg::Dict(entries)) = items.get_mut(0) else {
+                panic!("the forward returns a dict first")
+            };
+            for (k, v) in entries.iter_mut() {
+                if k.as_str() == Some("flat_args") || (self.0 && k.as_str() == Some("output")) {
+                    v.map_values(&mut |_| last);
+                }
+            }
+            if let Some(Arg::Tuple(saved)) = items.get_mut(1) {
+                if let Some(first) = saved.first_mut() {
+                    first.map_values(&mut |v| if params.contains(&v) { last } else { v });
+                }
+            }
+            let mut rw = Rewriter::new();
+            rw.set_return(ret);
+            rw.apply(&mut p.forward)
+                .map_err(|e| PassError::rewrite("relayout", e))?;
+            let places: Vec<usize> = p.params.iter().filter_map(|x| x.grad_output).collect();
+            let b = &mut p.backward;
+            let mut ret = b.ret.clone();
+            let Arg::Tuple(grads) = &mut ret else {
+                panic!("a backward returns a tuple")
+            };
+            let last_grad = grads[*places.last().unwrap()].clone();
+            for k in places {
+                grads[k] = last_grad.clone();
+            }
+            let mut rw = Rewriter::new();
+            rw.set_return(ret);
+            rw.apply(b).map_err(|e| PassError::rewrite("relayout", e))?;
+            Ok(Changed::Yes)
+        }
+    }
+    let run = |output| {
+        let mut p = program.clone();
+        let mut pm = PassManager::new();
+        pm.add(Relayout(output));
+        pm.verify_each = true;
+        pm.run(&mut p, OpRegistry::builtin())
+    };
+    run(false).unwrap_or_else(|e| panic!("{e}"));
+    let e = run(true).unwrap_err();
+    let PassError::Verify { error, .. } = &e.error else {
+        panic!("a verification error expected: {e}");
+    };
+    assert_eq!(error.diagnostics.len(), 1, "{error}");
+    assert!(
+        error.diagnostics[0]
+            .message
+            .contains("returned `t_norm2_weight` is \"cpu f32[64]\"; it was `t648`"),
+        "{error}"
+    );
+}
+
 struct Nothing;
 
 impl TracePass for Nothing {
@@ -274,6 +401,58 @@ fn failures_keep_what_came_before_and_their_own_reproducers() {
         (r.pipeline.as_str(), r.failed_pass.as_str()),
         ("dce,boom", "boom")
     );
+}
+
+/// The reproducer writer `tracepass opt` uses: for internal failures only, reading the input
+/// again when one happens (no copy per run), and saying why it could not write one.
+#[test]
+fn a_reproducer_writer_of_ones_own_making() {
+    use std::{cell::Cell, rc::Rc};
+    let program = synth::mlp_program(&synth::MlpSpec::seed()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let reloads = Rc::new(Cell::new(0));
+    let writer = |dir: &std::path::Path| {
+        let (input, reloads) = (program.clone(), reloads.clone());
+        ReproducerWriter::new(dir)
+            .internal_only()
+            .reload_input(move || {
+                reloads.set(reloads.get() + 1);
+                Ok(Module::Program(input.clone()))
+            })
+    };
+    // a pass refusing its input (ddp twice) is not internal: nothing is read or written
+    let mut pm = PassManager::parse("ddp(world_size=2),ddp(world_size=2)").unwrap();
+    pm.reproducer(writer(dir.path()));
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(!e.error.is_internal(), "{e}");
+    assert!(e.reproducer.is_none() && e.report.reproducer_error.is_none());
+    assert_eq!(reloads.get(), 0);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    // a panic is: the input is read again and written with the pipeline
+    let mut pm = PassManager::parse("dce").unwrap();
+    pm.add_trace_pass(FnPass("boom", |_: &mut Trace| panic!("boom")));
+    pm.reproducer(writer(dir.path()));
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(e.error.is_internal());
+    assert_eq!(reloads.get(), 1);
+    let r = Reproducer::load(e.reproducer.as_deref().expect("written")).unwrap();
+    assert_eq!(
+        (r.pipeline.as_str(), r.failed_pass.as_str()),
+        ("dce,boom", "boom")
+    );
+    assert!(r.input == Module::Program(program.clone()));
+    // a folder that is not there: the error says why, and the run's error stays the pass's
+    pm.reproducer(writer(&dir.path().join("missing")));
+    let e = pm
+        .run(&mut program.clone(), OpRegistry::builtin())
+        .unwrap_err();
+    assert!(e.reproducer.is_none());
+    assert!(e.report.reproducer_error.is_some(), "{e}");
+    assert!(matches!(e.error, PassError::Panicked { .. }));
 }
 
 /// Instrumentation: hooks around every pass, the manager's own printing built on them.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use tracepass_ir::{fsio, Module, Program};
 use tracepass_passes::{
     build_pass, timing_table, Changed, IrPrinter, Pass, PassContext, PassError, PassManager,
-    PrintIr, Reproducer,
+    PrintIr, Reproducer, ReproducerWriter,
 };
 
 /// The passes a pipeline may name, for help texts.
@@ -23,7 +23,8 @@ const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
   accumulate-grads  the synchronized step of gradient accumulation (adds acc_* arguments)
   dce               remove dead code
   cse               merge identical pure computations
-  canonicalize      exact algebraic identities (x*1, x/1, x-0, -(-x)) and dead casts
+  canonicalize      exact algebraic identities (x*1, x/1, x-0, -(-x)), dead casts and
+                    exact constant folds (x*2*4 -> x*8, 2*3 -> 6)
 
 A reproducer (input + pipeline, replay with --reproduce) is written only when a pass fails
 internally (panics or leaves invalid IR): to --reproducer-dir, else next to -o, else the
@@ -229,31 +230,29 @@ pub fn run(args: OptArgs) -> Result<()> {
         }));
     }
     pm.instrument(printer);
+    // a replay writes no other reproducer
+    if let Some(input) = args.input.clone().filter(|_| args.reproduce.is_none()) {
+        pm.reproducer(reproducer_writer(&args, input));
+    }
     pm.verify_each = !args.no_verify;
     pm.record_time = args.timing;
     let report = match pm.run(&mut program, registry()) {
         Ok(r) => r,
         Err(e) => {
-            let internal = matches!(
-                e.error,
-                PassError::Panicked { .. }
-                    | PassError::Verify { .. }
-                    | PassError::VerifyAtEnd { .. }
-            );
-            if !internal || args.reproduce.is_some() {
+            if !e.error.is_internal() || args.reproduce.is_some() {
                 return Err(e.error.into());
             }
-            let written = write_reproducer(&args, &pm.pipeline(), &e.error);
-            return Err(match written {
-                Ok(path) => anyhow::anyhow!(
+            return Err(match (&e.reproducer, &e.report.reproducer_error) {
+                (Some(path), _) => anyhow::anyhow!(
                     "{}\nthis is a bug in tracepass; reproducer written to {} (replay: tracepass opt --reproduce {})",
                     e.error,
                     path.display(),
                     path.display()
                 ),
-                Err(w) => anyhow::anyhow!(
-                    "{}\nthis is a bug in tracepass; no reproducer could be written: {w:#}",
-                    e.error
+                (None, why) => anyhow::anyhow!(
+                    "{}\nthis is a bug in tracepass; no reproducer could be written: {}",
+                    e.error,
+                    why.as_ref().map_or("no input file".to_string(), |w| w.to_string())
                 ),
             });
         }
@@ -294,26 +293,10 @@ pub fn run(args: OptArgs) -> Result<()> {
     Ok(())
 }
 
-/// Writes the input of a failed run (read again from its files) and its pipeline.
-fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result<PathBuf> {
-    let input = args.input.as_deref().context("no input file")?;
-    let (p, lone) = load_input(input, args.forward.as_deref(), args.prologue.as_deref())?;
-    let failed_pass = match error {
-        PassError::Failed { pass, .. }
-        | PassError::Panicked { pass, .. }
-        | PassError::Verify { pass, .. } => pass.clone(),
-        _ => "<input>".to_string(),
-    };
-    let repro = Reproducer {
-        pipeline: pipeline.to_string(),
-        failed_pass,
-        error: error.to_string(),
-        input: if lone {
-            Module::Trace(p.backward)
-        } else {
-            Module::Program(p)
-        },
-    };
+/// The library's reproducer writer, for internal failures only: into --reproducer-dir, else
+/// next to -o, else the current folder; the input is read again from its files when a pass
+/// fails (not copied before every run).
+fn reproducer_writer(args: &OptArgs, input: PathBuf) -> ReproducerWriter {
     let dir = match (&args.reproducer_dir, &args.output) {
         (Some(d), _) => d.clone(),
         (None, Some(o)) => match o.parent() {
@@ -322,7 +305,16 @@ fn write_reproducer(args: &OptArgs, pipeline: &str, error: &PassError) -> Result
         },
         (None, None) => PathBuf::from("."),
     };
-    let path = tracepass_passes::reproducer_path(&dir);
-    fsio::write_atomic(&path, &serde_json::to_vec_pretty(&repro)?)?;
-    Ok(path)
+    let (forward, prologue) = (args.forward.clone(), args.prologue.clone());
+    ReproducerWriter::new(dir)
+        .internal_only()
+        .reload_input(move || {
+            let (p, lone) = load_input(&input, forward.as_deref(), prologue.as_deref())
+                .map_err(|e| format!("{e:#}"))?;
+            Ok(if lone {
+                Module::Trace(p.backward)
+            } else {
+                Module::Program(p)
+            })
+        })
 }

@@ -1,24 +1,12 @@
 //! The `tracepass` binary end to end: outputs, exit codes and error messages.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-}
+use common::{bin, run, stderr, stdout, testdata};
+use std::path::PathBuf;
+
 fn td(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/thunder")
-        .join(rel)
-}
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().unwrap()
-}
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    testdata("thunder").join(rel)
 }
 
 #[test]
@@ -180,9 +168,7 @@ fn opt_errors_and_reproducer() {
 }
 
 fn reference(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/reference")
-        .join(name)
+    testdata("reference").join(name)
 }
 
 #[test]

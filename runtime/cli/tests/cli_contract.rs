@@ -1,34 +1,21 @@
 //! Issue 19, "a command line that cannot mislead": each point through the real binary.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-}
+use common::{bin, run_in, stderr, stdout, testdata};
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 fn td(rel: &str) -> String {
-    root()
-        .join("testdata/thunder")
-        .join(rel)
-        .display()
-        .to_string()
+    testdata("thunder").join(rel).display().to_string()
 }
-/// Runs in `dir` (so anything written to the current folder lands in a temp dir).
-fn run_in(dir: &Path, args: &[&str]) -> Output {
-    bin().current_dir(dir).args(args).output().unwrap()
-}
+/// Runs in a temp dir (so anything written to the current folder lands there).
 fn run(args: &[&str]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     run_in(dir.path(), args)
-}
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 fn losses(o: &Output) -> Vec<String> {
     stdout(o)

@@ -2,31 +2,12 @@
 //! (the whole program, optimisable again), `opt BW --forward FW --prologue PRO`,
 //! `--allow-unregistered`, and `train --model DIR` with every option of `train`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::{bin, model, ok, run};
+use std::path::Path;
+use std::process::Output;
 use tracepass_runtime::tensor::TensorFile;
-
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/models")
-        .join(name)
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(o: &Output) -> (String, String) {
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    );
-    assert!(o.status.success(), "failed:\n{out}\n{err}");
-    (out, err)
-}
 
 #[test]
 fn verify_and_show_take_an_export_directory() {
@@ -357,8 +338,8 @@ fn bad_export_directories_and_missing_batches_are_named() {
 /// `--stats` says which pass reported each counter and, for a trace-level pass, which trace.
 #[test]
 fn stats_name_their_pass_and_trace() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/mlp");
-    let o = Command::new(env!("CARGO_BIN_EXE_tracepass"))
+    let dir = model("mlp");
+    let o = bin()
         .args([
             "opt",
             dir.to_str().unwrap(),

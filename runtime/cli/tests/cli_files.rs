@@ -1,25 +1,11 @@
 //! Files through the real binary: no output may be one of the command's inputs (a file of an
 //! input export directory included) or another output; temporary files do not outlive a save.
 
+mod common;
+
+use common::{bin, model, run, stderr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/models")
-        .join(name)
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// The command failed with exit code 1 and a message holding every one of `want`.
 fn fails_with(o: &Output, want: &[&str]) {
@@ -155,7 +141,7 @@ fn a_signal_during_a_save_removes_its_temporary_file() {
         let dir = tempfile::tempdir().unwrap();
         let ck = dir.path().join("ck.safetensors");
         // a 48 MB checkpoint rewritten after every step: its temporary file is there often
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tracepass"))
+        let mut child = bin()
             .args([
                 "train",
                 "--model",

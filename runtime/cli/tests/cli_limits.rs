@@ -1,25 +1,11 @@
 //! Extreme values through the real binary: durations, rates and sizes past what the machine or
 //! the types hold are refused with a message, never a panic, an abort or an OOM kill.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/models")
-        .join(name)
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{model, run, stderr};
+use std::path::Path;
+use std::process::Output;
 
 /// The command was refused (exit 1, or 2 where clap read the value) with every one of `want`
 /// in its message, and did not panic.

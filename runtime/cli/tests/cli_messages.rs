@@ -1,25 +1,11 @@
 //! Messages through the real binary: each names what is wrong once, in the terms of the
 //! command line, and nothing that would be silently ignored is accepted.
 
+mod common;
+
+use common::{model, run, stderr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/models")
-        .join(name)
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use std::process::Output;
 
 /// The command failed with a message holding every one of `want`.
 fn fails_with(o: &Output, want: &[&str]) -> String {

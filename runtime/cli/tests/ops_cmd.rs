@@ -1,14 +1,9 @@
 //! `tracepass ops [--unsupported]`: the op table and the ops the runtime refuses.
 
-use std::process::{Command, Output};
-use tracepass_runtime::exec::{kernel_entry, KernelEntry};
+mod common;
 
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-        .args(args)
-        .output()
-        .expect("the tracepass binary")
-}
+use common::run;
+use tracepass_runtime::exec::{kernel_entry, KernelEntry};
 
 #[test]
 fn ops_lists_every_op_with_its_spellings_and_kernel_status() {

@@ -1,22 +1,13 @@
 //! `tracepass run`: a trace, or a forward and its backward, executed on named tensors.
 
+mod common;
+
+use common::{run, stderr, testdata};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use tracepass_runtime::tensor::TensorFile;
 
 fn sample(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/opinfo/add/f32-0")
-        .join(rel)
-}
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-        .args(args)
-        .output()
-        .expect("the tracepass binary")
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    testdata("opinfo/add/f32-0").join(rel)
 }
 fn s(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 path")

@@ -2,29 +2,16 @@
 //! feeds nothing): `verify` names them, `train` leaves them as they are and the files it writes
 //! say they had no gradient, instead of zeros.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::{model, ok, run};
 use tracepass_runtime::tensor::TensorFile;
 
 const UNUSED: &str = "blocks.2.fc.bias,blocks.2.fc.weight,blocks.2.proj.bias,blocks.2.proj.weight";
 
-fn export() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/unused")
-}
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 #[test]
 fn verify_names_the_unused_parameters() {
-    let out = ok(&run(&["verify", export().to_str().unwrap()]));
+    let (out, _) = ok(&run(&["verify", model("unused").to_str().unwrap()]));
     assert!(
         out.contains(&format!("unused: {}", UNUSED.replace(',', ", "))),
         "{out}"
@@ -36,7 +23,7 @@ fn checkpoints_and_saved_gradients_say_which_had_no_gradient() {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck.safetensors");
     let grads = dir.path().join("grads.safetensors");
-    let model = export();
+    let model = model("unused");
     ok(&run(&[
         "train",
         "--model",

@@ -2,33 +2,14 @@
 //! real binary: each test builds an export directory from a corpus one (copied, then mutated)
 //! and checks that training either computes the right numbers or refuses, naming what is wrong.
 
+mod common;
+
+use common::{model, ok, run};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use tracepass_runtime::tensor::{save_tensors, TensorFile};
 use tracepass_runtime::Tensor;
-
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/models")
-        .join(name)
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tracepass"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(o: &Output) -> (String, String) {
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    );
-    assert!(o.status.success(), "failed:\n{out}\n{err}");
-    (out, err)
-}
 
 fn fails(o: &Output) -> String {
     assert!(
