@@ -234,7 +234,8 @@ impl StepMetrics {
                     end_us: b.comm_end_us,
                 })
                 .collect();
-            OverlapSummary::of(&compute, &spans).exposed_comm_s
+            // the difference of two sums of spans: never below zero for rounding's sake
+            OverlapSummary::of(&compute, &spans).exposed_comm_s.max(0.0)
         };
         let step_s = step_span.len() * 1e-6;
         StepMetrics {
