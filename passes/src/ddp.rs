@@ -74,29 +74,44 @@ const MIB_RANGE: OptionKind = OptionKind::Float {
     min_inclusive: true,
 };
 
+/// The `world_size` option the data-parallel passes (`ddp`, `fsdp`) share: required, 1 to
+/// `u32::MAX` ranks.
+pub(crate) const fn world_size_option(help: &'static str) -> OptionDecl {
+    OptionDecl {
+        name: "world_size",
+        kind: OptionKind::Int {
+            min: 1,
+            max: u32::MAX as u64,
+        },
+        default: OptionDefault::Required,
+        help,
+        show: Show::Always,
+    }
+}
+
+/// The `bucket_mb` option the data-parallel passes share: a cap in MiB, 25 by default, `<= 0`
+/// for one bucket per tensor.
+pub(crate) const fn bucket_mb_option(help: &'static str, show: Show) -> OptionDecl {
+    OptionDecl {
+        name: "bucket_mb",
+        kind: MIB_RANGE,
+        default: OptionDefault::Value("25"),
+        help,
+        show,
+    }
+}
+
 /// `ddp`: its options, declared once (parsing, checking, printing and `--help` come from here).
 pub static DDP: PassDecl = PassDecl {
     name: "ddp",
     help: "pre-averages parameter gradients, packs them into buckets, all-reduces each bucket asynchronously",
     level: PassLevel::Program,
     options: &[
-        OptionDecl {
-            name: "world_size",
-            kind: OptionKind::Int {
-                min: 1,
-                max: u32::MAX as u64,
-            },
-            default: OptionDefault::Required,
-            help: "number of ranks the gradients are averaged over",
-            show: Show::Always,
-        },
-        OptionDecl {
-            name: "bucket_mb",
-            kind: MIB_RANGE,
-            default: OptionDefault::Value("25"),
-            help: "bucket cap in MiB; <= 0: one all-reduce per gradient",
-            show: Show::Always,
-        },
+        world_size_option("number of ranks the gradients are averaged over"),
+        bucket_mb_option(
+            "bucket cap in MiB; <= 0: one all-reduce per gradient",
+            Show::Always,
+        ),
         OptionDecl {
             name: "first_bucket_mb",
             kind: OptionKind::Float {

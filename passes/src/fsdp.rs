@@ -9,6 +9,7 @@
 //! the world size; the padding is cut off before the members are unpacked, so it never reaches
 //! a parameter. Each sharded parameter records its place ([`tracepass_ir::ParamShard`]).
 
+use crate::ddp::{bucket_mb_option, plan_buckets, world_size_option, DdpOptions};
 use crate::pass::{Changed, Pass, PassContext, PassError};
 use crate::pipeline::PassSpec;
 use crate::registry::{
@@ -62,16 +63,7 @@ pub static FSDP: PassDecl = PassDecl {
     help: "shards parameters over the ranks: all-gathers them in the forward, reduce-scatters the gradients",
     level: PassLevel::Program,
     options: &[
-        OptionDecl {
-            name: "world_size",
-            kind: OptionKind::Int {
-                min: 1,
-                max: u32::MAX as u64,
-            },
-            default: OptionDefault::Required,
-            help: "number of ranks the parameters are sharded over",
-            show: Show::Always,
-        },
+        world_size_option("number of ranks the parameters are sharded over"),
         OptionDecl {
             name: "sharding",
             kind: OptionKind::Choice(&["zero3", "zero2"]),
@@ -79,16 +71,10 @@ pub static FSDP: PassDecl = PassDecl {
             help: "zero3: the backward gathers the parameters again; zero2: the forward keeps them for it",
             show: Show::Always,
         },
-        OptionDecl {
-            name: "bucket_mb",
-            kind: OptionKind::Float {
-                min: f64::NEG_INFINITY,
-                min_inclusive: true,
-            },
-            default: OptionDefault::Value("25"),
-            help: "bucket cap in MiB; <= 0: one bucket per parameter",
-            show: Show::IfChanged,
-        },
+        bucket_mb_option(
+            "bucket cap in MiB; <= 0: one bucket per parameter",
+            Show::IfChanged,
+        ),
         OptionDecl {
             name: "prefetch",
             kind: OptionKind::Int {
@@ -223,47 +209,47 @@ impl Bucket {
     }
 }
 
-/// Buckets in order of first use: per (dtype, device, trainable) a bucket closes once its bytes
-/// reach the cap (the tensor that crosses it stays in it); then each is padded.
+/// Buckets in order of first use: ddp's planner ([`crate::ddp::plan_buckets`]) run on the
+/// trainable and the frozen tensors apart (a bucket per (dtype, device, trainable) closes once
+/// its bytes reach the cap; the tensor that crosses it stays in it); then each is padded.
 fn plan(tensors: &[Tensor], order: &[usize], opts: &FsdpOptions) -> Vec<Bucket> {
-    const MIB: f64 = (1u64 << 20) as f64;
-    let cap = opts.bucket_mb * MIB;
-    let mut open: Vec<((DType, Device, bool), Bucket)> = Vec::new();
+    let cap = DdpOptions {
+        world_size: opts.world_size,
+        bucket_mb: opts.bucket_mb,
+        ..DdpOptions::default()
+    };
+    // a tensor is known to the planner by its first argument
+    let tensor_of: HashMap<ValueId, usize> =
+        order.iter().map(|&i| (tensors[i].args[0], i)).collect();
+    let rank_in_order: HashMap<usize, usize> =
+        order.iter().enumerate().map(|(k, &i)| (i, k)).collect();
     let mut done: Vec<Bucket> = Vec::new();
-    for &i in order {
-        let t = &tensors[i];
-        let key = (t.dtype, t.device, t.trainable);
-        let at = match open.iter().position(|(k, _)| *k == key) {
-            Some(at) => at,
-            None => {
-                open.push((
-                    key,
-                    Bucket {
-                        id: String::new(),
-                        members: Vec::new(),
-                        offsets: Vec::new(),
-                        numel: 0,
-                        padding: 0,
-                        dtype: t.dtype,
-                        device: t.device,
-                        trainable: t.trainable,
-                    },
-                ));
-                open.len() - 1
-            }
-        };
-        let b = &mut open[at].1;
-        b.offsets.push(b.numel);
-        b.members.push(i);
-        b.numel += t.numel();
-        let bytes = b.numel as f64 * t.dtype.size_bytes() as f64;
-        if opts.bucket_mb <= 0.0 || bytes >= cap {
-            done.push(open.remove(at).1);
-        }
+    for trainable in [true, false] {
+        let group: Vec<(ValueId, Shape, DType, Device)> = order
+            .iter()
+            .map(|&i| &tensors[i])
+            .filter(|t| t.trainable == trainable)
+            .map(|t| (t.args[0], t.shape.clone(), t.dtype, t.device))
+            .collect();
+        done.extend(plan_buckets(&group, &cap).into_iter().map(|b| Bucket {
+            id: String::new(),
+            members: b.members.iter().map(|v| tensor_of[v]).collect(),
+            numel: b.numels.iter().sum(),
+            offsets: b.offsets,
+            padding: 0,
+            dtype: b.dtype,
+            device: b.device,
+            trainable,
+        }));
     }
-    done.extend(open.into_iter().map(|(_, b)| b));
-    // named in order of first use: `b0` is gathered first
-    done.sort_by_key(|b| tensors[b.members[0]].first_use);
+    // named in order of first use (then of the first member's place in `order`): `b0` is
+    // gathered first
+    done.sort_by_key(|b| {
+        (
+            tensors[b.members[0]].first_use,
+            rank_in_order[&b.members[0]],
+        )
+    });
     let w = opts.world_size;
     for (k, b) in done.iter_mut().enumerate() {
         b.id = format!("b{k}");

@@ -588,10 +588,10 @@ fn bad_options_are_rejected_before_anything_runs() {
         (
             TrainConfig {
                 world_size: 2,
-                passes: Some(parse_pipeline("fsdp(world_size=2,sharding=zero3),sort-waits").unwrap()),
+                passes: Some(parse_pipeline("fsdp(world_size=2,sharding=zero3),ddp(world_size=2)").unwrap()),
                 ..TrainConfig::default()
             },
-            "sharded training (fsdp) is not supported by the trainer yet (issue #29",
+            "`ddp` does not go with fsdp",
         ),
         (
             TrainConfig {
@@ -821,8 +821,8 @@ fn a_checkpoint_records_ties_and_reads_without_the_model() {
         .is_empty());
 }
 
-/// A program fsdp rewrote takes shards the trainer cannot keep yet: refused, naming why, as
-/// the unsharded program is not.
+/// A program fsdp rewrote already is refused, naming why (the trainer shards the plain model
+/// itself), as the unsharded program is not.
 #[test]
 fn a_sharded_program_is_refused() {
     let model = Model::load(&ModelSource::Seed).unwrap();
@@ -835,7 +835,7 @@ fn a_sharded_program_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("the program is sharded (fsdp ran on it)"), "{e}");
-    assert!(e.contains("issue #29"), "{e}");
+    assert!(e.contains("--passes 'fsdp(world_size=N"), "{e}");
     tracepass_runtime::train::check_trainable(None, &model.program).unwrap();
     let ddp = parse_pipeline("ddp(world_size=2),sort-waits").unwrap();
     tracepass_runtime::train::check_trainable(Some(&ddp), &model.program).unwrap();

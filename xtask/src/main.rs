@@ -12,6 +12,7 @@ use timing::{
 };
 
 mod alloc_count;
+mod bench_fsdp;
 mod bench_gemm;
 mod bench_mid;
 mod bench_models;
@@ -34,7 +35,8 @@ enum Cmd {
     /// Run a benchmark suite: ir, passes, runtime, overlap, cuda (GPU), opt (the export
     /// corpus through `opt`), models (the export corpus trained, against PyTorch), scaling
     /// (whole runs at doubling depth and micro-step counts), gemm (GEMM crates on the mid-size
-    /// models' shapes), mid (mid-size exports trained, against PyTorch).
+    /// models' shapes), mid (mid-size exports trained, against PyTorch), fsdp (DDP, ZeRO-2 and
+    /// ZeRO-3 steps/s and per-rank state).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
@@ -116,9 +118,10 @@ fn main() -> Result<()> {
             "scaling" => bench_scaling(),
             "gemm" => bench_gemm::bench_gemm(),
             "mid" => bench_mid::bench_mid(),
+            "fsdp" => bench_fsdp::bench_fsdp(),
             other => {
                 bail!(
-                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, scaling, gemm, mid"
+                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, scaling, gemm, mid, fsdp"
                 )
             }
         },

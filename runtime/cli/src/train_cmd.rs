@@ -311,12 +311,12 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
 
 fn print_metrics(report: &TrainReport) -> String {
     let mut s = String::from(
-        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  sync_wait_ms  other_ms  buckets\n",
+        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  sync_wait_ms  other_ms  buckets  state_mib  gather_exposed_ms  scatter_exposed_ms\n",
     );
     for per_rank in &report.metrics {
         for m in per_rank {
             s += &format!(
-                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>12.3}  {:>8.3}  {:>7}\n",
+                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>12.3}  {:>8.3}  {:>7}  {:>9.3}  {:>17.3}  {:>18.3}\n",
                 m.step,
                 m.rank,
                 m.step_s * 1e3,
@@ -327,7 +327,10 @@ fn print_metrics(report: &TrainReport) -> String {
                 m.exposed_comm_s * 1e3,
                 m.sync_wait_s * 1e3,
                 m.other_s * 1e3,
-                m.buckets.iter().filter(|b| b.label != "loss").count()
+                m.buckets.iter().filter(|b| b.label != "loss").count(),
+                m.state_bytes as f64 / (1u64 << 20) as f64,
+                m.exposed_gather_s * 1e3,
+                m.exposed_scatter_s * 1e3
             );
         }
     }

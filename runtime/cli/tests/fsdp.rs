@@ -1,7 +1,7 @@
 //! The fsdp pass through the `tracepass` binary: `opt` rewrites a corpus export and writes a
-//! program that `verify` accepts, `simulate` times a sharded backward, and `train` refuses
-//! sharded training (a pipeline with fsdp, or a program fsdp rewrote) until the runtime
-//! supports it, before it runs any step.
+//! program that `verify` accepts, `simulate` times a sharded backward, `train` trains sharded
+//! (the losses DDP has, a fraction of its state per rank in `--metrics`) and refuses a program
+//! fsdp rewrote already, before it runs any step.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -114,24 +114,51 @@ fn simulate_times_a_sharded_backward() {
 }
 
 #[test]
-fn train_refuses_sharded_training() {
-    let o = run(&[
-        "train",
-        "--world-size",
-        "2",
-        "--steps",
-        "2",
-        "--passes",
-        "fsdp(world_size=2,sharding=zero2)",
-    ]);
-    assert!(!o.status.success());
-    let e = stderr(&o);
+fn train_shards_and_reports_what_each_rank_holds() {
+    let train = |passes: &str| {
+        ok(&run(&[
+            "train",
+            "--model",
+            &mlp(),
+            "--world-size",
+            "2",
+            "--steps",
+            "2",
+            "--passes",
+            passes,
+            "--metrics",
+        ]))
+    };
+    let ddp = train("ddp(world_size=2)");
+    let zero3 = train("fsdp(world_size=2,sharding=zero3,bucket_mb=0.01)");
+    // the same losses as DDP
+    let losses = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| l.contains("-th loss"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(losses(&zero3).len(), 2, "{zero3}");
+    assert_eq!(losses(&zero3), losses(&ddp));
+    // per-rank state and the exposed gather and scatter time
     assert!(
-        e.contains("sharded training (fsdp) is not supported by the trainer yet (issue #29"),
-        "{e}"
+        zero3.contains("state_mib  gather_exposed_ms  scatter_exposed_ms"),
+        "{zero3}"
     );
-    assert!(!stdout(&o).contains("-th loss"), "no step ran");
-    // a program fsdp already rewrote is refused too
+    let state = |s: &str| -> f64 {
+        let row = s
+            .lines()
+            .find(|l| l.trim_start().starts_with("0     0"))
+            .unwrap_or_else(|| panic!("no row for step 0, rank 0: {s}"));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        cols[11].parse().unwrap()
+    };
+    assert!(state(&zero3) < 0.6 * state(&ddp), "{zero3}\n{ddp}");
+}
+
+#[test]
+fn train_refuses_a_program_fsdp_sharded_already() {
+    // the trainer shards the plain model itself
     let dir = tempfile::tempdir().unwrap();
     let p = sharded_program(dir.path());
     let o = run(&[
@@ -146,5 +173,6 @@ fn train_refuses_sharded_training() {
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("the program is sharded (fsdp ran on it)"), "{e}");
+    assert!(e.contains("--passes 'fsdp(world_size=N"), "{e}");
     assert!(!stdout(&o).contains("-th loss"), "no step ran");
 }

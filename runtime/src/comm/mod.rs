@@ -165,6 +165,20 @@ pub trait Communicator: Send {
         op: ReduceOp,
         label: &str,
     ) -> Result<Self::Handle, CommError>;
+    /// Starts an all-gather of `t`: the result (from `wait`) is every rank's `t`, flattened
+    /// and concatenated in rank order (`world_size` times its elements). All ranks bring
+    /// tensors of one size and dtype.
+    fn all_gather_async(&mut self, t: Self::Tensor, label: &str)
+        -> Result<Self::Handle, CommError>;
+    /// Starts a reduce-scatter of `t` (a flat buffer whose length the world size divides): the
+    /// ranks' buffers are combined as an all-reduce combines them, and rank `r` gets elements
+    /// `r * n / world .. (r + 1) * n / world` of the result.
+    fn reduce_scatter_async(
+        &mut self,
+        t: Self::Tensor,
+        op: ReduceOp,
+        label: &str,
+    ) -> Result<Self::Handle, CommError>;
     /// Blocks until the collective is done; the result and when it ran.
     fn wait(&mut self, h: Self::Handle) -> Result<(Self::Tensor, CommTiming), CommError>;
     /// Every rank gets `root`'s tensor (others pass theirs as a template of shape and dtype).

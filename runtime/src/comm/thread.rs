@@ -1,6 +1,8 @@
 //! Ranks as threads of one process. Each rank has a communication worker thread, so an
 //! all-reduce runs while the rank computes. The reduction adds the ranks' buffers in rank order
 //! (0, 1, 2, ...) for every element, so every rank gets the same bits, whatever the bucketing.
+//! A reduce-scatter is that all-reduce with each rank keeping its own slice (the same bits as
+//! the all-reduce); an all-gather concatenates the ranks' buffers in rank order.
 
 use crate::comm::reduction::Reduction;
 use crate::comm::{CommError, CommTiming, Communicator, LinkModel, ReduceOp};
@@ -32,6 +34,8 @@ impl Default for CommOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     AllReduce(ReduceOp),
+    AllGather,
+    ReduceScatter(ReduceOp),
     Broadcast(usize),
     Barrier,
 }
@@ -55,6 +59,18 @@ impl Signature {
             ),
             Kind::AllReduce(op) => format!(
                 "all_reduce {op:?} of {} x {} ({})",
+                self.numel,
+                self.dtype.map_or("?".into(), |d| d.to_string()),
+                self.label
+            ),
+            Kind::AllGather => format!(
+                "all_gather of {} x {} ({})",
+                self.numel,
+                self.dtype.map_or("?".into(), |d| d.to_string()),
+                self.label
+            ),
+            Kind::ReduceScatter(op) => format!(
+                "reduce_scatter {op:?} of {} x {} ({})",
                 self.numel,
                 self.dtype.map_or("?".into(), |d| d.to_string()),
                 self.label
@@ -160,8 +176,15 @@ impl Shared {
         if slot.arrived == world {
             slot.ready_at = Some(Instant::now());
             let prepared = match sig.kind {
-                Kind::AllReduce(op) => gather(&mut slot.contribs).map(|p| {
-                    slot.reduction = Some(Arc::new(Reduction::new(op, p, world)));
+                Kind::AllReduce(op) | Kind::ReduceScatter(op) => {
+                    gather(&mut slot.contribs).map(|p| {
+                        slot.reduction = Some(Arc::new(Reduction::new(op, p, world)));
+                    })
+                }
+                Kind::AllGather => gather(&mut slot.contribs).and_then(|p| {
+                    Tensor::cat_flat(&p)
+                        .map(|t| slot.result = Some(t))
+                        .ok_or_else(|| "the ranks' buffers cannot be concatenated".to_string())
                 }),
                 kind => pick(&kind, &mut slot.contribs).map(|r| {
                     slot.result = Some(r);
@@ -181,18 +204,33 @@ impl Shared {
         loop {
             if let Some(slot) = st.slots.get_mut(&seq) {
                 if let Some(r) = &slot.result {
-                    let r = r.clone();
+                    // a reduce-scatter keeps this rank's slice of the all-reduced buffer
+                    let r = match sig.kind {
+                        Kind::ReduceScatter(_) => {
+                            let n = r.numel() / world;
+                            r.flat_range(rank * n, n).ok_or(CommError::Invalid {
+                                rank,
+                                message: format!("reduce-scatter #{seq}: no slice {rank}"),
+                            })?
+                        }
+                        _ => r.clone(),
+                    };
                     let ready = slot.ready_at;
                     slot.taken += 1;
                     if slot.taken == world {
                         st.slots.remove(&seq);
                     }
                     drop(st);
-                    if let (Some(link), Some(ready), Kind::AllReduce(_)) =
-                        (self.options.link, ready, sig.kind)
-                    {
-                        let bytes = sig.numel * sig.dtype.map_or(4, |d| d.size_bytes());
-                        let until = after(ready, link.all_reduce_time(bytes, world));
+                    let bytes = sig.numel * sig.dtype.map_or(4, |d| d.size_bytes());
+                    let modelled = self.options.link.and_then(|link| match sig.kind {
+                        Kind::AllReduce(_) => Some(link.all_reduce_time(bytes, world)),
+                        // the time of the gathered whole
+                        Kind::AllGather => Some(link.all_gather_time(bytes * world, world)),
+                        Kind::ReduceScatter(_) => Some(link.reduce_scatter_time(bytes, world)),
+                        _ => None,
+                    });
+                    if let (Some(time), Some(ready)) = (modelled, ready) {
+                        let until = after(ready, time);
                         let now = Instant::now();
                         if until > now {
                             thread::sleep(until - now);
@@ -507,6 +545,27 @@ impl Communicator for ThreadComm {
     ) -> Result<ThreadHandle, CommError> {
         self.submit(Kind::AllReduce(op), Some(&t), Some(t.clone()), label)
     }
+    fn all_gather_async(&mut self, t: Tensor, label: &str) -> Result<ThreadHandle, CommError> {
+        self.submit(Kind::AllGather, Some(&t), Some(t.clone()), label)
+    }
+    fn reduce_scatter_async(
+        &mut self,
+        t: Tensor,
+        op: ReduceOp,
+        label: &str,
+    ) -> Result<ThreadHandle, CommError> {
+        let world = self.shared.world;
+        if !t.numel().is_multiple_of(world) {
+            return Err(CommError::Invalid {
+                rank: self.rank,
+                message: format!(
+                    "reduce-scatter ({label}) of {} elements: not a multiple of the world size {world}",
+                    t.numel()
+                ),
+            });
+        }
+        self.submit(Kind::ReduceScatter(op), Some(&t), Some(t.clone()), label)
+    }
     fn wait(&mut self, h: ThreadHandle) -> Result<(Tensor, CommTiming), CommError> {
         self.block(h)
     }
@@ -609,6 +668,47 @@ mod tests {
                 o.0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 out[0].0.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             );
+        }
+    }
+
+    #[test]
+    fn reduce_scatter_is_the_all_reduce_sliced_and_all_gather_undoes_it() {
+        let out = run_ranks(4, CommOptions::default(), |mut c| {
+            let r = c.rank() as f32;
+            // 8 elements, 2 per rank, with sums whose bits depend on the order of addition
+            let t = Tensor::from_f32(
+                vec![8],
+                (0..8).map(|i| 0.1 * r + 1e-7 * i as f32 + 1.0).collect(),
+            );
+            let ha = c
+                .all_reduce_async(t.clone(), ReduceOp::Sum, "ar")
+                .expect("launch");
+            let hs = c
+                .reduce_scatter_async(t, ReduceOp::Sum, "rs")
+                .expect("launch");
+            let (full, _) = c.wait(ha).expect("all-reduce");
+            let (mine, _) = c.wait(hs).expect("reduce-scatter");
+            let hg = c.all_gather_async(mine.clone(), "ag").expect("launch");
+            let (gathered, _) = c.wait(hg).expect("all-gather");
+            (full.to_f32_vec(), mine.to_f32_vec(), gathered.to_f32_vec())
+        });
+        for (rank, (full, mine, gathered)) in out.iter().enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(mine.len(), 2);
+            assert_eq!(bits(mine), bits(&full[2 * rank..2 * rank + 2]));
+            assert_eq!(bits(gathered), bits(full));
+        }
+    }
+
+    #[test]
+    fn a_reduce_scatter_the_world_does_not_divide_is_refused() {
+        let out = run_ranks(2, CommOptions::default(), |mut c| {
+            c.reduce_scatter_async(Tensor::from_f32(vec![3], vec![0.0; 3]), ReduceOp::Sum, "b0")
+                .map(|_| ())
+        });
+        for r in out {
+            let msg = r.expect_err("refused").to_string();
+            assert!(msg.contains("not a multiple of the world size 2"), "{msg}");
         }
     }
 

@@ -86,6 +86,31 @@ impl CudaTensor {
     pub fn ptr(&self, stream: &CudaStream) -> u64 {
         self.buf.base(stream) + (self.offset * self.dtype.size_bytes()) as u64
     }
+    /// A tensor allocated (not initialized) on `stream`: the output of a collective on the
+    /// communication stream, which writes every element of it.
+    pub(crate) fn uninit_on(
+        stream: &Arc<CudaStream>,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> Result<CudaTensor, String> {
+        let n = shape.iter().product::<usize>().max(1);
+        let e = |e: cudarc::driver::DriverError| format!("cudaMalloc: {e}");
+        // SAFETY: the collective writes all of it before anything reads it.
+        let buf = unsafe {
+            match dtype {
+                DType::F32 => DevBuf::F32(stream.alloc::<f32>(n).map_err(e)?),
+                DType::BF16 => DevBuf::BF16(stream.alloc::<bf16>(n).map_err(e)?),
+                DType::F16 => DevBuf::F16(stream.alloc::<f16>(n).map_err(e)?),
+                other => return Err(format!("a collective cannot produce {other} on cuda")),
+            }
+        };
+        Ok(CudaTensor {
+            shape,
+            dtype,
+            offset: 0,
+            buf: Arc::new(buf),
+        })
+    }
 }
 
 pub struct CudaBackend {

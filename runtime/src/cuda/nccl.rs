@@ -93,6 +93,8 @@ pub struct NcclComm {
 
 pub struct NcclHandle {
     tensor: CudaTensor,
+    /// The input of an out-of-place collective, kept alive until it is waited on.
+    _input: Option<CudaTensor>,
     start: Arc<CudaEvent>,
     end: Arc<CudaEvent>,
     launched: Instant,
@@ -377,6 +379,80 @@ impl Communicator for NcclComm {
         })?;
         Ok(NcclHandle {
             tensor: t,
+            _input: None,
+            start,
+            end,
+            launched,
+            label: label.to_string(),
+        })
+    }
+
+    fn all_gather_async(&mut self, t: CudaTensor, label: &str) -> Result<NcclHandle, CommError> {
+        let launched = Instant::now();
+        let ty = nccl_type(t.dtype())
+            .ok_or_else(|| self.err(format!("NCCL cannot gather {}", t.dtype())))?;
+        let (send, recv) = split_counts(Split::Gather, t.numel(), self.world)
+            .map_err(|m| self.err(format!("all_gather ({label}): {m}")))?;
+        let out = CudaTensor::uninit_on(&self.stream, vec![recv], t.dtype())
+            .map_err(|m| self.err(format!("all_gather ({label}): {m}")))?;
+        let (src, dst) = (t.ptr(&self.stream), out.ptr(&self.stream));
+        let (start, end) = self.launch(label, "ncclAllGather", |comm, stream| {
+            // SAFETY: `src` holds `send` elements and `dst` `world * send`, both live until
+            // the handle is waited on; on the communication stream, `comm` live.
+            unsafe {
+                nccl_result::all_gather(src as *const _, dst as *mut _, send, ty, comm, stream)
+            }
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+        })?;
+        Ok(NcclHandle {
+            tensor: out,
+            _input: Some(t),
+            start,
+            end,
+            launched,
+            label: label.to_string(),
+        })
+    }
+
+    fn reduce_scatter_async(
+        &mut self,
+        t: CudaTensor,
+        op: ReduceOp,
+        label: &str,
+    ) -> Result<NcclHandle, CommError> {
+        let launched = Instant::now();
+        let ty = nccl_type(t.dtype())
+            .ok_or_else(|| self.err(format!("NCCL cannot reduce {}", t.dtype())))?;
+        let op = match op {
+            ReduceOp::Sum => nccl_sys::ncclRedOp_t::ncclSum,
+            ReduceOp::Max => nccl_sys::ncclRedOp_t::ncclMax,
+        };
+        let (_, recv) = split_counts(Split::Scatter, t.numel(), self.world)
+            .map_err(|m| self.err(format!("reduce_scatter ({label}): {m}")))?;
+        let out = CudaTensor::uninit_on(&self.stream, vec![recv], t.dtype())
+            .map_err(|m| self.err(format!("reduce_scatter ({label}): {m}")))?;
+        let (src, dst) = (t.ptr(&self.stream), out.ptr(&self.stream));
+        let (start, end) = self.launch(label, "ncclReduceScatter", |comm, stream| {
+            // SAFETY: `src` holds `world * recv` elements and `dst` `recv`, both live until
+            // the handle is waited on; on the communication stream, `comm` live.
+            unsafe {
+                nccl_result::reduce_scatter(
+                    src as *const _,
+                    dst as *mut _,
+                    recv,
+                    ty,
+                    op,
+                    comm,
+                    stream,
+                )
+            }
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+        })?;
+        Ok(NcclHandle {
+            tensor: out,
+            _input: Some(t),
             start,
             end,
             launched,
@@ -448,5 +524,46 @@ impl Communicator for NcclComm {
 
     fn failure(&self) -> Option<(usize, String)> {
         self.watchdog.failure().map(|m| (self.rank, m))
+    }
+}
+
+/// Which way a sharded collective goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Split {
+    /// All-gather: each rank sends its shard, receives the whole.
+    Gather,
+    /// Reduce-scatter: each rank sends the whole, receives its shard.
+    Scatter,
+}
+
+/// The element counts NCCL takes for a sharded collective of a buffer of `numel` elements on
+/// `world` ranks: `(sent, received)` per rank. A scattered buffer must split evenly (the fsdp
+/// pass pads every bucket to a multiple of the world size).
+fn split_counts(way: Split, numel: usize, world: usize) -> Result<(usize, usize), String> {
+    let world = world.max(1);
+    match way {
+        Split::Gather => numel
+            .checked_mul(world)
+            .map(|whole| (numel, whole))
+            .ok_or_else(|| format!("{numel} elements on {world} ranks overflow")),
+        Split::Scatter if numel.is_multiple_of(world) => Ok((numel, numel / world)),
+        Split::Scatter => Err(format!(
+            "{numel} elements do not split into {world} equal shards"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sharded_collectives_count_shards_and_wholes() {
+        assert_eq!(split_counts(Split::Gather, 3, 4), Ok((3, 12)));
+        assert_eq!(split_counts(Split::Scatter, 12, 4), Ok((12, 3)));
+        let e = split_counts(Split::Scatter, 10, 4).expect_err("uneven");
+        assert!(e.contains("4 equal shards"), "{e}");
+        assert!(split_counts(Split::Gather, usize::MAX, 2).is_err());
+        assert_eq!(split_counts(Split::Scatter, 5, 1), Ok((5, 5)));
     }
 }

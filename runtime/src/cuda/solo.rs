@@ -42,6 +42,23 @@ impl<T: Send + 'static> Communicator for SoloComm<T> {
             launched: Instant::now(),
         })
     }
+    fn all_gather_async(&mut self, t: T, _label: &str) -> Result<SoloHandle<T>, CommError> {
+        Ok(SoloHandle {
+            tensor: t,
+            launched: Instant::now(),
+        })
+    }
+    fn reduce_scatter_async(
+        &mut self,
+        t: T,
+        _op: ReduceOp,
+        _label: &str,
+    ) -> Result<SoloHandle<T>, CommError> {
+        Ok(SoloHandle {
+            tensor: t,
+            launched: Instant::now(),
+        })
+    }
     fn wait(&mut self, h: SoloHandle<T>) -> Result<(T, CommTiming), CommError> {
         Ok((
             h.tensor,
@@ -85,6 +102,13 @@ mod tests {
         let (t, timing) = c.wait(h).unwrap();
         assert_eq!(t, vec![1.0, 2.0]);
         assert_eq!(timing.busy(), std::time::Duration::ZERO);
+        // a world of one gathers and scatters its own buffer whole
+        let h = c.all_gather_async(vec![4.0], "g").unwrap();
+        assert_eq!(c.wait(h).unwrap().0, vec![4.0]);
+        let h = c
+            .reduce_scatter_async(vec![5.0], ReduceOp::Sum, "s")
+            .unwrap();
+        assert_eq!(c.wait(h).unwrap().0, vec![5.0]);
         assert_eq!(c.broadcast(vec![3.0], 0).unwrap(), vec![3.0]);
         assert!(c.broadcast(vec![3.0], 1).is_err());
         c.barrier().unwrap();

@@ -84,7 +84,7 @@ pub struct Executor<B: Backend, C: Communicator<Tensor = B::Tensor>> {
     pack_started: Vec<f64>,
     buckets: Vec<Option<BucketRecord>>,
     /// The random stream of this run (seed, rank, step); each random node draws from it with
-    /// its own instruction index as the node key.
+    /// its order among the trace's random nodes as the node key.
     rng: Option<RngKey>,
 }
 
@@ -137,7 +137,8 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
         Self::default()
     }
 
-    /// Keys the random nodes of the next runs (dropout's `uniform`) by (seed, rank, step):
+    /// Keys the random nodes of the next runs (dropout's `uniform`) by (seed, rank, step) and
+    /// each node's order among the trace's random nodes:
     /// without a key they are an error, never an unseeded draw.
     pub fn set_rng(&mut self, seed: u64, rank: usize, step: usize) {
         self.rng = Some(RngKey {
@@ -218,6 +219,9 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
             check_input(backend, &spec.ty, &v).map_err(|m| Failure::Input(spec.name.clone(), m))?;
             self.slots[spec.slot] = v;
         }
+        // random nodes are keyed by their order among the trace's random nodes, not by their
+        // position: a pass that adds other nodes (fsdp's gathers) leaves the draws as they were
+        let mut draws = 0u64;
         for (i, ins) in plan.instrs.iter().enumerate() {
             let t0 = Instant::now();
             let mut computed = true;
@@ -249,15 +253,11 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                                     "a random node needs a stream keyed by (seed, rank, step); this run has none".into(),
                                 )
                             })?;
+                            draws += 1;
+                            let draws = draws - 1;
                             Produced::One(
                                 backend
-                                    .random(
-                                        k,
-                                        RngKey {
-                                            node: i as u64,
-                                            ..key
-                                        },
-                                    )
+                                    .random(k, RngKey { node: draws, ..key })
                                     .map_err(|e| Failure::Node(i, e.0))?,
                             )
                         } else if k.outputs() > 1 {
@@ -352,14 +352,22 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     };
                     self.slots[ins.outputs[0]] = RValue::Tensor(out);
                 }
-                InstrKind::AllReduce { op, bucket } => {
+                InstrKind::AllReduce { bucket, .. }
+                | InstrKind::AllGather { bucket }
+                | InstrKind::ReduceScatter { bucket, .. } => {
                     let s = ins.inputs[0];
-                    let buf = match std::mem::take(&mut self.slots[s]) {
+                    // an all-reduce runs in place on its buffer; the sharded ones read theirs
+                    // (a shard argument or a bucket other nodes may still read)
+                    let buf = match &ins.kind {
+                        InstrKind::AllReduce { .. } => std::mem::take(&mut self.slots[s]),
+                        _ => self.slots[s].clone(),
+                    };
+                    let buf = match buf {
                         RValue::Tensor(t) => t,
                         other => {
                             return Err(Failure::Node(
                                 i,
-                                format!("cannot all-reduce {}", other.kind()),
+                                format!("cannot communicate {}", other.kind()),
                             ))
                         }
                     };
@@ -372,9 +380,14 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                         launch
                     };
                     let info = &plan.collectives[*bucket];
-                    let h = comm
-                        .all_reduce_async(buf, *op, &info.label)
-                        .map_err(|e| Failure::Comm(i, e))?;
+                    let h = match &ins.kind {
+                        InstrKind::AllGather { .. } => comm.all_gather_async(buf, &info.label),
+                        InstrKind::ReduceScatter { op, .. } => {
+                            comm.reduce_scatter_async(buf, *op, &info.label)
+                        }
+                        _ => comm.all_reduce_async(buf, info.op, &info.label),
+                    }
+                    .map_err(|e| Failure::Comm(i, e))?;
                     self.futures[ins.outputs[0]] = Some(h);
                     self.slots[ins.outputs[0]] = RValue::Future;
                     self.buckets[*bucket] = Some(BucketRecord {
@@ -403,8 +416,9 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                         b.wait_start_us = wait_start;
                         b.wait_end_us = wait_end;
                         if clock.events {
+                            let kind = plan.collectives[*bucket].kind.name();
                             rec.events.push(Event {
-                                name: format!("all_reduce {}", b.label),
+                                name: format!("{kind} {}", b.label),
                                 comm: true,
                                 span: Span {
                                     start_us: b.comm_start_us,

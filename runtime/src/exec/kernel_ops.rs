@@ -53,8 +53,6 @@ const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes th
 const REDUCTION: &str = "no fused logsumexp kernel (the kernel set reduces by sum, mean, amax, \
      amin and prod, plus var, std and var_mean; Thunder 0.2.6 traces logsumexp as amax, exp, \
      sum and log, which run)";
-const SHARDED: &str = "a sharded collective of the fsdp pass: the executor does not run sharded \
-     training yet (issue #29's runtime half); `simulate` times it";
 const POOL: &str = "the CPU pooling kernel is 2-d max pooling with indices \
      (max_pool2d_with_indices, as Thunder's torch executor prints it)";
 
@@ -483,8 +481,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         // ----- communication -----
         (ops::ALL_REDUCE, Plan),
         (ops::WAIT, Plan),
-        (ops::ALL_GATHER, Unsupported { reason: SHARDED }),
-        (ops::REDUCE_SCATTER, Unsupported { reason: SHARDED }),
+        (ops::ALL_GATHER, Plan),
+        (ops::REDUCE_SCATTER, Plan),
         (ops::BUCKET_PACK, Plan),
         (ops::UNPACK, Plan),
         (ops::UPDATE_BUCKET_VIEW, Cpu(identity)),

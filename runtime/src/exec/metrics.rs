@@ -97,6 +97,14 @@ pub struct StepMetrics {
     /// The rest of the step (loss, optimizer, copies, launching, a late rank's own delay):
     /// `step = compute + exposed_comm + sync_wait + other`.
     pub other_s: f64,
+    /// Of `exposed_comm_s`: fsdp's all-gathers and reduce-scatters (buckets labelled
+    /// `gather:` and `scatter:`).
+    pub exposed_gather_s: f64,
+    pub exposed_scatter_s: f64,
+    /// Bytes this rank held in parameters, gradients and optimizer state at the step's
+    /// fullest (before the update; a sharded run's shards, not the buckets it gathers for a
+    /// while). Set by the trainer.
+    pub state_bytes: usize,
     pub buckets: Vec<BucketRecord>,
 }
 
@@ -216,6 +224,19 @@ impl StepMetrics {
             })
             .collect();
         let sync_wait_s = (busy(&waits) - overlap(&waits, &comm)).max(0.0) * 1e-6;
+        let exposed_of = |prefix: &str| {
+            let spans: Vec<Span> = recs
+                .iter()
+                .flat_map(|r| r.buckets.iter())
+                .filter(|b| b.label.starts_with(prefix))
+                .map(|b| Span {
+                    start_us: b.comm_start_us,
+                    end_us: b.comm_end_us,
+                })
+                .collect();
+            // the difference of two sums of spans: never below zero for rounding's sake
+            OverlapSummary::of(&compute, &spans).exposed_comm_s.max(0.0)
+        };
         let step_s = step_span.len() * 1e-6;
         StepMetrics {
             step,
@@ -231,6 +252,9 @@ impl StepMetrics {
             exposed_comm_s: o.exposed_comm_s,
             sync_wait_s,
             other_s: (step_s - o.compute_s - o.exposed_comm_s - sync_wait_s).max(0.0),
+            exposed_gather_s: exposed_of("gather:"),
+            exposed_scatter_s: exposed_of("scatter:"),
+            state_bytes: 0,
             buckets: recs
                 .iter()
                 .flat_map(|r| r.buckets.iter().cloned())

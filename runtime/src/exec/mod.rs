@@ -24,5 +24,6 @@ pub use metrics::{
     StepMetrics,
 };
 pub use plan::{
-    ArgSpec, CollectiveInfo, Instr, InstrKind, MissingKernel, Plan, PlanError, Slot, PLANNED_OPS,
+    ArgSpec, CollectiveInfo, CollectiveKind, Instr, InstrKind, MissingKernel, Plan, PlanError,
+    Slot, PLANNED_OPS,
 };

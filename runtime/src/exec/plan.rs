@@ -27,6 +27,15 @@ pub enum InstrKind {
         op: ReduceOp,
         bucket: usize,
     },
+    /// fsdp's gather of a bucket's shards (the output is the padded whole).
+    AllGather {
+        bucket: usize,
+    },
+    /// fsdp's reduce-scatter of a padded bucket of gradients (the output is this rank's shard).
+    ReduceScatter {
+        op: ReduceOp,
+        bucket: usize,
+    },
     Wait {
         bucket: usize,
     },
@@ -48,9 +57,31 @@ pub struct Instr {
     pub line: String,
 }
 
+/// What a collective does with the ranks' buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollectiveKind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+}
+
+impl CollectiveKind {
+    /// Its name in the IR (`all_reduce`, `all_gather`, `reduce_scatter`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce => "all_reduce",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+        }
+    }
+}
+
 /// A collective of the trace, in issue order: what every rank must agree on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CollectiveInfo {
+    pub kind: CollectiveKind,
+    /// The bucket, prefixed `gather:` / `scatter:` for fsdp's collectives (metrics tell the
+    /// kinds apart by it).
     pub label: String,
     pub op: ReduceOp,
     pub dtype: tracepass_ir::DType,
@@ -135,6 +166,8 @@ pub const PLANNED_OPS: &[&str] = &[
     ops::UPDATE_ALIASES,
     ops::BUCKET_PACK,
     ops::ALL_REDUCE,
+    ops::ALL_GATHER,
+    ops::REDUCE_SCATTER,
     ops::WAIT,
     ops::UNPACK,
 ];
@@ -216,6 +249,13 @@ impl Plan {
                     .for_each(|a| a.for_each_value(&mut |x| v.push(x)));
                 v
             };
+            // fsdp pads a packed bucket before scattering it: the padded buffer is the bucket
+            if node.op.as_str() == "prims.pad" {
+                let src = node.args().first().and_then(Arg::as_value);
+                if let (Some(src), Some(out)) = (src, node.outputs().first()) {
+                    bucket_label[out.0 as usize] = bucket_label[src.0 as usize].clone();
+                }
+            }
             let (kind, inputs): (InstrKind, Vec<ValueId>) = match node.op.as_str() {
                 ops::UNPACK_SEQUENCE => (
                     InstrKind::UnpackSequence,
@@ -295,6 +335,7 @@ impl Plan {
                         .unwrap_or_else(|| trace.name(buf));
                     let bucket = collectives.len();
                     collectives.push(CollectiveInfo {
+                        kind: CollectiveKind::AllReduce,
                         label,
                         op,
                         dtype: tt.dtype,
@@ -306,6 +347,60 @@ impl Plan {
                     }
                     (InstrKind::AllReduce { op, bucket }, vec![buf])
                 }
+                ops::ALL_GATHER | ops::REDUCE_SCATTER => {
+                    let gather = node.op.as_str() == ops::ALL_GATHER;
+                    let what = if gather {
+                        "all_gather_async"
+                    } else {
+                        "reduce_scatter_async"
+                    };
+                    let buf = node
+                        .args()
+                        .first()
+                        .and_then(Arg::as_value)
+                        .ok_or_else(|| err(&line, format!("{what} takes a tensor")))?;
+                    let tt = trace
+                        .ty(buf)
+                        .and_then(Type::as_tensor)
+                        .ok_or_else(|| err(&line, format!("{what} takes a tensor")))?;
+                    // all_gather_async(shard, group); reduce_scatter_async(buf, op, group)
+                    let (op, group_at) = if gather {
+                        (ReduceOp::Sum, 1)
+                    } else {
+                        (reduce_op(node.args().get(1)).map_err(|m| err(&line, m))?, 2)
+                    };
+                    let group = match node.args().get(group_at) {
+                        Some(Arg::Str(s)) => s.clone(),
+                        Some(Arg::Opaque(o)) => o.printed_name(),
+                        _ => "world".into(),
+                    };
+                    let name = bucket_label[buf.0 as usize]
+                        .clone()
+                        .unwrap_or_else(|| trace.name(buf));
+                    let name = name.strip_prefix("shard_").unwrap_or(&name);
+                    let bucket = collectives.len();
+                    collectives.push(CollectiveInfo {
+                        kind: if gather {
+                            CollectiveKind::AllGather
+                        } else {
+                            CollectiveKind::ReduceScatter
+                        },
+                        label: format!("{}:{name}", if gather { "gather" } else { "scatter" }),
+                        op,
+                        dtype: tt.dtype,
+                        numel: tt.numel(),
+                        group,
+                    });
+                    if let Some(f) = node.outputs().first() {
+                        bucket_of_future[f.0 as usize] = Some(bucket);
+                    }
+                    let kind = if gather {
+                        InstrKind::AllGather { bucket }
+                    } else {
+                        InstrKind::ReduceScatter { op, bucket }
+                    };
+                    (kind, vec![buf])
+                }
                 ops::WAIT => {
                     let f = node
                         .args()
@@ -315,7 +410,7 @@ impl Plan {
                     let bucket = bucket_of_future[f.0 as usize].ok_or_else(|| {
                         err(
                             &line,
-                            format!("`{}` is not the future of an all-reduce", trace.name(f)),
+                            format!("`{}` is not the future of a collective", trace.name(f)),
                         )
                     })?;
                     (InstrKind::Wait { bucket }, vec![f])

@@ -611,6 +611,42 @@ impl Tensor {
         };
         Some(Tensor::new(self.shape.clone(), data))
     }
+    /// The elements of `parts`, each flattened, one after another as one 1-D tensor (a
+    /// bucket's members, the shards of an all-gather); `None` when they differ in dtype or
+    /// there are none.
+    pub fn cat_flat(parts: &[Tensor]) -> Option<Tensor> {
+        fn cat<T: Elem>(parts: &[Tensor], total: usize) -> Option<Storage> {
+            let mut out: Vec<T> = Vec::with_capacity(total);
+            for p in parts {
+                out.extend_from_slice(&p.elems::<T>()?);
+            }
+            Some(T::wrap(out))
+        }
+        let total: usize = parts.iter().map(Tensor::numel).sum();
+        let data = match parts.first()?.dtype() {
+            DType::F32 => cat::<f32>(parts, total),
+            DType::F64 => cat::<f64>(parts, total),
+            DType::BF16 => cat::<bf16>(parts, total),
+            DType::F16 => cat::<f16>(parts, total),
+            DType::I64 => cat::<i64>(parts, total),
+            DType::I32 => cat::<i32>(parts, total),
+            DType::Bool => cat::<bool>(parts, total),
+            _ => None,
+        }?;
+        Some(Tensor::new(vec![total], data))
+    }
+    /// Elements `start .. start + len` of the flattened tensor, copied into storage of their
+    /// own (a rank's shard: it keeps nothing else of the whole alive).
+    pub fn flat_range(&self, start: usize, len: usize) -> Option<Tensor> {
+        if start.checked_add(len)? > self.numel() {
+            return None;
+        }
+        let whole = self.contiguous();
+        Some(Tensor::new(
+            vec![len],
+            Tensor::view_of(&whole, start, vec![len]).into_storage(),
+        ))
+    }
     /// Bitwise equality of shape, dtype and elements.
     pub fn bitwise_eq(&self, other: &Tensor) -> bool {
         if self.shape != other.shape || self.dtype() != other.dtype() {

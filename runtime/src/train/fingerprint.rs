@@ -16,8 +16,13 @@ pub fn describe(list: &[CollectiveInfo]) -> Vec<String> {
     list.iter()
         .map(|c| {
             format!(
-                "all_reduce {:?} of {} x {} on group `{}` (bucket {})",
-                c.op, c.numel, c.dtype, c.group, c.label
+                "{} {:?} of {} x {} on group `{}` (bucket {})",
+                c.kind.name(),
+                c.op,
+                c.numel,
+                c.dtype,
+                c.group,
+                c.label
             )
             .to_lowercase()
         })

@@ -14,6 +14,7 @@ pub(crate) mod model;
 pub(crate) mod optim;
 pub(crate) mod rank_loop;
 pub(crate) mod rank_threads;
+pub mod shard;
 pub(crate) mod trainer;
 
 pub use data::{file_params, seeded_params, Batch, DataSource};
@@ -24,6 +25,6 @@ pub use model::{
 pub use optim::{Optimizer, OptimizerKind};
 pub use rank_loop::StepComm;
 pub use trainer::{
-    check_pipeline, check_trainable, local_gradients, local_gradients_at, panic_message, train,
-    train_with, Fault, TrainConfig, TrainError, TrainReport,
+    check_pipeline, check_trainable, local_gradients, local_gradients_at, panic_message,
+    shards_parameters, train, train_with, Fault, TrainConfig, TrainError, TrainReport,
 };

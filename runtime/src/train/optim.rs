@@ -103,6 +103,15 @@ impl Optimizer {
         Ok(())
     }
 
+    /// Bytes of optimizer state held (the f32 moments).
+    pub fn state_bytes(&self) -> usize {
+        self.exp_avg
+            .iter()
+            .chain(&self.exp_avg_sq)
+            .map(|m| m.len() * std::mem::size_of::<f32>())
+            .sum()
+    }
+
     pub fn kind(&self) -> OptimizerKind {
         self.kind
     }

@@ -15,6 +15,7 @@ use crate::train::data::DataSource;
 use crate::train::loss::loss_and_grad;
 use crate::train::model::Model;
 use crate::train::optim::Optimizer;
+use crate::train::shard::ShardLayout;
 use crate::train::trainer::{add, collective_lines, Fault, Plans, TrainConfig, TrainError};
 use std::time::Instant;
 use tracepass_ir::DType;
@@ -128,13 +129,41 @@ where
         }
         params = dev_params.iter().map(&down).collect::<Result<_, _>>()?;
     }
-    let mut opt = Optimizer::new(cfg.optimizer, &params).without_state_for(&model.unused_mask());
+    // a sharded run keeps its shards of the parameters, and optimizer state for them only
+    let layout = plans.shards.as_ref();
+    if let Some(l) = layout {
+        params = l.shard_params(&params, rank).map_err(&fail)?;
+        dev_params = params.iter().map(&up).collect::<Result<_, _>>()?;
+    }
+    let unused = model.unused_mask();
+    let stateless = layout.map_or_else(|| unused.clone(), |l| l.local_mask(&unused));
+    let mut opt = Optimizer::new(cfg.optimizer, &params).without_state_for(&stateless);
     let first_step = resume.map_or(0, |c| c.step);
     if let Some(ck) = resume {
-        opt.restore(ck.optimizer_step, ck.exp_avg.clone(), ck.exp_avg_sq.clone())
+        let (m, v) = match layout {
+            Some(l) => (
+                l.shard_moments(&ck.exp_avg, rank),
+                l.shard_moments(&ck.exp_avg_sq, rank),
+            ),
+            None => (ck.exp_avg.clone(), ck.exp_avg_sq.clone()),
+        };
+        opt.restore(ck.optimizer_step, m, v)
             .map_err(|m| TrainError::Input(format!("resuming: {m}")))?;
     }
-    let n_grads = model.program.gradient_values().len();
+    let names = match layout {
+        Some(l) => l.local_names(model),
+        None => model.param_names(),
+    };
+    // a tie's other members share the primary's storage: counted once
+    let tie_copies: Vec<usize> = model
+        .ties
+        .iter()
+        .flat_map(|g| g[1..].iter().copied())
+        .collect();
+    let n_grads = match layout {
+        Some(_) => plans.sync.results.len(),
+        None => model.program.gradient_values().len(),
+    };
     let mut out = RankOut {
         losses: Vec::with_capacity(cfg.steps),
         metrics: Vec::with_capacity(cfg.steps),
@@ -165,7 +194,10 @@ where
                 .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
             let dev_data: Vec<B::Tensor> = batch.data.iter().map(&up).collect::<Result<_, _>>()?;
             // forward
-            let inputs = model.forward_inputs(dev_data, &dev_params);
+            let inputs = match layout {
+                Some(l) => l.forward_inputs(dev_data, &dev_params),
+                None => model.forward_inputs(dev_data, &dev_params),
+            };
             let mut rec = Recording::default();
             let t_fwd = Instant::now();
             exec.set_rng(cfg.seed, rank, m);
@@ -261,14 +293,34 @@ where
             }
         }
         let loss = loss_sum / (cfg.world_size * micro_per_step) as f64;
-        let host_grads: Vec<Option<Tensor>> = model
-            .raw_param_grads(&synced)
+        if layout.is_some() {
+            // every micro-step reduce-scattered its gradients: the shards add up here
+            for (g, a) in synced.iter_mut().zip(acc.iter_mut()) {
+                if let (RValue::Tensor(t), Some(prev)) = (&*g, a.take()) {
+                    *g = RValue::Tensor(device_add(backend, &prev, t).map_err(&fail)?);
+                }
+            }
+        }
+        let raw = match layout {
+            Some(l) => l.local_grads(&synced),
+            None => model.raw_param_grads(&synced),
+        };
+        let host_grads: Vec<Option<Tensor>> = raw
             .iter()
             .map(|g| g.as_ref().map(&down).transpose())
             .collect::<Result<_, _>>()?;
         let grads = model.sum_ties(host_grads, add).map_err(&fail)?;
-        if step == first_step && keep {
-            out.grads0 = grads.clone();
+        match layout {
+            // every rank gathers, when the run wants the whole gradients of some rank
+            Some(l) if step == first_step && (cfg.save_grads.is_some() || cfg.keep_all_ranks) => {
+                let whole = whole_grads(comm, backend, l, &grads).map_err(&fail)?;
+                if keep {
+                    out.grads0 = whole;
+                }
+            }
+            Some(_) => {}
+            None if step == first_step && keep => out.grads0 = grads.clone(),
+            None => {}
         }
         if !cfg.allow_non_finite {
             let norm = crate::train::finite::grad_norm(&grads);
@@ -278,10 +330,19 @@ where
                 )));
             }
         }
+        // what this rank holds for the model at its fullest (the gradients are there)
+        let state_bytes = params
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !tie_copies.contains(i))
+            .map(|(_, p)| p.nbytes())
+            .sum::<usize>()
+            + grads.iter().flatten().map(Tensor::nbytes).sum::<usize>()
+            + opt.state_bytes();
         opt.step(&mut params, &grads).map_err(&fail)?;
         // a tie is one tensor: every member takes the primary's new value
         model.share_ties(&mut params);
-        let non_finite = crate::train::finite::non_finite_param(&model.param_names(), &params);
+        let non_finite = crate::train::finite::non_finite_param(&names, &params);
         if let (Some(what), false) = (&non_finite, cfg.allow_non_finite) {
             return Err(fail(format!(
                 "step {step}: the update made {what} (is the learning rate too large?); stopping (--allow-non-finite trains on)"
@@ -305,11 +366,19 @@ where
         m.forward_s = forward_s;
         m.backward_s = backward_s;
         m.backward_compute_s = backward_compute_s;
+        m.state_bytes = state_bytes;
         out.metrics.push(m);
         if clock.events {
             out.events.extend(recs.into_iter().flat_map(|r| r.events));
         }
         out.losses.push(loss);
+        // a sharded run's checkpoint holds whole tensors: every rank gathers its shards
+        let whole = match (layout, &cfg.save) {
+            (Some(l), Some(_)) if cfg.checkpoint_due(step + 1) => {
+                Some(whole_state(comm, backend, l, model, cfg, &params, &opt).map_err(&fail)?)
+            }
+            _ => None,
+        };
         if rank == 0 {
             if let Some(path) = &cfg.save {
                 let done = step + 1;
@@ -321,12 +390,16 @@ where
                             path.display()
                         )));
                     }
+                    let (save_params, save_opt) = match &whole {
+                        Some((p, o)) => (p, o),
+                        None => (&params, &opt),
+                    };
                     crate::train::checkpoint::save_tied(
                         path,
                         done,
                         &model.param_names(),
-                        &params,
-                        &opt,
+                        save_params,
+                        save_opt,
                         Some(cfg.world_size),
                         &model.ties,
                     )
@@ -336,8 +409,122 @@ where
             on_step(step, loss);
         }
     }
-    if keep {
-        out.params = params;
+    match layout {
+        Some(l) => {
+            // every rank gathers; the ranks that report keep the whole parameters
+            let shards = &params[l.place.len()..];
+            let gathered = gather_wholes(comm, backend, shards, "params").map_err(&fail)?;
+            let whole = l.unshard(&params, &gathered).map_err(&fail)?;
+            if keep {
+                out.params = whole;
+            }
+        }
+        None if keep => out.params = params,
+        None => {}
     }
     Ok(out)
+}
+
+/// Every bucket's padded whole from the ranks' `shards` (one all-gather each, in order).
+fn gather_wholes<B, C>(
+    comm: &mut C,
+    backend: &B,
+    shards: &[Tensor],
+    label: &str,
+) -> Result<Vec<Tensor>, String>
+where
+    B: Backend,
+    C: StepComm<Tensor = B::Tensor>,
+{
+    let mut out = Vec::with_capacity(shards.len());
+    for s in shards {
+        let t = backend.upload(s).map_err(|e| format!("upload: {e}"))?;
+        let h = comm.all_gather_async(t, label).map_err(|e| e.to_string())?;
+        let (w, _) = comm.wait(h).map_err(|e| e.to_string())?;
+        out.push(backend.download(&w).map_err(|e| format!("download: {e}"))?);
+    }
+    Ok(out)
+}
+
+/// Whole gradients (one per parameter, as an unsharded run has them: a tie's at its
+/// primary) from a sharded run's local ones.
+fn whole_grads<B, C>(
+    comm: &mut C,
+    backend: &B,
+    l: &ShardLayout,
+    grads: &[Option<Tensor>],
+) -> Result<Vec<Option<Tensor>>, String>
+where
+    B: Backend,
+    C: StepComm<Tensor = B::Tensor>,
+{
+    let n = l.place.len();
+    let shards: Vec<Tensor> = l
+        .buckets
+        .iter()
+        .enumerate()
+        .map(|(bi, b)| match grads.get(n + bi).cloned().flatten() {
+            Some(g) => Ok(g),
+            None => Tensor::zeros(vec![b.shard_numel(l.world_size)], b.dtype)
+                .ok_or_else(|| format!("bucket {}: no {} tensors", b.name, b.dtype)),
+        })
+        .collect::<Result<_, String>>()?;
+    let gathered = gather_wholes(comm, backend, &shards, "grads")?;
+    let local: Vec<Tensor> = (0..n)
+        .map(|j| {
+            grads[j]
+                .clone()
+                .unwrap_or_else(|| Tensor::from_f32(vec![0], Vec::new()))
+        })
+        .collect();
+    let whole = l.unshard(&local, &gathered)?;
+    Ok(whole
+        .into_iter()
+        .enumerate()
+        .map(|(j, g)| match l.place[j] {
+            None => grads[j].as_ref().map(|_| g),
+            Some((bi, _)) => {
+                let b = &l.buckets[bi];
+                (b.grad_output.is_some() && b.members.iter().any(|m| m.0 == j)).then_some(g)
+            }
+        })
+        .collect())
+}
+
+/// The whole parameters and an optimizer over them (state gathered from the shards) for a
+/// checkpoint of a sharded run, which loads at any world size and into an unsharded run.
+fn whole_state<B, C>(
+    comm: &mut C,
+    backend: &B,
+    l: &ShardLayout,
+    model: &Model,
+    cfg: &TrainConfig,
+    params: &[Tensor],
+    opt: &Optimizer,
+) -> Result<(Vec<Tensor>, Optimizer), String>
+where
+    B: Backend,
+    C: StepComm<Tensor = B::Tensor>,
+{
+    let n = l.place.len();
+    let gathered = gather_wholes(comm, backend, &params[n..], "checkpoint")?;
+    let whole = l.unshard(params, &gathered)?;
+    let (step, m, v) = opt.state();
+    let mut moments = Vec::with_capacity(2);
+    for local in [m, v] {
+        let shards: Vec<Tensor> = local[n..]
+            .iter()
+            .map(|x| Tensor::from_f32(vec![x.len()], x.clone()))
+            .collect();
+        let gathered: Vec<Vec<f32>> = gather_wholes(comm, backend, &shards, "checkpoint")?
+            .iter()
+            .map(Tensor::to_f32_vec)
+            .collect();
+        moments.push(l.unshard_moments(local, &gathered));
+    }
+    let v_whole = moments.pop().unwrap_or_default();
+    let m_whole = moments.pop().unwrap_or_default();
+    let mut full = Optimizer::new(cfg.optimizer, &whole).without_state_for(&model.unused_mask());
+    full.restore(step, m_whole, v_whole)?;
+    Ok((whole, full))
 }

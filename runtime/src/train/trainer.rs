@@ -17,6 +17,7 @@ use crate::train::loss::loss_and_grad;
 use crate::train::model::{Model, ModelSource};
 use crate::train::optim::OptimizerKind;
 use crate::train::rank_loop::{run_rank, RankOut, RankSetup};
+use crate::train::shard::ShardLayout;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -317,6 +318,8 @@ pub(crate) struct Plans {
     pub(crate) acc_targets: Vec<usize>,
     pub(crate) backward: Trace,
     pub(crate) pipeline: String,
+    /// Where each parameter lives in a sharded (`fsdp`) run; `None`: every rank holds all.
+    pub(crate) shards: Option<ShardLayout>,
 }
 
 /// What a forward run hands on: its output tensor, the buffers' new values (in
@@ -404,28 +407,26 @@ pub fn check_pipeline(specs: &[PassSpec], world_size: usize) -> Result<(), Train
     Ok(())
 }
 
-/// Why the trainer refuses sharded training: it would run it wrongly, so it does not run it.
-const NO_SHARDED_TRAINING: &str = "sharded training (fsdp) is not supported by the trainer yet \
-     (issue #29: the executor does not run all-gathers and reduce-scatters, nor keep parameter \
-     and optimizer shards); inspect the rewrite with `tracepass opt`, time it with `tracepass \
-     simulate`, and train with ddp";
+/// Why the trainer refuses a program fsdp rewrote already: it shards the plain model itself,
+/// and needs the plain parameters to cut them into shards (and to save whole ones).
+const PRESHARDED: &str = "the trainer shards the plain model itself: give the model fsdp has \
+     not rewritten, with --passes 'fsdp(world_size=N,...)'";
 
-/// Refuses what the trainer cannot run yet: a pipeline with `fsdp`, or a program it sharded.
+/// Whether a pipeline shards the parameters (it holds `fsdp`).
+pub fn shards_parameters(specs: Option<&[PassSpec]>) -> bool {
+    specs.is_some_and(|s| s.iter().any(|s| s.name == "fsdp"))
+}
+
+/// Refuses what the trainer cannot run: a program fsdp sharded already (the pipeline's own
+/// `fsdp` is what shards a run).
 pub fn check_trainable(specs: Option<&[PassSpec]>, p: &Program) -> Result<(), TrainError> {
-    if let Some(specs) = specs {
-        if specs.iter().any(|s| s.name == "fsdp") {
-            return Err(TrainError::Config(format!(
-                "--passes `{}`: {NO_SHARDED_TRAINING}",
-                print_pipeline(specs)
-            )));
-        }
-    }
+    let _ = specs;
     if p.params.iter().any(|x| x.shard.is_some())
         || tracepass_passes::fsdp::shards(&p.forward)
         || tracepass_passes::fsdp::shards(&p.backward)
     {
         return Err(TrainError::Config(format!(
-            "the program is sharded (fsdp ran on it): {NO_SHARDED_TRAINING}"
+            "the program is sharded (fsdp ran on it): {PRESHARDED}"
         )));
     }
     Ok(())
@@ -437,6 +438,9 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
         check_pipeline(pl, cfg.world_size)?;
     }
     check_trainable(cfg.passes.as_deref(), p)?;
+    if shards_parameters(cfg.passes.as_deref()) {
+        return build_sharded_plans(model, cfg);
+    }
     let ret = match &p.forward.ret {
         Arg::Tuple(items) if items.len() == 2 => items[1].clone(),
         _ => {
@@ -578,6 +582,73 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
         acc_targets,
         backward: sync_prog.backward.clone(),
         pipeline,
+        shards: None,
+    })
+}
+
+/// The plans of a sharded run: the forward and backward `fsdp` rewrote (the forward gathers
+/// the shards it takes, the backward reduce-scatters the gradients), and where every
+/// parameter lives. Micro-steps without synchronization run the same backward: each
+/// reduce-scatters, and the rank adds up its gradient shards (a shard's worth of memory, not
+/// a whole gradient's, which is what sharding is for).
+fn build_sharded_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainError> {
+    let p = &model.program;
+    let specs = cfg.passes.clone().unwrap_or_default();
+    let pipeline = print_pipeline(&specs);
+    if let Some(s) = specs
+        .iter()
+        .find(|s| s.name == "ddp" || s.name == "accumulate-grads")
+    {
+        return Err(TrainError::Config(format!(
+            "--passes `{pipeline}`: `{}` does not go with fsdp (fsdp reduce-scatters the gradients instead of all-reducing them, and a sharded run adds up its gradient shards over --no-sync-steps itself); leave it out",
+            s.name
+        )));
+    }
+    // Thunder's own DDP backward: fsdp takes the plain one
+    let plain = if synchronizes(&p.backward) {
+        rewrite(p, &[PassSpec::new("no-sync")])?
+    } else {
+        p.clone()
+    };
+    let sharded = rewrite(&plain, &specs)?;
+    let layout = ShardLayout::of(model, &sharded)
+        .map_err(|m| TrainError::Input(format!("after `{pipeline}`: {m}")))?
+        .ok_or_else(|| TrainError::Config(format!("--passes `{pipeline}` sharded no parameter")))?;
+    let ret = match &sharded.forward.ret {
+        Arg::Tuple(items) if items.len() == 2 => items[1].clone(),
+        _ => {
+            return Err(TrainError::Input(
+                "the forward must return (outputs, saved_for_backward)".into(),
+            ))
+        }
+    };
+    // the rewrite renumbers the forward's values: the output and the buffers' new values
+    // are found again by name
+    let renamed = |v: ValueId| -> Result<Option<ValueId>, TrainError> {
+        let name = p.forward.name(v);
+        sharded.forward.find_value(&name).map(Some).ok_or_else(|| {
+            TrainError::Input(format!(
+                "after `{pipeline}`: the forward lost its value `{name}`"
+            ))
+        })
+    };
+    let mut fwd_results = vec![renamed(model.output)?];
+    for u in &model.buffer_updates {
+        fwd_results.push(renamed(u.value)?);
+    }
+    ret.for_each_value(&mut |v| fwd_results.push(Some(v)));
+    let forward = Plan::compile(&sharded.forward, &fwd_results)?;
+    let sync = Plan::compile(&sharded.backward, &sharded.gradient_values())?;
+    Ok(Plans {
+        forward,
+        buffers: model.buffer_updates.len(),
+        saved: ret,
+        local: None,
+        sync,
+        acc_targets: Vec::new(),
+        backward: sharded.backward.clone(),
+        pipeline,
+        shards: Some(layout),
     })
 }
 
@@ -644,6 +715,7 @@ pub(crate) fn collective_lines(
     loss_dtype: tracepass_ir::DType,
 ) -> Vec<String> {
     let loss = crate::exec::plan::CollectiveInfo {
+        kind: crate::exec::plan::CollectiveKind::AllReduce,
         label: "loss".into(),
         op: ReduceOp::Sum,
         dtype: loss_dtype,
@@ -755,7 +827,10 @@ pub(crate) fn initial_params(
                 cfg.optimizer,
             )
             .map_err(|e| TrainError::Input(e.to_string()))?;
-            if let Some(w) = ck.world_size {
+            // a sharded run cuts the whole tensors of a checkpoint into its own shards, so it
+            // resumes one written at any world size
+            let resharded = shards_parameters(cfg.passes.as_deref());
+            if let (Some(w), false) = (ck.world_size, resharded) {
                 if w != cfg.world_size {
                     return Err(TrainError::Config(format!(
                         "{} was trained on {w} rank(s), but this run has --world-size {}; resume with --world-size {w} (each rank's data depends on the world size, so another one is not the same run)",
