@@ -12,6 +12,7 @@ mod creation;
 mod dist;
 mod elementwise;
 pub mod fallback;
+mod fusion;
 mod indexing;
 mod nn;
 mod python;
@@ -33,6 +34,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
         python::PARTS,
         dist::PARTS,
         fallback::PARTS,
+        fusion::PARTS,
         vocab::PARTS,
     ]
     .into_iter()
