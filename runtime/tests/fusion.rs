@@ -229,3 +229,35 @@ fn a_region_of_another_dtype_runs_its_kernels_one_by_one() {
         1.0,
     );
 }
+
+/// `simulate` times a region as one memory-bound kernel: a fused trace simulates (it was an
+/// error: the region has no kernel to decode), with fewer ops and no more time than unfused.
+#[test]
+fn simulate_times_a_region_as_one_kernel() {
+    use tracepass_runtime::comm::LinkModel;
+    use tracepass_runtime::sim::{simulate, DeviceModel, SimOptions};
+    let unfused = parse_trace(CHAIN).unwrap();
+    let mut fused = unfused.clone();
+    assert_eq!(fuse_elementwise(&mut fused).unwrap().regions, 1);
+    let opts = SimOptions {
+        world_size: 1,
+        device: DeviceModel::named("h100").unwrap(),
+        link: LinkModel::parse("10,80").unwrap(),
+        host_reduction: false,
+    };
+    let a = simulate(&unfused, &opts).unwrap();
+    let b = simulate(&fused, &opts).unwrap();
+    assert_eq!((a.ops, b.ops), (5, 1));
+    assert!(b.step_s < a.step_s, "{} vs {}", b.step_s, a.step_s);
+}
+
+const CHAIN: &str = r#"def f(x, b):
+  # x: "cpu f32[64, 1024]"
+  # b: "cpu f32[1024]"
+  t0 = Tensor.expand(b, (64, 1024))  # t0: "cpu f32[64, 1024]"
+  t1 = torch.add(x, t0)  # t1: "cpu f32[64, 1024]"
+  t2 = torch.tanh(t1)  # t2: "cpu f32[64, 1024]"
+  t3 = torch.mul(t2, x)  # t3: "cpu f32[64, 1024]"
+  t4 = torch.exp(t3)  # t4: "cpu f32[64, 1024]"
+  return t4
+"#;
