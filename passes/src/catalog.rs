@@ -57,7 +57,7 @@ pub static CANONICALIZE: PassDecl = PassDecl {
     options: &[],
 };
 
-/// `fuse-elementwise`: see [`crate::fuse_elementwise`].
+/// `fuse-elementwise`: see [`mod@crate::fuse_elementwise`].
 pub static FUSE_ELEMENTWISE: PassDecl = PassDecl {
     name: "fuse-elementwise",
     help: "chains of elementwise and broadcast ops, each value read once, become fusion regions",

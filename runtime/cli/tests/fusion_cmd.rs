@@ -16,11 +16,7 @@ fn run(args: &[&str]) -> Output {
         .expect("the tracepass binary")
 }
 fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 fn s(p: &Path) -> &str {
