@@ -54,6 +54,7 @@ pub mod program;
 pub mod prologue;
 pub mod pyfloat;
 mod rebuild;
+pub mod region;
 pub mod registry;
 pub mod rewriter;
 pub mod signature;
@@ -79,6 +80,7 @@ pub use petgraph::stable_graph::NodeIndex;
 pub use print::{print_node_line, print_trace, print_trace_with, PrintOptions};
 pub use program::{Module, Param, ParamShard, Program, ProgramError};
 pub use prologue::{parse_prologue, ModuleTensor, Prologue, TensorKind};
+pub use region::{body_lines, free_names, region_body, RegionError};
 pub use registry::{
     ops, DTypeRule, Effect, EffectCache, MetaCx, MetaOut, OpDef, OpRegistry, OpSpec, RegistryError,
     ResultPlace,

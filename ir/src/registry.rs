@@ -44,6 +44,8 @@ pub mod ops {
     pub const COPY: &str = "python.copy_";
     /// Thunder's alias bookkeeping.
     pub const UPDATE_ALIASES: &str = "python.update_aliases";
+    /// A fusion region of `fuse-elementwise`: its body is its decomposition (`crate::region`).
+    pub const FUSION: &str = "tracepass.fusion";
 }
 
 /// What running an op does besides computing its outputs.

@@ -44,7 +44,7 @@ fn the_table_registers_and_every_spelling_names_its_op() {
         }
         let ns = d.name.split('.').next().unwrap();
         assert!(
-            ["prims", "ltorch", "dist", "python"].contains(&ns),
+            ["prims", "ltorch", "dist", "python", "tracepass"].contains(&ns),
             "{} is outside the canonical namespaces",
             d.name
         );

@@ -6,6 +6,7 @@ use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::ddp::{Ddp, DdpOptions, DDP};
 use crate::fsdp::{Fsdp, FsdpOptions, FSDP};
+use crate::fuse_elementwise::FuseElementwise;
 use crate::no_sync::NoSync;
 use crate::pass::PassError;
 use crate::pipeline::PassSpec;
@@ -56,6 +57,14 @@ pub static CANONICALIZE: PassDecl = PassDecl {
     options: &[],
 };
 
+/// `fuse-elementwise`: see [`mod@crate::fuse_elementwise`].
+pub static FUSE_ELEMENTWISE: PassDecl = PassDecl {
+    name: "fuse-elementwise",
+    help: "chains of elementwise and broadcast ops, each value read once, become fusion regions",
+    level: PassLevel::Trace,
+    options: &[],
+};
+
 /// The built-in passes, in the order `--help` lists them.
 pub(crate) fn builtin_registry() -> PassRegistry {
     let mut r = PassRegistry::new();
@@ -72,6 +81,8 @@ pub(crate) fn builtin_registry() -> PassRegistry {
         r.register_trace_pass(&DCE, |_| Ok(Dce)).map(|_| ()),
         r.register_trace_pass(&CSE, |_| Ok(Cse)).map(|_| ()),
         r.register_trace_pass(&CANONICALIZE, |_| Ok(Canonicalize))
+            .map(|_| ()),
+        r.register_trace_pass(&FUSE_ELEMENTWISE, |_| Ok(FuseElementwise))
             .map(|_| ()),
     ];
     for res in all {

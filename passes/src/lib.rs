@@ -109,6 +109,7 @@ pub mod ddp;
 pub mod ddp_plan;
 pub mod fold;
 pub mod fsdp;
+pub mod fuse_elementwise;
 pub mod instrument;
 pub mod manager;
 pub mod no_sync;
@@ -128,6 +129,7 @@ pub use ddp_plan::{
     plan_ddp, plan_ddp_text, BucketPlan, DdpPlan, GradientPlan, PlanError, PlanParam,
 };
 pub use fsdp::{Fsdp, FsdpOptions, Sharding};
+pub use fuse_elementwise::{fuse_elementwise, FuseElementwise, FusionStats};
 pub use instrument::{
     dump_program, IrPrinter, PassInstrumentation, ReproducerError, ReproducerWriter,
 };

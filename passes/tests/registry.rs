@@ -102,6 +102,7 @@ fn help_comes_from_the_declarations() {
         "dce",
         "cse",
         "canonicalize",
+        "fuse-elementwise",
     ] {
         assert!(h.contains(&format!("  {name} ")), "{name} in\n{h}");
     }
@@ -118,7 +119,8 @@ fn help_comes_from_the_declarations() {
             "accumulate-grads",
             "dce",
             "cse",
-            "canonicalize"
+            "canonicalize",
+            "fuse-elementwise"
         ]
     );
     assert!(h.contains("zero3|zero2"), "{h}");

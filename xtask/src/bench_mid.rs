@@ -4,7 +4,9 @@
 //! DDP (gloo) with the same threads, timed in the same run. The exports are made with the
 //! exporter (`python -m tracepass.export --model NAME`) into `target/mid-exports/` (never
 //! committed: tens of MiB of weights) when missing; PyTorch is timed when the Python named by
-//! TRACEPASS_PYTHON (default `python3`) has torch and the exporter's models.
+//! TRACEPASS_PYTHON (default `python3`) has torch and the exporter's models. Each
+//! configuration is trained twice, as exported and with `fuse-elementwise` in the pipeline
+//! (`fused st/s`); TRACEPASS_BENCH_MID_MODELS (comma-separated) limits the models.
 
 use crate::alloc_count::allocations;
 use anyhow::{bail, Context, Result};
@@ -69,12 +71,20 @@ struct Ours {
     allocs_per_step: u64,
 }
 
-fn run_ours(dir: &Path, ranks: usize, threads: usize) -> Result<Ours> {
+fn run_ours(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<Ours> {
+    let passes = match (fused, ranks) {
+        (false, _) => None,
+        (true, 1) => Some("fuse-elementwise".to_string()),
+        (true, n) => Some(format!("ddp(world_size={n}),fuse-elementwise,sort-waits")),
+    };
     let cfg = TrainConfig {
         model: ModelSource::Export(dir.to_path_buf()),
         world_size: ranks,
         steps: WARMUP + TIMED,
         threads_per_rank: threads,
+        passes: passes
+            .map(|p| tracepass_passes::parse_pipeline(&p))
+            .transpose()?,
         ..TrainConfig::default()
     };
     reset_peak_rss();
@@ -159,25 +169,29 @@ pub fn bench_mid() -> Result<()> {
         "mid benchmark: `train --model DIR` steps/s, {WARMUP} warm-up + {TIMED} timed steps, AdamW; PyTorch eager (1 rank) / DDP gloo (2 ranks), torch.set_num_threads = threads, same batches and protocol; peak = process peak RSS (tracepass: all ranks in one process; PyTorch: rank 0's process, Python and torch included)"
     );
     println!(
-        "{:<12} {:>5} {:>7} {:>10} {:>10} {:>7} {:>9} {:>9} {:>12}",
+        "{:<12} {:>5} {:>7} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9} {:>12}",
         "model",
         "ranks",
         "threads",
         "ours st/s",
+        "fused st/s",
         "torch st/s",
-        "ratio",
+        "fused/torch",
         "peak MiB",
         "torch MiB",
         "allocs/step"
     );
-    for model in MODELS {
+    let only = std::env::var("TRACEPASS_BENCH_MID_MODELS").ok();
+    let chosen = |m: &str| only.as_ref().is_none_or(|o| o.split(',').any(|x| x == m));
+    for model in MODELS.into_iter().filter(|m| chosen(m)) {
         let dir = export_dir(model)?;
         for (ranks, threads) in CONFIGS {
-            let ours = run_ours(&dir, ranks, threads)?;
+            let ours = run_ours(&dir, ranks, threads, false)?;
+            let fused = run_ours(&dir, ranks, threads, true)?;
             let (theirs, ratio, their_mem) = match run_torch(&dir, ranks, threads) {
                 Ok((s, m)) => (
                     format!("{s:.2}"),
-                    format!("{:.2}x", ours.steps_per_s / s),
+                    format!("{:.2}x", fused.steps_per_s / s),
                     mib(Some(m)),
                 ),
                 Err(e) => {
@@ -186,8 +200,9 @@ pub fn bench_mid() -> Result<()> {
                 }
             };
             println!(
-                "{model:<12} {ranks:>5} {threads:>7} {:>10.2} {theirs:>10} {ratio:>7} {:>9} {their_mem:>9} {:>12}",
+                "{model:<12} {ranks:>5} {threads:>7} {:>10.2} {:>10.2} {theirs:>10} {ratio:>7} {:>9} {their_mem:>9} {:>12}",
                 ours.steps_per_s,
+                fused.steps_per_s,
                 mib(ours.peak_rss),
                 ours.allocs_per_step
             );

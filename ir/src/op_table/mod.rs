@@ -3,7 +3,8 @@
 //! the file of its kind; the registry, the parser, the verifier and the printer all read from here.
 //!
 //! Canonical namespaces: `prims.*` (Thunder's primitives), `ltorch.*` (torch-level ops),
-//! `dist.*` (communication), `python.*` (collection plumbing and in-place updates). Spellings
+//! `dist.*` (communication), `python.*` (collection plumbing and in-place updates),
+//! `tracepass.*` (tracepass's own constructs: the fusion region of `fuse-elementwise`). Spellings
 //! come from Thunder 0.2.6's torch executor (`thunder/executors/torchex.py`): `torch.X`,
 //! `Tensor.X`, `torch.nn.functional.X`, `torch_X_prim_impl`, and the bare operator names it
 //! registers (`uniform`, `copy_`, `max_pool2d_with_indices`).
@@ -12,6 +13,7 @@ mod creation;
 mod dist;
 mod elementwise;
 pub mod fallback;
+mod fusion;
 mod indexing;
 mod nn;
 mod python;
@@ -33,6 +35,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
         python::PARTS,
         dist::PARTS,
         fallback::PARTS,
+        fusion::PARTS,
         vocab::PARTS,
     ]
     .into_iter()

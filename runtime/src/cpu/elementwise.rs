@@ -247,6 +247,37 @@ fn pow_scalar<T: Real>(v: &[T], e: f64) -> Vec<T> {
     }
 }
 
+/// `dst[i] = op(src[i])`, with the unary kernel's own function (so a fusion region gives the
+/// unfused kernel's bits; generic, as there, so `Real`'s functions are the ones called).
+pub(crate) fn unary_into<T: Real>(op: UnaryOp, src: &[T], dst: &mut [T]) {
+    for_unary_op!(op, T, f => dst.iter_mut().zip(src).for_each(|(d, &x)| *d = f(x)))
+}
+
+/// `dst[i] = a[i] op (alpha * b[i])`, with the binary kernel's own function.
+pub(crate) fn binary_into<T: Real>(op: BinaryOp, alpha: f64, a: &[T], b: &[T], dst: &mut [T]) {
+    for_binary_op!(op, T, T::of(alpha), f => dst
+        .iter_mut()
+        .zip(a.iter().zip(b))
+        .for_each(|(d, (&p, &q))| *d = f(p, q)))
+}
+
+/// `dst[i] = src[i] ** e` as the `pow` kernel computes a literal exponent ([`pow_scalar`]).
+pub(crate) fn pow_scalar_into<T: Real>(src: &[T], e: f64, dst: &mut [T]) {
+    let it = dst.iter_mut().zip(src);
+    match e {
+        2.0 => it.for_each(|(d, &x)| *d = x * x),
+        3.0 => it.for_each(|(d, &x)| *d = x * x * x),
+        0.5 => it.for_each(|(d, &x)| *d = x.sqrt()),
+        -0.5 => it.for_each(|(d, &x)| *d = T::ONE / x.sqrt()),
+        -1.0 => it.for_each(|(d, &x)| *d = T::ONE / x),
+        -2.0 => it.for_each(|(d, &x)| *d = T::ONE / (x * x)),
+        _ => {
+            let e = T::of(e);
+            it.for_each(|(d, &x)| *d = x.powf(e))
+        }
+    }
+}
+
 fn binary_typed<T: Real>(
     op: BinaryOp,
     a: Operand,

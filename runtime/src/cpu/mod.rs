@@ -25,6 +25,7 @@ pub(crate) mod promote;
 pub(crate) mod random;
 pub(crate) mod real;
 pub(crate) mod reduce;
+pub(crate) mod region;
 pub(crate) mod sort;
 pub(crate) mod special;
 pub(crate) mod var_mean;
@@ -343,6 +344,20 @@ impl Backend for CpuBackend {
         r.map_err(KernelError)
     }
 
+    fn run_region(
+        &self,
+        region: &crate::exec::region::RegionProgram,
+        inputs: &[Input<'_, Tensor>],
+    ) -> Result<Tensor, KernelError> {
+        let fits = |i: &Input<'_, Tensor>| match i {
+            Input::Tensor(t) => t.dtype() == DType::F32,
+            Input::Scalar(_) => true,
+        };
+        match &region.fused {
+            Some(f) if inputs.iter().all(fits) => Ok(region::run_fused(f, inputs)?),
+            _ => region.run_steps(self, inputs),
+        }
+    }
     fn pack(&self, members: &[&Tensor]) -> Result<Tensor, KernelError> {
         self.pack_divided(members, &[])
     }

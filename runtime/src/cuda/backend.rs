@@ -2523,6 +2523,67 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    /// A region with a fused loop on f32 operands runs as one generated kernel
+    /// (`cuda::region`); any other runs its kernels one by one.
+    fn run_region(
+        &self,
+        region: &crate::exec::region::RegionProgram,
+        inputs: &[Input<'_, CudaTensor>],
+    ) -> Result<CudaTensor, KernelError> {
+        let fits = |i: &Input<'_, CudaTensor>| match i {
+            Input::Tensor(t) => t.dtype == DType::F32,
+            Input::Scalar(_) => true,
+        };
+        let Some(f) = region.fused.as_ref().filter(|_| inputs.iter().all(fits)) else {
+            return region.run_steps(self, inputs);
+        };
+        let numbers: Vec<bool> = inputs
+            .iter()
+            .map(|i| matches!(i, Input::Scalar(_)))
+            .collect();
+        let func = self.function(
+            Some(super::region::region_source(f, &numbers)),
+            "fusion region",
+        )?;
+        let out = self.empty(f.shape.clone(), DType::F32)?;
+        let n = out.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let ptrs: Vec<u64> = inputs
+            .iter()
+            .map(|i| match i {
+                Input::Tensor(t) => t.ptr(&self.stream),
+                Input::Scalar(_) => 0,
+            })
+            .collect();
+        let nums: Vec<f32> = inputs
+            .iter()
+            .map(|i| match i {
+                Input::Scalar(x) => *x as f32,
+                Input::Tensor(_) => 0.0,
+            })
+            .collect();
+        let (po, nn) = (out.ptr(&self.stream), count(n, "fusion region")?);
+        let mut b = self.stream.launch_builder(&func);
+        for (k, num) in numbers.iter().enumerate() {
+            if *num {
+                b.arg(&nums[k]);
+            } else {
+                b.arg(&ptrs[k]);
+            }
+        }
+        b.arg(&po);
+        b.arg(&nn);
+        // SAFETY: the arguments match the generated kernel's parameters (`region_source`: one
+        // pointer or number per operand, then out and n); the loads stay within each operand,
+        // as the plan's strides come from its shape.
+        unsafe { b.launch(grid(n)) }
+            .map(|_| ())
+            .map_err(kerr("kernel launch"))?;
+        Ok(out)
+    }
+
     fn random(
         &self,
         kernel: &Kernel,

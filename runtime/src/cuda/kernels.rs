@@ -165,7 +165,7 @@ pub fn ctype(d: DType) -> Option<(&'static str, &'static str, &'static str)> {
     })
 }
 
-fn unary_expr(op: UnaryOp) -> &'static str {
+pub(crate) fn unary_expr(op: UnaryOp) -> &'static str {
     match op {
         UnaryOp::Neg => "-x",
         UnaryOp::Abs => "fabsf(x)",
@@ -224,7 +224,7 @@ fn unary_expr(op: UnaryOp) -> &'static str {
 
 /// digamma and trigamma (CUDA's math library has neither), as `cpu::special` computes them:
 /// reflection below 0, recurrence up to 10, then the asymptotic series; in double.
-const SPECIAL_FNS: &str = r#"
+pub(crate) const SPECIAL_FNS: &str = r#"
 __device__ double digamma_d(double x) {
     const double PI = 3.141592653589793;
     if (x != x) return x;
@@ -261,7 +261,7 @@ __device__ double trigamma_d(double x) {
 __device__ float trigamma_f(float x) { return (float)trigamma_d((double)x); }
 "#;
 
-fn binary_expr(op: BinaryOp) -> &'static str {
+pub(crate) fn binary_expr(op: BinaryOp) -> &'static str {
     match op {
         BinaryOp::Add => "a + alpha * b",
         BinaryOp::Sub => "a - alpha * b",
@@ -278,7 +278,7 @@ fn binary_expr(op: BinaryOp) -> &'static str {
 }
 
 /// PyTorch's `div_floor` and `remainder` of floats (as `cpu::elementwise`).
-const FLOAT_DIVISION: &str = r#"
+pub(crate) const FLOAT_DIVISION: &str = r#"
 __device__ __forceinline__ float floor_div(float a, float b) {
     if (b == 0.0f) return a / b;
     float m = fmodf(a, b);
@@ -838,6 +838,8 @@ pub fn catalog() -> Vec<Source> {
             }
         }
     }
+    // fusion regions are generated per region: these use every lane operation
+    out.extend(super::region::catalog());
     out
 }
 
@@ -868,7 +870,8 @@ mod tests {
             + 2 * 4 // and, or, xor, not on i64 and bool
             + 3 // i64 scatter_add, index_add and sort_rank
             + 1 // index_check
-            + 1; // embedding_count
+            + 1 // embedding_count
+            + 2; // the fusion regions of `region::catalog`
         assert_eq!(c.len(), want);
         let mut names: Vec<&str> = c.iter().map(|s| s.name.as_str()).collect();
         names.sort_unstable();

@@ -8,6 +8,7 @@ pub(crate) mod layouts;
 pub(crate) mod model_kernels;
 pub(crate) mod nccl;
 pub mod nvrtc;
+pub(crate) mod region;
 pub(crate) mod solo;
 pub(crate) mod train;
 pub(crate) mod watchdog;

@@ -2,6 +2,7 @@
 
 pub use crate::cpu::random::RngKey;
 use crate::exec::kernel::{BinaryOp, Kernel, Side};
+use crate::exec::region::RegionProgram;
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
 
@@ -56,6 +57,16 @@ pub trait Backend: Send + Sync + 'static {
             "{kernel:?}: random numbers are not implemented on the {} backend",
             self.name()
         )))
+    }
+    /// Runs a fusion region on its operands. The default runs the body's kernels one after
+    /// the other (the unfused ops' results); a backend runs [`RegionProgram::fused`] as one
+    /// loop or kernel when there is one.
+    fn run_region(
+        &self,
+        region: &RegionProgram,
+        inputs: &[Input<'_, Self::Tensor>],
+    ) -> Result<Self::Tensor, KernelError> {
+        region.run_steps(self, inputs)
     }
     /// Concatenates the flattened members into one 1-d bucket buffer.
     fn pack(&self, members: &[&Self::Tensor]) -> Result<Self::Tensor, KernelError>;

@@ -289,6 +289,25 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                         }
                     }
                 }
+                InstrKind::Region(region) => {
+                    let mut args: Vec<Input<'_, B::Tensor>> = Vec::with_capacity(ins.inputs.len());
+                    for &s in &ins.inputs {
+                        args.push(match &self.slots[s] {
+                            RValue::Tensor(t) => Input::Tensor(t),
+                            RValue::Scalar(x) => Input::Scalar(*x),
+                            other => {
+                                return Err(Failure::Node(
+                                    i,
+                                    format!("operand `{}` is {}", plan.slot_names[s], other.kind()),
+                                ))
+                            }
+                        });
+                    }
+                    let out = backend
+                        .run_region(region, &args)
+                        .map_err(|e| Failure::Node(i, e.0))?;
+                    self.slots[ins.outputs[0]] = RValue::Tensor(out);
+                }
                 InstrKind::UnpackSequence => {
                     let src = ins
                         .inputs

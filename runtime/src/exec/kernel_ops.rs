@@ -486,6 +486,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         (ops::BUCKET_PACK, Plan),
         (ops::UNPACK, Plan),
         (ops::UPDATE_BUCKET_VIEW, Cpu(identity)),
+        // ----- fusion regions (`exec::region`) -----
+        (ops::FUSION, Plan),
     ]
 };
 

@@ -11,6 +11,7 @@ pub(crate) mod kernel;
 pub(crate) mod kernel_ops;
 pub(crate) mod metrics;
 pub(crate) mod plan;
+pub(crate) mod region;
 
 pub use backend::{Backend, Input, KernelError, RngKey};
 pub use executor::{ExecError, Executor, RValue};
@@ -27,3 +28,4 @@ pub use plan::{
     ArgSpec, CollectiveInfo, CollectiveKind, Instr, InstrKind, MissingKernel, Plan, PlanError,
     Slot, PLANNED_OPS,
 };
+pub use region::{FusedLoop, LaneOp, RegionProgram, Src, Step};

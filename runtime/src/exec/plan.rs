@@ -4,6 +4,7 @@
 use crate::comm::ReduceOp;
 use crate::exec::kernel::{BinaryOp, Kernel, Side};
 use crate::exec::kernel_ops::decode;
+use crate::exec::region::RegionProgram;
 use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
 
 /// Index of a value's slot in the executor's table.
@@ -44,6 +45,8 @@ pub enum InstrKind {
         offsets: Vec<usize>,
         shapes: Vec<Vec<usize>>,
     },
+    /// A fusion region of `fuse-elementwise`: inputs are its operands, one output.
+    Region(std::sync::Arc<RegionProgram>),
 }
 
 #[derive(Clone, Debug)]
@@ -170,6 +173,7 @@ pub const PLANNED_OPS: &[&str] = &[
     ops::REDUCE_SCATTER,
     ops::WAIT,
     ops::UNPACK,
+    ops::FUSION,
 ];
 
 #[derive(Clone, Debug)]
@@ -454,6 +458,13 @@ impl Plan {
                             .collect(),
                     };
                     (InstrKind::Unpack { offsets, shapes }, vec![buf])
+                }
+                ops::FUSION => {
+                    let region = RegionProgram::compile(trace, node).map_err(|m| err(&line, m))?;
+                    (
+                        InstrKind::Region(std::sync::Arc::new(region)),
+                        values(node.args()),
+                    )
                 }
                 _ => match decode(trace, node) {
                     Ok(crate::exec::kernel::Decoded {

@@ -211,6 +211,18 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
                 buckets[b].wait_s = now;
                 now = now.max(buckets[b].end_s);
             }
+            // a fusion region is one kernel: its operands read once, its output written once
+            // (timed as one elementwise op over them: regions are memory bound)
+            ops::FUSION => {
+                let mut ins: Vec<ValueId> = Vec::new();
+                n.args()
+                    .iter()
+                    .for_each(|a| a.for_each_value(&mut |v| ins.push(v)));
+                let one = Kernel::Unary(crate::exec::kernel::UnaryOp::Neg);
+                let dt = op_time(trace, &one, &ins, n.outputs(), dev);
+                push_busy(&mut now, dt, &mut busy);
+                ops_count += 1;
+            }
             _ => {
                 let d = decode(trace, n).map_err(err)?;
                 // `d.then` (so far only the reshape after a getitem's slice) is not timed

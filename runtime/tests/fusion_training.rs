@@ -1,0 +1,144 @@
+//! Training the corpus with `fuse-elementwise` in the pipeline: step-0 losses and gradients
+//! equal eager PyTorch within the corpus bars (as `models_train.rs` checks without fusion),
+//! and, with DDP on 2 ranks, the gradients are bit for bit those of the unfused pipeline, on
+//! every rank and for every bucket size.
+
+use std::path::{Path, PathBuf};
+use tracepass_ir::DType;
+use tracepass_passes::parse_pipeline;
+use tracepass_runtime::tensor::{Tensor, TensorFile};
+use tracepass_runtime::train::OptimizerKind;
+use tracepass_runtime::train::{train, Model, ModelSource, TrainConfig, TrainReport};
+
+fn corpus() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("testdata/models")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.join("export.json").is_file())
+        .collect();
+    v.sort();
+    assert!(v.len() >= 12, "the corpus has {} exports", v.len());
+    v
+}
+
+fn name(dir: &Path) -> String {
+    dir.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn plain_export(dir: &Path) -> bool {
+    json(&dir.join("export.json"))["world_size"].is_null()
+        && json(&dir.join("reference/loss.json"))["deterministic"]
+            .as_bool()
+            .unwrap()
+}
+
+fn low_precision(dir: &Path) -> bool {
+    Model::load(&ModelSource::Export(dir.to_path_buf()))
+        .unwrap()
+        .program
+        .params
+        .iter()
+        .any(|p| matches!(p.dtype, DType::BF16 | DType::F16))
+}
+
+fn run(dir: &Path, world: usize, pipeline: &str, bucket_mb: f64) -> TrainReport {
+    let c = TrainConfig {
+        model: ModelSource::Export(dir.to_path_buf()),
+        world_size: world,
+        steps: 1,
+        keep_all_ranks: true,
+        pin_ranks: false,
+        bucket_mb,
+        optimizer: OptimizerKind::Sgd { lr: 0.0 },
+        passes: Some(parse_pipeline(pipeline).unwrap()),
+        ..TrainConfig::default()
+    };
+    train(&c, &|_, _| {}).unwrap_or_else(|e| panic!("{} `{pipeline}`: {e}", name(dir)))
+}
+
+fn rel_err(got: &[f64], want: &[f64], zero_scale: f64) -> f64 {
+    let err = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let m = want.iter().map(|x| x.abs()).fold(0.0, f64::max);
+    let scale = if m < 1e-6 * zero_scale { zero_scale } else { m };
+    err / scale.max(f64::MIN_POSITIVE)
+}
+
+fn same_bits(a: &[Option<Tensor>], b: &[Option<Tensor>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Some(x), Some(y)) => x.bitwise_eq(y),
+            (None, None) => true,
+            _ => false,
+        })
+}
+
+#[test]
+fn fused_training_matches_eager_pytorch_and_the_unfused_bits() {
+    let mut checked = 0;
+    for dir in corpus().into_iter().filter(|d| plain_export(d)) {
+        // one rank: against PyTorch, with the corpus bars (models_train.rs)
+        let r = run(&dir, 1, "fuse-elementwise", 25.0);
+        let want = json(&dir.join("reference/loss.json"))["losses"][0]
+            .as_f64()
+            .unwrap();
+        let (loss_bar, grad_bar) = if low_precision(&dir) {
+            (1e-2, 3e-2)
+        } else {
+            (1e-5, 1e-4)
+        };
+        assert!(
+            ((r.losses[0] - want) / want).abs() < loss_bar,
+            "{}: fused step-0 loss {} vs PyTorch {want}",
+            name(&dir),
+            r.losses[0]
+        );
+        let reference = TensorFile::load(&dir.join("reference/grads.safetensors")).unwrap();
+        let largest = reference
+            .tensors
+            .values()
+            .map(|t| t.to_f64_vec().iter().map(|x| x.abs()).fold(0.0, f64::max))
+            .fold(0.0, f64::max);
+        for (fqn, want) in &reference.tensors {
+            let i = r.param_names.iter().position(|n| n == fqn).unwrap();
+            let g = r.grads_step0[0][i].as_ref().unwrap();
+            let e = rel_err(&g.to_f64_vec(), &want.to_f64_vec(), largest);
+            assert!(e < grad_bar, "{}: fused `{fqn}` off by {e:e}", name(&dir));
+        }
+        let unfused = run(&dir, 1, "dce", 25.0);
+        assert!(
+            same_bits(&r.grads_step0[0], &unfused.grads_step0[0]),
+            "{}",
+            name(&dir)
+        );
+        // two ranks, every bucket size: the unfused pipeline's bits on every rank
+        let plain = run(&dir, 2, "ddp(world_size=2),sort-waits", 25.0);
+        for mb in [0.0, 0.001, 25.0] {
+            let fused = run(
+                &dir,
+                2,
+                &format!("ddp(world_size=2,bucket_mb={mb}),fuse-elementwise,sort-waits"),
+                mb,
+            );
+            for rank in 0..2 {
+                assert!(
+                    same_bits(&fused.grads_step0[rank], &plain.grads_step0[0]),
+                    "{} bucket {mb} rank {rank}: gradients differ from the unfused ones",
+                    name(&dir)
+                );
+            }
+            let bits = |r: &TrainReport| r.losses.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fused), bits(&plain), "{}", name(&dir));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 4, "only {checked} models checked");
+}
