@@ -28,6 +28,9 @@ pub(crate) fn run<B: Backend>(
     kernel: &Kernel,
     inputs: &[Input<'_, B::Tensor>],
 ) -> Option<Result<B::Tensor, KernelError>> {
+    if let Some(r) = crate::exec::vocab_composite::run(backend, kernel, inputs) {
+        return Some(r);
+    }
     if let Some(r) = conv_transpose::run(backend, kernel, inputs) {
         return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),

@@ -128,6 +128,10 @@ pub enum BinaryOp {
     Remainder,
     /// `fmod`: C's `fmod`, the sign of `a`.
     Fmod,
+    /// `nextafter(a, b)`: the next float after `a` toward `b`, in the operands' dtype.
+    Nextafter,
+    /// `special.zeta(x, q)`: the Hurwitz zeta function, sum over k >= 0 of (k + q)^-x.
+    Zeta,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -429,6 +433,52 @@ pub enum Kernel {
     Normal {
         shape: Vec<usize>,
         dtype: DType,
+    },
+    /// `lerp(start, end, weight)`: inputs `start, end` and, when `weight` is an input, the
+    /// weight tensor (`exec/vocab_composite.rs`, as are the kernels below up to `Unfold`).
+    Lerp {
+        weight: Side,
+    },
+    /// aten's `log_sigmoid_backward(grad, x, buffer)`: inputs `grad, x`; `grad * sigmoid(-x)`.
+    LogSigmoidBackward,
+    /// `any(a, dim, keepdim)`: a bool tensor, whether any element along `dims` is nonzero.
+    Any {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
+    /// `index_copy(a, dim, index, source)`: inputs `a, index, source`; slice `i` of `source`
+    /// replaces slice `index[i]` of `a`.
+    IndexCopy {
+        dim: usize,
+    },
+    /// `scatter(a, dim, index, src)`: inputs `a, index` and `src` unless `value` is given;
+    /// each `src` element (or `value`) replaces the element of `a` `index` sends it to.
+    Scatter {
+        dim: usize,
+        value: Option<f64>,
+    },
+    /// `index_put(a, indices, values, accumulate)`: inputs `a, values, *indices` (integer
+    /// tensors that broadcast together, indexing `a`'s leading dimensions).
+    IndexPut {
+        accumulate: bool,
+    },
+    /// `Tensor.unfold(dim, size, step)`: windows of `size` every `step` along `dim`, in a new
+    /// last dimension.
+    Unfold {
+        dim: usize,
+        size: usize,
+        step: usize,
+    },
+    /// `batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`:
+    /// inputs `x`, then `running_mean, running_var` when `running`, `weight` and `bias` when
+    /// present. Training normalizes by the batch's statistics (the running statistics are not
+    /// updated: a trace's values are immutable), evaluation by the running ones.
+    BatchNorm {
+        training: bool,
+        eps: f64,
+        running: bool,
+        weight: bool,
+        bias: bool,
     },
     /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
     Uniform {

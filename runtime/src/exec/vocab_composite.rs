@@ -1,0 +1,457 @@
+//! The ops of Thunder's OpInfo vocabulary that every backend runs from its own kernels
+//! (`exec/composite.rs` holds the corpus's): `lerp`, aten's `log_sigmoid_backward`, `any`,
+//! `index_copy`, `scatter`, `index_put`, `Tensor.unfold` and `batch_norm`. Each is built from
+//! elementwise ops, comparisons, `where`, `index_add`/`scatter_add`, slices and reductions,
+//! so CPU and CUDA agree by construction.
+//!
+//! The overwriting ops (`index_copy`, `scatter`, `index_put`) clear the places they write
+//! (a mask from adding ones there), then add the new values: with an index that repeats,
+//! PyTorch leaves which write wins unspecified, and these sum the repeated writes.
+
+use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side, UnaryOp};
+use tracepass_ir::DType;
+
+type R<T> = Result<T, KernelError>;
+
+fn err(op: &str, m: impl std::fmt::Display) -> KernelError {
+    KernelError(format!("{op}: {m}"))
+}
+
+/// Runs `kernel` if it is one of this module's ops.
+pub(crate) fn run<B: Backend>(
+    backend: &B,
+    kernel: &Kernel,
+    inputs: &[Input<'_, B::Tensor>],
+) -> Option<R<B::Tensor>> {
+    let c = Cx { b: backend };
+    Some(match kernel {
+        Kernel::Lerp { weight } => c.lerp(*weight, inputs),
+        Kernel::LogSigmoidBackward => tensors::<B, 2>("log_sigmoid_backward", inputs)
+            .and_then(|[g, x]| c.log_sigmoid_backward(g, x)),
+        Kernel::Any { dims, keepdim } => {
+            tensors::<B, 1>("any", inputs).and_then(|[x]| c.any(x, dims, *keepdim))
+        }
+        Kernel::IndexCopy { dim } => tensors::<B, 3>("index_copy", inputs)
+            .and_then(|[a, index, source]| c.index_copy(a, *dim, index, source)),
+        Kernel::Scatter { dim, value } => c.scatter(*dim, *value, inputs),
+        Kernel::IndexPut { accumulate } => c.index_put(*accumulate, inputs),
+        Kernel::Unfold { dim, size, step } => {
+            tensors::<B, 1>("unfold", inputs).and_then(|[x]| c.unfold(x, *dim, *size, *step))
+        }
+        Kernel::BatchNorm {
+            training,
+            eps,
+            running,
+            weight,
+            bias,
+        } => c.batch_norm(*training, *eps, *running, *weight, *bias, inputs),
+        _ => return None,
+    })
+}
+
+/// The first `N` inputs, each a tensor.
+fn tensors<'t, B: Backend, const N: usize>(
+    op: &str,
+    inputs: &[Input<'t, B::Tensor>],
+) -> R<[&'t B::Tensor; N]> {
+    let mut out = Vec::with_capacity(N);
+    for i in 0..N {
+        match inputs.get(i) {
+            Some(Input::Tensor(t)) => out.push(*t),
+            _ => return Err(err(op, format!("input {i} must be a tensor"))),
+        }
+    }
+    out.try_into()
+        .map_err(|_| err(op, format!("{N} tensor inputs are needed")))
+}
+
+fn tensor_at<'t, T>(op: &str, inputs: &[Input<'t, T>], i: usize) -> R<&'t T> {
+    match inputs.get(i) {
+        Some(Input::Tensor(t)) => Ok(*t),
+        _ => Err(err(op, format!("input {i} must be a tensor"))),
+    }
+}
+
+/// A backend and the kernels these ops are made of.
+struct Cx<'b, B> {
+    b: &'b B,
+}
+
+impl<B: Backend> Cx<'_, B> {
+    fn k(&self, kernel: Kernel, inputs: &[&B::Tensor]) -> R<B::Tensor> {
+        let inputs: Vec<Input<'_, B::Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
+        self.b.run(&kernel, &inputs)
+    }
+    /// `x op alpha * y`.
+    fn bin(&self, op: BinaryOp, x: &B::Tensor, y: &B::Tensor, alpha: f64) -> R<B::Tensor> {
+        self.k(
+            Kernel::Binary {
+                op,
+                a: Side::Input(0),
+                b: Side::Input(1),
+                alpha,
+            },
+            &[x, y],
+        )
+    }
+    /// `x op s`.
+    fn bin_s(&self, op: BinaryOp, x: &B::Tensor, s: f64) -> R<B::Tensor> {
+        self.k(
+            Kernel::Binary {
+                op,
+                a: Side::Input(0),
+                b: Side::Scalar(s),
+                alpha: 1.0,
+            },
+            &[x],
+        )
+    }
+    fn cmp_s(&self, op: CompareOp, x: &B::Tensor, s: f64) -> R<B::Tensor> {
+        self.k(
+            Kernel::Compare {
+                op,
+                a: Side::Input(0),
+                b: Side::Scalar(s),
+            },
+            &[x],
+        )
+    }
+    fn reshape(&self, x: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
+        self.k(Kernel::Reshape(shape.to_vec()), &[x])
+    }
+    fn full(&self, shape: &[usize], value: f64, dtype: DType) -> R<B::Tensor> {
+        self.k(
+            Kernel::Full {
+                shape: shape.to_vec(),
+                value,
+                dtype,
+            },
+            &[],
+        )
+    }
+    fn shape(&self, x: &B::Tensor) -> Vec<usize> {
+        self.b.shape(x).to_vec()
+    }
+
+    /// PyTorch's `lerp`: `start + w * (end - start)` where `|w| < 0.5`, else
+    /// `end - (end - start) * (1 - w)`, exact at both ends.
+    fn lerp(&self, weight: Side, inputs: &[Input<'_, B::Tensor>]) -> R<B::Tensor> {
+        let start = tensor_at("lerp", inputs, 0)?;
+        let end = tensor_at("lerp", inputs, 1)?;
+        let w = match weight {
+            Side::Scalar(w) => Err(w),
+            Side::Input(i) => match inputs.get(i) {
+                Some(Input::Tensor(t)) => Ok(*t),
+                Some(Input::Scalar(w)) => Err(*w),
+                None => return Err(err("lerp", format!("input {i} is missing"))),
+            },
+        };
+        let diff = self.bin(BinaryOp::Sub, end, start, 1.0)?;
+        match w {
+            Err(w) if w.abs() < 0.5 => self.bin(BinaryOp::Add, start, &diff, w),
+            Err(w) => self.bin(BinaryOp::Sub, end, &diff, 1.0 - w),
+            Ok(w) => {
+                let wd = self.bin(BinaryOp::Mul, w, &diff, 1.0)?;
+                let lo = self.bin(BinaryOp::Add, start, &wd, 1.0)?;
+                let one_minus = self.k(
+                    Kernel::Binary {
+                        op: BinaryOp::Sub,
+                        a: Side::Scalar(1.0),
+                        b: Side::Input(0),
+                        alpha: 1.0,
+                    },
+                    &[w],
+                )?;
+                let hd = self.bin(BinaryOp::Mul, &diff, &one_minus, 1.0)?;
+                let hi = self.bin(BinaryOp::Sub, end, &hd, 1.0)?;
+                let abs = self.k(Kernel::Unary(UnaryOp::Abs), &[w])?;
+                let near_start = self.cmp_s(CompareOp::Lt, &abs, 0.5)?;
+                let dtype = self.b.dtype(&lo);
+                self.k(
+                    Kernel::Where {
+                        a: Side::Input(1),
+                        b: Side::Input(2),
+                        dtype,
+                    },
+                    &[&near_start, &lo, &hi],
+                )
+            }
+        }
+    }
+
+    /// `grad * sigmoid(-x)`, the derivative of `log(sigmoid(x))`.
+    fn log_sigmoid_backward(&self, g: &B::Tensor, x: &B::Tensor) -> R<B::Tensor> {
+        let neg = self.k(Kernel::Unary(UnaryOp::Neg), &[x])?;
+        let s = self.k(Kernel::Unary(UnaryOp::Sigmoid), &[&neg])?;
+        self.bin(BinaryOp::Mul, g, &s, 1.0)
+    }
+
+    /// Nonzero as 1.0 (NaN included), its amax over `dims`, compared with 0.
+    fn any(&self, x: &B::Tensor, dims: &[usize], keepdim: bool) -> R<B::Tensor> {
+        let dtype = self.b.dtype(x);
+        let nonzero = if dtype.is_float() {
+            self.cmp_s(CompareOp::Ne, x, 0.0)?
+        } else {
+            // a nonzero integer stays nonzero as f32
+            let f = self.k(Kernel::Convert(DType::F32), &[x])?;
+            self.cmp_s(CompareOp::Ne, &f, 0.0)?
+        };
+        if dims.is_empty() {
+            return Ok(nonzero);
+        }
+        let ones = self.k(Kernel::Convert(DType::F32), &[&nonzero])?;
+        let most = self.k(
+            Kernel::Reduce {
+                op: ReduceOp::Amax,
+                dims: dims.to_vec(),
+                keepdim,
+                dtype: DType::F32,
+            },
+            &[&ones],
+        )?;
+        self.cmp_s(CompareOp::Ne, &most, 0.0)
+    }
+
+    /// `a` with the places `mask` marks set to 0.
+    fn cleared(&self, a: &B::Tensor, counts: &B::Tensor) -> R<B::Tensor> {
+        let hit = self.cmp_s(CompareOp::Gt, counts, 0.0)?;
+        let dtype = self.b.dtype(a);
+        self.k(
+            Kernel::Where {
+                a: Side::Scalar(0.0),
+                b: Side::Input(1),
+                dtype,
+            },
+            &[&hit, a],
+        )
+    }
+
+    fn index_copy(
+        &self,
+        a: &B::Tensor,
+        dim: usize,
+        index: &B::Tensor,
+        source: &B::Tensor,
+    ) -> R<B::Tensor> {
+        let dtype = self.b.dtype(a);
+        let zeros = self.full(&self.shape(a), 0.0, dtype)?;
+        let ones = self.full(&self.shape(source), 1.0, dtype)?;
+        let counts = self.k(Kernel::IndexAdd { dim }, &[&zeros, index, &ones])?;
+        let cleared = self.cleared(a, &counts)?;
+        self.k(Kernel::IndexAdd { dim }, &[&cleared, index, source])
+    }
+
+    fn scatter(
+        &self,
+        dim: usize,
+        value: Option<f64>,
+        inputs: &[Input<'_, B::Tensor>],
+    ) -> R<B::Tensor> {
+        let a = tensor_at("scatter", inputs, 0)?;
+        let index = tensor_at("scatter", inputs, 1)?;
+        let dtype = self.b.dtype(a);
+        let at = self.shape(index);
+        let zeros = self.full(&self.shape(a), 0.0, dtype)?;
+        let ones = self.full(&at, 1.0, dtype)?;
+        let counts = self.k(Kernel::ScatterAdd { dim }, &[&zeros, index, &ones])?;
+        let cleared = self.cleared(a, &counts)?;
+        let filled;
+        let src = match value {
+            Some(v) => {
+                filled = self.full(&at, v, dtype)?;
+                &filled
+            }
+            None => tensor_at("scatter", inputs, 2)?,
+        };
+        self.k(Kernel::ScatterAdd { dim }, &[&cleared, index, src])
+    }
+
+    /// Advanced indexing `a[i0, i1, ...] = values` (or `+=`): the index tensors, wrapped and
+    /// broadcast, give one row-major position into `a`'s leading dimensions; `a` seen as
+    /// `[positions, *rest]` takes the values' rows there by `index_copy` (`index_add`).
+    fn index_put(&self, accumulate: bool, inputs: &[Input<'_, B::Tensor>]) -> R<B::Tensor> {
+        let a = tensor_at("index_put", inputs, 0)?;
+        let values = tensor_at("index_put", inputs, 1)?;
+        let indices = (2..inputs.len())
+            .map(|i| tensor_at("index_put", inputs, i))
+            .collect::<R<Vec<_>>>()?;
+        let shape = self.shape(a);
+        let k = indices.len();
+        if k == 0 || k > shape.len() {
+            return Err(err(
+                "index_put",
+                format!("{k} index tensors for a tensor of shape {shape:?}"),
+            ));
+        }
+        let shapes: Vec<Vec<usize>> = indices.iter().map(|t| self.shape(t)).collect();
+        let mut common: Vec<usize> = Vec::new();
+        for s in &shapes {
+            common = tracepass_ir::broadcast_shapes(&common, s).ok_or_else(|| {
+                err(
+                    "index_put",
+                    format!("index shapes {shapes:?} do not broadcast"),
+                )
+            })?;
+        }
+        let to_i64 = |s: &[usize]| s.iter().map(|&d| d as i64).collect::<Vec<_>>();
+        let mut position: Option<B::Tensor> = None;
+        let mut stride = 1usize;
+        for (j, idx) in indices.iter().enumerate().rev() {
+            let e = self.k(Kernel::Expand(to_i64(&common)), &[idx])?;
+            let e = self.k(Kernel::Convert(DType::I64), &[&e])?;
+            // negative indices count from the end
+            let negative = self.cmp_s(CompareOp::Lt, &e, 0.0)?;
+            let shifted = self.bin_s(BinaryOp::Add, &e, shape[j] as f64)?;
+            let e = self.k(
+                Kernel::Where {
+                    a: Side::Input(1),
+                    b: Side::Input(2),
+                    dtype: DType::I64,
+                },
+                &[&negative, &shifted, &e],
+            )?;
+            let term = self.bin_s(BinaryOp::Mul, &e, stride as f64)?;
+            position = Some(match position {
+                None => term,
+                Some(p) => self.bin(BinaryOp::Add, &p, &term, 1.0)?,
+            });
+            stride *= shape[j];
+        }
+        let position = position.ok_or_else(|| err("index_put", "no index tensors"))?;
+        let n: usize = common.iter().product();
+        let position = self.reshape(&position, &[n])?;
+        let rest = &shape[k..];
+        let flat_shape: Vec<usize> = std::iter::once(stride)
+            .chain(rest.iter().copied())
+            .collect();
+        let flat = self.reshape(a, &flat_shape)?;
+        let full_shape: Vec<usize> = common.iter().chain(rest).copied().collect();
+        let rows = self.k(Kernel::Expand(to_i64(&full_shape)), &[values])?;
+        let row_shape: Vec<usize> = std::iter::once(n).chain(rest.iter().copied()).collect();
+        let rows = self.reshape(&rows, &row_shape)?;
+        let out = if accumulate {
+            self.k(Kernel::IndexAdd { dim: 0 }, &[&flat, &position, &rows])?
+        } else {
+            self.index_copy(&flat, 0, &position, &rows)?
+        };
+        self.reshape(&out, &shape)
+    }
+
+    /// Each window a slice, stacked along `dim`, its elements moved to the last dimension.
+    fn unfold(&self, x: &B::Tensor, dim: usize, size: usize, step: usize) -> R<B::Tensor> {
+        let mut shape = self.shape(x);
+        let scalar = shape.is_empty();
+        let x = if scalar {
+            shape = vec![1];
+            self.reshape(x, &shape)?
+        } else {
+            self.k(Kernel::Identity, &[x])?
+        };
+        let n = *shape
+            .get(dim)
+            .ok_or_else(|| err("unfold", format!("no dimension {dim} in {shape:?}")))?;
+        if size > n || step == 0 {
+            return Err(err(
+                "unfold",
+                format!("windows of {size} every {step} along {n} elements"),
+            ));
+        }
+        let windows = (n - size) / step + 1;
+        let slices = (0..windows)
+            .map(|w| {
+                let mut start = vec![0i64; shape.len()];
+                let mut end: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+                start[dim] = (w * step) as i64;
+                end[dim] = (w * step + size) as i64;
+                self.k(
+                    Kernel::Slice {
+                        start,
+                        end,
+                        step: vec![1; shape.len()],
+                    },
+                    &[&x],
+                )
+            })
+            .collect::<R<Vec<_>>>()?;
+        let refs: Vec<&B::Tensor> = slices.iter().collect();
+        let stacked = self.k(Kernel::Stack { dim: dim as i64 }, &refs)?;
+        // [.., windows, size, ..]: the window's elements (dim + 1) last
+        let rank = shape.len() + 1;
+        let perm: Vec<usize> = (0..rank)
+            .filter(|&d| d != dim + 1)
+            .chain([dim + 1])
+            .collect();
+        let moved = self.k(Kernel::Permute(perm), &[&stacked])?;
+        let mut out = if scalar { Vec::new() } else { shape.clone() };
+        if let Some(d) = out.get_mut(dim) {
+            *d = windows;
+        }
+        out.push(size);
+        self.reshape(&moved, &out)
+    }
+
+    /// `(x - mean) / sqrt(var + eps) * weight + bias` per channel (dimension 1): the batch's
+    /// biased statistics in training, the running ones in evaluation.
+    fn batch_norm(
+        &self,
+        training: bool,
+        eps: f64,
+        running: bool,
+        weight: bool,
+        bias: bool,
+        inputs: &[Input<'_, B::Tensor>],
+    ) -> R<B::Tensor> {
+        let x = tensor_at("batch_norm", inputs, 0)?;
+        let shape = self.shape(x);
+        if shape.len() < 2 {
+            return Err(err(
+                "batch_norm",
+                format!("input {shape:?} has no channels"),
+            ));
+        }
+        let mut channel = vec![1usize; shape.len()];
+        channel[1] = shape[1];
+        let mut next = 1;
+        let mut take = |present: bool| -> R<Option<B::Tensor>> {
+            if !present {
+                return Ok(None);
+            }
+            let t = tensor_at("batch_norm", inputs, next)?;
+            next += 1;
+            self.reshape(t, &channel).map(Some)
+        };
+        let stats = (take(running)?, take(running)?);
+        let (weight, bias) = (take(weight)?, take(bias)?);
+        let (var, mean) = match (training, stats) {
+            (false, (Some(m), Some(v))) => (v, m),
+            (false, _) => return Err(err("batch_norm", "evaluation needs running statistics")),
+            (true, _) => {
+                let dims: Vec<i64> = (0..shape.len() as i64).filter(|&d| d != 1).collect();
+                let mut vm = self.b.run_multi(
+                    &Kernel::VarMean {
+                        dims: Some(dims),
+                        correction: 0.0,
+                        keepdim: true,
+                    },
+                    &[Input::Tensor(x)],
+                )?;
+                match (vm.pop(), vm.pop()) {
+                    (Some(m), Some(v)) => (v, m),
+                    _ => return Err(err("batch_norm", "var_mean gave no pair")),
+                }
+            }
+        };
+        let centered = self.bin(BinaryOp::Sub, x, &mean, 1.0)?;
+        let shifted = self.bin_s(BinaryOp::Add, &var, eps)?;
+        let inv = self.k(Kernel::Unary(UnaryOp::Rsqrt), &[&shifted])?;
+        let mut y = self.bin(BinaryOp::Mul, &centered, &inv, 1.0)?;
+        if let Some(w) = weight {
+            y = self.bin(BinaryOp::Mul, &y, &w, 1.0)?;
+        }
+        if let Some(b) = bias {
+            y = self.bin(BinaryOp::Add, &y, &b, 1.0)?;
+        }
+        Ok(y)
+    }
+}
