@@ -571,7 +571,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::Scatter { .. }
         | Kernel::IndexPut { .. }
         | Kernel::Unfold { .. }
-        | Kernel::BatchNorm { .. } => vec![],
+        | Kernel::BatchNorm { .. }
+        | Kernel::Frexp => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -617,6 +618,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::IndexPut { .. }
             | Kernel::Unfold { .. }
             | Kernel::BatchNorm { .. }
+            | Kernel::Frexp
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding

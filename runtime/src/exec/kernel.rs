@@ -480,6 +480,10 @@ pub enum Kernel {
         weight: bool,
         bias: bool,
     },
+    /// `frexp(a)` of a float tensor: two outputs, the mantissa (`a`'s dtype, magnitude in
+    /// [0.5, 1)) and the i32 exponent, `a = mantissa * 2^exponent`; 0, inf and NaN keep
+    /// themselves as mantissa with exponent 0.
+    Frexp,
     /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
     Uniform {
         shape: Vec<usize>,
@@ -541,7 +545,8 @@ impl Kernel {
             Kernel::MaxPool2d { .. }
             | Kernel::VarMean { .. }
             | Kernel::Sort { .. }
-            | Kernel::Topk { .. } => 2,
+            | Kernel::Topk { .. }
+            | Kernel::Frexp => 2,
             Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,

@@ -129,13 +129,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.erfcinv", Cpu(|o| unary(o, UnaryOp::Erfcinv))),
         ("ltorch.ndtri", Cpu(|o| unary(o, UnaryOp::Ndtri))),
         ("ltorch.polygamma", Cpu(polygamma)),
-        (
-            "ltorch.frexp",
-            Unsupported {
-                reason: "no kernel splits floats into mantissa and exponent (a two-output \
-                         elementwise op; the kernel set's elementwise kernels give one)",
-            },
-        ),
+        ("ltorch.frexp", Cpu(vocab::frexp)),
         (
             "ltorch.log_sigmoid_backward",
             Cpu(vocab::log_sigmoid_backward),

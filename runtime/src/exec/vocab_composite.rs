@@ -1,6 +1,7 @@
 //! The ops of Thunder's OpInfo vocabulary that every backend runs from its own kernels
 //! (`exec/composite.rs` holds the corpus's): `lerp`, aten's `log_sigmoid_backward`, `any`,
-//! `index_copy`, `scatter`, `index_put`, `Tensor.unfold` and `batch_norm`. Each is built from
+//! `index_copy`, `scatter`, `index_put`, `Tensor.unfold`, `batch_norm` and `frexp`. Each is
+//! built from
 //! elementwise ops, comparisons, `where`, `index_add`/`scatter_add`, slices and reductions,
 //! so CPU and CUDA agree by construction.
 //!
@@ -46,6 +47,19 @@ pub(crate) fn run<B: Backend>(
             weight,
             bias,
         } => c.batch_norm(*training, *eps, *running, *weight, *bias, inputs),
+        _ => return None,
+    })
+}
+
+/// Runs `kernel` if it is one of this module's ops of several outputs.
+pub(crate) fn run_multi<B: Backend>(
+    backend: &B,
+    kernel: &Kernel,
+    inputs: &[Input<'_, B::Tensor>],
+) -> Option<R<Vec<B::Tensor>>> {
+    let c = Cx { b: backend };
+    Some(match kernel {
+        Kernel::Frexp => tensors::<B, 1>("frexp", inputs).and_then(|[x]| c.frexp(x)),
         _ => return None,
     })
 }
@@ -391,6 +405,71 @@ impl<B: Backend> Cx<'_, B> {
         self.reshape(&moved, &out)
     }
 
+    /// `e = floor(log2 |x|) + 1` and `m = x * 2^-e` (the power of two in two halves, so a
+    /// subnormal `x` does not overflow it), moved by one where `log2` rounded across a power
+    /// of two; 0, inf and NaN are their own mantissa with exponent 0.
+    fn frexp(&self, x: &B::Tensor) -> R<Vec<B::Tensor>> {
+        let dtype = self.b.dtype(x);
+        let un = |op, t: &B::Tensor| self.k(Kernel::Unary(op), &[t]);
+        let select = |cond: &B::Tensor, a: &B::Tensor, b: &B::Tensor| {
+            let dtype = self.b.dtype(a);
+            self.k(
+                Kernel::Where {
+                    a: Side::Input(1),
+                    b: Side::Input(2),
+                    dtype,
+                },
+                &[cond, a, b],
+            )
+        };
+        let abs = un(UnaryOp::Abs, x)?;
+        let log = un(UnaryOp::Log2, &abs)?;
+        let floor = un(UnaryOp::Floor, &log)?;
+        let mut e = self.bin_s(BinaryOp::Add, &floor, 1.0)?;
+        let half = self.bin_s(BinaryOp::Mul, &e, 0.5)?;
+        let h = un(UnaryOp::Floor, &half)?;
+        let rest = self.bin(BinaryOp::Sub, &e, &h, 1.0)?;
+        let mut m = x.clone();
+        for part in [&h, &rest] {
+            let neg = un(UnaryOp::Neg, part)?;
+            let scale = un(UnaryOp::Exp2, &neg)?;
+            m = self.bin(BinaryOp::Mul, &m, &scale, 1.0)?;
+        }
+        // log2 rounded up or down across a power of two: one step back into [0.5, 1)
+        for (op, bound, by, step) in [
+            (CompareOp::Ge, 1.0, 0.5, 1.0),
+            (CompareOp::Lt, 0.5, 2.0, -1.0),
+        ] {
+            let am = un(UnaryOp::Abs, &m)?;
+            let off = self.cmp_s(op, &am, bound)?;
+            let moved = self.bin_s(BinaryOp::Mul, &m, by)?;
+            let stepped = self.bin_s(BinaryOp::Add, &e, step)?;
+            m = select(&off, &moved, &m)?;
+            e = select(&off, &stepped, &e)?;
+        }
+        let finite = self.cmp_s(CompareOp::Lt, &abs, f64::INFINITY)?;
+        let nonzero = self.cmp_s(CompareOp::Ne, x, 0.0)?;
+        let regular = self.k(
+            Kernel::Where {
+                a: Side::Input(1),
+                b: Side::Scalar(0.0),
+                dtype: DType::Bool,
+            },
+            &[&finite, &nonzero],
+        )?;
+        let mantissa = select(&regular, &m, x)?;
+        let exponent = self.k(
+            Kernel::Where {
+                a: Side::Input(1),
+                b: Side::Scalar(0.0),
+                dtype,
+            },
+            &[&regular, &e],
+        )?;
+        let exponent = self.k(Kernel::Convert(DType::I32), &[&exponent])?;
+        Ok(vec![mantissa, exponent])
+    }
+
     /// `(x - mean) / sqrt(var + eps) * weight + bias` per channel (dimension 1): the batch's
     /// biased statistics in training, the running ones in evaluation.
     fn batch_norm(
@@ -453,5 +532,140 @@ impl<B: Backend> Cx<'_, B> {
             y = self.bin(BinaryOp::Add, &y, &b, 1.0)?;
         }
         Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::CpuBackend;
+    use crate::tensor::Tensor;
+
+    fn run(kernel: Kernel, inputs: &[&Tensor]) -> Tensor {
+        let inputs: Vec<Input<'_, Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
+        CpuBackend.run(&kernel, &inputs).expect("runs")
+    }
+
+    #[test]
+    fn frexp_splits_every_kind_of_float_as_c_does() {
+        let xs = [
+            0.75f32,
+            -3.0,
+            1.0,
+            0.5,
+            1e30,
+            -1e-30,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-45, // subnormal: 2^-149
+            0.999_999_94,
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        let x = Tensor::from_f32(vec![xs.len()], xs.to_vec());
+        let out = CpuBackend
+            .run_multi(&Kernel::Frexp, &[Input::Tensor(&x)])
+            .expect("runs");
+        let (m, e) = (out[0].to_f32_vec(), out[1].to_i64_vec());
+        assert_eq!(out[1].dtype(), DType::I32);
+        for (i, &v) in xs.iter().enumerate() {
+            if !v.is_finite() || v == 0.0 {
+                // PyTorch: the value itself and exponent 0
+                assert!(m[i] == v || (m[i].is_nan() && v.is_nan()), "{v}: {}", m[i]);
+                assert_eq!(e[i], 0, "{v}");
+                continue;
+            }
+            let (want_m, want_e) = libm::frexpf(v);
+            assert_eq!((m[i], e[i]), (want_m, i64::from(want_e)), "frexp({v:e})");
+        }
+    }
+
+    #[test]
+    fn index_put_wraps_negative_indices_and_accumulates() {
+        let a = Tensor::from_f32(vec![3, 2], vec![0.0; 6]);
+        let rows = Tensor::from_i64(vec![2], vec![0, -1]);
+        let cols = Tensor::from_i64(vec![1], vec![1]);
+        let v = Tensor::from_f32(vec![2], vec![5.0, 7.0]);
+        let put = run(
+            Kernel::IndexPut { accumulate: false },
+            &[&a, &v, &rows, &cols],
+        );
+        assert_eq!(put.to_f32_vec(), vec![0.0, 5.0, 0.0, 0.0, 0.0, 7.0]);
+        let twice = Tensor::from_i64(vec![2], vec![2, 2]);
+        let acc = run(Kernel::IndexPut { accumulate: true }, &[&put, &v, &twice]);
+        // one index tensor: whole rows; row 2 twice, each time adding the row [5, 7]
+        assert_eq!(acc.to_f32_vec(), vec![0.0, 5.0, 0.0, 0.0, 10.0, 21.0]);
+    }
+
+    #[test]
+    fn unfold_gives_the_windows_in_a_new_last_dimension() {
+        // torch.arange(8.).reshape(2, 4).unfold(1, 2, 2) = [[[0,1],[2,3]],[[4,5],[6,7]]]
+        let x = Tensor::from_f32(vec![2, 4], (0..8).map(|v| v as f32).collect());
+        let w = run(
+            Kernel::Unfold {
+                dim: 1,
+                size: 2,
+                step: 2,
+            },
+            &[&x],
+        );
+        assert_eq!(w.shape(), &[2, 2, 2]);
+        assert_eq!(w.to_f32_vec(), (0..8).map(|v| v as f32).collect::<Vec<_>>());
+        // along dim 0, windows of 2 every 1: [1, 4, 2], the window's rows last
+        let w = run(
+            Kernel::Unfold {
+                dim: 0,
+                size: 2,
+                step: 1,
+            },
+            &[&x],
+        );
+        assert_eq!(w.shape(), &[1, 4, 2]);
+        assert_eq!(w.to_f32_vec(), vec![0., 4., 1., 5., 2., 6., 3., 7.]);
+    }
+
+    #[test]
+    fn scatter_overwrites_and_any_reduces_over_a_dimension() {
+        let a = Tensor::from_f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let index = Tensor::from_i64(vec![1, 2], vec![1, 0]);
+        let s = run(
+            Kernel::Scatter {
+                dim: 0,
+                value: Some(9.0),
+            },
+            &[&a, &index],
+        );
+        assert_eq!(s.to_f32_vec(), vec![1.0, 9.0, 9.0, 4.0]);
+        let x = Tensor::from_f32(vec![2, 2], vec![0.0, f32::NAN, 0.0, 0.0]);
+        let any = run(
+            Kernel::Any {
+                dims: vec![1],
+                keepdim: false,
+            },
+            &[&x],
+        );
+        assert_eq!(any.to_bool_vec(), vec![true, false]);
+    }
+
+    #[test]
+    fn lerp_is_exact_at_both_ends() {
+        let start = Tensor::from_f32(vec![3], vec![1.0, 1.0, 1.0]);
+        let end = Tensor::from_f32(vec![3], vec![3.0, 3.0, 3.0]);
+        let w = Tensor::from_f32(vec![3], vec![0.0, 0.25, 1.0]);
+        let l = CpuBackend
+            .run(
+                &Kernel::Lerp {
+                    weight: Side::Input(2),
+                },
+                &[
+                    Input::Tensor(&start),
+                    Input::Tensor(&end),
+                    Input::Tensor(&w),
+                ],
+            )
+            .expect("runs");
+        assert_eq!(l.to_f32_vec(), vec![1.0, 1.5, 3.0]);
     }
 }

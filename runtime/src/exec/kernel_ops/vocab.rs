@@ -114,6 +114,16 @@ pub(super) fn index_put(o: &mut Ops<'_>) -> Result<Kernel, String> {
     })
 }
 
+/// `frexp(a)` of a float tensor.
+pub(super) fn frexp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let dtype = o.in_type(0)?.dtype;
+    if !dtype.is_float() {
+        return Err(format!("frexp of {dtype}: PyTorch takes floats only"));
+    }
+    Ok(Kernel::Frexp)
+}
+
 /// `Tensor.unfold(a, dimension, size, step)`.
 pub(super) fn unfold(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
