@@ -572,7 +572,9 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::IndexPut { .. }
         | Kernel::Unfold { .. }
         | Kernel::BatchNorm { .. }
-        | Kernel::Frexp => vec![],
+        | Kernel::Frexp
+        | Kernel::MaxPool3d { .. }
+        | Kernel::MaxPool3dBackward => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -619,6 +621,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Unfold { .. }
             | Kernel::BatchNorm { .. }
             | Kernel::Frexp
+            | Kernel::MaxPool3d { .. }
+            | Kernel::MaxPool3dBackward
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding

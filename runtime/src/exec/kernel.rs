@@ -484,6 +484,15 @@ pub enum Kernel {
     /// [0.5, 1)) and the i32 exponent, `a = mantissa * 2^exponent`; 0, inf and NaN keep
     /// themselves as mantissa with exponent 0.
     Frexp,
+    /// `max_pool3d_with_indices` of `[N, C, D, H, W]` (or `[C, D, H, W]`), dilation 1, floor
+    /// mode: two outputs, the maxima and their i64 positions in each `D * H * W` plane.
+    MaxPool3d {
+        kernel: [usize; 3],
+        stride: [usize; 3],
+        padding: [usize; 3],
+    },
+    /// Its gradient: inputs `grad, a, indices`; each gradient added at its position.
+    MaxPool3dBackward,
     /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
     Uniform {
         shape: Vec<usize>,
@@ -546,7 +555,8 @@ impl Kernel {
             | Kernel::VarMean { .. }
             | Kernel::Sort { .. }
             | Kernel::Topk { .. }
-            | Kernel::Frexp => 2,
+            | Kernel::Frexp
+            | Kernel::MaxPool3d { .. } => 2,
             Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,

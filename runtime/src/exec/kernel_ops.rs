@@ -297,13 +297,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
             "ltorch.max_pool1d_with_indices",
             Unsupported { reason: POOL },
         ),
-        (
-            "ltorch.max_pool3d_with_indices",
-            Unsupported { reason: POOL },
-        ),
+        ("ltorch.max_pool3d_with_indices", Cpu(vocab::max_pool3d)),
         (
             "ltorch.max_pool3d_with_indices_backward",
-            Unsupported { reason: POOL },
+            Cpu(vocab::max_pool3d_backward),
         ),
         ("ltorch.max_pool1d", Unsupported { reason: POOL }),
         ("ltorch.max_pool2d", Unsupported { reason: POOL }),

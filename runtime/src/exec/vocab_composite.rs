@@ -1,7 +1,7 @@
 //! The ops of Thunder's OpInfo vocabulary that every backend runs from its own kernels
 //! (`exec/composite.rs` holds the corpus's): `lerp`, aten's `log_sigmoid_backward`, `any`,
-//! `index_copy`, `scatter`, `index_put`, `Tensor.unfold`, `batch_norm` and `frexp`. Each is
-//! built from
+//! `index_copy`, `scatter`, `index_put`, `Tensor.unfold`, `batch_norm`, `frexp` and 3-d max
+//! pooling with its gradient. Each is built from
 //! elementwise ops, comparisons, `where`, `index_add`/`scatter_add`, slices and reductions,
 //! so CPU and CUDA agree by construction.
 //!
@@ -40,6 +40,8 @@ pub(crate) fn run<B: Backend>(
         Kernel::Unfold { dim, size, step } => {
             tensors::<B, 1>("unfold", inputs).and_then(|[x]| c.unfold(x, *dim, *size, *step))
         }
+        Kernel::MaxPool3dBackward => tensors::<B, 3>("max_pool3d_backward", inputs)
+            .and_then(|[g, x, idx]| c.max_pool3d_backward(g, x, idx)),
         Kernel::BatchNorm {
             training,
             eps,
@@ -60,6 +62,12 @@ pub(crate) fn run_multi<B: Backend>(
     let c = Cx { b: backend };
     Some(match kernel {
         Kernel::Frexp => tensors::<B, 1>("frexp", inputs).and_then(|[x]| c.frexp(x)),
+        Kernel::MaxPool3d {
+            kernel,
+            stride,
+            padding,
+        } => tensors::<B, 1>("max_pool3d", inputs)
+            .and_then(|[x]| c.max_pool3d(x, *kernel, *stride, *padding)),
         _ => return None,
     })
 }
@@ -470,6 +478,122 @@ impl<B: Backend> Cx<'_, B> {
         Ok(vec![mantissa, exponent])
     }
 
+    /// The windows by [`Cx::unfold`] along D, H and W (after padding with -inf), their maxima
+    /// and first argmax, the argmax turned into a position in the unpadded plane.
+    fn max_pool3d(
+        &self,
+        x: &B::Tensor,
+        kernel: [usize; 3],
+        stride: [usize; 3],
+        padding: [usize; 3],
+    ) -> R<Vec<B::Tensor>> {
+        let shape = self.shape(x);
+        let batched = match shape.len() {
+            5 => shape.clone(),
+            4 => std::iter::once(1).chain(shape.iter().copied()).collect(),
+            r => return Err(err("max_pool3d", format!("a rank-{r} input"))),
+        };
+        let x = self.reshape(x, &batched)?;
+        let padded = if padding == [0; 3] {
+            x
+        } else {
+            let mut config = vec![(0, 0, 0); 2];
+            config.extend(padding.iter().map(|&p| (p as i64, p as i64, 0)));
+            self.k(
+                Kernel::Pad {
+                    value: f64::NEG_INFINITY,
+                    config,
+                },
+                &[&x],
+            )?
+        };
+        let mut windows = padded;
+        for d in 0..3 {
+            windows = self.unfold(&windows, 2 + d, kernel[d], stride[d])?;
+        }
+        let ws = self.shape(&windows);
+        let out: Vec<usize> = ws[..5].to_vec();
+        let taps: usize = kernel.iter().product();
+        let flat: Vec<usize> = out.iter().copied().chain([taps]).collect();
+        let windows = self.reshape(&windows, &flat)?;
+        let dtype = self.b.dtype(&windows);
+        let values = self.k(
+            Kernel::Reduce {
+                op: ReduceOp::Amax,
+                dims: vec![5],
+                keepdim: false,
+                dtype,
+            },
+            &[&windows],
+        )?;
+        let tap = self.k(
+            Kernel::ArgExtremum {
+                max: true,
+                dim: Some(5),
+                keepdim: false,
+            },
+            &[&windows],
+        )?;
+        // tap = (kd * kh + ih) * kw + iw; the position (d0 + kd) * H * W + (h0 + ih) * W + w0 + iw
+        let (h, w) = (batched[3] as f64, batched[4] as f64);
+        let [_, kh, kw] = kernel.map(|k| k as f64);
+        let along = |d: usize, n: usize| -> R<B::Tensor> {
+            // the window starts of dimension d, shaped to broadcast over [oD, oH, oW]
+            let starts = self.k(
+                Kernel::Arange {
+                    start: 0.0,
+                    end: n as f64,
+                    step: 1.0,
+                    dtype: DType::I64,
+                },
+                &[],
+            )?;
+            let mut s = vec![1usize; 3];
+            s[d] = n;
+            let starts = self.reshape(&starts, &s)?;
+            let scaled = self.bin_s(BinaryOp::Mul, &starts, stride[d] as f64)?;
+            self.bin_s(BinaryOp::Sub, &scaled, padding[d] as f64)
+        };
+        let div = |t: &B::Tensor, by: f64| self.bin_s(BinaryOp::FloorDivide, t, by);
+        let rem = |t: &B::Tensor, by: f64| self.bin_s(BinaryOp::Remainder, t, by);
+        let id = div(&tap, kh * kw)?;
+        let ih = rem(&div(&tap, kw)?, kh)?;
+        let iw = rem(&tap, kw)?;
+        let pd = self.bin(BinaryOp::Add, &along(0, out[2])?, &id, 1.0)?;
+        let ph = self.bin(BinaryOp::Add, &along(1, out[3])?, &ih, 1.0)?;
+        let pw = self.bin(BinaryOp::Add, &along(2, out[4])?, &iw, 1.0)?;
+        let rows = self.bin_s(BinaryOp::Mul, &pd, h * w)?;
+        let cols = self.bin_s(BinaryOp::Mul, &ph, w)?;
+        let pos = self.bin(BinaryOp::Add, &rows, &cols, 1.0)?;
+        let pos = self.bin(BinaryOp::Add, &pos, &pw, 1.0)?;
+        let unbatched: Vec<usize> = if shape.len() == 4 {
+            out[1..].to_vec()
+        } else {
+            out
+        };
+        Ok(vec![
+            self.reshape(&values, &unbatched)?,
+            self.reshape(&pos, &unbatched)?,
+        ])
+    }
+
+    /// Each gradient added at its index in its `D * H * W` plane (`scatter_add`).
+    fn max_pool3d_backward(&self, g: &B::Tensor, x: &B::Tensor, idx: &B::Tensor) -> R<B::Tensor> {
+        let shape = self.shape(x);
+        let r = shape.len();
+        if r < 3 {
+            return Err(err("max_pool3d_backward", format!("input {shape:?}")));
+        }
+        let planes: usize = shape[..r - 3].iter().product();
+        let plane: usize = shape[r - 3..].iter().product();
+        let n = self.b.shape(g).iter().product::<usize>() / planes.max(1);
+        let g = self.reshape(g, &[planes, n])?;
+        let idx = self.reshape(idx, &[planes, n])?;
+        let zeros = self.full(&[planes, plane], 0.0, self.b.dtype(&g))?;
+        let out = self.k(Kernel::ScatterAdd { dim: 1 }, &[&zeros, &idx, &g])?;
+        self.reshape(&out, &shape)
+    }
+
     /// `(x - mean) / sqrt(var + eps) * weight + bias` per channel (dimension 1): the batch's
     /// biased statistics in training, the running ones in evaluation.
     fn batch_norm(
@@ -647,6 +771,43 @@ mod tests {
             &[&x],
         );
         assert_eq!(any.to_bool_vec(), vec![true, false]);
+    }
+
+    #[test]
+    fn max_pool3d_indexes_the_unpadded_plane_and_its_gradient_goes_back_there() {
+        // kernel 2, stride 2, padding 1 on 2x2x2: each window holds one real element
+        let x = Tensor::from_f32(vec![1, 1, 2, 2, 2], (0..8).map(|v| v as f32).collect());
+        let out = CpuBackend
+            .run_multi(
+                &Kernel::MaxPool3d {
+                    kernel: [2; 3],
+                    stride: [2; 3],
+                    padding: [1; 3],
+                },
+                &[Input::Tensor(&x)],
+            )
+            .expect("runs");
+        assert_eq!(out[0].shape(), &[1, 1, 2, 2, 2]);
+        assert_eq!(out[0].to_f32_vec(), x.to_f32_vec());
+        assert_eq!(out[1].to_i64_vec(), (0..8).collect::<Vec<i64>>());
+        // no padding, one window over everything: the maximum is the last element
+        let out = CpuBackend
+            .run_multi(
+                &Kernel::MaxPool3d {
+                    kernel: [2; 3],
+                    stride: [1; 3],
+                    padding: [0; 3],
+                },
+                &[Input::Tensor(&x)],
+            )
+            .expect("runs");
+        assert_eq!(
+            (out[0].to_f32_vec(), out[1].to_i64_vec()),
+            (vec![7.0], vec![7])
+        );
+        let g = Tensor::from_f32(vec![1, 1, 1, 1, 1], vec![3.0]);
+        let back = run(Kernel::MaxPool3dBackward, &[&g, &x, &out[1]]);
+        assert_eq!(back.to_f32_vec(), vec![0., 0., 0., 0., 0., 0., 0., 3.]);
     }
 
     #[test]

@@ -124,6 +124,82 @@ pub(super) fn frexp(o: &mut Ops<'_>) -> Result<Kernel, String> {
     Ok(Kernel::Frexp)
 }
 
+/// Three sizes of a 3-d pooling: one int for all, a list of three, or `default` when absent
+/// (or an empty list: the stride that defaults to the kernel).
+fn triple(
+    o: &Ops<'_>,
+    i: usize,
+    key: &str,
+    default: Option<[usize; 3]>,
+) -> Result<[usize; 3], String> {
+    let missing = || format!("max_pool3d needs {key}");
+    let v = match o.arg(i, key) {
+        None => return default.ok_or_else(missing),
+        Some(a) => a
+            .as_int_list()
+            .or_else(|| a.as_int().map(|x| vec![x]))
+            .ok_or_else(|| format!("max_pool3d: {key} must be ints, got {a:?}"))?,
+    };
+    let v = match v.as_slice() {
+        [] => return default.ok_or_else(missing),
+        [x] => [*x; 3],
+        [a, b, c] => [*a, *b, *c],
+        other => return Err(format!("max_pool3d: {key} {other:?} is not 1 or 3 sizes")),
+    };
+    let mut out = [0usize; 3];
+    for (o, x) in out.iter_mut().zip(v) {
+        *o = usize::try_from(x).map_err(|_| format!("max_pool3d: negative {key} {x}"))?;
+    }
+    Ok(out)
+}
+
+/// `max_pool3d_with_indices(a, kernel_size, stride, padding, dilation, ceil_mode)`: dilation
+/// 1 and floor mode (others are refused, naming which).
+pub(super) fn max_pool3d(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    if !(4..=5).contains(&rank) {
+        return Err(format!(
+            "max_pool3d of a rank-{rank} tensor (4 or 5 dimensions)"
+        ));
+    }
+    let kernel = triple(o, 1, "kernel_size", None)?;
+    let stride = triple(o, 2, "stride", Some(kernel))?;
+    let padding = triple(o, 3, "padding", Some([0; 3]))?;
+    if triple(o, 4, "dilation", Some([1; 3]))? != [1; 3] {
+        return Err(
+            "max_pool3d with dilation has no kernel (windows of adjacent elements only)".into(),
+        );
+    }
+    if o.flag(5, "ceil_mode")? {
+        return Err("max_pool3d with ceil_mode has no kernel (floor mode only)".into());
+    }
+    if kernel
+        .iter()
+        .zip(&padding)
+        .any(|(k, p)| *k == 0 || 2 * p > *k)
+        || stride.contains(&0)
+    {
+        return Err(format!(
+            "max_pool3d: kernel {kernel:?}, stride {stride:?}, padding {padding:?} (padding at most half the kernel)"
+        ));
+    }
+    Ok(Kernel::MaxPool3d {
+        kernel,
+        stride,
+        padding,
+    })
+}
+
+/// `max_pool3d_with_indices_backward(grad, a, kernel_size, stride, padding, dilation,
+/// ceil_mode, indices)`: the indices say where each gradient goes.
+pub(super) fn max_pool3d_backward(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "grad")?;
+    o.tensor(1, "a")?;
+    o.tensor(7, "result1")?;
+    Ok(Kernel::MaxPool3dBackward)
+}
+
 /// `Tensor.unfold(a, dimension, size, step)`.
 pub(super) fn unfold(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
