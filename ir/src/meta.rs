@@ -358,7 +358,8 @@ pub(crate) fn identity(cx: &MetaCx) -> R<MetaOut> {
 }
 
 pub(crate) fn norm_dim(d: i64, rank: usize, op: &str) -> R<usize> {
-    let r = rank as i64;
+    // a 0-d tensor takes dimension 0 or -1, as PyTorch's `maybe_wrap_dim`
+    let r = rank.max(1) as i64;
     let n = if d < 0 { d + r } else { d };
     if n < 0 || n >= r.max(1) {
         return Err(format!("{op}: dimension {d} out of range for rank {rank}"));

@@ -425,9 +425,10 @@ impl Type {
             "Any" => return Some(Type::Any),
             "str" => return Some(Type::Str),
             "None" | "NoneType" => return Some(Type::None),
-            "int" => return Some(Type::Int(None)),
-            "float" => return Some(Type::Float(None)),
-            "bool" => return Some(Type::Bool(None)),
+            // `float ?`: a number Thunder knows only at run time (`Tensor.item`)
+            "int" | "int ?" => return Some(Type::Int(None)),
+            "float" | "float ?" => return Some(Type::Float(None)),
+            "bool" | "bool ?" => return Some(Type::Bool(None)),
             _ => {}
         }
         if let Some(rest) = s.strip_prefix("int ") {
@@ -571,6 +572,15 @@ mod tests {
             assert_eq!(c.shape.as_slice(), shape.as_slice());
             assert_eq!(c.shape.spilled(), rank > 4);
         }
+    }
+
+    #[test]
+    fn a_number_known_only_at_run_time_has_no_value() {
+        // `f4 = Tensor.item(t_0)  # f4: "float ?"`
+        assert_eq!(Type::parse("float ?"), Some(Type::Float(None)));
+        assert_eq!(Type::parse("int ?"), Some(Type::Int(None)));
+        assert_eq!(Type::parse("bool ?"), Some(Type::Bool(None)));
+        assert_eq!(Type::parse("float ??"), None);
     }
 
     #[test]

@@ -241,20 +241,21 @@ fn a_plan_error_lists_every_op_without_a_kernel_at_once() {
     // two unsupported ops, one of them twice, around ops that have kernels
     let mut b = TraceBuilder::new("f", TraceKind::Forward);
     let x = b.arg("x", f32t(&[4]));
-    let a = b.op("ltorch.zeta", vec![x.into(), x.into()]).unwrap();
+    let a = b.op("ltorch.copysign", vec![x.into(), x.into()]).unwrap();
     let e = b.op("ltorch.exp", vec![a.into()]).unwrap();
-    // (lgamma and digamma were these ops until they got kernels; zeta and any still have none)
-    let c = b.op("ltorch.any", vec![e.into()]).unwrap();
-    let f = b.op("ltorch.zeta", vec![e.into(), x.into()]).unwrap();
+    // (lgamma, digamma, then zeta and any were these ops until they got kernels; copysign and
+    // glu still have none)
+    let c = b.op("ltorch.glu", vec![e.into()]).unwrap();
+    let f = b.op("ltorch.copysign", vec![e.into(), x.into()]).unwrap();
     b.ret(Arg::Tuple(vec![Arg::Value(f), Arg::Value(c)]));
     let t = b.finish();
-    let err = Plan::compile(&t, &[Some(f), Some(c)]).expect_err("zeta and any have no kernel");
+    let err = Plan::compile(&t, &[Some(f), Some(c)]).expect_err("copysign and glu have no kernel");
     let listed: Vec<(&str, usize)> = err
         .missing
         .iter()
         .map(|m| (m.op.as_str(), m.count))
         .collect();
-    assert_eq!(listed, vec![("ltorch.zeta", 2), ("ltorch.any", 1)]);
+    assert_eq!(listed, vec![("ltorch.copysign", 2), ("ltorch.glu", 1)]);
     // the first node of each, as printed, and why
     let first_lgamma = tracepass_ir::print_node_line(&t, t.schedule()[0]);
     let first_digamma = tracepass_ir::print_node_line(&t, t.schedule()[2]);

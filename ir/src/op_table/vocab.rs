@@ -3,10 +3,10 @@
 
 use super::op;
 use crate::meta::{ew, many};
-use crate::registry::DTypeRule::{First, Meta, PromoteToFloat};
-use crate::registry::Effect::Pure;
+use crate::registry::DTypeRule::{First, Meta, Operand, PromoteToFloat};
+use crate::registry::Effect::{Pure, Random};
 use crate::registry::{MetaCx, MetaOut, OpSpec};
-use crate::types::{DType, TensorType};
+use crate::types::{DType, Device, TensorType, Type};
 
 type R = Result<MetaOut, String>;
 
@@ -66,7 +66,7 @@ const SPECIAL: &[OpSpec] = &[
     ),
 ];
 
-pub(crate) const PARTS: &[&[OpSpec]] = &[SPECIAL, INDEXING, MORE];
+pub(crate) const PARTS: &[&[OpSpec]] = &[SPECIAL, INDEXING, MORE, TENSOR_METHODS];
 
 /// `bitcast(a, dtype)`: the same bits read as `dtype`, of the same width.
 fn bitcast(cx: &MetaCx) -> R {
@@ -172,5 +172,89 @@ const MORE: &[OpSpec] = &[
         "a, b, /",
         PromoteToFloat,
         ab,
+    ),
+];
+
+/// `item(a)`: the one element of `a` as a Python number, known only at run time.
+fn item(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("a")?;
+    if t.numel() != 1 {
+        return Err(format!(
+            "{}: a tensor of {:?} has no single element",
+            cx.op, t.shape
+        ));
+    }
+    let ty = match t.dtype {
+        DType::Bool => Type::Bool(None),
+        d if d.is_float() => Type::Float(None),
+        _ => Type::Int(None),
+    };
+    Ok(MetaOut::Types(vec![ty]))
+}
+
+/// `unfold(a, dimension, size, step)`: the windows of `size` elements every `step` along
+/// `dimension` (`(n - size) / step + 1` of them) in a new last dimension; a 0-d `a` counts
+/// as one element.
+fn unfold(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("a")?;
+    let d = crate::meta::norm_dim(cx.int_param("dimension")?, t.shape.len(), cx.op)?;
+    let (size, step) = (cx.int_param("size")?, cx.int_param("step")?);
+    let n = t.shape.get(d).copied().unwrap_or(1) as i64;
+    if size < 0 || size > n || step <= 0 {
+        return Err(format!(
+            "{}: windows of {size} every {step} do not fit dimension {d} of {:?}",
+            cx.op, t.shape
+        ));
+    }
+    let mut shape = t.shape.to_vec();
+    if let Some(s) = shape.get_mut(d) {
+        *s = ((n - size) / step + 1) as usize;
+    }
+    shape.push(size as usize);
+    crate::meta::one(TensorType::new(shape, t.dtype, t.device))
+}
+
+/// `randint(low=0, high, size, *, dtype=int64)`: integers drawn from `[low, high)`; with two
+/// positional operands they are `high` and `size`.
+fn randint(cx: &MetaCx) -> R {
+    let size = match cx.opt("size") {
+        Some(_) => "size",
+        None => "high",
+    };
+    let shape = cx
+        .ints_param(size)?
+        .iter()
+        .map(|d| usize::try_from(*d).map_err(|_| format!("{}: negative size {d}", cx.op)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let dtype = cx.dtype_param("dtype").unwrap_or(DType::I64);
+    let device = cx.device_param("device")?.unwrap_or(Device::CPU);
+    crate::meta::one(TensorType::new(shape, dtype, device))
+}
+
+const TENSOR_METHODS: &[OpSpec] = &[
+    op(
+        "ltorch.item",
+        &["Tensor.item", "torch.Tensor.item"],
+        Pure,
+        "a, /",
+        Meta,
+        item,
+    ),
+    op(
+        "ltorch.unfold",
+        &["Tensor.unfold", "torch.Tensor.unfold"],
+        Pure,
+        "a, dimension, size, step, /",
+        First,
+        unfold,
+    ),
+    op(
+        "ltorch.randint",
+        &["torch.randint"],
+        Random,
+        "low, high, size=None, /, *, generator=None, out=None, dtype=None, layout=None, \
+         device=None, requires_grad=False",
+        Operand,
+        randint,
     ),
 ];

@@ -704,6 +704,33 @@ def batch_unused(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), targets
 
 
+class EncoderDecoder(nn.Module):
+    """A tiny encoder-decoder that returns its encoder state and its logits, as seq2seq models
+    do: the loss reads the logits (output 1), so the encoder state's cotangent is zero."""
+
+    def __init__(self, vocab: int = 32, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.encoder = nn.Linear(width, width)
+        self.decoder = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        state = torch.tanh(self.encoder(self.embed(idx)))
+        logits = self.head(F.relu(self.decoder(state)) + state)
+        return state, logits
+
+
+def make_encdec() -> nn.Module:
+    return EncoderDecoder()
+
+
+def batch_encdec(gen: torch.Generator) -> Batch:
+    idx = torch.randint(0, 32, (4, 8), generator=gen, dtype=torch.int64)
+    targets = torch.randint(0, 32, (4, 8), generator=gen, dtype=torch.int64)
+    return OrderedDict(idx=idx), targets
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -891,6 +918,15 @@ MODELS: dict[str, ModelSpec] = {
                 "in-place ops: `copy_` into activations, read on through `update_aliases`",
                 "BatchNorm running stats are buffers the forward updates",
             ],
+        ),
+        ModelSpec(
+            "encdec",
+            make_encdec,
+            batch_encdec,
+            output=1,
+            description="Embedding(32,16), encoder Linear(16,16) + tanh, decoder Linear(16,16) + ReLU + skip, "
+            "Linear(16,32); returns (encoder state, logits), the loss on the logits",
+            notes=["two model outputs: `\"output\": 1`; the backward takes a cotangent for each (zeros for the state)"],
         ),
     ]
 }

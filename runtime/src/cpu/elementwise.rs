@@ -157,6 +157,8 @@ macro_rules! for_binary_op {
                 if m != <$t>::ZERO && ((b < <$t>::ZERO) != (m < <$t>::ZERO)) { m + b } else { m }
             },
             BinaryOp::Fmod => |a: $t, b: $t| a.fmod(b),
+            BinaryOp::Nextafter => |a: $t, b: $t| a.nextafter(b),
+            BinaryOp::Zeta => |a: $t, b: $t| a.via2(b, super::special::zeta),
         )
     }};
 }
@@ -392,8 +394,8 @@ pub fn binary(
     };
     if !is_float(dtype) {
         return match op {
-            // true division and atan2 of integers give the default float type
-            BinaryOp::Div | BinaryOp::Atan2 => {
+            // true division, atan2 and zeta of integers give the default float type
+            BinaryOp::Div | BinaryOp::Atan2 | BinaryOp::Zeta => {
                 let fa = f32_operand(&oa)?;
                 let fb = f32_operand(&ob)?;
                 binary_typed::<f32>(
@@ -405,6 +407,12 @@ pub fn binary(
             }
             _ => super::integer::binary_int(op, to_operand(&oa), to_operand(&ob), alpha, dtype),
         };
+    }
+    if op == BinaryOp::Nextafter && !matches!(dtype, DType::F32 | DType::F64) {
+        // the next float of a half is not the next float of its f32 compute copy
+        return Err(format!(
+            "nextafter of {dtype}: the kernel steps f32 and f64 only"
+        ));
     }
     with_compute_type(dtype, |ct| match ct {
         DType::F64 => binary_typed::<f64>(op, oa, ob, alpha),

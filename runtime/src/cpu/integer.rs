@@ -83,8 +83,11 @@ pub fn binary_int(
             }
             Ok(p.wrapping_rem(q))
         },
-        BinaryOp::Div | BinaryOp::Atan2 => {
+        BinaryOp::Div | BinaryOp::Atan2 | BinaryOp::Zeta => {
             return Err(format!("{op:?} of integers computes in floats"))
+        }
+        BinaryOp::Nextafter => {
+            return Err("nextafter of integers: PyTorch defines it for floats only".into())
         }
     };
     let out = x

@@ -38,6 +38,10 @@ pub trait Real:
     /// `f` computed in f64 and rounded once to this type (the elementwise functions the
     /// hardware has no fast path for).
     fn via(self, f: fn(f64) -> f64) -> Self;
+    /// `f` of both operands computed in f64, rounded once.
+    fn via2(self, o: Self, f: fn(f64, f64) -> f64) -> Self;
+    /// The next representable value after `self` toward `o` (C's `nextafter`).
+    fn nextafter(self, o: Self) -> Self;
     /// The storage variant holding this type, if `s` is one.
     fn slice(s: &Storage) -> Option<&[Self]>;
     fn storage(v: Vec<Self>) -> Storage;
@@ -46,7 +50,7 @@ pub trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident, $erf:path, $tanh:path, $vec:ident) => {
+    ($t:ty, $variant:ident, $erf:path, $tanh:path, $next:path, $vec:ident) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -118,6 +122,14 @@ macro_rules! real {
             fn via(self, f: fn(f64) -> f64) -> Self {
                 f(self as f64) as $t
             }
+            #[inline(always)]
+            fn via2(self, o: Self, f: fn(f64, f64) -> f64) -> Self {
+                f(self as f64, o as f64) as $t
+            }
+            #[inline(always)]
+            fn nextafter(self, o: Self) -> Self {
+                $next(self, o)
+            }
             fn slice(s: &Storage) -> Option<&[Self]> {
                 match s {
                     Storage::$variant(v) => Some(v),
@@ -139,5 +151,12 @@ macro_rules! real {
     };
 }
 
-real!(f32, F32, libm::erff, super::fast_math::tanh_f32, to_f32_vec);
-real!(f64, F64, libm::erf, f64::tanh, to_f64_vec);
+real!(
+    f32,
+    F32,
+    libm::erff,
+    super::fast_math::tanh_f32,
+    libm::nextafterf,
+    to_f32_vec
+);
+real!(f64, F64, libm::erf, f64::tanh, libm::nextafter, to_f64_vec);

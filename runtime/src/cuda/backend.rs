@@ -663,7 +663,14 @@ impl CudaBackend {
         let shapes: Vec<&[usize]> = [ta, tb].iter().flatten().map(|t| t.shape()).collect();
         let out_shape = layouts::broadcast_all(&shapes)?;
         let l = layouts::binary_layout(ta.map(|t| t.shape()), tb.map(|t| t.shape()), &out_shape)?;
-        let int = !is_float(dtype) && !matches!(op, BinaryOp::Div | BinaryOp::Atan2);
+        if *op == BinaryOp::Nextafter && dtype != DType::F32 {
+            // the next float of a half is not the next float of its f32 compute copy
+            return Err(KernelError(format!(
+                "nextafter of {dtype}: the CUDA kernel steps f32 only"
+            )));
+        }
+        let int =
+            !is_float(dtype) && !matches!(op, BinaryOp::Div | BinaryOp::Atan2 | BinaryOp::Zeta);
         // integers compute in i64 (bools too), true division and atan2 of integers in f32;
         // floats in their dtype when every tensor has it, else in f32 from each operand's own
         // values (as the CPU reads them), rounded once to the result's dtype

@@ -61,7 +61,7 @@ pub const UNARY_OPS: &[UnaryOp] = &every!(UnaryOp: Neg, Abs, Exp, Log, Log1p, Ex
 
 /// Every binary op.
 pub const BINARY_OPS: &[BinaryOp] = &every!(BinaryOp: Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2, FloorDivide, Remainder,
-        Fmod);
+        Fmod, Nextafter, Zeta);
 
 /// Every reduction.
 pub const REDUCE_OPS: &[ReduceOp] = &every!(ReduceOp: Sum, Mean, Amax, Amin, Prod);
@@ -274,6 +274,8 @@ pub(crate) fn binary_expr(op: BinaryOp) -> &'static str {
         BinaryOp::FloorDivide => "floor_div(a, b)",
         BinaryOp::Remainder => "remainder(a, b)",
         BinaryOp::Fmod => "fmodf(a, b)",
+        BinaryOp::Nextafter => "nextafterf(a, b)",
+        BinaryOp::Zeta => "(float)zeta_d((double)a, (double)b)",
     }
 }
 
@@ -290,6 +292,42 @@ __device__ __forceinline__ float floor_div(float a, float b) {
 __device__ __forceinline__ float remainder(float a, float b) {
     float m = fmodf(a, b);
     return (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) ? m + b : m;
+}
+"#;
+
+/// The Hurwitz zeta function in double, as `cpu::special::zeta` (Cephes' `zeta`: the sum
+/// up to a = q + 9, then the Euler-Maclaurin tail).
+const ZETA: &str = r#"
+__device__ double zeta_d(double x, double q) {
+    const double MACHEP = 1.11022302462515654042e-16;
+    const double A[12] = {12.0, -720.0, 30240.0, -1209600.0, 47900160.0,
+        -1.8924375803183791606e9, 7.47242496e10, -2.950130727918164224e12,
+        1.1646782814350067249e14, -4.5979787224074726105e15, 1.8152105401943546773e17,
+        -7.1661652561756670113e18};
+    if (x == 1.0) return 1.0 / 0.0;
+    if (x < 1.0) return 0.0 / 0.0;
+    if (q <= 0.0) {
+        if (q == floor(q)) return 1.0 / 0.0;
+        if (x != floor(x)) return 0.0 / 0.0;
+    }
+    double s = pow(q, -x), a = q, b = 0.0;
+    int i = 0;
+    while (i < 9 || a <= 9.0) {
+        i += 1; a += 1.0; b = pow(a, -x); s += b;
+        if (fabs(b / s) < MACHEP) return s;
+    }
+    double w = a;
+    s += b * w / (x - 1.0);
+    s -= 0.5 * b;
+    double aa = 1.0, k = 0.0;
+    for (int j = 0; j < 12; j++) {
+        aa *= x + k; b /= w;
+        double t = aa * b / A[j];
+        s += t;
+        if (fabs(t / s) < MACHEP) return s;
+        k += 1.0; aa *= x + k; b /= w; k += 1.0;
+    }
+    return s;
 }
 "#;
 
@@ -320,8 +358,9 @@ pub fn unary(op: UnaryOp, d: DType) -> Option<Source> {
 pub fn binary(op: BinaryOp, d: DType) -> Option<Source> {
     let (t, ld, st) = ctype(d)?;
     let name = format!("binary_{op:?}_{d}").to_lowercase();
+    let zeta = if op == BinaryOp::Zeta { ZETA } else { "" };
     let code = format!(
-        "{PRELUDE}{FLOAT_DIVISION}\nextern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, float sa, float sb, int a_num, int b_num, float alpha, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    float a = a_num ? sa : {ld}(pa, oa);\n    float b = b_num ? sb : {ld}(pb, ob);\n    {st}(out, i, {});\n  }}\n}}\n",
+        "{PRELUDE}{FLOAT_DIVISION}{zeta}\nextern \"C\" __global__ void {name}(const {t}* pa, const {t}* pb, float sa, float sb, int a_num, int b_num, float alpha, Layout l, {t}* out, long long n) {{\n  GRID_STRIDE(i, n) {{\n    long long oa, ob; offsets(l, i, &oa, &ob);\n    float a = a_num ? sa : {ld}(pa, oa);\n    float b = b_num ? sb : {ld}(pb, ob);\n    {st}(out, i, {});\n  }}\n}}\n",
         binary_expr(op)
     );
     Some(Source { name, code })
@@ -524,7 +563,18 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::PixelShuffle { .. }
         | Kernel::Roll { .. }
         | Kernel::AdaptiveAvgPool1d { .. }
-        | Kernel::AdaptiveAvgPool1dBackward => vec![],
+        | Kernel::AdaptiveAvgPool1dBackward
+        | Kernel::Lerp { .. }
+        | Kernel::LogSigmoidBackward
+        | Kernel::Any { .. }
+        | Kernel::IndexCopy { .. }
+        | Kernel::Scatter { .. }
+        | Kernel::IndexPut { .. }
+        | Kernel::Unfold { .. }
+        | Kernel::BatchNorm { .. }
+        | Kernel::Frexp
+        | Kernel::MaxPool3d { .. }
+        | Kernel::MaxPool3dBackward => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -562,6 +612,17 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Roll { .. }
             | Kernel::AdaptiveAvgPool1d { .. }
             | Kernel::AdaptiveAvgPool1dBackward
+            | Kernel::Lerp { .. }
+            | Kernel::LogSigmoidBackward
+            | Kernel::Any { .. }
+            | Kernel::IndexCopy { .. }
+            | Kernel::Scatter { .. }
+            | Kernel::IndexPut { .. }
+            | Kernel::Unfold { .. }
+            | Kernel::BatchNorm { .. }
+            | Kernel::Frexp
+            | Kernel::MaxPool3d { .. }
+            | Kernel::MaxPool3dBackward
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding

@@ -463,7 +463,7 @@ fn int_expr(op: BinaryOp) -> Option<&'static str> {
         BinaryOp::FloorDivide => "idiv(a, b, 0, bad)",
         BinaryOp::Remainder => "idiv(a, b, 1, bad)",
         BinaryOp::Fmod => "idiv(a, b, 2, bad)",
-        BinaryOp::Div | BinaryOp::Atan2 => return None,
+        BinaryOp::Div | BinaryOp::Atan2 | BinaryOp::Zeta | BinaryOp::Nextafter => return None,
     })
 }
 

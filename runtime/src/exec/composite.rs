@@ -1,8 +1,8 @@
 //! Ops every backend runs from its own kernels, with no kernel source of their own (and the
 //! dispatch of `conv_transpose.rs`'s): a
 //! triangle of matrices (`triu`, `tril`), `one_hot`, `pixel_shuffle` and its inverse, `roll`,
-//! `adaptive_avg_pool1d` and its gradient, and `neg`, `abs` and `sign` of integers (exact,
-//! wrapping as PyTorch's integer kernels).
+//! `adaptive_avg_pool1d` and its gradient, `neg`, `abs` and `sign` of integers (exact,
+//! wrapping as PyTorch's integer kernels), and the other unary ops of integers (in f32).
 //! Each is what Thunder's own decomposition computes (arange, compare, where; reshape and
 //! permute; slices and a concatenation), so CPU and CUDA agree by construction.
 
@@ -28,6 +28,9 @@ pub(crate) fn run<B: Backend>(
     kernel: &Kernel,
     inputs: &[Input<'_, B::Tensor>],
 ) -> Option<Result<B::Tensor, KernelError>> {
+    if let Some(r) = crate::exec::vocab_composite::run(backend, kernel, inputs) {
+        return Some(r);
+    }
     if let Some(r) = conv_transpose::run(backend, kernel, inputs) {
         return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
@@ -58,6 +61,25 @@ pub(crate) fn run<B: Backend>(
             }) =>
         {
             input("unary", inputs).and_then(|x| unary_int(backend, *op, x))
+        }
+        // floating functions of integers and bools compute in the default float, as
+        // PyTorch promotes them (`exp2` of an i32 exponent in frexp's gradient); rounding an
+        // integer keeps it
+        Kernel::Unary(op)
+            if inputs.first().is_some_and(|i| match i {
+                Input::Tensor(t) => is_int(backend.dtype(t)) || backend.dtype(t) == DType::Bool,
+                Input::Scalar(_) => false,
+            }) && !matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign) =>
+        {
+            input("unary", inputs).and_then(|x| match op {
+                UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc => {
+                    backend.run(&Kernel::Identity, &[Input::Tensor(x)])
+                }
+                _ => {
+                    let f = backend.run(&Kernel::Convert(DType::F32), &[Input::Tensor(x)])?;
+                    backend.run(kernel, &[Input::Tensor(&f)])
+                }
+            })
         }
         Kernel::AdaptiveAvgPool1d { out } => {
             input("adaptive_avg_pool1d", inputs).and_then(|x| adaptive_avg_pool1d(backend, *out, x))
@@ -156,6 +178,9 @@ pub(crate) fn run_multi<B: Backend>(
     kernel: &Kernel,
     inputs: &[Input<'_, B::Tensor>],
 ) -> Option<Result<Vec<B::Tensor>, KernelError>> {
+    if let Some(r) = crate::exec::vocab_composite::run_multi(backend, kernel, inputs) {
+        return Some(r);
+    }
     conv_transpose::run(backend, kernel, inputs)
 }
 

@@ -340,6 +340,30 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     computed = false;
                 }
                 InstrKind::Nop => computed = false,
+                InstrKind::Item => {
+                    let value = match ins.inputs.first().map(|&s| &self.slots[s]) {
+                        Some(RValue::Tensor(t)) => {
+                            let host = backend.download(t).map_err(|e| Failure::Node(i, e.0))?;
+                            match host.to_f64_vec().as_slice() {
+                                [x] => *x,
+                                _ => {
+                                    return Err(Failure::Node(
+                                        i,
+                                        format!(
+                                            "item of a tensor of shape {:?}: one element is needed",
+                                            host.shape()
+                                        ),
+                                    ))
+                                }
+                            }
+                        }
+                        Some(other) => {
+                            return Err(Failure::Node(i, format!("item of {}", other.kind())))
+                        }
+                        None => return Err(Failure::Node(i, "item of nothing".into())),
+                    };
+                    self.slots[ins.outputs[0]] = RValue::Scalar(value);
+                }
                 InstrKind::Alias => {
                     for (&o, &s) in ins.outputs.iter().zip(&ins.inputs) {
                         self.slots[o] = self.slots[s].clone();

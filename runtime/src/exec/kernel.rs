@@ -128,6 +128,10 @@ pub enum BinaryOp {
     Remainder,
     /// `fmod`: C's `fmod`, the sign of `a`.
     Fmod,
+    /// `nextafter(a, b)`: the next float after `a` toward `b`, in the operands' dtype.
+    Nextafter,
+    /// `special.zeta(x, q)`: the Hurwitz zeta function, sum over k >= 0 of (k + q)^-x.
+    Zeta,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -430,6 +434,65 @@ pub enum Kernel {
         shape: Vec<usize>,
         dtype: DType,
     },
+    /// `lerp(start, end, weight)`: inputs `start, end` and, when `weight` is an input, the
+    /// weight tensor (`exec/vocab_composite.rs`, as are the kernels below up to `Unfold`).
+    Lerp {
+        weight: Side,
+    },
+    /// aten's `log_sigmoid_backward(grad, x, buffer)`: inputs `grad, x`; `grad * sigmoid(-x)`.
+    LogSigmoidBackward,
+    /// `any(a, dim, keepdim)`: a bool tensor, whether any element along `dims` is nonzero.
+    Any {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
+    /// `index_copy(a, dim, index, source)`: inputs `a, index, source`; slice `i` of `source`
+    /// replaces slice `index[i]` of `a`.
+    IndexCopy {
+        dim: usize,
+    },
+    /// `scatter(a, dim, index, src)`: inputs `a, index` and `src` unless `value` is given;
+    /// each `src` element (or `value`) replaces the element of `a` `index` sends it to.
+    Scatter {
+        dim: usize,
+        value: Option<f64>,
+    },
+    /// `index_put(a, indices, values, accumulate)`: inputs `a, values, *indices` (integer
+    /// tensors that broadcast together, indexing `a`'s leading dimensions).
+    IndexPut {
+        accumulate: bool,
+    },
+    /// `Tensor.unfold(dim, size, step)`: windows of `size` every `step` along `dim`, in a new
+    /// last dimension.
+    Unfold {
+        dim: usize,
+        size: usize,
+        step: usize,
+    },
+    /// `batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`:
+    /// inputs `x`, then `running_mean, running_var` when `running`, `weight` and `bias` when
+    /// present. Training normalizes by the batch's statistics (the running statistics are not
+    /// updated: a trace's values are immutable), evaluation by the running ones.
+    BatchNorm {
+        training: bool,
+        eps: f64,
+        running: bool,
+        weight: bool,
+        bias: bool,
+    },
+    /// `frexp(a)` of a float tensor: two outputs, the mantissa (`a`'s dtype, magnitude in
+    /// [0.5, 1)) and the i32 exponent, `a = mantissa * 2^exponent`; 0, inf and NaN keep
+    /// themselves as mantissa with exponent 0.
+    Frexp,
+    /// `max_pool3d_with_indices` of `[N, C, D, H, W]` (or `[C, D, H, W]`), dilation 1, floor
+    /// mode: two outputs, the maxima and their i64 positions in each `D * H * W` plane.
+    MaxPool3d {
+        kernel: [usize; 3],
+        stride: [usize; 3],
+        padding: [usize; 3],
+    },
+    /// Its gradient: inputs `grad, a, indices`; each gradient added at its position.
+    MaxPool3dBackward,
     /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
     Uniform {
         shape: Vec<usize>,
@@ -491,7 +554,9 @@ impl Kernel {
             Kernel::MaxPool2d { .. }
             | Kernel::VarMean { .. }
             | Kernel::Sort { .. }
-            | Kernel::Topk { .. } => 2,
+            | Kernel::Topk { .. }
+            | Kernel::Frexp
+            | Kernel::MaxPool3d { .. } => 2,
             Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,

@@ -12,6 +12,8 @@ use crate::exec::kernel::{
     UnaryOp, VjpOutputs,
 };
 use std::collections::HashMap;
+
+mod vocab;
 use std::sync::OnceLock;
 use tracepass_ir::{fallback_operands, ops, Arg, DType, LhsSlot, Node, OpRegistry, Trace, ValueId};
 
@@ -115,56 +117,20 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.lgamma", Cpu(|o| unary(o, UnaryOp::Lgamma))),
         ("ltorch.digamma", Cpu(|o| unary(o, UnaryOp::Digamma))),
         ("prims.bitcast", Cpu(bitcast)),
-        (
-            "ltorch.any",
-            Unsupported {
-                reason: "no kernel reduces to a bool by `any` (Thunder's traces of models \
-                         compare and reduce with sum or amax instead)",
-            },
-        ),
-        (
-            "ltorch.zeta",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
-        (
-            "ltorch.index_copy",
-            Unsupported {
-                reason: "no kernel copies rows into a tensor at an index (index_add and \
-                         scatter_add accumulate; index_copy overwrites)",
-            },
-        ),
-        (
-            "ltorch.scatter",
-            Unsupported {
-                reason: "no kernel overwrites a tensor at an index along a dimension \
-                         (scatter_add accumulates; scatter overwrites)",
-            },
-        ),
-        (
-            "ltorch.index_put",
-            Unsupported {
-                reason: "no kernel writes values at a tuple of index tensors (advanced \
-                         indexing assignment)",
-            },
-        ),
+        ("ltorch.any", Cpu(vocab::any)),
+        ("ltorch.zeta", Cpu(|o| binary(o, BinaryOp::Zeta))),
+        ("ltorch.index_copy", Cpu(vocab::index_copy)),
+        ("ltorch.scatter", Cpu(vocab::scatter)),
+        ("ltorch.index_put", Cpu(vocab::index_put)),
+        ("ltorch.unfold", Cpu(vocab::unfold)),
+        ("ltorch.randint", Cpu(vocab::randint)),
         ("ltorch.erfcinv", Cpu(|o| unary(o, UnaryOp::Erfcinv))),
         ("ltorch.ndtri", Cpu(|o| unary(o, UnaryOp::Ndtri))),
         ("ltorch.polygamma", Cpu(polygamma)),
-        (
-            "ltorch.frexp",
-            Unsupported {
-                reason: "no kernel splits floats into mantissa and exponent (a two-output \
-                         elementwise op; the kernel set's elementwise kernels give one)",
-            },
-        ),
+        ("ltorch.frexp", Cpu(vocab::frexp)),
         (
             "ltorch.log_sigmoid_backward",
-            Unsupported {
-                reason: "aten's log_sigmoid_backward has no kernel yet (Thunder calls it for \
-                         logsigmoid's gradient: grad * sigmoid(-x))",
-            },
+            Cpu(vocab::log_sigmoid_backward),
         ),
         ("ltorch.floor", Cpu(|o| unary(o, UnaryOp::Floor))),
         ("ltorch.ceil", Cpu(|o| unary(o, UnaryOp::Ceil))),
@@ -205,12 +171,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                 reason: ELEMENTWISE_FN,
             },
         ),
-        (
-            "ltorch.nextafter",
-            Unsupported {
-                reason: ELEMENTWISE_FN,
-            },
-        ),
+        ("ltorch.nextafter", Cpu(|o| binary(o, BinaryOp::Nextafter))),
         ("ltorch.bitwise_and", Cpu(|o| bitwise(o, BitOp::And, false))),
         ("ltorch.bitwise_or", Cpu(|o| bitwise(o, BitOp::Or, false))),
         ("ltorch.bitwise_xor", Cpu(|o| bitwise(o, BitOp::Xor, false))),
@@ -234,7 +195,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.where", Cpu(where_)),
         ("ltorch.masked_fill", Cpu(masked_fill)),
         ("ltorch.clamp", Cpu(clamp)),
-        ("ltorch.lerp", Unsupported { reason: TERNARY }),
+        ("ltorch.lerp", Cpu(vocab::lerp)),
         ("ltorch.addcmul", Unsupported { reason: TERNARY }),
         ("ltorch.addcdiv", Unsupported { reason: TERNARY }),
         // ----- activations -----
@@ -334,13 +295,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
             "ltorch.max_pool1d_with_indices",
             Unsupported { reason: POOL },
         ),
-        (
-            "ltorch.max_pool3d_with_indices",
-            Unsupported { reason: POOL },
-        ),
+        ("ltorch.max_pool3d_with_indices", Cpu(vocab::max_pool3d)),
         (
             "ltorch.max_pool3d_with_indices_backward",
-            Unsupported { reason: POOL },
+            Cpu(vocab::max_pool3d_backward),
         ),
         ("ltorch.max_pool1d", Unsupported { reason: POOL }),
         ("ltorch.max_pool2d", Unsupported { reason: POOL }),
@@ -368,7 +326,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.embedding_backward", Cpu(embedding_backward)),
         ("ltorch.layer_norm", Unsupported { reason: NORM }),
         ("ltorch.rms_norm", Unsupported { reason: NORM }),
-        ("ltorch.batch_norm", Unsupported { reason: NORM }),
+        ("ltorch.batch_norm", Cpu(vocab::batch_norm)),
         ("ltorch.group_norm", Unsupported { reason: NORM }),
         ("ltorch.instance_norm", Unsupported { reason: NORM }),
         (
@@ -476,6 +434,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         (ops::COPY, Cpu(copy)),
         (ops::UPDATE_ALIASES, Plan),
         (ops::UNPACK_SEQUENCE, Plan),
+        ("ltorch.item", Plan),
         (ops::CLEAR_COLLECTION, Plan),
         ("prims.get_grad", Cpu(identity)),
         // ----- communication -----

@@ -12,6 +12,7 @@ pub(crate) mod kernel_ops;
 pub(crate) mod metrics;
 pub(crate) mod plan;
 pub(crate) mod region;
+pub(crate) mod vocab_composite;
 
 pub use backend::{Backend, Input, KernelError, RngKey};
 pub use executor::{ExecError, Executor, RValue};

@@ -19,6 +19,9 @@ pub enum InstrKind {
     Nop,
     /// Thunder's `update_aliases((a, b, ...))`: output `k` is input `k`, the same value.
     Alias,
+    /// `Tensor.item(a)`: the one element of tensor `a` as a number (read back from the
+    /// device).
+    Item,
     /// Inputs are the members, in bucket order; a member with a divisor is divided by it while
     /// it is copied in (a `prims.div` read only by the pack, fused into it).
     Pack {
@@ -174,7 +177,11 @@ pub const PLANNED_OPS: &[&str] = &[
     ops::WAIT,
     ops::UNPACK,
     ops::FUSION,
+    ITEM,
 ];
+
+/// `Tensor.item`'s canonical name: a number from a tensor, which no kernel gives.
+const ITEM: &str = "ltorch.item";
 
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -266,6 +273,10 @@ impl Plan {
                     values(&node.args()[..node.args().len().min(1)]),
                 ),
                 ops::CLEAR_COLLECTION => (InstrKind::Nop, values(node.args())),
+                ITEM => (
+                    InstrKind::Item,
+                    values(&node.args()[..node.args().len().min(1)]),
+                ),
                 ops::UPDATE_ALIASES => {
                     let aliases = node
                         .args()

@@ -19,8 +19,8 @@ pub(crate) mod trainer;
 
 pub use data::{file_params, seeded_params, Batch, DataSource};
 pub use model::{
-    forward_output, forward_output_at, DataArg, LossKind, Model, ModelError, ModelSource,
-    SEED_BACKWARD, SEED_FORWARD,
+    cotangents_for, forward_output, forward_output_args, forward_output_at, Cotangent, DataArg,
+    LossKind, Model, ModelError, ModelSource, SEED_BACKWARD, SEED_FORWARD,
 };
 pub use optim::{Optimizer, OptimizerKind};
 pub use rank_loop::StepComm;

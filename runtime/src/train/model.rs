@@ -99,11 +99,25 @@ pub struct DataArg {
     pub ty: TensorType,
 }
 
+/// What the trainer feeds the backward for one model output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cotangent {
+    /// The loss's gradient: the output the loss reads (`export.json`'s `output`).
+    Loss,
+    /// Zeros of this type: an output the loss does not read (an encoder state returned next to
+    /// the logits), which contributes nothing to the gradients.
+    Zeros(TensorType),
+    /// `None`: an output that is not a tensor.
+    Absent,
+}
+
 /// A loaded model: the plain (unsynchronized) program plus what the trainer needs to feed it.
 #[derive(Clone, Debug)]
 pub struct Model {
     pub program: Program,
     pub output: ValueId,
+    /// One entry per model output, in the forward's order: the backward's cotangents.
+    pub cotangents: Vec<Cotangent>,
     /// The data arguments, in forward-argument order (every argument that is not a parameter
     /// or a buffer).
     pub data_args: Vec<DataArg>,
@@ -149,6 +163,51 @@ pub fn forward_output_at(forward: &Trace, index: usize) -> Option<ValueId> {
             .and_then(|(_, v)| pick(v)),
         other => pick(other),
     }
+}
+
+/// The forward's model outputs, in order: the members of `{'output': (out0, out1, ...)}` in
+/// Thunder's dict, or the first returned value alone.
+pub fn forward_output_args(forward: &Trace) -> Vec<Arg> {
+    let first = match &forward.ret {
+        Arg::Tuple(items) | Arg::List(items) => match items.first() {
+            Some(a) => a,
+            None => return Vec::new(),
+        },
+        other => other,
+    };
+    let members = |a: &Arg| match a {
+        Arg::Tuple(x) | Arg::List(x) => x.clone(),
+        other => vec![other.clone()],
+    };
+    match first {
+        Arg::Dict(entries) => entries
+            .iter()
+            .find(|(k, _)| k.as_str() == Some("output"))
+            .map(|(_, v)| members(v))
+            .unwrap_or_default(),
+        other => members(other),
+    }
+}
+
+/// What the backward takes for each model output when the loss reads output `index`.
+pub fn cotangents_for(forward: &Trace, index: usize) -> Vec<Cotangent> {
+    forward_output_args(forward)
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            if i == index {
+                return Cotangent::Loss;
+            }
+            match a
+                .as_value()
+                .and_then(|v| forward.ty(v))
+                .and_then(|t| t.as_tensor())
+            {
+                Some(t) => Cotangent::Zeros(t.clone()),
+                None => Cotangent::Absent,
+            }
+        })
+        .collect()
 }
 
 fn parse(what: &str, text: &str) -> Result<Trace, ModelError> {
@@ -282,12 +341,14 @@ impl Model {
             })?;
         // an export's or a program file's parameters are named by metadata (the prologue), so
         // every other argument is data; loose traces keep the seed's convention (one input `x`)
+        let cotangents = cotangents_for(&program.forward, output_index);
         let named = export.is_some() || matches!(source, ModelSource::Program(_));
         let data_args = data_args(&program, named)?;
         let buffer_updates = buffer_updates(&program).map_err(ModelError::Export)?;
         let ties = ties(&program).map_err(ModelError::Export)?;
         Ok(Model {
             output,
+            cotangents,
             data_args,
             loss,
             targets: export
@@ -316,6 +377,32 @@ impl Model {
             self.targets = t.to_string();
         }
         self
+    }
+
+    /// The backward's `cotangents` argument: `loss_grad` for the output the loss reads, zeros
+    /// (made by `zeros`) for every other tensor output, `None` for the rest.
+    pub fn cotangent_values<T>(
+        &self,
+        loss_grad: T,
+        mut zeros: impl FnMut(&TensorType) -> Result<T, String>,
+    ) -> Result<RValue<T>, String> {
+        let mut loss_grad = Some(loss_grad);
+        let mut out = Vec::with_capacity(self.cotangents.len().max(1));
+        for c in &self.cotangents {
+            out.push(match c {
+                Cotangent::Loss => match loss_grad.take() {
+                    Some(g) => RValue::Tensor(g),
+                    None => return Err("two model outputs are marked as the loss's".into()),
+                },
+                Cotangent::Zeros(t) => RValue::Tensor(zeros(t)?),
+                Cotangent::Absent => RValue::None,
+            });
+        }
+        // a program built without model outputs in Thunder's dict takes the one gradient
+        if let Some(g) = loss_grad {
+            out = vec![RValue::Tensor(g)];
+        }
+        Ok(RValue::Seq(out))
     }
 
     /// Shape and dtype of the model output.

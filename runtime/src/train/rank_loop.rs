@@ -237,7 +237,15 @@ where
             let loss_handle = comm
                 .all_reduce_async(up(&loss_t)?, ReduceOp::Sum, "loss")
                 .map_err(comm_err)?;
-            let mut binputs = vec![forward.saved, RValue::Seq(vec![RValue::Tensor(up(&cot)?)])];
+            // zeros for the model outputs the loss does not read
+            let cotangents = model
+                .cotangent_values(up(&cot)?, |t| {
+                    let z = Tensor::zeros(t.shape.to_vec(), t.dtype)
+                        .ok_or_else(|| format!("no zeros of dtype {}", t.dtype))?;
+                    up(&z).map_err(|e| e.to_string())
+                })
+                .map_err(|e| fail(format!("cotangents: {e}")))?;
+            let mut binputs = vec![forward.saved, cotangents];
             let last = micro + 1 == micro_per_step;
             let plan = if last {
                 for &pos in &plans.acc_targets {

@@ -1222,12 +1222,18 @@ pub fn local_gradients_at(
     let saved = fwd.saved;
     let (loss, cot) = loss_and_grad(model.loss, &fwd.output, batch.targets.as_ref())
         .map_err(TrainError::Input)?;
+    let cotangents = model
+        .cotangent_values(cot, |t| {
+            Tensor::zeros(t.shape.to_vec(), t.dtype)
+                .ok_or_else(|| format!("no zeros of dtype {}", t.dtype))
+        })
+        .map_err(TrainError::Input)?;
     let grads = exec
         .run(
             &plans.sync,
             &backend,
             &mut comm,
-            vec![saved, RValue::Seq(vec![RValue::Tensor(cot)])],
+            vec![saved, cotangents],
             &clock,
             &mut rec,
         )
