@@ -5,9 +5,10 @@
 //! elementwise ops, comparisons, `where`, `index_add`/`scatter_add`, slices and reductions,
 //! so CPU and CUDA agree by construction.
 //!
-//! The overwriting ops (`index_copy`, `scatter`, `index_put`) clear the places they write
-//! (a mask from adding ones there), then add the new values: with an index that repeats,
-//! PyTorch leaves which write wins unspecified, and these sum the repeated writes.
+//! The overwriting ops (`index_copy`, `scatter`, `index_put`) count the writes to each place
+//! (adding ones there), clear the places written, then add the new values. With an index that
+//! repeats, PyTorch leaves which write wins unspecified and a sum would be a number no PyTorch
+//! run gives, so a place written twice is refused, naming the op.
 
 use crate::exec::backend::{Backend, Input, KernelError};
 use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side, UnaryOp};
@@ -235,6 +236,31 @@ impl<B: Backend> Cx<'_, B> {
         self.cmp_s(CompareOp::Ne, &most, 0.0)
     }
 
+    /// Refuses `counts` (f32 writes per place) where a place is written more than once.
+    fn refuse_repeats(&self, op: &str, counts: &B::Tensor) -> R<()> {
+        let rank = self.shape(counts).len();
+        let most = self.k(
+            Kernel::Reduce {
+                op: ReduceOp::Amax,
+                dims: (0..rank).collect(),
+                keepdim: false,
+                dtype: DType::F32,
+            },
+            &[counts],
+        )?;
+        let most = self.b.download(&most)?.to_f64_vec();
+        match most.first() {
+            Some(&n) if n > 1.0 => Err(err(
+                op,
+                format!(
+                    "an index repeats ({n} writes to one place): PyTorch leaves which write \
+                     wins unspecified, so tracepass refuses rather than pick one"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// `a` with the places `mask` marks set to 0.
     fn cleared(&self, a: &B::Tensor, counts: &B::Tensor) -> R<B::Tensor> {
         let hit = self.cmp_s(CompareOp::Gt, counts, 0.0)?;
@@ -256,10 +282,10 @@ impl<B: Backend> Cx<'_, B> {
         index: &B::Tensor,
         source: &B::Tensor,
     ) -> R<B::Tensor> {
-        let dtype = self.b.dtype(a);
-        let zeros = self.full(&self.shape(a), 0.0, dtype)?;
-        let ones = self.full(&self.shape(source), 1.0, dtype)?;
+        let zeros = self.full(&self.shape(a), 0.0, DType::F32)?;
+        let ones = self.full(&self.shape(source), 1.0, DType::F32)?;
         let counts = self.k(Kernel::IndexAdd { dim }, &[&zeros, index, &ones])?;
+        self.refuse_repeats("index_copy", &counts)?;
         let cleared = self.cleared(a, &counts)?;
         self.k(Kernel::IndexAdd { dim }, &[&cleared, index, source])
     }
@@ -274,9 +300,10 @@ impl<B: Backend> Cx<'_, B> {
         let index = tensor_at("scatter", inputs, 1)?;
         let dtype = self.b.dtype(a);
         let at = self.shape(index);
-        let zeros = self.full(&self.shape(a), 0.0, dtype)?;
-        let ones = self.full(&at, 1.0, dtype)?;
+        let zeros = self.full(&self.shape(a), 0.0, DType::F32)?;
+        let ones = self.full(&at, 1.0, DType::F32)?;
         let counts = self.k(Kernel::ScatterAdd { dim }, &[&zeros, index, &ones])?;
+        self.refuse_repeats("scatter", &counts)?;
         let cleared = self.cleared(a, &counts)?;
         let filled;
         let src = match value {
@@ -670,6 +697,14 @@ mod tests {
         CpuBackend.run(&kernel, &inputs).expect("runs")
     }
 
+    fn run_err(kernel: Kernel, inputs: &[&Tensor]) -> String {
+        let inputs: Vec<Input<'_, Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
+        match CpuBackend.run(&kernel, &inputs) {
+            Ok(_) => String::from("ran"),
+            Err(e) => e.0,
+        }
+    }
+
     #[test]
     fn frexp_splits_every_kind_of_float_as_c_does() {
         let xs = [
@@ -748,6 +783,21 @@ mod tests {
         );
         assert_eq!(w.shape(), &[1, 4, 2]);
         assert_eq!(w.to_f32_vec(), vec![0., 4., 1., 5., 2., 6., 3., 7.]);
+    }
+
+    #[test]
+    fn an_overwrite_with_a_repeated_index_is_refused_not_summed() {
+        let a = Tensor::from_f32(vec![3], vec![1.0, 2.0, 3.0]);
+        let index = Tensor::from_i64(vec![2], vec![1, 1]);
+        let source = Tensor::from_f32(vec![2], vec![5.0, 7.0]);
+        let e = run_err(Kernel::IndexCopy { dim: 0 }, &[&a, &index, &source]);
+        assert!(e.contains("index_copy") && e.contains("repeats"), "{e}");
+        let scatter = Kernel::Scatter {
+            dim: 0,
+            value: Some(9.0),
+        };
+        let e = run_err(scatter, &[&a, &index]);
+        assert!(e.contains("scatter") && e.contains("repeats"), "{e}");
     }
 
     #[test]
