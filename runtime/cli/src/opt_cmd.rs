@@ -25,6 +25,8 @@ const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
   cse               merge identical pure computations
   canonicalize      exact algebraic identities (x*1, x/1, x-0, -(-x)), dead casts and
                     exact constant folds (x*2*4 -> x*8, 2*3 -> 6)
+  fuse-elementwise  group chains of elementwise ops (each intermediate read once) into
+                    tracepass.fusion regions, run as one loop (CPU) or one kernel (CUDA)
 
 A reproducer (input + pipeline, replay with --reproduce) is written only when a pass fails
 internally (panics or leaves invalid IR): to --reproducer-dir, else next to -o, else the
