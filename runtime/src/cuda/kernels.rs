@@ -297,7 +297,7 @@ __device__ __forceinline__ float remainder(float a, float b) {
 
 /// The Hurwitz zeta function in double, as `cpu::special::zeta` (Cephes' `zeta`: the sum
 /// up to a = q + 9, then the Euler-Maclaurin tail).
-const ZETA: &str = r#"
+pub(crate) const ZETA: &str = r#"
 __device__ double zeta_d(double x, double q) {
     const double MACHEP = 1.11022302462515654042e-16;
     const double A[12] = {12.0, -720.0, 30240.0, -1209600.0, 47900160.0,

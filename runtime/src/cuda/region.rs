@@ -95,8 +95,14 @@ pub fn region_source(f: &FusedLoop, numbers: &[bool]) -> Source {
     );
     // the name is a hash of everything the kernel computes
     let name = format!("region_{:016x}", fnv1a(kernel.as_bytes()));
+    // zeta's series is long: only regions that call it carry it
+    let zeta = if kernel.contains("zeta_d(") {
+        super::kernels::ZETA
+    } else {
+        ""
+    };
     let code = format!(
-        "{PRELUDE}{}{}\n{}",
+        "{PRELUDE}{}{}{zeta}\n{}",
         super::kernels::SPECIAL_FNS,
         super::kernels::FLOAT_DIVISION,
         kernel.replace("void NAME(", &format!("void {name}("))
