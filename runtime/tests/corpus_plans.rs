@@ -2,21 +2,11 @@
 //! the results the trainer asks for, the backward (Thunder's own all-reduces included) with the
 //! gradients.
 
-use std::path::PathBuf;
+mod common;
+use common::corpus;
 use tracepass_ir::{load_export, Arg};
 use tracepass_runtime::exec::Plan;
 use tracepass_runtime::train::forward_output;
-
-fn corpus() -> Vec<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/models");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("testdata/models is readable")
-        .map(|e| e.expect("a directory entry").path())
-        .filter(|p| p.join("export.json").is_file())
-        .collect();
-    dirs.sort();
-    dirs
-}
 
 #[test]
 fn every_corpus_trace_compiles_to_a_plan() {

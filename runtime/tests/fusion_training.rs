@@ -3,32 +3,14 @@
 //! and, with DDP on 2 ranks, the gradients are bit for bit those of the unfused pipeline, on
 //! every rank and for every bucket size.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{corpus, json, name};
+use std::path::Path;
 use tracepass_ir::DType;
 use tracepass_passes::parse_pipeline;
 use tracepass_runtime::tensor::{Tensor, TensorFile};
 use tracepass_runtime::train::OptimizerKind;
 use tracepass_runtime::train::{train, Model, ModelSource, TrainConfig, TrainReport};
-
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("testdata/models")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.join("export.json").is_file())
-        .collect();
-    v.sort();
-    assert!(v.len() >= 12, "the corpus has {} exports", v.len());
-    v
-}
-
-fn name(dir: &Path) -> String {
-    dir.file_name().unwrap().to_string_lossy().into_owned()
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
 
 fn plain_export(dir: &Path) -> bool {
     json(&dir.join("export.json"))["world_size"].is_null()

@@ -2,7 +2,9 @@
 //! and gradients against eager PyTorch, DDP gradients against the mean of the ranks' local
 //! ones, the loss falling, buffers carried, ties shared, and dropout's keep rate.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{corpus, json, name};
+use std::path::Path;
 use tracepass_ir::{DType, OpRegistry, ValueId};
 use tracepass_runtime::comm::Communicator;
 use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
@@ -16,29 +18,6 @@ use tracepass_runtime::train::OptimizerKind;
 use tracepass_runtime::train::{file_params, DataSource};
 use tracepass_runtime::train::{local_gradients_at, train, TrainConfig, TrainReport};
 use tracepass_runtime::train::{Model, ModelSource};
-
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("testdata/models")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.join("export.json").is_file())
-        .filter(|p| {
-            std::env::var("TMP_SKIP").map_or(true, |s| !s.split(',').any(|x| p.ends_with(x)))
-        })
-        .collect();
-    v.sort();
-    assert!(v.len() >= 12, "the corpus has {} exports", v.len());
-    v
-}
-
-fn name(dir: &Path) -> String {
-    dir.file_name().unwrap().to_string_lossy().into_owned()
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
 
 fn deterministic(dir: &Path) -> bool {
     json(&dir.join("reference/loss.json"))["deterministic"]

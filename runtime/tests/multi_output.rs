@@ -3,6 +3,8 @@
 //! each, the trainer feeds zeros to the state's, and step 0 gives eager PyTorch's loss and
 //! gradients.
 
+mod common;
+use common::json;
 use std::path::{Path, PathBuf};
 use tracepass_ir::DType;
 use tracepass_runtime::exec::RValue;
@@ -11,10 +13,6 @@ use tracepass_runtime::train::{train, Cotangent, Model, ModelSource, TrainConfig
 
 fn encdec() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/encdec")
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).expect("json file")).expect("json")
 }
 
 #[test]
