@@ -301,6 +301,68 @@ impl NcclComm {
         Ok((start, end))
     }
 
+    /// Issues `what` on `t` (the part every collective shares): the dtype NCCL takes, the
+    /// output (`t` itself in place, or a fresh buffer of the received size out of place, `t`
+    /// kept alive until the wait), the launch between timing events, and the handle.
+    fn collective(
+        &mut self,
+        t: CudaTensor,
+        what: Collective,
+        label: &str,
+    ) -> Result<NcclHandle, CommError> {
+        let launched = Instant::now();
+        let name = what.name();
+        let ty = nccl_type(t.dtype())
+            .ok_or_else(|| self.err(format!("NCCL cannot {} {}", what.verb(), t.dtype())))?;
+        let shape = what
+            .shape(t.numel(), self.world)
+            .map_err(|m| self.err(format!("{name} ({label}): {m}")))?;
+        let out = match shape.out_numel {
+            None => None,
+            Some(n) => Some(
+                CudaTensor::uninit_on(&self.stream, vec![n], t.dtype())
+                    .map_err(|m| self.err(format!("{name} ({label}): {m}")))?,
+            ),
+        };
+        let src = t.ptr(&self.stream);
+        let dst = out.as_ref().map_or(src, |o| o.ptr(&self.stream));
+        let count = shape.count;
+        let (start, end) = self.launch(label, what.nccl_call(), |comm, stream| {
+            let (src, dst) = (src as *const _, dst as *mut _);
+            // SAFETY: `src` and `dst` are live device buffers of the sizes `Collective::shape`
+            // gives for `count` (the same buffer in place, else the output made above), kept
+            // alive by the handle until it is waited on; on the communication stream, `comm`
+            // live (the Guard's call).
+            unsafe {
+                match what {
+                    Collective::AllReduce(op) => {
+                        nccl_result::all_reduce(src, dst, count, ty, nccl_op(op), comm, stream)
+                    }
+                    Collective::AllGather => {
+                        nccl_result::all_gather(src, dst, count, ty, comm, stream)
+                    }
+                    Collective::ReduceScatter(op) => {
+                        nccl_result::reduce_scatter(src, dst, count, ty, nccl_op(op), comm, stream)
+                    }
+                }
+            }
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+        })?;
+        let (tensor, input) = match out {
+            Some(o) => (o, Some(t)),
+            None => (t, None),
+        };
+        Ok(NcclHandle {
+            tensor,
+            _input: input,
+            start,
+            end,
+            launched,
+            label: label.to_string(),
+        })
+    }
+
     /// Waits on the host for `end`, returning early with the watchdog's failure.
     fn wait_host(&self, end: &CudaEvent) -> Result<(), CommError> {
         loop {
@@ -359,60 +421,11 @@ impl Communicator for NcclComm {
         op: ReduceOp,
         label: &str,
     ) -> Result<NcclHandle, CommError> {
-        let launched = Instant::now();
-        let ty = nccl_type(t.dtype())
-            .ok_or_else(|| self.err(format!("NCCL cannot reduce {}", t.dtype())))?;
-        let op = match op {
-            ReduceOp::Sum => nccl_sys::ncclRedOp_t::ncclSum,
-            ReduceOp::Max => nccl_sys::ncclRedOp_t::ncclMax,
-        };
-        let ptr = t.ptr(&self.stream);
-        let n = t.numel();
-        let (start, end) = self.launch(label, "ncclAllReduce", |comm, stream| {
-            // SAFETY: in place on a buffer this rank owns (the bucket it packed), on the
-            // communication stream; `comm` is live (the Guard's call).
-            unsafe {
-                nccl_result::all_reduce(ptr as *const _, ptr as *mut _, n, ty, op, comm, stream)
-            }
-            .map(|_| ())
-            .map_err(|e| format!("{e:?}"))
-        })?;
-        Ok(NcclHandle {
-            tensor: t,
-            _input: None,
-            start,
-            end,
-            launched,
-            label: label.to_string(),
-        })
+        self.collective(t, Collective::AllReduce(op), label)
     }
 
     fn all_gather_async(&mut self, t: CudaTensor, label: &str) -> Result<NcclHandle, CommError> {
-        let launched = Instant::now();
-        let ty = nccl_type(t.dtype())
-            .ok_or_else(|| self.err(format!("NCCL cannot gather {}", t.dtype())))?;
-        let (send, recv) = split_counts(Split::Gather, t.numel(), self.world)
-            .map_err(|m| self.err(format!("all_gather ({label}): {m}")))?;
-        let out = CudaTensor::uninit_on(&self.stream, vec![recv], t.dtype())
-            .map_err(|m| self.err(format!("all_gather ({label}): {m}")))?;
-        let (src, dst) = (t.ptr(&self.stream), out.ptr(&self.stream));
-        let (start, end) = self.launch(label, "ncclAllGather", |comm, stream| {
-            // SAFETY: `src` holds `send` elements and `dst` `world * send`, both live until
-            // the handle is waited on; on the communication stream, `comm` live.
-            unsafe {
-                nccl_result::all_gather(src as *const _, dst as *mut _, send, ty, comm, stream)
-            }
-            .map(|_| ())
-            .map_err(|e| format!("{e:?}"))
-        })?;
-        Ok(NcclHandle {
-            tensor: out,
-            _input: Some(t),
-            start,
-            end,
-            launched,
-            label: label.to_string(),
-        })
+        self.collective(t, Collective::AllGather, label)
     }
 
     fn reduce_scatter_async(
@@ -421,43 +434,7 @@ impl Communicator for NcclComm {
         op: ReduceOp,
         label: &str,
     ) -> Result<NcclHandle, CommError> {
-        let launched = Instant::now();
-        let ty = nccl_type(t.dtype())
-            .ok_or_else(|| self.err(format!("NCCL cannot reduce {}", t.dtype())))?;
-        let op = match op {
-            ReduceOp::Sum => nccl_sys::ncclRedOp_t::ncclSum,
-            ReduceOp::Max => nccl_sys::ncclRedOp_t::ncclMax,
-        };
-        let (_, recv) = split_counts(Split::Scatter, t.numel(), self.world)
-            .map_err(|m| self.err(format!("reduce_scatter ({label}): {m}")))?;
-        let out = CudaTensor::uninit_on(&self.stream, vec![recv], t.dtype())
-            .map_err(|m| self.err(format!("reduce_scatter ({label}): {m}")))?;
-        let (src, dst) = (t.ptr(&self.stream), out.ptr(&self.stream));
-        let (start, end) = self.launch(label, "ncclReduceScatter", |comm, stream| {
-            // SAFETY: `src` holds `world * recv` elements and `dst` `recv`, both live until
-            // the handle is waited on; on the communication stream, `comm` live.
-            unsafe {
-                nccl_result::reduce_scatter(
-                    src as *const _,
-                    dst as *mut _,
-                    recv,
-                    ty,
-                    op,
-                    comm,
-                    stream,
-                )
-            }
-            .map(|_| ())
-            .map_err(|e| format!("{e:?}"))
-        })?;
-        Ok(NcclHandle {
-            tensor: out,
-            _input: Some(t),
-            start,
-            end,
-            launched,
-            label: label.to_string(),
-        })
+        self.collective(t, Collective::ReduceScatter(op), label)
     }
 
     fn wait(&mut self, h: NcclHandle) -> Result<(CudaTensor, CommTiming), CommError> {
@@ -527,29 +504,82 @@ impl Communicator for NcclComm {
     }
 }
 
-/// Which way a sharded collective goes.
+/// One of the collectives a step issues on a whole tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Split {
-    /// All-gather: each rank sends its shard, receives the whole.
-    Gather,
-    /// Reduce-scatter: each rank sends the whole, receives its shard.
-    Scatter,
+enum Collective {
+    /// In place: every rank ends with the reduction of everyone's buffer.
+    AllReduce(ReduceOp),
+    /// Each rank sends its shard and receives the whole.
+    AllGather,
+    /// Each rank sends the whole and receives the reduction of its shard.
+    ReduceScatter(ReduceOp),
 }
 
-/// The element counts NCCL takes for a sharded collective of a buffer of `numel` elements on
-/// `world` ranks: `(sent, received)` per rank. A scattered buffer must split evenly (the fsdp
-/// pass pads every bucket to a multiple of the world size).
-fn split_counts(way: Split, numel: usize, world: usize) -> Result<(usize, usize), String> {
-    let world = world.max(1);
-    match way {
-        Split::Gather => numel
-            .checked_mul(world)
-            .map(|whole| (numel, whole))
-            .ok_or_else(|| format!("{numel} elements on {world} ranks overflow")),
-        Split::Scatter if numel.is_multiple_of(world) => Ok((numel, numel / world)),
-        Split::Scatter => Err(format!(
-            "{numel} elements do not split into {world} equal shards"
-        )),
+/// What NCCL is told for a collective of a buffer: the element count it takes (the whole
+/// buffer for an all-reduce, the sent shard for an all-gather, the received shard for a
+/// reduce-scatter), and the output's elements when it is out of place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Counts {
+    count: usize,
+    out_numel: Option<usize>,
+}
+
+impl Collective {
+    /// Its name in messages (`all_gather (gather:b0): ...`).
+    fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce(_) => "all_reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter(_) => "reduce_scatter",
+        }
+    }
+    /// The NCCL function, for the watchdog's messages.
+    fn nccl_call(self) -> &'static str {
+        match self {
+            Collective::AllReduce(_) => "ncclAllReduce",
+            Collective::AllGather => "ncclAllGather",
+            Collective::ReduceScatter(_) => "ncclReduceScatter",
+        }
+    }
+    /// What it does to a dtype, for `NCCL cannot gather i64`.
+    fn verb(self) -> &'static str {
+        match self {
+            Collective::AllGather => "gather",
+            _ => "reduce",
+        }
+    }
+    /// The counts for a buffer of `numel` elements on `world` ranks. A reduce-scattered
+    /// buffer must split evenly (the fsdp pass pads every bucket to a multiple of the world
+    /// size).
+    fn shape(self, numel: usize, world: usize) -> Result<Counts, String> {
+        let world = world.max(1);
+        match self {
+            Collective::AllReduce(_) => Ok(Counts {
+                count: numel,
+                out_numel: None,
+            }),
+            Collective::AllGather => numel
+                .checked_mul(world)
+                .map(|whole| Counts {
+                    count: numel,
+                    out_numel: Some(whole),
+                })
+                .ok_or_else(|| format!("{numel} elements on {world} ranks overflow")),
+            Collective::ReduceScatter(_) if numel.is_multiple_of(world) => Ok(Counts {
+                count: numel / world,
+                out_numel: Some(numel / world),
+            }),
+            Collective::ReduceScatter(_) => Err(format!(
+                "{numel} elements do not split into {world} equal shards"
+            )),
+        }
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> nccl_sys::ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => nccl_sys::ncclRedOp_t::ncclSum,
+        ReduceOp::Max => nccl_sys::ncclRedOp_t::ncclMax,
     }
 }
 
@@ -558,12 +588,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sharded_collectives_count_shards_and_wholes() {
-        assert_eq!(split_counts(Split::Gather, 3, 4), Ok((3, 12)));
-        assert_eq!(split_counts(Split::Scatter, 12, 4), Ok((12, 3)));
-        let e = split_counts(Split::Scatter, 10, 4).expect_err("uneven");
+    fn collectives_count_shards_and_wholes() {
+        let counts = |c: Collective, n, w| c.shape(n, w).map(|k| (k.count, k.out_numel));
+        let sum = ReduceOp::Sum;
+        // in place: the whole buffer
+        assert_eq!(counts(Collective::AllReduce(sum), 10, 4), Ok((10, None)));
+        // out of place: a gather sends its shard and receives the whole, a scatter the reverse
+        assert_eq!(counts(Collective::AllGather, 3, 4), Ok((3, Some(12))));
+        assert_eq!(
+            counts(Collective::ReduceScatter(sum), 12, 4),
+            Ok((3, Some(3)))
+        );
+        let e = counts(Collective::ReduceScatter(sum), 10, 4).expect_err("uneven");
         assert!(e.contains("4 equal shards"), "{e}");
-        assert!(split_counts(Split::Gather, usize::MAX, 2).is_err());
-        assert_eq!(split_counts(Split::Scatter, 5, 1), Ok((5, 5)));
+        assert!(counts(Collective::AllGather, usize::MAX, 2).is_err());
+        assert_eq!(
+            counts(Collective::ReduceScatter(ReduceOp::Max), 5, 1),
+            Ok((5, Some(5)))
+        );
+        // names in messages
+        assert_eq!(Collective::AllGather.nccl_call(), "ncclAllGather");
+        assert_eq!(Collective::ReduceScatter(sum).name(), "reduce_scatter");
+        assert_eq!(Collective::AllReduce(sum).verb(), "reduce");
     }
 }
