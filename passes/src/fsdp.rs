@@ -410,6 +410,54 @@ fn first_reader(t: &Trace, pos: &[u32], values: &[ValueId]) -> usize {
         .unwrap_or(t.schedule().len())
 }
 
+/// A saved value that is a view of a sharded tensor (`expand(unsqueeze(w))`, as a norm's weight
+/// is saved): the tensor, and the forward's view statements from the tensor's argument outward.
+/// zero3 saves the shard in its place and the backward makes the views again from the gathered
+/// tensor: saving the view would keep the whole gathered bucket alive into the backward (a
+/// view shares its source's storage), which is what zero3 is there to avoid.
+#[derive(Clone, Debug)]
+struct ViewChain {
+    tensor: usize,
+    nodes: Vec<NodeIndex>,
+}
+
+/// The ops whose result is a view of their one tensor operand.
+const VIEW_OPS: [tracepass_ir::op::Op; 5] = [
+    tracepass_ir::op::UNSQUEEZE,
+    tracepass_ir::op::EXPAND,
+    tracepass_ir::op::RESHAPE,
+    tracepass_ir::op::PERMUTE,
+    tracepass_ir::op::SQUEEZE,
+];
+
+/// `v`'s chain of views back to a sharded tensor's argument in `f`, if it is one: each step a
+/// view op reading no value but the previous one.
+fn view_chain(f: &Trace, tensors: &[Tensor], v: ValueId) -> Option<ViewChain> {
+    let mut nodes = Vec::new();
+    let mut cur = v;
+    loop {
+        if let Some(ti) = tensors.iter().position(|x| x.args.contains(&cur)) {
+            if nodes.is_empty() {
+                return None; // the tensor itself, saved as such
+            }
+            nodes.reverse();
+            return Some(ViewChain { tensor: ti, nodes });
+        }
+        let idx = f.producer(cur)?;
+        let n = f.node(idx)?;
+        if !VIEW_OPS.iter().any(|op| op.matches(n)) || n.outputs().len() != 1 {
+            return None;
+        }
+        let ins = n.operands();
+        let src = *ins.first()?;
+        if ins.iter().any(|x| *x != src) {
+            return None;
+        }
+        nodes.push(idx);
+        cur = src;
+    }
+}
+
 /// Chains a trace's collectives in schedule order with order edges, so every rank issues them
 /// in one order whatever reorders the trace later.
 fn chain_collectives(t: &mut Trace) -> Result<(), PassError> {
@@ -568,6 +616,42 @@ impl Pass for Fsdp {
 
         let saved_before = p.forward_saved();
         let saved_names = p.backward_saved();
+        // zero3: saved views of sharded tensors, made again in the backward
+        let chains: HashMap<ValueId, ViewChain> = if opts.sharding == Sharding::Zero3 {
+            saved_before
+                .iter()
+                .filter_map(|v| view_chain(&p.forward, &tensors, *v).map(|c| (*v, c)))
+                .collect()
+        } else {
+            HashMap::default()
+        };
+        // the saved views' places now hold shards too
+        if let Arg::Tuple(items) = &p.forward.ret {
+            if let Some(Arg::Tuple(saved)) = items.get(1) {
+                if let Some(Arg::Tuple(first)) = saved.first() {
+                    for (i, x) in first.iter().enumerate() {
+                        if x.as_value().is_some_and(|v| chains.contains_key(&v)) {
+                            cx.changed_return(true, &[1, 0, i as u32]);
+                        }
+                    }
+                }
+            }
+        }
+        let chain_nodes: Vec<(ValueId, Vec<Node>, Vec<Type>)> = chains
+            .iter()
+            .map(|(v, c)| {
+                let nodes: Vec<Node> = c
+                    .nodes
+                    .iter()
+                    .filter_map(|i| p.forward.node(*i).cloned())
+                    .collect();
+                let tys: Vec<Type> = nodes
+                    .iter()
+                    .filter_map(|n| p.forward.ty(n.outputs()[0]).cloned())
+                    .collect();
+                (*v, nodes, tys)
+            })
+            .collect();
         if opts.sharding == Sharding::Zero3 && saved_names.len() != saved_before.len() {
             // the forward will save shards; a backward that does not unpack them one for one
             // could not be told which of its values to gather again
@@ -630,6 +714,7 @@ impl Pass for Fsdp {
             tensors
                 .iter()
                 .position(|x| x.args.contains(&a))
+                .or_else(|| chains.get(&a).map(|c| c.tensor))
                 .map(|ti| shard_args[bucket_of[&ti].0])
         };
         let mut ret = f.ret.clone();
@@ -665,10 +750,19 @@ impl Pass for Fsdp {
         if opts.sharding == Sharding::Zero3 {
             // per bucket: the saved values of its members (backward side), by member
             let mut per_bucket: Vec<Vec<(usize, ValueId)>> = vec![Vec::new(); buckets.len()];
+            // the saved views to make again: backward value -> (forward value)
+            let mut remake: HashMap<ValueId, ValueId> = HashMap::default();
             for (fv, bv) in saved_before.iter().zip(&saved_names) {
-                if let Some(ti) = tensors.iter().position(|x| x.args.contains(fv)) {
+                let ti = tensors
+                    .iter()
+                    .position(|x| x.args.contains(fv))
+                    .or_else(|| chains.get(fv).map(|c| c.tensor));
+                if let Some(ti) = ti {
                     let (bi, k) = bucket_of[&ti];
                     per_bucket[bi].push((k, *bv));
+                    if chains.contains_key(fv) {
+                        remake.insert(*bv, *fv);
+                    }
                 }
             }
             let needed: Vec<usize> = (0..buckets.len())
@@ -725,11 +819,42 @@ impl Pass for Fsdp {
                     start,
                 );
                 rw.apply(b).map_err(|e| PassError::rewrite("fsdp", e))?;
+                // a saved view is made again from the gathered tensor, right before its
+                // first reader (after the gather's unpack, which precedes the bucket's first
+                // reader)
+                let mut target: HashMap<ValueId, ValueId> = HashMap::default();
                 let mut rw = Rewriter::new();
+                let pos_b = b.schedule_positions();
+                let sched_b = b.schedule().to_vec();
+                let mut names_b = b.name_gen();
                 for (oi, i) in order.iter().enumerate() {
                     for (k, bv) in &per_bucket[needed[*i]] {
-                        rw.replace_all_uses(*bv, outs_b[oi][*k]);
+                        let mut cur = outs_b[oi][*k];
+                        if let Some((_, nodes, tys)) = remake
+                            .get(bv)
+                            .and_then(|fv| chain_nodes.iter().find(|(v, _, _)| v == fv))
+                        {
+                            let at = first_reader(b, &pos_b, &[*bv]);
+                            for (n, ty) in nodes.iter().zip(tys) {
+                                let out = b.new_value(names_b.fresh("t"), ty.clone());
+                                let src = n.operands()[0];
+                                let mut nn = n.with_operands(n.args().to_vec(), vec![out]);
+                                nn.map_operands(&mut |v| if v == src { cur } else { v });
+                                if at < sched_b.len() {
+                                    rw.insert_before(sched_b[at], nn);
+                                } else {
+                                    rw.insert_at_end(nn);
+                                }
+                                cur = out;
+                            }
+                        }
+                        target.insert(*bv, cur);
                     }
+                }
+                rw.apply(b).map_err(|e| PassError::rewrite("fsdp", e))?;
+                let mut rw = Rewriter::new();
+                for (bv, v) in &target {
+                    rw.replace_all_uses(*bv, *v);
                 }
                 rw.apply(b).map_err(|e| PassError::rewrite("fsdp", e))?;
                 let mut rw = Rewriter::new();

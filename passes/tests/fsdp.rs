@@ -182,6 +182,29 @@ fn gathers(t: &Trace) -> HashMap<String, Gathered> {
     out
 }
 
+/// The value `v` is a view of: back through unsqueeze, expand, reshape, permute and squeeze
+/// statements that read nothing else.
+fn view_root(t: &Trace, v: ValueId) -> ValueId {
+    let views = [
+        op::UNSQUEEZE,
+        op::EXPAND,
+        op::RESHAPE,
+        op::PERMUTE,
+        op::SQUEEZE,
+    ];
+    let mut cur = v;
+    while let Some(n) = t.producer(cur).and_then(|i| t.node(i)) {
+        let ins = n.operands();
+        match ins.first() {
+            Some(&src) if views.iter().any(|o| o.matches(n)) && ins.iter().all(|x| *x == src) => {
+                cur = src
+            }
+            _ => break,
+        }
+    }
+    cur
+}
+
 /// The parameters fsdp sharded, by bucket: (fqn, shard placement), primaries only.
 fn sharded(after: &Program) -> HashMap<String, Vec<(&Param, &ParamShard)>> {
     let mut out: HashMap<String, Vec<(&Param, &ParamShard)>> = HashMap::new();
@@ -294,8 +317,13 @@ fn check_fsdp(before: &Program, after: &Program, world: usize, zero3: bool) {
     // the backward: zero3 gathers every saved parameter again, zero2 gathers nothing
     let b = &after.backward;
     let bg = gathers(b);
+    // a saved value is a parameter, or a view of one (`expand(unsqueeze(w))`)
     let saved_params: HashSet<String> = {
-        let fwd_saved = before.forward_saved();
+        let fwd_saved: Vec<ValueId> = before
+            .forward_saved()
+            .into_iter()
+            .map(|v| view_root(&before.forward, v))
+            .collect();
         by_bucket
             .values()
             .flatten()
@@ -322,12 +350,14 @@ fn check_fsdp(before: &Program, after: &Program, world: usize, zero3: bool) {
                 assert!(g.unpack_at < first);
             }
         }
-        // no gathered parameter is saved: the forward saves shards
+        // no gathered parameter is saved, nor a view of one (it would keep the bucket alive
+        // into the backward): the forward saves shards
         for v in after.forward_saved() {
             let name = f.name(v);
+            let root = view_root(f, v);
             assert!(
                 !f.nodes()
-                    .any(|(_, n)| n.op == ops::UNPACK && n.outputs().contains(&v)),
+                    .any(|(_, n)| n.op == ops::UNPACK && n.outputs().contains(&root)),
                 "zero3 saves gathered `{name}`"
             );
         }
