@@ -4,9 +4,12 @@
 use crate::input::{load_input, out};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
-use tracepass_ir::{OpRegistry, Program};
+use tracepass_ir::{ops, OpRegistry, Program};
 use tracepass_passes::{parse_pipeline, DdpOptions, PassManager, PassRegistry, PassSpec};
-use tracepass_runtime::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions, SimReport};
+use tracepass_runtime::sim::{
+    cpu_model, parse_link, predict_memory, simulate, simulate_step, DeviceModel, SimMemory,
+    SimOptions, SimReport,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
@@ -71,7 +74,61 @@ fn ms(s: f64) -> f64 {
     (s * 1e3).max(0.0)
 }
 
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// The predicted memory of a rank, in one line.
+fn memory_line(m: &SimMemory) -> String {
+    format!(
+        "memory per rank: peak {:.3} MiB (parameters {:.3} + AdamW state {:.3} + step values {:.3} at the {}'s peak, {:.3} of them gathered buckets); gathered at most {:.3} MiB at once",
+        mib(m.peak_bytes),
+        mib(m.params_bytes),
+        mib(m.optimizer_bytes),
+        mib(m.transient_peak_bytes),
+        if m.peak_in.is_empty() { "step" } else { &m.peak_in },
+        mib(m.gathered_at_peak_bytes),
+        mib(m.gathered_peak_bytes)
+    )
+}
+
+/// What the collectives are: `3 all-reduces`, or `4 all-gathers, 2 reduce-scatters`.
+fn collectives(r: &SimReport) -> String {
+    let count = |what: &str| {
+        r.buckets
+            .iter()
+            .filter(|b| b.label.starts_with(what))
+            .count()
+    };
+    let (gathers, scatters) = (count("gather:"), count("scatter:"));
+    if gathers + scatters == 0 {
+        return format!("{} all-reduces", r.buckets.len());
+    }
+    format!("{gathers} all-gathers, {scatters} reduce-scatters")
+}
+
 fn summary(r: &SimReport) -> String {
+    let forward = if r.forward_s > 0.0 {
+        format!(
+            "forward {:.3} ms | backward {:.3} ms | ",
+            ms(r.forward_s),
+            ms(r.step_s - r.forward_s)
+        )
+    } else {
+        String::new()
+    };
+    let mut line = summary_times(r);
+    if !forward.is_empty() {
+        line = line.replacen(" | ", &format!(" | {forward}"), 1);
+    }
+    if let Some(m) = &r.memory {
+        line += "\n";
+        line += &memory_line(m);
+    }
+    line
+}
+
+fn summary_times(r: &SimReport) -> String {
     if r.buckets.is_empty() {
         return format!(
             "step {:.3} ms | compute {:.3} ms | no communication | {} ops, 0 all-reduces",
@@ -81,7 +138,7 @@ fn summary(r: &SimReport) -> String {
         );
     }
     format!(
-        "step {:.3} ms | compute {:.3} ms | comm {:.3} ms | overlap {:.3} ms ({:.1}%) | exposed comm {:.3} ms | {} ops, {} all-reduces",
+        "step {:.3} ms | compute {:.3} ms | comm {:.3} ms | overlap {:.3} ms ({:.1}%) | exposed comm {:.3} ms | {} ops, {}",
         ms(r.step_s),
         ms(r.compute_s),
         ms(r.comm_s),
@@ -89,7 +146,7 @@ fn summary(r: &SimReport) -> String {
         r.overlap_pct,
         ms(r.exposed_comm_s),
         r.ops,
-        r.buckets.len()
+        collectives(r)
     )
 }
 
@@ -170,7 +227,18 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         Some(pl) => rewrite(&program, pl)?,
         None => program,
     };
-    let r = simulate(&p.backward, &opts)?;
+    // a sharded program gathers in its forward too: the whole step is timed; any program
+    // (not a lone backward) gets each rank's predicted memory
+    let sharded = p.forward.nodes().any(|(_, n)| n.op == ops::ALL_GATHER);
+    let r = if sharded {
+        simulate_step(&p, &opts)?
+    } else {
+        let mut r = simulate(&p.backward, &opts)?;
+        if !p.is_lone() && !p.params.is_empty() {
+            r.memory = Some(predict_memory(&p));
+        }
+        r
+    };
     if args.json {
         return out(&(serde_json::to_string_pretty(&r)? + "\n"));
     }

@@ -91,12 +91,44 @@ fn simulate_times_a_sharded_backward() {
         "--json",
     ]);
     let s = ok(&o);
-    // zero3 with small buckets: gathers and reduce-scatters on the communication stream
-    assert!(s.contains("\"buckets\""), "{s}");
-    assert!(
-        s.contains("shard_b0"),
-        "the backward's gather of b0 is timed: {s}"
+    // zero3 with small buckets: gathers (forward and backward) and reduce-scatters on the
+    // communication stream, and the memory of a rank
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    let buckets = v["buckets"].as_array().unwrap();
+    let of = |phase: &str, label: &str| {
+        buckets
+            .iter()
+            .filter(|b| b["phase"] == phase && b["label"] == label)
+            .count()
+    };
+    assert_eq!(
+        of("forward", "gather:b0"),
+        1,
+        "the forward's gather of b0: {s}"
     );
+    assert_eq!(
+        of("backward", "gather:b0"),
+        1,
+        "zero3 gathers b0 again: {s}"
+    );
+    assert_eq!(of("backward", "scatter:b0"), 1, "{s}");
+    assert!(v["forward_s"].as_f64().unwrap() > 0.0, "{s}");
+    let m = &v["memory"];
+    assert!(m["gathered_peak_bytes"].as_u64().unwrap() > 0, "{s}");
+    assert!(m["peak_bytes"].as_u64().unwrap() > m["params_bytes"].as_u64().unwrap());
+    // the text form: forward and backward, the collectives by kind, the memory per rank
+    let text = ok(&run(&[
+        "simulate",
+        &mlp(),
+        "--world-size",
+        "4",
+        "--passes",
+        "fsdp(world_size=4,sharding=zero2,bucket_mb=0.01),sort-waits",
+    ]));
+    assert!(text.contains("| forward "), "{text}");
+    assert!(text.contains(" all-gathers, "), "{text}");
+    assert!(text.contains("memory per rank: peak "), "{text}");
+    assert!(text.contains("gathered buckets"), "{text}");
     let o = run(&[
         "simulate",
         &mlp(),

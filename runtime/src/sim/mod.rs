@@ -2,8 +2,10 @@
 
 pub(crate) mod calibrate;
 pub(crate) mod device;
+pub(crate) mod memory;
 pub(crate) mod simulate;
 
 pub use calibrate::cpu_model;
 pub use device::{named_link, parse_link, DeviceModel, LINK_NAMES};
-pub use simulate::{simulate, SimBucket, SimError, SimOptions, SimReport};
+pub use memory::{predict_memory, SimMemory, ADAMW_STATE_BYTES_PER_ELEMENT};
+pub use simulate::{simulate, simulate_step, SimBucket, SimError, SimOptions, SimReport};

@@ -1,15 +1,17 @@
-//! Predicts a backward's step time from a cost model: each op's FLOPs and bytes against the
-//! device's peaks on one compute stream, each collective (all-reduce, and `fsdp`'s all-gather
-//! and reduce-scatter) by the ring alpha-beta model on one communication stream, waits joining
-//! the two.
+//! Predicts a backward's time, or a whole step's (forward, then backward, with each rank's peak
+//! memory), from a cost model: each op's FLOPs and bytes against the device's peaks on one
+//! compute stream, each collective (all-reduce, and `fsdp`'s all-gather and reduce-scatter) by
+//! the ring alpha-beta model on one communication stream, waits joining the two.
 
 use super::device::DeviceModel;
+use super::memory::{predict_memory, SimMemory};
 use crate::comm::LinkModel;
 use crate::exec::kernel::Kernel;
 use crate::exec::kernel_ops::decode;
 use crate::exec::metrics::{OverlapSummary, Span};
 use serde::Serialize;
-use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
+use std::collections::HashMap;
+use tracepass_ir::{ops, print_node_line, Arg, Program, Trace, Type, ValueId};
 
 #[derive(Clone, Debug)]
 pub struct SimOptions {
@@ -24,6 +26,8 @@ pub struct SimOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct SimBucket {
     pub label: String,
+    /// The trace that issues it: `forward` or `backward`.
+    pub phase: String,
     pub bytes: usize,
     pub launch_s: f64,
     pub start_s: f64,
@@ -33,7 +37,10 @@ pub struct SimBucket {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct SimReport {
+    /// The whole simulated time: the backward's, or forward and backward ([`simulate_step`]).
     pub step_s: f64,
+    /// When the forward ended ([`simulate_step`]; 0 when only a backward was simulated).
+    pub forward_s: f64,
     pub compute_s: f64,
     pub comm_s: f64,
     pub overlap_s: f64,
@@ -41,6 +48,8 @@ pub struct SimReport {
     pub exposed_comm_s: f64,
     pub ops: usize,
     pub buckets: Vec<SimBucket>,
+    /// Each rank's predicted memory ([`simulate_step`] only).
+    pub memory: Option<SimMemory>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -102,147 +111,201 @@ fn op_time(
     }
 }
 
-/// Simulates one execution of `trace` (typically a backward rewritten by ddp + sort-waits).
-pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError> {
-    let dev = &opts.device;
-    let mut now = 0.0f64;
-    let mut comm_free = 0.0f64;
-    let mut busy: Vec<Span> = Vec::new();
-    let mut comm: Vec<Span> = Vec::new();
-    let mut buckets: Vec<SimBucket> = Vec::new();
-    let mut future_bucket: std::collections::HashMap<ValueId, usize> =
-        std::collections::HashMap::new();
-    let mut label_of: std::collections::HashMap<ValueId, String> = std::collections::HashMap::new();
-    let mut ops_count = 0;
-    let push_busy = |now: &mut f64, dt: f64, busy: &mut Vec<Span>| {
+/// The two streams' clocks and what ran on them, across the traces of a step.
+#[derive(Default)]
+struct Timeline {
+    now: f64,
+    comm_free: f64,
+    busy: Vec<Span>,
+    comm: Vec<Span>,
+    buckets: Vec<SimBucket>,
+    ops: usize,
+}
+
+impl Timeline {
+    fn compute(&mut self, dt: f64) {
         if dt > 0.0 {
-            busy.push(Span {
-                start_us: *now * 1e6,
-                end_us: (*now + dt) * 1e6,
+            self.busy.push(Span {
+                start_us: self.now * 1e6,
+                end_us: (self.now + dt) * 1e6,
             });
-            *now += dt;
+            self.now += dt;
         }
-    };
-    for &idx in trace.schedule() {
-        let Some(n) = trace.node(idx) else { continue };
-        let err = |m: String| SimError {
-            line: print_node_line(trace, idx),
-            message: m,
-        };
-        match n.op.as_str() {
-            ops::UNPACK_SEQUENCE | ops::CLEAR_COLLECTION | ops::UNPACK | ops::UPDATE_ALIASES => {}
-            ops::BUCKET_PACK => {
-                let bytes: usize = n.outputs().iter().map(|o| tensor_bytes(trace, *o)).sum();
-                if let (Some(o), Some(b)) =
-                    (n.outputs().first(), n.kwarg("bucket").and_then(Arg::as_str))
-                {
-                    label_of.insert(*o, b.to_string());
+        self.ops += 1;
+    }
+
+    /// Runs `trace` on the timeline (`phase`: the buckets' `phase`).
+    fn run(&mut self, trace: &Trace, opts: &SimOptions, phase: &str) -> Result<(), SimError> {
+        let dev = &opts.device;
+        let mut future_bucket: HashMap<ValueId, usize> = HashMap::new();
+        let mut label_of: HashMap<ValueId, String> = HashMap::new();
+        for &idx in trace.schedule() {
+            let Some(n) = trace.node(idx) else { continue };
+            let err = |m: String| SimError {
+                line: print_node_line(trace, idx),
+                message: m,
+            };
+            match n.op.as_str() {
+                ops::UNPACK_SEQUENCE
+                | ops::CLEAR_COLLECTION
+                | ops::UNPACK
+                | ops::UPDATE_ALIASES => {}
+                ops::BUCKET_PACK => {
+                    let bytes: usize = n.outputs().iter().map(|o| tensor_bytes(trace, *o)).sum();
+                    if let (Some(o), Some(b)) =
+                        (n.outputs().first(), n.kwarg("bucket").and_then(Arg::as_str))
+                    {
+                        label_of.insert(*o, b.to_string());
+                    }
+                    self.compute(
+                        (dev.op_overhead_s + 2.0 * bytes as f64 / (dev.mem_bw * dev.bw_efficiency))
+                            * dev.sharing,
+                    );
                 }
-                let dt = (dev.op_overhead_s
-                    + 2.0 * bytes as f64 / (dev.mem_bw * dev.bw_efficiency))
-                    * dev.sharing;
-                push_busy(&mut now, dt, &mut busy);
-                ops_count += 1;
-            }
-            ops::ALL_REDUCE | ops::ALL_GATHER | ops::REDUCE_SCATTER => {
-                let buf = n
-                    .args()
-                    .first()
-                    .and_then(Arg::as_value)
-                    .ok_or_else(|| err(format!("{} of no tensor", n.op)))?;
-                let w = opts.world_size;
-                // what the ring moves is the whole buffer: the gathered result, or the buffer
-                // being reduce-scattered
-                let (bytes, ring) = match n.op.as_str() {
-                    ops::ALL_REDUCE => {
-                        let bytes = tensor_bytes(trace, buf);
-                        (bytes, opts.link.all_reduce_time(bytes, w))
-                    }
-                    ops::ALL_GATHER => {
-                        let bytes = n.outputs().first().map_or(0, |f| tensor_bytes(trace, *f));
-                        (bytes, opts.link.all_gather_time(bytes, w))
-                    }
-                    _ => {
-                        let bytes = tensor_bytes(trace, buf);
-                        (bytes, opts.link.reduce_scatter_time(bytes, w))
-                    }
-                };
-                let mut dur = ring.as_secs_f64();
-                if opts.host_reduction && w > 1 {
-                    // the host reads every rank's part of what it reduces and writes its own
-                    let reduced = match n.op.as_str() {
-                        ops::ALL_REDUCE => bytes,
-                        ops::REDUCE_SCATTER => bytes / w,
-                        _ => 0,
+                ops::ALL_REDUCE | ops::ALL_GATHER | ops::REDUCE_SCATTER => {
+                    let buf = n
+                        .args()
+                        .first()
+                        .and_then(Arg::as_value)
+                        .ok_or_else(|| err(format!("{} of no tensor", n.op)))?;
+                    let w = opts.world_size;
+                    // what the ring moves is the whole buffer: the gathered result, or the
+                    // buffer being reduce-scattered
+                    let (bytes, ring) = match n.op.as_str() {
+                        ops::ALL_REDUCE => {
+                            let bytes = tensor_bytes(trace, buf);
+                            (bytes, opts.link.all_reduce_time(bytes, w))
+                        }
+                        ops::ALL_GATHER => {
+                            let bytes = n.outputs().first().map_or(0, |f| tensor_bytes(trace, *f));
+                            (bytes, opts.link.all_gather_time(bytes, w))
+                        }
+                        _ => {
+                            let bytes = tensor_bytes(trace, buf);
+                            (bytes, opts.link.reduce_scatter_time(bytes, w))
+                        }
                     };
-                    dur = dur.max((w + 1) as f64 * reduced as f64 / dev.mem_bw);
-                }
-                let start = now.max(comm_free);
-                let end = start + dur;
-                comm_free = end;
-                comm.push(Span {
-                    start_us: start * 1e6,
-                    end_us: end * 1e6,
-                });
-                if let Some(f) = n.outputs().first() {
-                    future_bucket.insert(*f, buckets.len());
-                }
-                buckets.push(SimBucket {
-                    label: label_of
+                    let mut dur = ring.as_secs_f64();
+                    if opts.host_reduction && w > 1 {
+                        // the host reads every rank's part of what it reduces and writes its own
+                        let reduced = match n.op.as_str() {
+                            ops::ALL_REDUCE => bytes,
+                            ops::REDUCE_SCATTER => bytes / w,
+                            _ => 0,
+                        };
+                        dur = dur.max((w + 1) as f64 * reduced as f64 / dev.mem_bw);
+                    }
+                    let start = self.now.max(self.comm_free);
+                    let end = start + dur;
+                    self.comm_free = end;
+                    self.comm.push(Span {
+                        start_us: start * 1e6,
+                        end_us: end * 1e6,
+                    });
+                    if let Some(f) = n.outputs().first() {
+                        future_bucket.insert(*f, self.buckets.len());
+                    }
+                    // as the runtime labels them: the bucket, `gather:b<k>`, `scatter:b<k>`
+                    let name = label_of
                         .get(&buf)
                         .cloned()
-                        .unwrap_or_else(|| trace.name(buf)),
-                    bytes,
-                    launch_s: now,
-                    start_s: start,
-                    end_s: end,
-                    wait_s: f64::NAN,
-                });
-            }
-            ops::WAIT => {
-                let f = n
-                    .args()
-                    .first()
-                    .and_then(Arg::as_value)
-                    .ok_or_else(|| err("wait on no future".into()))?;
-                let b = *future_bucket
-                    .get(&f)
-                    .ok_or_else(|| err("wait before its collective".into()))?;
-                buckets[b].wait_s = now;
-                now = now.max(buckets[b].end_s);
-            }
-            // a fusion region is one kernel: its operands read once, its output written once
-            // (timed as one elementwise op over them: regions are memory bound)
-            ops::FUSION => {
-                let mut ins: Vec<ValueId> = Vec::new();
-                n.args()
-                    .iter()
-                    .for_each(|a| a.for_each_value(&mut |v| ins.push(v)));
-                let one = Kernel::Unary(crate::exec::kernel::UnaryOp::Neg);
-                let dt = op_time(trace, &one, &ins, n.outputs(), dev);
-                push_busy(&mut now, dt, &mut busy);
-                ops_count += 1;
-            }
-            _ => {
-                let d = decode(trace, n).map_err(err)?;
-                // `d.then` (so far only the reshape after a getitem's slice) is not timed
-                let dt = op_time(trace, &d.kernel, &d.inputs, n.outputs(), dev);
-                push_busy(&mut now, dt, &mut busy);
-                ops_count += 1;
+                        .unwrap_or_else(|| trace.name(buf));
+                    let label = match n.op.as_str() {
+                        ops::ALL_GATHER => {
+                            let b = name.strip_prefix("shard_").unwrap_or(&name);
+                            // a saved shard's copies are `shard_b0_1`, ...: bucket `b0`
+                            format!("gather:{}", b.split('_').next().unwrap_or(b))
+                        }
+                        ops::REDUCE_SCATTER => format!("scatter:{name}"),
+                        _ => name,
+                    };
+                    self.buckets.push(SimBucket {
+                        label,
+                        phase: phase.to_string(),
+                        bytes,
+                        launch_s: self.now,
+                        start_s: start,
+                        end_s: end,
+                        wait_s: f64::NAN,
+                    });
+                }
+                ops::WAIT => {
+                    let f = n
+                        .args()
+                        .first()
+                        .and_then(Arg::as_value)
+                        .ok_or_else(|| err("wait on no future".into()))?;
+                    let b = *future_bucket
+                        .get(&f)
+                        .ok_or_else(|| err("wait before its collective".into()))?;
+                    self.buckets[b].wait_s = self.now;
+                    self.now = self.now.max(self.buckets[b].end_s);
+                }
+                // the padding of a packed bucket keeps its label
+                "prims.pad" => {
+                    let d = decode(trace, n).map_err(err)?;
+                    if let (Some(i), Some(o)) = (d.inputs.first(), n.outputs().first()) {
+                        if let Some(l) = label_of.get(i).cloned() {
+                            label_of.insert(*o, l);
+                        }
+                    }
+                    self.compute(op_time(trace, &d.kernel, &d.inputs, n.outputs(), dev));
+                }
+                // a fusion region is one kernel: its operands read once, its output written
+                // once (timed as one elementwise op over them: regions are memory bound)
+                ops::FUSION => {
+                    let mut ins: Vec<ValueId> = Vec::new();
+                    n.args()
+                        .iter()
+                        .for_each(|a| a.for_each_value(&mut |v| ins.push(v)));
+                    let one = Kernel::Unary(crate::exec::kernel::UnaryOp::Neg);
+                    self.compute(op_time(trace, &one, &ins, n.outputs(), dev));
+                }
+                _ => {
+                    let d = decode(trace, n).map_err(err)?;
+                    // `d.then` (so far only the reshape after a getitem's slice) is not timed
+                    self.compute(op_time(trace, &d.kernel, &d.inputs, n.outputs(), dev));
+                }
             }
         }
+        Ok(())
     }
-    let o = OverlapSummary::of(&busy, &comm);
-    Ok(SimReport {
-        step_s: now,
-        compute_s: o.compute_s,
-        comm_s: o.comm_s,
-        overlap_s: o.overlap_s,
-        overlap_pct: o.overlap_pct,
-        exposed_comm_s: o.exposed_comm_s,
-        ops: ops_count,
-        buckets,
-    })
+
+    fn report(self, forward_s: f64, memory: Option<SimMemory>) -> SimReport {
+        let o = OverlapSummary::of(&self.busy, &self.comm);
+        SimReport {
+            step_s: self.now,
+            forward_s,
+            compute_s: o.compute_s,
+            comm_s: o.comm_s,
+            overlap_s: o.overlap_s,
+            overlap_pct: o.overlap_pct,
+            exposed_comm_s: o.exposed_comm_s,
+            ops: self.ops,
+            buckets: self.buckets,
+            memory,
+        }
+    }
+}
+
+/// Simulates one execution of `trace` (typically a backward rewritten by ddp + sort-waits).
+pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError> {
+    let mut tl = Timeline::default();
+    tl.run(trace, opts, "backward")?;
+    Ok(tl.report(0.0, None))
+}
+
+/// Simulates one training step of `p`: its forward (with fsdp's all-gathers and their
+/// waits), then its backward on the same two streams (a collective still running when the
+/// forward ends delays the backward's), and predicts each rank's peak memory
+/// ([`predict_memory`]). The loss between them is not timed.
+pub fn simulate_step(p: &Program, opts: &SimOptions) -> Result<SimReport, SimError> {
+    let memory = predict_memory(p);
+    let mut tl = Timeline::default();
+    tl.run(&p.forward, opts, "forward")?;
+    let forward_s = tl.now;
+    tl.run(&p.backward, opts, "backward")?;
+    Ok(tl.report(forward_s, Some(memory)))
 }
 
 #[cfg(test)]
