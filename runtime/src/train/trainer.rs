@@ -773,14 +773,36 @@ pub(crate) fn check_link_timeout(plans: &Plans, cfg: &TrainConfig) -> Result<(),
     }
 }
 
-/// Refuses a model whose parameters cannot fit in this machine's memory, before allocating
-/// any of them. What it counts is a floor, so it never refuses a model that could run without
-/// swapping (swap does not count as available): the larger of the first copy of the
-/// parameters (made in f64, 8 bytes an element, next to the converted copy) and every rank's
-/// parameters, gradients and optimizer moments (two f32 an element, whatever the optimizer).
-pub(crate) fn check_memory(model: &Model, world_size: usize) -> Result<(), TrainError> {
+/// What a run needs in memory at least, counted before anything is allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemoryNeed {
+    /// Elements and bytes of the model's parameters.
+    pub(crate) elements: u64,
+    pub(crate) bytes: u64,
+    /// One rank's parameters, gradients and optimizer moments: a shard of each sharded
+    /// bucket (and the largest bucket gathered whole), the rest whole.
+    pub(crate) per_rank: u64,
+    /// What the process needs: the larger of the first copy of the parameters and every rank's
+    /// `per_rank`.
+    pub(crate) total: u64,
+}
+
+/// Counts what `world_size` ranks need for `model` (sharded as `shards` says, when it does).
+/// What it counts is a floor, so it never refuses a model that could run without swapping
+/// (swap does not count as available): the larger of the first copy of the parameters (made
+/// in f64, 8 bytes an element, next to the converted copy) and every rank's parameters,
+/// gradients and optimizer moments (two f32 an element, whatever the optimizer). Under
+/// `fsdp` a rank holds a shard of each bucket of those three, and a gathered bucket while it
+/// computes with it: the largest one is counted (zero3 and prefetching gather more at once,
+/// zero2 keeps what the backward reads; the floor does not guess which).
+pub(crate) fn memory_need(
+    model: &Model,
+    shards: Option<&ShardLayout>,
+    world_size: usize,
+) -> Result<MemoryNeed, TrainError> {
     let (mut elements, mut bytes) = (0u64, 0u64);
-    for p in &model.program.params {
+    let (mut local_elements, mut local_bytes) = (0u64, 0u64);
+    for (i, p) in model.program.params.iter().enumerate() {
         let n = p
             .shape
             .iter()
@@ -794,22 +816,72 @@ pub(crate) fn check_memory(model: &Model, world_size: usize) -> Result<(), Train
         };
         elements = elements.saturating_add(n);
         bytes = bytes.saturating_add(b);
+        if shards.is_none_or(|l| l.place.get(i).copied().flatten().is_none()) {
+            local_elements = local_elements.saturating_add(n);
+            local_bytes = local_bytes.saturating_add(b);
+        }
+    }
+    let mut gathered = 0u64;
+    if let Some(l) = shards {
+        for b in &l.buckets {
+            let n = b.shard_numel(l.world_size) as u64;
+            local_elements = local_elements.saturating_add(n);
+            local_bytes = local_bytes.saturating_add(n.saturating_mul(b.dtype.size_bytes() as u64));
+        }
+        gathered = l.largest_bucket_bytes() as u64;
     }
     let first_copy = elements.saturating_mul(8).saturating_add(bytes);
-    let training = bytes
+    let per_rank = local_bytes
         .saturating_mul(2)
-        .saturating_add(elements.saturating_mul(8))
-        .saturating_mul(world_size as u64);
-    let need = first_copy.max(training);
-    match crate::train::memory::available_bytes() {
-        Some(avail) if need > avail => Err(TrainError::Input(format!(
-            "the model does not fit in memory: its {elements} parameters ({}) need at least {} (parameters, gradients and optimizer moments on each of {world_size} rank(s), or the first copy in f64), and {} is available",
-            crate::train::memory::gib(bytes),
-            crate::train::memory::gib(need),
-            crate::train::memory::gib(avail)
+        .saturating_add(local_elements.saturating_mul(8))
+        .saturating_add(gathered);
+    Ok(MemoryNeed {
+        elements,
+        bytes,
+        per_rank,
+        total: first_copy.max(per_rank.saturating_mul(world_size as u64)),
+    })
+}
+
+/// Refuses a run whose [`MemoryNeed`] exceeds `available` bytes (`None`: unknown, passes).
+pub(crate) fn check_memory_within(
+    need: MemoryNeed,
+    world_size: usize,
+    sharded: bool,
+    available: Option<u64>,
+) -> Result<(), TrainError> {
+    let gib = crate::train::memory::gib;
+    match available {
+        Some(avail) if need.total > avail => Err(TrainError::Input(format!(
+            "the model does not fit in memory: its {} parameters ({}) need at least {} ({} on each of {world_size} rank(s), or the first copy in f64), and {} is available",
+            need.elements,
+            gib(need.bytes),
+            gib(need.total),
+            if sharded {
+                "shards of the parameters, gradients and optimizer moments and the largest gathered bucket"
+            } else {
+                "parameters, gradients and optimizer moments"
+            },
+            gib(avail)
         ))),
         _ => Ok(()),
     }
+}
+
+/// Refuses a model whose parameters cannot fit in this machine's memory, before allocating
+/// any of them ([`memory_need`]; under `fsdp`, the sharded sizes).
+pub(crate) fn check_memory(
+    model: &Model,
+    shards: Option<&ShardLayout>,
+    world_size: usize,
+) -> Result<(), TrainError> {
+    let need = memory_need(model, shards, world_size)?;
+    check_memory_within(
+        need,
+        world_size,
+        shards.is_some(),
+        crate::train::memory::available_bytes(),
+    )
 }
 
 /// The parameters a run starts from (checkpoint, file or seeded init) and the checkpoint, if
@@ -995,7 +1067,7 @@ pub fn train_with(
     let model = Model::load(&cfg.model)?.with_loss(cfg.loss, cfg.targets.as_deref());
     let plans = build_plans(&model, cfg)?;
     check_link_timeout(&plans, cfg)?;
-    check_memory(&model, cfg.world_size)?;
+    check_memory(&model, plans.shards.as_ref(), cfg.world_size)?;
     let (init, resume) = initial_params(cfg, &model)?;
     let data = data_source(cfg, &model)?;
     for rank in 0..cfg.world_size {
@@ -1261,5 +1333,63 @@ mod tests {
         // the count is still part of what the ranks compare
         assert_ne!(few, many);
         assert!(many[0].contains("1000001 micro-steps"), "{}", many[0]);
+    }
+
+    /// The pre-check counts a sharded rank's share: a run at 4 ranks that fits only when
+    /// sharded is refused as DDP and accepted under fsdp (zero3 and zero2 alike), with the
+    /// memory available set between the two needs.
+    #[test]
+    fn the_memory_check_counts_shards_under_fsdp() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/nanogpt");
+        let model = Model::load(&ModelSource::Export(dir)).expect("nanogpt");
+        let plans_of = |passes: &str| {
+            let cfg = TrainConfig {
+                world_size: 4,
+                passes: Some(tracepass_passes::parse_pipeline(passes).expect("pipeline")),
+                ..TrainConfig::default()
+            };
+            build_plans(&model, &cfg).expect("plans")
+        };
+        let ddp = memory_need(&model, None, 4).expect("counts");
+        assert_eq!(
+            ddp.per_rank,
+            2 * ddp.bytes + 8 * ddp.elements,
+            "DDP: whole parameters, gradients and moments"
+        );
+        for sharding in ["zero3", "zero2"] {
+            let plans = plans_of(&format!(
+                "fsdp(world_size=4,sharding={sharding},bucket_mb=0.05)"
+            ));
+            let layout = plans.shards.as_ref().expect("sharded");
+            let need = memory_need(&model, Some(layout), 4).expect("counts");
+            // a quarter of the sharded state, the unsharded rest whole, one bucket gathered
+            let bucket = layout.largest_bucket_bytes() as u64;
+            assert!(
+                bucket > 0 && bucket < ddp.bytes,
+                "{sharding}: several buckets"
+            );
+            let shards: u64 = layout
+                .buckets
+                .iter()
+                .map(|b| (b.shard_numel(4) * (2 * b.dtype.size_bytes() + 8)) as u64)
+                .sum();
+            assert!(need.per_rank >= shards + bucket);
+            assert!(
+                (need.per_rank as f64) < 0.3 * ddp.per_rank as f64 + bucket as f64,
+                "{sharding}: {} of DDP's {}",
+                need.per_rank,
+                ddp.per_rank
+            );
+            assert!(need.total < ddp.total);
+            // what fits only sharded: DDP is refused, fsdp accepted
+            let avail = Some(need.total);
+            let e = check_memory_within(ddp, 4, false, avail).expect_err("DDP does not fit");
+            assert!(e.to_string().contains("does not fit in memory"), "{e}");
+            check_memory_within(need, 4, true, avail).expect("fits sharded");
+            let e =
+                check_memory_within(need, 4, true, Some(need.total - 1)).expect_err("a byte short");
+            assert!(e.to_string().contains("largest gathered bucket"), "{e}");
+        }
     }
 }
