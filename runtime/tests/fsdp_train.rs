@@ -1,8 +1,8 @@
 //! Sharded training (`--passes 'fsdp(...)'`) on corpus exports against DDP: the same
 //! parameters after 10 AdamW steps at world sizes 2 and 4 for zero2 and zero3 (a model with
-//! dropout, one with frozen parameters, one with a tie, one with an unused parameter), a
-//! zero3 rank holding about 1/N of DDP's parameters, gradients and optimizer state, and a
-//! checkpoint written at world size 2 resumed at world size 4.
+//! dropout, one with frozen parameters, one with a tie, one with an unused parameter, a Llama,
+//! a BERT encoder and a CNN), a zero3 rank holding about 1/N of DDP's parameters, gradients
+//! and optimizer state, and a checkpoint written at world size 2 resumed at world size 4.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -58,8 +58,9 @@ fn assert_same_params(got: &TrainReport, want: &TrainReport, what: &str) {
 
 #[test]
 fn zero2_and_zero3_train_the_parameters_ddp_trains() {
-    // dropout (mlp), frozen parameters (mlp-frozen), a tie (nanogpt), an unused parameter
-    for name in ["mlp", "mlp-frozen", "nanogpt", "unused"] {
+    // dropout (mlp), frozen parameters (mlp-frozen), a tie (nanogpt), an unused parameter,
+    // RMSNorm and rotary embeddings (llama), an encoder with buffers (bert), convolutions (cnn)
+    for name in ["mlp", "mlp-frozen", "nanogpt", "unused", "llama", "bert", "cnn"] {
         for ws in [2, 4] {
             let ddp = run(&cfg(
                 name,

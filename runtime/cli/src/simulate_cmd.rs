@@ -108,19 +108,7 @@ fn collectives(r: &SimReport) -> String {
 }
 
 fn summary(r: &SimReport) -> String {
-    let forward = if r.forward_s > 0.0 {
-        format!(
-            "forward {:.3} ms | backward {:.3} ms | ",
-            ms(r.forward_s),
-            ms(r.step_s - r.forward_s)
-        )
-    } else {
-        String::new()
-    };
     let mut line = summary_times(r);
-    if !forward.is_empty() {
-        line = line.replacen(" | ", &format!(" | {forward}"), 1);
-    }
     if let Some(m) = &r.memory {
         line += "\n";
         line += &memory_line(m);
@@ -129,6 +117,16 @@ fn summary(r: &SimReport) -> String {
 }
 
 fn summary_times(r: &SimReport) -> String {
+    // a whole step (fsdp): the forward's and the backward's share
+    let phases = if r.forward_s > 0.0 {
+        format!(
+            "forward {:.3} ms | backward {:.3} ms | ",
+            ms(r.forward_s),
+            ms(r.step_s - r.forward_s)
+        )
+    } else {
+        String::new()
+    };
     if r.buckets.is_empty() {
         return format!(
             "step {:.3} ms | compute {:.3} ms | no communication | {} ops, 0 all-reduces",
@@ -138,7 +136,7 @@ fn summary_times(r: &SimReport) -> String {
         );
     }
     format!(
-        "step {:.3} ms | compute {:.3} ms | comm {:.3} ms | overlap {:.3} ms ({:.1}%) | exposed comm {:.3} ms | {} ops, {}",
+        "step {:.3} ms | {phases}compute {:.3} ms | comm {:.3} ms | overlap {:.3} ms ({:.1}%) | exposed comm {:.3} ms | {} ops, {}",
         ms(r.step_s),
         ms(r.compute_s),
         ms(r.comm_s),

@@ -79,9 +79,9 @@ impl Tally {
         }
     }
     fn free(&mut self, s: &Storage) {
-        self.live -= s.bytes;
+        self.live = self.live.saturating_sub(s.bytes);
         if s.gathered {
-            self.gathered -= s.bytes;
+            self.gathered = self.gathered.saturating_sub(s.bytes);
         }
     }
 }
