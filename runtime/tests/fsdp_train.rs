@@ -60,7 +60,15 @@ fn assert_same_params(got: &TrainReport, want: &TrainReport, what: &str) {
 fn zero2_and_zero3_train_the_parameters_ddp_trains() {
     // dropout (mlp), frozen parameters (mlp-frozen), a tie (nanogpt), an unused parameter,
     // RMSNorm and rotary embeddings (llama), an encoder with buffers (bert), convolutions (cnn)
-    for name in ["mlp", "mlp-frozen", "nanogpt", "unused", "llama", "bert", "cnn"] {
+    for name in [
+        "mlp",
+        "mlp-frozen",
+        "nanogpt",
+        "unused",
+        "llama",
+        "bert",
+        "cnn",
+    ] {
         for ws in [2, 4] {
             let ddp = run(&cfg(
                 name,
