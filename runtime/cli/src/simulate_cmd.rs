@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use tracepass_ir::{ops, OpRegistry, Program};
 use tracepass_passes::{parse_pipeline, DdpOptions, PassManager, PassRegistry, PassSpec};
 use tracepass_runtime::sim::{
-    cpu_model, parse_link, predict_memory, simulate, simulate_step, DeviceModel, SimMemory,
-    SimOptions, SimReport,
+    cpu_model, parse_link, predict_memory, predicted_arena, simulate, simulate_step, DeviceModel,
+    SimMemory, SimOptions, SimReport,
 };
 
 #[derive(clap::Args, Debug)]
@@ -69,13 +69,14 @@ fn options(args: &SimulateArgs) -> Result<SimOptions> {
     })
 }
 
+/// Bytes as MiB.
+fn mib(b: impl TryInto<u64>) -> f64 {
+    b.try_into().unwrap_or(u64::MAX) as f64 / (1u64 << 20) as f64
+}
+
 /// Milliseconds, with a negative zero (or a rounding residue below zero) shown as 0.
 fn ms(s: f64) -> f64 {
     (s * 1e3).max(0.0)
-}
-
-fn mib(bytes: usize) -> f64 {
-    bytes as f64 / (1u64 << 20) as f64
 }
 
 /// The predicted memory of a rank, in one line.
@@ -228,7 +229,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     // a sharded program gathers in its forward too: the whole step is timed; any program
     // (not a lone backward) gets each rank's predicted memory
     let sharded = p.forward.nodes().any(|(_, n)| n.op == ops::ALL_GATHER);
-    let r = if sharded {
+    let mut r = if sharded {
         simulate_step(&p, &opts)?
     } else {
         let mut r = simulate(&p.backward, &opts)?;
@@ -237,6 +238,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         }
         r
     };
+    // the arena the executor's memory plans give a rank (a lone backward may not plan)
+    let arena = predicted_arena(&p);
+    r.arena = arena.as_ref().ok().cloned();
     if args.json {
         return out(&(serde_json::to_string_pretty(&r)? + "\n"));
     }
@@ -245,5 +249,19 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     }
     text += &summary(&r);
     text.push('\n');
+    text += &match &arena {
+        Ok(m) => format!(
+            "arena per rank: {:.2} MiB (memory plans: inputs {:.2} + max(forward arena {:.2} + results {:.2}, saved {:.2} + backward arena {:.2} + gradients {:.2}) = {:.2} MiB, optimizer state not included)\n",
+            mib(m.arena_bytes),
+            mib(m.inputs_bytes),
+            mib(m.forward_arena_bytes),
+            mib(m.forward_results_bytes),
+            mib(m.saved_bytes),
+            mib(m.backward_arena_bytes),
+            mib(m.gradients_bytes),
+            mib(m.peak_bytes)
+        ),
+        Err(e) => format!("arena per rank: not planned ({e})\n"),
+    };
     out(&text)
 }

@@ -50,6 +50,10 @@ pub struct SimReport {
     pub buckets: Vec<SimBucket>,
     /// Each rank's predicted memory ([`simulate_step`] only).
     pub memory: Option<SimMemory>,
+    /// The arena per rank from the memory plans ([`crate::sim::predicted_arena`]), when the
+    /// caller has the whole program and every op has a kernel to plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arena: Option<crate::sim::ArenaEstimate>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -284,6 +288,7 @@ impl Timeline {
             ops: self.ops,
             buckets: self.buckets,
             memory,
+            arena: None,
         }
     }
 }
