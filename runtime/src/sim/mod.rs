@@ -7,8 +7,8 @@ pub(crate) mod device;
 pub(crate) mod memory;
 pub(crate) mod simulate;
 
+pub use arena::{predicted_arena, ArenaEstimate};
 pub use calibrate::cpu_model;
 pub use device::{named_link, parse_link, DeviceModel, LINK_NAMES};
-pub use arena::{predicted_arena, ArenaEstimate};
 pub use memory::{predict_memory, SimMemory, ADAMW_STATE_BYTES_PER_ELEMENT};
 pub use simulate::{simulate, simulate_step, SimBucket, SimError, SimOptions, SimReport};
