@@ -562,6 +562,7 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::OneHot { .. }
         | Kernel::PixelShuffle { .. }
         | Kernel::Roll { .. }
+        | Kernel::TruncDivide { .. }
         | Kernel::AdaptiveAvgPool1d { .. }
         | Kernel::AdaptiveAvgPool1dBackward
         | Kernel::Lerp { .. }
@@ -610,6 +611,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::OneHot { .. }
             | Kernel::PixelShuffle { .. }
             | Kernel::Roll { .. }
+            | Kernel::TruncDivide { .. }
             | Kernel::AdaptiveAvgPool1d { .. }
             | Kernel::AdaptiveAvgPool1dBackward
             | Kernel::Lerp { .. }
@@ -724,6 +726,10 @@ pub fn every_kernel() -> Vec<Kernel> {
         Kernel::Roll {
             shifts: vec![1],
             dims: None,
+        },
+        Kernel::TruncDivide {
+            a: Side::Input(0),
+            b: Side::Input(1),
         },
         Kernel::ConvTransposeVjp {
             stride: vec![2],

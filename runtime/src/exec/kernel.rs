@@ -249,6 +249,12 @@ pub enum Kernel {
         factor: usize,
         inverse: bool,
     },
+    /// Thunder's `prims.div` of integers: the quotient rounded toward zero, as C divides
+    /// (`exec/composite.rs`: `floor_divide(a - fmod(a, b), b)`, exact).
+    TruncDivide {
+        a: Side,
+        b: Side,
+    },
     /// `roll` by `shifts` along `dims`, or the flattened tensor by one shift (`None`).
     Roll {
         shifts: Vec<i64>,

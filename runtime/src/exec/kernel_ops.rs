@@ -148,7 +148,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.mul", Cpu(|o| binary(o, BinaryOp::Mul))),
         ("prims.mul", Cpu(|o| binary(o, BinaryOp::Mul))),
         ("ltorch.div", Cpu(|o| binary(o, BinaryOp::Div))),
-        ("prims.div", Cpu(|o| binary(o, BinaryOp::Div))),
+        ("prims.div", Cpu(prims_div)),
         ("ltorch.true_divide", Cpu(|o| binary(o, BinaryOp::Div))),
         ("prims.true_divide", Cpu(|o| binary(o, BinaryOp::Div))),
         ("ltorch.pow", Cpu(|o| binary(o, BinaryOp::Pow))),
@@ -945,6 +945,20 @@ fn binary(o: &mut Ops<'_>, op: BinaryOp) -> Result<Kernel, String> {
         1.0
     };
     Ok(Kernel::Binary { op, a, b, alpha })
+}
+
+/// Thunder's `prims.div`: true division of floats, and of integers the quotient rounded toward
+/// zero (its torch executor calls `div(rounding_mode="trunc")` there).
+fn prims_div(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    if o.out(0)?.dtype.is_float() {
+        return binary(o, BinaryOp::Div);
+    }
+    let a = o.side(0, "a")?;
+    let b = o.side(1, "b")?;
+    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
+        return Err("both operands are numbers; nothing to compute on a tensor".into());
+    }
+    Ok(Kernel::TruncDivide { a, b })
 }
 
 fn compare(o: &mut Ops<'_>, op: CompareOp) -> Result<Kernel, String> {
