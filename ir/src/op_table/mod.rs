@@ -9,6 +9,7 @@
 //! `Tensor.X`, `torch.nn.functional.X`, `torch_X_prim_impl`, and the bare operator names it
 //! registers (`uniform`, `copy_`, `max_pool2d_with_indices`).
 
+mod attention;
 mod creation;
 mod dist;
 mod elementwise;
@@ -18,6 +19,7 @@ mod indexing;
 mod nn;
 mod python;
 mod reduction;
+mod setitem;
 mod shape;
 mod vocab;
 
@@ -37,6 +39,8 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
         fallback::PARTS,
         fusion::PARTS,
         vocab::PARTS,
+        attention::PARTS,
+        setitem::PARTS,
     ]
     .into_iter()
     .flatten()

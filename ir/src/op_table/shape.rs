@@ -483,8 +483,8 @@ fn slice_len(op: &str, parts: &[Option<i64>; 3], n: usize) -> Result<usize, Stri
     })
 }
 
-/// `a[key]` with basic indexing (ints, slices, `None`, `...`). Indexing by tensors (advanced
-/// indexing) trusts the type the trace declares.
+/// `a[key]` with basic indexing (ints, slices, `None`, `...`) and index tensors (advanced
+/// indexing, `setitem.rs`); a boolean mask or a list trusts the type the trace declares.
 fn getitem(cx: &MetaCx) -> R {
     let t = cx.tensor_param("a")?;
     let key = cx.param("key")?;
@@ -494,9 +494,17 @@ fn getitem(cx: &MetaCx) -> R {
     };
     if items
         .iter()
-        .any(|a| matches!(a, Arg::Value(_) | Arg::List(_) | Arg::Bool(_)))
+        .any(|a| matches!(a, Arg::List(_) | Arg::Bool(_)))
     {
         return Ok(MetaOut::Declared);
+    }
+    if items.iter().any(|a| matches!(a, Arg::Value(_))) {
+        // index tensors: PyTorch's advanced indexing; a boolean mask selects a number of
+        // elements known at run time only, so its declared type is trusted
+        return match super::setitem::selected(cx, &t, key)? {
+            super::setitem::Selected::Shape(shape) => one(t.with_shape(shape)),
+            super::setitem::Selected::Masked { .. } => Ok(MetaOut::Declared),
+        };
     }
     let consumed = items
         .iter()

@@ -731,6 +731,80 @@ def batch_encdec(gen: torch.Generator) -> Batch:
     return OrderedDict(idx=idx), targets
 
 
+class MhaBlocks(nn.Module):
+    """Two pre-norm transformer blocks on `nn.MultiheadAttention`, which Thunder 0.2.6 runs
+    through its torch fallback (`multi_head_attention_forward`, backward
+    `multi_head_attention_forward_vjp`): self-attention with `batch_first=True`, then
+    attention of the tokens to their embeddings with `batch_first=False`. No masks: Thunder
+    refuses both kinds (a bool mask fails PyTorch's dtype check on a proxy, a float one is a
+    keyword operand that needs a gradient)."""
+
+    def __init__(self, vocab: int = 64, width: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.norm1 = nn.LayerNorm(width)
+        self.attn1 = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(width)
+        self.attn2 = nn.MultiheadAttention(width, heads // 2)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        e = self.embed(idx)
+        h = self.norm1(e)
+        x = e + self.attn1(h, h, h)[0]
+        q = self.norm2(x).transpose(0, 1)
+        kv = e.transpose(0, 1)
+        x = x + self.attn2(q, kv, kv)[0].transpose(0, 1)
+        return self.head(x + self.mlp(x))
+
+
+def make_mha() -> nn.Module:
+    return MhaBlocks()
+
+
+def batch_mha(gen: torch.Generator) -> Batch:
+    idx = torch.randint(0, 64, (4, 8), generator=gen, dtype=torch.int64)
+    targets = torch.randint(0, 64, (4, 8), generator=gen, dtype=torch.int64)
+    return OrderedDict(idx=idx), targets
+
+
+class SliceAssign(nn.Module):
+    """Writes into tensors the forward made, as Python does (`y[key] = value`, Thunder's
+    `copy_with_setitem`): a slice from another slice, a column set to a number through `...`,
+    columns chosen by an index tensor, a boolean mask, a stepped slice of a fresh buffer, a row
+    by an int, and `Tensor.__setitem__` called by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 24)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.inp(x)
+        y = z.clone()
+        y[:, :8] = z[:, 8:16] * 2.0
+        y[..., 0] = 0.0
+        cols = torch.arange(3, 7, 2, device=x.device)
+        y[:, cols] = z[:, 20:22]
+        y[y > 1.0] = 1.0
+        buf = torch.zeros(x.shape[0], 32, device=x.device)
+        buf[:, 4:28] = torch.tanh(y)
+        buf[:, ::3] = 0.5
+        buf[0] = buf[1] * 0.5
+        buf.__setitem__((slice(None), slice(28, 32)), z[:, :4])
+        return self.head(buf)
+
+
+def make_slice_assign() -> nn.Module:
+    return SliceAssign()
+
+
+def batch_slice_assign(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 16, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 10, (4,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -927,6 +1001,25 @@ MODELS: dict[str, ModelSpec] = {
             description="Embedding(32,16), encoder Linear(16,16) + tanh, decoder Linear(16,16) + ReLU + skip, "
             "Linear(16,32); returns (encoder state, logits), the loss on the logits",
             notes=["two model outputs: `\"output\": 1`; the backward takes a cotangent for each (zeros for the state)"],
+        ),
+        ModelSpec(
+            "mha",
+            make_mha,
+            batch_mha,
+            description="Embedding(64,32), two pre-norm blocks on nn.MultiheadAttention(32, 4 heads, batch_first; then 2 "
+            "heads, sequence first, query the tokens, key/value the embeddings), GELU MLP, Linear(32,64)",
+            notes=[
+                "`torch.nn.functional.multi_head_attention_forward` through Thunder's torch fallback "
+                "(backward: `multi_head_attention_forward_vjp`); attention weights returned and unused",
+            ],
+        ),
+        ModelSpec(
+            "slice-assign",
+            make_slice_assign,
+            batch_slice_assign,
+            description="Linear(16,24), writes into its clone (slice, `...` column, index-tensor columns, bool mask) "
+            "and into a fresh zeros buffer (slice, stepped slice, int row, `__setitem__`), Linear(32,10)",
+            notes=["Python-level writes: `copy_with_setitem_impl` + `copy_`; backward `Tensor.__getitem__` by a tensor"],
         ),
     ]
 }

@@ -6,7 +6,9 @@ use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use tracepass_ir::{OpRegistry, Program};
 use tracepass_passes::{parse_pipeline, DdpOptions, PassManager, PassRegistry, PassSpec};
-use tracepass_runtime::sim::{cpu_model, parse_link, simulate, DeviceModel, SimOptions, SimReport};
+use tracepass_runtime::sim::{
+    cpu_model, parse_link, predicted_memory, simulate, DeviceModel, SimOptions, SimReport,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {
@@ -64,6 +66,11 @@ fn options(args: &SimulateArgs) -> Result<SimOptions> {
         device,
         link,
     })
+}
+
+/// Bytes as MiB.
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
 }
 
 /// Milliseconds, with a negative zero (or a rounding residue below zero) shown as 0.
@@ -170,7 +177,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         Some(pl) => rewrite(&program, pl)?,
         None => program,
     };
-    let r = simulate(&p.backward, &opts)?;
+    let mut r = simulate(&p.backward, &opts)?;
+    let memory = predicted_memory(&p);
+    r.memory = memory.as_ref().ok().cloned();
     if args.json {
         return out(&(serde_json::to_string_pretty(&r)? + "\n"));
     }
@@ -179,5 +188,19 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     }
     text += &summary(&r);
     text.push('\n');
+    text += &match &memory {
+        Ok(m) => format!(
+            "memory per rank: peak {:.2} MiB = inputs {:.2} + max(forward arena {:.2} + results {:.2}, saved {:.2} + backward arena {:.2} + gradients {:.2}); arena {:.2} MiB (optimizer state not included)\n",
+            mib(m.peak_bytes),
+            mib(m.inputs_bytes),
+            mib(m.forward_arena_bytes),
+            mib(m.forward_results_bytes),
+            mib(m.saved_bytes),
+            mib(m.backward_arena_bytes),
+            mib(m.gradients_bytes),
+            mib(m.arena_bytes)
+        ),
+        Err(e) => format!("memory per rank: not planned ({e})\n"),
+    };
     out(&text)
 }

@@ -309,14 +309,16 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
     })
 }
 
+const MIB: f64 = (1u64 << 20) as f64;
+
 fn print_metrics(report: &TrainReport) -> String {
     let mut s = String::from(
-        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  sync_wait_ms  other_ms  buckets  state_mib  gather_exposed_ms  scatter_exposed_ms\n",
+        "step  rank  step_ms  compute_ms  comm_ms  overlap_ms  overlap%  exposed_ms  sync_wait_ms  other_ms  buckets  state_mib  gather_exposed_ms  scatter_exposed_ms  allocs  pool_MiB  arena_MiB\n",
     );
     for per_rank in &report.metrics {
         for m in per_rank {
             s += &format!(
-                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>12.3}  {:>8.3}  {:>7}  {:>9.3}  {:>17.3}  {:>18.3}\n",
+                "{:>4}  {:>4}  {:>7.3}  {:>10.3}  {:>7.3}  {:>10.3}  {:>8.1}  {:>10.3}  {:>12.3}  {:>8.3}  {:>7}  {:>9.3}  {:>17.3}  {:>18.3}  {:>6}  {:>8.2}  {:>9.2}\n",
                 m.step,
                 m.rank,
                 m.step_s * 1e3,
@@ -330,7 +332,10 @@ fn print_metrics(report: &TrainReport) -> String {
                 m.buckets.iter().filter(|b| b.label != "loss").count(),
                 m.state_bytes as f64 / (1u64 << 20) as f64,
                 m.exposed_gather_s * 1e3,
-                m.exposed_scatter_s * 1e3
+                m.exposed_scatter_s * 1e3,
+                m.buffer_allocs,
+                m.pool_bytes as f64 / MIB,
+                m.arena_bytes as f64 / MIB
             );
         }
     }

@@ -217,6 +217,25 @@ fn train_is_the_main_job() {
     assert_eq!(m.as_array().unwrap().len(), 2, "one list per rank");
     assert_eq!(m[0].as_array().unwrap().len(), 10, "one entry per step");
     assert!(m[1][3]["overlap_pct"].is_number());
+    // memory planning: from the second step on the kernels' buffers come back from the last
+    // step; what is still allocated is the same every step and comes with the buckets (an
+    // all-reduce between threads gives every rank one shared result buffer, which no rank's
+    // pool gets back; two buffers per bucket on this model)
+    for rank in m.as_array().unwrap() {
+        let steps = rank.as_array().unwrap();
+        let allocs = |s: &serde_json::Value| s["buffer_allocs"].as_u64().unwrap();
+        let buckets = steps[1]["buckets"].as_array().unwrap().len() as u64;
+        for s in &steps[1..] {
+            assert_eq!(allocs(s), allocs(&steps[1]), "{s}");
+            assert!(
+                allocs(s) <= 2 * buckets && allocs(s) < allocs(&steps[0]),
+                "{s}"
+            );
+            assert_eq!(s["arena_bytes"], steps[0]["arena_bytes"]);
+        }
+        assert!(steps[0]["arena_bytes"].as_u64().unwrap() > 0);
+    }
+    assert!(out.contains("allocs  pool_MiB  arena_MiB"), "{out}");
 }
 
 #[test]
@@ -301,6 +320,14 @@ fn simulate_predicts_and_sweeps_bucket_sizes() {
         s.contains("device: h200") && s.contains("4 all-reduces"),
         "{s}"
     );
+    // the predicted memory per rank, from the memory plans of the forward and the backward
+    let peak: f64 = s
+        .split("memory per rank: peak ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no memory line: {s}"));
+    assert!(peak > 0.0, "{s}");
     let o = run(&[
         "simulate",
         b.to_str().unwrap(),

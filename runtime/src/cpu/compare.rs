@@ -1,5 +1,6 @@
 //! Comparisons (results are bool tensors) and `where` on a bool condition, with broadcasting.
 
+use super::buffer_pool as pool;
 use super::layout::{convert, expand};
 use super::promote::{promote_types, promote_with_scalar};
 use crate::tensor::{is_float, Elem, Tensor};
@@ -41,7 +42,13 @@ enum Src<'a, T: Clone> {
     Scalar(T),
 }
 
-impl<T: Copy> Src<'_, T> {
+impl<T: Copy + crate::cpu::buffer_pool::Pooled> Src<'_, T> {
+    /// Hands a copied operand's buffer back to the pool.
+    fn give_back(self) {
+        if let Src::Elems(c) = self {
+            pool::give_cow(c);
+        }
+    }
     #[inline(always)]
     fn get(&self, i: usize) -> T {
         match self {
@@ -112,10 +119,10 @@ fn compare_typed<T: Elem + PartialOrd>(
     n: usize,
 ) -> Vec<bool> {
     for_compare_op!(op, T, f => match (a, b) {
-        (Src::Elems(x), Src::Elems(y)) => x.iter().zip(y.iter()).map(|(&p, &q)| f(p, q)).collect(),
-        (Src::Elems(x), Src::Scalar(s)) => x.iter().map(|&p| f(p, *s)).collect(),
-        (Src::Scalar(s), Src::Elems(y)) => y.iter().map(|&q| f(*s, q)).collect(),
-        (Src::Scalar(s), Src::Scalar(t)) => vec![f(*s, *t); n],
+        (Src::Elems(x), Src::Elems(y)) => pool::collect(n, x.iter().zip(y.iter()).map(|(&p, &q)| f(p, q))),
+        (Src::Elems(x), Src::Scalar(s)) => pool::collect(n, x.iter().map(|&p| f(p, *s))),
+        (Src::Scalar(s), Src::Elems(y)) => pool::collect(n, y.iter().map(|&q| f(*s, q))),
+        (Src::Scalar(s), Src::Scalar(t)) => pool::filled(n, f(*s, *t)),
     })
 }
 
@@ -142,24 +149,36 @@ pub fn compare(op: CompareOp, a: Operand<'_>, b: Operand<'_>) -> Result<Tensor, 
     let n = shape.iter().product();
     let (a, b) = (round_scalar(a, dtype)?, round_scalar(b, dtype)?);
     let out = match dtype {
-        DType::F64 => compare_typed::<f64>(
-            op,
-            &source(a, DType::F64, &shape)?,
-            &source(b, DType::F64, &shape)?,
-            n,
-        ),
-        d if is_float(d) => compare_typed::<f32>(
-            op,
-            &source(a, DType::F32, &shape)?,
-            &source(b, DType::F32, &shape)?,
-            n,
-        ),
-        DType::I64 | DType::I32 | DType::Bool => compare_typed::<i64>(
-            op,
-            &source(a, DType::I64, &shape)?,
-            &source(b, DType::I64, &shape)?,
-            n,
-        ),
+        DType::F64 => {
+            let (x, y) = (
+                source::<f64>(a, DType::F64, &shape)?,
+                source::<f64>(b, DType::F64, &shape)?,
+            );
+            let r = compare_typed::<f64>(op, &x, &y, n);
+            x.give_back();
+            y.give_back();
+            r
+        }
+        d if is_float(d) => {
+            let (x, y) = (
+                source::<f32>(a, DType::F32, &shape)?,
+                source::<f32>(b, DType::F32, &shape)?,
+            );
+            let r = compare_typed::<f32>(op, &x, &y, n);
+            x.give_back();
+            y.give_back();
+            r
+        }
+        DType::I64 | DType::I32 | DType::Bool => {
+            let (x, y) = (
+                source::<i64>(a, DType::I64, &shape)?,
+                source::<i64>(b, DType::I64, &shape)?,
+            );
+            let r = compare_typed::<i64>(op, &x, &y, n);
+            x.give_back();
+            y.give_back();
+            r
+        }
         other => {
             return Err(format!(
                 "compare: dtype {other} is not supported by the cpu backend"
@@ -208,11 +227,13 @@ pub fn where_(
     let c = c.elems::<bool>().ok_or("where: condition storage")?;
     with_elem!(dtype, T => {
         let (x, y) = (source::<T>(a, dtype, &shape)?, source::<T>(b, dtype, &shape)?);
-        let out: Vec<T> = c
+        let out: Vec<T> = pool::collect(c.len(), c
             .iter()
             .enumerate()
-            .map(|(i, &k)| if k { x.get(i) } else { y.get(i) })
-            .collect();
+            .map(|(i, &k)| if k { x.get(i) } else { y.get(i) }));
+        x.give_back();
+        y.give_back();
+        pool::give_cow(c);
         Ok(Tensor::new(shape, T::wrap(out)))
     }, other => Err(format!("where: dtype {other} is not supported by the cpu backend")))
 }

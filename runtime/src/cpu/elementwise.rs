@@ -1,5 +1,6 @@
 //! Elementwise kernels with NumPy broadcasting.
 
+use super::buffer_pool as pool;
 use super::promote::{promote_types, promote_with_scalar};
 use super::real::Real;
 use crate::exec::backend::Input;
@@ -107,7 +108,8 @@ macro_rules! for_unary_op {
 
 fn map_typed<T: Real>(x: &Tensor, op: UnaryOp) -> Tensor {
     let v = T::elems(x);
-    let data: Vec<T> = for_unary_op!(op, T, f => v.iter().map(|&e| f(e)).collect());
+    let data: Vec<T> = for_unary_op!(op, T, f => pool::collect(v.len(), v.iter().map(|&e| f(e))));
+    pool::give_cow(v);
     Tensor::new(x.shape().to_vec(), T::storage(data))
 }
 
@@ -210,7 +212,7 @@ fn broadcast_index(out: &[usize], strides: &[isize]) -> Vec<usize> {
     let rank = out.len();
     let mut idx = vec![0usize; rank];
     let mut pos = 0isize;
-    let mut res = Vec::with_capacity(n);
+    let mut res = pool::take(n);
     for k in 0..n {
         if k > 0 {
             for d in (0..rank).rev() {
@@ -235,16 +237,17 @@ enum Operand<'a> {
 
 fn pow_scalar<T: Real>(v: &[T], e: f64) -> Vec<T> {
     // PyTorch special-cases these exponents; doing the same keeps results bit-close.
+    let n = v.len();
     match e {
-        2.0 => v.iter().map(|&x| x * x).collect(),
-        3.0 => v.iter().map(|&x| x * x * x).collect(),
-        0.5 => v.iter().map(|&x| x.sqrt()).collect(),
-        -0.5 => v.iter().map(|&x| T::ONE / x.sqrt()).collect(),
-        -1.0 => v.iter().map(|&x| T::ONE / x).collect(),
-        -2.0 => v.iter().map(|&x| T::ONE / (x * x)).collect(),
+        2.0 => pool::collect(n, v.iter().map(|&x| x * x)),
+        3.0 => pool::collect(n, v.iter().map(|&x| x * x * x)),
+        0.5 => pool::collect(n, v.iter().map(|&x| x.sqrt())),
+        -0.5 => pool::collect(n, v.iter().map(|&x| T::ONE / x.sqrt())),
+        -1.0 => pool::collect(n, v.iter().map(|&x| T::ONE / x)),
+        -2.0 => pool::collect(n, v.iter().map(|&x| T::ONE / (x * x))),
         _ => {
             let e = T::of(e);
-            v.iter().map(|&x| x.powf(e)).collect()
+            pool::collect(n, v.iter().map(|&x| x.powf(e)))
         }
     }
 }
@@ -293,25 +296,27 @@ fn binary_typed<T: Real>(
                 pow_scalar(&v, s)
             } else {
                 let s = T::of(s);
-                for_binary_op!(op, T, T::of(alpha), f => v.iter().map(|&e| f(e, s)).collect())
+                for_binary_op!(op, T, T::of(alpha), f => pool::collect(v.len(), v.iter().map(|&e| f(e, s))))
             };
+            pool::give_cow(v);
             Tensor::new(x.shape().to_vec(), T::storage(data))
         }
         (Operand::S(s), Operand::T(y)) => {
             let s = T::of(s);
             let v = T::elems(y);
-            let data: Vec<T> =
-                for_binary_op!(op, T, T::of(alpha), f => v.iter().map(|&e| f(s, e)).collect());
+            let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => pool::collect(v.len(), v.iter().map(|&e| f(s, e))));
+            pool::give_cow(v);
             Tensor::new(y.shape().to_vec(), T::storage(data))
         }
         (Operand::T(x), Operand::T(y)) => {
             let (va, vb) = (T::elems(x), T::elems(y));
             if x.shape() == y.shape() {
-                let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => va
+                let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => pool::collect(va.len(), va
                     .iter()
                     .zip(vb.iter())
-                    .map(|(&p, &q)| f(p, q))
-                    .collect());
+                    .map(|(&p, &q)| f(p, q))));
+                pool::give_cow(va);
+                pool::give_cow(vb);
                 Tensor::new(x.shape().to_vec(), T::storage(data))
             } else {
                 let out =
@@ -324,11 +329,14 @@ fn binary_typed<T: Real>(
                     })?;
                 let ia = broadcast_index(&out, &broadcast_strides(x.shape(), &out));
                 let ib = broadcast_index(&out, &broadcast_strides(y.shape(), &out));
-                let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => ia
+                let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => pool::collect(ia.len(), ia
                     .iter()
                     .zip(&ib)
-                    .map(|(&p, &q)| f(va[p], vb[q]))
-                    .collect());
+                    .map(|(&p, &q)| f(va[p], vb[q]))));
+                pool::give_scratch(ia);
+                pool::give_scratch(ib);
+                pool::give_cow(va);
+                pool::give_cow(vb);
                 Tensor::new(out, T::storage(data))
             }
         }

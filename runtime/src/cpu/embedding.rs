@@ -41,11 +41,13 @@ pub fn embedding(idx: &Tensor, weight: &Tensor) -> Result<Tensor, String> {
     shape.push(dim);
     with_elem!(weight.dtype(), T => {
         let w = weight.elems::<T>().ok_or("embedding: weight storage")?;
-        let mut out: Vec<T> = Vec::with_capacity(ix.len() * dim);
+        let mut out: Vec<T> = crate::cpu::buffer_pool::take(ix.len() * dim);
         for &i in &ix {
             let i = i as usize;
             out.extend_from_slice(&w[i * dim..(i + 1) * dim]);
         }
+        crate::cpu::buffer_pool::give_scratch(ix);
+        crate::cpu::buffer_pool::give_cow(w);
         Ok(Tensor::new(shape, T::wrap(out)))
     }, other => Err(format!("embedding: dtype {other} is not supported by the cpu backend")))
 }
@@ -79,7 +81,7 @@ pub fn embedding_backward(
     macro_rules! accumulate {
         ($t:ty, $g:expr) => {{
             let g = $g;
-            let mut out = vec![0 as $t; num_weights * dim];
+            let mut out = crate::cpu::buffer_pool::filled(num_weights * dim, 0 as $t);
             for (k, &i) in ix.iter().enumerate() {
                 if i == padding_idx {
                     continue;
@@ -116,6 +118,7 @@ pub fn embedding_backward(
             ))
         }
     };
+    crate::cpu::buffer_pool::give_scratch(ix);
     Ok(out)
 }
 

@@ -152,6 +152,8 @@ fn gemm_into<T: Gemm>(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    #[cfg(test)]
+    IN_GEMM_CRATE.with(|f| f.set(true));
     // SAFETY: bounds were checked above; c is a fresh row-major [m, n] block at c_off.
     unsafe {
         T::gemm(
@@ -170,7 +172,16 @@ fn gemm_into<T: Gemm>(
             1,
         );
     }
+    #[cfg(test)]
+    IN_GEMM_CRATE.with(|f| f.set(false));
     Ok(())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set while the `gemm` crate runs: it allocates its packing buffers on every call, which
+    /// the steady-state allocation test (`train/steady_alloc.rs`) counts apart.
+    pub(crate) static IN_GEMM_CRATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// `c = a @ b + beta * c` over row-major contiguous slices: `a` is `[m, k]`, `b` is `[k, n]`,
@@ -275,7 +286,7 @@ fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     let batch = tracepass_ir::broadcast_shapes(ba, bb)
         .ok_or_else(|| format!("matmul batch shapes {ba:?} and {bb:?} do not broadcast"))?;
     let count: usize = batch.iter().product();
-    let mut out = vec![T::ZERO; count * m * n];
+    let mut out = crate::cpu::buffer_pool::filled(count * m * n, T::ZERO);
     let stride_of = |t: &Tensor, lead: usize, i: usize, dims: &[usize]| -> isize {
         if i < lead || dims[i - lead] == 1 {
             0
@@ -340,7 +351,7 @@ fn linear_typed<T: Gemm>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Resul
         x.reshape(vec![m, k])?
     };
     let wt = w.permute(&[1, 0])?;
-    let mut out = vec![T::ZERO; m * n];
+    let mut out = crate::cpu::buffer_pool::filled(m * n, T::ZERO);
     let beta = if let Some(b) = bias {
         if b.numel() != n {
             return Err(format!(

@@ -236,13 +236,14 @@ pub fn cat(xs: &[&Tensor], dim: i64) -> Result<Tensor, String> {
             .iter()
             .map(|t| t.elems::<T>().ok_or("cat: dtype conversion failed"))
             .collect::<Result<_, _>>()?;
-        let mut out: Vec<T> = Vec::with_capacity(outer * total * inner);
+        let mut out: Vec<T> = crate::cpu::buffer_pool::take(outer * total * inner);
         for o in 0..outer {
             for (t, e) in conv.iter().zip(&elems) {
                 let block = t.shape()[d] * inner;
                 out.extend_from_slice(&e[o * block..(o + 1) * block]);
             }
         }
+        elems.into_iter().for_each(crate::cpu::buffer_pool::give_cow);
         Ok(Tensor::new(shape, T::wrap(out)))
     }, other => Err(format!("cat: dtype {other} is not supported by the cpu backend")))
 }

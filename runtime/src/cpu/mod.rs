@@ -8,6 +8,7 @@ pub(crate) mod activation;
 pub(crate) mod adaptive_pool;
 pub(crate) mod arg_extremum;
 pub(crate) mod bitwise;
+pub(crate) mod buffer_pool;
 pub(crate) mod compare;
 pub(crate) mod conv;
 pub(crate) mod cumsum;
@@ -32,6 +33,7 @@ pub(crate) mod var_mean;
 
 use crate::exec::backend::{Backend, Input, KernelError};
 use crate::exec::kernel::{Kernel, Side};
+use crate::exec::memory_plan::MemoryPlan;
 use crate::tensor::{supported_dtype, Storage, Tensor};
 use tracepass_ir::DType;
 
@@ -373,7 +375,7 @@ impl Backend for CpuBackend {
         let total: usize = members.iter().map(|m| m.numel()).sum();
         macro_rules! concat {
             ($variant:ident, |$x:ident, $by:ident| $divided:expr) => {{
-                let mut out = Vec::with_capacity(total);
+                let mut out = buffer_pool::take(total);
                 for (k, m) in members.iter().enumerate() {
                     let m = m.contiguous();
                     match m.storage() {
@@ -455,5 +457,30 @@ impl Backend for CpuBackend {
 
     fn dtype(&self, t: &Tensor) -> DType {
         t.dtype()
+    }
+
+    fn prepare_memory(&self, memory: &MemoryPlan) {
+        buffer_pool::reserve_classes(&memory.classes);
+    }
+
+    fn recycle(&self, t: Tensor) {
+        if let Some(s) = t.into_unshared_storage() {
+            buffer_pool::give_storage(s);
+        }
+    }
+
+    fn buffer_of(&self, t: &Tensor) -> Option<(usize, u64)> {
+        Some((
+            t.storage_id(),
+            (t.storage().len() * t.dtype().size_bytes()) as u64,
+        ))
+    }
+
+    fn pool_stats(&self) -> Option<buffer_pool::PoolStats> {
+        Some(buffer_pool::stats())
+    }
+
+    fn reset_pool_stats(&self) {
+        buffer_pool::reset_stats();
     }
 }

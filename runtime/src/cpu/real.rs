@@ -6,6 +6,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 pub trait Real:
     Copy
+    + crate::cpu::buffer_pool::Pooled
     + Send
     + Sync
     + 'static

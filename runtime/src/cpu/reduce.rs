@@ -7,7 +7,7 @@ use tracepass_ir::DType;
 
 /// Folds the elements of a row-major tensor of `shape` into one accumulator per output
 /// position (the reduced `dims` kept as size 1): the accumulators and the kept shape.
-fn fold_dims<E: Copy, A: Copy>(
+fn fold_dims<E: Copy, A: Copy + crate::cpu::buffer_pool::Pooled>(
     v: &[E],
     shape: &[usize],
     dims: &[usize],
@@ -23,7 +23,7 @@ fn fold_dims<E: Copy, A: Copy>(
         .map(|i| if dims.contains(&i) { 1 } else { shape[i] })
         .collect();
     let out_n: usize = kept.iter().product();
-    let mut acc = vec![init; out_n];
+    let mut acc = crate::cpu::buffer_pool::filled(out_n, init);
     // Reducing the leading dimensions of a row-major tensor: add whole rows (vectorizes).
     let leading = dims.iter().enumerate().all(|(i, &d)| i == d);
     if leading && !v.is_empty() {
@@ -103,6 +103,7 @@ fn reduce_typed<T: Real>(
         ReduceOp::Sum | ReduceOp::Mean => a + b,
     };
     let (mut acc, kept) = fold_dims(&v, shape, dims, init, combine)?;
+    crate::cpu::buffer_pool::give_cow(v);
     if op == ReduceOp::Mean {
         let count = (x.numel() / acc.len().max(1)).max(1);
         let c = T::of(count as f64);
@@ -153,7 +154,7 @@ fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
     let len = shape.get(dim).copied().unwrap_or(1);
     let inner: usize = shape.get(dim + 1..).map_or(1, |s| s.iter().product());
     let outer = x.numel() / (len * inner).max(1);
-    let mut out = vec![T::ZERO; v.len()];
+    let mut out = crate::cpu::buffer_pool::filled(v.len(), T::ZERO);
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| o * len * inner + j * inner + i;
@@ -174,6 +175,7 @@ fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
             }
         }
     }
+    crate::cpu::buffer_pool::give_cow(v);
     Tensor::new(shape.to_vec(), T::storage(out))
 }
 

@@ -59,8 +59,9 @@ pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, 
         }
     }
     let n = f.numel();
-    let mut out = vec![0f32; n];
-    let mut lanes = vec![0f32; f.ops.len() * CHUNK];
+    // the output from the buffer pool, the lanes its scratch (nothing allocated in a steady step)
+    let mut out = super::buffer_pool::filled(n, 0f32);
+    let mut lanes = super::buffer_pool::filled(f.ops.len() * CHUNK, 0f32);
     let mut start = 0;
     while start < n {
         let len = CHUNK.min(n - start);
@@ -84,6 +85,12 @@ pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, 
         let last = (f.ops.len() - 1) * CHUNK;
         out[start..start + len].copy_from_slice(&lanes[last..last + len]);
         start += len;
+    }
+    super::buffer_pool::give_scratch(lanes);
+    for s in sources {
+        if let Source::Elems(v) = s {
+            super::buffer_pool::give_cow(v);
+        }
     }
     Ok(Tensor::from_f32(f.shape.clone(), out))
 }

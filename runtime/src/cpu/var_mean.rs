@@ -1,5 +1,6 @@
 //! `var_mean`: variance and mean over dims in one pass over memory (two over each row).
 
+use super::buffer_pool as pool;
 use super::layout::norm_dim;
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
@@ -56,8 +57,8 @@ pub fn var_mean(
     } = row_reduction(x.shape(), dims, keepdim)?;
     let p = x.permute(&perm)?;
     let divisor = (row as f64 - correction).max(0.0);
-    let mut var = Vec::with_capacity(rows);
-    let mut mean = Vec::with_capacity(rows);
+    let mut var: Vec<f64> = pool::take(rows);
+    let mut mean: Vec<f64> = pool::take(rows);
     macro_rules! rows {
         ($v:expr) => {{
             let v = $v;
@@ -78,13 +79,26 @@ pub fn var_mean(
     }
     match dtype {
         DType::F64 => rows!(p.elems::<f64>().ok_or("var_mean: f64 storage")?),
-        DType::F32 => rows!(p.elems::<f32>().ok_or("var_mean: f32 storage")?),
+        DType::F32 => {
+            let e = p.elems::<f32>().ok_or("var_mean: f32 storage")?;
+            rows!(&e);
+            pool::give_cow(e);
+        }
         _ => rows!(p.to_f32_vec()),
     }
     let make = |v: Vec<f64>| -> Result<Tensor, String> {
-        Tensor::from_f64(out_shape.clone(), v)
-            .to_dtype(dtype)
-            .ok_or_else(|| format!("var_mean: cannot convert to {dtype}"))
+        match dtype {
+            DType::F64 => Ok(Tensor::from_f64(out_shape.clone(), v)),
+            DType::F32 => {
+                // rounded once from f64, as `to_dtype` rounds, into a pooled buffer
+                let f = pool::collect(v.len(), v.iter().map(|&x| x as f32));
+                pool::give_scratch(v);
+                Ok(Tensor::from_f32(out_shape.clone(), f))
+            }
+            _ => Tensor::from_f64(out_shape.clone(), v)
+                .to_dtype(dtype)
+                .ok_or_else(|| format!("var_mean: cannot convert to {dtype}")),
+        }
     };
     Ok((make(var)?, make(mean)?))
 }

@@ -31,6 +31,16 @@ pub enum DevBuf {
 }
 
 impl DevBuf {
+    /// Its length in elements and the stream it was allocated on.
+    fn len_and_stream(&self) -> (usize, &Arc<CudaStream>) {
+        match self {
+            DevBuf::F32(s) => (s.len(), s.stream()),
+            DevBuf::BF16(s) => (s.len(), s.stream()),
+            DevBuf::F16(s) => (s.len(), s.stream()),
+            DevBuf::I64(s) => (s.len(), s.stream()),
+            DevBuf::Bool(s) => (s.len(), s.stream()),
+        }
+    }
     fn dtype(&self) -> DType {
         match self {
             DevBuf::F32(_) => DType::F32,
@@ -122,7 +132,15 @@ pub struct CudaBackend {
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Bucket buffers, kept across steps and reused once no tensor views them any more.
     buckets: Mutex<Vec<Arc<DevBuf>>>,
+    /// The memory plans' buffers, recycled: by (dtype, length), how many a plan has alive at
+    /// once at most and the free ones (given back after their last use, on this stream, so a
+    /// later kernel on it reuses one in stream order, as `cudaFreeAsync` then
+    /// `cudaMallocAsync` would, without the allocator call).
+    recycled: Mutex<HashMap<(DType, usize), Recycled>>,
 }
+
+/// Of one (dtype, length): how many buffers may be kept, and the free ones.
+type Recycled = (usize, Vec<DevBuf>);
 
 fn kerr<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> KernelError + '_ {
     move |e| KernelError(format!("{what}: {e}"))
@@ -330,6 +348,7 @@ impl CudaBackend {
             blas,
             functions: Mutex::new(HashMap::new()),
             buckets: Mutex::new(Vec::new()),
+            recycled: Mutex::new(HashMap::new()),
         })
     }
 
@@ -371,6 +390,11 @@ impl CudaBackend {
 
     fn alloc(&self, dtype: DType, n: usize) -> Result<Arc<DevBuf>, KernelError> {
         let n = n.max(1);
+        if let Ok(mut free) = self.recycled.lock() {
+            if let Some(buf) = free.get_mut(&(dtype, n)).and_then(|(_, v)| v.pop()) {
+                return Ok(Arc::new(buf));
+            }
+        }
         // SAFETY: every kernel writes all of its output before anything reads it.
         let buf = unsafe {
             match dtype {
@@ -2525,6 +2549,33 @@ fn tensor<'a>(
 
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
+
+    fn prepare_memory(&self, memory: &crate::exec::MemoryPlan) {
+        if let Ok(mut free) = self.recycled.lock() {
+            for c in memory.classes.iter().filter(|c| c.numel > 0) {
+                let e = free.entry((c.dtype, c.numel)).or_default();
+                e.0 = e.0.max(c.count);
+            }
+        }
+    }
+
+    fn recycle(&self, t: CudaTensor) {
+        let Ok(buf) = Arc::try_unwrap(t.buf) else {
+            return;
+        };
+        let (n, stream) = buf.len_and_stream();
+        if !Arc::ptr_eq(stream, &self.stream) {
+            return;
+        }
+        let key = (buf.dtype(), n);
+        if let Ok(mut free) = self.recycled.lock() {
+            if let Some((limit, v)) = free.get_mut(&key) {
+                if v.len() < *limit {
+                    v.push(buf);
+                }
+            }
+        }
+    }
 
     fn name(&self) -> &'static str {
         "cuda"

@@ -575,7 +575,11 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::BatchNorm { .. }
         | Kernel::Frexp
         | Kernel::MaxPool3d { .. }
-        | Kernel::MaxPool3dBackward => vec![],
+        | Kernel::MaxPool3dBackward
+        | Kernel::SetItem { .. }
+        | Kernel::GetItemTensor { .. }
+        | Kernel::MultiHeadAttention(_)
+        | Kernel::MultiHeadAttentionVjp { .. } => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -625,6 +629,10 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Frexp
             | Kernel::MaxPool3d { .. }
             | Kernel::MaxPool3dBackward
+            | Kernel::SetItem { .. }
+            | Kernel::GetItemTensor { .. }
+            | Kernel::MultiHeadAttention(_)
+            | Kernel::MultiHeadAttentionVjp { .. }
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding

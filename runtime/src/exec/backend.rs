@@ -1,7 +1,9 @@
 //! The device interface the executor drives: kernels, bucket packing, host transfers.
 
+pub use crate::cpu::buffer_pool::PoolStats;
 pub use crate::cpu::random::RngKey;
 use crate::exec::kernel::{BinaryOp, Kernel, Side};
+use crate::exec::memory_plan::MemoryPlan;
 use crate::exec::region::RegionProgram;
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
@@ -118,4 +120,26 @@ pub trait Backend: Send + Sync + 'static {
     fn synchronize(&self) -> Result<(), KernelError> {
         Ok(())
     }
+    /// `memory` (a plan's buffers) is about to run on the calling thread: a backend that
+    /// recycles buffers sizes its pool from it. The default does nothing.
+    fn prepare_memory(&self, memory: &MemoryPlan) {
+        let _ = memory;
+    }
+    /// The executor is done with `t` (its last reader has run): a backend may keep its buffer
+    /// for a later kernel's output. The default drops it.
+    fn recycle(&self, t: Self::Tensor) {
+        drop(t);
+    }
+    /// Which buffer holds `t` (equal for views of one buffer) and that buffer's bytes, where
+    /// the backend can tell: what [`crate::exec::Executor::measure_live_bytes`] adds up.
+    fn buffer_of(&self, t: &Self::Tensor) -> Option<(usize, u64)> {
+        let _ = t;
+        None
+    }
+    /// The calling thread's buffer pool, where the backend has one (`--metrics`).
+    fn pool_stats(&self) -> Option<PoolStats> {
+        None
+    }
+    /// Zeroes the pool's per-step counters (a step's start).
+    fn reset_pool_stats(&self) {}
 }

@@ -32,7 +32,8 @@ fn input<'t, T>(op: &str, inputs: &[Input<'t, T>]) -> Result<&'t T, KernelError>
     }
 }
 
-/// Runs `kernel` if it is one of this module's ops or a transposed convolution (one output).
+/// Runs `kernel` if it is one of this module's ops, a transposed convolution or an attention
+/// gradient (one output).
 pub(crate) fn run<B: Backend>(
     backend: &B,
     kernel: &Kernel,
@@ -41,7 +42,12 @@ pub(crate) fn run<B: Backend>(
     if let Some(r) = crate::exec::vocab_composite::run(backend, kernel, inputs) {
         return Some(r);
     }
-    if let Some(r) = conv_transpose::run(backend, kernel, inputs) {
+    if let Some(r) = crate::exec::setitem::run(backend, kernel, inputs) {
+        return Some(r);
+    }
+    if let Some(r) = conv_transpose::run(backend, kernel, inputs)
+        .or_else(|| crate::exec::attention::run(backend, kernel, inputs))
+    {
         return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
             _ => Err(err(
@@ -229,6 +235,9 @@ pub(crate) fn run_multi<B: Backend>(
     inputs: &[Input<'_, B::Tensor>],
 ) -> Option<Result<Vec<B::Tensor>, KernelError>> {
     if let Some(r) = crate::exec::vocab_composite::run_multi(backend, kernel, inputs) {
+        return Some(r);
+    }
+    if let Some(r) = crate::exec::attention::run(backend, kernel, inputs) {
         return Some(r);
     }
     conv_transpose::run(backend, kernel, inputs)
@@ -623,6 +632,121 @@ pub(crate) fn parts(kernel: &Kernel, d: DType) -> Option<Vec<(Kernel, DType)>> {
             ),
             (Kernel::Cat { dim: 0 }, d),
         ],
+        // exec/setitem.rs: a basic key pads the value and a mask of ones into place; a mask
+        // key broadcasts; index tensors are wrapped, then index_put / index_select
+        Kernel::SetItem { .. } | Kernel::GetItemTensor { .. } => vec![
+            (Kernel::Permute(vec![]), d),
+            (
+                Kernel::Pad {
+                    value: 0.0,
+                    config: vec![],
+                },
+                d,
+            ),
+            (
+                Kernel::Pad {
+                    value: 0.0,
+                    config: vec![],
+                },
+                DType::F32,
+            ),
+            (
+                Kernel::Full {
+                    shape: vec![],
+                    value: 0.0,
+                    dtype: d,
+                },
+                d,
+            ),
+            (
+                Kernel::Full {
+                    shape: vec![],
+                    value: 1.0,
+                    dtype: DType::F32,
+                },
+                DType::F32,
+            ),
+            (compare(CompareOp::Ne), DType::F32),
+            (compare(CompareOp::Lt), DType::I64),
+            (
+                Kernel::Where {
+                    a: Side::Input(1),
+                    b: Side::Input(2),
+                    dtype: d,
+                },
+                d,
+            ),
+            (
+                Kernel::Where {
+                    a: Side::Input(1),
+                    b: Side::Input(2),
+                    dtype: DType::I64,
+                },
+                DType::I64,
+            ),
+            (Kernel::Convert(DType::I64), DType::I64),
+            (
+                Kernel::Binary {
+                    op: BinaryOp::Add,
+                    a: Side::Input(0),
+                    b: Side::Input(1),
+                    alpha: 1.0,
+                },
+                DType::I64,
+            ),
+            (
+                Kernel::Binary {
+                    op: BinaryOp::Mul,
+                    a: Side::Input(0),
+                    b: Side::Input(1),
+                    alpha: 1.0,
+                },
+                DType::I64,
+            ),
+            (Kernel::IndexSelect { dim: 0 }, d),
+            (Kernel::IndexPut { accumulate: false }, d),
+        ],
+        // exec/attention.rs
+        Kernel::MultiHeadAttention(_) | Kernel::MultiHeadAttentionVjp { .. } => {
+            let bin = |op| Kernel::Binary {
+                op,
+                a: Side::Input(0),
+                b: Side::Input(1),
+                alpha: 1.0,
+            };
+            let sum = |op| Kernel::Reduce {
+                op,
+                dims: vec![0],
+                keepdim: false,
+                dtype: d,
+            };
+            vec![
+                (
+                    Kernel::Slice {
+                        start: vec![],
+                        end: vec![],
+                        step: vec![],
+                    },
+                    d,
+                ),
+                (Kernel::Linear { bias: true }, d),
+                (Kernel::Matmul, d),
+                (Kernel::Softmax { dim: 2, log: false }, d),
+                (
+                    Kernel::SoftmaxBackward {
+                        dim: 2,
+                        log: false,
+                        dtype: d,
+                    },
+                    d,
+                ),
+                (sum(ReduceOp::Mean), d),
+                (sum(ReduceOp::Sum), d),
+                (bin(BinaryOp::Mul), d),
+                (bin(BinaryOp::Add), d),
+                (Kernel::Cat { dim: 0 }, d),
+            ]
+        }
         _ => return None,
     })
 }

@@ -5,6 +5,7 @@ use crate::comm::{CommError, Communicator};
 use crate::exec::backend::{Backend, Input, RngKey};
 use crate::exec::metrics::{BucketRecord, Clock, Event, Recording, Span};
 use crate::exec::plan::{InstrKind, Plan};
+use smallvec::SmallVec;
 use std::time::Instant;
 use tracepass_ir::Type;
 
@@ -86,6 +87,11 @@ pub struct Executor<B: Backend, C: Communicator<Tensor = B::Tensor>> {
     /// The random stream of this run (seed, rank, step); each random node draws from it with
     /// its order among the trace's random nodes as the node key.
     rng: Option<RngKey>,
+    /// Whether runs add up the live bytes of the buffers they write (tests).
+    measure: bool,
+    live_peak: u64,
+    /// Measured runs: the buffers handed to collectives not yet waited on (by future slot).
+    in_flight: Vec<(usize, usize, u64)>,
 }
 
 impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Default for Executor<B, C> {
@@ -96,6 +102,9 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Default for Executor<B, C>
             pack_started: Vec::new(),
             buckets: Vec::new(),
             rng: None,
+            measure: false,
+            live_peak: 0,
+            in_flight: Vec::new(),
         }
     }
 }
@@ -147,6 +156,43 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
             step: step as u64,
             node: 0,
         });
+    }
+
+    /// From now on, each run measures the largest sum of the bytes of the distinct buffers
+    /// it wrote that its slots hold after an instruction (its frees not yet done): what the
+    /// memory plan predicts as [`crate::exec::MemoryPlan::live_peak_bytes`]. Slow: for tests.
+    pub fn measure_live_bytes(&mut self) {
+        self.measure = true;
+    }
+
+    /// The last run's measured peak ([`Executor::measure_live_bytes`]); 0 when not measured.
+    pub fn live_peak_bytes(&self) -> u64 {
+        self.live_peak
+    }
+
+    /// Bytes of the distinct buffers in planned slots, other than `given`'s.
+    fn live_bytes(&self, plan: &Plan, backend: &B, given: &[usize]) -> u64 {
+        let mut seen: Vec<usize> = Vec::new();
+        let mut bytes = 0;
+        for &(_, id, b) in &self.in_flight {
+            if !given.contains(&id) && !seen.contains(&id) {
+                seen.push(id);
+                bytes += b;
+            }
+        }
+        for (s, v) in self.slots.iter().enumerate() {
+            let RValue::Tensor(t) = v else { continue };
+            if plan.memory.buffer_of.get(s).copied().flatten().is_none() {
+                continue;
+            }
+            if let Some((id, b)) = backend.buffer_of(t) {
+                if !given.contains(&id) && !seen.contains(&id) {
+                    seen.push(id);
+                    bytes += b;
+                }
+            }
+        }
+        bytes
     }
 
     /// Runs `plan` once with `inputs` (one per trace argument); returns the plan's results.
@@ -215,9 +261,30 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
         self.pack_started.resize(plan.slots, 0.0);
         self.buckets.clear();
         self.buckets.resize(plan.collectives.len(), None);
+        backend.prepare_memory(&plan.memory);
+        rec.compute.reserve(plan.instrs.len());
         for (spec, v) in plan.args.iter().zip(inputs) {
             check_input(backend, &spec.ty, &v).map_err(|m| Failure::Input(spec.name.clone(), m))?;
             self.slots[spec.slot] = v;
+        }
+        // the buffers the caller gave (measured runs only)
+        let mut given: Vec<usize> = Vec::new();
+        // and the values themselves, held so that no buffer written later reuses an address
+        let mut held: Vec<RValue<B::Tensor>> = Vec::new();
+        self.live_peak = 0;
+        self.in_flight.clear();
+        if self.measure {
+            fn ids<B: Backend>(b: &B, v: &RValue<B::Tensor>, out: &mut Vec<usize>) {
+                match v {
+                    RValue::Tensor(t) => out.extend(b.buffer_of(t).map(|x| x.0)),
+                    RValue::Seq(items) => items.iter().for_each(|v| ids(b, v, out)),
+                    _ => {}
+                }
+            }
+            for spec in &plan.args {
+                ids(backend, &self.slots[spec.slot], &mut given);
+                held.push(self.slots[spec.slot].clone());
+            }
         }
         // random nodes are keyed by their order among the trace's random nodes, not by their
         // position: a pass that adds other nodes (fsdp's gathers) leaves the draws as they were
@@ -228,8 +295,8 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
             match &ins.kind {
                 InstrKind::Compute(k) => {
                     let out = {
-                        let mut args: Vec<Input<'_, B::Tensor>> =
-                            Vec::with_capacity(ins.inputs.len());
+                        // on the stack: a step allocates nothing for its operand lists
+                        let mut args: SmallVec<[Input<'_, B::Tensor>; 8]> = SmallVec::new();
                         for &s in &ins.inputs {
                             args.push(match &self.slots[s] {
                                 RValue::Tensor(t) => Input::Tensor(t),
@@ -414,6 +481,11 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                             ))
                         }
                     };
+                    if self.measure {
+                        if let Some((id, b)) = backend.buffer_of(&buf) {
+                            self.in_flight.push((ins.outputs[0], id, b));
+                        }
+                    }
                     let bytes = backend.shape(&buf).iter().product::<usize>()
                         * backend.dtype(&buf).size_bytes();
                     let launch = clock.us(t0);
@@ -450,6 +522,7 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     let h = self.futures[f].take().ok_or_else(|| {
                         Failure::Node(i, format!("`{}` was already waited on", plan.slot_names[f]))
                     })?;
+                    self.in_flight.retain(|x| x.0 != f);
                     let wait_start = clock.us(t0);
                     let (t, timing) = comm.wait(h).map_err(|e| Failure::Comm(i, e))?;
                     let wait_end = clock.us(Instant::now());
@@ -495,8 +568,11 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     }
                 }
             }
+            if self.measure {
+                self.live_peak = self.live_peak.max(self.live_bytes(plan, backend, &given));
+            }
             for &s in &ins.free {
-                self.slots[s] = RValue::Empty;
+                recycle(backend, std::mem::take(&mut self.slots[s]));
             }
             if computed {
                 let span = Span {
@@ -533,6 +609,15 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                 None => RValue::None,
             })
             .collect())
+    }
+}
+
+/// Hands a value the plan is done with back to the backend, tensor by tensor.
+pub(crate) fn recycle<B: Backend>(backend: &B, v: RValue<B::Tensor>) {
+    match v {
+        RValue::Tensor(t) => backend.recycle(t),
+        RValue::Seq(items) => items.into_iter().for_each(|v| recycle(backend, v)),
+        _ => {}
     }
 }
 

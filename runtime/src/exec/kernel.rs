@@ -499,6 +499,27 @@ pub enum Kernel {
     },
     /// Its gradient: inputs `grad, a, indices`; each gradient added at its position.
     MaxPool3dBackward,
+    /// Thunder's `copy_with_setitem(a, key, value)`: `a` with `a[key]` replaced by `value`
+    /// (`exec/setitem.rs`); inputs `a`, then the value unless `value` is a number, then the
+    /// key's tensors in order.
+    SetItem {
+        key: Vec<KeyItem>,
+        value: Option<f64>,
+    },
+    /// `a[key]` with index tensors (`exec/setitem.rs`); inputs `a`, then the key's tensors.
+    GetItemTensor {
+        key: Vec<KeyItem>,
+    },
+    /// `F.multi_head_attention_forward` without masks, dropout or extra key/value biases
+    /// (`exec/attention.rs`): inputs `query, key, value, in_proj_weight, in_proj_bias,
+    /// out_proj_weight, out_proj_bias`; two outputs, the attention output and the weights.
+    MultiHeadAttention(Mha),
+    /// Thunder's `multi_head_attention_forward_vjp`: the forward's seven inputs, then the
+    /// gradients of its two outputs; gives the gradients `outputs` names, in input order.
+    MultiHeadAttentionVjp {
+        mha: Mha,
+        outputs: [bool; 7],
+    },
     /// Needs a random stream keyed by (seed, rank, step, node), which the executor provides.
     Uniform {
         shape: Vec<usize>,
@@ -564,6 +585,8 @@ impl Kernel {
             | Kernel::Frexp
             | Kernel::MaxPool3d { .. } => 2,
             Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
+            Kernel::MultiHeadAttention(_) => 2,
+            Kernel::MultiHeadAttentionVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }
@@ -611,6 +634,28 @@ impl Kernel {
             _ => numel(out),
         }
     }
+}
+
+/// One item of an indexing key ([`Kernel::SetItem`], [`Kernel::GetItemTensor`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum KeyItem {
+    Int(i64),
+    /// `start:stop:step`, as written.
+    Slice([Option<i64>; 3]),
+    /// `None`: a new dimension of 1.
+    NewAxis,
+    /// `...`.
+    Ellipsis,
+    /// An index tensor (integer or bool), the kernel's next tensor input.
+    Tensor,
+}
+
+/// The shape of a multi-head attention ([`Kernel::MultiHeadAttention`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mha {
+    pub heads: usize,
+    /// The weights averaged over heads (`average_attn_weights`).
+    pub average: bool,
 }
 
 /// Which gradients a [`Kernel::ConvTransposeVjp`] gives, in this order.

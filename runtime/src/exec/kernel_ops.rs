@@ -13,6 +13,8 @@ use crate::exec::kernel::{
 };
 use std::collections::HashMap;
 
+mod attention;
+mod setitem;
 mod vocab;
 use std::sync::OnceLock;
 use tracepass_ir::{fallback_operands, ops, Arg, DType, LhsSlot, Node, OpRegistry, Trace, ValueId};
@@ -404,6 +406,15 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.pad", Cpu(pad)),
         ("ltorch.pad", Cpu(functional_pad)),
         ("ltorch.getitem", Cpu(getitem)),
+        ("prims.copy_with_setitem", Cpu(setitem::copy_with_setitem)),
+        (
+            "ltorch.multi_head_attention_forward",
+            Cpu(attention::multi_head_attention),
+        ),
+        (
+            "ltorch.multi_head_attention_forward_vjp",
+            Cpu(attention::multi_head_attention_vjp),
+        ),
         ("ltorch.contiguous", Cpu(identity)),
         ("ltorch.clone", Cpu(identity)),
         ("prims.shallow_copy", Cpu(identity)),
@@ -1852,6 +1863,11 @@ fn getitem(o: &mut Ops<'_>) -> Result<Kernel, String> {
     let shape = o.in_shape(0)?;
     let rank = shape.len();
     let key = o.raw(1, "key").ok_or("getitem needs an index")?;
+    let holds_tensor = |a: &Arg| matches!(a, Arg::Value(v) if matches!(o.trace.ty(*v), Some(tracepass_ir::Type::Tensor(_))));
+    if holds_tensor(key) || matches!(key, Arg::Tuple(items) if items.iter().any(holds_tensor)) {
+        let key = key.clone();
+        return setitem::getitem_tensor(o, &key);
+    }
     let items: Vec<&Arg> = match key {
         Arg::Tuple(items) => items.iter().collect(),
         other => vec![other],

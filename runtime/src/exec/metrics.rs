@@ -106,6 +106,15 @@ pub struct StepMetrics {
     /// while). Set by the trainer.
     pub state_bytes: usize,
     pub buckets: Vec<BucketRecord>,
+    /// Tensor buffers the step's kernels had to allocate (the buffer pool's misses; 0 in a
+    /// steady state). 0 on a backend without a pool.
+    pub buffer_allocs: u64,
+    /// Bytes of free buffers the pool keeps between steps (at the step's end).
+    pub pool_bytes: u64,
+    /// The rank's arena ([`crate::exec::MemoryPlan::arena_bytes`]): the largest of its plans'
+    /// (forward, backward), which run in turn over one allocation; parameters, gradients,
+    /// saved activations and optimizer state are outside it.
+    pub arena_bytes: u64,
 }
 
 /// Sorted, merged copy of `spans`.
@@ -259,6 +268,9 @@ impl StepMetrics {
                 .iter()
                 .flat_map(|r| r.buckets.iter().cloned())
                 .collect(),
+            buffer_allocs: 0,
+            pool_bytes: 0,
+            arena_bytes: 0,
         }
     }
 

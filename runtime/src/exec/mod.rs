@@ -3,24 +3,28 @@
 //! implements, the op table's [`KERNELS`] entries that map each op to one, and the
 //! [`Recording`]s of what a step did and when.
 
+pub(crate) mod attention;
 pub(crate) mod backend;
 pub(crate) mod composite;
 pub(crate) mod conv_transpose;
 pub(crate) mod executor;
 pub(crate) mod kernel;
 pub(crate) mod kernel_ops;
+pub(crate) mod memory_plan;
 pub(crate) mod metrics;
 pub(crate) mod plan;
 pub(crate) mod region;
+pub(crate) mod setitem;
 pub(crate) mod vocab_composite;
 
-pub use backend::{Backend, Input, KernelError, RngKey};
+pub use backend::{Backend, Input, KernelError, PoolStats, RngKey};
 pub use executor::{ExecError, Executor, RValue};
 pub use kernel::{
-    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side,
-    UnaryOp, VjpOutputs,
+    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, KeyItem, LossReduction, Mha, ReduceOp,
+    Side, UnaryOp, VjpOutputs,
 };
 pub use kernel_ops::{decode, kernel_entry, Decoder, KernelEntry, Ops, KERNELS};
+pub use memory_plan::{is_view, Buffer, MemoryPlan, SizeClass, ALIGN};
 pub use metrics::{
     busy, overlap, timeline_json, BucketRecord, Clock, Event, OverlapSummary, Recording, Span,
     StepMetrics,

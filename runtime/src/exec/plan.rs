@@ -4,6 +4,7 @@
 use crate::comm::ReduceOp;
 use crate::exec::kernel::{BinaryOp, Kernel, Side};
 use crate::exec::kernel_ops::decode;
+use crate::exec::memory_plan::MemoryPlan;
 use crate::exec::region::RegionProgram;
 use tracepass_ir::{ops, print_node_line, Arg, Trace, Type, ValueId};
 
@@ -194,6 +195,8 @@ pub struct Plan {
     pub collectives: Vec<CollectiveInfo>,
     /// Names of the slots (for messages and timelines).
     pub slot_names: Vec<String>,
+    /// Every tensor's size, lifetime and arena offset (the buffer pool's size classes).
+    pub memory: MemoryPlan,
 }
 
 fn reduce_op(a: Option<&Arg>) -> Result<ReduceOp, String> {
@@ -574,7 +577,16 @@ impl Plan {
                 instrs[*i].free.push(s);
             }
         }
-        Ok(Plan {
+        let mut slot_types: Vec<Option<(tracepass_ir::DType, Vec<usize>)>> = vec![None; slots];
+        for (v, s) in slot_of.iter().enumerate() {
+            if let Some(s) = *s {
+                slot_types[s] = trace
+                    .ty(ValueId(v as u32))
+                    .and_then(Type::as_tensor)
+                    .map(|t| (t.dtype, t.shape.to_vec()));
+            }
+        }
+        let mut plan = Plan {
             trace_name: trace.name.clone(),
             slots,
             args,
@@ -582,7 +594,10 @@ impl Plan {
             results,
             collectives,
             slot_names,
-        })
+            memory: MemoryPlan::default(),
+        };
+        plan.memory = MemoryPlan::new(&plan, &slot_types);
+        Ok(plan)
     }
 }
 

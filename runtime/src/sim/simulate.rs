@@ -41,6 +41,10 @@ pub struct SimReport {
     pub exposed_comm_s: f64,
     pub ops: usize,
     pub buckets: Vec<SimBucket>,
+    /// Predicted memory per rank ([`crate::sim::predicted_memory`]), when the caller has the
+    /// whole program and every op has a kernel to plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::sim::MemoryEstimate>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -242,6 +246,7 @@ pub fn simulate(trace: &Trace, opts: &SimOptions) -> Result<SimReport, SimError>
         exposed_comm_s: o.exposed_comm_s,
         ops: ops_count,
         buckets,
+        memory: None,
     })
 }
 

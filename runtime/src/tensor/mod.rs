@@ -130,7 +130,8 @@ impl Storage {
 }
 
 /// An element type of [`Storage`], for dtype-generic kernels.
-pub trait Elem: Copy + PartialEq + Send + Sync + 'static {
+/// Each has a buffer pool shelf ([`crate::cpu::buffer_pool`]).
+pub trait Elem: Copy + PartialEq + Send + Sync + 'static + crate::cpu::buffer_pool::Pooled {
     const DTYPE: DType;
     /// The elements of `s`, when it holds this type.
     fn slice(s: &Storage) -> Option<&[Self]>;
@@ -430,7 +431,7 @@ impl Tensor {
     }
     /// The elements of `v` (this tensor's storage, of any element type) in row-major order;
     /// a run along a unit-stride last dimension is copied as a block.
-    pub(crate) fn gather<T: Copy>(&self, v: &[T]) -> Vec<T> {
+    pub(crate) fn gather<T: Copy + crate::cpu::buffer_pool::Pooled>(&self, v: &[T]) -> Vec<T> {
         let n = self.numel();
         let rank = self.shape.len();
         if rank == 0 || n == 0 {
@@ -440,10 +441,12 @@ impl Tensor {
                 vec![v[self.offset]]
             };
         }
+        // a recycled buffer: `contiguous()` copies are kernel outputs and operands
+        let mut out = crate::cpu::buffer_pool::take(n);
         if self.is_contiguous() {
-            return v[self.offset..self.offset + n].to_vec();
+            out.extend_from_slice(&v[self.offset..self.offset + n]);
+            return out;
         }
-        let mut out = Vec::with_capacity(n);
         let inner = self.shape[rank - 1];
         let inner_stride = self.strides[rank - 1];
         let outer = n / inner;
@@ -517,6 +520,15 @@ impl Tensor {
             return self.copied();
         }
         Arc::try_unwrap(self.data).unwrap_or_else(|shared| (*shared).clone())
+    }
+    /// The storage itself when this tensor is its last holder (any view or stride): what the
+    /// executor hands back to the buffer pool after a value's last use. `None` while another
+    /// tensor still shares it.
+    pub(crate) fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.data) as usize
+    }
+    pub fn into_unshared_storage(self) -> Option<Storage> {
+        Arc::try_unwrap(self.data).ok()
     }
     /// The elements as a mutable f32 slice, for in-place updates (optimizers). The storage is
     /// copied first if it is shared, strided or a view; `None` for other dtypes.

@@ -15,6 +15,8 @@ pub(crate) mod optim;
 pub(crate) mod rank_loop;
 pub(crate) mod rank_threads;
 pub mod shard;
+#[cfg(test)]
+mod steady_alloc;
 pub(crate) mod trainer;
 
 pub use data::{file_params, seeded_params, Batch, DataSource};

@@ -174,6 +174,7 @@ where
     let micro_per_step = cfg.no_sync_steps + 1;
     for step in first_step..cfg.steps {
         let step_start = Instant::now();
+        backend.reset_pool_stats();
         let mut recs: Vec<Recording> = Vec::new();
         let mut acc: Vec<Option<B::Tensor>> = vec![None; n_grads];
         // finished local micro-steps, summarized as they end: a step of a million micro-steps
@@ -215,6 +216,8 @@ where
             let (loss, cot) =
                 loss_and_grad(model.loss, &down(&forward.output)?, batch.targets.as_ref())
                     .map_err(|e| fail(format!("loss: {e}")))?;
+            // its buffer takes the next forward's output
+            backend.recycle(forward.output);
             if !loss.is_finite() && !cfg.allow_non_finite {
                 let at = if micro_per_step > 1 {
                     format!(" (micro-step {micro})")
@@ -347,7 +350,14 @@ where
             .sum::<usize>()
             + grads.iter().flatten().map(Tensor::nbytes).sum::<usize>()
             + opt.state_bytes();
+        // the parameters' last other holders: the optimizer updates them in place, uncopied
+        dev_params.clear();
         opt.step(&mut params, &grads).map_err(&fail)?;
+        // the gradients' (and buckets') buffers go back to the pool for the next backward
+        drop(grads);
+        synced
+            .into_iter()
+            .for_each(|g| crate::exec::executor::recycle(backend, g));
         // a tie is one tensor: every member takes the primary's new value
         model.share_ties(&mut params);
         let non_finite = crate::train::finite::non_finite_param(&names, &params);
@@ -375,6 +385,21 @@ where
         m.backward_s = backward_s;
         m.backward_compute_s = backward_compute_s;
         m.state_bytes = state_bytes;
+        if let Some(p) = backend.pool_stats() {
+            m.buffer_allocs = p.misses;
+            m.pool_bytes = p.free_bytes;
+        }
+        // one arena serves the plans in turn: the largest of them
+        m.arena_bytes = [
+            Some(&plans.forward),
+            Some(&plans.sync),
+            plans.local.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|p| p.memory.arena_bytes)
+        .max()
+        .unwrap_or(0);
         out.metrics.push(m);
         if clock.events {
             out.events.extend(recs.into_iter().flat_map(|r| r.events));
