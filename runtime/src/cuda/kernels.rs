@@ -566,6 +566,9 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::AdaptiveAvgPool1d { .. }
         | Kernel::AdaptiveAvgPool1dBackward
         | Kernel::Lerp { .. }
+        | Kernel::Ldexp { .. }
+        | Kernel::Addcmul { .. }
+        | Kernel::Clamp { .. }
         | Kernel::LogSigmoidBackward
         | Kernel::Any { .. }
         | Kernel::IndexCopy { .. }
@@ -579,7 +582,9 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::SetItem { .. }
         | Kernel::GetItemTensor { .. }
         | Kernel::MultiHeadAttention(_)
-        | Kernel::MultiHeadAttentionVjp { .. } => vec![],
+        | Kernel::MultiHeadAttentionVjp { .. }
+        // no CUDA kernel: the backend refuses it by name
+        | Kernel::Shift { .. } => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -619,6 +624,9 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::AdaptiveAvgPool1d { .. }
             | Kernel::AdaptiveAvgPool1dBackward
             | Kernel::Lerp { .. }
+            | Kernel::Ldexp { .. }
+            | Kernel::Addcmul { .. }
+            | Kernel::Clamp { .. }
             | Kernel::LogSigmoidBackward
             | Kernel::Any { .. }
             | Kernel::IndexCopy { .. }
@@ -642,6 +650,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Cumsum { .. }
             | Kernel::Bitwise { .. }
             | Kernel::BitwiseNot
+            | Kernel::Shift { .. }
             | Kernel::AdaptiveAvgPool2d { .. }
             | Kernel::AdaptiveAvgPool2dBackward
             | Kernel::ArgExtremum { .. }

@@ -177,6 +177,9 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.bitwise_and", Cpu(|o| bitwise(o, BitOp::And, false))),
         ("ltorch.bitwise_or", Cpu(|o| bitwise(o, BitOp::Or, false))),
         ("ltorch.bitwise_xor", Cpu(|o| bitwise(o, BitOp::Xor, false))),
+        ("ltorch.ldexp", Cpu(ldexp)),
+        ("ltorch.bitwise_left_shift", Cpu(|o| shift(o, true))),
+        ("ltorch.bitwise_right_shift", Cpu(|o| shift(o, false))),
         ("ltorch.logical_and", Cpu(|o| bitwise(o, BitOp::And, true))),
         ("ltorch.logical_or", Cpu(|o| bitwise(o, BitOp::Or, true))),
         ("ltorch.logical_xor", Cpu(|o| bitwise(o, BitOp::Xor, true))),
@@ -198,7 +201,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.masked_fill", Cpu(masked_fill)),
         ("ltorch.clamp", Cpu(clamp)),
         ("ltorch.lerp", Cpu(vocab::lerp)),
-        ("ltorch.addcmul", Unsupported { reason: TERNARY }),
+        ("ltorch.addcmul", Cpu(addcmul)),
         ("ltorch.addcdiv", Unsupported { reason: TERNARY }),
         // ----- activations -----
         ("ltorch.relu6", Cpu(|o| activation(o, UnaryOp::Relu6))),
@@ -775,11 +778,18 @@ fn clamp(o: &mut Ops<'_>) -> Result<Kernel, String> {
     match (has_min, has_max) {
         (true, true) => {
             let lo = o.side(1, "min")?;
-            let hi = o.number(2, "max")?.ok_or(
-                "clamp with both bounds takes a number as max (a tensor max needs a kernel of its own)",
-            )?;
-            o.then = Some(bound(BinaryOp::Minimum, Side::Scalar(hi)));
-            Ok(bound(BinaryOp::Maximum, lo))
+            match o.side(2, "max")? {
+                Side::Scalar(hi) => {
+                    o.then = Some(bound(BinaryOp::Minimum, Side::Scalar(hi)));
+                    Ok(bound(BinaryOp::Maximum, lo))
+                }
+                // `then` reads only the first kernel's output: a tensor max needs the composite
+                hi => Ok(Kernel::Clamp {
+                    min: lo,
+                    max: hi,
+                    dtype: o.out(0)?.dtype,
+                }),
+            }
         }
         (true, false) => Ok(bound(BinaryOp::Maximum, o.side(1, "min")?)),
         (false, true) => Ok(bound(BinaryOp::Minimum, o.side(2, "max")?)),
@@ -928,6 +938,41 @@ fn bitwise(o: &mut Ops<'_>, op: BitOp, logical: bool) -> Result<Kernel, String> 
         a,
         b,
         logical,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `bitwise_left_shift/bitwise_right_shift(a, b)` into the output's dtype.
+fn shift(o: &mut Ops<'_>, left: bool) -> Result<Kernel, String> {
+    let a = o.side(0, "a")?;
+    let b = o.side(1, "b")?;
+    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
+        return Err("both operands are numbers".into());
+    }
+    Ok(Kernel::Shift {
+        left,
+        a,
+        b,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `ldexp(a, b)` of two tensors, into the output's float dtype.
+fn ldexp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "b")?;
+    Ok(Kernel::Ldexp {
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `addcmul(a, b, c, *, value=1)` of integer tensors.
+fn addcmul(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "b")?;
+    o.tensor(2, "c")?;
+    Ok(Kernel::Addcmul {
+        value: o.number(3, "value")?.unwrap_or(1.0),
         dtype: o.out(0)?.dtype,
     })
 }
