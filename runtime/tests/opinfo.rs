@@ -337,10 +337,13 @@ fn report(index: &Index, outcomes: &[Outcome], floor: &Floor) -> String {
         s,
         "Made by `cargo xtask opinfo-report` (the test `runtime/tests/opinfo.rs` with \
          `TRACEPASS_OPINFO_REPORT=1`) from the samples `python -m tracepass.export.opinfo --out \
-         testdata/opinfo` wrote with Thunder {} and PyTorch {}: for each of {} ops, one sample \
-         in each dtype the op supports (CPU; float inputs with gradients, integer and bool \
-         samples without), its final forward and backward traces, and PyTorch's outputs and \
-         input gradients for seeded cotangents. *run ok* means `run_pair` on the CPU backend \
+         testdata/opinfo` wrote with Thunder {} and PyTorch {}, from {} ops of Thunder's OpInfo \
+         database: one sample for each (op, dtype) pair `index.json` lists as `tried`, which \
+         are the dtypes each op supports among the ops the probe reached in that dtype (the \
+         *ops tried* column; a pair not listed was not probed, so a dtype with fewer ops tried \
+         than float32 covers only part of the database); CPU; float inputs with gradients, \
+         integer and bool samples without; each with its final forward and backward traces, \
+         and PyTorch's outputs and input gradients for seeded cotangents. *run ok* means `run_pair` on the CPU backend \
          gives PyTorch's numbers within the dtype's tolerance, relative to the tensor's largest \
          magnitude (Thunder's OpInfo tolerances: float64 1e-7, float32 1e-5, float16 1e-3, \
          bfloat16 1.6e-2; integers and bool exactly); ops that draw random numbers are compared \

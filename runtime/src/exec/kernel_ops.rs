@@ -399,6 +399,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
             Cpu(|o| single_input_vjp(o, "ltorch.roll", roll, roll_back, false)),
         ),
         ("ltorch.permute", Cpu(permute)),
+        ("ltorch.movedim", Cpu(movedim)),
+        ("ltorch.view_as", Cpu(reshape)),
         ("prims.transpose", Cpu(permute)),
         ("ltorch.transpose", Cpu(transpose)),
         ("ltorch.cat", Cpu(cat)),
@@ -1793,6 +1795,34 @@ fn identity(o: &mut Ops<'_>) -> Result<Kernel, String> {
 fn reshape(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
     Ok(Kernel::Reshape(o.out(0)?.shape.to_vec()))
+}
+
+/// `movedim(a, source, destination)`: the permutation that gives the output's order (the
+/// meta checked the dims).
+fn movedim(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let dims = |i: usize, key: &str| -> Result<Vec<usize>, String> {
+        let a = o.arg(i, key).ok_or_else(|| format!("`{key}` is missing"))?;
+        a.as_int_list()
+            .or_else(|| a.as_int().map(|d| vec![d]))
+            .ok_or_else(|| format!("movedim: `{key}` must be ints, got {a:?}"))?
+            .into_iter()
+            .map(|d| norm_dim(d, rank))
+            .collect()
+    };
+    let (src, dst) = (dims(1, "source")?, dims(2, "destination")?);
+    let mut perm: Vec<Option<usize>> = vec![None; rank];
+    for (&s, &d) in src.iter().zip(&dst) {
+        perm[d] = Some(s);
+    }
+    let mut rest = (0..rank).filter(|i| !src.contains(i));
+    let perm = perm
+        .into_iter()
+        .map(|p| p.or_else(|| rest.next()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or("movedim: the dims do not make a permutation")?;
+    Ok(Kernel::Permute(perm))
 }
 
 /// `permute(a, *dims)` and `prims.transpose(a, permutation)`.
