@@ -285,7 +285,7 @@ fn view_as(cx: &MetaCx) -> R {
             cx.op, t.shape, other.shape
         ));
     }
-    one(t.with_shape(other.shape.to_vec()))
+    one(t.with_shape(&other.shape))
 }
 
 fn prims_transpose(cx: &MetaCx) -> R {
