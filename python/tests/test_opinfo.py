@@ -41,3 +41,29 @@ def test_parts_merge_into_one_index(tmp_path):
     assert index["ops"] == 3
     assert not list(tmp_path.glob("index.part*.json"))
     assert sorted({s["op"] for s in index["samples"]}) == ["add", "mul", "sub"]
+
+
+def test_other_dtypes_add_to_the_corpus_already_there(tmp_path):
+    probe(tmp_path, {"add"}, 1, {"f32"})
+    f32_inputs = (tmp_path / "add" / "f32-0" / "inputs.safetensors").read_bytes()
+    # a rerun of the same op in other dtypes (`--part extra`) merges beside float32
+    index = probe(tmp_path, {"add"}, 1, {"f16", "i64"}, (0, 0))
+    assert sorted(index["tried"]) == [["add", "f16"], ["add", "i64"]]
+    index = merge(tmp_path)
+    assert {s["dtype"] for s in index["samples"]} == {"f32", "f16", "i64"}
+    assert (tmp_path / "add" / "f32-0" / "inputs.safetensors").read_bytes() == f32_inputs
+    by_dtype = {s["dtype"]: s for s in index["samples"]}
+    # integer samples run without gradients; float16 ones with them
+    assert not by_dtype["i64"]["backward"] and by_dtype["f16"]["backward"]
+    ints = load_file(str(tmp_path / "add" / "i64-0" / "inputs.safetensors"))
+    assert all(t.dtype == torch.int64 for t in ints.values())
+    expected = load_file(str(tmp_path / "add" / "i64-0" / "expected.safetensors"))
+    assert torch.equal(expected["output.0"], ints["t_0"] + ints["t_1"])
+    assert not (tmp_path / "add" / "i64-0" / "backward.trace").exists()
+
+
+def test_dtypes_cover_floats_with_gradients_and_integers_without():
+    from tracepass.export.opinfo import DTYPES
+
+    grads = {tag: grad for _, tag, _, grad in DTYPES}
+    assert grads == {"f32": True, "f64": True, "bf16": True, "f16": True, "i64": False, "i32": False, "b8": False}

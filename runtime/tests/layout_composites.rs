@@ -7,7 +7,7 @@ use tracepass_ir::{parse_trace, DType};
 use tracepass_runtime::comm::{CommOptions, ThreadGroup};
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::exec::{Backend, Clock, Executor, Input, Kernel, Plan, RValue, Recording};
-use tracepass_runtime::tensor::Tensor;
+use tracepass_runtime::tensor::{Storage, Tensor};
 
 fn iota(shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
@@ -251,11 +251,44 @@ fn integer_neg_abs_and_sign_stay_exact_integers() {
         vec![3, 0, 5, i64::MIN, i64::MAX]
     );
     assert_eq!(u(UnaryOp::Sign).to_i64_vec(), vec![-1, 0, 1, -1, 1]);
+    // relu and relu6 (hardtanh) of integers stay integers, as in PyTorch
+    let relu = u(UnaryOp::Relu);
+    assert_eq!(
+        (relu.dtype(), relu.to_i64_vec()),
+        (DType::I64, vec![0, 0, 5, 0, i64::MAX])
+    );
+    assert_eq!(u(UnaryOp::Relu6).to_i64_vec(), vec![0, 0, 5, 0, 6]);
     let small = Tensor::from_i64(vec![2], vec![-7, 7])
         .to_dtype(DType::I32)
         .unwrap();
     let n = run(&Kernel::Unary(UnaryOp::Neg), &small).unwrap();
     assert_eq!((n.dtype(), n.to_i64_vec()), (DType::I32, vec![7, -7]));
+    // `torch.sgn` of a bool tensor is that tensor
+    let b = Tensor::new(vec![3], Storage::Bool(vec![true, false, true]));
+    let s = run(&Kernel::Unary(UnaryOp::Sign), &b).unwrap();
+    assert_eq!((s.dtype(), s.to_i64_vec()), (DType::Bool, vec![1, 0, 1]));
+}
+
+/// Thunder's `prims.div` of integers rounds toward zero (C's division), unlike
+/// `floor_divide`, whatever the signs; dividing by zero is refused as PyTorch raises.
+#[test]
+fn integer_prims_div_truncates_toward_zero() {
+    use tracepass_runtime::exec::Side;
+    let a = Tensor::from_i64(vec![6], vec![7, -7, 7, -7, 6, i64::MIN]);
+    let b = Tensor::from_i64(vec![6], vec![2, 2, -2, -2, 3, 1]);
+    let k = Kernel::TruncDivide {
+        a: Side::Input(0),
+        b: Side::Input(1),
+    };
+    let q = CpuBackend
+        .run(&k, &[Input::Tensor(&a), Input::Tensor(&b)])
+        .unwrap();
+    assert_eq!(q.dtype(), DType::I64);
+    assert_eq!(q.to_i64_vec(), vec![3, -3, -3, 3, 2, i64::MIN]);
+    let zero = Tensor::from_i64(vec![6], vec![0; 6]);
+    assert!(CpuBackend
+        .run(&k, &[Input::Tensor(&a), Input::Tensor(&zero)])
+        .is_err());
 }
 
 /// HF Swin pools with `nn.AdaptiveAvgPool1d(1)`; MPNet's relative-position buckets take

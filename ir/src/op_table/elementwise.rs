@@ -511,6 +511,14 @@ const ARITHMETIC: &[OpSpec] = &[
         ab,
     ),
     op(
+        "ltorch.ldexp",
+        &["torch.ldexp"],
+        Pure,
+        "a, b, /",
+        PromoteToFloat,
+        ab,
+    ),
+    op(
         "ltorch.copysign",
         &["torch.copysign"],
         Pure,
@@ -537,6 +545,22 @@ const ARITHMETIC: &[OpSpec] = &[
     op(
         "ltorch.bitwise_or",
         &["torch.bitwise_or"],
+        Pure,
+        "a, b, /",
+        Promote,
+        ab,
+    ),
+    op(
+        "ltorch.bitwise_left_shift",
+        &["torch.bitwise_left_shift"],
+        Pure,
+        "a, b, /",
+        Promote,
+        ab,
+    ),
+    op(
+        "ltorch.bitwise_right_shift",
+        &["torch.bitwise_right_shift"],
         Pure,
         "a, b, /",
         Promote,

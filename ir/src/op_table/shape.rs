@@ -2,7 +2,7 @@
 
 use super::op;
 use crate::arg::Arg;
-use crate::meta::{convert, dim_of, identity, many, one, permute_dims, promote};
+use crate::meta::{convert, dim_of, identity, many, norm_dim, one, permute_dims, promote};
 use crate::registry::DTypeRule::{First, Meta};
 use crate::registry::Effect::Pure;
 use crate::registry::{MetaCx, MetaOut, OpSpec};
@@ -238,6 +238,54 @@ fn permute(cx: &MetaCx) -> R {
     let t = cx.tensor_param("a")?;
     let dims = cx.ints_param("dims")?;
     one(t.with_shape(permute_dims(cx.op, &t.shape, &dims)?))
+}
+
+/// `movedim(a, source, destination)`: the dims of `source` move to `destination`; the others
+/// keep their order in the places left.
+fn movedim(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("a")?;
+    let rank = t.shape.len();
+    let norm = |name: &str| -> Result<Vec<usize>, String> {
+        cx.ints_param(name)?
+            .into_iter()
+            .map(|d| norm_dim(d, rank, cx.op))
+            .collect()
+    };
+    let (src, dst) = (norm("source")?, norm("destination")?);
+    if src.len() != dst.len() {
+        return Err(format!(
+            "{}: {} source dims but {} destinations",
+            cx.op,
+            src.len(),
+            dst.len()
+        ));
+    }
+    let mut perm: Vec<Option<usize>> = vec![None; rank];
+    for (&s, &d) in src.iter().zip(&dst) {
+        if perm[d].replace(s).is_some() {
+            return Err(format!("{}: destination {d} repeats", cx.op));
+        }
+    }
+    let mut rest = (0..rank).filter(|i| !src.contains(i));
+    let perm: Vec<usize> = perm
+        .into_iter()
+        .map(|p| p.or_else(|| rest.next()))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("{}: source dims repeat", cx.op))?;
+    one(t.with_shape(perm.iter().map(|&p| t.shape[p]).collect::<Vec<usize>>()))
+}
+
+/// `Tensor.view_as(a, other)`: `a` in `other`'s shape.
+fn view_as(cx: &MetaCx) -> R {
+    let t = cx.tensor_param("a")?;
+    let other = cx.tensor_param("other")?;
+    if t.numel() != other.numel() {
+        return Err(format!(
+            "{}: {:?} cannot view as {:?}",
+            cx.op, t.shape, other.shape
+        ));
+    }
+    one(t.with_shape(&other.shape))
 }
 
 fn prims_transpose(cx: &MetaCx) -> R {
@@ -628,6 +676,8 @@ const OPS: &[OpSpec] = &[
     op("ltorch.pixel_unshuffle", &["torch.nn.functional.pixel_unshuffle", "torch.pixel_unshuffle"], Pure, "input, downscale_factor", First, pixel_unshuffle),
     op("ltorch.roll", &["torch.roll", "Tensor.roll"], Pure, "input, shifts, dims=None", First, roll),
     op("ltorch.permute", &["torch.permute", "Tensor.permute"], Pure, "a, /, *dims", First, permute),
+    op("ltorch.movedim", &["torch.movedim", "Tensor.movedim"], Pure, "a, /, source, destination", First, movedim),
+    op("ltorch.view_as", &["Tensor.view_as"], Pure, "a, other, /", First, view_as),
     op("prims.transpose", &[], Pure, "a, /, permutation", First, prims_transpose),
     op("ltorch.transpose", &["torch.transpose", "Tensor.transpose"], Pure, "a, /, dim0, dim1", First, transpose),
     op("ltorch.flatten", &["torch.flatten"], Pure, "a, /, start_dim=0, end_dim=-1", First, flatten),

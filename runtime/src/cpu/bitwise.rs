@@ -2,7 +2,7 @@
 
 use super::compare::{broadcast_all, broadcast_to, Operand};
 use crate::exec::kernel::BitOp;
-use crate::tensor::Tensor;
+use crate::tensor::{Storage, Tensor};
 use tracepass_ir::DType;
 
 fn shape_of(a: Operand<'_>, b: Operand<'_>) -> Result<Vec<usize>, String> {
@@ -85,6 +85,59 @@ pub fn bitwise(op: BitOp, a: Operand<'_>, b: Operand<'_>, dtype: DType) -> Resul
         .ok_or_else(|| format!("{name}: cannot convert to {dtype}"))
 }
 
+/// `bitwise_left_shift` (`left`) or `bitwise_right_shift(a, b)` of integer operands into the
+/// promoted integer `dtype`, as PyTorch's CPU kernels: a count below 0 or at least the dtype's
+/// width shifts every bit out (left: 0; right: the sign, 0 or -1); the right shift is
+/// arithmetic. PyTorch has no bool or float shift, so neither has this.
+pub fn shift(left: bool, a: Operand<'_>, b: Operand<'_>, dtype: DType) -> Result<Tensor, String> {
+    let name = if left {
+        "bitwise_left_shift"
+    } else {
+        "bitwise_right_shift"
+    };
+    let bits: i64 = match dtype {
+        DType::I64 => 64,
+        DType::I32 => 32,
+        other => return Err(format!("{name} into {other} is not supported")),
+    };
+    let shape = shape_of(a, b)?;
+    let n: usize = shape.iter().product();
+    let values = |o: Operand<'_>| -> Result<Vec<i64>, String> {
+        match o {
+            Operand::Tensor(t) => match t.dtype() {
+                DType::I64 | DType::I32 => Ok(broadcast_to(t, &shape)?.to_i64_vec()),
+                other => Err(format!("{name}: dtype {other} is not an integer type")),
+            },
+            Operand::Scalar(s) if s.fract() == 0.0 && s.is_finite() => Ok(vec![s as i64; n]),
+            Operand::Scalar(s) => Err(format!("{name}: the number {s} is not an integer")),
+        }
+    };
+    let (x, y) = (values(a)?, values(b)?);
+    let one = |v: i64, c: i64| -> i64 {
+        let out_of_range = !(0..bits).contains(&c);
+        match (left, bits) {
+            (true, _) if out_of_range => 0,
+            (false, _) if out_of_range => v >> 63,
+            (true, 32) => i64::from((v as i32).wrapping_shl(c as u32)),
+            (true, _) => v.wrapping_shl(c as u32),
+            (false, 32) => i64::from((v as i32) >> c),
+            (false, _) => v >> c,
+        }
+    };
+    Ok(match dtype {
+        DType::I32 => {
+            let mut out: Vec<i32> = crate::cpu::buffer_pool::take(n);
+            out.extend(x.iter().zip(&y).map(|(&v, &c)| one(v, c) as i32));
+            Tensor::new(shape, Storage::I32(out))
+        }
+        _ => {
+            let mut out: Vec<i64> = crate::cpu::buffer_pool::take(n);
+            out.extend(x.iter().zip(&y).map(|(&v, &c)| one(v, c)));
+            Tensor::from_i64(shape, out)
+        }
+    })
+}
+
 /// `bitwise_not(a)`: `!x` for integers, logical not for bools; floats are refused.
 pub fn bitwise_not(x: &Tensor) -> Result<Tensor, String> {
     match x.dtype() {
@@ -132,6 +185,37 @@ mod tests {
         assert!(bitwise(BitOp::And, t(&f), t(&f), DType::F32).is_err());
         assert!(bitwise(BitOp::And, t(&a), Operand::Scalar(0.5), DType::I64).is_err());
         assert!(bitwise_not(&f).is_err());
+    }
+
+    /// Expected values from PyTorch's definition: `v << c` wraps in the dtype, `v >> c` is
+    /// arithmetic, and a count outside `0..width` gives 0 (left) or the sign fill (right).
+    #[test]
+    fn shifts_follow_pytorch_for_any_count() {
+        let t = |x| Operand::Tensor(x);
+        let a = Tensor::from_i64(vec![5], vec![1, -8, 5, -1, 3]);
+        let c = Tensor::from_i64(vec![5], vec![0, 1, 64, 70, -1]);
+        let l = shift(true, t(&a), t(&c), DType::I64).unwrap();
+        assert_eq!(l.to_i64_vec(), vec![1, -16, 0, 0, 0]);
+        let r = shift(false, t(&a), t(&c), DType::I64).unwrap();
+        assert_eq!(r.to_i64_vec(), vec![1, -4, 0, -1, 0]);
+        let a32 = a.to_dtype(DType::I32).unwrap();
+        let c32 = Tensor::from_i64(vec![5], vec![31, 32, 33, -1, 2])
+            .to_dtype(DType::I32)
+            .unwrap();
+        let l = shift(true, t(&a32), t(&c32), DType::I32).unwrap();
+        assert_eq!(l.dtype(), DType::I32);
+        assert_eq!(l.to_i64_vec(), vec![i64::from(i32::MIN), 0, 0, 0, 12]);
+        let r = shift(false, t(&a32), t(&c32), DType::I32).unwrap();
+        assert_eq!(r.to_i64_vec(), vec![0, -1, 0, -1, 0]);
+        // i64 wraps past the top bit; a number as either side broadcasts
+        let big = Tensor::from_i64(vec![1], vec![3]);
+        let w = shift(true, t(&big), Operand::Scalar(63.0), DType::I64).unwrap();
+        assert_eq!(w.to_i64_vec(), vec![i64::MIN]);
+        let s = shift(false, Operand::Scalar(-64.0), t(&c), DType::I64).unwrap();
+        assert_eq!(s.to_i64_vec(), vec![-64, -32, -1, -1, -1]);
+        let p = Tensor::from_bool(vec![1], vec![true]);
+        assert!(shift(true, t(&p), t(&p), DType::Bool).is_err());
+        assert!(shift(true, t(&a), Operand::Scalar(0.5), DType::I64).is_err());
     }
 
     #[test]

@@ -49,10 +49,16 @@ pub fn binary_int(
         BinaryOp::Mul => |p, q, _| Ok(p.wrapping_mul(q)),
         BinaryOp::Maximum => |p, q, _| Ok(p.max(q)),
         BinaryOp::Minimum => |p, q, _| Ok(p.min(q)),
-        BinaryOp::Pow => |p, q, _| {
-            u32::try_from(q)
-                .map(|e| p.wrapping_pow(e))
-                .map_err(|_| format!("integer pow with exponent {q}"))
+        // a negative exponent gives 1 / p^|q| truncated, as PyTorch's integer pow: 0 unless
+        // p is 1 or -1 (0 as well for p = 0, as PyTorch's CPU kernel gives)
+        BinaryOp::Pow => |p, q, _| match u32::try_from(q) {
+            Ok(e) => Ok(p.wrapping_pow(e)),
+            Err(_) if q > 0 => Err(format!("integer pow with exponent {q}")),
+            Err(_) => match p {
+                1 => Ok(1),
+                -1 => Ok(if q % 2 == 0 { 1 } else { -1 }),
+                _ => Ok(0),
+            },
         },
         // PyTorch raises ZeroDivisionError for integer division by zero
         BinaryOp::FloorDivide => |p, q, _| {
@@ -135,6 +141,18 @@ mod tests {
         )
         .expect("ok");
         assert_eq!((r.dtype(), r.to_i64_vec()), (DType::I32, vec![1, 8]));
+        // negative exponents truncate 1 / p^|q|, as PyTorch's integer pow
+        let p = Tensor::from_i64(vec![5], vec![1, -1, -1, 5, 0]);
+        let q = Tensor::from_i64(vec![5], vec![-3, -3, -2, -1, -5]);
+        let r = binary_int(
+            BinaryOp::Pow,
+            Operand::Tensor(&p),
+            Operand::Tensor(&q),
+            1.0,
+            DType::I64,
+        )
+        .expect("ok");
+        assert_eq!(r.to_i64_vec(), vec![1, -1, 1, 0, 0]);
         assert!(binary_int(
             BinaryOp::Add,
             Operand::Tensor(&b),

@@ -145,6 +145,10 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
             }
         }
         Kernel::BitwiseNot => bitwise::bitwise_not(t(0)?),
+        Kernel::Shift { left, a, b, dtype } => {
+            bitwise::shift(*left, operand(inputs, *a)?, operand(inputs, *b)?, *dtype)
+        }
+
         Kernel::AdaptiveAvgPool2d { oh, ow } => adaptive_pool::adaptive_avg_pool2d(t(0)?, *oh, *ow),
         Kernel::AdaptiveAvgPool2dBackward => {
             adaptive_pool::adaptive_avg_pool2d_backward(t(0)?, t(1)?.shape())

@@ -562,9 +562,13 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::OneHot { .. }
         | Kernel::PixelShuffle { .. }
         | Kernel::Roll { .. }
+        | Kernel::TruncDivide { .. }
         | Kernel::AdaptiveAvgPool1d { .. }
         | Kernel::AdaptiveAvgPool1dBackward
         | Kernel::Lerp { .. }
+        | Kernel::Ldexp { .. }
+        | Kernel::Addcmul { .. }
+        | Kernel::Clamp { .. }
         | Kernel::LogSigmoidBackward
         | Kernel::Any { .. }
         | Kernel::IndexCopy { .. }
@@ -578,7 +582,9 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::SetItem { .. }
         | Kernel::GetItemTensor { .. }
         | Kernel::MultiHeadAttention(_)
-        | Kernel::MultiHeadAttentionVjp { .. } => vec![],
+        | Kernel::MultiHeadAttentionVjp { .. }
+        // no CUDA kernel: the backend refuses it by name
+        | Kernel::Shift { .. } => vec![],
     };
     v.into_iter().flatten().collect()
 }
@@ -614,9 +620,13 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::OneHot { .. }
             | Kernel::PixelShuffle { .. }
             | Kernel::Roll { .. }
+            | Kernel::TruncDivide { .. }
             | Kernel::AdaptiveAvgPool1d { .. }
             | Kernel::AdaptiveAvgPool1dBackward
             | Kernel::Lerp { .. }
+            | Kernel::Ldexp { .. }
+            | Kernel::Addcmul { .. }
+            | Kernel::Clamp { .. }
             | Kernel::LogSigmoidBackward
             | Kernel::Any { .. }
             | Kernel::IndexCopy { .. }
@@ -640,6 +650,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Cumsum { .. }
             | Kernel::Bitwise { .. }
             | Kernel::BitwiseNot
+            | Kernel::Shift { .. }
             | Kernel::AdaptiveAvgPool2d { .. }
             | Kernel::AdaptiveAvgPool2dBackward
             | Kernel::ArgExtremum { .. }
@@ -732,6 +743,10 @@ pub fn every_kernel() -> Vec<Kernel> {
         Kernel::Roll {
             shifts: vec![1],
             dims: None,
+        },
+        Kernel::TruncDivide {
+            a: Side::Input(0),
+            b: Side::Input(1),
         },
         Kernel::ConvTransposeVjp {
             stride: vec![2],

@@ -1,8 +1,9 @@
 //! Ops every backend runs from its own kernels, with no kernel source of their own (and the
 //! dispatch of `conv_transpose.rs`'s): a
 //! triangle of matrices (`triu`, `tril`), `one_hot`, `pixel_shuffle` and its inverse, `roll`,
-//! `adaptive_avg_pool1d` and its gradient, `neg`, `abs` and `sign` of integers (exact,
-//! wrapping as PyTorch's integer kernels), and the other unary ops of integers (in f32).
+//! `adaptive_avg_pool1d` and its gradient, `neg`, `abs`, `sign`, `relu` and `relu6` of integers
+//! (exact, wrapping as PyTorch's integer kernels), `sign` of bools, and the other unary ops of
+//! integers (in f32).
 //! Each is what Thunder's own decomposition computes (arange, compare, where; reshape and
 //! permute; slices and a concatenation), so CPU and CUDA agree by construction.
 
@@ -10,6 +11,15 @@ use crate::exec::backend::{Backend, Input, KernelError};
 use crate::exec::conv_transpose;
 use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side, UnaryOp};
 use tracepass_ir::DType;
+
+/// The unary ops that keep an integer operand's dtype, as PyTorch's integer kernels do (the
+/// others compute in the default float; on bools PyTorch refuses them, and so do the float
+/// kernels).
+macro_rules! int_exact_ops {
+    () => {
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Relu | UnaryOp::Relu6
+    };
+}
 
 fn err(op: &str, m: String) -> KernelError {
     KernelError(format!("{op}: {m}"))
@@ -57,16 +67,26 @@ pub(crate) fn run<B: Backend>(
         }
         Kernel::PixelShuffle { factor, inverse } => input("pixel_shuffle", inputs)
             .and_then(|x| pixel_shuffle(backend, *factor, *inverse, x)),
+        Kernel::TruncDivide { a, b } => trunc_divide(backend, *a, *b, inputs),
         Kernel::Roll { shifts, dims } => {
             input("roll", inputs).and_then(|x| roll(backend, shifts, dims.as_deref(), x))
         }
-        Kernel::Unary(op @ (UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign))
+        Kernel::Unary(op @ int_exact_ops!())
             if inputs.first().is_some_and(|i| match i {
                 Input::Tensor(t) => is_int(backend.dtype(t)),
                 Input::Scalar(_) => false,
             }) =>
         {
             input("unary", inputs).and_then(|x| unary_int(backend, *op, x))
+        }
+        // the sign of a bool is the bool itself, as `torch.sgn` gives
+        Kernel::Unary(UnaryOp::Sign)
+            if inputs.first().is_some_and(|i| match i {
+                Input::Tensor(t) => backend.dtype(t) == DType::Bool,
+                Input::Scalar(_) => false,
+            }) =>
+        {
+            input("sign", inputs).and_then(|x| backend.run(&Kernel::Identity, &[Input::Tensor(x)]))
         }
         // floating functions of integers and bools compute in the default float, as
         // PyTorch promotes them (`exp2` of an i32 exponent in frexp's gradient); rounding an
@@ -75,7 +95,7 @@ pub(crate) fn run<B: Backend>(
             if inputs.first().is_some_and(|i| match i {
                 Input::Tensor(t) => is_int(backend.dtype(t)) || backend.dtype(t) == DType::Bool,
                 Input::Scalar(_) => false,
-            }) && !matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign) =>
+            }) && !matches!(op, int_exact_ops!()) =>
         {
             input("unary", inputs).and_then(|x| match op {
                 UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc => {
@@ -127,6 +147,25 @@ fn binary<B: Backend>(
 }
 
 /// `neg` (`0 - x`), `abs` (`max(x, -x)`) and `sign` (`(x > 0) - (x < 0)`) of an integer tensor.
+/// `a / b` rounded toward zero, for integers: `a - fmod(a, b)` is a multiple of `b`, so its
+/// floor division is exact (and division by zero is refused, as PyTorch's integer division
+/// raises).
+fn trunc_divide<B: Backend>(
+    backend: &B,
+    a: Side,
+    b: Side,
+    inputs: &[Input<'_, B::Tensor>],
+) -> Result<B::Tensor, KernelError> {
+    let n = inputs.len();
+    let r = binary(backend, BinaryOp::Fmod, a, b, inputs)?;
+    let mut with = inputs.to_vec();
+    with.push(Input::Tensor(&r));
+    let multiple = binary(backend, BinaryOp::Sub, a, Side::Input(n), &with)?;
+    let mut with = inputs.to_vec();
+    with.push(Input::Tensor(&multiple));
+    binary(backend, BinaryOp::FloorDivide, Side::Input(n), b, &with)
+}
+
 fn unary_int<B: Backend>(
     backend: &B,
     op: UnaryOp,
@@ -141,8 +180,19 @@ fn unary_int<B: Backend>(
             &[Input::Tensor(x)],
         )
     };
+    let clamp = |op, x: &B::Tensor, bound: f64| {
+        binary(
+            backend,
+            op,
+            Side::Input(0),
+            Side::Scalar(bound),
+            &[Input::Tensor(x)],
+        )
+    };
     match op {
         UnaryOp::Neg => neg(),
+        UnaryOp::Relu => clamp(BinaryOp::Maximum, x, 0.0),
+        UnaryOp::Relu6 => clamp(BinaryOp::Minimum, &clamp(BinaryOp::Maximum, x, 0.0)?, 6.0),
         UnaryOp::Abs => {
             let n = neg()?;
             binary(
@@ -540,7 +590,7 @@ pub(crate) fn parts(kernel: &Kernel, d: DType) -> Option<Vec<(Kernel, DType)>> {
             vec![(Kernel::AdaptiveAvgPool2d { oh: 1, ow: *out }, d)]
         }
         Kernel::AdaptiveAvgPool1dBackward => vec![(Kernel::AdaptiveAvgPool2dBackward, d)],
-        Kernel::Unary(UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign) if is_int(d) => {
+        Kernel::Unary(int_exact_ops!()) if is_int(d) => {
             let bin = |op| Kernel::Binary {
                 op,
                 a: Side::Input(0),
@@ -550,11 +600,27 @@ pub(crate) fn parts(kernel: &Kernel, d: DType) -> Option<Vec<(Kernel, DType)>> {
             vec![
                 (bin(BinaryOp::Sub), d),
                 (bin(BinaryOp::Maximum), d),
+                (bin(BinaryOp::Minimum), d),
                 (compare(CompareOp::Gt), d),
                 (compare(CompareOp::Lt), d),
                 (Kernel::Convert(d), DType::Bool),
             ]
         }
+        Kernel::Unary(UnaryOp::Sign) if d == DType::Bool => vec![(Kernel::Identity, d)],
+        Kernel::TruncDivide { .. } => [BinaryOp::Fmod, BinaryOp::Sub, BinaryOp::FloorDivide]
+            .into_iter()
+            .map(|op| {
+                (
+                    Kernel::Binary {
+                        op,
+                        a: Side::Input(0),
+                        b: Side::Input(1),
+                        alpha: 1.0,
+                    },
+                    d,
+                )
+            })
+            .collect(),
         Kernel::Roll { .. } => vec![
             (
                 Kernel::Slice {

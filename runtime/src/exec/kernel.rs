@@ -249,6 +249,12 @@ pub enum Kernel {
         factor: usize,
         inverse: bool,
     },
+    /// Thunder's `prims.div` of integers: the quotient rounded toward zero, as C divides
+    /// (`exec/composite.rs`: `floor_divide(a - fmod(a, b), b)`, exact).
+    TruncDivide {
+        a: Side,
+        b: Side,
+    },
     /// `roll` by `shifts` along `dims`, or the flattened tensor by one shift (`None`).
     Roll {
         shifts: Vec<i64>,
@@ -315,6 +321,15 @@ pub enum Kernel {
     },
     /// `bitwise_not(a)` of an integer or bool tensor.
     BitwiseNot,
+    /// `bitwise_left_shift` (`left`) or `bitwise_right_shift(a, b)` of integers, into the
+    /// promoted integer `dtype`, whose width bounds the shift count.
+    Shift {
+        left: bool,
+        a: Side,
+        b: Side,
+        dtype: DType,
+    },
+
     /// `adaptive_avg_pool2d(a, (oh, ow))` for any output size (windows that may overlap).
     AdaptiveAvgPool2d {
         oh: usize,
@@ -438,6 +453,22 @@ pub enum Kernel {
     /// weight tensor (`exec/vocab_composite.rs`, as are the kernels below up to `Unfold`).
     Lerp {
         weight: Side,
+    },
+    /// `ldexp(a, b)`: `a * 2^b` in the float `dtype`, both operands converted to it first.
+    Ldexp {
+        dtype: DType,
+    },
+    /// `addcmul(a, t1, t2, value=v)` of integers: `a + v * t1 * t2`, wrapping in `dtype`.
+    Addcmul {
+        value: f64,
+        dtype: DType,
+    },
+    /// `clamp(a, min, max)` with a tensor bound: `minimum(maximum(a, min), max)` in `dtype`
+    /// (input 0 is `a`; each bound an input or a number).
+    Clamp {
+        min: Side,
+        max: Side,
+        dtype: DType,
     },
     /// aten's `log_sigmoid_backward(grad, x, buffer)`: inputs `grad, x`; `grad * sigmoid(-x)`.
     LogSigmoidBackward,

@@ -150,7 +150,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.mul", Cpu(|o| binary(o, BinaryOp::Mul))),
         ("prims.mul", Cpu(|o| binary(o, BinaryOp::Mul))),
         ("ltorch.div", Cpu(|o| binary(o, BinaryOp::Div))),
-        ("prims.div", Cpu(|o| binary(o, BinaryOp::Div))),
+        ("prims.div", Cpu(prims_div)),
         ("ltorch.true_divide", Cpu(|o| binary(o, BinaryOp::Div))),
         ("prims.true_divide", Cpu(|o| binary(o, BinaryOp::Div))),
         ("ltorch.pow", Cpu(|o| binary(o, BinaryOp::Pow))),
@@ -177,6 +177,9 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.bitwise_and", Cpu(|o| bitwise(o, BitOp::And, false))),
         ("ltorch.bitwise_or", Cpu(|o| bitwise(o, BitOp::Or, false))),
         ("ltorch.bitwise_xor", Cpu(|o| bitwise(o, BitOp::Xor, false))),
+        ("ltorch.ldexp", Cpu(ldexp)),
+        ("ltorch.bitwise_left_shift", Cpu(|o| shift(o, true))),
+        ("ltorch.bitwise_right_shift", Cpu(|o| shift(o, false))),
         ("ltorch.logical_and", Cpu(|o| bitwise(o, BitOp::And, true))),
         ("ltorch.logical_or", Cpu(|o| bitwise(o, BitOp::Or, true))),
         ("ltorch.logical_xor", Cpu(|o| bitwise(o, BitOp::Xor, true))),
@@ -198,7 +201,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.masked_fill", Cpu(masked_fill)),
         ("ltorch.clamp", Cpu(clamp)),
         ("ltorch.lerp", Cpu(vocab::lerp)),
-        ("ltorch.addcmul", Unsupported { reason: TERNARY }),
+        ("ltorch.addcmul", Cpu(addcmul)),
         ("ltorch.addcdiv", Unsupported { reason: TERNARY }),
         // ----- activations -----
         ("ltorch.relu6", Cpu(|o| activation(o, UnaryOp::Relu6))),
@@ -396,6 +399,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
             Cpu(|o| single_input_vjp(o, "ltorch.roll", roll, roll_back, false)),
         ),
         ("ltorch.permute", Cpu(permute)),
+        ("ltorch.movedim", Cpu(movedim)),
+        ("ltorch.view_as", Cpu(reshape)),
         ("prims.transpose", Cpu(permute)),
         ("ltorch.transpose", Cpu(transpose)),
         ("ltorch.cat", Cpu(cat)),
@@ -775,11 +780,18 @@ fn clamp(o: &mut Ops<'_>) -> Result<Kernel, String> {
     match (has_min, has_max) {
         (true, true) => {
             let lo = o.side(1, "min")?;
-            let hi = o.number(2, "max")?.ok_or(
-                "clamp with both bounds takes a number as max (a tensor max needs a kernel of its own)",
-            )?;
-            o.then = Some(bound(BinaryOp::Minimum, Side::Scalar(hi)));
-            Ok(bound(BinaryOp::Maximum, lo))
+            match o.side(2, "max")? {
+                Side::Scalar(hi) => {
+                    o.then = Some(bound(BinaryOp::Minimum, Side::Scalar(hi)));
+                    Ok(bound(BinaryOp::Maximum, lo))
+                }
+                // `then` reads only the first kernel's output: a tensor max needs the composite
+                hi => Ok(Kernel::Clamp {
+                    min: lo,
+                    max: hi,
+                    dtype: o.out(0)?.dtype,
+                }),
+            }
         }
         (true, false) => Ok(bound(BinaryOp::Maximum, o.side(1, "min")?)),
         (false, true) => Ok(bound(BinaryOp::Minimum, o.side(2, "max")?)),
@@ -932,6 +944,41 @@ fn bitwise(o: &mut Ops<'_>, op: BitOp, logical: bool) -> Result<Kernel, String> 
     })
 }
 
+/// `bitwise_left_shift/bitwise_right_shift(a, b)` into the output's dtype.
+fn shift(o: &mut Ops<'_>, left: bool) -> Result<Kernel, String> {
+    let a = o.side(0, "a")?;
+    let b = o.side(1, "b")?;
+    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
+        return Err("both operands are numbers".into());
+    }
+    Ok(Kernel::Shift {
+        left,
+        a,
+        b,
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `ldexp(a, b)` of two tensors, into the output's float dtype.
+fn ldexp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "b")?;
+    Ok(Kernel::Ldexp {
+        dtype: o.out(0)?.dtype,
+    })
+}
+
+/// `addcmul(a, b, c, *, value=1)` of integer tensors.
+fn addcmul(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "b")?;
+    o.tensor(2, "c")?;
+    Ok(Kernel::Addcmul {
+        value: o.number(3, "value")?.unwrap_or(1.0),
+        dtype: o.out(0)?.dtype,
+    })
+}
+
 /// `bitwise_not(a)`.
 fn bitwise_not(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
@@ -956,6 +1003,20 @@ fn binary(o: &mut Ops<'_>, op: BinaryOp) -> Result<Kernel, String> {
         1.0
     };
     Ok(Kernel::Binary { op, a, b, alpha })
+}
+
+/// Thunder's `prims.div`: true division of floats, and of integers the quotient rounded toward
+/// zero (its torch executor calls `div(rounding_mode="trunc")` there).
+fn prims_div(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    if o.out(0)?.dtype.is_float() {
+        return binary(o, BinaryOp::Div);
+    }
+    let a = o.side(0, "a")?;
+    let b = o.side(1, "b")?;
+    if matches!((a, b), (Side::Scalar(_), Side::Scalar(_))) {
+        return Err("both operands are numbers; nothing to compute on a tensor".into());
+    }
+    Ok(Kernel::TruncDivide { a, b })
 }
 
 fn compare(o: &mut Ops<'_>, op: CompareOp) -> Result<Kernel, String> {
@@ -1734,6 +1795,34 @@ fn identity(o: &mut Ops<'_>) -> Result<Kernel, String> {
 fn reshape(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "a")?;
     Ok(Kernel::Reshape(o.out(0)?.shape.to_vec()))
+}
+
+/// `movedim(a, source, destination)`: the permutation that gives the output's order (the
+/// meta checked the dims).
+fn movedim(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let rank = o.in_shape(0)?.len();
+    let dims = |i: usize, key: &str| -> Result<Vec<usize>, String> {
+        let a = o.arg(i, key).ok_or_else(|| format!("`{key}` is missing"))?;
+        a.as_int_list()
+            .or_else(|| a.as_int().map(|d| vec![d]))
+            .ok_or_else(|| format!("movedim: `{key}` must be ints, got {a:?}"))?
+            .into_iter()
+            .map(|d| norm_dim(d, rank))
+            .collect()
+    };
+    let (src, dst) = (dims(1, "source")?, dims(2, "destination")?);
+    let mut perm: Vec<Option<usize>> = vec![None; rank];
+    for (&s, &d) in src.iter().zip(&dst) {
+        perm[d] = Some(s);
+    }
+    let mut rest = (0..rank).filter(|i| !src.contains(i));
+    let perm = perm
+        .into_iter()
+        .map(|p| p.or_else(|| rest.next()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or("movedim: the dims do not make a permutation")?;
+    Ok(Kernel::Permute(perm))
 }
 
 /// `permute(a, *dims)` and `prims.transpose(a, permutation)`.

@@ -29,6 +29,12 @@ pub(crate) fn run<B: Backend>(
     let c = Cx { b: backend };
     Some(match kernel {
         Kernel::Lerp { weight } => c.lerp(*weight, inputs),
+        Kernel::Ldexp { dtype } => {
+            tensors::<B, 2>("ldexp", inputs).and_then(|[a, b]| c.ldexp(a, b, *dtype))
+        }
+        Kernel::Addcmul { value, dtype } => tensors::<B, 3>("addcmul", inputs)
+            .and_then(|[a, t1, t2]| c.addcmul(a, t1, t2, *value, *dtype)),
+        Kernel::Clamp { min, max, dtype } => c.clamp(*min, *max, *dtype, inputs),
         Kernel::LogSigmoidBackward => tensors::<B, 2>("log_sigmoid_backward", inputs)
             .and_then(|[g, x]| c.log_sigmoid_backward(g, x)),
         Kernel::Any { dims, keepdim } => {
@@ -201,6 +207,86 @@ impl<B: Backend> Cx<'_, B> {
                 )
             }
         }
+    }
+
+    fn convert(&self, x: &B::Tensor, dtype: DType) -> R<B::Tensor> {
+        if self.b.dtype(x) == dtype {
+            return Ok(x.clone());
+        }
+        self.k(Kernel::Convert(dtype), &[x])
+    }
+
+    /// PyTorch's `ldexp`: `a * 2^b`, with the power taken in the result's float dtype (so
+    /// f64's `2^200` is finite).
+    fn ldexp(&self, a: &B::Tensor, b: &B::Tensor, dtype: DType) -> R<B::Tensor> {
+        if !dtype.is_float() {
+            return Err(err(
+                "ldexp",
+                format!("the result dtype {dtype} is not a float"),
+            ));
+        }
+        let (a, b) = (self.convert(a, dtype)?, self.convert(b, dtype)?);
+        let p = self.k(Kernel::Unary(UnaryOp::Exp2), &[&b])?;
+        self.bin(BinaryOp::Mul, &a, &p, 1.0)
+    }
+
+    /// PyTorch's integer `addcmul`: `a + value * t1 * t2`, each product wrapping in `dtype`
+    /// (multiplication modulo 2^bits is associative, so the grouping does not matter).
+    /// PyTorch refuses a fractional `value` for integers, and rounds floats once, which a
+    /// composite of roundings cannot match: both are refused.
+    fn addcmul(
+        &self,
+        a: &B::Tensor,
+        t1: &B::Tensor,
+        t2: &B::Tensor,
+        value: f64,
+        dtype: DType,
+    ) -> R<B::Tensor> {
+        if !matches!(dtype, DType::I64 | DType::I32) {
+            return Err(err(
+                "addcmul",
+                format!("{dtype}: only integer addcmul runs (floats round once in PyTorch)"),
+            ));
+        }
+        if value.fract() != 0.0 || !value.is_finite() {
+            return Err(err("addcmul", format!("value {value} is not an integer")));
+        }
+        let (a, t1, t2) = (
+            self.convert(a, dtype)?,
+            self.convert(t1, dtype)?,
+            self.convert(t2, dtype)?,
+        );
+        let prod = self.bin(BinaryOp::Mul, &t1, &t2, 1.0)?;
+        let scaled = self.bin_s(BinaryOp::Mul, &prod, value)?;
+        self.bin(BinaryOp::Add, &a, &scaled, 1.0)
+    }
+
+    /// PyTorch's `clamp(a, min, max)`: `minimum(maximum(a, min), max)` (so `min > max` gives
+    /// `max`, and a NaN anywhere propagates), in `dtype`.
+    fn clamp(
+        &self,
+        min: Side,
+        max: Side,
+        dtype: DType,
+        inputs: &[Input<'_, B::Tensor>],
+    ) -> R<B::Tensor> {
+        let a = self.convert(tensor_at("clamp", inputs, 0)?, dtype)?;
+        let bound = |x: &B::Tensor, op: BinaryOp, s: Side| -> R<B::Tensor> {
+            let s = match s {
+                Side::Scalar(v) => Err(v),
+                Side::Input(i) => match inputs.get(i) {
+                    Some(Input::Tensor(t)) => Ok(*t),
+                    Some(Input::Scalar(v)) => Err(*v),
+                    None => return Err(err("clamp", format!("input {i} is missing"))),
+                },
+            };
+            match s {
+                Ok(t) => self.bin(op, x, &self.convert(t, dtype)?, 1.0),
+                Err(v) => self.bin_s(op, x, v),
+            }
+        };
+        let lo = bound(&a, BinaryOp::Maximum, min)?;
+        bound(&lo, BinaryOp::Minimum, max)
     }
 
     /// `grad * sigmoid(-x)`, the derivative of `log(sigmoid(x))`.
@@ -878,5 +964,93 @@ mod tests {
             )
             .expect("runs");
         assert_eq!(l.to_f32_vec(), vec![1.0, 1.5, 3.0]);
+    }
+
+    /// `ldexp(a, b) = a * 2^b` by its definition, the power in the result's dtype.
+    #[test]
+    fn ldexp_multiplies_by_a_power_of_two_in_the_result_dtype() {
+        let a = Tensor::from_f64(vec![4], vec![1.0, -3.0, 0.5, 7.0]);
+        let b = Tensor::from_i64(vec![4], vec![200, -2, 3, 0]);
+        let l = run(Kernel::Ldexp { dtype: DType::F64 }, &[&a, &b]);
+        assert_eq!(l.dtype(), DType::F64);
+        let want: Vec<f64> = [(1.0, 200), (-3.0, -2), (0.5, 3), (7.0, 0)]
+            .iter()
+            .map(|&(m, e)| m * 2f64.powi(e))
+            .collect();
+        assert_eq!(l.to_f64_vec(), want);
+        // integers promote to float32
+        let i = Tensor::from_i64(vec![2], vec![3, -1]);
+        let l = run(Kernel::Ldexp { dtype: DType::F32 }, &[&i, &i]);
+        assert_eq!(l.to_f32_vec(), vec![24.0, -0.5]);
+        let e = run_err(Kernel::Ldexp { dtype: DType::I64 }, &[&i, &i]);
+        assert!(e.contains("ldexp"), "{e}");
+    }
+
+    /// `a + value * t1 * t2`, wrapping like PyTorch's integer arithmetic.
+    #[test]
+    fn integer_addcmul_wraps_in_its_dtype() {
+        let a = Tensor::from_i64(vec![3], vec![1, -2, 0]);
+        let t1 = Tensor::from_i64(vec![3], vec![2, 3, i64::MAX]);
+        let t2 = Tensor::from_i64(vec![1], vec![5]);
+        let k = Kernel::Addcmul {
+            value: -2.0,
+            dtype: DType::I64,
+        };
+        let out = run(k, &[&a, &t1, &t2]);
+        let want: Vec<i64> = [(1i64, 2i64), (-2, 3), (0, i64::MAX)]
+            .iter()
+            .map(|&(x, y)| x.wrapping_add((-2i64).wrapping_mul(y).wrapping_mul(5)))
+            .collect();
+        assert_eq!(out.to_i64_vec(), want);
+        let a32 = Tensor::from_i64(vec![1], vec![i64::from(i32::MAX)])
+            .to_dtype(DType::I32)
+            .unwrap();
+        let k32 = Kernel::Addcmul {
+            value: 1.0,
+            dtype: DType::I32,
+        };
+        let out = run(k32, &[&a32, &a32, &a32]);
+        assert_eq!(out.dtype(), DType::I32);
+        let m = i32::MAX;
+        assert_eq!(
+            out.to_i64_vec(),
+            vec![i64::from(m.wrapping_add(m.wrapping_mul(m)))]
+        );
+        let frac = Kernel::Addcmul {
+            value: 0.5,
+            dtype: DType::I64,
+        };
+        assert!(run_err(frac, &[&a, &t1, &t2]).contains("not an integer"));
+        let f = Tensor::from_f32(vec![1], vec![1.0]);
+        let float = Kernel::Addcmul {
+            value: 1.0,
+            dtype: DType::F32,
+        };
+        assert!(run_err(float, &[&f, &f, &f]).contains("addcmul"));
+    }
+
+    /// `min(max(a, lo), hi)`: a lower bound above the upper one gives the upper one.
+    #[test]
+    fn clamp_with_tensor_bounds_takes_the_max_then_the_min() {
+        let a = Tensor::from_i64(vec![4], vec![-5, 0, 5, 9]);
+        let lo = Tensor::from_i64(vec![4], vec![-1, 1, 0, 10]);
+        let hi = Tensor::from_i64(vec![4], vec![3, 3, 3, 2]);
+        let k = Kernel::Clamp {
+            min: Side::Input(1),
+            max: Side::Input(2),
+            dtype: DType::I64,
+        };
+        let out = run(k, &[&a, &lo, &hi]);
+        let want: Vec<i64> = [(-5i64, -1i64, 3i64), (0, 1, 3), (5, 0, 3), (9, 10, 2)]
+            .iter()
+            .map(|&(x, l, h)| x.max(l).min(h))
+            .collect();
+        assert_eq!(out.to_i64_vec(), want);
+        let k = Kernel::Clamp {
+            min: Side::Scalar(0.0),
+            max: Side::Input(1),
+            dtype: DType::I64,
+        };
+        assert_eq!(run(k, &[&a, &hi]).to_i64_vec(), vec![0, 0, 3, 2]);
     }
 }
