@@ -39,7 +39,7 @@ impl<T> Default for Shelf<T> {
     }
 }
 
-/// What the calling thread's pool has done since [`reset_stats`], and what it holds now.
+/// What the calling thread's pool has done since `reset_stats`, and what it holds now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// Buffers kernels asked for that had to be allocated (none of that size was free).

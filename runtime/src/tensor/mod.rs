@@ -130,7 +130,7 @@ impl Storage {
 }
 
 /// An element type of [`Storage`], for dtype-generic kernels.
-/// Each has a buffer pool shelf ([`crate::cpu::buffer_pool`]).
+/// Each has a buffer pool shelf (`cpu::buffer_pool`).
 pub trait Elem: Copy + PartialEq + Send + Sync + 'static + crate::cpu::buffer_pool::Pooled {
     const DTYPE: DType;
     /// The elements of `s`, when it holds this type.
