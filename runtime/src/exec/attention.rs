@@ -10,10 +10,10 @@
 use crate::exec::backend::{Backend, Input, KernelError};
 use crate::exec::kernel::{BinaryOp, Kernel, Mha, ReduceOp, Side};
 
-type R<T> = Result<T, KernelError>;
+use crate::exec::composer::{Cx, R};
 
 fn err(m: impl std::fmt::Display) -> KernelError {
-    KernelError(format!("multi_head_attention_forward: {m}"))
+    crate::exec::composer::err("multi_head_attention_forward", m)
 }
 
 /// Runs [`Kernel::MultiHeadAttention`] or [`Kernel::MultiHeadAttentionVjp`], one tensor per
@@ -70,18 +70,7 @@ struct Forward<T> {
     dims: Dims,
 }
 
-struct Cx<'b, B> {
-    b: &'b B,
-}
-
 impl<B: Backend> Cx<'_, B> {
-    fn k(&self, kernel: Kernel, inputs: &[&B::Tensor]) -> R<B::Tensor> {
-        let inputs: Vec<Input<'_, B::Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
-        self.b.run(&kernel, &inputs)
-    }
-    fn reshape(&self, x: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
-        self.k(Kernel::Reshape(shape.to_vec()), &[x])
-    }
     fn permute(&self, x: &B::Tensor, perm: &[usize]) -> R<B::Tensor> {
         self.k(Kernel::Permute(perm.to_vec()), &[x])
     }

@@ -5,6 +5,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod backend;
+pub(crate) mod composer;
 pub(crate) mod composite;
 pub(crate) mod conv_transpose;
 pub(crate) mod executor;

@@ -14,15 +14,11 @@
 //! Anything else (an index tensor next to a partial slice, an int or `None`) is refused,
 //! naming the key.
 
-use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::backend::{Backend, Input};
 use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, KeyItem, Side};
 use tracepass_ir::DType;
 
-type R<T> = Result<T, KernelError>;
-
-fn err(op: &str, m: impl std::fmt::Display) -> KernelError {
-    KernelError(format!("{op}: {m}"))
-}
+use crate::exec::composer::{err, Cx, R};
 
 /// Runs `kernel` if it is one of this module's ops.
 pub(crate) fn run<B: Backend>(
@@ -187,25 +183,7 @@ fn inverse(perm: &[usize]) -> Vec<usize> {
     inv
 }
 
-struct Cx<'b, B> {
-    b: &'b B,
-}
-
 impl<B: Backend> Cx<'_, B> {
-    fn k(&self, kernel: Kernel, inputs: &[&B::Tensor]) -> R<B::Tensor> {
-        let inputs: Vec<Input<'_, B::Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
-        self.b.run(&kernel, &inputs)
-    }
-    fn full(&self, shape: &[usize], value: f64, dtype: DType) -> R<B::Tensor> {
-        self.k(
-            Kernel::Full {
-                shape: shape.to_vec(),
-                value,
-                dtype,
-            },
-            &[],
-        )
-    }
     fn expand(&self, x: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
         self.k(
             Kernel::Expand(shape.iter().map(|&d| d as i64).collect()),

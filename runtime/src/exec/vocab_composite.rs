@@ -10,15 +10,11 @@
 //! repeats, PyTorch leaves which write wins unspecified and a sum would be a number no PyTorch
 //! run gives, so a place written twice is refused, naming the op.
 
-use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::backend::{Backend, Input};
 use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side, UnaryOp};
 use tracepass_ir::DType;
 
-type R<T> = Result<T, KernelError>;
-
-fn err(op: &str, m: impl std::fmt::Display) -> KernelError {
-    KernelError(format!("{op}: {m}"))
-}
+use crate::exec::composer::{err, Cx, R};
 
 /// Runs `kernel` if it is one of this module's ops.
 pub(crate) fn run<B: Backend>(
@@ -102,16 +98,7 @@ fn tensor_at<'t, T>(op: &str, inputs: &[Input<'t, T>], i: usize) -> R<&'t T> {
     }
 }
 
-/// A backend and the kernels these ops are made of.
-struct Cx<'b, B> {
-    b: &'b B,
-}
-
 impl<B: Backend> Cx<'_, B> {
-    fn k(&self, kernel: Kernel, inputs: &[&B::Tensor]) -> R<B::Tensor> {
-        let inputs: Vec<Input<'_, B::Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
-        self.b.run(&kernel, &inputs)
-    }
     /// `x op alpha * y`.
     fn bin(&self, op: BinaryOp, x: &B::Tensor, y: &B::Tensor, alpha: f64) -> R<B::Tensor> {
         self.k(
@@ -144,19 +131,6 @@ impl<B: Backend> Cx<'_, B> {
                 b: Side::Scalar(s),
             },
             &[x],
-        )
-    }
-    fn reshape(&self, x: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
-        self.k(Kernel::Reshape(shape.to_vec()), &[x])
-    }
-    fn full(&self, shape: &[usize], value: f64, dtype: DType) -> R<B::Tensor> {
-        self.k(
-            Kernel::Full {
-                shape: shape.to_vec(),
-                value,
-                dtype,
-            },
-            &[],
         )
     }
     fn shape(&self, x: &B::Tensor) -> Vec<usize> {
