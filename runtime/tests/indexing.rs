@@ -3,6 +3,9 @@
 //! here over explicit coordinates in f64; then Thunder 0.2.6's printed statements (copied from
 //! real exports) run through `Plan::compile` and the executor.
 
+mod common;
+use common::values;
+
 use tracepass_ir::{parse_trace, DType};
 use tracepass_runtime::comm::{CommOptions, ThreadGroup};
 use tracepass_runtime::cpu::CpuBackend;
@@ -10,19 +13,6 @@ use tracepass_runtime::exec::{Backend, Clock, Executor, Input, Kernel, Plan, RVa
 use tracepass_runtime::tensor::Tensor;
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
-
-/// Numbers in [-1, 1) from a seed.
-fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// A tensor of `dtype` and the f64 values it holds (rounded to the dtype first, so the
 /// definition reads the very numbers the kernel does); integers are the values times 100.

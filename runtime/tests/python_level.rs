@@ -6,24 +6,12 @@
 //! PyTorch.
 
 mod common;
+use common::values;
 use common::{corpus, json, name};
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::exec::{Backend, Input, Kernel, KeyItem, Mha};
 use tracepass_runtime::tensor::{Tensor, TensorFile};
 use tracepass_runtime::train::{train, ModelSource, TrainConfig};
-
-/// Numbers in [-1, 1) from a seed.
-fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn t64(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_f64(shape.to_vec(), values(shape.iter().product(), seed))

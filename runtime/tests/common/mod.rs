@@ -26,3 +26,16 @@ pub fn name(dir: &Path) -> String {
 pub fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("json file")).expect("json")
 }
+
+/// Numbers in [-1, 1) from a seed (xorshift), for the kernel tests' inputs.
+pub fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
+        })
+        .collect()
+}
