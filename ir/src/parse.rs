@@ -3,6 +3,7 @@
 //! derived (`del`, imports, blank lines).
 
 use crate::arg::{Arg, DTypeSpelling, DeviceSpelling, Opaque};
+use crate::decomposition::inline_unknown_decompositions;
 use crate::name_table::NameTable;
 use crate::node::{Lhs, LhsSlot, Node, SubSymbol};
 use crate::pyfloat;
@@ -57,11 +58,83 @@ pub fn parse_trace_with(text: &str, registry: &OpRegistry) -> Result<Trace, Pars
     }
     if text.contains("\\\n") || text.contains("\\\r\n") {
         let (joined, line_no) = join_continuations(text);
-        let mut p = Parser::new(&joined, registry);
-        p.line_no = line_no;
-        return p.run();
+        return parse_lines(&joined, line_no, registry);
     }
-    Parser::new(text, registry).run()
+    parse_lines(text, Vec::new(), registry)
+}
+
+/// Parses `text` whose line `i` is line `line_no[i]` of what the user gave (empty: the same).
+/// A trace with ops no registry entry knows is read again with those that carry a printed
+/// decomposition replaced by it ([`crate::decomposition`]); the trace's provenance says so.
+fn parse_lines(
+    text: &str,
+    line_no: Vec<usize>,
+    registry: &OpRegistry,
+) -> Result<Trace, ParseError> {
+    let mut p = Parser::new(text, registry);
+    p.line_no = line_no.clone();
+    let first = match p.run() {
+        Ok(t) => return Ok(t),
+        Err(Failure::UnknownOps(e)) => e,
+        Err(Failure::Other(e)) => return Err(e),
+    };
+    let (inlined_text, map, inlined) =
+        inline_unknown_decompositions(text, |callee| registry.resolve(callee).is_some());
+    if inlined.is_empty() {
+        return Err(first);
+    }
+    let physical = |l: usize| line_no.get(l).copied().unwrap_or(l);
+    let mut p = Parser::new(&inlined_text, registry);
+    p.line_no = map.iter().map(|&l| physical(l)).collect();
+    let mut trace = match p.run() {
+        Ok(t) => t,
+        // the op stays unknown, named where the user wrote it; the body's gap is said too
+        Err(Failure::UnknownOps(inner)) => {
+            return Err(ParseError {
+                message: format!(
+                    "{}; the printed decompositions do not help: {}",
+                    first.message, inner.message
+                ),
+                ..first
+            })
+        }
+        Err(Failure::Other(e)) => return Err(e),
+    };
+    // each op once, with the lines it is on
+    let mut by_op: Vec<(&str, Vec<usize>)> = Vec::new();
+    for op in inlined.iter().filter(|op| !op.nested) {
+        let line = physical(op.line - 1) + 1;
+        match by_op.iter_mut().find(|(c, _)| *c == op.callee) {
+            Some((_, lines)) => lines.push(line),
+            None => by_op.push((&op.callee, vec![line])),
+        }
+    }
+    let ops: Vec<String> = by_op
+        .iter()
+        .map(|(c, lines)| {
+            let lines: Vec<String> = lines.iter().map(usize::to_string).collect();
+            let s = if lines.len() == 1 { "" } else { "s" };
+            format!("`{c}` (line{s} {})", lines.join(", "))
+        })
+        .collect();
+    trace.provenance.push(Provenance {
+        pass: format!("{}{}", crate::decomposition::PROVENANCE, ops.join(", ")),
+        millis: None,
+    });
+    Ok(trace)
+}
+
+/// Why a parse failed: ops no registry entry knows (which a printed decomposition may
+/// replace), or anything else.
+enum Failure {
+    UnknownOps(ParseError),
+    Other(ParseError),
+}
+
+impl From<ParseError> for Failure {
+    fn from(e: ParseError) -> Self {
+        Failure::Other(e)
+    }
 }
 
 /// Joins Python's explicit line continuations (a line ending in `\`) into one logical line,
@@ -267,7 +340,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn run(mut self) -> PResult<Trace> {
+    fn run(mut self) -> Result<Trace, Failure> {
         let mut ln = 0;
         let mut decorators = Vec::new();
         let mut saw_def = false;
@@ -290,16 +363,20 @@ impl<'a> Parser<'a> {
                 ln += 1;
                 break;
             } else {
-                return Err(self.err(
-                    ln,
-                    0,
-                    "expected a header line (`# Constructed by`, import, decorator or `def`)",
-                ));
+                return Err(self
+                    .err(
+                        ln,
+                        0,
+                        "expected a header line (`# Constructed by`, import, decorator or `def`)",
+                    )
+                    .into());
             }
             ln += 1;
         }
         if !saw_def {
-            return Err(self.err(ln.saturating_sub(1), 0, "no `def` line: not a trace"));
+            return Err(self
+                .err(ln.saturating_sub(1), 0, "no `def` line: not a trace")
+                .into());
         }
         self.trace.decorators = decorators;
         let mut returned = false;
@@ -313,14 +390,16 @@ impl<'a> Parser<'a> {
                 continue;
             }
             if ind < 2 {
-                return Err(self.err(ln, 0, "statement outside the function body"));
+                return Err(self
+                    .err(ln, 0, "statement outside the function body")
+                    .into());
             }
             if returned {
                 if body.starts_with('#') {
                     ln += 1;
                     continue;
                 }
-                return Err(self.err(ln, ind, "statement after `return`"));
+                return Err(self.err(ln, ind, "statement after `return`").into());
             }
             if let Some(c) = body.strip_prefix('#') {
                 let c = c.strip_prefix(' ').unwrap_or(c);
@@ -335,11 +414,9 @@ impl<'a> Parser<'a> {
                 for name in rest.split(',') {
                     let name = name.trim();
                     if !name.is_empty() && !self.names.contains_key(name) {
-                        return Err(self.err(
-                            ln,
-                            ind + 4,
-                            format!("`del` of undefined name `{name}`"),
-                        ));
+                        return Err(self
+                            .err(ln, ind + 4, format!("`del` of undefined name `{name}`"))
+                            .into());
                     }
                 }
             } else if body == "return" || body.starts_with("return ") {
@@ -367,14 +444,16 @@ impl<'a> Parser<'a> {
             ln += 1;
         }
         if !self.unknown.is_empty() {
-            return Err(self.unknown_ops_error());
+            return Err(Failure::UnknownOps(self.unknown_ops_error()));
         }
         if !returned {
-            return Err(self.err(
-                self.lines.len().saturating_sub(1),
-                0,
-                "trace has no `return`",
-            ));
+            return Err(self
+                .err(
+                    self.lines.len().saturating_sub(1),
+                    0,
+                    "trace has no `return`",
+                )
+                .into());
         }
         self.resolve_untyped()?;
         self.keep_input_dtypes();

@@ -91,6 +91,9 @@ impl DType {
     }
     /// The dtype of a Thunder spelling (`dtypes.float32`).
     pub fn from_thunder(s: &str) -> Option<DType> {
+        // `float32_` is Thunder's strong variant of `float32` (weak dtypes only matter for
+        // promotion while tracing; a trace's dtypes are concrete)
+        let s = s.strip_suffix('_').unwrap_or(s);
         DTYPE_NAMES
             .iter()
             .find(|e| e.2 == s || (s == "bool" && e.0 == DType::Bool))

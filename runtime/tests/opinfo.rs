@@ -114,8 +114,23 @@ fn compare(
     Ok(())
 }
 
-fn load(path: &Path) -> Result<Trace, String> {
+/// How a sample's traces are read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// As Thunder printed them.
+    AsPrinted,
+    /// Every statement replaced by the decomposition Thunder prints below it, down to its
+    /// prims (`tracepass_ir::decomposition` with no op counted as known): the prims vocabulary
+    /// that the parser falls back on for torch-level ops it has no entry for.
+    Prims,
+}
+
+fn load(path: &Path, reading: Reading) -> Result<Trace, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let text = match reading {
+        Reading::AsPrinted => text,
+        Reading::Prims => tracepass_ir::inline_unknown_decompositions(&text, |_| false).0,
+    };
     parse_trace(&text).map_err(|e| first_line(&e.to_string()))
 }
 
@@ -145,14 +160,14 @@ fn random(t: &Trace) -> bool {
         .any(|(_, n)| reg.effect(n.op.as_str()) == Effect::Random)
 }
 
-fn check(dir: &Path, wider: Wider) -> (Stage, String) {
-    let fwd = match load(&dir.join("forward.trace")) {
+fn check(dir: &Path, wider: Wider, reading: Reading) -> (Stage, String) {
+    let fwd = match load(&dir.join("forward.trace"), reading) {
         Ok(t) => t,
         Err(e) => return (Stage::Parse, format!("forward: {e}")),
     };
     let bwd_path = dir.join("backward.trace");
     let bwd = if bwd_path.is_file() {
-        match load(&bwd_path) {
+        match load(&bwd_path, reading) {
             Ok(t) => Some(t),
             Err(e) => return (Stage::Parse, format!("backward: {e}")),
         }
@@ -305,7 +320,13 @@ fn pct(n: usize, d: usize) -> String {
     }
 }
 
-fn report(index: &Index, outcomes: &[Outcome], floor: &Floor) -> String {
+fn report(
+    index: &Index,
+    outcomes: &[Outcome],
+    floor: &Floor,
+    prims: &[Outcome],
+    prims_floor: &Floor,
+) -> String {
     let mut tags: Vec<&str> = floor.keys().map(String::as_str).collect();
     tags.sort_by_key(|t| dtype_rank(t));
     let tried = |tag: &str| {
@@ -370,13 +391,48 @@ fn report(index: &Index, outcomes: &[Outcome], floor: &Floor) -> String {
             pct(c.numbers, c.samples)
         );
     };
-    let mut all_tried = 0;
-    for t in &tags {
-        let n = tried(t);
-        all_tried += n;
-        row(&mut s, t, n, &floor[*t]);
+    let table = |s: &mut String, floor: &Floor, total: &Coverage| {
+        let mut all_tried = 0;
+        for t in &tags {
+            let n = tried(t);
+            all_tried += n;
+            if let Some(c) = floor.get(*t) {
+                row(s, t, n, c);
+            }
+        }
+        row(s, "all", all_tried, total);
+    };
+    table(&mut s, floor, &total);
+    let _ = writeln!(
+        s,
+        "\n## Read through Thunder's prims\n\nThe same samples with every statement replaced by \
+         the decomposition Thunder prints below it, down to its prims: what the parser reads \
+         when a trace calls a torch-level op tracepass has no entry for \
+         (`ir/src/decomposition.rs`). Floors in `coverage-prims.json`.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| dtype | ops tried | Thunder jits | parse | verify | run | run ok |\n\
+         |---|---:|---:|---:|---:|---:|---:|"
+    );
+    table(&mut s, prims_floor, &coverage(prims.iter()));
+    let _ = writeln!(
+        s,
+        "\nSamples that pass as printed but not through prims:\n\n\
+         | op | sample | fails at | reason |\n|---|---|---|---|"
+    );
+    for (o, p) in outcomes.iter().zip(prims) {
+        if o.stage == Stage::Ok && p.stage != Stage::Ok {
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | {:?} | {} |",
+                p.op,
+                p.sample,
+                p.stage,
+                p.reason.replace('|', "\\|").replace('\n', " ")
+            );
+        }
     }
-    row(&mut s, "all", all_tried, &total);
     let _ = writeln!(s, "\n## Samples that do not pass\n");
     let _ = writeln!(s, "| op | sample | fails at | reason |\n|---|---|---|---|");
     let mut failing: Vec<&Outcome> = outcomes.iter().filter(|o| o.stage != Stage::Ok).collect();
@@ -407,18 +463,12 @@ fn report(index: &Index, outcomes: &[Outcome], floor: &Floor) -> String {
     s
 }
 
-#[test]
-fn opinfo_samples_match_pytorch() {
-    let root = root();
-    let index: Index = serde_json::from_str(
-        &std::fs::read_to_string(root.join("index.json")).expect("testdata/opinfo/index.json"),
-    )
-    .expect("index.json");
-    let outcomes: Vec<Outcome> = index
+fn outcomes(root: &Path, index: &Index, reading: Reading) -> Vec<Outcome> {
+    index
         .samples
         .iter()
         .map(|e| {
-            let (stage, reason) = check(&root.join(&e.op).join(&e.dir), e.wider);
+            let (stage, reason) = check(&root.join(&e.op).join(&e.dir), e.wider, reading);
             Outcome {
                 op: e.op.clone(),
                 dtype: e.dtype.clone(),
@@ -427,30 +477,22 @@ fn opinfo_samples_match_pytorch() {
                 reason,
             }
         })
-        .collect();
-    let now = floor(&outcomes);
-    eprintln!("{now:?}");
-    let floor_path = root.join("coverage.json");
-    if std::env::var_os("TRACEPASS_OPINFO_REPORT").is_some() {
-        std::fs::write(root.join("README.md"), report(&index, &outcomes, &now)).expect("README");
-        std::fs::write(
-            &floor_path,
-            serde_json::to_string_pretty(&now).expect("json") + "\n",
-        )
-        .expect("coverage.json");
-        return;
-    }
+        .collect()
+}
+
+/// Where `now` fell below the floor recorded in `file` (samples per dtype must agree).
+fn regressions(root: &Path, file: &str, now: &Floor) -> Vec<String> {
     let recorded: Floor = serde_json::from_str(
-        &std::fs::read_to_string(&floor_path).expect("testdata/opinfo/coverage.json"),
+        &std::fs::read_to_string(root.join(file)).expect("testdata/opinfo coverage floor"),
     )
-    .expect("coverage.json (one entry per dtype tag)");
+    .expect("coverage floor (one entry per dtype tag)");
     let samples = |f: &Floor| -> Vec<(String, usize)> {
         f.iter().map(|(t, c)| (t.clone(), c.samples)).collect()
     };
     assert_eq!(
-        samples(&now),
+        samples(now),
         samples(&recorded),
-        "the samples per dtype changed: run `cargo xtask opinfo-report`"
+        "{file}: the samples per dtype changed: run `cargo xtask opinfo-report`"
     );
     let mut regressed = Vec::new();
     for (tag, was) in &recorded {
@@ -462,12 +504,42 @@ fn opinfo_samples_match_pytorch() {
             ("numbers", cov.numbers, was.numbers),
         ] {
             if n < w {
-                regressed.push(format!("{tag} {what}: {n} samples, {w} recorded"));
+                regressed.push(format!("{file}: {tag} {what}: {n} samples, {w} recorded"));
             }
         }
     }
-    let failing: Vec<String> = outcomes
+    regressed
+}
+
+#[test]
+fn opinfo_samples_match_pytorch() {
+    let root = root();
+    let index: Index = serde_json::from_str(
+        &std::fs::read_to_string(root.join("index.json")).expect("testdata/opinfo/index.json"),
+    )
+    .expect("index.json");
+    let printed = outcomes(&root, &index, Reading::AsPrinted);
+    let prims = outcomes(&root, &index, Reading::Prims);
+    let now = floor(&printed);
+    let now_prims = floor(&prims);
+    eprintln!("{now:?}\nthrough prims: {now_prims:?}");
+    if std::env::var_os("TRACEPASS_OPINFO_REPORT").is_some() {
+        let report = report(&index, &printed, &now, &prims, &now_prims);
+        std::fs::write(root.join("README.md"), report).expect("README");
+        for (file, f) in [("coverage.json", &now), ("coverage-prims.json", &now_prims)] {
+            std::fs::write(
+                root.join(file),
+                serde_json::to_string_pretty(f).expect("json") + "\n",
+            )
+            .expect("coverage floor");
+        }
+        return;
+    }
+    let mut regressed = regressions(&root, "coverage.json", &now);
+    regressed.extend(regressions(&root, "coverage-prims.json", &now_prims));
+    let failing: Vec<String> = printed
         .iter()
+        .chain(&prims)
         .filter(|o| o.stage != Stage::Ok)
         .map(|o| format!("{}/{}: {:?}: {}", o.op, o.sample, o.stage, o.reason))
         .collect();

@@ -21,7 +21,7 @@ fn number_dtype(cx: &MetaCx, a: &Arg) -> Result<DType, String> {
     })
 }
 
-fn device(cx: &MetaCx) -> Result<Device, String> {
+pub(super) fn device(cx: &MetaCx) -> Result<Device, String> {
     Ok(cx.device_param("device")?.unwrap_or(Device::CPU))
 }
 
@@ -149,7 +149,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.empty",
-        &["torch.empty"],
+        &["prims.empty", "torch.empty"],
         Pure,
         "*size, device=None, dtype=None",
         Operand,
@@ -189,7 +189,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.randn",
-        &["torch.randn"],
+        &["prims.randn", "torch.randn"],
         Random,
         "*size, device=None, dtype=None",
         Operand,

@@ -64,7 +64,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.exp2",
-        &["torch.exp2"],
+        &["prims.exp2", "torch.exp2"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -96,7 +96,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.log2",
-        &["torch.log2"],
+        &["prims.log2", "torch.log2"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -104,7 +104,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.log10",
-        &["torch.log10"],
+        &["prims.log10", "torch.log10"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -152,7 +152,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.tan",
-        &["torch.tan"],
+        &["prims.tan", "torch.tan"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -160,7 +160,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.asin",
-        &["torch.asin"],
+        &["prims.asin", "torch.asin"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -168,7 +168,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.acos",
-        &["torch.acos"],
+        &["prims.acos", "torch.acos"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -176,7 +176,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.atan",
-        &["torch.atan"],
+        &["prims.atan", "torch.atan"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -184,7 +184,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.sinh",
-        &["torch.sinh"],
+        &["prims.sinh", "torch.sinh"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -192,7 +192,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.cosh",
-        &["torch.cosh"],
+        &["prims.cosh", "torch.cosh"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -208,7 +208,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.asinh",
-        &["torch.asinh"],
+        &["prims.asinh", "torch.asinh"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -216,7 +216,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.acosh",
-        &["torch.acosh"],
+        &["prims.acosh", "torch.acosh"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -224,7 +224,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.atanh",
-        &["torch.atanh"],
+        &["prims.atanh", "torch.atanh"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -240,7 +240,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.erfc",
-        &["torch.erfc"],
+        &["prims.erfc", "torch.erfc"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -248,7 +248,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.erfinv",
-        &["torch.erfinv"],
+        &["prims.erfinv", "torch.erfinv"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -256,7 +256,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.lgamma",
-        &["torch.lgamma"],
+        &["prims.lgamma", "torch.lgamma"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -264,7 +264,7 @@ const FLOAT_UNARY: &[OpSpec] = &[
     ),
     op(
         "ltorch.digamma",
-        &["torch.digamma"],
+        &["prims.digamma", "torch.digamma"],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -310,13 +310,41 @@ const SAME_UNARY: &[OpSpec] = &[
         Promote,
         a,
     ),
-    op("ltorch.floor", &["torch.floor"], Pure, "a, /", Promote, a),
-    op("ltorch.ceil", &["torch.ceil"], Pure, "a, /", Promote, a),
-    op("ltorch.round", &["torch.round"], Pure, "a, /", Promote, a),
-    op("ltorch.trunc", &["torch.trunc"], Pure, "a, /", Promote, a),
+    op(
+        "ltorch.floor",
+        &["prims.floor", "torch.floor"],
+        Pure,
+        "a, /",
+        Promote,
+        a,
+    ),
+    op(
+        "ltorch.ceil",
+        &["prims.ceil", "torch.ceil"],
+        Pure,
+        "a, /",
+        Promote,
+        a,
+    ),
+    op(
+        "ltorch.round",
+        &["prims.round", "torch.round"],
+        Pure,
+        "a, /",
+        Promote,
+        a,
+    ),
+    op(
+        "ltorch.trunc",
+        &["prims.trunc", "torch.trunc"],
+        Pure,
+        "a, /",
+        Promote,
+        a,
+    ),
     op(
         "ltorch.bitwise_not",
-        &["torch.bitwise_not"],
+        &["prims.bitwise_not", "torch.bitwise_not"],
         Pure,
         "a, /",
         Promote,
@@ -330,13 +358,20 @@ const PREDICATES: &[OpSpec] = &[
     op("ltorch.isinf", &["torch.isinf"], Pure, "a, /", Bool, a),
     op(
         "ltorch.isfinite",
-        &["torch.isfinite"],
+        &["prims.isfinite", "torch.isfinite"],
         Pure,
         "a, /",
         Bool,
         a,
     ),
-    op("ltorch.signbit", &["torch.signbit"], Pure, "a, /", Bool, a),
+    op(
+        "ltorch.signbit",
+        &["prims.signbit", "torch.signbit"],
+        Pure,
+        "a, /",
+        Bool,
+        a,
+    ),
     op(
         "ltorch.logical_not",
         &["torch.logical_not"],
@@ -471,13 +506,20 @@ const ARITHMETIC: &[OpSpec] = &[
     ),
     op(
         "ltorch.remainder",
-        &["torch.remainder"],
+        &["prims.remainder", "torch.remainder"],
         Pure,
         "a, b, /",
         Promote,
         ab,
     ),
-    op("ltorch.fmod", &["torch.fmod"], Pure, "a, b, /", Promote, ab),
+    op(
+        "ltorch.fmod",
+        &["prims.fmod", "torch.fmod"],
+        Pure,
+        "a, b, /",
+        Promote,
+        ab,
+    ),
     op(
         "ltorch.pow",
         &["torch.pow", "Tensor.pow", "Tensor.__pow__"],
@@ -528,7 +570,7 @@ const ARITHMETIC: &[OpSpec] = &[
     ),
     op(
         "ltorch.nextafter",
-        &["torch.nextafter"],
+        &["prims.nextafter", "torch.nextafter"],
         Pure,
         "a, b, /",
         Promote,
@@ -536,7 +578,7 @@ const ARITHMETIC: &[OpSpec] = &[
     ),
     op(
         "ltorch.bitwise_and",
-        &["torch.bitwise_and"],
+        &["prims.bitwise_and", "torch.bitwise_and"],
         Pure,
         "a, b, /",
         Promote,
@@ -544,7 +586,7 @@ const ARITHMETIC: &[OpSpec] = &[
     ),
     op(
         "ltorch.bitwise_or",
-        &["torch.bitwise_or"],
+        &["prims.bitwise_or", "torch.bitwise_or"],
         Pure,
         "a, b, /",
         Promote,
@@ -552,7 +594,7 @@ const ARITHMETIC: &[OpSpec] = &[
     ),
     op(
         "ltorch.bitwise_left_shift",
-        &["torch.bitwise_left_shift"],
+        &["prims.bitwise_left_shift", "torch.bitwise_left_shift"],
         Pure,
         "a, b, /",
         Promote,
@@ -560,7 +602,7 @@ const ARITHMETIC: &[OpSpec] = &[
     ),
     op(
         "ltorch.bitwise_right_shift",
-        &["torch.bitwise_right_shift"],
+        &["prims.bitwise_right_shift", "torch.bitwise_right_shift"],
         Pure,
         "a, b, /",
         Promote,
@@ -568,7 +610,7 @@ const ARITHMETIC: &[OpSpec] = &[
     ),
     op(
         "ltorch.bitwise_xor",
-        &["torch.bitwise_xor"],
+        &["prims.bitwise_xor", "torch.bitwise_xor"],
         Pure,
         "a, b, /",
         Promote,
@@ -600,7 +642,7 @@ const ARITHMETIC: &[OpSpec] = &[
     ),
     op(
         "ltorch.lerp",
-        &["torch.lerp"],
+        &["prims.lerp", "torch.lerp"],
         Pure,
         "start, end, weight",
         Promote,

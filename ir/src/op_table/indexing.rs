@@ -87,7 +87,7 @@ fn index_vector(cx: &MetaCx, idx: &TensorType) -> Result<usize, String> {
 }
 
 /// `gather(input, dim, index)`: shaped like `index`, `input`'s dtype.
-fn gather(cx: &MetaCx) -> R {
+pub(super) fn gather(cx: &MetaCx) -> R {
     let a = cx.tensor_param("input")?;
     let idx = index_param(cx, "index", &a)?;
     let dim = dim_of(cx, cx.int_param("dim")?, a.shape.len())?;
@@ -97,7 +97,7 @@ fn gather(cx: &MetaCx) -> R {
 
 /// `scatter_add(a, dim, index, src)`: `a`'s type; `index` no larger than `src` anywhere and
 /// than `a` outside `dim`.
-fn scatter_add(cx: &MetaCx) -> R {
+pub(super) fn scatter_add(cx: &MetaCx) -> R {
     let a = cx.tensor_param("a")?;
     let idx = index_param(cx, "index", &a)?;
     let src = values_param(cx, "src", &a)?;
@@ -116,7 +116,7 @@ fn scatter_add(cx: &MetaCx) -> R {
 
 /// `index_select(a, dim, index)`: `a` with `dim` resized to the number of indices (a 0-d `a`
 /// stays 0-d).
-fn index_select(cx: &MetaCx) -> R {
+pub(super) fn index_select(cx: &MetaCx) -> R {
     let a = cx.tensor_param("a")?;
     let idx = index_param(cx, "index", &a)?;
     let dim = dim_of(cx, cx.int_param("dim")?, a.shape.len())?;
@@ -134,7 +134,7 @@ fn index_select(cx: &MetaCx) -> R {
 
 /// `index_add(a, dim, index, source)`: `a`'s type; `source` is `a` with `dim` resized to the
 /// number of indices.
-fn index_add(cx: &MetaCx) -> R {
+pub(super) fn index_add(cx: &MetaCx) -> R {
     let a = cx.tensor_param("a")?;
     let idx = index_param(cx, "index", &a)?;
     let source = values_param(cx, "source", &a)?;

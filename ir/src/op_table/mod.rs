@@ -17,6 +17,7 @@ pub mod fallback;
 mod fusion;
 mod indexing;
 mod nn;
+mod prims;
 mod python;
 mod reduction;
 mod setitem;
@@ -41,6 +42,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
         vocab::PARTS,
         attention::PARTS,
         setitem::PARTS,
+        prims::PARTS,
     ]
     .into_iter()
     .flatten()

@@ -325,7 +325,7 @@ fn embedding_backward(cx: &MetaCx) -> R {
 
 /// `take_along_dim(a, indices, dim)`: `a`'s values at `indices` along `dim`; the other dims
 /// broadcast. Without `dim`, along the flattened `a`: shaped like `indices`, flattened.
-fn take_along_dim(cx: &MetaCx) -> R {
+pub(super) fn take_along_dim(cx: &MetaCx) -> R {
     let a = cx.tensor_param("a")?;
     let idx = cx.tensor_param("indices")?;
     if idx.dtype.is_float() || idx.dtype == DType::Bool {
@@ -515,7 +515,7 @@ const OPS: &[OpSpec] = &[
     op("ltorch.adaptive_avg_pool2d", &["torch.nn.functional.adaptive_avg_pool2d"], Pure, "a, /, output_size", First, adaptive_avg_pool2d),
     op("ltorch.adaptive_avg_pool2d_backward", &["torch.torch.ops.aten._adaptive_avg_pool2d_backward", "torch.ops.aten._adaptive_avg_pool2d_backward"], Pure, "grad, a", First, adaptive_avg_pool2d_backward),
     op("ltorch.embedding", &["torch.nn.functional.embedding"], Pure, "a, /, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False", Meta, embedding),
-    op("ltorch.embedding_backward", &["torch.torch.ops.aten.embedding_backward", "torch.ops.aten.embedding_backward"], Pure, "grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse", First, embedding_backward),
+    op("ltorch.embedding_backward", &["prims.embedding_backward", "torch.torch.ops.aten.embedding_backward", "torch.ops.aten.embedding_backward"], Pure, "grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse", First, embedding_backward),
     op("ltorch.layer_norm", &["torch.nn.functional.layer_norm"], Pure, "a, /, normalized_shape, weight=None, bias=None, eps=1e-05", First, like_input),
     op("ltorch.rms_norm", &["torch.nn.functional.rms_norm"], Pure, "a, /, normalized_shape, weight=None, eps=None", First, like_input),
     op("ltorch.batch_norm", &["torch.nn.functional.batch_norm"], Pure, "a, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05", First, like_input),

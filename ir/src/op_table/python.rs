@@ -58,7 +58,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         ops::COPY,
-        &["copy_"],
+        &["copy_", "prims.copy_"],
         SideEffect,
         "copy_from, copy_to, /, *, grad_enabled=False",
         First,
@@ -66,7 +66,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         ops::UPDATE_ALIASES,
-        &["update_aliases"],
+        &["update_aliases", "prims.update_aliases"],
         SideEffect,
         "aliases, /",
         Meta,

@@ -238,7 +238,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.prod",
-        &["torch.prod", "torch._refs.prod"],
+        &["prims.prod", "torch.prod", "torch._refs.prod"],
         Pure,
         "a, /, dim=None, keepdim=False, *, dtype=None",
         Meta,
@@ -278,7 +278,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.var",
-        &["torch.var"],
+        &["prims.var", "torch.var"],
         Pure,
         "a, /, dim=None, *, keepdim=False, correction=1",
         Meta,
@@ -286,7 +286,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.std",
-        &["torch.std"],
+        &["prims.std", "torch.std"],
         Pure,
         "a, /, dim=None, *, keepdim=False, correction=1",
         Meta,
@@ -302,7 +302,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.argmax",
-        &["torch.argmax"],
+        &["prims.argmax", "torch.argmax"],
         Pure,
         "a, /, dim=None, keepdim=False",
         Meta,
@@ -310,7 +310,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.argmin",
-        &["torch.argmin"],
+        &["prims.argmin", "torch.argmin"],
         Pure,
         "a, /, dim=None, keepdim=False",
         Meta,
@@ -354,7 +354,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.topk",
-        &["torch.topk"],
+        &["prims.topk", "torch.topk"],
         Pure,
         "a, /, k, dim=None, largest=True, sorted=True",
         Meta,
@@ -362,7 +362,7 @@ const OPS: &[OpSpec] = &[
     ),
     op(
         "ltorch.sort",
-        &["torch.sort"],
+        &["prims.sort", "torch.sort"],
         Pure,
         "a, /, dim=None, descending=False, stable=False",
         Meta,

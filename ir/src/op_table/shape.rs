@@ -47,6 +47,27 @@ fn reshape(cx: &MetaCx) -> R {
     one(t.with_shape(shape))
 }
 
+/// `view(a, *shape)`, or `view(a, dtype)`: the same bits read as `dtype` (Thunder's
+/// `prims.bitcast`), which keeps the shape when the widths agree.
+fn view(cx: &MetaCx) -> R {
+    let to = match cx.opt("shape") {
+        Some(Arg::Tuple(items)) if items.len() == 1 => match &items[0] {
+            Arg::DType(d, _) => Some(*d),
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(to) = to else { return reshape(cx) };
+    let t = cx.tensor_param("a")?;
+    if to.size_bytes() != t.dtype.size_bytes() {
+        return Err(format!(
+            "{}: viewing {} as {to} changes the element width; tracepass reads only views of one width",
+            cx.op, t.dtype
+        ));
+    }
+    one(TensorType::new(&t.shape, to, t.device))
+}
+
 /// `prims.reshape(a, shape)`: the exact shape.
 fn prims_reshape(cx: &MetaCx) -> R {
     let t = cx.tensor_param("a")?;
@@ -664,12 +685,12 @@ fn type_as(cx: &MetaCx) -> R {
 
 const OPS: &[OpSpec] = &[
     op("ltorch.reshape", &["torch.reshape", "Tensor.reshape"], Pure, "a, /, *shape", First, reshape),
-    op("ltorch.view", &["Tensor.view"], Pure, "a, /, *shape", First, reshape),
+    op("ltorch.view", &["prims.view", "Tensor.view"], Pure, "a, /, *shape", Meta, view),
     op("prims.reshape", &["torch_prims_reshape_impl"], Pure, "a, /, shape", First, prims_reshape),
     op("ltorch.expand", &["Tensor.expand", "torch.expand"], Pure, "a, /, *shape", First, expand),
     op("ltorch.unsqueeze", &["torch.unsqueeze", "Tensor.unsqueeze"], Pure, "a, /, dim", First, unsqueeze),
-    op("ltorch.squeeze", &["torch.squeeze", "Tensor.squeeze"], Pure, "a, /, dim=None", First, squeeze),
-    op("ltorch.flip", &["torch.flip"], Pure, "a, /, *dims", First, flip),
+    op("ltorch.squeeze", &["prims.squeeze", "torch.squeeze", "Tensor.squeeze"], Pure, "a, /, dim=None", First, squeeze),
+    op("ltorch.flip", &["prims.flip", "torch.flip"], Pure, "a, /, *dims", First, flip),
     op("ltorch.triu", &["torch.triu", "Tensor.triu"], Pure, "a, /, diagonal=0, *, fill_value=None", First, triangle),
     op("ltorch.tril", &["torch.tril", "Tensor.tril"], Pure, "a, /, diagonal=0, *, fill_value=None", First, triangle),
     op("ltorch.pixel_shuffle", &["torch.nn.functional.pixel_shuffle", "torch.pixel_shuffle"], Pure, "input, upscale_factor", First, pixel_shuffle),
@@ -681,7 +702,7 @@ const OPS: &[OpSpec] = &[
     op("prims.transpose", &[], Pure, "a, /, permutation", First, prims_transpose),
     op("ltorch.transpose", &["torch.transpose", "Tensor.transpose"], Pure, "a, /, dim0, dim1", First, transpose),
     op("ltorch.flatten", &["torch.flatten"], Pure, "a, /, start_dim=0, end_dim=-1", First, flatten),
-    op("ltorch.cat", &["torch.cat"], Pure, "tensors, dim=0", Meta, cat),
+    op("ltorch.cat", &["prims.cat", "torch.cat"], Pure, "tensors, dim=0", Meta, cat),
     op("ltorch.stack", &["torch.stack"], Pure, "tensors, dim=0", Meta, stack),
     op("ltorch.split", &["torch.split"], Pure, "a, size_or_sections, /, dim=0", First, split),
     op("ltorch.chunk", &["torch.chunk"], Pure, "a, chunks, /, dim=0", First, chunk),
@@ -689,7 +710,7 @@ const OPS: &[OpSpec] = &[
     op("prims.pad", &["torch_pad_prim_impl"], Pure, "a, /, padding_value, padding_config", First, pad),
     op("ltorch.getitem", &["Tensor.__getitem__"], Pure, "a, /, key", First, getitem),
     op("ltorch.contiguous", &["Tensor.contiguous", "torch.contiguous"], Pure, "a, /, *, memory_format=None", First, identity),
-    op("ltorch.clone", &["torch.clone", "Tensor.clone"], Pure, "a, /, *, memory_format=None", First, identity),
+    op("ltorch.clone", &["prims.clone", "torch.clone", "Tensor.clone"], Pure, "a, /, *, memory_format=None", First, identity),
     op("prims.shallow_copy", &["shallow_copy"], Pure, "a, /", First, identity),
     op("ltorch.to", &["Tensor.to", "torch.Tensor.to", "torch.to"], Pure, "a, tensor_dtype_or_device=None, optional_positional_dtype=None, /, *, device=None, dtype=None, copy=False, memory_format=None", Meta, to),
     op("prims.convert_element_type", &[], Pure, "a, /, dtype", Meta, convert),

@@ -41,7 +41,11 @@ const SPECIAL: &[OpSpec] = &[
     ),
     op(
         "ltorch.erfcinv",
-        &["torch_erfcinv_impl", "torch.special.erfcinv"],
+        &[
+            "prims.erfcinv",
+            "torch_erfcinv_impl",
+            "torch.special.erfcinv",
+        ],
         Pure,
         "a, /",
         PromoteToFloat,
@@ -49,13 +53,20 @@ const SPECIAL: &[OpSpec] = &[
     ),
     op(
         "ltorch.ndtri",
-        &["torch.special.ndtri"],
+        &["prims.ndtri", "torch.special.ndtri"],
         Pure,
         "a, /",
         PromoteToFloat,
         a,
     ),
-    op("ltorch.frexp", &["torch.frexp"], Pure, "a, /", Meta, frexp),
+    op(
+        "ltorch.frexp",
+        &["prims.frexp", "torch.frexp"],
+        Pure,
+        "a, /",
+        Meta,
+        frexp,
+    ),
     op(
         "ltorch.log_sigmoid_backward",
         &["torch.ops.aten.log_sigmoid_backward"],
@@ -85,7 +96,7 @@ fn bitcast(cx: &MetaCx) -> R {
 
 /// `index_copy(a, dim, index, source)` and `index_put(a, indices, values, accumulate)`:
 /// shaped and typed like `a`.
-fn like_a(cx: &MetaCx) -> R {
+pub(super) fn like_a(cx: &MetaCx) -> R {
     crate::meta::one(cx.tensor_param("a")?)
 }
 
@@ -116,7 +127,7 @@ const INDEXING: &[OpSpec] = &[
     ),
     op(
         "ltorch.index_put",
-        &["torch.index_put", "Tensor.index_put"],
+        &["prims.index_put", "torch.index_put", "Tensor.index_put"],
         Pure,
         "a, indices, values, accumulate=False, /",
         First,
@@ -167,7 +178,7 @@ const MORE: &[OpSpec] = &[
     ),
     op(
         "ltorch.zeta",
-        &["torch.special.zeta"],
+        &["prims.zeta", "torch.special.zeta"],
         Pure,
         "a, b, /",
         PromoteToFloat,
@@ -184,8 +195,8 @@ fn item(cx: &MetaCx) -> R {
             cx.op, t.shape
         ));
     }
+    // Thunder 0.2.6 types a bool tensor's item as `int` (Python's bool is an int)
     let ty = match t.dtype {
-        DType::Bool => Type::Bool(None),
         d if d.is_float() => Type::Float(None),
         _ => Type::Int(None),
     };
@@ -234,7 +245,7 @@ fn randint(cx: &MetaCx) -> R {
 const TENSOR_METHODS: &[OpSpec] = &[
     op(
         "ltorch.item",
-        &["Tensor.item", "torch.Tensor.item"],
+        &["prims.item", "Tensor.item", "torch.Tensor.item"],
         Pure,
         "a, /",
         Meta,
@@ -242,7 +253,7 @@ const TENSOR_METHODS: &[OpSpec] = &[
     ),
     op(
         "ltorch.unfold",
-        &["Tensor.unfold", "torch.Tensor.unfold"],
+        &["prims.unfold", "Tensor.unfold", "torch.Tensor.unfold"],
         Pure,
         "a, dimension, size, step, /",
         First,
@@ -250,7 +261,7 @@ const TENSOR_METHODS: &[OpSpec] = &[
     ),
     op(
         "ltorch.randint",
-        &["torch.randint"],
+        &["prims.randint", "torch.randint"],
         Random,
         "low, high, size=None, /, *, generator=None, out=None, dtype=None, layout=None, \
          device=None, requires_grad=False",

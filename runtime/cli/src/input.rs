@@ -28,7 +28,30 @@ pub fn load_module(path: &Path) -> Result<Module> {
             path.display()
         );
     }
-    Ok(fsio::load_with(path, registry())?)
+    let m = fsio::load_with(path, registry())?;
+    note_decompositions(path, &m);
+    Ok(m)
+}
+
+/// Says on stderr which ops of `m` were read through Thunder's printed decomposition (ops
+/// tracepass has no entry for), so that nothing is read differently from how it was printed
+/// without a word.
+pub fn note_decompositions(path: &Path, m: &Module) {
+    let traces: Vec<&Trace> = match m {
+        Module::Trace(t) => vec![t],
+        Module::Program(p) => vec![&p.forward, &p.backward],
+    };
+    for t in traces {
+        for p in &t.provenance {
+            if let Some(ops) = p.pass.strip_prefix(tracepass_ir::decomposition::PROVENANCE) {
+                eprintln!(
+                    "note: {}: `{}`: read through Thunder's printed decomposition: {ops}",
+                    path.display(),
+                    t.name
+                );
+            }
+        }
+    }
 }
 
 /// Refuses a path that names nothing, before its extension is looked at (a missing folder would
@@ -106,7 +129,9 @@ fn load_trace(path: &Path, forward: bool) -> Result<Trace> {
             path.display()
         );
     }
-    Ok(match fsio::load_with(path, registry())? {
+    let m = fsio::load_with(path, registry())?;
+    note_decompositions(path, &m);
+    Ok(match m {
         Module::Trace(t) => t,
         Module::Program(p) if forward => p.forward,
         Module::Program(p) => p.backward,

@@ -114,6 +114,7 @@ pub fn run(file: &Path) -> Result<()> {
         }
     }
     let m = fsio::load_with(file, crate::input::registry())?;
+    crate::input::note_decompositions(file, &m);
     let traces = match &m {
         Module::Trace(t) => vec![t],
         Module::Program(p) => vec![&p.forward, &p.backward],

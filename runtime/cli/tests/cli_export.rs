@@ -122,11 +122,25 @@ fn unknown_ops_are_listed_or_kept_opaque_on_request() {
     let dir = tempfile::tempdir().unwrap();
     let src = std::fs::read_to_string(model("mlp").join("forward.trace")).unwrap();
     let bad = dir.path().join("f.trace");
-    std::fs::write(
-        &bad,
-        src.replace("torch.nn.functional.silu", "torch.nn.functional.swish"),
-    )
-    .unwrap();
+    // an op tracepass has no entry for is read through Thunder's printed decomposition, and
+    // the command says so
+    let renamed = src.replace("torch.nn.functional.silu", "torch.nn.functional.swish");
+    std::fs::write(&bad, &renamed).unwrap();
+    let o = run(&["verify", bad.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let note = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        note.contains(
+            "read through Thunder's printed decomposition: `torch.nn.functional.swish` (lines 132, 276)"
+        ),
+        "{note}"
+    );
+    // without a decomposition it is an unknown op
+    let bare: Vec<&str> = renamed
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("# t") || !l.starts_with("    "))
+        .collect();
+    std::fs::write(&bad, bare.join("\n") + "\n").unwrap();
     let o = run(&["verify", bad.to_str().unwrap()]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);

@@ -14,6 +14,7 @@ use crate::exec::kernel::{
 use std::collections::HashMap;
 
 mod attention;
+mod prims;
 mod setitem;
 mod vocab;
 use std::sync::OnceLock;
@@ -318,6 +319,15 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.gather", Cpu(gather)),
         ("ltorch.scatter_add", Cpu(scatter_add)),
         ("ltorch.index_select", Cpu(index_select)),
+        ("prims.broadcast_in_dim", Cpu(prims::broadcast_in_dim)),
+        ("prims.iota", Cpu(prims::iota)),
+        ("prims.take", Cpu(prims::take)),
+        ("prims.take_along_axis", Cpu(prims::take_along_axis)),
+        ("prims.gather", Cpu(prims::gather)),
+        ("prims.scatter_add", Cpu(prims::scatter_add)),
+        ("prims.index_add", Cpu(prims::index_add)),
+        ("prims.index_copy", Cpu(prims::index_copy)),
+        ("prims.scatter", Cpu(prims::scatter)),
         ("ltorch.index_add", Cpu(index_add)),
         ("ltorch.nll_loss_backward", Cpu(nll_loss_backward)),
         (
@@ -383,7 +393,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.argsort", Cpu(|o| sort(o, true))),
         // ----- shapes and layout -----
         ("ltorch.reshape", Cpu(reshape)),
-        ("ltorch.view", Cpu(reshape)),
+        ("ltorch.view", Cpu(view)),
         ("prims.reshape", Cpu(reshape)),
         ("ltorch.flatten", Cpu(reshape)),
         ("ltorch.expand", Cpu(expand)),
@@ -872,6 +882,14 @@ fn float_class(o: &mut Ops<'_>, inf: bool) -> Result<Kernel, String> {
         b: Side::Scalar(f64::INFINITY),
     });
     Ok(Kernel::Unary(UnaryOp::Abs))
+}
+
+/// `view(a, *shape)`, or `view(a, dtype)`, which is `bitcast(a, dtype)`.
+fn view(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    match o.arg(1, "shape") {
+        Some(Arg::DType(..)) => bitcast(o),
+        _ => reshape(o),
+    }
 }
 
 /// `bitcast(a, dtype)`: to its own dtype it is the identity; between dtypes of one width the
