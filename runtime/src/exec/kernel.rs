@@ -204,6 +204,13 @@ pub enum Kernel {
         dim: usize,
         log: bool,
     },
+    /// `logsumexp(a, dims, keepdim)` into the float `dtype` (`exec/logsumexp.rs`: PyTorch's
+    /// composition of amax, exp, sum and log).
+    Logsumexp {
+        dims: Vec<usize>,
+        keepdim: bool,
+        dtype: DType,
+    },
     /// `torch.convolution`, not transposed; inputs `x, w[, bias]`.
     Convolution {
         stride: Vec<i64>,
@@ -656,6 +663,7 @@ impl Kernel {
             | Kernel::Slice { .. }
             | Kernel::Split { .. } => 0.0,
             Kernel::Reduce { .. } => inputs.first().map(|s| numel(s)).unwrap_or(0.0),
+            Kernel::Logsumexp { .. } => 4.0 * inputs.first().map(|s| numel(s)).unwrap_or(0.0),
             _ => numel(out),
         }
     }
