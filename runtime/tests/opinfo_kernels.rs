@@ -458,3 +458,195 @@ def computation(t_0, t_1):
     assert_eq!(out["t63"].to_bool_vec(), vec![true, false]);
     assert_eq!(out["t63"].shape(), &[2, 1]);
 }
+
+fn grouped_mm(a: &Tensor, b: &Tensor, offsets: Option<&[i32]>) -> Result<Tensor, String> {
+    match offsets {
+        Some(o) => {
+            let offs = Tensor::new(vec![o.len()], Storage::I32(o.to_vec()));
+            run(&Kernel::GroupedMm { offsets: true }, &[a, b, &offs])
+        }
+        None => run(&Kernel::GroupedMm { offsets: false }, &[a, b]),
+    }
+}
+
+/// `x[r0..r1, c0..c1] @ y[k..]` of row-major matrices as f64: the definition each group's
+/// product is checked against.
+fn mm(
+    x: &[f64],
+    xcols: usize,
+    rows: (usize, usize),
+    inner: (usize, usize),
+    y: &[f64],
+    ycols: usize,
+) -> Vec<f64> {
+    let mut out = vec![0.0; (rows.1 - rows.0) * ycols];
+    for r in rows.0..rows.1 {
+        for c in 0..ycols {
+            out[(r - rows.0) * ycols + c] = (inner.0..inner.1)
+                .map(|k| x[r * xcols + k] * y[(k - inner.0) * ycols + c])
+                .sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn grouped_mm_multiplies_each_group_as_pytorch() {
+    // torch: _grouped_mm(a, b, offs=[1, 4]) of these (f32; the offsets' first group one row)
+    let a = Tensor::from_f32(
+        vec![4, 4],
+        vec![
+            1., 2., 1., 2., 3., 4., 3., 4., 5., 6., 5., 6., 7., 8., 7., 8.,
+        ],
+    );
+    let b = Tensor::from_f32(vec![2, 4, 4], (0..32).map(|v| v as f32 / 8.0).collect());
+    let got = grouped_mm(&a, &b, Some(&[1, 4])).unwrap();
+    assert_eq!(got.shape(), &[4, 4]);
+    assert_eq!(
+        got.to_f32_vec(),
+        vec![
+            5.0, 5.75, 6.5, 7.25, 39.0, 40.75, 42.5, 44.25, 61.0, 63.75, 66.5, 69.25, 83.0, 86.75,
+            90.5, 94.25
+        ]
+    );
+    // every layout against the definition, in bf16 (f32 accumulation, rounded once)
+    let (m, k, n, g) = (6usize, 8usize, 5usize, 3usize);
+    let bf = |shape: Vec<usize>, seed| {
+        let n: usize = shape.iter().product();
+        let t = Tensor::from_f64(shape, values(n, seed))
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let held = t.to_f64_vec();
+        (t, held)
+    };
+    let close = |got: &Tensor, want: &[f64], what: &str| {
+        assert_eq!(got.dtype(), DType::BF16, "{what}");
+        for (i, (x, w)) in got.to_f64_vec().iter().zip(want).enumerate() {
+            assert!(
+                (x - w).abs() <= 8e-3 * (1.0 + w.abs()),
+                "{what}[{i}]: {x} vs {w}"
+            );
+        }
+    };
+    // rows grouped: (m, k) x (G, k, n), rows 5.. uncovered (0)
+    let (a, av) = bf(vec![m, k], 1);
+    let (b, bv) = bf(vec![g, k, n], 2);
+    let got = grouped_mm(&a, &b, Some(&[2, 2, 5])).unwrap();
+    let mut want = mm(&av, k, (0, 2), (0, k), &bv[..k * n], n);
+    want.extend(mm(&av, k, (2, 5), (0, k), &bv[2 * k * n..], n));
+    want.extend(vec![0.0; n]);
+    assert_eq!(got.shape(), &[m, n]);
+    close(&got, &want, "rows");
+    // columns grouped: (G, m, k) x (k, n)
+    let (a3, a3v) = bf(vec![g, m, k], 3);
+    let (b2, b2v) = bf(vec![k, n], 4);
+    let got = grouped_mm(&a3, &b2, Some(&[1, 1, 4])).unwrap();
+    let cols = |gi: usize, c0: usize, c1: usize| -> Vec<f64> {
+        let ysub: Vec<f64> = (0..k)
+            .flat_map(|r| b2v[r * n + c0..r * n + c1].to_vec())
+            .collect();
+        mm(
+            &a3v[gi * m * k..(gi + 1) * m * k],
+            k,
+            (0, m),
+            (0, k),
+            &ysub,
+            c1 - c0,
+        )
+    };
+    let (c0, c2) = (cols(0, 0, 1), cols(2, 1, 4));
+    let want: Vec<f64> = (0..m)
+        .flat_map(|r| {
+            let mut row = vec![c0[r]];
+            row.extend(&c2[r * 3..r * 3 + 3]);
+            row.push(0.0);
+            row
+        })
+        .collect();
+    assert_eq!(got.shape(), &[m, n]);
+    close(&got, &want, "columns");
+    // inner dimension grouped: (m, k) x (k, n) -> (G, m, n), an empty group all 0
+    let (b2k, b2kv) = bf(vec![k, n], 5);
+    let got = grouped_mm(&a, &b2k, Some(&[3, 3, 8])).unwrap();
+    let mut want = mm(&av, k, (0, m), (0, 3), &b2kv[..3 * n], n);
+    want.extend(vec![0.0; m * n]);
+    want.extend(mm(&av, k, (0, m), (3, 8), &b2kv[3 * n..], n));
+    assert_eq!(got.shape(), &[g, m, n]);
+    close(&got, &want, "inner");
+    // no offsets: a batched product
+    let (b3, b3v) = bf(vec![g, k, n], 6);
+    let got = grouped_mm(&a3, &b3, None).unwrap();
+    let want: Vec<f64> = (0..g)
+        .flat_map(|gi| {
+            mm(
+                &a3v[gi * m * k..(gi + 1) * m * k],
+                k,
+                (0, m),
+                (0, k),
+                &b3v[gi * k * n..(gi + 1) * k * n],
+                n,
+            )
+        })
+        .collect();
+    close(&got, &want, "batched");
+    // offsets that decrease or run past the grouped dimension are refused
+    assert!(grouped_mm(&a, &b, Some(&[4, 2, 5])).is_err());
+    assert!(grouped_mm(&a, &b, Some(&[2, 4, 7])).is_err());
+}
+
+#[test]
+fn thunders_grouped_mm_statement_parses_verifies_and_runs() {
+    // as Thunder 0.2.6 prints it (testdata/opinfo/_grouped_mm/bf16-0)
+    let text = r#"import torch
+
+@torch.no_grad()
+def computation(t_0, t_1, t_2):
+  # t_0: "cpu bf16[16, 32]"
+  # t_1: "cpu bf16[2, 32, 64]"
+  # t_2: "cpu i32[2]"
+  t4 = torch._grouped_mm(t_0, t_1, t_2)  # t4: "cpu bf16[16, 64]"
+  return (t4,)
+"#;
+    let trace = parse_trace(text).expect("parses");
+    tracepass_ir::verify(&trace).expect("verifies");
+    // the meta refuses what PyTorch refuses: mismatched groups, offsets of another dtype
+    for bad in [
+        text.replace("bf16[2, 32, 64]", "bf16[3, 32, 64]"),
+        text.replace("i32[2]", "i64[2]"),
+        text.replace("t4: \"cpu bf16[16, 64]", "t4: \"cpu bf16[16, 32]"),
+    ] {
+        let refused = parse_trace(&bad).map(|t| tracepass_ir::verify(&t).is_err());
+        assert!(refused.unwrap_or(true), "accepted:\n{bad}");
+    }
+    let mut inputs = Named::new();
+    let a = Tensor::from_f64(vec![16, 32], values(512, 11))
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let b = Tensor::from_f64(vec![2, 32, 64], values(4096, 12))
+        .to_dtype(DType::BF16)
+        .unwrap();
+    inputs.insert("t_0".into(), a.clone());
+    inputs.insert("t_1".into(), b.clone());
+    inputs.insert(
+        "t_2".into(),
+        Tensor::new(vec![2], Storage::I32(vec![0, 16])),
+    );
+    let group = ThreadGroup::new(1, CommOptions::default());
+    let mut comm = group.comm(0);
+    let out = run_trace(
+        &CpuBackend,
+        &mut comm,
+        &trace,
+        &inputs,
+        RunOptions::default(),
+    )
+    .expect("runs");
+    // the first group is empty: every row is a @ b[1]
+    let (av, bv) = (a.to_f64_vec(), b.to_f64_vec());
+    let want = mm(&av, 32, (0, 16), (0, 32), &bv[32 * 64..], 64);
+    let got = out["t4"].to_f64_vec();
+    assert_eq!(out["t4"].shape(), &[16, 64]);
+    for (x, w) in got.iter().zip(&want) {
+        assert!((x - w).abs() <= 8e-3 * (1.0 + w.abs()), "{x} vs {w}");
+    }
+}

@@ -567,6 +567,7 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::AdaptiveAvgPool1dBackward
         | Kernel::Lerp { .. }
         | Kernel::Logsumexp { .. }
+        | Kernel::GroupedMm { .. }
         | Kernel::Ldexp { .. }
         | Kernel::Addcmul { .. }
         | Kernel::Clamp { .. }
@@ -626,6 +627,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::AdaptiveAvgPool1dBackward
             | Kernel::Lerp { .. }
             | Kernel::Logsumexp { .. }
+            | Kernel::GroupedMm { .. }
             | Kernel::Ldexp { .. }
             | Kernel::Addcmul { .. }
             | Kernel::Clamp { .. }

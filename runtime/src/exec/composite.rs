@@ -43,6 +43,7 @@ pub(crate) fn run<B: Backend>(
         .or_else(|| crate::exec::bool_ops::run(backend, kernel, inputs))
         .or_else(|| crate::exec::logsumexp::run(backend, kernel, inputs))
         .or_else(|| crate::exec::nextafter::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::grouped_mm::run(backend, kernel, inputs))
     {
         return Some(r);
     }

@@ -204,6 +204,11 @@ pub enum Kernel {
         dim: usize,
         log: bool,
     },
+    /// `torch._grouped_mm(a, b, offsets)`: inputs `a, b` and, when `offsets`, the int32
+    /// cumulative group ends (`exec/grouped_mm.rs`).
+    GroupedMm {
+        offsets: bool,
+    },
     /// `logsumexp(a, dims, keepdim)` into the float `dtype` (`exec/logsumexp.rs`: PyTorch's
     /// composition of amax, exp, sum and log).
     Logsumexp {
@@ -628,7 +633,7 @@ impl Kernel {
     pub fn flops(&self, inputs: &[&[usize]], out: &[usize]) -> f64 {
         let numel = |s: &[usize]| s.iter().product::<usize>() as f64;
         match self {
-            Kernel::Matmul | Kernel::Linear { .. } => {
+            Kernel::Matmul | Kernel::Linear { .. } | Kernel::GroupedMm { .. } => {
                 let k = inputs.first().and_then(|s| s.last()).copied().unwrap_or(1) as f64;
                 2.0 * numel(out) * k
             }

@@ -227,6 +227,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.matmul", Cpu(matmul)),
         ("prims.matmul", Cpu(matmul)),
         ("ltorch.bmm", Cpu(matmul)),
+        ("ltorch._grouped_mm", Cpu(grouped_mm)),
         ("ltorch.linear", Cpu(linear)),
         ("prims.linear", Cpu(linear)),
         ("ltorch.convolution", Cpu(convolution)),
@@ -1675,6 +1676,21 @@ fn reduce(o: &mut Ops<'_>, op: ReduceOp) -> Result<Kernel, String> {
         keepdim: o.flag(2, "keepdim")?,
         dtype: o.out(0)?.dtype,
     })
+}
+
+/// `_grouped_mm(a, b, offsets=None, bias=None, dtype=None)`: the meta has refused a bias
+/// and another result dtype.
+fn grouped_mm(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "b")?;
+    let offsets = match o.arg(2, "offsets") {
+        None | Some(Arg::None) => false,
+        Some(_) => {
+            o.tensor(2, "offsets")?;
+            true
+        }
+    };
+    Ok(Kernel::GroupedMm { offsets })
 }
 
 /// `logsumexp(a, dim, keepdim=False)`: the dims as a reduction's, into the meta's float dtype.

@@ -10,6 +10,7 @@ pub(crate) mod composer;
 pub(crate) mod composite;
 pub(crate) mod conv_transpose;
 pub(crate) mod executor;
+pub(crate) mod grouped_mm;
 pub(crate) mod kernel;
 pub(crate) mod kernel_ops;
 pub(crate) mod logsumexp;
