@@ -22,6 +22,54 @@ fn root() -> PathBuf {
     }
 }
 
+/// Samples whose numbers are Thunder's own, not eager PyTorch's: the printed traces round the
+/// halves at other places than PyTorch's kernels, and tracepass runs them as printed. Each was
+/// checked by executing the sample's forward and backward traces with torch (Thunder's torch
+/// executor, as the probe jitted them) on its inputs: that gives tracepass's numbers bit for
+/// bit, and misses PyTorch's by as much. `(op, sample, why)`; the report puts `why` before
+/// the comparison, and a listed sample that stops failing on its numbers fails the test (so
+/// a stale reason is not kept).
+const THUNDERS_NUMBERS: &[(&str, &str, &str)] = &[
+    (
+        "tanh",
+        "f16-0",
+        "Thunder's numbers (its trace runs tanh and its gradient `g * (1 - y*y)` in f32 on the \
+         unrounded `y`; PyTorch's `tanh_backward` reads the f16-rounded output)",
+    ),
+    (
+        "expm1",
+        "bf16-0",
+        "Thunder's numbers (its backward recomputes `expm1(x) + 1` in f32; PyTorch's gradient \
+         reads the bf16-rounded output)",
+    ),
+    (
+        "softmin",
+        "f16-0",
+        "Thunder's numbers (its backward is softmax's gradient as four f16 ops, each rounded; \
+         PyTorch's `_softmax_backward_data` accumulates in f32 and rounds once)",
+    ),
+    (
+        "scaled_dot_product_attention",
+        "f16-0",
+        "Thunder's numbers (its trace scales q and k, then runs matmul, softmax and matmul \
+         with f16 results between them; PyTorch's fused CPU attention accumulates in f32)",
+    ),
+    (
+        "grad_forward_scaled_dot_product_attention",
+        "f16-0",
+        "Thunder's numbers (its trace scales q and k, then runs matmul, softmax and matmul \
+         with f16 results between them; PyTorch's fused CPU attention accumulates in f32)",
+    ),
+];
+
+/// The known reason a sample's numbers differ from PyTorch's, if it has one.
+fn thunders_numbers(op: &str, sample: &str) -> Option<&'static str> {
+    THUNDERS_NUMBERS
+        .iter()
+        .find(|(o, s, _)| *o == op && *s == sample)
+        .map(|(_, _, why)| *why)
+}
+
 /// How far a sample got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Stage {
@@ -438,13 +486,17 @@ fn report(
     let mut failing: Vec<&Outcome> = outcomes.iter().filter(|o| o.stage != Stage::Ok).collect();
     failing.sort_by(|a, b| (dtype_rank(&a.dtype), &a.op).cmp(&(dtype_rank(&b.dtype), &b.op)));
     for o in failing {
+        let reason = match thunders_numbers(&o.op, &o.sample) {
+            Some(why) if o.stage == Stage::Numbers => format!("{why}: {}", o.reason),
+            _ => o.reason.clone(),
+        };
         let _ = writeln!(
             s,
             "| `{}` | {} | {:?} | {} |",
             o.op,
             o.sample,
             o.stage,
-            o.reason.replace('|', "\\|").replace('\n', " ")
+            reason.replace('|', "\\|").replace('\n', " ")
         );
     }
     let _ = writeln!(s, "\n## Samples Thunder cannot jit\n");
@@ -523,6 +575,20 @@ fn opinfo_samples_match_pytorch() {
     let now = floor(&printed);
     let now_prims = floor(&prims);
     eprintln!("{now:?}\nthrough prims: {now_prims:?}");
+    // a known reason for a sample that no longer misses PyTorch's numbers is stale
+    let stale: Vec<String> = THUNDERS_NUMBERS
+        .iter()
+        .filter(|(op, sample, _)| {
+            printed
+                .iter()
+                .any(|o| o.op == *op && o.sample == *sample && o.stage != Stage::Numbers)
+        })
+        .map(|(op, sample, _)| format!("{op}/{sample}"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "THUNDERS_NUMBERS lists samples that no longer fail on their numbers: {stale:?}"
+    );
     if std::env::var_os("TRACEPASS_OPINFO_REPORT").is_some() {
         let report = report(&index, &printed, &now, &prims, &now_prims);
         std::fs::write(root.join("README.md"), report).expect("README");

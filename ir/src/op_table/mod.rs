@@ -15,6 +15,7 @@ mod dist;
 mod elementwise;
 pub mod fallback;
 mod fusion;
+mod grouped_mm;
 mod indexing;
 mod nn;
 mod prims;
@@ -41,6 +42,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
         fusion::PARTS,
         vocab::PARTS,
         attention::PARTS,
+        grouped_mm::PARTS,
         setitem::PARTS,
         prims::PARTS,
     ]

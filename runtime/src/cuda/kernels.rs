@@ -566,6 +566,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::AdaptiveAvgPool1d { .. }
         | Kernel::AdaptiveAvgPool1dBackward
         | Kernel::Lerp { .. }
+        | Kernel::Logsumexp { .. }
+        | Kernel::GroupedMm { .. }
         | Kernel::Ldexp { .. }
         | Kernel::Addcmul { .. }
         | Kernel::Clamp { .. }
@@ -624,6 +626,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::AdaptiveAvgPool1d { .. }
             | Kernel::AdaptiveAvgPool1dBackward
             | Kernel::Lerp { .. }
+            | Kernel::Logsumexp { .. }
+            | Kernel::GroupedMm { .. }
             | Kernel::Ldexp { .. }
             | Kernel::Addcmul { .. }
             | Kernel::Clamp { .. }

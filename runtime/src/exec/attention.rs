@@ -74,9 +74,6 @@ impl<B: Backend> Cx<'_, B> {
     fn permute(&self, x: &B::Tensor, perm: &[usize]) -> R<B::Tensor> {
         self.k(Kernel::Permute(perm.to_vec()), &[x])
     }
-    fn matmul(&self, a: &B::Tensor, b: &B::Tensor) -> R<B::Tensor> {
-        self.k(Kernel::Matmul, &[a, b])
-    }
     /// `a^T @ b` of two matrices.
     fn matmul_tn(&self, a: &B::Tensor, b: &B::Tensor) -> R<B::Tensor> {
         let at = self.permute(a, &[1, 0])?;

@@ -24,6 +24,9 @@ impl<B: Backend> Cx<'_, B> {
         let inputs: Vec<Input<'_, B::Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
         self.b.run(&kernel, &inputs)
     }
+    pub(crate) fn matmul(&self, a: &B::Tensor, b: &B::Tensor) -> R<B::Tensor> {
+        self.k(Kernel::Matmul, &[a, b])
+    }
     pub(crate) fn reshape(&self, x: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
         self.k(Kernel::Reshape(shape.to_vec()), &[x])
     }

@@ -39,7 +39,12 @@ pub(crate) fn run<B: Backend>(
     kernel: &Kernel,
     inputs: &[Input<'_, B::Tensor>],
 ) -> Option<Result<B::Tensor, KernelError>> {
-    if let Some(r) = crate::exec::vocab_composite::run(backend, kernel, inputs) {
+    if let Some(r) = crate::exec::vocab_composite::run(backend, kernel, inputs)
+        .or_else(|| crate::exec::bool_ops::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::logsumexp::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::nextafter::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::grouped_mm::run(backend, kernel, inputs))
+    {
         return Some(r);
     }
     if let Some(r) = crate::exec::setitem::run(backend, kernel, inputs) {

@@ -204,6 +204,18 @@ pub enum Kernel {
         dim: usize,
         log: bool,
     },
+    /// `torch._grouped_mm(a, b, offsets)`: inputs `a, b` and, when `offsets`, the int32
+    /// cumulative group ends (`exec/grouped_mm.rs`).
+    GroupedMm {
+        offsets: bool,
+    },
+    /// `logsumexp(a, dims, keepdim)` into the float `dtype` (`exec/logsumexp.rs`: PyTorch's
+    /// composition of amax, exp, sum and log).
+    Logsumexp {
+        dims: Vec<usize>,
+        keepdim: bool,
+        dtype: DType,
+    },
     /// `torch.convolution`, not transposed; inputs `x, w[, bias]`.
     Convolution {
         stride: Vec<i64>,
@@ -621,7 +633,7 @@ impl Kernel {
     pub fn flops(&self, inputs: &[&[usize]], out: &[usize]) -> f64 {
         let numel = |s: &[usize]| s.iter().product::<usize>() as f64;
         match self {
-            Kernel::Matmul | Kernel::Linear { .. } => {
+            Kernel::Matmul | Kernel::Linear { .. } | Kernel::GroupedMm { .. } => {
                 let k = inputs.first().and_then(|s| s.last()).copied().unwrap_or(1) as f64;
                 2.0 * numel(out) * k
             }
@@ -656,6 +668,7 @@ impl Kernel {
             | Kernel::Slice { .. }
             | Kernel::Split { .. } => 0.0,
             Kernel::Reduce { .. } => inputs.first().map(|s| numel(s)).unwrap_or(0.0),
+            Kernel::Logsumexp { .. } => 4.0 * inputs.first().map(|s| numel(s)).unwrap_or(0.0),
             _ => numel(out),
         }
     }

@@ -55,9 +55,6 @@ const NORM: &str = "a normalization composite with no fused CPU kernel: Thunder'
      the corpus decompose it into reductions and elementwise ops, which have kernels";
 const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes the loss outside \
      the traces, and Thunder's traces decompose losses into prims";
-const REDUCTION: &str = "no fused logsumexp kernel (the kernel set reduces by sum, mean, amax, \
-     amin and prod, plus var, std and var_mean; Thunder 0.2.6 traces logsumexp as amax, exp, \
-     sum and log, which run)";
 const POOL: &str = "the CPU pooling kernel is 2-d max pooling with indices \
      (max_pool2d_with_indices, as Thunder's torch executor prints it)";
 
@@ -231,6 +228,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.matmul", Cpu(matmul)),
         ("prims.matmul", Cpu(matmul)),
         ("ltorch.bmm", Cpu(matmul)),
+        ("ltorch._grouped_mm", Cpu(grouped_mm)),
         ("ltorch.linear", Cpu(linear)),
         ("prims.linear", Cpu(linear)),
         ("ltorch.convolution", Cpu(convolution)),
@@ -384,7 +382,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("prims.amin", Cpu(|o| reduce(o, ReduceOp::Amin))),
         ("ltorch.var", Cpu(|o| var(o, false))),
         ("ltorch.std", Cpu(|o| var(o, true))),
-        ("ltorch.logsumexp", Unsupported { reason: REDUCTION }),
+        ("ltorch.logsumexp", Cpu(logsumexp)),
         ("ltorch.argmax", Cpu(|o| arg_extremum(o, true))),
         ("ltorch.argmin", Cpu(|o| arg_extremum(o, false))),
         ("ltorch.cumsum", Cpu(cumsum)),
@@ -1696,6 +1694,38 @@ fn reduce(o: &mut Ops<'_>, op: ReduceOp) -> Result<Kernel, String> {
         keepdim: o.flag(2, "keepdim")?,
         dtype: o.out(0)?.dtype,
     })
+}
+
+/// `_grouped_mm(a, b, offsets=None, bias=None, dtype=None)`: the meta has refused a bias
+/// and another result dtype.
+fn grouped_mm(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    o.tensor(1, "b")?;
+    let offsets = match o.arg(2, "offsets") {
+        None | Some(Arg::None) => false,
+        Some(_) => {
+            o.tensor(2, "offsets")?;
+            true
+        }
+    };
+    Ok(Kernel::GroupedMm { offsets })
+}
+
+/// `logsumexp(a, dim, keepdim=False)`: the dims as a reduction's, into the meta's float dtype.
+fn logsumexp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    match reduce(o, ReduceOp::Sum)? {
+        Kernel::Reduce {
+            dims,
+            keepdim,
+            dtype,
+            ..
+        } => Ok(Kernel::Logsumexp {
+            dims,
+            keepdim,
+            dtype,
+        }),
+        other => Err(format!("logsumexp decoded as {other:?}")),
+    }
 }
 
 /// `cumsum(a, dim, *, dtype=None)`: the output's dtype (the meta's: `dtype=`, else the

@@ -5,14 +5,18 @@
 
 pub(crate) mod attention;
 pub(crate) mod backend;
+pub(crate) mod bool_ops;
 pub(crate) mod composer;
 pub(crate) mod composite;
 pub(crate) mod conv_transpose;
 pub(crate) mod executor;
+pub(crate) mod grouped_mm;
 pub(crate) mod kernel;
 pub(crate) mod kernel_ops;
+pub(crate) mod logsumexp;
 pub(crate) mod memory_plan;
 pub(crate) mod metrics;
+pub(crate) mod nextafter;
 pub(crate) mod plan;
 pub(crate) mod region;
 pub(crate) mod setitem;

@@ -6,7 +6,8 @@
 //! so CPU and CUDA agree by construction.
 //!
 //! The overwriting ops (`index_copy`, `scatter`, `index_put`) count the writes to each place
-//! (adding ones there), clear the places written, then add the new values. With an index that
+//! (adding ones there), add the new values to -0.0 (which copies them exactly, bools too) and
+//! take them where written. With an index that
 //! repeats, PyTorch leaves which write wins unspecified and a sum would be a number no PyTorch
 //! run gives, so a place written twice is refused, naming the op.
 
@@ -321,17 +322,29 @@ impl<B: Backend> Cx<'_, B> {
         }
     }
 
-    /// `a` with the places `mask` marks set to 0.
-    fn cleared(&self, a: &B::Tensor, counts: &B::Tensor) -> R<B::Tensor> {
-        let hit = self.cmp_s(CompareOp::Gt, counts, 0.0)?;
+    /// `a` with the places `counts` marks (written once) replaced by the values `add` (an
+    /// `index_add` or a `scatter_add` kernel) sends there: the values are added to -0.0, the
+    /// identity of IEEE addition, so each is copied as it is (a -0.0 stays -0.0; a bool is
+    /// or-ed with false), then selected where written. A plain copy, in every dtype.
+    fn placed(
+        &self,
+        add: Kernel,
+        a: &B::Tensor,
+        index: &B::Tensor,
+        src: &B::Tensor,
+        counts: &B::Tensor,
+    ) -> R<B::Tensor> {
         let dtype = self.b.dtype(a);
+        let base = self.full(&self.shape(a), -0.0, dtype)?;
+        let values = self.k(add, &[&base, index, src])?;
+        let hit = self.cmp_s(CompareOp::Gt, counts, 0.0)?;
         self.k(
             Kernel::Where {
-                a: Side::Scalar(0.0),
-                b: Side::Input(1),
+                a: Side::Input(1),
+                b: Side::Input(2),
                 dtype,
             },
-            &[&hit, a],
+            &[&hit, &values, a],
         )
     }
 
@@ -346,8 +359,7 @@ impl<B: Backend> Cx<'_, B> {
         let ones = self.full(&self.shape(source), 1.0, DType::F32)?;
         let counts = self.k(Kernel::IndexAdd { dim }, &[&zeros, index, &ones])?;
         self.refuse_repeats("index_copy", &counts)?;
-        let cleared = self.cleared(a, &counts)?;
-        self.k(Kernel::IndexAdd { dim }, &[&cleared, index, source])
+        self.placed(Kernel::IndexAdd { dim }, a, index, source, &counts)
     }
 
     fn scatter(
@@ -364,7 +376,6 @@ impl<B: Backend> Cx<'_, B> {
         let ones = self.full(&at, 1.0, DType::F32)?;
         let counts = self.k(Kernel::ScatterAdd { dim }, &[&zeros, index, &ones])?;
         self.refuse_repeats("scatter", &counts)?;
-        let cleared = self.cleared(a, &counts)?;
         let filled;
         let src = match value {
             Some(v) => {
@@ -373,7 +384,7 @@ impl<B: Backend> Cx<'_, B> {
             }
             None => tensor_at("scatter", inputs, 2)?,
         };
-        self.k(Kernel::ScatterAdd { dim }, &[&cleared, index, src])
+        self.placed(Kernel::ScatterAdd { dim }, a, index, src, &counts)
     }
 
     /// Advanced indexing `a[i0, i1, ...] = values` (or `+=`): the index tensors, wrapped and
