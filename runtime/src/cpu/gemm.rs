@@ -323,8 +323,83 @@ fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     Ok(Tensor::new(shape, T::storage(out)))
 }
 
+/// `a` (`[.., rows, cols]`) broadcast to `batch` and read as i64, row-major.
+fn batched_i64(a: &Tensor, batch: &[usize]) -> Result<Vec<i64>, String> {
+    let r = a.shape().len();
+    let lead = batch.len() + 2 - r;
+    let mut shape = batch.to_vec();
+    shape.extend_from_slice(&a.shape()[r - 2..]);
+    let strides: Vec<isize> = (0..shape.len())
+        .map(|i| match i.checked_sub(lead) {
+            Some(j) if a.shape()[j] == shape[i] => a.strides()[j],
+            _ => 0,
+        })
+        .collect();
+    let view = a.view(shape, strides, a.offset())?;
+    Ok(view.to_i64_vec())
+}
+
+/// Integer `torch.matmul`, as PyTorch's CPU computes it: exact, wrapping on overflow.
+fn matmul_int(a: &Tensor, b: &Tensor, out: DType) -> Result<Tensor, String> {
+    let vec1 = |t: &Tensor, as_row: bool| match t.shape() {
+        [n] if as_row => t.reshape(vec![1, *n]).map(|t| (t, true)),
+        [n] => t.reshape(vec![*n, 1]).map(|t| (t, true)),
+        _ => Ok((t.clone(), false)),
+    };
+    let ((a2, drop_m), (b2, drop_n)) = (vec1(a, true)?, vec1(b, false)?);
+    let (ra, rb) = (a2.shape().len(), b2.shape().len());
+    if ra == 0 || rb == 0 {
+        return Err("matmul of a 0-d tensor".into());
+    }
+    let (m, k) = (a2.shape()[ra - 2], a2.shape()[ra - 1]);
+    let (kb, n) = (b2.shape()[rb - 2], b2.shape()[rb - 1]);
+    if k != kb {
+        return Err(format!(
+            "matmul shapes {:?} and {:?} do not fit",
+            a.shape(),
+            b.shape()
+        ));
+    }
+    let (ba, bb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
+    let batch = tracepass_ir::broadcast_shapes(ba, bb)
+        .ok_or_else(|| format!("matmul batch shapes {ba:?} and {bb:?} do not broadcast"))?;
+    let count: usize = batch.iter().product();
+    let (av, bv) = (batched_i64(&a2, &batch)?, batched_i64(&b2, &batch)?);
+    let mut acc = vec![0i64; count * m * n];
+    for c in 0..count {
+        let (pa, pb) = (
+            &av[c * m * k..(c + 1) * m * k],
+            &bv[c * k * n..(c + 1) * k * n],
+        );
+        let po = &mut acc[c * m * n..(c + 1) * m * n];
+        for i in 0..m {
+            for p in 0..k {
+                let x = pa[i * k + p];
+                for j in 0..n {
+                    po[i * n + j] = po[i * n + j].wrapping_add(x.wrapping_mul(pb[p * n + j]));
+                }
+            }
+        }
+    }
+    let mut shape = batch;
+    if !drop_m {
+        shape.push(m);
+    }
+    if !drop_n {
+        shape.push(n);
+    }
+    finish(Tensor::from_i64(shape, acc), out)
+}
+
 /// `torch.matmul`: 1-d, 2-d and batched operands with broadcast batch dimensions.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+    let promoted = super::elementwise::promote(a.dtype(), b.dtype());
+    if matches!(
+        promoted,
+        DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::U8
+    ) {
+        return matmul_int(a, b, promoted);
+    }
     let (a, b, ct, out) = compute_pair(a, b)?;
     let r = match ct {
         DType::F64 => matmul_typed::<f64>(&a, &b)?,
@@ -431,6 +506,38 @@ mod tests {
         let got = matmul(&batched, &tb).expect("fits");
         assert_eq!(got.shape(), &[2, m, n]);
         assert!(matmul(&tb, &tb).is_err());
+    }
+
+    #[test]
+    fn integer_matmul_is_exact_broadcasts_and_wraps() {
+        // [[1, 2, 3], [4, 5, 6]] @ [[7, 8], [9, 10], [11, 12]] = [[58, 64], [139, 154]]
+        let a = Tensor::from_i64(vec![2, 3], vec![1, 2, 3, 4, 5, 6]);
+        let b = Tensor::from_i64(vec![3, 2], vec![7, 8, 9, 10, 11, 12]);
+        let c = matmul(&a, &b).unwrap();
+        assert_eq!(c.dtype(), DType::I64);
+        assert_eq!(c.shape(), [2, 2]);
+        assert_eq!(c.to_i64_vec(), [58, 64, 139, 154]);
+        // a batch of two against one matrix, and a vector on the right
+        let a2 = Tensor::from_i64(vec![2, 1, 3], vec![1, 2, 3, -1, 0, 1]);
+        let c = matmul(&a2, &b).unwrap();
+        assert_eq!(c.shape(), [2, 1, 2]);
+        assert_eq!(c.to_i64_vec(), [58, 64, 4, 4]);
+        let v = Tensor::from_i64(vec![3], vec![1, 1, 1]);
+        assert_eq!(matmul(&a, &v).unwrap().to_i64_vec(), [6, 15]);
+        // i32 stays i32; products past i64 wrap as PyTorch's do
+        let a32 = a.to_dtype(DType::I32).unwrap();
+        assert_eq!(
+            matmul(&a32, &a32.permute(&[1, 0]).unwrap())
+                .unwrap()
+                .dtype(),
+            DType::I32
+        );
+        let big = Tensor::from_i64(vec![1, 1], vec![i64::MAX]);
+        let two = Tensor::from_i64(vec![1, 1], vec![2]);
+        assert_eq!(matmul(&big, &two).unwrap().to_i64_vec(), [-2]);
+        // empty batches give an empty result
+        let e = Tensor::from_i64(vec![0, 0, 0], vec![]);
+        assert_eq!(matmul(&e, &e).unwrap().shape(), [0, 0, 0]);
     }
 
     #[test]
