@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tracepass_runtime::comm::LinkModel;
 use tracepass_runtime::exec::timeline_json;
+use tracepass_runtime::train::sharded_checkpoint::SaveFormat;
 use tracepass_runtime::train::{
     Fault, LossKind, ModelSource, OptimizerKind, TrainConfig, TrainReport,
 };
@@ -96,6 +97,16 @@ pub struct TrainArgs {
     /// Write a checkpoint (parameters, optimizer state, step) after the last step.
     #[arg(long, value_name = "FILE.safetensors")]
     pub save: Option<PathBuf>,
+    /// The form of --save: `sharded` (a manifest at FILE and one file per rank in FILE.shards/,
+    /// each rank writing only its shards), `whole` (one file of whole tensors), `auto` (sharded
+    /// when --passes shards the run with fsdp, else whole). --resume reads either.
+    #[arg(
+        long,
+        default_value = "auto",
+        value_name = "auto|whole|sharded",
+        requires = "save"
+    )]
+    pub checkpoint_format: String,
     /// Also write the checkpoint every N steps (N >= 1).
     #[arg(long, requires = "save", allow_negative_numbers = true, value_parser = count_from_1)]
     pub save_every: Option<usize>,
@@ -295,6 +306,8 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         fault,
         save: args.save.clone(),
         save_every: args.save_every,
+        save_format: SaveFormat::parse(&args.checkpoint_format)
+            .map_err(|e| anyhow::anyhow!("--checkpoint-format: {e}"))?,
         resume: args.resume.clone(),
         pin_ranks: !args.no_pin_ranks,
         allow_non_finite: args.allow_non_finite,
