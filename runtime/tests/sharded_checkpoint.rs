@@ -297,6 +297,9 @@ fn a_damaged_missing_or_half_written_save_is_refused_and_the_previous_one_still_
         e.contains(&name1) && e.contains("rank 1's file") && e.contains("missing"),
         "{e}"
     );
+    let Err(CheckpointError::MissingShard { rank: 1, .. }) = checkpoint::read(&missing) else {
+        panic!("a missing rank file reads")
+    };
 
     // cut short (a copy that stopped half way)
     let cut = dir.path().join("cut");

@@ -28,6 +28,16 @@ pub enum CheckpointError {
     Format { path: String, what: String },
     #[error("{path}: {what}")]
     Mismatch { path: String, what: String },
+    /// A rank file a sharded checkpoint's manifest names is not there.
+    #[error("{path}: rank {rank}'s file of the sharded checkpoint {manifest} is missing; the checkpoint cannot be loaded without it")]
+    MissingShard {
+        path: String,
+        rank: usize,
+        manifest: String,
+    },
+    /// A file or directory of a checkpoint that cannot be read or written.
+    #[error("{path}: {what}")]
+    Io { path: String, what: String },
     /// A tensor whose bytes changed since it was saved (a flipped bit, a partial copy).
     #[error("{path}: the checkpoint is damaged: {what}; resume from another copy")]
     Corrupt { path: String, what: String },

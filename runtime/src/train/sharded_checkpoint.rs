@@ -156,7 +156,7 @@ fn hyper_params(k: OptimizerKind) -> BTreeMap<String, f64> {
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> CheckpointError {
-    CheckpointError::Mismatch {
+    CheckpointError::Io {
         path: path.display().to_string(),
         what: e.to_string(),
     }
@@ -544,12 +544,10 @@ impl ShardedCheckpoint {
         let path = self.dir.join(&entry.file);
         let p = path.display().to_string();
         if !path.exists() {
-            return Err(CheckpointError::Mismatch {
+            return Err(CheckpointError::MissingShard {
                 path: p,
-                what: format!(
-                    "rank {rank}'s file of the sharded checkpoint {} is missing",
-                    self.path.display()
-                ),
+                rank,
+                manifest: self.path.display().to_string(),
             });
         }
         let f = TensorFile::load(&path)?;
