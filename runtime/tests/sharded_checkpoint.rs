@@ -411,3 +411,43 @@ fn copy_dir(from: &Path, to: &Path) {
         std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
     }
 }
+
+/// Frozen parameters saved whole in rank 0's file (not sharded) resume sharded when the new run
+/// asks (`shard_frozen=true`), and the other way round: each new shard is read from wherever
+/// the saved layout put its ranges.
+#[test]
+fn tensors_saved_whole_resume_sharded_and_the_other_way_round() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let frozen = |ws: usize, shard: bool| {
+        format!("fsdp(world_size={ws},sharding=zero3,bucket_mb=0.01,shard_frozen={shard})")
+    };
+    for (saved, resumed) in [(false, true), (true, false)] {
+        let (ck, whole) = (dir.path().join("ck"), dir.path().join("whole"));
+        let mut first = cfg("mlp-frozen", 2, 3, &frozen(2, saved));
+        first.save = Some(ck.clone());
+        run(&first);
+        first.save = Some(whole.clone());
+        first.save_format = SaveFormat::Whole;
+        run(&first);
+        let got = run(&resume(cfg("mlp-frozen", 4, 6, &frozen(4, resumed)), &ck));
+        let want = run(&resume(
+            cfg("mlp-frozen", 4, 6, &frozen(4, resumed)),
+            &whole,
+        ));
+        assert_same_params(&got, &want, &format!("shard_frozen {saved} -> {resumed}"));
+        // the frozen parameters (their moments never left zero) are exactly as saved
+        let saved_ck = checkpoint::read(&ck).expect("read");
+        let mut frozen_seen = 0;
+        for (name, t) in got.param_names.iter().zip(&got.params[0]) {
+            let still = saved_ck
+                .exp_avg
+                .get(name)
+                .is_some_and(|m| m.to_f64_vec().iter().all(|x| *x == 0.0));
+            if still {
+                frozen_seen += 1;
+                assert!(t.bitwise_eq(&saved_ck.params[name]), "`{name}` changed");
+            }
+        }
+        assert!(frozen_seen > 0, "no frozen parameter");
+    }
+}

@@ -281,6 +281,20 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
             );
         }
     }
+    let save_format = SaveFormat::parse(&args.checkpoint_format)
+        .map_err(|e| anyhow::anyhow!("--checkpoint-format: {e}"))?;
+    let passes = args
+        .passes
+        .as_deref()
+        .map(tracepass_passes::parse_pipeline)
+        .transpose()
+        .context("--passes")?;
+    // checked here too, for --device cuda, whose ranks start in processes of their own
+    if save_format == SaveFormat::Sharded
+        && !tracepass_runtime::train::shards_parameters(passes.as_deref())
+    {
+        bail!("--checkpoint-format sharded: only a sharded run (--passes with fsdp) saves shards; every rank of this run holds the whole model, so save it whole");
+    }
     Ok(TrainConfig {
         model: model_source(args)?,
         world_size: args.world_size,
@@ -296,18 +310,12 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         link,
         collective_timeout,
         timeline: args.timeline.is_some(),
-        passes: args
-            .passes
-            .as_deref()
-            .map(tracepass_passes::parse_pipeline)
-            .transpose()
-            .context("--passes")?,
+        passes,
         keep_all_ranks: false,
         fault,
         save: args.save.clone(),
         save_every: args.save_every,
-        save_format: SaveFormat::parse(&args.checkpoint_format)
-            .map_err(|e| anyhow::anyhow!("--checkpoint-format: {e}"))?,
+        save_format,
         resume: args.resume.clone(),
         pin_ranks: !args.no_pin_ranks,
         allow_non_finite: args.allow_non_finite,
