@@ -96,3 +96,31 @@ def test_a_wrong_file_or_module_is_a_checkpoint_error(trained, tmp_path):
         tp.load_checkpoint(garbage)
     with pytest.raises(tp.CheckpointError, match="does not have"):
         tp.load_checkpoint(ck, module=make_mlp())
+
+
+def test_a_sharded_checkpoint_loads_as_the_whole_one(tmp_path):
+    """An fsdp run saves shards (a manifest and one file per rank); load_checkpoint puts them
+    back together: the same tensors a DDP run of the same steps saves whole."""
+    sharded = tmp_path / "sharded.ck"
+    whole = tmp_path / "whole.safetensors"
+    tp.train(str(NANOGPT), steps=2, world_size=2, save=str(sharded),
+             passes="fsdp(world_size=2,sharding=zero3,bucket_mb=0.01)")
+    assert sharded.read_bytes().startswith(b"{")
+    assert len(list((tmp_path / "sharded.ck.shards").iterdir())) == 2
+    tp.train(str(NANOGPT), steps=2, world_size=2, save=str(whole))
+    model = make_nanogpt()
+    got, got_opt = tp.load_checkpoint(sharded, module=model)
+    result = model.load_state_dict(got, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert got["lm_head.weight"] is got["transformer.wte.weight"]
+    want, want_opt = tp.load_checkpoint(whole)
+    assert got_opt["step"] == want_opt["step"] == 2 and got_opt["world_size"] == 2
+    for name, t in want.items():
+        scale = max(float(t.abs().max()), 1e-30)
+        assert float((got[name] - t).abs().max()) <= 1e-6 * scale, name
+    # a missing rank file is a CheckpointError naming it
+    victim = sorted((tmp_path / "sharded.ck.shards").iterdir())[1]
+    victim.unlink()
+    with pytest.raises(tp.CheckpointError, match="missing") as e:
+        tp.load_checkpoint(sharded)
+    assert victim.name in str(e.value)

@@ -36,6 +36,9 @@ def load_checkpoint(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Reads a tracepass checkpoint: ``(state_dict, optim_state)``.
 
+    ``path`` is a checkpoint file, or the manifest of a sharded one (what a ``fsdp`` run saves:
+    the rank files next to it in ``PATH.shards/`` are read and put back into whole tensors).
+
     ``state_dict`` maps each parameter's and buffer's fully qualified name (``lm_head.weight``)
     to a tensor; tied parameters (``lm_head.weight`` and ``transformer.wte.weight``) are one
     shared tensor, as in the module.

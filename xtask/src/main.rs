@@ -12,6 +12,7 @@ use timing::{
 };
 
 mod alloc_count;
+mod bench_ckpt;
 mod bench_fsdp;
 mod bench_gemm;
 mod bench_mid;
@@ -36,7 +37,8 @@ enum Cmd {
     /// corpus through `opt`), models (the export corpus trained, against PyTorch), scaling
     /// (whole runs at doubling depth and micro-step counts), gemm (GEMM crates on the mid-size
     /// models' shapes), mid (mid-size exports trained, against PyTorch), fsdp (DDP, ZeRO-2 and
-    /// ZeRO-3 steps/s and per-rank state).
+    /// ZeRO-3 steps/s and per-rank state), ckpt (a sharded run's checkpoint saved sharded
+    /// against gathered: time and bytes per rank).
     Bench {
         suite: String,
         /// Largest size in nodes (ir, passes).
@@ -119,9 +121,10 @@ fn main() -> Result<()> {
             "gemm" => bench_gemm::bench_gemm(),
             "mid" => bench_mid::bench_mid(),
             "fsdp" => bench_fsdp::bench_fsdp(),
+            "ckpt" => bench_ckpt::bench_ckpt(),
             other => {
                 bail!(
-                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, scaling, gemm, mid, fsdp"
+                    "unknown suite `{other}`; valid: ir, passes, runtime, overlap, cuda, opt, models, scaling, gemm, mid, fsdp, ckpt"
                 )
             }
         },

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tracepass_runtime::comm::LinkModel;
 use tracepass_runtime::exec::timeline_json;
+use tracepass_runtime::train::sharded_checkpoint::SaveFormat;
 use tracepass_runtime::train::{
     Fault, LossKind, ModelSource, OptimizerKind, TrainConfig, TrainReport,
 };
@@ -96,6 +97,16 @@ pub struct TrainArgs {
     /// Write a checkpoint (parameters, optimizer state, step) after the last step.
     #[arg(long, value_name = "FILE.safetensors")]
     pub save: Option<PathBuf>,
+    /// The form of --save: `sharded` (a manifest at FILE and one file per rank in FILE.shards/,
+    /// each rank writing only its shards), `whole` (one file of whole tensors), `auto` (sharded
+    /// when --passes shards the run with fsdp, else whole). --resume reads either.
+    #[arg(
+        long,
+        default_value = "auto",
+        value_name = "auto|whole|sharded",
+        requires = "save"
+    )]
+    pub checkpoint_format: String,
     /// Also write the checkpoint every N steps (N >= 1).
     #[arg(long, requires = "save", allow_negative_numbers = true, value_parser = count_from_1)]
     pub save_every: Option<usize>,
@@ -270,6 +281,20 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
             );
         }
     }
+    let save_format = SaveFormat::parse(&args.checkpoint_format)
+        .map_err(|e| anyhow::anyhow!("--checkpoint-format: {e}"))?;
+    let passes = args
+        .passes
+        .as_deref()
+        .map(tracepass_passes::parse_pipeline)
+        .transpose()
+        .context("--passes")?;
+    // checked here too, for --device cuda, whose ranks start in processes of their own
+    if save_format == SaveFormat::Sharded
+        && !tracepass_runtime::train::shards_parameters(passes.as_deref())
+    {
+        bail!("--checkpoint-format sharded: only a sharded run (--passes with fsdp) saves shards; every rank of this run holds the whole model, so save it whole");
+    }
     Ok(TrainConfig {
         model: model_source(args)?,
         world_size: args.world_size,
@@ -285,16 +310,12 @@ pub fn config(args: &TrainArgs) -> Result<TrainConfig> {
         link,
         collective_timeout,
         timeline: args.timeline.is_some(),
-        passes: args
-            .passes
-            .as_deref()
-            .map(tracepass_passes::parse_pipeline)
-            .transpose()
-            .context("--passes")?,
+        passes,
         keep_all_ranks: false,
         fault,
         save: args.save.clone(),
         save_every: args.save_every,
+        save_format,
         resume: args.resume.clone(),
         pin_ranks: !args.no_pin_ranks,
         allow_non_finite: args.allow_non_finite,

@@ -208,3 +208,79 @@ fn train_refuses_a_program_fsdp_sharded_already() {
     assert!(e.contains("--passes 'fsdp(world_size=N"), "{e}");
     assert!(!stdout(&o).contains("-th loss"), "no step ran");
 }
+
+/// `train --save` of a sharded run writes a manifest and one file per rank; `--resume` takes it
+/// at another world size; `--checkpoint-format whole` gathers; `sharded` needs fsdp.
+#[test]
+fn train_saves_shards_and_resumes_them_at_another_world_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck_s = ck.to_str().unwrap();
+    let m = mlp();
+    ok(&run(&[
+        "train",
+        "--model",
+        &m,
+        "--world-size",
+        "2",
+        "--steps",
+        "2",
+        "--passes",
+        "fsdp(world_size=2,sharding=zero3,bucket_mb=0)",
+        "--save",
+        ck_s,
+    ]));
+    let manifest = std::fs::read_to_string(&ck).unwrap();
+    assert!(
+        manifest.contains("\"format\": \"tracepass-sharded-checkpoint\""),
+        "{manifest}"
+    );
+    let shards: Vec<_> = std::fs::read_dir(dir.path().join("ck.shards"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(shards.len(), 2, "{shards:?}");
+    assert!(
+        shards
+            .iter()
+            .any(|f| f.ends_with(".rank1-of-2.safetensors")),
+        "{shards:?}"
+    );
+    let out = ok(&run(&[
+        "train",
+        "--model",
+        &m,
+        "--world-size",
+        "4",
+        "--steps",
+        "4",
+        "--passes",
+        "fsdp(world_size=4,sharding=zero2)",
+        "--resume",
+        ck_s,
+        "--save",
+        ck_s,
+        "--checkpoint-format",
+        "whole",
+    ]));
+    assert!(out.contains("3-th loss"), "{out}");
+    // now one safetensors file of whole tensors, and the shards it replaced are gone
+    let bytes = std::fs::read(&ck).unwrap();
+    assert!(!bytes.starts_with(b"{"), "a whole checkpoint");
+    assert!(!dir.path().join("ck.shards").exists());
+    let o = run(&[
+        "train",
+        "--model",
+        &m,
+        "--world-size",
+        "2",
+        "--steps",
+        "1",
+        "--save",
+        ck_s,
+        "--checkpoint-format",
+        "sharded",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("only a sharded run"), "{}", stderr(&o));
+}

@@ -103,7 +103,7 @@ pub fn train(
     check_link_timeout(&plans, &cfg)?;
     // this process makes the first copy of the parameters in host memory
     check_memory(&model, plans.shards.as_ref(), 1)?;
-    let (init, resume) = initial_params(&cfg, &model)?;
+    let (init, resume) = initial_params(&cfg, &model, plans.shards.as_ref())?;
     let data = crate::train::trainer::data_source(&cfg, &model)?;
     crate::train::trainer::check_batches(&data, &cfg, &model, resume.as_ref(), rank)?;
     let setup = RankSetup {

@@ -115,6 +115,11 @@ pub struct StepMetrics {
     /// (forward, backward), which run in turn over one allocation; parameters, gradients,
     /// saved activations and optimizer state are outside it.
     pub arena_bytes: u64,
+    /// Seconds this rank spent on the checkpoint saved after this step (0: none): writing its
+    /// file (sharded), or gathering and, on rank 0, writing the whole file. Set by the trainer.
+    pub checkpoint_s: f64,
+    /// Bytes this rank wrote to that checkpoint (its rank file, or rank 0's whole file).
+    pub checkpoint_bytes: u64,
 }
 
 /// Sorted, merged copy of `spans`.
@@ -271,6 +276,8 @@ impl StepMetrics {
             buffer_allocs: 0,
             pool_bytes: 0,
             arena_bytes: 0,
+            checkpoint_s: 0.0,
+            checkpoint_bytes: 0,
         }
     }
 

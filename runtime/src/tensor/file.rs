@@ -184,6 +184,27 @@ fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
     }
 }
 
+/// The `__metadata__` strings of a safetensors file, read from its header alone (the tensors
+/// are not copied out).
+pub fn read_metadata(path: &Path) -> Result<BTreeMap<String, String>, TensorFileError> {
+    let io = |error| TensorFileError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: as in `TensorFile::load`: only the header is read, from a file replaced by
+    // rename, never changed in place
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    let (_, m) = SafeTensors::read_metadata(&map).map_err(|e| TensorFileError::Format {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok(m.metadata()
+        .clone()
+        .map(|m| m.into_iter().collect())
+        .unwrap_or_default())
+}
+
 /// CRC-32 of a tensor's elements as a safetensors file stores them (little-endian, row-major):
 /// what a checkpoint records per tensor to notice a flipped bit.
 pub fn tensor_crc32(t: &Tensor) -> u32 {

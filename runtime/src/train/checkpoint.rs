@@ -5,6 +5,7 @@
 use crate::tensor::file::{save_tensors_with, tensor_crc32, TensorFile};
 use crate::tensor::Tensor;
 use crate::train::optim::{Optimizer, OptimizerKind};
+use crate::train::sharded_checkpoint::ShardedCheckpoint;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -27,6 +28,16 @@ pub enum CheckpointError {
     Format { path: String, what: String },
     #[error("{path}: {what}")]
     Mismatch { path: String, what: String },
+    /// A rank file a sharded checkpoint's manifest names is not there.
+    #[error("{path}: rank {rank}'s file of the sharded checkpoint {manifest} is missing; the checkpoint cannot be loaded without it")]
+    MissingShard {
+        path: String,
+        rank: usize,
+        manifest: String,
+    },
+    /// A file or directory of a checkpoint that cannot be read or written.
+    #[error("{path}: {what}")]
+    Io { path: String, what: String },
     /// A tensor whose bytes changed since it was saved (a flipped bit, a partial copy).
     #[error("{path}: the checkpoint is damaged: {what}; resume from another copy")]
     Corrupt { path: String, what: String },
@@ -47,6 +58,9 @@ pub struct Checkpoint {
     /// (empty: none, or not recorded, as in older checkpoints). Readers outside the runtime
     /// (`tracepass.load_checkpoint`) need it to give PyTorch one shared tensor per group.
     pub tied: Vec<Vec<String>>,
+    /// A sharded checkpoint this was read from: a sharded run reads its own shards from it
+    /// ([`ShardedCheckpoint::local`]) instead of cutting them from `params`.
+    pub sharded: Option<ShardedCheckpoint>,
 }
 
 fn kind_name(k: OptimizerKind) -> &'static str {
@@ -127,7 +141,12 @@ pub fn save_tied(
             .map(|(n, t)| (crc_key(n), format!("{:08x}", tensor_crc32(t)))),
     )
     .collect();
+    // a sharded checkpoint this replaces: its rank files go once the new file is in place
+    let previous = ShardedCheckpoint::open(path).ok().flatten();
     save_tensors_with(path, &tensors, &meta)?;
+    if let Some(prev) = previous {
+        prev.remove_files();
+    }
     Ok(())
 }
 
@@ -250,6 +269,9 @@ pub struct CheckpointContents {
 
 /// Reads a whole checkpoint without knowing the model.
 pub fn read(path: &Path) -> Result<CheckpointContents, CheckpointError> {
+    if let Some(s) = ShardedCheckpoint::open(path)? {
+        return read_sharded(&s);
+    }
     let f = TensorFile::load(path)?;
     let h = header(&f, &path.display().to_string())?;
     let mut ck = CheckpointContents {
@@ -281,6 +303,77 @@ pub fn read(path: &Path) -> Result<CheckpointContents, CheckpointError> {
     Ok(ck)
 }
 
+/// A sharded checkpoint's contents as whole tensors.
+fn read_sharded(s: &ShardedCheckpoint) -> Result<CheckpointContents, CheckpointError> {
+    let (params, m, v) = s.whole()?;
+    let man = &s.manifest;
+    let mut ck = CheckpointContents {
+        step: man.step,
+        optimizer: man.optimizer.clone(),
+        optimizer_step: man.optimizer_step,
+        world_size: Some(man.world_size),
+        tied: man.tied.clone(),
+        no_gradient: man.no_gradient.clone(),
+        params: BTreeMap::new(),
+        exp_avg: BTreeMap::new(),
+        exp_avg_sq: BTreeMap::new(),
+    };
+    for (j, (p, t)) in man.params.iter().zip(params).enumerate() {
+        ck.params.insert(p.name.clone(), t);
+        if !man.no_gradient.contains(&p.name) {
+            for (into, x) in [(&mut ck.exp_avg, &m[j]), (&mut ck.exp_avg_sq, &v[j])] {
+                into.insert(p.name.clone(), Tensor::from_f32(vec![x.len()], x.clone()));
+            }
+        }
+    }
+    Ok(ck)
+}
+
+/// Reads a checkpoint of either form for a model with parameters `names` of shapes `shapes`
+/// (and dtypes `dtypes`, checked against a sharded one), trained by `kind`. With `layout` (a
+/// sharded run's), a sharded checkpoint is not assembled: `params` holds the unsharded
+/// parameters whole and empty placeholders for the sharded ones, and each rank reads its own
+/// shards from [`Checkpoint::sharded`].
+pub fn load_any(
+    path: &Path,
+    names: &[String],
+    shapes: &[Vec<usize>],
+    dtypes: Option<&[tracepass_ir::DType]>,
+    kind: OptimizerKind,
+    layout: Option<&crate::train::shard::ShardLayout>,
+) -> Result<Checkpoint, CheckpointError> {
+    match ShardedCheckpoint::open(path)? {
+        Some(s) => from_sharded(s, names, shapes, dtypes, kind, layout),
+        None => load(path, names, shapes, kind),
+    }
+}
+
+fn from_sharded(
+    s: ShardedCheckpoint,
+    names: &[String],
+    shapes: &[Vec<usize>],
+    dtypes: Option<&[tracepass_ir::DType]>,
+    kind: OptimizerKind,
+    layout: Option<&crate::train::shard::ShardLayout>,
+) -> Result<Checkpoint, CheckpointError> {
+    s.check_model(names, shapes, dtypes, kind)?;
+    let (params, exp_avg, exp_avg_sq) = match layout {
+        Some(l) => (s.local(l, 0, false)?.0, Vec::new(), Vec::new()),
+        None => s.whole()?,
+    };
+    let man = s.manifest.clone();
+    Ok(Checkpoint {
+        step: man.step,
+        params,
+        optimizer_step: man.optimizer_step,
+        exp_avg,
+        exp_avg_sq,
+        world_size: Some(man.world_size),
+        tied: man.tied.clone(),
+        sharded: layout.is_some().then_some(s),
+    })
+}
+
 /// Reads a checkpoint for a model with parameters `names` of shapes `shapes`, trained by `kind`.
 pub fn load(
     path: &Path,
@@ -288,6 +381,9 @@ pub fn load(
     shapes: &[Vec<usize>],
     kind: OptimizerKind,
 ) -> Result<Checkpoint, CheckpointError> {
+    if let Some(s) = ShardedCheckpoint::open(path)? {
+        return from_sharded(s, names, shapes, None, kind, None);
+    }
     let f = TensorFile::load(path)?;
     let p = path.display().to_string();
     let h = header(&f, &p)?;
@@ -309,6 +405,7 @@ pub fn load(
         exp_avg_sq: Vec::new(),
         world_size: h.world_size,
         tied: h.tied,
+        sharded: None,
     };
     for (n, shape) in names.iter().zip(shapes) {
         let t = f.get(&format!("param.{n}"))?;

@@ -15,6 +15,7 @@ pub(crate) mod optim;
 pub(crate) mod rank_loop;
 pub(crate) mod rank_threads;
 pub mod shard;
+pub mod sharded_checkpoint;
 #[cfg(test)]
 mod steady_alloc;
 pub(crate) mod trainer;

@@ -16,6 +16,7 @@ use crate::train::loss::loss_and_grad;
 use crate::train::model::Model;
 use crate::train::optim::Optimizer;
 use crate::train::shard::ShardLayout;
+use crate::train::sharded_checkpoint::{write_manifest, ManifestInfo, RankSave, SaveFormat};
 use crate::train::trainer::{add, collective_lines, Fault, Plans, TrainConfig, TrainError};
 use std::time::Instant;
 use tracepass_ir::DType;
@@ -131,8 +132,20 @@ where
     }
     // a sharded run keeps its shards of the parameters, and optimizer state for them only
     let layout = plans.shards.as_ref();
+    // a sharded checkpoint resumed by a sharded run: this rank reads its own shards from the
+    // saved ones (any world size), one file at a time
+    let mut read_moments = None;
     if let Some(l) = layout {
-        params = l.shard_params(&params, rank).map_err(&fail)?;
+        params = match resume.and_then(|c| c.sharded.as_ref()) {
+            Some(s) => {
+                let (p, m, v) = s
+                    .local(l, rank, true)
+                    .map_err(|e| TrainError::Input(e.to_string()))?;
+                read_moments = Some((m, v));
+                p
+            }
+            None => l.shard_params(&params, rank).map_err(&fail)?,
+        };
         dev_params = params.iter().map(&up).collect::<Result<_, _>>()?;
     }
     let unused = model.unused_mask();
@@ -140,12 +153,13 @@ where
     let mut opt = Optimizer::new(cfg.optimizer, &params).without_state_for(&stateless);
     let first_step = resume.map_or(0, |c| c.step);
     if let Some(ck) = resume {
-        let (m, v) = match layout {
-            Some(l) => (
+        let (m, v) = match (layout, read_moments) {
+            (Some(_), Some(mv)) => mv,
+            (Some(l), None) => (
                 l.shard_moments(&ck.exp_avg, rank),
                 l.shard_moments(&ck.exp_avg_sq, rank),
             ),
-            None => (ck.exp_avg.clone(), ck.exp_avg_sq.clone()),
+            (None, _) => (ck.exp_avg.clone(), ck.exp_avg_sq.clone()),
         };
         opt.restore(ck.optimizer_step, m, v)
             .map_err(|m| TrainError::Input(format!("resuming: {m}")))?;
@@ -405,15 +419,33 @@ where
             out.events.extend(recs.into_iter().flat_map(|r| r.events));
         }
         out.losses.push(loss);
-        // a sharded run's checkpoint holds whole tensors: every rank gathers its shards
+        // a sharded run saves shards (each rank its own, nothing gathered), or, asked for a
+        // whole checkpoint, gathers its shards
+        let sharded_save = layout.is_some() && cfg.save_format != SaveFormat::Whole;
+        let save_start = Instant::now();
+        let mut saved_bytes = 0;
         let whole = match (layout, &cfg.save) {
-            (Some(l), Some(_)) if cfg.checkpoint_due(step + 1) => {
-                Some(whole_state(comm, backend, l, model, cfg, &params, &opt).map_err(&fail)?)
+            (Some(l), Some(path)) if cfg.checkpoint_due(step + 1) => {
+                if sharded_save {
+                    let save = ShardedSave {
+                        path,
+                        layout: l,
+                        model,
+                        cfg,
+                        rank,
+                        step: step + 1,
+                        non_finite: non_finite.as_deref(),
+                    };
+                    saved_bytes = save.run(comm, backend, &params, &opt)?;
+                    None
+                } else {
+                    Some(whole_state(comm, backend, l, model, cfg, &params, &opt).map_err(&fail)?)
+                }
             }
             _ => None,
         };
         if rank == 0 {
-            if let Some(path) = &cfg.save {
+            if let (Some(path), false) = (&cfg.save, sharded_save) {
                 let done = step + 1;
                 if cfg.checkpoint_due(done) {
                     // a good checkpoint is never replaced by one that cannot train
@@ -437,8 +469,17 @@ where
                         &model.ties,
                     )
                     .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
+                    saved_bytes = std::fs::metadata(path).map_or(0, |m| m.len());
                 }
             }
+        }
+        if cfg.save.is_some() && cfg.checkpoint_due(step + 1) {
+            if let Some(m) = out.metrics.last_mut() {
+                m.checkpoint_s = save_start.elapsed().as_secs_f64();
+                m.checkpoint_bytes = saved_bytes;
+            }
+        }
+        if rank == 0 {
             on_step(step, loss);
         }
     }
@@ -456,6 +497,132 @@ where
         None => {}
     }
     Ok(out)
+}
+
+/// One sharded save, as every rank of a sharded run takes part in it.
+struct ShardedSave<'a> {
+    path: &'a std::path::Path,
+    layout: &'a ShardLayout,
+    model: &'a Model,
+    cfg: &'a TrainConfig,
+    rank: usize,
+    /// Steps done.
+    step: usize,
+    /// This rank's parameters are not finite (what).
+    non_finite: Option<&'a str>,
+}
+
+impl ShardedSave<'_> {
+    /// Every rank writes its file; the ranks agree (one all-reduce) that all files are
+    /// written and every value finite; rank 0 then writes the manifest. A second all-reduce
+    /// before the files carries rank 0's id for this save, so the new files never replace the
+    /// ones the current manifest names.
+    fn run<B, C>(
+        &self,
+        comm: &mut C,
+        backend: &B,
+        params: &[Tensor],
+        opt: &Optimizer,
+    ) -> Result<u64, TrainError>
+    where
+        B: Backend,
+        C: StepComm<Tensor = B::Tensor>,
+    {
+        let rank = self.rank;
+        let fail = |message: String| TrainError::Rank { rank, message };
+        let id = if rank == 0 { save_nonce() } else { 0 };
+        let bad = f32::from(u8::from(self.non_finite.is_some()));
+        let [bad_ranks, id] = all_reduce_sum(comm, backend, [bad, id as f32]).map_err(&fail)?;
+        if bad_ranks > 0.0 {
+            return Err(TrainError::Output(format!(
+                "not saving the checkpoint after step {} to {}: {} rank(s) hold non-finite values{}; the checkpoint keeps what it held",
+                self.step - 1,
+                self.path.display(),
+                bad_ranks,
+                self.non_finite.map_or(String::new(), |w| format!(" (this one: {w})"))
+            )));
+        }
+        let save_id = format!("step{:08}-{:06x}", self.step, id as u32);
+        let written = RankSave {
+            path: self.path,
+            save_id: &save_id,
+            rank,
+            layout: self.layout,
+            model: self.model,
+            params,
+            opt,
+        }
+        .write();
+        let failed = f32::from(u8::from(written.is_err()));
+        let bytes = written.as_ref().map_or(0, |b| *b);
+        let [failed_ranks, _] = all_reduce_sum(comm, backend, [failed, 0.0]).map_err(&fail)?;
+        if let Err(e) = written {
+            return Err(TrainError::Output(format!("saving the checkpoint: {e}")));
+        }
+        if failed_ranks > 0.0 {
+            return Err(TrainError::Output(format!(
+                "saving the checkpoint: {failed_ranks} rank(s) could not write their shards; {} keeps what it held",
+                self.path.display()
+            )));
+        }
+        if rank == 0 {
+            write_manifest(&ManifestInfo {
+                path: self.path,
+                save_id: &save_id,
+                step: self.step,
+                layout: self.layout,
+                model: self.model,
+                opt,
+                sharding: sharding_of(self.cfg),
+            })
+            .map_err(|e| TrainError::Output(format!("saving the checkpoint: {e}")))?;
+        }
+        Ok(bytes)
+    }
+}
+
+/// A save's id: differs from the previous save's (to the microsecond, in 24 bits: what an
+/// f32 all-reduce carries exactly).
+fn save_nonce() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    (t % (1 << 24)) as u32
+}
+
+/// The `sharding` option of the run's `fsdp` pass, for the manifest.
+fn sharding_of(cfg: &TrainConfig) -> Option<String> {
+    cfg.passes
+        .as_deref()?
+        .iter()
+        .find(|s| s.name == "fsdp")?
+        .options
+        .iter()
+        .find(|(k, _)| k == "sharding")
+        .map(|(_, v)| v.clone())
+}
+
+/// The element-wise sum over the ranks of two numbers (one f32 all-reduce).
+fn all_reduce_sum<B, C>(comm: &mut C, backend: &B, x: [f32; 2]) -> Result<[f32; 2], String>
+where
+    B: Backend,
+    C: StepComm<Tensor = B::Tensor>,
+{
+    let t = backend
+        .upload(&Tensor::from_f32(vec![2], x.to_vec()))
+        .map_err(|e| format!("upload: {e}"))?;
+    let h = comm
+        .all_reduce_async(t, ReduceOp::Sum, "checkpoint")
+        .map_err(|e| e.to_string())?;
+    let (r, _) = comm.wait(h).map_err(|e| e.to_string())?;
+    let v = backend
+        .download(&r)
+        .map_err(|e| format!("download: {e}"))?
+        .to_f32_vec();
+    match v.as_slice() {
+        [a, b] => Ok([*a, *b]),
+        _ => Err(format!("a checkpoint all-reduce gave {} values", v.len())),
+    }
 }
 
 /// Every bucket's padded whole from the ranks' `shards` (one all-gather each, in order).

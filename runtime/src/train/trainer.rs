@@ -96,8 +96,10 @@ pub struct TrainConfig {
     /// Write a checkpoint here after the last step (and every `save_every` steps).
     pub save: Option<PathBuf>,
     pub save_every: Option<usize>,
-    /// Start from this checkpoint: its parameters, optimizer state and step.
+    /// Start from this checkpoint (either form): its parameters, optimizer state and step.
     pub resume: Option<PathBuf>,
+    /// The form `save` writes: a sharded run saves sharded checkpoints unless told `Whole`.
+    pub save_format: crate::train::sharded_checkpoint::SaveFormat,
     /// Pin rank `r` to the `r mod n`-th CPU the process may use (see `affinity`).
     pub pin_ranks: bool,
     /// The loss instead of the model's own (an export's `export.json`; the seed's soft-target
@@ -156,6 +158,7 @@ impl Default for TrainConfig {
             save: None,
             save_every: None,
             resume: None,
+            save_format: Default::default(),
             pin_ranks: true,
             allow_non_finite: false,
             loss: None,
@@ -889,14 +892,20 @@ pub(crate) fn check_memory(
 pub(crate) fn initial_params(
     cfg: &TrainConfig,
     model: &Model,
+    shards: Option<&ShardLayout>,
 ) -> Result<(Vec<Tensor>, Option<crate::train::checkpoint::Checkpoint>), TrainError> {
     let resume = match &cfg.resume {
         Some(path) => {
-            let ck = crate::train::checkpoint::load(
+            let dtypes: Vec<tracepass_ir::DType> =
+                model.program.params.iter().map(|p| p.dtype).collect();
+            // a sharded run reads a sharded checkpoint's shards rank by rank, never whole
+            let ck = crate::train::checkpoint::load_any(
                 path,
                 &model.param_names(),
                 &model.param_shapes(),
+                Some(&dtypes),
                 cfg.optimizer,
+                shards,
             )
             .map_err(|e| TrainError::Input(e.to_string()))?;
             // a sharded run cuts the whole tensors of a checkpoint into its own shards, so it
@@ -1050,6 +1059,13 @@ pub fn train_with(
             cfg.bucket_mb
         )));
     }
+    if cfg.save_format == crate::train::sharded_checkpoint::SaveFormat::Sharded
+        && !shards_parameters(cfg.passes.as_deref())
+    {
+        return Err(TrainError::Config(
+            "--checkpoint-format sharded: only a sharded run (--passes with fsdp) saves shards; every rank of this run holds the whole model, so save it whole".into(),
+        ));
+    }
     if cfg.save_every == Some(0) {
         return Err(TrainError::Config(
             "--save-every 0: must be at least 1 (a checkpoint every N steps)".into(),
@@ -1068,7 +1084,7 @@ pub fn train_with(
     let plans = build_plans(&model, cfg)?;
     check_link_timeout(&plans, cfg)?;
     check_memory(&model, plans.shards.as_ref(), cfg.world_size)?;
-    let (init, resume) = initial_params(cfg, &model)?;
+    let (init, resume) = initial_params(cfg, &model, plans.shards.as_ref())?;
     let data = data_source(cfg, &model)?;
     for rank in 0..cfg.world_size {
         check_batches(&data, cfg, &model, resume.as_ref(), rank)?;
