@@ -20,6 +20,7 @@ pub(crate) mod nextafter;
 pub(crate) mod plan;
 pub(crate) mod region;
 pub(crate) mod setitem;
+pub mod unrunnable;
 pub(crate) mod vocab_composite;
 
 pub use backend::{Backend, Input, KernelError, PoolStats, RngKey};

@@ -11,6 +11,7 @@
 //! backward returns a gradient for.
 
 use crate::comm::Communicator;
+use crate::exec::unrunnable::expand_unrunnable;
 use crate::exec::{Backend, Clock, ExecError, Executor, Plan, PlanError, RValue, Recording};
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;
@@ -33,6 +34,9 @@ pub enum RunError {
     Device { what: &'static str, message: String },
     #[error("the forward and backward do not fit together: {0}")]
     Pair(String),
+    /// Ops without a kernel whose printed decomposition could not be read.
+    #[error("{0}")]
+    Decomposition(String),
 }
 
 /// Named tensors, in name order.
@@ -169,6 +173,8 @@ pub fn run_trace<B: Backend, C: Communicator<Tensor = B::Tensor>>(
     inputs: &Named,
     opts: RunOptions,
 ) -> Result<Named, RunError> {
+    let expanded = expand_unrunnable(trace).map_err(RunError::Decomposition)?;
+    let trace = expanded.as_ref().unwrap_or(trace);
     let mut results: Vec<ValueId> = Vec::new();
     trace.ret.for_each_value(&mut |v| {
         if !results.contains(&v) {
@@ -285,6 +291,13 @@ pub fn run_pair<B: Backend, C: Communicator<Tensor = B::Tensor>>(
     inputs: &Named,
     opts: RunOptions,
 ) -> Result<Named, RunError> {
+    let expanded_fwd = expand_unrunnable(forward).map_err(RunError::Decomposition)?;
+    let forward = expanded_fwd.as_ref().unwrap_or(forward);
+    let expanded_bwd = match backward {
+        Some(b) => expand_unrunnable(b).map_err(RunError::Decomposition)?,
+        None => None,
+    };
+    let backward = expanded_bwd.as_ref().or(backward);
     let outputs = forward_output_values(forward);
     let saved = match &forward.ret {
         Arg::Tuple(items) if items.len() == 2 => items[1].clone(),

@@ -330,6 +330,8 @@ impl Model {
                 )
             }
         };
+        let program = crate::exec::unrunnable::expand_program(program)
+            .map_err(|m| load_err(description.clone(), m))?;
         let output_index = export.as_ref().map_or(0, |e| e.output_index);
         let output =
             forward_output_at(&program.forward, output_index).ok_or(if output_index == 0 {
