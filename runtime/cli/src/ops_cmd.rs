@@ -54,7 +54,8 @@ pub fn run(args: OpsArgs) -> Result<()> {
         "{shown} of {} ops{}",
         defs.len(),
         if args.unsupported {
-            " are refused at plan time"
+            " are refused at plan time, unless the trace prints the op's decomposition \
+             below it (then that runs)"
         } else {
             ""
         }

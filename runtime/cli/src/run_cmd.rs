@@ -49,11 +49,12 @@ pub fn run(args: RunArgs) -> Result<()> {
             args.device
         );
     }
-    let forward = trace_of(&args.trace, args.backward.is_some())?;
+    let forward =
+        with_decompositions(&args.trace, trace_of(&args.trace, args.backward.is_some())?)?;
     let backward = args
         .backward
         .as_ref()
-        .map(|b| trace_of(b, false))
+        .map(|b| with_decompositions(b, trace_of(b, false)?))
         .transpose()?;
     let inputs = TensorFile::load(&args.inputs)
         .with_context(|| format!("--inputs {}", args.inputs.display()))?
@@ -87,6 +88,27 @@ pub fn run(args: RunArgs) -> Result<()> {
         if list.len() == 1 { "" } else { "s" }
     );
     Ok(())
+}
+
+/// `t` with its ops that have no kernel replaced by their printed decompositions (as the
+/// runtime would), said on stderr.
+fn with_decompositions(path: &std::path::Path, t: Trace) -> Result<Trace> {
+    use tracepass_runtime::exec::unrunnable::{expand_unrunnable, PROVENANCE};
+    let Some(expanded) =
+        expand_unrunnable(&t).map_err(|m| anyhow::anyhow!("{}: {m}", path.display()))?
+    else {
+        return Ok(t);
+    };
+    for p in &expanded.provenance {
+        if let Some(ops) = p.pass.strip_prefix(PROVENANCE) {
+            eprintln!(
+                "note: {}: `{}`: no kernel, run through Thunder's printed decomposition: {ops}",
+                path.display(),
+                t.name
+            );
+        }
+    }
+    Ok(expanded)
 }
 
 fn run_on<B, C>(

@@ -116,3 +116,24 @@ fn an_unknown_device_is_refused_before_any_work() {
         stderr(&o)
     );
 }
+
+#[test]
+fn ops_without_a_kernel_run_through_their_decomposition_and_are_named() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let out = dir.path().join("out.safetensors");
+    let (trace, inputs) = (
+        testdata("thunder/no-kernel/inference.trace"),
+        testdata("thunder/no-kernel/inputs.safetensors"),
+    );
+    let o = run(&["run", s(&trace), "--inputs", s(&inputs), "-o", s(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("no kernel, run through Thunder's printed decomposition: torch.nn.functional.layer_norm"),
+        "{e}"
+    );
+    assert_eq!(
+        TensorFile::load(&out).expect("the results").tensors.len(),
+        12
+    );
+}
