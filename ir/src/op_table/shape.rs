@@ -711,6 +711,8 @@ const OPS: &[OpSpec] = &[
     op("ltorch.getitem", &["Tensor.__getitem__"], Pure, "a, /, key", First, getitem),
     op("ltorch.contiguous", &["Tensor.contiguous", "torch.contiguous"], Pure, "a, /, *, memory_format=None", First, identity),
     op("ltorch.clone", &["prims.clone", "torch.clone", "Tensor.clone"], Pure, "a, /, *, memory_format=None", First, identity),
+    // registered by Thunder as a torch fallback: the value, with no gradient (`detach_vjp`)
+    op("ltorch.detach", &["torch.detach", "Tensor.detach"], Pure, "a, /", First, identity),
     op("prims.shallow_copy", &["shallow_copy"], Pure, "a, /", First, identity),
     op("ltorch.to", &["Tensor.to", "torch.Tensor.to", "torch.to"], Pure, "a, tensor_dtype_or_device=None, optional_positional_dtype=None, /, *, device=None, dtype=None, copy=False, memory_format=None", Meta, to),
     op("prims.convert_element_type", &[], Pure, "a, /, dtype", Meta, convert),

@@ -805,6 +805,58 @@ def batch_slice_assign(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randint(0, 10, (4,), generator=gen, dtype=torch.int64)
 
 
+class AdaptiveMaxPools(nn.Module):
+    """Adaptive max pooling through Thunder's torch fallback (`adaptive_max_pool2d_vjp`,
+    `adaptive_max_pool1d_vjp`): a 7x7 map pooled to 3x5 (uneven, overlapping windows), and each
+    row of it interleaved with its detached copy (`[y0.detach(), y0, y1.detach(), ...]`, every
+    maximum a tie) pooled to 4, so the gradient reaches `y` only where PyTorch's first-maximum
+    rule sends it to the live copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 3 * 5 + 4 * 7 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        a = F.adaptive_max_pool2d(y, (3, 5))
+        t = torch.stack([y.detach(), y], -1).flatten(-2).flatten(1, 2)
+        b = F.adaptive_max_pool1d(t, 4)
+        return self.head(torch.cat([a.flatten(1), b.flatten(1)], 1))
+
+
+def make_adaptive_max_pools() -> nn.Module:
+    return AdaptiveMaxPools()
+
+
+def batch_adaptive_max_pools(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 7, 7, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
+class BilinearNet(nn.Module):
+    """`nn.Bilinear` through Thunder's torch fallback (`bilinear_vjp`: gradients of both inputs,
+    the weight and the bias), fed a linear map of the input and a nonlinear one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = nn.Linear(6, 5)
+        self.bilinear = nn.Bilinear(5, 6, 4)
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.bilinear(self.left(x), torch.sin(x))))
+
+
+def make_bilinear() -> nn.Module:
+    return BilinearNet()
+
+
+def batch_bilinear(gen: torch.Generator) -> Batch:
+    x = torch.randn(3, 4, 6, generator=gen)
+    return OrderedDict(x=x), torch.randn(3, 4, 5, generator=gen)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -1020,6 +1072,22 @@ MODELS: dict[str, ModelSpec] = {
             description="Linear(16,24), writes into its clone (slice, `...` column, index-tensor columns, bool mask) "
             "and into a fresh zeros buffer (slice, stepped slice, int row, `__setitem__`), Linear(32,10)",
             notes=["Python-level writes: `copy_with_setitem_impl` + `copy_`; backward `Tensor.__getitem__` by a tensor"],
+        ),
+        ModelSpec(
+            "adaptive-max-pools",
+            make_adaptive_max_pools,
+            batch_adaptive_max_pools,
+            description="Conv2d(3,4,3,pad 1) on 7x7, adaptive_max_pool2d to 3x5, adaptive_max_pool1d to 4 of the rows "
+            "interleaved with their detached copies (ties everywhere), Linear(172,5)",
+            notes=["torch fallbacks: backward `adaptive_max_pool2d_vjp`, `adaptive_max_pool1d_vjp`"],
+        ),
+        ModelSpec(
+            "bilinear",
+            make_bilinear,
+            batch_bilinear,
+            loss="mse",
+            description="Linear(6,5), nn.Bilinear(5,6,4) of it and sin(x) on [3,4,*] inputs, tanh, Linear(4,5)",
+            notes=["torch fallback: backward `bilinear_vjp` (both inputs, weight, bias)"],
         ),
     ]
 }

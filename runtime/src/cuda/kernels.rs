@@ -585,6 +585,10 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::GetItemTensor { .. }
         | Kernel::MultiHeadAttention(_)
         | Kernel::MultiHeadAttentionVjp { .. }
+        | Kernel::AdaptiveMaxPool { .. }
+        | Kernel::AdaptiveMaxPoolBackward { .. }
+        | Kernel::Bilinear { .. }
+        | Kernel::BilinearVjp { .. }
         // no CUDA kernel: the backend refuses it by name
         | Kernel::Shift { .. } => vec![],
     };
@@ -645,6 +649,10 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::GetItemTensor { .. }
             | Kernel::MultiHeadAttention(_)
             | Kernel::MultiHeadAttentionVjp { .. }
+            | Kernel::AdaptiveMaxPool { .. }
+            | Kernel::AdaptiveMaxPoolBackward { .. }
+            | Kernel::Bilinear { .. }
+            | Kernel::BilinearVjp { .. }
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding

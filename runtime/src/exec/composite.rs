@@ -50,8 +50,12 @@ pub(crate) fn run<B: Backend>(
     if let Some(r) = crate::exec::setitem::run(backend, kernel, inputs) {
         return Some(r);
     }
+    if let Some(r) = crate::exec::adaptive_max_pool::run(backend, kernel, inputs) {
+        return Some(r);
+    }
     if let Some(r) = conv_transpose::run(backend, kernel, inputs)
         .or_else(|| crate::exec::attention::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
     {
         return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
@@ -242,7 +246,9 @@ pub(crate) fn run_multi<B: Backend>(
     if let Some(r) = crate::exec::vocab_composite::run_multi(backend, kernel, inputs) {
         return Some(r);
     }
-    if let Some(r) = crate::exec::attention::run(backend, kernel, inputs) {
+    if let Some(r) = crate::exec::attention::run(backend, kernel, inputs)
+        .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
+    {
         return Some(r);
     }
     conv_transpose::run(backend, kernel, inputs)

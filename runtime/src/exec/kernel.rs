@@ -279,6 +279,25 @@ pub enum Kernel {
     },
     /// Its gradient: inputs `grad, a` (`a` gives the shape).
     AdaptiveAvgPool1dBackward,
+    /// `adaptive_max_pool1d/2d` of the last `out.len()` dimensions to `out`, the maxima only
+    /// (`exec/adaptive_max_pool.rs`).
+    AdaptiveMaxPool {
+        out: Vec<usize>,
+    },
+    /// Its gradient: inputs `grad, a`, the last `dims` dimensions of `a` pooled.
+    AdaptiveMaxPoolBackward {
+        dims: usize,
+    },
+    /// `bilinear(input1, input2, weight[, bias])`: inputs in that order
+    /// (`exec/bilinear.rs`).
+    Bilinear {
+        bias: bool,
+    },
+    /// Thunder's `bilinear_vjp`: inputs `input1, input2, weight, g`; gives the gradients
+    /// `outputs` names, in the order input1, input2, weight, bias.
+    BilinearVjp {
+        outputs: [bool; 4],
+    },
     /// Two outputs: values and i64 indices (per (N, C) plane).
     MaxPool2d {
         kernel: Vec<i64>,
@@ -624,6 +643,7 @@ impl Kernel {
             Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
             Kernel::MultiHeadAttention(_) => 2,
             Kernel::MultiHeadAttentionVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
+            Kernel::BilinearVjp { outputs } => outputs.iter().filter(|&&o| o).count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }

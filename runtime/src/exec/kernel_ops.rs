@@ -251,6 +251,39 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                 single_input_vjp(o, "ltorch.adaptive_avg_pool1d", input, Some, true)
             }),
         ),
+        (
+            "ltorch.adaptive_max_pool1d",
+            Cpu(|o| adaptive_max_pool(o, 1)),
+        ),
+        (
+            "ltorch.adaptive_max_pool2d",
+            Cpu(|o| adaptive_max_pool(o, 2)),
+        ),
+        (
+            "ltorch.adaptive_max_pool1d_vjp",
+            Cpu(|o| {
+                // the gradient reads the output's gradient and the input
+                let input: Decoder = |f| {
+                    f.tensor(0, "input")?;
+                    Ok(Kernel::AdaptiveMaxPoolBackward { dims: 1 })
+                };
+                single_input_vjp(o, "ltorch.adaptive_max_pool1d", input, Some, true)
+            }),
+        ),
+        (
+            "ltorch.adaptive_max_pool2d_vjp",
+            Cpu(|o| {
+                let input: Decoder = |f| {
+                    f.tensor(0, "input")?;
+                    Ok(Kernel::AdaptiveMaxPoolBackward { dims: 2 })
+                };
+                single_input_vjp(o, "ltorch.adaptive_max_pool2d", input, Some, true)
+            }),
+        ),
+        ("ltorch.detach", Cpu(identity)),
+        ("ltorch.detach_vjp", Cpu(detach_vjp)),
+        ("ltorch.bilinear", Cpu(bilinear)),
+        ("ltorch.bilinear_vjp", Cpu(bilinear_vjp)),
         ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
         ("ltorch.pixel_unshuffle", Cpu(|o| pixel_shuffle(o, true))),
         (
@@ -1298,6 +1331,76 @@ fn adaptive_avg_pool1d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "input")?;
     let out = *o.out(0)?.shape.last().ok_or("a 0-d output")?;
     Ok(Kernel::AdaptiveAvgPool1d { out })
+}
+
+/// `adaptive_max_pool1d/2d(input, output_size, return_indices=False)` of `dims` dimensions:
+/// the output size the meta resolved (`None` entries included).
+fn adaptive_max_pool(o: &mut Ops<'_>, dims: usize) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    if o.flag(2, "return_indices")? {
+        return Err("adaptive max pooling with return_indices=True is not supported".into());
+    }
+    let shape = &o.out(0)?.shape;
+    let out = shape
+        .get(shape.len().saturating_sub(dims)..)
+        .filter(|s| s.len() == dims)
+        .ok_or("the pooled output has too few dimensions")?
+        .to_vec();
+    Ok(Kernel::AdaptiveMaxPool { out })
+}
+
+/// Thunder's `detach_vjp`: the output does not depend on the input, so PyTorch's `vjp` gives
+/// the input zeros.
+fn detach_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let node = o.node;
+    let fwd = fallback_forward(node, "ltorch.detach")?;
+    Ops::new(o.trace, &fwd).tensor(0, "a")?;
+    if node.outputs().len() != 1 || !names_gradient(node, 0) {
+        return Err(format!(
+            "the statement binds {} results; detach has one input",
+            node.outputs().len()
+        ));
+    }
+    output_gradient(o, "ltorch.detach")?;
+    // the gradient is read (the statement's operand) but does not change the zeros
+    o.inputs.clear();
+    filled(o, 0.0)
+}
+
+/// `bilinear(input1, input2, weight, bias=None)`.
+fn bilinear(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input1")?;
+    o.tensor(1, "input2")?;
+    o.tensor(2, "weight")?;
+    let bias = o.opt_tensor(3, "bias")?;
+    Ok(Kernel::Bilinear { bias })
+}
+
+/// Thunder's `bilinear_vjp`: the gradients the statement names (a bias's only when the
+/// forward has one), from both inputs, the weight and the output's gradient.
+fn bilinear_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    const FORWARD: &str = "ltorch.bilinear";
+    let node = o.node;
+    let fwd = fallback_forward(node, FORWARD)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let Kernel::Bilinear { bias } = bilinear(&mut f)? else {
+        return Err(format!("{FORWARD} decodes to another kernel"));
+    };
+    let outputs = [0, 1, 2, 3].map(|i| names_gradient(node, i) && (i < 3 || bias));
+    let count = outputs.iter().filter(|&&n| n).count();
+    if count != node.outputs().len() {
+        return Err(format!(
+            "the statement binds {} results; the gradients of {FORWARD}'s inputs, weight and \
+             bias it names are {count}",
+            node.outputs().len()
+        ));
+    }
+    let [a, b, w, ..] = f.inputs[..] else {
+        return Err(format!("{FORWARD} reads no inputs and weight"));
+    };
+    o.inputs.extend([a, b, w]);
+    output_gradient(o, FORWARD)?;
+    Ok(Kernel::BilinearVjp { outputs })
 }
 
 /// `triu(a, diagonal=0, *, fill_value=None)`, and `tril`.

@@ -3,8 +3,10 @@
 //! implements, the op table's [`KERNELS`] entries that map each op to one, and the
 //! [`Recording`]s of what a step did and when.
 
+pub(crate) mod adaptive_max_pool;
 pub(crate) mod attention;
 pub(crate) mod backend;
+pub(crate) mod bilinear;
 pub(crate) mod bool_ops;
 pub(crate) mod composer;
 pub(crate) mod composite;
