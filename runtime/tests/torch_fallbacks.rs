@@ -353,3 +353,84 @@ fn pooling_with_indices_is_refused() {
     let e = execute(text, &[&x]).unwrap_err();
     assert!(e.contains("return_indices"), "{e}");
 }
+
+/// `channel_shuffle` of `[N, C, *]` in `g` groups: output channel `j * g + i` is input channel
+/// `i * (C / g) + j`; its fallback gradient is the shuffle back.
+#[test]
+fn channel_shuffle_interleaves_the_groups_and_its_gradient_undoes_it() {
+    let text = r#"def f(x, g):
+  # x: "cpu f32[2, 6, 2, 3]"
+  # g: "cpu f32[2, 6, 2, 3]"
+  t1 = torch.nn.functional.channel_shuffle(x, 3)  # t1: "cpu f32[2, 6, 2, 3]"
+  (t2, _) = channel_shuffle_vjp(((x, 3), {}), g)
+  return (t1, t2)
+"#;
+    let (n, c, rest, groups) = (2usize, 6usize, 6usize, 3usize);
+    let xv: Vec<f32> = (0..n * c * rest).map(|i| i as f32).collect();
+    let x = Tensor::from_f32(vec![2, 6, 2, 3], xv.clone());
+    let gv: Vec<f32> = (0..n * c * rest).map(|i| (i * 7 % 11) as f32).collect();
+    let g = Tensor::from_f32(vec![2, 6, 2, 3], gv.clone());
+    let out = execute(text, &[&x, &g]).unwrap_or_else(|e| panic!("{e}"));
+    let per = c / groups;
+    let (y, dx) = (out[0].to_f64_vec(), out[1].to_f64_vec());
+    for b in 0..n {
+        for i in 0..groups {
+            for j in 0..per {
+                let (src, dst) = (i * per + j, j * groups + i);
+                for r in 0..rest {
+                    // forward: y[dst] = x[src]; gradient: dx[src] = g[dst]
+                    assert_eq!(
+                        y[(b * c + dst) * rest + r],
+                        xv[(b * c + src) * rest + r] as f64
+                    );
+                    assert_eq!(
+                        dx[(b * c + src) * rest + r],
+                        gv[(b * c + dst) * rest + r] as f64
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `clamp_min`/`clamp_max` with a number bound, and PyTorch's derivative: the gradient passes
+/// where `x >= min` (`x <= max`), the bound itself included, and not at NaN; a tensor bound's
+/// gradient is refused.
+#[test]
+fn clamp_min_and_max_pass_the_gradient_inside_the_bound() {
+    let text = r#"def f(x, g):
+  # x: "cpu f64[6]"
+  # g: "cpu f64[6]"
+  t1 = torch.clamp_min(x, 0.5)  # t1: "cpu f64[6]"
+  t2 = torch.clamp_max(x, 0.5)  # t2: "cpu f64[6]"
+  (t3, _) = clamp_min_vjp(((x, 0.5), {}), g)
+  (t4, _) = clamp_max_vjp(((x, 0.5), {}), g)
+  return (t1, t2, t3, t4)
+"#;
+    let xv = vec![-1.0, 0.5, 0.75, 2.0, f64::NAN, 0.25];
+    let gv = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let x = Tensor::from_f64(vec![6], xv.clone());
+    let g = Tensor::from_f64(vec![6], gv);
+    let out = execute(text, &[&x, &g]).unwrap_or_else(|e| panic!("{e}"));
+    let same = |got: Vec<f64>, want: &[f64]| {
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.iter().zip(want) {
+            assert!(a == b || (a.is_nan() && b.is_nan()), "{got:?} vs {want:?}");
+        }
+    };
+    // torch 2.9.0: clamp_min -> [0.5, 0.5, 0.75, 2, nan, 0.5], clamp_max -> [-1, 0.5, 0.5, 0.5,
+    // nan, 0.25]; gradients of ones*g: [0, 2, 3, 4, 0, 0] and [1, 2, 0, 0, 0, 6]
+    same(out[0].to_f64_vec(), &[0.5, 0.5, 0.75, 2.0, f64::NAN, 0.5]);
+    same(out[1].to_f64_vec(), &[-1.0, 0.5, 0.5, 0.5, f64::NAN, 0.25]);
+    same(out[2].to_f64_vec(), &[0.0, 2.0, 3.0, 4.0, 0.0, 0.0]);
+    same(out[3].to_f64_vec(), &[1.0, 2.0, 0.0, 0.0, 0.0, 6.0]);
+    let tensor_bound = r#"def f(x, m, g):
+  # x: "cpu f64[6]"
+  # m: "cpu f64[6]"
+  # g: "cpu f64[6]"
+  (t1, t2) = clamp_min_vjp(((x, m), {}), g)
+  return (t1, t2)
+"#;
+    let e = execute(tensor_bound, &[&x, &x, &g]).unwrap_err();
+    assert!(e.contains("tensor bound"), "{e}");
+}

@@ -857,6 +857,36 @@ def batch_bilinear(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randn(3, 4, 5, generator=gen)
 
 
+class ShuffleUnit(nn.Module):
+    """A ShuffleNet unit in miniature, through Thunder's torch fallbacks (`channel_shuffle_vjp`,
+    `clamp_min_vjp`, `clamp_max_vjp`): grouped 1x1 conv, channel shuffle, depthwise 3x3 conv,
+    grouped 1x1 conv, residual; activations bounded by `clamp_min`/`clamp_max` (a ReLU6 spelled
+    out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 12, 3, padding=1)
+        self.squeeze = nn.Conv2d(12, 12, 1, groups=3)
+        self.depthwise = nn.Conv2d(12, 12, 3, padding=1, groups=12)
+        self.expand = nn.Conv2d(12, 12, 1, groups=3)
+        self.head = nn.Linear(12, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.clamp_min(self.stem(x), 0.0)
+        z = F.channel_shuffle(self.squeeze(y).clamp_max(1.5), 3)
+        z = self.expand(torch.clamp_max(torch.clamp_min(self.depthwise(z), -0.25), 6.0))
+        return self.head((y + z).mean((2, 3)))
+
+
+def make_shuffle_unit() -> nn.Module:
+    return ShuffleUnit()
+
+
+def batch_shuffle_unit(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 8, 8, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -1088,6 +1118,15 @@ MODELS: dict[str, ModelSpec] = {
             loss="mse",
             description="Linear(6,5), nn.Bilinear(5,6,4) of it and sin(x) on [3,4,*] inputs, tanh, Linear(4,5)",
             notes=["torch fallback: backward `bilinear_vjp` (both inputs, weight, bias)"],
+        ),
+        ModelSpec(
+            "shuffle-unit",
+            make_shuffle_unit,
+            batch_shuffle_unit,
+            description="ShuffleNet-style unit: Conv2d(3,12,3) + clamp_min(0), grouped 1x1 Conv2d(12,12,g=3) + "
+            "clamp_max(1.5), channel_shuffle(3), depthwise 3x3 + clamp_min(-0.25) + clamp_max(6), grouped 1x1, "
+            "residual, mean, Linear(12,5)",
+            notes=["torch fallbacks: backward `channel_shuffle_vjp`, `clamp_min_vjp`, `clamp_max_vjp`"],
         ),
     ]
 }

@@ -561,6 +561,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::Triangle { .. }
         | Kernel::OneHot { .. }
         | Kernel::PixelShuffle { .. }
+        | Kernel::ChannelShuffle { .. }
+        | Kernel::ClampBoundBackward { .. }
         | Kernel::Roll { .. }
         | Kernel::TruncDivide { .. }
         | Kernel::AdaptiveAvgPool1d { .. }
@@ -625,6 +627,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Triangle { .. }
             | Kernel::OneHot { .. }
             | Kernel::PixelShuffle { .. }
+            | Kernel::ChannelShuffle { .. }
+            | Kernel::ClampBoundBackward { .. }
             | Kernel::Roll { .. }
             | Kernel::TruncDivide { .. }
             | Kernel::AdaptiveAvgPool1d { .. }

@@ -279,6 +279,18 @@ pub enum Kernel {
     },
     /// Its gradient: inputs `grad, a` (`a` gives the shape).
     AdaptiveAvgPool1dBackward,
+    /// `channel_shuffle(x, groups)` of `[N, C, *]`: `[N, groups, C / groups, *]` with its
+    /// dimensions 1 and 2 swapped; with `inverse`, the shuffle back (`exec/composite.rs`).
+    ChannelShuffle {
+        groups: usize,
+        inverse: bool,
+    },
+    /// The gradient of `clamp_min(x, bound)` (`upper`: `clamp_max`): inputs `grad, x`;
+    /// `grad` where `x >= bound` (`x <= bound`), else 0, as PyTorch's derivative formula.
+    ClampBoundBackward {
+        bound: f64,
+        upper: bool,
+    },
     /// `adaptive_max_pool1d/2d` of the last `out.len()` dimensions to `out`, the maxima only
     /// (`exec/adaptive_max_pool.rs`).
     AdaptiveMaxPool {

@@ -280,6 +280,29 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                 single_input_vjp(o, "ltorch.adaptive_max_pool2d", input, Some, true)
             }),
         ),
+        ("ltorch.channel_shuffle", Cpu(|o| channel_shuffle(o, false))),
+        (
+            "ltorch.channel_shuffle_vjp",
+            Cpu(|o| {
+                single_input_vjp(
+                    o,
+                    "ltorch.channel_shuffle",
+                    |f| channel_shuffle(f, false),
+                    inverse_channel_shuffle,
+                    false,
+                )
+            }),
+        ),
+        ("ltorch.clamp_min", Cpu(|o| clamp_bound(o, false))),
+        ("ltorch.clamp_max", Cpu(|o| clamp_bound(o, true))),
+        (
+            "ltorch.clamp_min_vjp",
+            Cpu(|o| clamp_bound_vjp(o, "ltorch.clamp_min", false)),
+        ),
+        (
+            "ltorch.clamp_max_vjp",
+            Cpu(|o| clamp_bound_vjp(o, "ltorch.clamp_max", true)),
+        ),
         ("ltorch.detach", Cpu(identity)),
         ("ltorch.detach_vjp", Cpu(detach_vjp)),
         ("ltorch.bilinear", Cpu(bilinear)),
@@ -1347,6 +1370,77 @@ fn adaptive_max_pool(o: &mut Ops<'_>, dims: usize) -> Result<Kernel, String> {
         .ok_or("the pooled output has too few dimensions")?
         .to_vec();
     Ok(Kernel::AdaptiveMaxPool { out })
+}
+
+/// `channel_shuffle(input, groups)`.
+fn channel_shuffle(o: &mut Ops<'_>, inverse: bool) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    let groups = o.int(1, "groups")?.ok_or("`groups` is missing")?;
+    Ok(Kernel::ChannelShuffle {
+        groups: usize::try_from(groups)
+            .ok()
+            .filter(|g| *g >= 1)
+            .ok_or_else(|| format!("`groups` {groups} must be positive"))?,
+        inverse,
+    })
+}
+
+/// A channel shuffle's gradient: the shuffle back.
+fn inverse_channel_shuffle(k: Kernel) -> Option<Kernel> {
+    match k {
+        Kernel::ChannelShuffle { groups, inverse } => Some(Kernel::ChannelShuffle {
+            groups,
+            inverse: !inverse,
+        }),
+        _ => None,
+    }
+}
+
+/// `clamp_min(a, min)` (`maximum`) or, with `upper`, `clamp_max(a, max)` (`minimum`); the
+/// bound a number or a tensor.
+fn clamp_bound(o: &mut Ops<'_>, upper: bool) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let (op, key) = if upper {
+        (BinaryOp::Minimum, "max")
+    } else {
+        (BinaryOp::Maximum, "min")
+    };
+    Ok(Kernel::Binary {
+        op,
+        a: Side::Input(0),
+        b: o.side(1, key)?,
+        alpha: 1.0,
+    })
+}
+
+/// Thunder's `clamp_min_vjp` / `clamp_max_vjp` of a number bound: the input's gradient only. A
+/// tensor bound would get a gradient too, which is not computed: refused.
+fn clamp_bound_vjp(o: &mut Ops<'_>, forward: &'static str, upper: bool) -> Result<Kernel, String> {
+    let node = o.node;
+    let fwd = fallback_forward(node, forward)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let Kernel::Binary {
+        b: Side::Scalar(bound),
+        ..
+    } = clamp_bound(&mut f, upper)?
+    else {
+        return Err(format!(
+            "{forward} with a tensor bound: the bound's gradient is not computed"
+        ));
+    };
+    if node.outputs().len() != 1 || !names_gradient(node, 0) {
+        return Err(format!(
+            "the statement binds {} results; only the gradient of {forward}'s input is computed",
+            node.outputs().len()
+        ));
+    }
+    output_gradient(o, forward)?;
+    let x = *f
+        .inputs
+        .first()
+        .ok_or_else(|| format!("{forward} reads no input"))?;
+    o.inputs.push(x);
+    Ok(Kernel::ClampBoundBackward { bound, upper })
 }
 
 /// Thunder's `detach_vjp`: the output does not depend on the input, so PyTorch's `vjp` gives
