@@ -434,3 +434,62 @@ fn clamp_min_and_max_pass_the_gradient_inside_the_bound() {
     let e = execute(tensor_bound, &[&x, &x, &g]).unwrap_err();
     assert!(e.contains("tensor bound"), "{e}");
 }
+
+/// `cosine_similarity` and Thunder's `cosine_similarity_vjp` with a broadcast operand, a zero
+/// vector (its norm clamped to `eps`) and a tiny one: torch 2.9.0's figures.
+#[test]
+fn cosine_similarity_and_its_gradient_are_pytorchs() {
+    let text = r#"def f(x1, x2, g, u1, u2, h):
+  # x1: "cpu f64[2, 3]"
+  # x2: "cpu f64[1, 3]"
+  # g: "cpu f64[2]"
+  # u1: "cpu f64[2, 2]"
+  # u2: "cpu f64[2, 2]"
+  # h: "cpu f64[2]"
+  t1 = torch.nn.functional.cosine_similarity(x1, x2, dim=1)  # t1: "cpu f64[2]"
+  (t2, t3) = cosine_similarity_vjp(((x1, x2), {'dim': 1}), g)
+  t4 = torch.nn.functional.cosine_similarity(u1, u2, 0, 0.5)  # t4: "cpu f64[2]"
+  (_, t5, _, _) = cosine_similarity_vjp(((u1, u2, 0, 0.5), {}), h)
+  return (t1, t2, t3, t4, t5)
+"#;
+    let t = |shape: Vec<usize>, v: Vec<f64>| Tensor::from_f64(shape, v);
+    let ins = [
+        t(vec![2, 3], vec![1., 2., 0., 0., 0., 0.]),
+        t(vec![1, 3], vec![2., -1., 3.]),
+        t(vec![2], vec![1., 2.]),
+        t(vec![2, 2], vec![3., 4., 1e-9, 0.]),
+        t(vec![2, 2], vec![1., 0., 0., 2.]),
+        t(vec![2], vec![1., -1.]),
+    ];
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let out = execute(text, &refs).unwrap_or_else(|e| panic!("{e}"));
+    let close = |got: &Tensor, want: &[f64]| {
+        let g = got.to_f64_vec();
+        assert_eq!(g.len(), want.len());
+        for (a, b) in g.iter().zip(want) {
+            assert!(
+                (a - b).abs() <= 1e-12 * b.abs().max(1e-9),
+                "{g:?} vs {want:?}"
+            );
+        }
+    };
+    close(&out[0], &[0.0, 0.0]);
+    close(
+        &out[1],
+        &[
+            2.390_457_218_668_787e-1,
+            -1.195_228_609_334_393_6e-1,
+            3.585_685_828_003_181e-1,
+            1.069_044_967_649_697_5e8,
+            -5.345_224_838_248_488e7,
+            1.603_567_451_474_546_5e8,
+        ],
+    );
+    // x2's gradient summed over the broadcast row
+    close(
+        &out[2],
+        &[0.119_522_860_933_439_36, 0.239_045_721_866_878_72, 0.0],
+    );
+    close(&out[3], &[1.0, 0.0]);
+    close(&out[4], &[0.0, -0.5, 3.333_333_333_333_333_7e-10, 0.0]);
+}

@@ -345,6 +345,29 @@ fn adaptive_max_pool2d(cx: &MetaCx) -> R {
     adaptive_max_pool(cx, 2)
 }
 
+/// `cosine_similarity(x1, x2, dim=1, eps=1e-8)`: both floating tensors of one dtype, broadcast,
+/// `dim` (of the broadcast rank) summed away.
+fn cosine_similarity(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("x1")?;
+    let b = cx.tensor_param("x2")?;
+    let shape = crate::types::broadcast_shapes(&a.shape, &b.shape)
+        .filter(|s| !s.is_empty() && a.dtype == b.dtype && a.dtype.is_float() && a.device == b.device)
+        .ok_or_else(|| {
+            format!(
+                "{}: x1 {} {:?} and x2 {} {:?} must be floating tensors of one dtype that broadcast",
+                cx.op, a.dtype, a.shape, b.dtype, b.shape
+            )
+        })?;
+    let dim = match cx.opt("dim") {
+        None => 1,
+        Some(_) => cx.int_param("dim")?,
+    };
+    let d = dim_of(cx, dim, shape.len())?;
+    let mut out = shape;
+    out.remove(d);
+    one(a.with_shape(out))
+}
+
 /// `bilinear(input1, input2, weight, bias=None)`: `[*, in1]` and `[*, in2]` (the same
 /// leading sizes) with `weight [out, in1, in2]` and `bias [out]` to `[*, out]`, all one
 /// floating dtype.
@@ -617,6 +640,7 @@ const OPS: &[OpSpec] = &[
     op("ltorch.adaptive_avg_pool2d", &["torch.nn.functional.adaptive_avg_pool2d"], Pure, "a, /, output_size", First, adaptive_avg_pool2d),
     op("ltorch.adaptive_max_pool1d", &["torch.nn.functional.adaptive_max_pool1d"], Pure, "input, output_size, return_indices=False", First, adaptive_max_pool1d),
     op("ltorch.adaptive_max_pool2d", &["torch.nn.functional.adaptive_max_pool2d"], Pure, "input, output_size, return_indices=False", First, adaptive_max_pool2d),
+    op("ltorch.cosine_similarity", &["torch.nn.functional.cosine_similarity", "torch.cosine_similarity"], Pure, "x1, x2, dim=1, eps=1e-08", First, cosine_similarity),
     op("ltorch.bilinear", &["torch.nn.functional.bilinear", "torch.bilinear"], Pure, "input1, input2, weight, bias=None", First, bilinear),
     op("ltorch.adaptive_avg_pool2d_backward", &["torch.torch.ops.aten._adaptive_avg_pool2d_backward", "torch.ops.aten._adaptive_avg_pool2d_backward"], Pure, "grad, a", First, adaptive_avg_pool2d_backward),
     op("ltorch.embedding", &["torch.nn.functional.embedding"], Pure, "a, /, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False", Meta, embedding),

@@ -887,6 +887,30 @@ def batch_shuffle_unit(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
 
 
+class CosineHead(nn.Module):
+    """A prototype classifier through Thunder's torch fallback (`cosine_similarity_vjp`): the
+    logits are the cosine similarities of each embedded row with 5 learned prototypes (both
+    operands broadcast, `dim=-1`), scaled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.prototypes = nn.Parameter(torch.randn(5, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x)).unsqueeze(1)
+        return 4.0 * F.cosine_similarity(h, self.prototypes, dim=-1)
+
+
+def make_cosine_head() -> nn.Module:
+    return CosineHead()
+
+
+def batch_cosine_head(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 6, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -1127,6 +1151,13 @@ MODELS: dict[str, ModelSpec] = {
             "clamp_max(1.5), channel_shuffle(3), depthwise 3x3 + clamp_min(-0.25) + clamp_max(6), grouped 1x1, "
             "residual, mean, Linear(12,5)",
             notes=["torch fallbacks: backward `channel_shuffle_vjp`, `clamp_min_vjp`, `clamp_max_vjp`"],
+        ),
+        ModelSpec(
+            "cosine-head",
+            make_cosine_head,
+            batch_cosine_head,
+            description="Linear(6,8) + tanh, logits 4 * cosine_similarity with 5 learned prototypes (broadcast, dim -1)",
+            notes=["torch fallback: backward `cosine_similarity_vjp` (both operands, the prototypes' summed over the batch)"],
         ),
     ]
 }

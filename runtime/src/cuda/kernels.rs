@@ -591,6 +591,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::AdaptiveMaxPoolBackward { .. }
         | Kernel::Bilinear { .. }
         | Kernel::BilinearVjp { .. }
+        | Kernel::CosineSimilarity { .. }
+        | Kernel::CosineSimilarityVjp { .. }
         // no CUDA kernel: the backend refuses it by name
         | Kernel::Shift { .. } => vec![],
     };
@@ -657,6 +659,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::AdaptiveMaxPoolBackward { .. }
             | Kernel::Bilinear { .. }
             | Kernel::BilinearVjp { .. }
+            | Kernel::CosineSimilarity { .. }
+            | Kernel::CosineSimilarityVjp { .. }
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding

@@ -56,6 +56,7 @@ pub(crate) fn run<B: Backend>(
     if let Some(r) = conv_transpose::run(backend, kernel, inputs)
         .or_else(|| crate::exec::attention::run(backend, kernel, inputs))
         .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::cosine_similarity::run(backend, kernel, inputs))
     {
         return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
@@ -259,6 +260,7 @@ pub(crate) fn run_multi<B: Backend>(
     }
     if let Some(r) = crate::exec::attention::run(backend, kernel, inputs)
         .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::cosine_similarity::run(backend, kernel, inputs))
     {
         return Some(r);
     }

@@ -291,6 +291,19 @@ pub enum Kernel {
         bound: f64,
         upper: bool,
     },
+    /// `cosine_similarity(x1, x2, dim, eps)`, `dim` of the broadcast shape
+    /// (`exec/cosine_similarity.rs`).
+    CosineSimilarity {
+        dim: usize,
+        eps: f64,
+    },
+    /// Thunder's `cosine_similarity_vjp`: inputs `x1, x2, g`; the gradients `outputs` names
+    /// (x1's, x2's), in that order.
+    CosineSimilarityVjp {
+        dim: usize,
+        eps: f64,
+        outputs: [bool; 2],
+    },
     /// `adaptive_max_pool1d/2d` of the last `out.len()` dimensions to `out`, the maxima only
     /// (`exec/adaptive_max_pool.rs`).
     AdaptiveMaxPool {
@@ -656,6 +669,7 @@ impl Kernel {
             Kernel::MultiHeadAttention(_) => 2,
             Kernel::MultiHeadAttentionVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
             Kernel::BilinearVjp { outputs } => outputs.iter().filter(|&&o| o).count(),
+            Kernel::CosineSimilarityVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }

@@ -305,6 +305,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ),
         ("ltorch.detach", Cpu(identity)),
         ("ltorch.detach_vjp", Cpu(detach_vjp)),
+        ("ltorch.cosine_similarity", Cpu(cosine_similarity)),
+        ("ltorch.cosine_similarity_vjp", Cpu(cosine_similarity_vjp)),
         ("ltorch.bilinear", Cpu(bilinear)),
         ("ltorch.bilinear_vjp", Cpu(bilinear_vjp)),
         ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
@@ -1459,6 +1461,45 @@ fn detach_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
     // the gradient is read (the statement's operand) but does not change the zeros
     o.inputs.clear();
     filled(o, 0.0)
+}
+
+/// `cosine_similarity(x1, x2, dim=1, eps=1e-8)`: `dim` of the operands' broadcast rank.
+fn cosine_similarity(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "x1")?;
+    o.tensor(1, "x2")?;
+    let rank = o.in_shape(0)?.len().max(o.in_shape(1)?.len());
+    let dim = o.int(2, "dim")?.unwrap_or(1);
+    let eps = o.number(3, "eps")?.unwrap_or(1e-8);
+    Ok(Kernel::CosineSimilarity {
+        dim: norm_dim(dim, rank)?,
+        eps,
+    })
+}
+
+/// Thunder's `cosine_similarity_vjp`: the gradients of `x1` and `x2` the statement names.
+fn cosine_similarity_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    const FORWARD: &str = "ltorch.cosine_similarity";
+    let node = o.node;
+    let fwd = fallback_forward(node, FORWARD)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let Kernel::CosineSimilarity { dim, eps } = cosine_similarity(&mut f)? else {
+        return Err(format!("{FORWARD} decodes to another kernel"));
+    };
+    let outputs = [0, 1].map(|i| names_gradient(node, i));
+    let count = outputs.iter().filter(|&&n| n).count();
+    if count != node.outputs().len() {
+        return Err(format!(
+            "the statement binds {} results; the gradients of {FORWARD}'s operands it names \
+             are {count}",
+            node.outputs().len()
+        ));
+    }
+    let [a, b, ..] = f.inputs[..] else {
+        return Err(format!("{FORWARD} reads no two inputs"));
+    };
+    o.inputs.extend([a, b]);
+    output_gradient(o, FORWARD)?;
+    Ok(Kernel::CosineSimilarityVjp { dim, eps, outputs })
 }
 
 /// `bilinear(input1, input2, weight, bias=None)`.

@@ -11,6 +11,7 @@ pub(crate) mod bool_ops;
 pub(crate) mod composer;
 pub(crate) mod composite;
 pub(crate) mod conv_transpose;
+pub(crate) mod cosine_similarity;
 pub(crate) mod executor;
 pub(crate) mod grouped_mm;
 pub(crate) mod kernel;
