@@ -493,3 +493,91 @@ fn cosine_similarity_and_its_gradient_are_pytorchs() {
     close(&out[3], &[1.0, 0.0]);
     close(&out[4], &[0.0, -0.5, 3.333_333_333_333_333_7e-10, 0.0]);
 }
+
+/// PyTorch's im2col over coordinates: column `(c * kh + ki) * kw + kj`, position `i * ow + j`
+/// holds the zero-padded input at `(i * sh + ki * dh - ph, j * sw + kj * dw - pw)`; fold adds
+/// each column entry back there.
+fn im2col_reference(
+    x: &[f64],
+    [n, c, h, w]: [usize; 4],
+    k: [usize; 2],
+    d: [usize; 2],
+    p: [usize; 2],
+    s: [usize; 2],
+) -> (Vec<f64>, [usize; 2], Vec<(usize, usize)>) {
+    let oh = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) / s[0] + 1;
+    let ow = (w + 2 * p[1] - d[1] * (k[1] - 1) - 1) / s[1] + 1;
+    let mut cols = Vec::new();
+    // (column entry, input index) pairs where the entry reads the input
+    let mut map = Vec::new();
+    for b in 0..n {
+        for ch in 0..c {
+            for ki in 0..k[0] {
+                for kj in 0..k[1] {
+                    for i in 0..oh {
+                        for j in 0..ow {
+                            let y = (i * s[0] + ki * d[0]) as i64 - p[0] as i64;
+                            let xx = (j * s[1] + kj * d[1]) as i64 - p[1] as i64;
+                            let inside = y >= 0 && xx >= 0 && (y as usize) < h && (xx as usize) < w;
+                            if inside {
+                                let at = ((b * c + ch) * h + y as usize) * w + xx as usize;
+                                map.push((cols.len(), at));
+                                cols.push(x[at]);
+                            } else {
+                                cols.push(0.0);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (cols, [oh, ow], map)
+}
+
+/// `F.unfold` and `F.fold` as Thunder prints them, with their `_vjp`s (each the other), against
+/// the coordinate definition; overlapping windows (stride below the kernel) sum in fold.
+#[test]
+fn unfold_and_fold_are_im2col_and_col2im() {
+    let text = r#"def f(x, g, u, h):
+  # x: "cpu f64[2, 3, 5, 6]"
+  # g: "cpu f64[2, 18, 9]"
+  # u: "cpu f64[2, 18, 9]"
+  # h: "cpu f64[2, 3, 5, 6]"
+  t1 = torch.nn.functional.unfold(x, (2, 3), dilation=1, padding=1, stride=2)  # t1: "cpu f64[2, 18, 9]"
+  (t2, (_, _)) = unfold_vjp(((x, (2, 3)), {'dilation': 1, 'padding': 1, 'stride': 2}), g)
+  t3 = torch.nn.functional.fold(u, output_size=(5, 6), kernel_size=(2, 3), padding=1, stride=2)  # t3: "cpu f64[2, 3, 5, 6]"
+  (t4,) = fold_vjp(((u,), {'output_size': (5, 6), 'kernel_size': (2, 3), 'padding': 1, 'stride': 2}), h)
+  t5 = torch.nn.functional.unfold(x, 3, 2, 0, 1)  # t5: "cpu f64[2, 27, 2]"
+  return (t1, t2, t3, t4, t5)
+"#;
+    let dims = [2, 3, 5, 6];
+    let xv: Vec<f64> = (0..180).map(|i| i as f64 * 0.5 - 7.0).collect();
+    let gv: Vec<f64> = (0..2 * 18 * 9).map(|i| (i % 13) as f64 - 6.0).collect();
+    let hv: Vec<f64> = (0..180).map(|i| (i % 7) as f64).collect();
+    let t = |shape: Vec<usize>, v: &[f64]| Tensor::from_f64(shape, v.to_vec());
+    let ins = [
+        t(dims.to_vec(), &xv),
+        t(vec![2, 18, 9], &gv),
+        t(vec![2, 18, 9], &gv),
+        t(dims.to_vec(), &hv),
+    ];
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let out = execute(text, &refs).unwrap_or_else(|e| panic!("{e}"));
+    let (cols, pos, map) = im2col_reference(&xv, dims, [2, 3], [1, 1], [1, 1], [2, 2]);
+    assert_eq!(pos, [3, 3]);
+    assert_eq!(out[0].to_f64_vec(), cols);
+    // fold (and unfold's gradient): each column entry added where it was read
+    let mut folded = vec![0.0; 180];
+    for &(entry, at) in &map {
+        folded[at] += gv[entry];
+    }
+    assert_eq!(out[1].to_f64_vec(), folded);
+    assert_eq!(out[2].to_f64_vec(), folded);
+    // fold's gradient: the unfold of h
+    let (hcols, _, _) = im2col_reference(&hv, dims, [2, 3], [1, 1], [1, 1], [2, 2]);
+    assert_eq!(out[3].to_f64_vec(), hcols);
+    let (dilated, pos, _) = im2col_reference(&xv, dims, [3, 3], [2, 2], [0, 0], [1, 1]);
+    assert_eq!(pos, [1, 2]);
+    assert_eq!(out[4].to_f64_vec(), dilated);
+}

@@ -345,6 +345,66 @@ fn adaptive_max_pool2d(cx: &MetaCx) -> R {
     adaptive_max_pool(cx, 2)
 }
 
+/// The window positions of `unfold`/`fold` over an `[h, w]` plane (`kernel_size`,
+/// `dilation`, `padding`, `stride`: an int or a pair each).
+fn im2col_positions(cx: &MetaCx, h: usize, w: usize) -> Result<[usize; 2], String> {
+    let k = per_dim(cx, "kernel_size", 2)?;
+    let d = per_dim(cx, "dilation", 2)?;
+    let p = per_dim(cx, "padding", 2)?;
+    let s = per_dim(cx, "stride", 2)?;
+    let mut out = [0; 2];
+    for (i, len) in [h, w].into_iter().enumerate() {
+        out[i] = window_out(cx.op, len as i64, k[i], s[i], p[i], d[i], false)?;
+    }
+    Ok(out)
+}
+
+/// `unfold(input, kernel_size, dilation=1, padding=0, stride=1)` (im2col): `[N, C, H, W]`
+/// (or `[C, H, W]`) to `[N, C * kh * kw, L]`, `L` the window positions.
+fn unfold_im2col(cx: &MetaCx) -> R {
+    let x = cx.tensor_param("input")?;
+    let r = x.shape.len();
+    if !(3..=4).contains(&r) || !x.dtype.is_float() || x.shape[r - 3..].contains(&0) {
+        return Err(format!(
+            "{}: input {} {:?} must be a floating-point [N, C, H, W] or [C, H, W]",
+            cx.op, x.dtype, x.shape
+        ));
+    }
+    let [oh, ow] = im2col_positions(cx, x.shape[r - 2], x.shape[r - 1])?;
+    let k = per_dim(cx, "kernel_size", 2)?;
+    let mut shape = x.shape[..r - 3].to_vec();
+    shape.extend([x.shape[r - 3] * (k[0] * k[1]) as usize, oh * ow]);
+    one(x.with_shape(shape))
+}
+
+/// `fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1)` (col2im):
+/// `[N, C * kh * kw, L]` (or unbatched) to `[N, C, H, W]`, `L` the window positions of
+/// `output_size`.
+fn fold_col2im(cx: &MetaCx) -> R {
+    let x = cx.tensor_param("input")?;
+    let out = per_dim(cx, "output_size", 2)?;
+    let k = per_dim(cx, "kernel_size", 2)?;
+    let r = x.shape.len();
+    let taps = (k[0] * k[1]).max(1) as usize;
+    if !(2..=3).contains(&r) || !x.dtype.is_float() || out.iter().any(|&o| o < 1) {
+        return Err(format!(
+            "{}: input {} {:?} must be floating-point [N, C * kh * kw, L] or unbatched, output              size {out:?} positive",
+            cx.op, x.dtype, x.shape
+        ));
+    }
+    let [oh, ow] = im2col_positions(cx, out[0] as usize, out[1] as usize)?;
+    let (rows, l) = (x.shape[r - 2], x.shape[r - 1]);
+    if rows % taps != 0 || rows == 0 || l != oh * ow {
+        return Err(format!(
+            "{}: input {:?} is not the columns of a {}x{} kernel at {oh}x{ow} positions",
+            cx.op, x.shape, k[0], k[1]
+        ));
+    }
+    let mut shape = x.shape[..r - 2].to_vec();
+    shape.extend([rows / taps, out[0] as usize, out[1] as usize]);
+    one(x.with_shape(shape))
+}
+
 /// `cosine_similarity(x1, x2, dim=1, eps=1e-8)`: both floating tensors of one dtype, broadcast,
 /// `dim` (of the broadcast rank) summed away.
 fn cosine_similarity(cx: &MetaCx) -> R {
@@ -640,6 +700,8 @@ const OPS: &[OpSpec] = &[
     op("ltorch.adaptive_avg_pool2d", &["torch.nn.functional.adaptive_avg_pool2d"], Pure, "a, /, output_size", First, adaptive_avg_pool2d),
     op("ltorch.adaptive_max_pool1d", &["torch.nn.functional.adaptive_max_pool1d"], Pure, "input, output_size, return_indices=False", First, adaptive_max_pool1d),
     op("ltorch.adaptive_max_pool2d", &["torch.nn.functional.adaptive_max_pool2d"], Pure, "input, output_size, return_indices=False", First, adaptive_max_pool2d),
+    op("ltorch.unfold_im2col", &["torch.nn.functional.unfold"], Pure, "input, kernel_size, dilation=1, padding=0, stride=1", First, unfold_im2col),
+    op("ltorch.fold_col2im", &["torch.nn.functional.fold"], Pure, "input, output_size, kernel_size, dilation=1, padding=0, stride=1", First, fold_col2im),
     op("ltorch.cosine_similarity", &["torch.nn.functional.cosine_similarity", "torch.cosine_similarity"], Pure, "x1, x2, dim=1, eps=1e-08", First, cosine_similarity),
     op("ltorch.bilinear", &["torch.nn.functional.bilinear", "torch.bilinear"], Pure, "input1, input2, weight, bias=None", First, bilinear),
     op("ltorch.adaptive_avg_pool2d_backward", &["torch.torch.ops.aten._adaptive_avg_pool2d_backward", "torch.ops.aten._adaptive_avg_pool2d_backward"], Pure, "grad, a", First, adaptive_avg_pool2d_backward),

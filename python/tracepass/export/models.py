@@ -911,6 +911,34 @@ def batch_cosine_head(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
 
 
+class Im2ColConv(nn.Module):
+    """A convolution written as im2col, through Thunder's torch fallbacks (`unfold_vjp`,
+    `fold_vjp`): `F.unfold` (3x3, padding 1, stride 2) of a 1x1 conv's output times a weight matrix, then the
+    columns of a learned 2x2 kernel folded back (`F.fold`, overlapping windows summed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 3, 1)
+        self.weight = nn.Parameter(torch.randn(6, 3 * 9) * 0.2)
+        self.spread = nn.Parameter(torch.randn(4 * 4, 6) * 0.3)
+        self.head = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cols = F.unfold(self.stem(x), 3, padding=1, stride=2)
+        y = torch.tanh(self.weight @ cols)
+        z = F.fold(self.spread @ y, output_size=(8, 8), kernel_size=2, dilation=2, padding=1, stride=2)
+        return self.head(z.flatten(1))
+
+
+def make_im2col() -> nn.Module:
+    return Im2ColConv()
+
+
+def batch_im2col(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 8, 8, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -1158,6 +1186,14 @@ MODELS: dict[str, ModelSpec] = {
             batch_cosine_head,
             description="Linear(6,8) + tanh, logits 4 * cosine_similarity with 5 learned prototypes (broadcast, dim -1)",
             notes=["torch fallback: backward `cosine_similarity_vjp` (both operands, the prototypes' summed over the batch)"],
+        ),
+        ModelSpec(
+            "im2col",
+            make_im2col,
+            batch_im2col,
+            description="1x1 Conv2d(3,3), F.unfold(3x3, pad 1, stride 2) of 8x8, matmul + tanh, matmul, F.fold to 8x8 (2x2 kernel, "
+            "dilation 2, pad 1, stride 2: overlapping), Linear(256,5)",
+            notes=["torch fallbacks: backward `unfold_vjp`, `fold_vjp`"],
         ),
     ]
 }

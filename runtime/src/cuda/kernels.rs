@@ -593,6 +593,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::BilinearVjp { .. }
         | Kernel::CosineSimilarity { .. }
         | Kernel::CosineSimilarityVjp { .. }
+        | Kernel::Im2Col(_)
+        | Kernel::Col2Im { .. }
         // no CUDA kernel: the backend refuses it by name
         | Kernel::Shift { .. } => vec![],
     };
@@ -661,6 +663,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::BilinearVjp { .. }
             | Kernel::CosineSimilarity { .. }
             | Kernel::CosineSimilarityVjp { .. }
+            | Kernel::Im2Col(_)
+            | Kernel::Col2Im { .. }
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding

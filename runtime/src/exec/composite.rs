@@ -50,7 +50,9 @@ pub(crate) fn run<B: Backend>(
     if let Some(r) = crate::exec::setitem::run(backend, kernel, inputs) {
         return Some(r);
     }
-    if let Some(r) = crate::exec::adaptive_max_pool::run(backend, kernel, inputs) {
+    if let Some(r) = crate::exec::adaptive_max_pool::run(backend, kernel, inputs)
+        .or_else(|| crate::exec::im2col::run(backend, kernel, inputs))
+    {
         return Some(r);
     }
     if let Some(r) = conv_transpose::run(backend, kernel, inputs)

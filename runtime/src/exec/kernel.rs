@@ -304,6 +304,13 @@ pub enum Kernel {
         eps: f64,
         outputs: [bool; 2],
     },
+    /// `F.unfold` (im2col): `[N, C, H, W]` to `[N, C * kh * kw, L]` (`exec/im2col.rs`).
+    Im2Col(Window2d),
+    /// `F.fold` (col2im) to an `output` plane: the columns summed back into place.
+    Col2Im {
+        output: [usize; 2],
+        window: Window2d,
+    },
     /// `adaptive_max_pool1d/2d` of the last `out.len()` dimensions to `out`, the maxima only
     /// (`exec/adaptive_max_pool.rs`).
     AdaptiveMaxPool {
@@ -740,6 +747,16 @@ pub struct Mha {
     pub heads: usize,
     /// The weights averaged over heads (`average_attn_weights`).
     pub average: bool,
+}
+
+/// The window of [`Kernel::Im2Col`] and [`Kernel::Col2Im`], per spatial dimension (height,
+/// width).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window2d {
+    pub kernel: [usize; 2],
+    pub dilation: [usize; 2],
+    pub padding: [usize; 2],
+    pub stride: [usize; 2],
 }
 
 /// Which gradients a [`Kernel::ConvTransposeVjp`] gives, in this order.

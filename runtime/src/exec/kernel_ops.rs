@@ -9,7 +9,7 @@
 
 use crate::exec::kernel::{
     Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side,
-    UnaryOp, VjpOutputs,
+    UnaryOp, VjpOutputs, Window2d,
 };
 use std::collections::HashMap;
 
@@ -305,6 +305,16 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ),
         ("ltorch.detach", Cpu(identity)),
         ("ltorch.detach_vjp", Cpu(detach_vjp)),
+        (
+            "ltorch.unfold_im2col",
+            Cpu(|o| im2col(o).map(Kernel::Im2Col)),
+        ),
+        ("ltorch.fold_col2im", Cpu(col2im)),
+        ("ltorch.unfold_im2col_vjp", Cpu(im2col_vjp)),
+        (
+            "ltorch.fold_col2im_vjp",
+            Cpu(|o| single_input_vjp(o, "ltorch.fold_col2im", col2im, fold_grad, false)),
+        ),
         ("ltorch.cosine_similarity", Cpu(cosine_similarity)),
         ("ltorch.cosine_similarity_vjp", Cpu(cosine_similarity_vjp)),
         ("ltorch.bilinear", Cpu(bilinear)),
@@ -1461,6 +1471,90 @@ fn detach_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
     // the gradient is read (the statement's operand) but does not change the zeros
     o.inputs.clear();
     filled(o, 0.0)
+}
+
+/// The window of `unfold(input, kernel_size, dilation=1, padding=0, stride=1)`, its operands
+/// from `first` on (`fold` has the output size before them).
+fn window2d(o: &Ops<'_>, first: usize) -> Result<Window2d, String> {
+    let pair =
+        |i: usize, key: &str, default: Option<i64>, min: i64| -> Result<[usize; 2], String> {
+            let v = match (o.ints(i, key)?, default) {
+                (Some(v), _) => v,
+                (None, Some(d)) => vec![d],
+                (None, None) => return Err(format!("`{key}` is missing")),
+            };
+            let v: Vec<usize> = v
+                .iter()
+                .map(|&x| usize::try_from(x).ok().filter(|&x| x as i64 >= min))
+                .collect::<Option<_>>()
+                .ok_or_else(|| format!("`{key}` {v:?} must be at least {min}"))?;
+            match v[..] {
+                [a] => Ok([a, a]),
+                [a, b] => Ok([a, b]),
+                _ => Err(format!("`{key}` {v:?} needs one or two entries")),
+            }
+        };
+    Ok(Window2d {
+        kernel: pair(first, "kernel_size", None, 1)?,
+        dilation: pair(first + 1, "dilation", Some(1), 1)?,
+        padding: pair(first + 2, "padding", Some(0), 0)?,
+        stride: pair(first + 3, "stride", Some(1), 1)?,
+    })
+}
+
+/// `unfold(input, kernel_size, dilation=1, padding=0, stride=1)` (im2col).
+fn im2col(o: &mut Ops<'_>) -> Result<Window2d, String> {
+    o.tensor(0, "input")?;
+    window2d(o, 1)
+}
+
+/// `fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1)` (col2im).
+fn col2im(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    let output = match o.ints(1, "output_size")?.as_deref() {
+        Some(&[a]) => [a, a],
+        Some(&[a, b]) => [a, b],
+        other => return Err(format!("`output_size` {other:?} needs one or two entries")),
+    };
+    let output = output
+        .map(|x| usize::try_from(x).ok().filter(|&x| x >= 1))
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| format!("`output_size` {output:?} must be positive"))?;
+    Ok(Kernel::Col2Im {
+        output: [output[0], output[1]],
+        window: window2d(o, 2)?,
+    })
+}
+
+/// A fold's gradient: the unfold of the output's gradient by the same window.
+fn fold_grad(k: Kernel) -> Option<Kernel> {
+    match k {
+        Kernel::Col2Im { window, .. } => Some(Kernel::Im2Col(window)),
+        _ => None,
+    }
+}
+
+/// Thunder's `unfold_vjp`: the fold of the output's gradient back to the input's plane.
+fn im2col_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    const FORWARD: &str = "ltorch.unfold_im2col";
+    let node = o.node;
+    let fwd = fallback_forward(node, FORWARD)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let window = im2col(&mut f)?;
+    let shape = f.in_shape(0)?;
+    let output = match shape[..] {
+        [.., h, w] if (3..=4).contains(&shape.len()) => [h, w],
+        _ => return Err(format!("unfold of a {}-d input", shape.len())),
+    };
+    if node.outputs().len() != 1 || !names_gradient(node, 0) {
+        return Err(format!(
+            "the statement binds {} results; only the gradient of unfold's input is computed",
+            node.outputs().len()
+        ));
+    }
+    output_gradient(o, FORWARD)?;
+    Ok(Kernel::Col2Im { output, window })
 }
 
 /// `cosine_similarity(x1, x2, dim=1, eps=1e-8)`: `dim` of the operands' broadcast rank.
