@@ -31,6 +31,13 @@ fn clamp(cx: &MetaCx) -> R {
     ew(cx, &["a", "min", "max"], &[])
 }
 /// `lerp(start, end, weight)`.
+/// `clamp_min(a, min)` and `clamp_max(a, max)` (Thunder's torch fallbacks).
+fn clamp_min(cx: &MetaCx) -> R {
+    ew(cx, &["a", "min"], &[])
+}
+fn clamp_max(cx: &MetaCx) -> R {
+    ew(cx, &["a", "max"], &[])
+}
 fn lerp(cx: &MetaCx) -> R {
     ew(cx, &["start", "end", "weight"], &[])
 }
@@ -639,6 +646,22 @@ const ARITHMETIC: &[OpSpec] = &[
         "a, /, min=None, max=None",
         Promote,
         clamp,
+    ),
+    op(
+        "ltorch.clamp_min",
+        &["torch.clamp_min", "Tensor.clamp_min"],
+        Pure,
+        "a, /, min",
+        Promote,
+        clamp_min,
+    ),
+    op(
+        "ltorch.clamp_max",
+        &["torch.clamp_max", "Tensor.clamp_max"],
+        Pure,
+        "a, /, max",
+        Promote,
+        clamp_max,
     ),
     op(
         "ltorch.lerp",

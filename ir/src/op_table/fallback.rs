@@ -5,7 +5,7 @@
 //! that runs `torch.autograd.functional.vjp` (`register_default_torch_op`, `backward_adaptor`
 //! in `thunder/torch/__init__.py`). The backward trace prints it as
 //! `(g_a, g_w, g_b, (_, _), ...) = conv_transpose2d_vjp(((a, w, b, (2, 2), ...), {}), g)`
-//! (also `pixel_shuffle`, `pixel_unshuffle`, `roll`, `adaptive_avg_pool1d`,
+//! (also `pixel_shuffle`, `pixel_unshuffle`, `roll`, `adaptive_avg_pool1d`, `adaptive_max_pool1d/2d`, `bilinear`, `detach`, `channel_shuffle`, `clamp_min`, `clamp_max`, `cosine_similarity`, `F.unfold`/`F.fold`,
 //! `multi_head_attention_forward` of `nn.MultiheadAttention`, whose two outputs give two
 //! gradients):
 //! the forward's positional operands and keywords, then one gradient per forward output. The
@@ -125,6 +125,16 @@ const OPS: &[OpSpec] = &[
     op("ltorch.pixel_unshuffle_vjp", &["pixel_unshuffle_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.roll_vjp", &["roll_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.adaptive_avg_pool1d_vjp", &["adaptive_avg_pool1d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.adaptive_max_pool1d_vjp", &["adaptive_max_pool1d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.adaptive_max_pool2d_vjp", &["adaptive_max_pool2d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.detach_vjp", &["detach_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.channel_shuffle_vjp", &["channel_shuffle_vjp", "native_channel_shuffle_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.clamp_min_vjp", &["clamp_min_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.clamp_max_vjp", &["clamp_max_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.unfold_im2col_vjp", &["unfold_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.fold_col2im_vjp", &["fold_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.cosine_similarity_vjp", &["cosine_similarity_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.bilinear_vjp", &["bilinear_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.multi_head_attention_forward_vjp", &["multi_head_attention_forward_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
 ];
 

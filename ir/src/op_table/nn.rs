@@ -281,6 +281,191 @@ fn adaptive_avg_pool1d(cx: &MetaCx) -> R {
     one(x.with_shape(shape))
 }
 
+/// `adaptive_max_pool1d/2d(input, output_size, return_indices=False)` (`n` spatial
+/// dimensions): `[*, C, *spatial]` (one or no batch dimension, every size non-zero) to the
+/// output size, `None` keeping a size. The indices (`return_indices=True`) are refused: the
+/// runtime computes the maxima, and the gradient from the input.
+fn adaptive_max_pool(cx: &MetaCx, n: usize) -> R {
+    let x = cx.tensor_param("input")?;
+    if !matches!(cx.opt("return_indices"), None | Some(Arg::Bool(false))) {
+        return Err(format!(
+            "{}: return_indices=True (the pair of maxima and indices) is not supported",
+            cx.op
+        ));
+    }
+    let r = x.shape.len();
+    if !(n + 1..=n + 2).contains(&r) || x.shape[r - n - 1..].contains(&0) || !x.dtype.is_float() {
+        return Err(format!(
+            "{}: input {} {:?} must be a floating-point tensor of {} or {} dimensions, the              non-batch ones non-zero",
+            cx.op,
+            x.dtype,
+            x.shape,
+            n + 1,
+            n + 2
+        ));
+    }
+    let spatial = &x.shape[r - n..];
+    let sizes: Vec<Option<i64>> = match cx.param("output_size")? {
+        Arg::Tuple(v) | Arg::List(v) => v
+            .iter()
+            .map(|a| match a {
+                Arg::None => Ok(None),
+                a => a.as_int().map(Some).ok_or(()),
+            })
+            .collect::<Result<_, ()>>()
+            .map_err(|()| format!("{}: `output_size` must be integers or None", cx.op))?,
+        _ => vec![Some(cx.int_param("output_size")?)],
+    };
+    let sizes = match sizes.len() {
+        1 => vec![sizes[0]; n],
+        l if l == n => sizes,
+        l => {
+            return Err(format!(
+                "{}: `output_size` has {l} entries for {n} spatial dimensions",
+                cx.op
+            ))
+        }
+    };
+    let mut shape = x.shape[..r - n].to_vec();
+    for (s, &len) in sizes.iter().zip(spatial) {
+        match s {
+            None => shape.push(len),
+            Some(s) if *s >= 1 => shape.push(*s as usize),
+            Some(s) => return Err(format!("{}: output size {s} must be positive", cx.op)),
+        }
+    }
+    one(x.with_shape(shape))
+}
+
+fn adaptive_max_pool1d(cx: &MetaCx) -> R {
+    adaptive_max_pool(cx, 1)
+}
+
+fn adaptive_max_pool2d(cx: &MetaCx) -> R {
+    adaptive_max_pool(cx, 2)
+}
+
+/// The window positions of `unfold`/`fold` over an `[h, w]` plane (`kernel_size`,
+/// `dilation`, `padding`, `stride`: an int or a pair each).
+fn im2col_positions(cx: &MetaCx, h: usize, w: usize) -> Result<[usize; 2], String> {
+    let k = per_dim(cx, "kernel_size", 2)?;
+    let d = per_dim(cx, "dilation", 2)?;
+    let p = per_dim(cx, "padding", 2)?;
+    let s = per_dim(cx, "stride", 2)?;
+    let mut out = [0; 2];
+    for (i, len) in [h, w].into_iter().enumerate() {
+        out[i] = window_out(cx.op, len as i64, k[i], s[i], p[i], d[i], false)?;
+    }
+    Ok(out)
+}
+
+/// `unfold(input, kernel_size, dilation=1, padding=0, stride=1)` (im2col): `[N, C, H, W]`
+/// (or `[C, H, W]`) to `[N, C * kh * kw, L]`, `L` the window positions.
+fn unfold_im2col(cx: &MetaCx) -> R {
+    let x = cx.tensor_param("input")?;
+    let r = x.shape.len();
+    if !(3..=4).contains(&r) || !x.dtype.is_float() || x.shape[r - 3..].contains(&0) {
+        return Err(format!(
+            "{}: input {} {:?} must be a floating-point [N, C, H, W] or [C, H, W]",
+            cx.op, x.dtype, x.shape
+        ));
+    }
+    let [oh, ow] = im2col_positions(cx, x.shape[r - 2], x.shape[r - 1])?;
+    let k = per_dim(cx, "kernel_size", 2)?;
+    let mut shape = x.shape[..r - 3].to_vec();
+    shape.extend([x.shape[r - 3] * (k[0] * k[1]) as usize, oh * ow]);
+    one(x.with_shape(shape))
+}
+
+/// `fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1)` (col2im):
+/// `[N, C * kh * kw, L]` (or unbatched) to `[N, C, H, W]`, `L` the window positions of
+/// `output_size`.
+fn fold_col2im(cx: &MetaCx) -> R {
+    let x = cx.tensor_param("input")?;
+    let out = per_dim(cx, "output_size", 2)?;
+    let k = per_dim(cx, "kernel_size", 2)?;
+    let r = x.shape.len();
+    let taps = (k[0] * k[1]).max(1) as usize;
+    if !(2..=3).contains(&r) || !x.dtype.is_float() || out.iter().any(|&o| o < 1) {
+        return Err(format!(
+            "{}: input {} {:?} must be floating-point [N, C * kh * kw, L] or unbatched, output              size {out:?} positive",
+            cx.op, x.dtype, x.shape
+        ));
+    }
+    let [oh, ow] = im2col_positions(cx, out[0] as usize, out[1] as usize)?;
+    let (rows, l) = (x.shape[r - 2], x.shape[r - 1]);
+    if rows % taps != 0 || rows == 0 || l != oh * ow {
+        return Err(format!(
+            "{}: input {:?} is not the columns of a {}x{} kernel at {oh}x{ow} positions",
+            cx.op, x.shape, k[0], k[1]
+        ));
+    }
+    let mut shape = x.shape[..r - 2].to_vec();
+    shape.extend([rows / taps, out[0] as usize, out[1] as usize]);
+    one(x.with_shape(shape))
+}
+
+/// `cosine_similarity(x1, x2, dim=1, eps=1e-8)`: both floating tensors of one dtype, broadcast,
+/// `dim` (of the broadcast rank) summed away.
+fn cosine_similarity(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("x1")?;
+    let b = cx.tensor_param("x2")?;
+    let shape = crate::types::broadcast_shapes(&a.shape, &b.shape)
+        .filter(|s| !s.is_empty() && a.dtype == b.dtype && a.dtype.is_float() && a.device == b.device)
+        .ok_or_else(|| {
+            format!(
+                "{}: x1 {} {:?} and x2 {} {:?} must be floating tensors of one dtype that broadcast",
+                cx.op, a.dtype, a.shape, b.dtype, b.shape
+            )
+        })?;
+    let dim = match cx.opt("dim") {
+        None => 1,
+        Some(_) => cx.int_param("dim")?,
+    };
+    let d = dim_of(cx, dim, shape.len())?;
+    let mut out = shape;
+    out.remove(d);
+    one(a.with_shape(out))
+}
+
+/// `bilinear(input1, input2, weight, bias=None)`: `[*, in1]` and `[*, in2]` (the same
+/// leading sizes) with `weight [out, in1, in2]` and `bias [out]` to `[*, out]`, all one
+/// floating dtype.
+fn bilinear(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("input1")?;
+    let b = cx.tensor_param("input2")?;
+    let w = cx.tensor_param("weight")?;
+    let bias = cx.opt_tensor("bias")?;
+    let fits = match (&a.shape[..], &b.shape[..], &w.shape[..]) {
+        ([lead_a @ .., i1], [lead_b @ .., i2], [_, w1, w2]) => {
+            lead_a == lead_b && i1 == w1 && i2 == w2
+        }
+        _ => false,
+    };
+    let out = w.shape.first().copied().unwrap_or(0);
+    let bias_fits = bias.as_ref().is_none_or(|t| t.shape[..] == [out]);
+    let same = [&b, &w]
+        .into_iter()
+        .chain(bias.as_ref())
+        .all(|t| t.dtype == a.dtype && t.device == a.device);
+    if !fits || !bias_fits || !same || !a.dtype.is_float() {
+        return Err(format!(
+            "{}: input1 {} {:?}, input2 {} {:?}, weight {} {:?} and bias {:?} do not fit              (`[*, in1]`, `[*, in2]`, `[out, in1, in2]`, `[out]`, one floating dtype)",
+            cx.op,
+            a.dtype,
+            a.shape,
+            b.dtype,
+            b.shape,
+            w.dtype,
+            w.shape,
+            bias.map(|t| t.shape)
+        ));
+    }
+    let mut shape = a.shape[..a.shape.len() - 1].to_vec();
+    shape.push(out);
+    one(a.with_shape(shape))
+}
+
 /// `_adaptive_avg_pool2d_backward(grad, a)`: the gradient with respect to `a`.
 fn adaptive_avg_pool2d_backward(cx: &MetaCx) -> R {
     let g = cx.tensor_param("grad")?;
@@ -513,6 +698,12 @@ const OPS: &[OpSpec] = &[
     op("ltorch.max_pool3d", &["torch.nn.functional.max_pool3d"], Pure, "a, /, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False", Meta, max_pool3d),
     op("ltorch.adaptive_avg_pool1d", &["torch.nn.functional.adaptive_avg_pool1d", "torch.adaptive_avg_pool1d"], Pure, "input, output_size", First, adaptive_avg_pool1d),
     op("ltorch.adaptive_avg_pool2d", &["torch.nn.functional.adaptive_avg_pool2d"], Pure, "a, /, output_size", First, adaptive_avg_pool2d),
+    op("ltorch.adaptive_max_pool1d", &["torch.nn.functional.adaptive_max_pool1d"], Pure, "input, output_size, return_indices=False", First, adaptive_max_pool1d),
+    op("ltorch.adaptive_max_pool2d", &["torch.nn.functional.adaptive_max_pool2d"], Pure, "input, output_size, return_indices=False", First, adaptive_max_pool2d),
+    op("ltorch.unfold_im2col", &["torch.nn.functional.unfold"], Pure, "input, kernel_size, dilation=1, padding=0, stride=1", First, unfold_im2col),
+    op("ltorch.fold_col2im", &["torch.nn.functional.fold"], Pure, "input, output_size, kernel_size, dilation=1, padding=0, stride=1", First, fold_col2im),
+    op("ltorch.cosine_similarity", &["torch.nn.functional.cosine_similarity", "torch.cosine_similarity"], Pure, "x1, x2, dim=1, eps=1e-08", First, cosine_similarity),
+    op("ltorch.bilinear", &["torch.nn.functional.bilinear", "torch.bilinear"], Pure, "input1, input2, weight, bias=None", First, bilinear),
     op("ltorch.adaptive_avg_pool2d_backward", &["torch.torch.ops.aten._adaptive_avg_pool2d_backward", "torch.ops.aten._adaptive_avg_pool2d_backward"], Pure, "grad, a", First, adaptive_avg_pool2d_backward),
     op("ltorch.embedding", &["torch.nn.functional.embedding"], Pure, "a, /, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False", Meta, embedding),
     op("ltorch.embedding_backward", &["prims.embedding_backward", "torch.torch.ops.aten.embedding_backward", "torch.ops.aten.embedding_backward"], Pure, "grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse", First, embedding_backward),

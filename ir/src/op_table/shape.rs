@@ -178,6 +178,20 @@ fn triangle(cx: &MetaCx) -> R {
     one(t)
 }
 
+/// `channel_shuffle(input, groups)`: `[N, C, *]` (at least 3 dimensions) with `C` divisible by
+/// `groups`, the channels reordered, the shape kept.
+fn channel_shuffle(cx: &MetaCx) -> R {
+    let x = cx.tensor_param("input")?;
+    let g = cx.int_param("groups")?;
+    match x.shape.get(1) {
+        Some(&c) if x.shape.len() >= 3 && g >= 1 && c % g as usize == 0 => one(x),
+        _ => Err(format!(
+            "{}: input {:?} (at least 3 dimensions, channels divisible by groups) with {g} groups",
+            cx.op, x.shape
+        )),
+    }
+}
+
 /// `pixel_shuffle(input, upscale_factor)`: `[*, C * r * r, H, W]` to `[*, C, H * r, W * r]`.
 fn pixel_shuffle(cx: &MetaCx) -> R {
     let t = cx.tensor_param("input")?;
@@ -694,6 +708,7 @@ const OPS: &[OpSpec] = &[
     op("ltorch.triu", &["torch.triu", "Tensor.triu"], Pure, "a, /, diagonal=0, *, fill_value=None", First, triangle),
     op("ltorch.tril", &["torch.tril", "Tensor.tril"], Pure, "a, /, diagonal=0, *, fill_value=None", First, triangle),
     op("ltorch.pixel_shuffle", &["torch.nn.functional.pixel_shuffle", "torch.pixel_shuffle"], Pure, "input, upscale_factor", First, pixel_shuffle),
+    op("ltorch.channel_shuffle", &["torch.nn.functional.channel_shuffle", "torch.channel_shuffle", "torch.nn.functional.native_channel_shuffle", "torch.native_channel_shuffle"], Pure, "input, groups", First, channel_shuffle),
     op("ltorch.pixel_unshuffle", &["torch.nn.functional.pixel_unshuffle", "torch.pixel_unshuffle"], Pure, "input, downscale_factor", First, pixel_unshuffle),
     op("ltorch.roll", &["torch.roll", "Tensor.roll"], Pure, "input, shifts, dims=None", First, roll),
     op("ltorch.permute", &["torch.permute", "Tensor.permute"], Pure, "a, /, *dims", First, permute),
@@ -711,6 +726,8 @@ const OPS: &[OpSpec] = &[
     op("ltorch.getitem", &["Tensor.__getitem__"], Pure, "a, /, key", First, getitem),
     op("ltorch.contiguous", &["Tensor.contiguous", "torch.contiguous"], Pure, "a, /, *, memory_format=None", First, identity),
     op("ltorch.clone", &["prims.clone", "torch.clone", "Tensor.clone"], Pure, "a, /, *, memory_format=None", First, identity),
+    // registered by Thunder as a torch fallback: the value, with no gradient (`detach_vjp`)
+    op("ltorch.detach", &["torch.detach", "Tensor.detach"], Pure, "a, /", First, identity),
     op("prims.shallow_copy", &["shallow_copy"], Pure, "a, /", First, identity),
     op("ltorch.to", &["Tensor.to", "torch.Tensor.to", "torch.to"], Pure, "a, tensor_dtype_or_device=None, optional_positional_dtype=None, /, *, device=None, dtype=None, copy=False, memory_format=None", Meta, to),
     op("prims.convert_element_type", &[], Pure, "a, /, dtype", Meta, convert),

@@ -805,6 +805,140 @@ def batch_slice_assign(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randint(0, 10, (4,), generator=gen, dtype=torch.int64)
 
 
+class AdaptiveMaxPools(nn.Module):
+    """Adaptive max pooling through Thunder's torch fallback (`adaptive_max_pool2d_vjp`,
+    `adaptive_max_pool1d_vjp`): a 7x7 map pooled to 3x5 (uneven, overlapping windows), and each
+    row of it interleaved with its detached copy (`[y0.detach(), y0, y1.detach(), ...]`, every
+    maximum a tie) pooled to 4, so the gradient reaches `y` only where PyTorch's first-maximum
+    rule sends it to the live copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 3 * 5 + 4 * 7 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        a = F.adaptive_max_pool2d(y, (3, 5))
+        t = torch.stack([y.detach(), y], -1).flatten(-2).flatten(1, 2)
+        b = F.adaptive_max_pool1d(t, 4)
+        return self.head(torch.cat([a.flatten(1), b.flatten(1)], 1))
+
+
+def make_adaptive_max_pools() -> nn.Module:
+    return AdaptiveMaxPools()
+
+
+def batch_adaptive_max_pools(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 7, 7, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
+class BilinearNet(nn.Module):
+    """`nn.Bilinear` through Thunder's torch fallback (`bilinear_vjp`: gradients of both inputs,
+    the weight and the bias), fed a linear map of the input and a nonlinear one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = nn.Linear(6, 5)
+        self.bilinear = nn.Bilinear(5, 6, 4)
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.bilinear(self.left(x), torch.sin(x))))
+
+
+def make_bilinear() -> nn.Module:
+    return BilinearNet()
+
+
+def batch_bilinear(gen: torch.Generator) -> Batch:
+    x = torch.randn(3, 4, 6, generator=gen)
+    return OrderedDict(x=x), torch.randn(3, 4, 5, generator=gen)
+
+
+class ShuffleUnit(nn.Module):
+    """A ShuffleNet unit in miniature, through Thunder's torch fallbacks (`channel_shuffle_vjp`,
+    `clamp_min_vjp`, `clamp_max_vjp`): grouped 1x1 conv, channel shuffle, depthwise 3x3 conv,
+    grouped 1x1 conv, residual; activations bounded by `clamp_min`/`clamp_max` (a ReLU6 spelled
+    out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 12, 3, padding=1)
+        self.squeeze = nn.Conv2d(12, 12, 1, groups=3)
+        self.depthwise = nn.Conv2d(12, 12, 3, padding=1, groups=12)
+        self.expand = nn.Conv2d(12, 12, 1, groups=3)
+        self.head = nn.Linear(12, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.clamp_min(self.stem(x), 0.0)
+        z = F.channel_shuffle(self.squeeze(y).clamp_max(1.5), 3)
+        z = self.expand(torch.clamp_max(torch.clamp_min(self.depthwise(z), -0.25), 6.0))
+        return self.head((y + z).mean((2, 3)))
+
+
+def make_shuffle_unit() -> nn.Module:
+    return ShuffleUnit()
+
+
+def batch_shuffle_unit(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 8, 8, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
+class CosineHead(nn.Module):
+    """A prototype classifier through Thunder's torch fallback (`cosine_similarity_vjp`): the
+    logits are the cosine similarities of each embedded row with 5 learned prototypes (both
+    operands broadcast, `dim=-1`), scaled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.prototypes = nn.Parameter(torch.randn(5, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x)).unsqueeze(1)
+        return 4.0 * F.cosine_similarity(h, self.prototypes, dim=-1)
+
+
+def make_cosine_head() -> nn.Module:
+    return CosineHead()
+
+
+def batch_cosine_head(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 6, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
+class Im2ColConv(nn.Module):
+    """A convolution written as im2col, through Thunder's torch fallbacks (`unfold_vjp`,
+    `fold_vjp`): `F.unfold` (3x3, padding 1, stride 2) of a 1x1 conv's output times a weight matrix, then the
+    columns of a learned 2x2 kernel folded back (`F.fold`, overlapping windows summed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 3, 1)
+        self.weight = nn.Parameter(torch.randn(6, 3 * 9) * 0.2)
+        self.spread = nn.Parameter(torch.randn(4 * 4, 6) * 0.3)
+        self.head = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cols = F.unfold(self.stem(x), 3, padding=1, stride=2)
+        y = torch.tanh(self.weight @ cols)
+        z = F.fold(self.spread @ y, output_size=(8, 8), kernel_size=2, dilation=2, padding=1, stride=2)
+        return self.head(z.flatten(1))
+
+
+def make_im2col() -> nn.Module:
+    return Im2ColConv()
+
+
+def batch_im2col(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 3, 8, 8, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -1020,6 +1154,46 @@ MODELS: dict[str, ModelSpec] = {
             description="Linear(16,24), writes into its clone (slice, `...` column, index-tensor columns, bool mask) "
             "and into a fresh zeros buffer (slice, stepped slice, int row, `__setitem__`), Linear(32,10)",
             notes=["Python-level writes: `copy_with_setitem_impl` + `copy_`; backward `Tensor.__getitem__` by a tensor"],
+        ),
+        ModelSpec(
+            "adaptive-max-pools",
+            make_adaptive_max_pools,
+            batch_adaptive_max_pools,
+            description="Conv2d(3,4,3,pad 1) on 7x7, adaptive_max_pool2d to 3x5, adaptive_max_pool1d to 4 of the rows "
+            "interleaved with their detached copies (ties everywhere), Linear(172,5)",
+            notes=["torch fallbacks: backward `adaptive_max_pool2d_vjp`, `adaptive_max_pool1d_vjp`"],
+        ),
+        ModelSpec(
+            "bilinear",
+            make_bilinear,
+            batch_bilinear,
+            loss="mse",
+            description="Linear(6,5), nn.Bilinear(5,6,4) of it and sin(x) on [3,4,*] inputs, tanh, Linear(4,5)",
+            notes=["torch fallback: backward `bilinear_vjp` (both inputs, weight, bias)"],
+        ),
+        ModelSpec(
+            "shuffle-unit",
+            make_shuffle_unit,
+            batch_shuffle_unit,
+            description="ShuffleNet-style unit: Conv2d(3,12,3) + clamp_min(0), grouped 1x1 Conv2d(12,12,g=3) + "
+            "clamp_max(1.5), channel_shuffle(3), depthwise 3x3 + clamp_min(-0.25) + clamp_max(6), grouped 1x1, "
+            "residual, mean, Linear(12,5)",
+            notes=["torch fallbacks: backward `channel_shuffle_vjp`, `clamp_min_vjp`, `clamp_max_vjp`"],
+        ),
+        ModelSpec(
+            "cosine-head",
+            make_cosine_head,
+            batch_cosine_head,
+            description="Linear(6,8) + tanh, logits 4 * cosine_similarity with 5 learned prototypes (broadcast, dim -1)",
+            notes=["torch fallback: backward `cosine_similarity_vjp` (both operands, the prototypes' summed over the batch)"],
+        ),
+        ModelSpec(
+            "im2col",
+            make_im2col,
+            batch_im2col,
+            description="1x1 Conv2d(3,3), F.unfold(3x3, pad 1, stride 2) of 8x8, matmul + tanh, matmul, F.fold to 8x8 (2x2 kernel, "
+            "dilation 2, pad 1, stride 2: overlapping), Linear(256,5)",
+            notes=["torch fallbacks: backward `unfold_vjp`, `fold_vjp`"],
         ),
     ]
 }

@@ -561,6 +561,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         Kernel::Triangle { .. }
         | Kernel::OneHot { .. }
         | Kernel::PixelShuffle { .. }
+        | Kernel::ChannelShuffle { .. }
+        | Kernel::ClampBoundBackward { .. }
         | Kernel::Roll { .. }
         | Kernel::TruncDivide { .. }
         | Kernel::AdaptiveAvgPool1d { .. }
@@ -585,6 +587,14 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::GetItemTensor { .. }
         | Kernel::MultiHeadAttention(_)
         | Kernel::MultiHeadAttentionVjp { .. }
+        | Kernel::AdaptiveMaxPool { .. }
+        | Kernel::AdaptiveMaxPoolBackward { .. }
+        | Kernel::Bilinear { .. }
+        | Kernel::BilinearVjp { .. }
+        | Kernel::CosineSimilarity { .. }
+        | Kernel::CosineSimilarityVjp { .. }
+        | Kernel::Im2Col(_)
+        | Kernel::Col2Im { .. }
         // no CUDA kernel: the backend refuses it by name
         | Kernel::Shift { .. } => vec![],
     };
@@ -621,6 +631,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::Triangle { .. }
             | Kernel::OneHot { .. }
             | Kernel::PixelShuffle { .. }
+            | Kernel::ChannelShuffle { .. }
+            | Kernel::ClampBoundBackward { .. }
             | Kernel::Roll { .. }
             | Kernel::TruncDivide { .. }
             | Kernel::AdaptiveAvgPool1d { .. }
@@ -645,6 +657,14 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::GetItemTensor { .. }
             | Kernel::MultiHeadAttention(_)
             | Kernel::MultiHeadAttentionVjp { .. }
+            | Kernel::AdaptiveMaxPool { .. }
+            | Kernel::AdaptiveMaxPoolBackward { .. }
+            | Kernel::Bilinear { .. }
+            | Kernel::BilinearVjp { .. }
+            | Kernel::CosineSimilarity { .. }
+            | Kernel::CosineSimilarityVjp { .. }
+            | Kernel::Im2Col(_)
+            | Kernel::Col2Im { .. }
             | Kernel::MaxPool2d { .. }
             | Kernel::MaxPool2dBackward
             | Kernel::Embedding

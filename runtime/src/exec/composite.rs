@@ -50,8 +50,15 @@ pub(crate) fn run<B: Backend>(
     if let Some(r) = crate::exec::setitem::run(backend, kernel, inputs) {
         return Some(r);
     }
+    if let Some(r) = crate::exec::adaptive_max_pool::run(backend, kernel, inputs)
+        .or_else(|| crate::exec::im2col::run(backend, kernel, inputs))
+    {
+        return Some(r);
+    }
     if let Some(r) = conv_transpose::run(backend, kernel, inputs)
         .or_else(|| crate::exec::attention::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::cosine_similarity::run(backend, kernel, inputs))
     {
         return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
@@ -73,6 +80,17 @@ pub(crate) fn run<B: Backend>(
         Kernel::PixelShuffle { factor, inverse } => input("pixel_shuffle", inputs)
             .and_then(|x| pixel_shuffle(backend, *factor, *inverse, x)),
         Kernel::TruncDivide { a, b } => trunc_divide(backend, *a, *b, inputs),
+        Kernel::ChannelShuffle { groups, inverse } => input("channel_shuffle", inputs)
+            .and_then(|x| channel_shuffle(backend, *groups, *inverse, x)),
+        Kernel::ClampBoundBackward { bound, upper } => match inputs {
+            [Input::Tensor(g), Input::Tensor(x)] => {
+                clamp_bound_backward(backend, *bound, *upper, g, x)
+            }
+            _ => Err(err(
+                "clamp_bound_backward",
+                "inputs must be the gradient and the input".into(),
+            )),
+        },
         Kernel::Roll { shifts, dims } => {
             input("roll", inputs).and_then(|x| roll(backend, shifts, dims.as_deref(), x))
         }
@@ -242,7 +260,10 @@ pub(crate) fn run_multi<B: Backend>(
     if let Some(r) = crate::exec::vocab_composite::run_multi(backend, kernel, inputs) {
         return Some(r);
     }
-    if let Some(r) = crate::exec::attention::run(backend, kernel, inputs) {
+    if let Some(r) = crate::exec::attention::run(backend, kernel, inputs)
+        .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::cosine_similarity::run(backend, kernel, inputs))
+    {
         return Some(r);
     }
     conv_transpose::run(backend, kernel, inputs)
@@ -421,6 +442,62 @@ fn one_hot<B: Backend>(
     backend.run(&Kernel::Convert(DType::I64), &[Input::Tensor(&hit)])
 }
 
+/// `channel_shuffle(x, g)`: `[N, C, *]` as `[N, g, C / g, rest]`, dimensions 1 and 2 swapped
+/// (with `inverse`, as `[N, C / g, g, rest]`: the shuffle back), the shape kept.
+fn channel_shuffle<B: Backend>(
+    backend: &B,
+    groups: usize,
+    inverse: bool,
+    x: &B::Tensor,
+) -> Result<B::Tensor, KernelError> {
+    let shape = backend.shape(x).to_vec();
+    let c = shape.get(1).copied().unwrap_or(0);
+    if shape.len() < 3 || groups == 0 || !c.is_multiple_of(groups) {
+        return Err(err(
+            "channel_shuffle",
+            format!("{shape:?} in {groups} groups"),
+        ));
+    }
+    let rest: usize = shape[2..].iter().product();
+    let (a, b) = if inverse {
+        (c / groups, groups)
+    } else {
+        (groups, c / groups)
+    };
+    let split = backend.run(
+        &Kernel::Reshape(vec![shape[0], a, b, rest]),
+        &[Input::Tensor(x)],
+    )?;
+    let swapped = backend.run(&Kernel::Permute(vec![0, 2, 1, 3]), &[Input::Tensor(&split)])?;
+    backend.run(&Kernel::Reshape(shape), &[Input::Tensor(&swapped)])
+}
+
+/// `where(x >= bound, g, 0)` (`upper`: `x <= bound`): NaN passes no gradient, as in PyTorch.
+fn clamp_bound_backward<B: Backend>(
+    backend: &B,
+    bound: f64,
+    upper: bool,
+    g: &B::Tensor,
+    x: &B::Tensor,
+) -> Result<B::Tensor, KernelError> {
+    let inside = backend.run(
+        &Kernel::Compare {
+            op: if upper { CompareOp::Le } else { CompareOp::Ge },
+            a: Side::Input(0),
+            b: Side::Scalar(bound),
+        },
+        &[Input::Tensor(x)],
+    )?;
+    backend.run(
+        &Kernel::Where {
+            a: Side::Input(1),
+            b: Side::Scalar(0.0),
+            dtype: backend.dtype(g),
+        },
+        &[Input::Tensor(&inside), Input::Tensor(g)],
+    )
+}
+
 /// `pixel_shuffle(x, r)`: `[*, C r r, H, W]` to `[*, C, H r, W r]`, element
 /// `[c, h r + i, w r + j]` from channel `c r r + i r + j`; with `inverse`, `pixel_unshuffle`.
 fn pixel_shuffle<B: Backend>(
@@ -590,7 +667,35 @@ pub(crate) fn parts(kernel: &Kernel, d: DType) -> Option<Vec<(Kernel, DType)>> {
             (compare(CompareOp::Eq), DType::I64),
             (Kernel::Convert(DType::I64), DType::Bool),
         ],
-        Kernel::PixelShuffle { .. } => vec![(Kernel::Permute(vec![]), d)],
+        Kernel::PixelShuffle { .. } | Kernel::ChannelShuffle { .. } => {
+            vec![(Kernel::Permute(vec![]), d)]
+        }
+        Kernel::ClampBoundBackward { .. } => vec![
+            (
+                Kernel::Compare {
+                    op: CompareOp::Ge,
+                    a: Side::Input(0),
+                    b: Side::Scalar(0.0),
+                },
+                d,
+            ),
+            (
+                Kernel::Compare {
+                    op: CompareOp::Le,
+                    a: Side::Input(0),
+                    b: Side::Scalar(0.0),
+                },
+                d,
+            ),
+            (
+                Kernel::Where {
+                    a: Side::Input(1),
+                    b: Side::Scalar(0.0),
+                    dtype: d,
+                },
+                d,
+            ),
+        ],
         Kernel::AdaptiveAvgPool1d { out } => {
             vec![(Kernel::AdaptiveAvgPool2d { oh: 1, ow: *out }, d)]
         }

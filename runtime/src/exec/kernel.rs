@@ -279,6 +279,57 @@ pub enum Kernel {
     },
     /// Its gradient: inputs `grad, a` (`a` gives the shape).
     AdaptiveAvgPool1dBackward,
+    /// `channel_shuffle(x, groups)` of `[N, C, *]`: `[N, groups, C / groups, *]` with its
+    /// dimensions 1 and 2 swapped; with `inverse`, the shuffle back (`exec/composite.rs`).
+    ChannelShuffle {
+        groups: usize,
+        inverse: bool,
+    },
+    /// The gradient of `clamp_min(x, bound)` (`upper`: `clamp_max`): inputs `grad, x`;
+    /// `grad` where `x >= bound` (`x <= bound`), else 0, as PyTorch's derivative formula.
+    ClampBoundBackward {
+        bound: f64,
+        upper: bool,
+    },
+    /// `cosine_similarity(x1, x2, dim, eps)`, `dim` of the broadcast shape
+    /// (`exec/cosine_similarity.rs`).
+    CosineSimilarity {
+        dim: usize,
+        eps: f64,
+    },
+    /// Thunder's `cosine_similarity_vjp`: inputs `x1, x2, g`; the gradients `outputs` names
+    /// (x1's, x2's), in that order.
+    CosineSimilarityVjp {
+        dim: usize,
+        eps: f64,
+        outputs: [bool; 2],
+    },
+    /// `F.unfold` (im2col): `[N, C, H, W]` to `[N, C * kh * kw, L]` (`exec/im2col.rs`).
+    Im2Col(Window2d),
+    /// `F.fold` (col2im) to an `output` plane: the columns summed back into place.
+    Col2Im {
+        output: [usize; 2],
+        window: Window2d,
+    },
+    /// `adaptive_max_pool1d/2d` of the last `out.len()` dimensions to `out`, the maxima only
+    /// (`exec/adaptive_max_pool.rs`).
+    AdaptiveMaxPool {
+        out: Vec<usize>,
+    },
+    /// Its gradient: inputs `grad, a`, the last `dims` dimensions of `a` pooled.
+    AdaptiveMaxPoolBackward {
+        dims: usize,
+    },
+    /// `bilinear(input1, input2, weight[, bias])`: inputs in that order
+    /// (`exec/bilinear.rs`).
+    Bilinear {
+        bias: bool,
+    },
+    /// Thunder's `bilinear_vjp`: inputs `input1, input2, weight, g`; gives the gradients
+    /// `outputs` names, in the order input1, input2, weight, bias.
+    BilinearVjp {
+        outputs: [bool; 4],
+    },
     /// Two outputs: values and i64 indices (per (N, C) plane).
     MaxPool2d {
         kernel: Vec<i64>,
@@ -624,6 +675,8 @@ impl Kernel {
             Kernel::ConvTransposeVjp { outputs, .. } => outputs.count(),
             Kernel::MultiHeadAttention(_) => 2,
             Kernel::MultiHeadAttentionVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
+            Kernel::BilinearVjp { outputs } => outputs.iter().filter(|&&o| o).count(),
+            Kernel::CosineSimilarityVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }
@@ -694,6 +747,16 @@ pub struct Mha {
     pub heads: usize,
     /// The weights averaged over heads (`average_attn_weights`).
     pub average: bool,
+}
+
+/// The window of [`Kernel::Im2Col`] and [`Kernel::Col2Im`], per spatial dimension (height,
+/// width).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window2d {
+    pub kernel: [usize; 2],
+    pub dilation: [usize; 2],
+    pub padding: [usize; 2],
+    pub stride: [usize; 2],
 }
 
 /// Which gradients a [`Kernel::ConvTransposeVjp`] gives, in this order.

@@ -9,7 +9,7 @@
 
 use crate::exec::kernel::{
     Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side,
-    UnaryOp, VjpOutputs,
+    UnaryOp, VjpOutputs, Window2d,
 };
 use std::collections::HashMap;
 
@@ -251,6 +251,74 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
                 single_input_vjp(o, "ltorch.adaptive_avg_pool1d", input, Some, true)
             }),
         ),
+        (
+            "ltorch.adaptive_max_pool1d",
+            Cpu(|o| adaptive_max_pool(o, 1)),
+        ),
+        (
+            "ltorch.adaptive_max_pool2d",
+            Cpu(|o| adaptive_max_pool(o, 2)),
+        ),
+        (
+            "ltorch.adaptive_max_pool1d_vjp",
+            Cpu(|o| {
+                // the gradient reads the output's gradient and the input
+                let input: Decoder = |f| {
+                    f.tensor(0, "input")?;
+                    Ok(Kernel::AdaptiveMaxPoolBackward { dims: 1 })
+                };
+                single_input_vjp(o, "ltorch.adaptive_max_pool1d", input, Some, true)
+            }),
+        ),
+        (
+            "ltorch.adaptive_max_pool2d_vjp",
+            Cpu(|o| {
+                let input: Decoder = |f| {
+                    f.tensor(0, "input")?;
+                    Ok(Kernel::AdaptiveMaxPoolBackward { dims: 2 })
+                };
+                single_input_vjp(o, "ltorch.adaptive_max_pool2d", input, Some, true)
+            }),
+        ),
+        ("ltorch.channel_shuffle", Cpu(|o| channel_shuffle(o, false))),
+        (
+            "ltorch.channel_shuffle_vjp",
+            Cpu(|o| {
+                single_input_vjp(
+                    o,
+                    "ltorch.channel_shuffle",
+                    |f| channel_shuffle(f, false),
+                    inverse_channel_shuffle,
+                    false,
+                )
+            }),
+        ),
+        ("ltorch.clamp_min", Cpu(|o| clamp_bound(o, false))),
+        ("ltorch.clamp_max", Cpu(|o| clamp_bound(o, true))),
+        (
+            "ltorch.clamp_min_vjp",
+            Cpu(|o| clamp_bound_vjp(o, "ltorch.clamp_min", false)),
+        ),
+        (
+            "ltorch.clamp_max_vjp",
+            Cpu(|o| clamp_bound_vjp(o, "ltorch.clamp_max", true)),
+        ),
+        ("ltorch.detach", Cpu(identity)),
+        ("ltorch.detach_vjp", Cpu(detach_vjp)),
+        (
+            "ltorch.unfold_im2col",
+            Cpu(|o| im2col(o).map(Kernel::Im2Col)),
+        ),
+        ("ltorch.fold_col2im", Cpu(col2im)),
+        ("ltorch.unfold_im2col_vjp", Cpu(im2col_vjp)),
+        (
+            "ltorch.fold_col2im_vjp",
+            Cpu(|o| single_input_vjp(o, "ltorch.fold_col2im", col2im, fold_grad, false)),
+        ),
+        ("ltorch.cosine_similarity", Cpu(cosine_similarity)),
+        ("ltorch.cosine_similarity_vjp", Cpu(cosine_similarity_vjp)),
+        ("ltorch.bilinear", Cpu(bilinear)),
+        ("ltorch.bilinear_vjp", Cpu(bilinear_vjp)),
         ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
         ("ltorch.pixel_unshuffle", Cpu(|o| pixel_shuffle(o, true))),
         (
@@ -1298,6 +1366,270 @@ fn adaptive_avg_pool1d(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.tensor(0, "input")?;
     let out = *o.out(0)?.shape.last().ok_or("a 0-d output")?;
     Ok(Kernel::AdaptiveAvgPool1d { out })
+}
+
+/// `adaptive_max_pool1d/2d(input, output_size, return_indices=False)` of `dims` dimensions:
+/// the output size the meta resolved (`None` entries included).
+fn adaptive_max_pool(o: &mut Ops<'_>, dims: usize) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    if o.flag(2, "return_indices")? {
+        return Err("adaptive max pooling with return_indices=True is not supported".into());
+    }
+    let shape = &o.out(0)?.shape;
+    let out = shape
+        .get(shape.len().saturating_sub(dims)..)
+        .filter(|s| s.len() == dims)
+        .ok_or("the pooled output has too few dimensions")?
+        .to_vec();
+    Ok(Kernel::AdaptiveMaxPool { out })
+}
+
+/// `channel_shuffle(input, groups)`.
+fn channel_shuffle(o: &mut Ops<'_>, inverse: bool) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    let groups = o.int(1, "groups")?.ok_or("`groups` is missing")?;
+    Ok(Kernel::ChannelShuffle {
+        groups: usize::try_from(groups)
+            .ok()
+            .filter(|g| *g >= 1)
+            .ok_or_else(|| format!("`groups` {groups} must be positive"))?,
+        inverse,
+    })
+}
+
+/// A channel shuffle's gradient: the shuffle back.
+fn inverse_channel_shuffle(k: Kernel) -> Option<Kernel> {
+    match k {
+        Kernel::ChannelShuffle { groups, inverse } => Some(Kernel::ChannelShuffle {
+            groups,
+            inverse: !inverse,
+        }),
+        _ => None,
+    }
+}
+
+/// `clamp_min(a, min)` (`maximum`) or, with `upper`, `clamp_max(a, max)` (`minimum`); the
+/// bound a number or a tensor.
+fn clamp_bound(o: &mut Ops<'_>, upper: bool) -> Result<Kernel, String> {
+    o.tensor(0, "a")?;
+    let (op, key) = if upper {
+        (BinaryOp::Minimum, "max")
+    } else {
+        (BinaryOp::Maximum, "min")
+    };
+    Ok(Kernel::Binary {
+        op,
+        a: Side::Input(0),
+        b: o.side(1, key)?,
+        alpha: 1.0,
+    })
+}
+
+/// Thunder's `clamp_min_vjp` / `clamp_max_vjp` of a number bound: the input's gradient only. A
+/// tensor bound would get a gradient too, which is not computed: refused.
+fn clamp_bound_vjp(o: &mut Ops<'_>, forward: &'static str, upper: bool) -> Result<Kernel, String> {
+    let node = o.node;
+    let fwd = fallback_forward(node, forward)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let Kernel::Binary {
+        b: Side::Scalar(bound),
+        ..
+    } = clamp_bound(&mut f, upper)?
+    else {
+        return Err(format!(
+            "{forward} with a tensor bound: the bound's gradient is not computed"
+        ));
+    };
+    if node.outputs().len() != 1 || !names_gradient(node, 0) {
+        return Err(format!(
+            "the statement binds {} results; only the gradient of {forward}'s input is computed",
+            node.outputs().len()
+        ));
+    }
+    output_gradient(o, forward)?;
+    let x = *f
+        .inputs
+        .first()
+        .ok_or_else(|| format!("{forward} reads no input"))?;
+    o.inputs.push(x);
+    Ok(Kernel::ClampBoundBackward { bound, upper })
+}
+
+/// Thunder's `detach_vjp`: the output does not depend on the input, so PyTorch's `vjp` gives
+/// the input zeros.
+fn detach_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let node = o.node;
+    let fwd = fallback_forward(node, "ltorch.detach")?;
+    Ops::new(o.trace, &fwd).tensor(0, "a")?;
+    if node.outputs().len() != 1 || !names_gradient(node, 0) {
+        return Err(format!(
+            "the statement binds {} results; detach has one input",
+            node.outputs().len()
+        ));
+    }
+    output_gradient(o, "ltorch.detach")?;
+    // the gradient is read (the statement's operand) but does not change the zeros
+    o.inputs.clear();
+    filled(o, 0.0)
+}
+
+/// The window of `unfold(input, kernel_size, dilation=1, padding=0, stride=1)`, its operands
+/// from `first` on (`fold` has the output size before them).
+fn window2d(o: &Ops<'_>, first: usize) -> Result<Window2d, String> {
+    let pair =
+        |i: usize, key: &str, default: Option<i64>, min: i64| -> Result<[usize; 2], String> {
+            let v = match (o.ints(i, key)?, default) {
+                (Some(v), _) => v,
+                (None, Some(d)) => vec![d],
+                (None, None) => return Err(format!("`{key}` is missing")),
+            };
+            let v: Vec<usize> = v
+                .iter()
+                .map(|&x| usize::try_from(x).ok().filter(|&x| x as i64 >= min))
+                .collect::<Option<_>>()
+                .ok_or_else(|| format!("`{key}` {v:?} must be at least {min}"))?;
+            match v[..] {
+                [a] => Ok([a, a]),
+                [a, b] => Ok([a, b]),
+                _ => Err(format!("`{key}` {v:?} needs one or two entries")),
+            }
+        };
+    Ok(Window2d {
+        kernel: pair(first, "kernel_size", None, 1)?,
+        dilation: pair(first + 1, "dilation", Some(1), 1)?,
+        padding: pair(first + 2, "padding", Some(0), 0)?,
+        stride: pair(first + 3, "stride", Some(1), 1)?,
+    })
+}
+
+/// `unfold(input, kernel_size, dilation=1, padding=0, stride=1)` (im2col).
+fn im2col(o: &mut Ops<'_>) -> Result<Window2d, String> {
+    o.tensor(0, "input")?;
+    window2d(o, 1)
+}
+
+/// `fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1)` (col2im).
+fn col2im(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    let output = match o.ints(1, "output_size")?.as_deref() {
+        Some(&[a]) => [a, a],
+        Some(&[a, b]) => [a, b],
+        other => return Err(format!("`output_size` {other:?} needs one or two entries")),
+    };
+    let output = output
+        .map(|x| usize::try_from(x).ok().filter(|&x| x >= 1))
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| format!("`output_size` {output:?} must be positive"))?;
+    Ok(Kernel::Col2Im {
+        output: [output[0], output[1]],
+        window: window2d(o, 2)?,
+    })
+}
+
+/// A fold's gradient: the unfold of the output's gradient by the same window.
+fn fold_grad(k: Kernel) -> Option<Kernel> {
+    match k {
+        Kernel::Col2Im { window, .. } => Some(Kernel::Im2Col(window)),
+        _ => None,
+    }
+}
+
+/// Thunder's `unfold_vjp`: the fold of the output's gradient back to the input's plane.
+fn im2col_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    const FORWARD: &str = "ltorch.unfold_im2col";
+    let node = o.node;
+    let fwd = fallback_forward(node, FORWARD)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let window = im2col(&mut f)?;
+    let shape = f.in_shape(0)?;
+    let output = match shape[..] {
+        [.., h, w] if (3..=4).contains(&shape.len()) => [h, w],
+        _ => return Err(format!("unfold of a {}-d input", shape.len())),
+    };
+    if node.outputs().len() != 1 || !names_gradient(node, 0) {
+        return Err(format!(
+            "the statement binds {} results; only the gradient of unfold's input is computed",
+            node.outputs().len()
+        ));
+    }
+    output_gradient(o, FORWARD)?;
+    Ok(Kernel::Col2Im { output, window })
+}
+
+/// `cosine_similarity(x1, x2, dim=1, eps=1e-8)`: `dim` of the operands' broadcast rank.
+fn cosine_similarity(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "x1")?;
+    o.tensor(1, "x2")?;
+    let rank = o.in_shape(0)?.len().max(o.in_shape(1)?.len());
+    let dim = o.int(2, "dim")?.unwrap_or(1);
+    let eps = o.number(3, "eps")?.unwrap_or(1e-8);
+    Ok(Kernel::CosineSimilarity {
+        dim: norm_dim(dim, rank)?,
+        eps,
+    })
+}
+
+/// Thunder's `cosine_similarity_vjp`: the gradients of `x1` and `x2` the statement names.
+fn cosine_similarity_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    const FORWARD: &str = "ltorch.cosine_similarity";
+    let node = o.node;
+    let fwd = fallback_forward(node, FORWARD)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let Kernel::CosineSimilarity { dim, eps } = cosine_similarity(&mut f)? else {
+        return Err(format!("{FORWARD} decodes to another kernel"));
+    };
+    let outputs = [0, 1].map(|i| names_gradient(node, i));
+    let count = outputs.iter().filter(|&&n| n).count();
+    if count != node.outputs().len() {
+        return Err(format!(
+            "the statement binds {} results; the gradients of {FORWARD}'s operands it names \
+             are {count}",
+            node.outputs().len()
+        ));
+    }
+    let [a, b, ..] = f.inputs[..] else {
+        return Err(format!("{FORWARD} reads no two inputs"));
+    };
+    o.inputs.extend([a, b]);
+    output_gradient(o, FORWARD)?;
+    Ok(Kernel::CosineSimilarityVjp { dim, eps, outputs })
+}
+
+/// `bilinear(input1, input2, weight, bias=None)`.
+fn bilinear(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    o.tensor(0, "input1")?;
+    o.tensor(1, "input2")?;
+    o.tensor(2, "weight")?;
+    let bias = o.opt_tensor(3, "bias")?;
+    Ok(Kernel::Bilinear { bias })
+}
+
+/// Thunder's `bilinear_vjp`: the gradients the statement names (a bias's only when the
+/// forward has one), from both inputs, the weight and the output's gradient.
+fn bilinear_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    const FORWARD: &str = "ltorch.bilinear";
+    let node = o.node;
+    let fwd = fallback_forward(node, FORWARD)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let Kernel::Bilinear { bias } = bilinear(&mut f)? else {
+        return Err(format!("{FORWARD} decodes to another kernel"));
+    };
+    let outputs = [0, 1, 2, 3].map(|i| names_gradient(node, i) && (i < 3 || bias));
+    let count = outputs.iter().filter(|&&n| n).count();
+    if count != node.outputs().len() {
+        return Err(format!(
+            "the statement binds {} results; the gradients of {FORWARD}'s inputs, weight and \
+             bias it names are {count}",
+            node.outputs().len()
+        ));
+    }
+    let [a, b, w, ..] = f.inputs[..] else {
+        return Err(format!("{FORWARD} reads no inputs and weight"));
+    };
+    o.inputs.extend([a, b, w]);
+    output_gradient(o, FORWARD)?;
+    Ok(Kernel::BilinearVjp { outputs })
 }
 
 /// `triu(a, diagonal=0, *, fill_value=None)`, and `tril`.

@@ -3,14 +3,18 @@
 //! implements, the op table's [`KERNELS`] entries that map each op to one, and the
 //! [`Recording`]s of what a step did and when.
 
+pub(crate) mod adaptive_max_pool;
 pub(crate) mod attention;
 pub(crate) mod backend;
+pub(crate) mod bilinear;
 pub(crate) mod bool_ops;
 pub(crate) mod composer;
 pub(crate) mod composite;
 pub(crate) mod conv_transpose;
+pub(crate) mod cosine_similarity;
 pub(crate) mod executor;
 pub(crate) mod grouped_mm;
+pub(crate) mod im2col;
 pub(crate) mod kernel;
 pub(crate) mod kernel_ops;
 pub(crate) mod logsumexp;
@@ -27,7 +31,7 @@ pub use backend::{Backend, Input, KernelError, PoolStats, RngKey};
 pub use executor::{ExecError, Executor, RValue};
 pub use kernel::{
     Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, KeyItem, LossReduction, Mha, ReduceOp,
-    Side, UnaryOp, VjpOutputs,
+    Side, UnaryOp, VjpOutputs, Window2d,
 };
 pub use kernel_ops::{decode, kernel_entry, Decoder, KernelEntry, Ops, KERNELS};
 pub use memory_plan::{is_view, Buffer, MemoryPlan, SizeClass, ALIGN};
