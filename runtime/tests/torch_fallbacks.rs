@@ -581,3 +581,210 @@ fn unfold_and_fold_are_im2col_and_col2im() {
     assert_eq!(pos, [1, 2]);
     assert_eq!(out[4].to_f64_vec(), dilated);
 }
+
+/// `got` within `rel` of `want`, element by element (or `1e-12` of it near 0).
+fn close_to(got: &Tensor, want: &[f64], rel: f64) {
+    let g = got.to_f64_vec();
+    assert_eq!(g.len(), want.len(), "{g:?} vs {want:?}");
+    for (a, b) in g.iter().zip(want) {
+        assert!((a - b).abs() <= rel * b.abs() + 1e-12, "{g:?} vs {want:?}");
+    }
+}
+
+/// `binary_cross_entropy_with_logits` and `binary_cross_entropy` with Thunder's `*_vjp`s: large
+/// logits, a weight and a `pos_weight` broadcast, a probability whose log is clamped at -100;
+/// torch 2.9.0's figures (float64).
+#[test]
+fn binary_cross_entropies_and_their_gradients_are_pytorchs() {
+    let text = r#"def f(x, y, p, w, pw, g, h):
+  # x: "cpu f64[2, 3]"
+  # y: "cpu f64[2, 3]"
+  # p: "cpu f64[2, 3]"
+  # w: "cpu f64[3]"
+  # pw: "cpu f64[2, 1]"
+  # g: "cpu f64[]"
+  # h: "cpu f64[2, 3]"
+  t1 = torch.nn.functional.binary_cross_entropy_with_logits(x, y)  # t1: "cpu f64[]"
+  (t2, t3) = binary_cross_entropy_with_logits_vjp(((x, y), {}), g)
+  t4 = torch.nn.functional.binary_cross_entropy_with_logits(x, y, w, None, None, 'none', pw)  # t4: "cpu f64[2, 3]"
+  (t5, t6, _, _, _, _, _) = binary_cross_entropy_with_logits_vjp(((x, y, w, None, None, 'none', pw), {}), h)
+  t7 = torch.nn.functional.binary_cross_entropy(p, y, None, None, None, 'sum')  # t7: "cpu f64[]"
+  (t8, t9, _, _, _, _) = binary_cross_entropy_vjp(((p, y, None, None, None, 'sum'), {}), g)
+  t10 = torch.nn.functional.binary_cross_entropy(p, y, w)  # t10: "cpu f64[]"
+  (t11, t12, _) = binary_cross_entropy_vjp(((p, y, w), {}), g)
+  return (t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12)
+"#;
+    let t = |shape: Vec<usize>, v: Vec<f64>| Tensor::from_f64(shape, v);
+    let ins = [
+        t(vec![2, 3], vec![0.5, -1.0, 30.0, -30.0, 0.0, 2.0]),
+        t(vec![2, 3], vec![1.0, 0.0, 0.25, 0.5, 1.0, 0.0]),
+        t(vec![2, 3], vec![0.2, 0.9, 1e-50, 0.5, 0.7, 0.01]),
+        t(vec![3], vec![2.0, 0.5, 1.0]),
+        t(vec![2, 1], vec![3.0, 0.5]),
+        t(vec![], vec![1.5]),
+        t(vec![2, 3], vec![1.0, -2.0, 0.5, 0.25, 1.0, 3.0]),
+    ];
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let out = execute(text, &refs).unwrap_or_else(|e| panic!("{e}"));
+    let want: [&[f64]; 12] = [
+        &[6.851235643883572],
+        &[
+            -0.09438516719953634,
+            0.06723535534249878,
+            0.1874999999999766,
+            -0.12499999999997662,
+            -0.125,
+            0.22019926949447058,
+        ],
+        &[-0.125, 0.25, -7.5, 7.5, -0.0, -0.5],
+        &[
+            2.84446190508064,
+            0.1566308437591114,
+            22.500000000000142,
+            15.000000000000142,
+            0.17328679513998632,
+            2.1269280110429727,
+        ],
+        &[
+            -2.265244012788872,
+            -0.2689414213699951,
+            0.37499999999992983,
+            -0.1249999999999649,
+            -0.125,
+            2.642391233933647,
+        ],
+        &[
+            0.8963079367204267,
+            -3.6265233750364456,
+            -14.999999999999906,
+            7.499999999999976,
+            -0.17328679513998632,
+            -6.190392016564459,
+        ],
+        &[29.971895465780324],
+        &[
+            -7.5,
+            15.000000000000004,
+            -375000001498.426,
+            0.0,
+            -2.142857142857143,
+            1.515151515151515,
+        ],
+        &[
+            2.0794415416798357,
+            -3.295836866004329,
+            172.69388197455345,
+            -0.0,
+            -1.2709467905808052,
+            6.892679775201884,
+        ],
+        &[5.157475090051331],
+        &[
+            -2.5,
+            1.2500000000000002,
+            -62500000249.73767,
+            0.0,
+            -0.17857142857142858,
+            0.2525252525252525,
+        ],
+        &[
+            0.6931471805599453,
+            -0.27465307216702745,
+            28.782313662425576,
+            -0.0,
+            -0.10591223254840043,
+            1.1487799625336474,
+        ],
+    ];
+    for (got, want) in out.iter().zip(want) {
+        close_to(got, want, 1e-10);
+    }
+}
+
+/// `l1_loss`, `smooth_l1_loss` (`beta` 0.5, and 0 as L1) and `huber_loss` (`delta` 0.5) with
+/// their `*_vjp`s, differences on either side of the bend and at it: torch 2.9.0's figures.
+#[test]
+fn l1_smooth_l1_and_huber_losses_and_their_gradients_are_pytorchs() {
+    let text = r#"def f(a, b, g, h):
+  # a: "cpu f64[2, 3]"
+  # b: "cpu f64[2, 3]"
+  # g: "cpu f64[]"
+  # h: "cpu f64[2, 3]"
+  t1 = torch.nn.functional.l1_loss(a, b)  # t1: "cpu f64[]"
+  (t2, t3) = l1_loss_vjp(((a, b), {}), g)
+  t4 = torch.nn.functional.smooth_l1_loss(a, b, reduction='none', beta=0.5)  # t4: "cpu f64[2, 3]"
+  (t5, t6) = smooth_l1_loss_vjp(((a, b), {'reduction': 'none', 'beta': 0.5}), h)
+  t7 = torch.nn.functional.smooth_l1_loss(a, b, reduction='sum', beta=0.0)  # t7: "cpu f64[]"
+  (t8, t9) = smooth_l1_loss_vjp(((a, b), {'reduction': 'sum', 'beta': 0.0}), g)
+  t10 = torch.nn.functional.huber_loss(a, b, delta=0.5)  # t10: "cpu f64[]"
+  (t11, t12) = huber_loss_vjp(((a, b), {'delta': 0.5}), g)
+  return (t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12)
+"#;
+    let t = |shape: Vec<usize>, v: Vec<f64>| Tensor::from_f64(shape, v);
+    let ins = [
+        t(vec![2, 3], vec![0.0, 1.0, -2.0, 0.25, 0.5, 3.0]),
+        t(vec![2, 3], vec![0.0, 0.0, 0.0, 0.0, 0.0, 1.0]),
+        t(vec![], vec![1.5]),
+        t(vec![2, 3], vec![1.0, -2.0, 0.5, 0.25, 1.0, 3.0]),
+    ];
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let out = execute(text, &refs).unwrap_or_else(|e| panic!("{e}"));
+    let want: [&[f64]; 12] = [
+        &[0.9583333333333334],
+        &[0.0, 0.25, -0.25, 0.25, 0.25, 0.25],
+        &[-0.0, -0.25, 0.25, -0.25, -0.25, -0.25],
+        &[0.0, 0.75, 1.75, 0.0625, 0.25, 1.75],
+        &[0.0, -2.0, -0.5, 0.125, 1.0, 3.0],
+        &[0.0, 2.0, 0.5, -0.125, -1.0, -3.0],
+        &[5.75],
+        &[0.0, 1.5, -1.5, 1.5, 1.5, 1.5],
+        &[-0.0, -1.5, 1.5, -1.5, -1.5, -1.5],
+        &[0.3802083333333333],
+        &[0.0, 0.125, -0.125, 0.0625, 0.125, 0.125],
+        &[0.0, -0.125, 0.125, -0.0625, -0.125, -0.125],
+    ];
+    for (got, want) in out.iter().zip(want) {
+        close_to(got, want, 1e-12);
+    }
+}
+
+/// What PyTorch or Thunder cannot do is refused by name: a weight's gradient, the deprecated
+/// `size_average`, a weighted `l1_loss`, a negative `beta`.
+#[test]
+fn pointwise_losses_refuse_what_pytorch_does_not_do() {
+    let cases = [
+        (
+            "t1 = torch.nn.functional.binary_cross_entropy(x, y, w)  # t1: \"cpu f64[]\"\n  (t2, t3, t4) = binary_cross_entropy_vjp(((x, y, w), {}), g)\n  return (t1, t2, t3, t4)",
+            "not differentiable with respect to `weight`",
+        ),
+        (
+            "t1 = torch.nn.functional.l1_loss(x, y, True)  # t1: \"cpu f64[]\"\n  return (t1,)",
+            "size_average",
+        ),
+        (
+            "t1 = torch.nn.functional.l1_loss(x, y, weight=w)  # t1: \"cpu f64[]\"\n  return (t1,)",
+            "weight is not supported",
+        ),
+        (
+            "t1 = torch.nn.functional.smooth_l1_loss(x, y, beta=-1.0)  # t1: \"cpu f64[]\"\n  return (t1,)",
+            "must not be negative",
+        ),
+    ];
+    for (body, want) in cases {
+        let text = format!(
+            "def f(x, y, w, g):\n  # x: \"cpu f64[3]\"\n  # y: \"cpu f64[3]\"\n  # w: \"cpu f64[3]\"\n  # g: \"cpu f64[]\"\n  {body}\n"
+        );
+        let t = |v: Vec<f64>| Tensor::from_f64(vec![v.len()], v);
+        let ins = [
+            t(vec![0.2, 0.5, 0.7]),
+            t(vec![1.0, 0.0, 1.0]),
+            t(vec![1.0, 2.0, 3.0]),
+            Tensor::from_f64(vec![], vec![1.0]),
+        ];
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        match execute(&text, &refs) {
+            Ok(_) => panic!("{body} ran"),
+            Err(e) => assert!(e.contains(want), "{body}: {e}"),
+        }
+    }
+}

@@ -618,6 +618,34 @@ fn loss(cx: &MetaCx) -> R {
     }
 }
 
+/// The pointwise losses Thunder runs as torch fallbacks (`binary_cross_entropy(_with_logits)`,
+/// `l1_loss`, `smooth_l1_loss`, `huber_loss`): input and target one floating dtype and shape
+/// (PyTorch broadcasts only with a warning, or refuses); 0-d, or the input's shape with
+/// `reduction='none'`. `size_average`/`reduce` (deprecated) must be `None`.
+fn pointwise_loss(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("input")?;
+    let t = cx.tensor_param("target")?;
+    if a.shape != t.shape || a.dtype != t.dtype || !a.dtype.is_float() || a.device != t.device {
+        return Err(format!(
+            "{}: input {} {:?} and target {} {:?} must be floating tensors of one dtype and shape",
+            cx.op, a.dtype, a.shape, t.dtype, t.shape
+        ));
+    }
+    for k in ["size_average", "reduce"] {
+        if cx.opt(k).is_some_and(|v| !matches!(v, Arg::None)) {
+            return Err(format!(
+                "{}: `{k}` is deprecated and not supported; use `reduction`",
+                cx.op
+            ));
+        }
+    }
+    match cx.opt("reduction").and_then(Arg::as_str).unwrap_or("mean") {
+        "mean" | "sum" => one(a.with_shape([])),
+        "none" => one(a),
+        other => Err(format!("{}: unknown reduction '{other}'", cx.op)),
+    }
+}
+
 /// `one_hot(a, num_classes)`: i64, one more dimension. The class count must be given: it
 /// depends on the data otherwise.
 fn one_hot(cx: &MetaCx) -> R {
@@ -717,6 +745,11 @@ const OPS: &[OpSpec] = &[
     op("ltorch.scaled_dot_product_attention", &["torch.nn.functional.scaled_dot_product_attention"], Pure, "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False", First, sdpa),
     op("ltorch.cross_entropy", &["torch.nn.functional.cross_entropy"], Pure, "a, /, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction='mean', label_smoothing=0.0", First, loss),
     op("ltorch.nll_loss", &["torch.nn.functional.nll_loss"], Pure, "a, /, target, weight=None, ignore_index=-100, reduction='mean'", First, loss),
+    op("ltorch.binary_cross_entropy_with_logits", &["torch.nn.functional.binary_cross_entropy_with_logits"], Pure, "input, target, weight=None, size_average=None, reduce=None, reduction='mean', pos_weight=None", First, pointwise_loss),
+    op("ltorch.binary_cross_entropy", &["torch.nn.functional.binary_cross_entropy"], Pure, "input, target, weight=None, size_average=None, reduce=None, reduction='mean'", First, pointwise_loss),
+    op("ltorch.l1_loss", &["torch.nn.functional.l1_loss"], Pure, "input, target, size_average=None, reduce=None, reduction='mean', weight=None", First, pointwise_loss),
+    op("ltorch.smooth_l1_loss", &["torch.nn.functional.smooth_l1_loss"], Pure, "input, target, size_average=None, reduce=None, reduction='mean', beta=1.0", First, pointwise_loss),
+    op("ltorch.huber_loss", &["torch.nn.functional.huber_loss"], Pure, "input, target, reduction='mean', delta=1.0, weight=None", First, pointwise_loss),
     op("ltorch.mse_loss", &["torch.nn.functional.mse_loss"], Pure, "a, /, target, size_average=None, reduce=None, reduction='mean'", First, loss),
     op("ltorch.nll_loss_backward", &["torch_nll_loss_backward_impl"], Pure, "grad, a, target, weight, reduction, ignore_index, total_weight", First, nll_loss_backward),
     op("ltorch.log_softmax_backward", &["torch.torch.ops.aten._log_softmax_backward_data", "torch.ops.aten._log_softmax_backward_data"], Pure, "grad_output, output, dim, input_dtype", Meta, softmax_backward),

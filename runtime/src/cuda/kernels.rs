@@ -593,6 +593,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::BilinearVjp { .. }
         | Kernel::CosineSimilarity { .. }
         | Kernel::CosineSimilarityVjp { .. }
+        | Kernel::PointwiseLoss { .. }
+        | Kernel::PointwiseLossVjp { .. }
         | Kernel::Im2Col(_)
         | Kernel::Col2Im { .. }
         // no CUDA kernel: the backend refuses it by name
@@ -663,6 +665,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::BilinearVjp { .. }
             | Kernel::CosineSimilarity { .. }
             | Kernel::CosineSimilarityVjp { .. }
+            | Kernel::PointwiseLoss { .. }
+            | Kernel::PointwiseLossVjp { .. }
             | Kernel::Im2Col(_)
             | Kernel::Col2Im { .. }
             | Kernel::MaxPool2d { .. }

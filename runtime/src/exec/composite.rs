@@ -59,6 +59,7 @@ pub(crate) fn run<B: Backend>(
         .or_else(|| crate::exec::attention::run(backend, kernel, inputs))
         .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
         .or_else(|| crate::exec::cosine_similarity::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::pointwise_loss::run(backend, kernel, inputs))
     {
         return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
@@ -263,6 +264,7 @@ pub(crate) fn run_multi<B: Backend>(
     if let Some(r) = crate::exec::attention::run(backend, kernel, inputs)
         .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
         .or_else(|| crate::exec::cosine_similarity::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::pointwise_loss::run(backend, kernel, inputs))
     {
         return Some(r);
     }

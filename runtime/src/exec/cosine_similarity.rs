@@ -62,7 +62,7 @@ struct Parts<T> {
 }
 
 impl<B: Backend> Cx<'_, B> {
-    fn ew(&self, op: BinaryOp, x: &B::Tensor, y: &B::Tensor) -> R<B::Tensor> {
+    pub(crate) fn ew(&self, op: BinaryOp, x: &B::Tensor, y: &B::Tensor) -> R<B::Tensor> {
         self.k(
             Kernel::Binary {
                 op,
@@ -74,7 +74,7 @@ impl<B: Backend> Cx<'_, B> {
         )
     }
 
-    fn ew_s(&self, op: BinaryOp, x: &B::Tensor, s: f64) -> R<B::Tensor> {
+    pub(crate) fn ew_s(&self, op: BinaryOp, x: &B::Tensor, s: f64) -> R<B::Tensor> {
         self.k(
             Kernel::Binary {
                 op,
@@ -86,7 +86,7 @@ impl<B: Backend> Cx<'_, B> {
         )
     }
 
-    fn sum_over(&self, x: &B::Tensor, dims: Vec<usize>, keepdim: bool) -> R<B::Tensor> {
+    pub(crate) fn sum_over(&self, x: &B::Tensor, dims: Vec<usize>, keepdim: bool) -> R<B::Tensor> {
         let dtype = self.b.dtype(x);
         self.k(
             Kernel::Reduce {
@@ -100,7 +100,7 @@ impl<B: Backend> Cx<'_, B> {
     }
 
     /// `x` expanded to `shape` (its missing leading dimensions first added as 1s).
-    fn broadcast_to(&self, x: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
+    pub(crate) fn broadcast_to(&self, x: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
         let s = self.b.shape(x).to_vec();
         let mut full = vec![1; shape.len() - s.len()];
         full.extend(&s);
@@ -112,7 +112,7 @@ impl<B: Backend> Cx<'_, B> {
     }
 
     /// `d` of the broadcast shape summed back to `shape`.
-    fn sum_to(&self, d: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
+    pub(crate) fn sum_to(&self, d: &B::Tensor, shape: &[usize]) -> R<B::Tensor> {
         let full = self.b.shape(d).to_vec();
         let extra = full.len() - shape.len();
         let dims: Vec<usize> = (0..full.len())

@@ -311,6 +311,24 @@ pub enum Kernel {
         output: [usize; 2],
         window: Window2d,
     },
+    /// A pointwise loss of `input` and `target` (one shape), times the optional `weight` (and,
+    /// for `binary_cross_entropy_with_logits`, `pos_weight`), broadcast to it, then reduced;
+    /// inputs `input, target[, weight][, pos_weight]` (`exec/pointwise_loss.rs`).
+    PointwiseLoss {
+        kind: PointwiseLossKind,
+        reduction: LossReduction,
+        weight: bool,
+        pos_weight: bool,
+    },
+    /// Thunder's `*_vjp` of a [`Kernel::PointwiseLoss`]: its inputs, then the output's
+    /// gradient; the gradients `outputs` names (input's, target's), in that order.
+    PointwiseLossVjp {
+        kind: PointwiseLossKind,
+        reduction: LossReduction,
+        weight: bool,
+        pos_weight: bool,
+        outputs: [bool; 2],
+    },
     /// `adaptive_max_pool1d/2d` of the last `out.len()` dimensions to `out`, the maxima only
     /// (`exec/adaptive_max_pool.rs`).
     AdaptiveMaxPool {
@@ -617,6 +635,22 @@ pub enum Kernel {
     },
 }
 
+/// The loss of one element of a [`Kernel::PointwiseLoss`], as PyTorch 2.9 defines it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PointwiseLossKind {
+    /// `(1 - y) x - (1 + (pos_weight - 1) y) log_sigmoid(x)`.
+    BceWithLogits,
+    /// `(y - 1) max(log1p(-x), -100) - y max(log(x), -100)`.
+    Bce,
+    /// `|x - y|`.
+    L1,
+    /// `0.5 d^2 / beta` where `|d| < beta`, else `|d| - 0.5 beta` (`d = x - y`; `beta = 0`
+    /// is L1).
+    SmoothL1 { beta: f64 },
+    /// `0.5 d^2` where `|d| < delta`, else `delta (|d| - 0.5 delta)`.
+    Huber { delta: f64 },
+}
+
 /// How a loss reduces over its elements (PyTorch's `reduction=`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LossReduction {
@@ -677,6 +711,7 @@ impl Kernel {
             Kernel::MultiHeadAttentionVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
             Kernel::BilinearVjp { outputs } => outputs.iter().filter(|&&o| o).count(),
             Kernel::CosineSimilarityVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
+            Kernel::PointwiseLossVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }

@@ -317,6 +317,22 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ),
         ("ltorch.cosine_similarity", Cpu(cosine_similarity)),
         ("ltorch.cosine_similarity_vjp", Cpu(cosine_similarity_vjp)),
+        (
+            "ltorch.binary_cross_entropy_with_logits",
+            Cpu(pointwise_loss),
+        ),
+        (
+            "ltorch.binary_cross_entropy_with_logits_vjp",
+            Cpu(pointwise_loss_vjp),
+        ),
+        ("ltorch.binary_cross_entropy", Cpu(pointwise_loss)),
+        ("ltorch.binary_cross_entropy_vjp", Cpu(pointwise_loss_vjp)),
+        ("ltorch.l1_loss", Cpu(pointwise_loss)),
+        ("ltorch.l1_loss_vjp", Cpu(pointwise_loss_vjp)),
+        ("ltorch.smooth_l1_loss", Cpu(pointwise_loss)),
+        ("ltorch.smooth_l1_loss_vjp", Cpu(pointwise_loss_vjp)),
+        ("ltorch.huber_loss", Cpu(pointwise_loss)),
+        ("ltorch.huber_loss_vjp", Cpu(pointwise_loss_vjp)),
         ("ltorch.bilinear", Cpu(bilinear)),
         ("ltorch.bilinear_vjp", Cpu(bilinear_vjp)),
         ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
@@ -1594,6 +1610,130 @@ fn cosine_similarity_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
     o.inputs.extend([a, b]);
     output_gradient(o, FORWARD)?;
     Ok(Kernel::CosineSimilarityVjp { dim, eps, outputs })
+}
+
+/// The pointwise losses (`exec/pointwise_loss.rs`): `input, target`, then by op
+/// `binary_cross_entropy_with_logits(.., weight, size_average, reduce, reduction, pos_weight)`,
+/// `binary_cross_entropy(.., weight, size_average, reduce, reduction)`,
+/// `l1_loss(.., size_average, reduce, reduction, weight)`,
+/// `smooth_l1_loss(.., size_average, reduce, reduction, beta)`,
+/// `huber_loss(.., reduction, delta, weight)`. A weight of `l1_loss`/`huber_loss` is refused.
+fn pointwise_loss(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    use crate::exec::kernel::PointwiseLossKind as K;
+    let op = o.node.op.as_str();
+    let op = OpRegistry::builtin().resolve(op).unwrap_or(op);
+    o.tensor(0, "input")?;
+    o.tensor(1, "target")?;
+    let (kind, reduction_at) = match op {
+        "ltorch.binary_cross_entropy_with_logits" => (K::BceWithLogits, 5),
+        "ltorch.binary_cross_entropy" => (K::Bce, 5),
+        "ltorch.l1_loss" => (K::L1, 4),
+        "ltorch.smooth_l1_loss" => {
+            let beta = o.number(5, "beta")?.unwrap_or(1.0);
+            if beta < 0.0 {
+                return Err(format!("smooth_l1_loss: beta {beta} must not be negative"));
+            }
+            (K::SmoothL1 { beta }, 4)
+        }
+        "ltorch.huber_loss" => {
+            let delta = o.number(3, "delta")?.unwrap_or(1.0);
+            if delta <= 0.0 {
+                return Err(format!("huber_loss: delta {delta} must be positive"));
+            }
+            (K::Huber { delta }, 2)
+        }
+        other => return Err(format!("`{other}` is not a pointwise loss")),
+    };
+    if reduction_at == 5 || reduction_at == 4 {
+        for (i, key) in [
+            (reduction_at - 2, "size_average"),
+            (reduction_at - 1, "reduce"),
+        ] {
+            if o.arg(i, key).is_some() {
+                return Err(format!(
+                    "`{key}` is deprecated and not supported; use `reduction`"
+                ));
+            }
+        }
+    }
+    let reduction = match o.arg(reduction_at, "reduction") {
+        None => LossReduction::Mean,
+        Some(a) => {
+            let s = a.as_str().ok_or("reduction must be a string")?;
+            LossReduction::parse(s).ok_or_else(|| format!("unknown reduction `{s}`"))?
+        }
+    };
+    let weight = match kind {
+        K::BceWithLogits | K::Bce => o.opt_tensor(2, "weight")?,
+        K::L1 | K::Huber { .. } => {
+            let at = if kind == K::L1 { 5 } else { 4 };
+            if o.arg(at, "weight").is_some() {
+                return Err(format!("{op}: a weight is not supported"));
+            }
+            false
+        }
+        K::SmoothL1 { .. } => false,
+    };
+    let pos_weight = kind == K::BceWithLogits && o.opt_tensor(6, "pos_weight")?;
+    Ok(Kernel::PointwiseLoss {
+        kind,
+        reduction,
+        weight,
+        pos_weight,
+    })
+}
+
+/// Thunder's `*_vjp` of a pointwise loss: the gradients of the input and target the statement
+/// names.
+fn pointwise_loss_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
+    let node = o.node;
+    let vjp = node.op.as_str();
+    let vjp = OpRegistry::builtin().resolve(vjp).unwrap_or(vjp);
+    let forward: &'static str = match vjp {
+        "ltorch.binary_cross_entropy_with_logits_vjp" => "ltorch.binary_cross_entropy_with_logits",
+        "ltorch.binary_cross_entropy_vjp" => "ltorch.binary_cross_entropy",
+        "ltorch.l1_loss_vjp" => "ltorch.l1_loss",
+        "ltorch.smooth_l1_loss_vjp" => "ltorch.smooth_l1_loss",
+        "ltorch.huber_loss_vjp" => "ltorch.huber_loss",
+        other => return Err(format!("`{other}` is not a pointwise loss's vjp")),
+    };
+    let fwd = fallback_forward(node, forward)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    let Kernel::PointwiseLoss {
+        kind,
+        reduction,
+        weight,
+        pos_weight,
+    } = pointwise_loss(&mut f)?
+    else {
+        return Err(format!("{forward} decodes to another kernel"));
+    };
+    // PyTorch differentiates neither weight (Thunder's fallback fails on a weight tensor)
+    for (i, key) in [(2, "weight"), (6, "pos_weight")] {
+        if names_gradient(node, i) {
+            return Err(format!(
+                "{forward} is not differentiable with respect to `{key}` (PyTorch's rule)"
+            ));
+        }
+    }
+    let outputs = [0, 1].map(|i| names_gradient(node, i));
+    let count = outputs.iter().filter(|&&n| n).count();
+    if count != node.outputs().len() {
+        return Err(format!(
+            "the statement binds {} results; the gradients of {forward}'s operands it names \
+             are {count}",
+            node.outputs().len()
+        ));
+    }
+    o.inputs.extend(f.inputs.iter().copied());
+    output_gradient(o, forward)?;
+    Ok(Kernel::PointwiseLossVjp {
+        kind,
+        reduction,
+        weight,
+        pos_weight,
+        outputs,
+    })
 }
 
 /// `bilinear(input1, input2, weight, bias=None)`.

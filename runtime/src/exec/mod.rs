@@ -22,6 +22,7 @@ pub(crate) mod memory_plan;
 pub(crate) mod metrics;
 pub(crate) mod nextafter;
 pub(crate) mod plan;
+pub(crate) mod pointwise_loss;
 pub(crate) mod region;
 pub(crate) mod setitem;
 pub mod unrunnable;
