@@ -939,6 +939,40 @@ def batch_im2col(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
 
 
+class PointwiseLosses(nn.Module):
+    """Returns its own loss through Thunder's torch fallbacks for the pointwise losses (backward
+    `binary_cross_entropy_with_logits_vjp`, `binary_cross_entropy_vjp`, `l1_loss_vjp`,
+    `smooth_l1_loss_vjp`, `huber_loss_vjp`): one shared Linear(6,8) + tanh, a Linear(8,4) head
+    per loss against float targets that are data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.heads = nn.ModuleList(nn.Linear(8, 4) for _ in range(5))
+
+    def forward(self, x: torch.Tensor, p: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x))
+        z = [head(h) for head in self.heads]
+        return (
+            F.binary_cross_entropy_with_logits(z[0], p)
+            + F.binary_cross_entropy(torch.sigmoid(z[1]), p, reduction="sum") / 16.0
+            + F.l1_loss(z[2], r)
+            + F.smooth_l1_loss(z[3], r, beta=0.5)
+            + F.huber_loss(z[4], r, reduction="sum", delta=0.5) / 16.0
+        )
+
+
+def make_pointwise_losses() -> nn.Module:
+    return PointwiseLosses()
+
+
+def batch_pointwise_losses(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 6, generator=gen)
+    p = torch.rand(4, 4, generator=gen)
+    r = torch.randn(4, 4, generator=gen)
+    return OrderedDict(x=x, p=p, r=r), torch.zeros(())
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -1186,6 +1220,18 @@ MODELS: dict[str, ModelSpec] = {
             batch_cosine_head,
             description="Linear(6,8) + tanh, logits 4 * cosine_similarity with 5 learned prototypes (broadcast, dim -1)",
             notes=["torch fallback: backward `cosine_similarity_vjp` (both operands, the prototypes' summed over the batch)"],
+        ),
+        ModelSpec(
+            "pointwise-losses",
+            make_pointwise_losses,
+            batch_pointwise_losses,
+            loss="output",
+            description="Linear(6,8) + tanh, five Linear(8,4) heads; returns BCE-with-logits + BCE (sum) + L1 + "
+            "smooth L1 (beta 0.5) + Huber (delta 0.5, sum) against float data targets",
+            notes=[
+                "torch fallbacks: backward `binary_cross_entropy_with_logits_vjp`, `binary_cross_entropy_vjp`, "
+                "`l1_loss_vjp`, `smooth_l1_loss_vjp`, `huber_loss_vjp`; the output is the loss"
+            ],
         ),
         ModelSpec(
             "im2col",
