@@ -788,3 +788,114 @@ fn pointwise_losses_refuse_what_pytorch_does_not_do() {
         }
     }
 }
+
+/// `kl_div` and Thunder's `kl_div_vjp`: `batchmean`, `sum`, `mean` and `none`, probabilities
+/// and log-probabilities as targets, a zero target (whose gradient is NaN in PyTorch, through
+/// `xlogy`): torch 2.9.0's figures.
+#[test]
+fn kl_div_and_its_gradients_are_pytorchs() {
+    let text = r#"def f(x, t, lt, g, h):
+  # x: "cpu f64[2, 3]"
+  # t: "cpu f64[2, 3]"
+  # lt: "cpu f64[2, 3]"
+  # g: "cpu f64[]"
+  # h: "cpu f64[2, 3]"
+  t1 = torch.nn.functional.kl_div(x, t, reduction='batchmean')  # t1: "cpu f64[]"
+  (t2, t3) = kl_div_vjp(((x, t), {'reduction': "batchmean"}), g)
+  t4 = torch.nn.functional.kl_div(x, lt, reduction='none', log_target=True)  # t4: "cpu f64[2, 3]"
+  (t5, t6) = kl_div_vjp(((x, lt), {'reduction': "none", 'log_target': True}), h)
+  t7 = torch.nn.functional.kl_div(x, lt, log_target=True)  # t7: "cpu f64[]"
+  (t8, t9) = kl_div_vjp(((x, lt), {'log_target': True}), g)
+  t10 = torch.nn.functional.kl_div(x, t, None, None, 'sum')  # t10: "cpu f64[]"
+  (t11, t12, _, _, _) = kl_div_vjp(((x, t, None, None, 'sum'), {}), g)
+  return (t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12)
+"#;
+    let t = |shape: Vec<usize>, v: Vec<f64>| Tensor::from_f64(shape, v);
+    let ins = [
+        t(vec![2, 3], vec![-1.0, -0.5, -2.0, 0.5, -3.0, -0.1]),
+        t(vec![2, 3], vec![0.2, 0.0, 0.8, 0.5, 0.25, 0.25]),
+        t(vec![2, 3], vec![-1.5, -0.2, -2.0, 0.3, -1.0, -4.0]),
+        t(vec![], vec![1.5]),
+        t(vec![2, 3], vec![1.0, -2.0, 0.5, 0.25, 1.0, 3.0]),
+    ];
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let out = execute(text, &refs).unwrap_or_else(|e| panic!("{e}"));
+    let nan = f64::NAN;
+    let want: [&[f64]; 12] = [
+        &[0.3924384028109471],
+        &[-0.15, -0.0, -0.6, -0.375, -0.1875, -0.1875],
+        &[
+            0.29292156567442496,
+            nan,
+            2.082642336514343,
+            -0.14486038541995894,
+            1.9602792291600821,
+            -0.21472077083991786,
+        ],
+        &[
+            -0.11156508007421491,
+            0.24561922592339452,
+            0.0,
+            -0.26997176151520064,
+            0.7357588823428847,
+            -0.0714309916660633,
+        ],
+        &[
+            -0.22313016014842982,
+            1.6374615061559636,
+            -0.06766764161830635,
+            -0.3374647018940008,
+            -0.36787944117144233,
+            -0.054946916666202536,
+        ],
+        &[
+            0.11156508007421491,
+            -2.128699958002753,
+            0.06766764161830635,
+            0.26997176151520064,
+            1.103638323514327,
+            -0.15934605833198734,
+        ],
+        &[0.08806837916846673],
+        &[
+            -0.055782540037107455,
+            -0.20468268826949546,
+            -0.033833820809153176,
+            -0.3374647018940008,
+            -0.09196986029286058,
+            -0.004578909722183545,
+        ],
+        &[
+            0.027891270018553727,
+            0.2660874947503441,
+            0.033833820809153176,
+            0.26997176151520064,
+            0.27590958087858175,
+            -0.01327883819433228,
+        ],
+        &[0.7848768056218942],
+        &[-0.3, -0.0, -1.2, -0.75, -0.375, -0.375],
+        &[
+            0.5858431313488499,
+            nan,
+            4.165284673028686,
+            -0.2897207708399179,
+            3.9205584583201643,
+            -0.4294415416798357,
+        ],
+    ];
+    for (got, want) in out.iter().zip(want) {
+        let g = got.to_f64_vec();
+        assert_eq!(g.len(), want.len(), "{g:?} vs {want:?}");
+        for (a, b) in g.iter().zip(want) {
+            assert_eq!(a.is_nan(), b.is_nan(), "{g:?} vs {want:?}");
+        }
+        let (g2, w2): (Vec<f64>, Vec<f64>) = g
+            .iter()
+            .zip(want)
+            .filter(|(_, b)| !b.is_nan())
+            .map(|(a, b)| (*a, *b))
+            .unzip();
+        close_to(&Tensor::from_f64(vec![g2.len()], g2), &w2, 1e-12);
+    }
+}

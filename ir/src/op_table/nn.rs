@@ -619,7 +619,7 @@ fn loss(cx: &MetaCx) -> R {
 }
 
 /// The pointwise losses Thunder runs as torch fallbacks (`binary_cross_entropy(_with_logits)`,
-/// `l1_loss`, `smooth_l1_loss`, `huber_loss`): input and target one floating dtype and shape
+/// `l1_loss`, `smooth_l1_loss`, `huber_loss`, `kl_div`): input and target one floating dtype and shape
 /// (PyTorch broadcasts only with a warning, or refuses); 0-d, or the input's shape with
 /// `reduction='none'`. `size_average`/`reduce` (deprecated) must be `None`.
 fn pointwise_loss(cx: &MetaCx) -> R {
@@ -641,6 +641,7 @@ fn pointwise_loss(cx: &MetaCx) -> R {
     }
     match cx.opt("reduction").and_then(Arg::as_str).unwrap_or("mean") {
         "mean" | "sum" => one(a.with_shape([])),
+        "batchmean" if cx.op == "ltorch.kl_div" => one(a.with_shape([])),
         "none" => one(a),
         other => Err(format!("{}: unknown reduction '{other}'", cx.op)),
     }
@@ -749,6 +750,7 @@ const OPS: &[OpSpec] = &[
     op("ltorch.binary_cross_entropy", &["torch.nn.functional.binary_cross_entropy"], Pure, "input, target, weight=None, size_average=None, reduce=None, reduction='mean'", First, pointwise_loss),
     op("ltorch.l1_loss", &["torch.nn.functional.l1_loss"], Pure, "input, target, size_average=None, reduce=None, reduction='mean', weight=None", First, pointwise_loss),
     op("ltorch.smooth_l1_loss", &["torch.nn.functional.smooth_l1_loss"], Pure, "input, target, size_average=None, reduce=None, reduction='mean', beta=1.0", First, pointwise_loss),
+    op("ltorch.kl_div", &["torch.nn.functional.kl_div"], Pure, "input, target, size_average=None, reduce=None, reduction='mean', log_target=False", First, pointwise_loss),
     op("ltorch.huber_loss", &["torch.nn.functional.huber_loss"], Pure, "input, target, reduction='mean', delta=1.0, weight=None", First, pointwise_loss),
     op("ltorch.mse_loss", &["torch.nn.functional.mse_loss"], Pure, "a, /, target, size_average=None, reduce=None, reduction='mean'", First, loss),
     op("ltorch.nll_loss_backward", &["torch_nll_loss_backward_impl"], Pure, "grad, a, target, weight, reduction, ignore_index, total_weight", First, nll_loss_backward),

@@ -942,13 +942,13 @@ def batch_im2col(gen: torch.Generator) -> Batch:
 class PointwiseLosses(nn.Module):
     """Returns its own loss through Thunder's torch fallbacks for the pointwise losses (backward
     `binary_cross_entropy_with_logits_vjp`, `binary_cross_entropy_vjp`, `l1_loss_vjp`,
-    `smooth_l1_loss_vjp`, `huber_loss_vjp`): one shared Linear(6,8) + tanh, a Linear(8,4) head
-    per loss against float targets that are data."""
+    `smooth_l1_loss_vjp`, `huber_loss_vjp`, `kl_div_vjp`): one shared Linear(6,8) + tanh, a
+    Linear(8,4) head per loss against float targets that are data."""
 
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Linear(6, 8)
-        self.heads = nn.ModuleList(nn.Linear(8, 4) for _ in range(5))
+        self.heads = nn.ModuleList(nn.Linear(8, 4) for _ in range(6))
 
     def forward(self, x: torch.Tensor, p: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.embed(x))
@@ -959,6 +959,7 @@ class PointwiseLosses(nn.Module):
             + F.l1_loss(z[2], r)
             + F.smooth_l1_loss(z[3], r, beta=0.5)
             + F.huber_loss(z[4], r, reduction="sum", delta=0.5) / 16.0
+            + F.kl_div(F.log_softmax(z[5], -1), F.softmax(r, -1), reduction="batchmean")
         )
 
 
@@ -1226,11 +1227,11 @@ MODELS: dict[str, ModelSpec] = {
             make_pointwise_losses,
             batch_pointwise_losses,
             loss="output",
-            description="Linear(6,8) + tanh, five Linear(8,4) heads; returns BCE-with-logits + BCE (sum) + L1 + "
-            "smooth L1 (beta 0.5) + Huber (delta 0.5, sum) against float data targets",
+            description="Linear(6,8) + tanh, six Linear(8,4) heads; returns BCE-with-logits + BCE (sum) + L1 + "
+            "smooth L1 (beta 0.5) + Huber (delta 0.5, sum) + KL divergence (batchmean) against float data targets",
             notes=[
                 "torch fallbacks: backward `binary_cross_entropy_with_logits_vjp`, `binary_cross_entropy_vjp`, "
-                "`l1_loss_vjp`, `smooth_l1_loss_vjp`, `huber_loss_vjp`; the output is the loss"
+                "`l1_loss_vjp`, `smooth_l1_loss_vjp`, `huber_loss_vjp`, `kl_div_vjp`; the output is the loss"
             ],
         ),
         ModelSpec(

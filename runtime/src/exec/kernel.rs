@@ -649,6 +649,9 @@ pub enum PointwiseLossKind {
     SmoothL1 { beta: f64 },
     /// `0.5 d^2` where `|d| < delta`, else `delta (|d| - 0.5 delta)`.
     Huber { delta: f64 },
+    /// `exp(y) (y - x)` with `log_target`, else `xlogy(y, y) - y x`; `batchmean` divides the
+    /// sum (the kernel's reduction) by the batch size, the first dimension's.
+    KlDiv { log_target: bool, batchmean: bool },
 }
 
 /// How a loss reduces over its elements (PyTorch's `reduction=`).

@@ -333,6 +333,8 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.smooth_l1_loss_vjp", Cpu(pointwise_loss_vjp)),
         ("ltorch.huber_loss", Cpu(pointwise_loss)),
         ("ltorch.huber_loss_vjp", Cpu(pointwise_loss_vjp)),
+        ("ltorch.kl_div", Cpu(pointwise_loss)),
+        ("ltorch.kl_div_vjp", Cpu(pointwise_loss_vjp)),
         ("ltorch.bilinear", Cpu(bilinear)),
         ("ltorch.bilinear_vjp", Cpu(bilinear_vjp)),
         ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
@@ -1617,7 +1619,8 @@ fn cosine_similarity_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
 /// `binary_cross_entropy(.., weight, size_average, reduce, reduction)`,
 /// `l1_loss(.., size_average, reduce, reduction, weight)`,
 /// `smooth_l1_loss(.., size_average, reduce, reduction, beta)`,
-/// `huber_loss(.., reduction, delta, weight)`. A weight of `l1_loss`/`huber_loss` is refused.
+/// `huber_loss(.., reduction, delta, weight)`,
+/// `kl_div(.., size_average, reduce, reduction, log_target)`. A weight of `l1_loss`/`huber_loss` is refused.
 fn pointwise_loss(o: &mut Ops<'_>) -> Result<Kernel, String> {
     use crate::exec::kernel::PointwiseLossKind as K;
     let op = o.node.op.as_str();
@@ -1642,6 +1645,20 @@ fn pointwise_loss(o: &mut Ops<'_>) -> Result<Kernel, String> {
             }
             (K::Huber { delta }, 2)
         }
+        "ltorch.kl_div" => {
+            let log_target = o.flag(5, "log_target")?;
+            let batchmean = o
+                .arg(4, "reduction")
+                .and_then(Arg::as_str)
+                .is_some_and(|r| r == "batchmean");
+            (
+                K::KlDiv {
+                    log_target,
+                    batchmean,
+                },
+                4,
+            )
+        }
         other => return Err(format!("`{other}` is not a pointwise loss")),
     };
     if reduction_at == 5 || reduction_at == 4 {
@@ -1658,6 +1675,18 @@ fn pointwise_loss(o: &mut Ops<'_>) -> Result<Kernel, String> {
     }
     let reduction = match o.arg(reduction_at, "reduction") {
         None => LossReduction::Mean,
+        // the sum, which the kind divides by the batch size
+        Some(a)
+            if matches!(
+                kind,
+                K::KlDiv {
+                    batchmean: true,
+                    ..
+                }
+            ) && a.as_str().is_some() =>
+        {
+            LossReduction::Sum
+        }
         Some(a) => {
             let s = a.as_str().ok_or("reduction must be a string")?;
             LossReduction::parse(s).ok_or_else(|| format!("unknown reduction `{s}`"))?
@@ -1672,7 +1701,7 @@ fn pointwise_loss(o: &mut Ops<'_>) -> Result<Kernel, String> {
             }
             false
         }
-        K::SmoothL1 { .. } => false,
+        K::SmoothL1 { .. } | K::KlDiv { .. } => false,
     };
     let pos_weight = kind == K::BceWithLogits && o.opt_tensor(6, "pos_weight")?;
     Ok(Kernel::PointwiseLoss {
@@ -1695,6 +1724,7 @@ fn pointwise_loss_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
         "ltorch.l1_loss_vjp" => "ltorch.l1_loss",
         "ltorch.smooth_l1_loss_vjp" => "ltorch.smooth_l1_loss",
         "ltorch.huber_loss_vjp" => "ltorch.huber_loss",
+        "ltorch.kl_div_vjp" => "ltorch.kl_div",
         other => return Err(format!("`{other}` is not a pointwise loss's vjp")),
     };
     let fwd = fallback_forward(node, forward)?;

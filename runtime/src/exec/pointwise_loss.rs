@@ -1,5 +1,5 @@
 //! The pointwise losses Thunder 0.2.6 runs as torch fallbacks (`binary_cross_entropy_with_logits`,
-//! `binary_cross_entropy`, `l1_loss`, `smooth_l1_loss`, `huber_loss`) and their gradients on any
+//! `binary_cross_entropy`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, `kl_div`) and their gradients on any
 //! backend, from its own elementwise kernels and a sum, as PyTorch 2.9 defines them
 //! ([`PointwiseLossKind`]): the loss of each element, times `weight` (and `pos_weight` inside
 //! the logits loss) broadcast to the input, then summed, averaged or kept. The gradients are
@@ -116,6 +116,28 @@ impl<B: Backend> Cx<'_, B> {
         )
     }
 
+    /// `xlogy(y, y)`: `y log(y)`, 0 where `y` is 0.
+    fn xlogy_self(&self, y: &B::Tensor) -> R<B::Tensor> {
+        let yl = self.ew(BinaryOp::Mul, y, &self.un(UnaryOp::Log, y)?)?;
+        let zero = self.ew_s(BinaryOp::Mul, y, 0.0)?;
+        self.select(CompareOp::Eq, y, 0.0, &zero, &yl)
+    }
+
+    /// The sum's divisor of `reduction` (and `batchmean`) over `shape`, `None` for none.
+    fn divisor(kind: K, reduction: LossReduction, shape: &[usize]) -> Option<f64> {
+        match (reduction, kind) {
+            (LossReduction::None, _) => None,
+            (LossReduction::Mean, _) => Some(shape.iter().product::<usize>() as f64),
+            (
+                LossReduction::Sum,
+                K::KlDiv {
+                    batchmean: true, ..
+                },
+            ) => Some(shape.first().copied().unwrap_or(1) as f64),
+            (LossReduction::Sum, _) => Some(1.0),
+        }
+    }
+
     /// `1 + (pos_weight - 1) y`, the logits loss's weight of `-log_sigmoid(x)`.
     fn log_weight(&self, y: &B::Tensor, pw: &B::Tensor) -> R<B::Tensor> {
         let p1 = self.ew_s(BinaryOp::Sub, pw, 1.0)?;
@@ -152,6 +174,15 @@ impl<B: Backend> Cx<'_, B> {
                     self.ew_s(BinaryOp::Div, &self.ew(BinaryOp::Mul, &d, &d)?, 2.0 * beta)?;
                 let lin = self.ew_s(BinaryOp::Sub, &d, 0.5 * beta)?;
                 self.select(CompareOp::Lt, &d, beta, &quad, &lin)
+            }
+            K::KlDiv { log_target, .. } => {
+                if log_target {
+                    let d = self.ew(BinaryOp::Sub, y, x)?;
+                    self.ew(BinaryOp::Mul, &self.un(UnaryOp::Exp, y)?, &d)
+                } else {
+                    let yx = self.ew(BinaryOp::Mul, y, x)?;
+                    self.ew(BinaryOp::Sub, &self.xlogy_self(y)?, &yx)
+                }
             }
             K::Huber { delta } => {
                 let d = self.un(UnaryOp::Abs, &self.ew(BinaryOp::Sub, x, y)?)?;
@@ -194,13 +225,10 @@ impl<B: Backend> Cx<'_, B> {
             None => l,
         };
         let all: Vec<usize> = (0..shape.len()).collect();
-        match reduction {
-            LossReduction::None => Ok(l),
-            LossReduction::Sum => self.sum_over(&l, all, false),
-            LossReduction::Mean => {
-                let n = shape.iter().product::<usize>() as f64;
-                self.ew_s(BinaryOp::Div, &self.sum_over(&l, all, false)?, n)
-            }
+        match Self::divisor(kind, reduction, &shape) {
+            None => Ok(l),
+            Some(n) if n == 1.0 => self.sum_over(&l, all, false),
+            Some(n) => self.ew_s(BinaryOp::Div, &self.sum_over(&l, all, false)?, n),
         }
     }
 
@@ -227,11 +255,8 @@ impl<B: Backend> Cx<'_, B> {
             ));
         }
         // the output's gradient on every element, before the weight
-        let gs = match reduction {
-            LossReduction::Mean => {
-                let n = shape.iter().product::<usize>() as f64;
-                self.ew_s(BinaryOp::Div, g, n)?
-            }
+        let gs = match Self::divisor(kind, reduction, &shape) {
+            Some(n) if n != 1.0 => self.ew_s(BinaryOp::Div, g, n)?,
             _ => self.k(Kernel::Identity, &[g])?,
         };
         let gs = self.broadcast_to(&gs, &shape)?;
@@ -270,6 +295,15 @@ impl<B: Backend> Cx<'_, B> {
                 K::L1 | K::SmoothL1 { .. } => {
                     self.un(UnaryOp::Sign, &self.ew(BinaryOp::Sub, x, y)?)?
                 }
+                // -exp(y), or -y
+                K::KlDiv { log_target, .. } => {
+                    let e = if log_target {
+                        self.un(UnaryOp::Exp, y)?
+                    } else {
+                        self.k(Kernel::Identity, &[y])?
+                    };
+                    self.un(UnaryOp::Neg, &e)?
+                }
                 K::Huber { delta } => {
                     let d = self.ew(BinaryOp::Sub, x, y)?;
                     let d = self.ew_s(BinaryOp::Maximum, &d, -delta)?;
@@ -298,6 +332,27 @@ impl<B: Backend> Cx<'_, B> {
                     K::Bce => {
                         let a = self.un(UnaryOp::Log1p, &self.un(UnaryOp::Neg, x)?)?;
                         self.ew(BinaryOp::Sub, &a, &self.un(UnaryOp::Log, x)?)?
+                    }
+                    // exp(y) (y - x + 1), or (autograd through xlogy) log(y) (0 where y
+                    // is 0) + y / y - x: NaN where y is 0, as PyTorch
+                    K::KlDiv { log_target, .. } => {
+                        if log_target {
+                            let d =
+                                self.ew_s(BinaryOp::Add, &self.ew(BinaryOp::Sub, y, x)?, 1.0)?;
+                            self.ew(BinaryOp::Mul, &self.un(UnaryOp::Exp, y)?, &d)?
+                        } else {
+                            let zero = self.ew_s(BinaryOp::Mul, y, 0.0)?;
+                            let log = self.select(
+                                CompareOp::Eq,
+                                y,
+                                0.0,
+                                &zero,
+                                &self.un(UnaryOp::Log, y)?,
+                            )?;
+                            let one = self.ew(BinaryOp::Div, y, y)?;
+                            let s = self.ew(BinaryOp::Add, &log, &one)?;
+                            self.ew(BinaryOp::Sub, &s, x)?
+                        }
                     }
                     _ => self.un(UnaryOp::Neg, &dx)?,
                 };
