@@ -688,7 +688,7 @@ fn binary_cross_entropies_and_their_gradients_are_pytorchs() {
             0.2525252525252525,
         ],
         &[
-            0.6931471805599453,
+            std::f64::consts::LN_2, // -logit(0.2) = ln 4, times the weight 2 and g 1.5, over 6
             -0.27465307216702745,
             28.782313662425576,
             -0.0,

@@ -227,7 +227,7 @@ impl<B: Backend> Cx<'_, B> {
         let all: Vec<usize> = (0..shape.len()).collect();
         match Self::divisor(kind, reduction, &shape) {
             None => Ok(l),
-            Some(n) if n == 1.0 => self.sum_over(&l, all, false),
+            Some(1.0) => self.sum_over(&l, all, false),
             Some(n) => self.ew_s(BinaryOp::Div, &self.sum_over(&l, all, false)?, n),
         }
     }
