@@ -899,3 +899,90 @@ fn kl_div_and_its_gradients_are_pytorchs() {
         close_to(&Tensor::from_f64(vec![g2.len()], g2), &w2, 1e-12);
     }
 }
+
+/// `torch.logaddexp` and `torch.hypot` with Thunder's `*_vjp`s, a broadcast operand each (its
+/// gradient summed over the broadcast), and logaddexp of equal infinities: torch 2.9.0's figures.
+#[test]
+fn logaddexp_and_hypot_and_their_gradients_are_pytorchs() {
+    let text = r#"def f(x, b, y, h, i, j):
+  # x: "cpu f64[2, 3]"
+  # b: "cpu f64[1, 3]"
+  # y: "cpu f64[2, 1]"
+  # h: "cpu f64[2, 3]"
+  # i: "cpu f64[2, 3]"
+  # j: "cpu f64[2, 3]"
+  t1 = torch.logaddexp(x, b)  # t1: "cpu f64[2, 3]"
+  (t2, t3) = logaddexp_vjp(((x, b), {}), h)
+  t4 = torch.hypot(x, y)  # t4: "cpu f64[2, 3]"
+  (t5, t6) = hypot_vjp(((x, y), {}), h)
+  t7 = torch.logaddexp(i, j)  # t7: "cpu f64[2, 3]"
+  return (t1, t2, t3, t4, t5, t6, t7)
+"#;
+    let inf = f64::INFINITY;
+    let t = |shape: Vec<usize>, v: Vec<f64>| Tensor::from_f64(shape, v);
+    let ins = [
+        t(vec![2, 3], vec![0.5, -1.0, 30.0, 0.0, -2.0, 2.0]),
+        t(vec![1, 3], vec![1.0, -1.0, -3.0]),
+        t(vec![2, 1], vec![3.0, -0.5]),
+        t(vec![2, 3], vec![1.0, -2.0, 0.5, 0.25, 1.0, 3.0]),
+        t(vec![2, 3], vec![0.5, -1.0, 30.0, inf, -inf, 2.0]),
+        t(vec![2, 3], vec![1.0, -1.0, -3.0, inf, -inf, 0.0]),
+    ];
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let out = execute(text, &refs).unwrap_or_else(|e| panic!("{e}"));
+    let want: [&[f64]; 6] = [
+        &[
+            1.4740769841801067,
+            -0.3068528194400547,
+            30.000000000000004,
+            1.3132616875182228,
+            -0.6867383124817772,
+            2.0067153484891183,
+        ],
+        &[
+            0.3775406687981454,
+            -1.0,
+            0.49999999999999767,
+            0.06723535534249878,
+            0.2689414213699951,
+            2.9799214472271456,
+        ],
+        &[
+            0.8052239758593558,
+            -0.2689414213699951,
+            0.020078552772856896,
+        ],
+        &[
+            3.0413812651491097,
+            3.1622776601683795,
+            30.14962686336267,
+            0.5,
+            2.0615528128088303,
+            2.0615528128088303,
+        ],
+        &[
+            0.1643989873053573,
+            0.6324555320336759,
+            0.4975185951049946,
+            0.0,
+            -0.9701425001453319,
+            2.9104275004359956,
+        ],
+        &[-0.8612208127583844, -1.2201425001453319],
+    ];
+    for (got, want) in out.iter().zip(want) {
+        close_to(got, want, 1e-12);
+    }
+    let inf_case = out[6].to_f64_vec();
+    assert_eq!(&inf_case[3..5], &[inf, -inf], "{inf_case:?}");
+    close_to(
+        &Tensor::from_f64(vec![4], [&inf_case[..3], &inf_case[5..]].concat()),
+        &[
+            1.4740769841801067,
+            -0.3068528194400547,
+            30.000000000000004,
+            2.1269280110429727,
+        ],
+        1e-12,
+    );
+}

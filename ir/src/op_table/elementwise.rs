@@ -552,6 +552,22 @@ const ARITHMETIC: &[OpSpec] = &[
         ab,
     ),
     op(
+        "ltorch.logaddexp",
+        &["torch.logaddexp", "Tensor.logaddexp"],
+        Pure,
+        "a, b, /",
+        PromoteToFloat,
+        ab,
+    ),
+    op(
+        "ltorch.hypot",
+        &["torch.hypot", "Tensor.hypot"],
+        Pure,
+        "a, b, /",
+        PromoteToFloat,
+        ab,
+    ),
+    op(
         "ltorch.atan2",
         &["torch.atan2"],
         Pure,

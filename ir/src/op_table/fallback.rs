@@ -6,7 +6,7 @@
 //! in `thunder/torch/__init__.py`). The backward trace prints it as
 //! `(g_a, g_w, g_b, (_, _), ...) = conv_transpose2d_vjp(((a, w, b, (2, 2), ...), {}), g)`
 //! (also `pixel_shuffle`, `pixel_unshuffle`, `roll`, `adaptive_avg_pool1d`, `adaptive_max_pool1d/2d`, `bilinear`, `detach`, `channel_shuffle`, `clamp_min`, `clamp_max`, `cosine_similarity`, `F.unfold`/`F.fold`,
-//! the pointwise losses `binary_cross_entropy(_with_logits)`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, `kl_div`,
+//! the pointwise losses `binary_cross_entropy(_with_logits)`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, `kl_div`, `logaddexp`, `hypot`,
 //! `multi_head_attention_forward` of `nn.MultiheadAttention`, whose two outputs give two
 //! gradients):
 //! the forward's positional operands and keywords, then one gradient per forward output. The
@@ -142,6 +142,8 @@ const OPS: &[OpSpec] = &[
     op("ltorch.smooth_l1_loss_vjp", &["smooth_l1_loss_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.huber_loss_vjp", &["huber_loss_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.kl_div_vjp", &["kl_div_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.logaddexp_vjp", &["logaddexp_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.hypot_vjp", &["hypot_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.multi_head_attention_forward_vjp", &["multi_head_attention_forward_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
 ];
 

@@ -595,6 +595,8 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
         | Kernel::CosineSimilarityVjp { .. }
         | Kernel::PointwiseLoss { .. }
         | Kernel::PointwiseLossVjp { .. }
+        | Kernel::BinaryFallback(_)
+        | Kernel::BinaryFallbackVjp { .. }
         | Kernel::Im2Col(_)
         | Kernel::Col2Im { .. }
         // no CUDA kernel: the backend refuses it by name
@@ -667,6 +669,8 @@ pub fn every_kernel() -> Vec<Kernel> {
             | Kernel::CosineSimilarityVjp { .. }
             | Kernel::PointwiseLoss { .. }
             | Kernel::PointwiseLossVjp { .. }
+            | Kernel::BinaryFallback(_)
+            | Kernel::BinaryFallbackVjp { .. }
             | Kernel::Im2Col(_)
             | Kernel::Col2Im { .. }
             | Kernel::MaxPool2d { .. }

@@ -60,6 +60,7 @@ pub(crate) fn run<B: Backend>(
         .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
         .or_else(|| crate::exec::cosine_similarity::run(backend, kernel, inputs))
         .or_else(|| crate::exec::pointwise_loss::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::binary_fallback::run(backend, kernel, inputs))
     {
         return Some(r.and_then(|mut out| match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
@@ -265,6 +266,7 @@ pub(crate) fn run_multi<B: Backend>(
         .or_else(|| crate::exec::bilinear::run(backend, kernel, inputs))
         .or_else(|| crate::exec::cosine_similarity::run(backend, kernel, inputs))
         .or_else(|| crate::exec::pointwise_loss::run(backend, kernel, inputs))
+        .or_else(|| crate::exec::binary_fallback::run(backend, kernel, inputs))
     {
         return Some(r);
     }

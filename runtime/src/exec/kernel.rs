@@ -329,6 +329,14 @@ pub enum Kernel {
         pos_weight: bool,
         outputs: [bool; 2],
     },
+    /// `torch.logaddexp(a, b)` or `torch.hypot(a, b)`, broadcast (`exec/binary_fallback.rs`).
+    BinaryFallback(BinaryFallbackOp),
+    /// Thunder's `logaddexp_vjp`/`hypot_vjp`: inputs `a, b, g`; the gradients `outputs` names
+    /// (a's, b's), each summed back to its operand's shape.
+    BinaryFallbackVjp {
+        op: BinaryFallbackOp,
+        outputs: [bool; 2],
+    },
     /// `adaptive_max_pool1d/2d` of the last `out.len()` dimensions to `out`, the maxima only
     /// (`exec/adaptive_max_pool.rs`).
     AdaptiveMaxPool {
@@ -635,6 +643,15 @@ pub enum Kernel {
     },
 }
 
+/// A [`Kernel::BinaryFallback`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryFallbackOp {
+    /// `max(a, b) + log1p(exp(-|a - b|))` (`a` where both are the same infinity).
+    LogAddExp,
+    /// `sqrt(a^2 + b^2)`.
+    Hypot,
+}
+
 /// The loss of one element of a [`Kernel::PointwiseLoss`], as PyTorch 2.9 defines it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum PointwiseLossKind {
@@ -715,6 +732,7 @@ impl Kernel {
             Kernel::BilinearVjp { outputs } => outputs.iter().filter(|&&o| o).count(),
             Kernel::CosineSimilarityVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
             Kernel::PointwiseLossVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
+            Kernel::BinaryFallbackVjp { outputs, .. } => outputs.iter().filter(|&&o| o).count(),
             Kernel::Split { sizes, .. } => sizes.len(),
             _ => 1,
         }

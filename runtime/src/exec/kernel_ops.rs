@@ -8,8 +8,8 @@
 //! positional or keyword.
 
 use crate::exec::kernel::{
-    Activation, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction, ReduceOp, Side,
-    UnaryOp, VjpOutputs, Window2d,
+    Activation, BinaryFallbackOp, BinaryOp, BitOp, CompareOp, Decoded, Kernel, LossReduction,
+    ReduceOp, Side, UnaryOp, VjpOutputs, Window2d,
 };
 use std::collections::HashMap;
 
@@ -335,6 +335,22 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.huber_loss_vjp", Cpu(pointwise_loss_vjp)),
         ("ltorch.kl_div", Cpu(pointwise_loss)),
         ("ltorch.kl_div_vjp", Cpu(pointwise_loss_vjp)),
+        (
+            "ltorch.logaddexp",
+            Cpu(|o| binary_fallback(o, BinaryFallbackOp::LogAddExp)),
+        ),
+        (
+            "ltorch.logaddexp_vjp",
+            Cpu(|o| binary_fallback_vjp(o, "ltorch.logaddexp", BinaryFallbackOp::LogAddExp)),
+        ),
+        (
+            "ltorch.hypot",
+            Cpu(|o| binary_fallback(o, BinaryFallbackOp::Hypot)),
+        ),
+        (
+            "ltorch.hypot_vjp",
+            Cpu(|o| binary_fallback_vjp(o, "ltorch.hypot", BinaryFallbackOp::Hypot)),
+        ),
         ("ltorch.bilinear", Cpu(bilinear)),
         ("ltorch.bilinear_vjp", Cpu(bilinear_vjp)),
         ("ltorch.pixel_shuffle", Cpu(|o| pixel_shuffle(o, false))),
@@ -1764,6 +1780,43 @@ fn pointwise_loss_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
         pos_weight,
         outputs,
     })
+}
+
+/// `logaddexp(a, b)` / `hypot(a, b)`: two floating tensors of one dtype (`exec/binary_fallback.rs`).
+fn binary_fallback(o: &mut Ops<'_>, op: BinaryFallbackOp) -> Result<Kernel, String> {
+    o.tensor(0, "input")?;
+    o.tensor(1, "other")?;
+    let (a, b) = (o.in_type(0)?.dtype, o.in_type(1)?.dtype);
+    if a != b || !a.is_float() {
+        return Err(format!(
+            "operands {a} and {b} must be floating tensors of one dtype"
+        ));
+    }
+    Ok(Kernel::BinaryFallback(op))
+}
+
+/// Thunder's `logaddexp_vjp`/`hypot_vjp`: the gradients of `a` and `b` the statement names.
+fn binary_fallback_vjp(
+    o: &mut Ops<'_>,
+    forward: &'static str,
+    op: BinaryFallbackOp,
+) -> Result<Kernel, String> {
+    let node = o.node;
+    let fwd = fallback_forward(node, forward)?;
+    let mut f = Ops::new(o.trace, &fwd);
+    binary_fallback(&mut f, op)?;
+    let outputs = [0, 1].map(|i| names_gradient(node, i));
+    let count = outputs.iter().filter(|&&n| n).count();
+    if count != node.outputs().len() {
+        return Err(format!(
+            "the statement binds {} results; the gradients of {forward}'s operands it names \
+             are {count}",
+            node.outputs().len()
+        ));
+    }
+    o.inputs.extend(f.inputs.iter().copied());
+    output_gradient(o, forward)?;
+    Ok(Kernel::BinaryFallbackVjp { op, outputs })
 }
 
 /// `bilinear(input1, input2, weight, bias=None)`.

@@ -7,6 +7,7 @@ pub(crate) mod adaptive_max_pool;
 pub(crate) mod attention;
 pub(crate) mod backend;
 pub(crate) mod bilinear;
+pub(crate) mod binary_fallback;
 pub(crate) mod bool_ops;
 pub(crate) mod composer;
 pub(crate) mod composite;
