@@ -974,6 +974,32 @@ def batch_pointwise_losses(gen: torch.Generator) -> Batch:
     return OrderedDict(x=x, p=p, r=r), torch.zeros(())
 
 
+class SoftMaxNorm(nn.Module):
+    """Thunder's torch fallbacks `logaddexp_vjp` and `hypot_vjp`: a smooth maximum
+    (`torch.logaddexp`) of two Linear(6,8) branches and the length (`torch.hypot`) of a branch
+    and a learned row (broadcast), Linear(8,5)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(6, 8)
+        self.row = nn.Parameter(torch.randn(1, 8))
+        self.out = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.a(x), self.b(x)
+        return self.out(torch.logaddexp(a, b) - torch.hypot(b, self.row))
+
+
+def make_softmax_norm() -> nn.Module:
+    return SoftMaxNorm()
+
+
+def batch_softmax_norm(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 6, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (4,), generator=gen, dtype=torch.int64)
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -1221,6 +1247,13 @@ MODELS: dict[str, ModelSpec] = {
             batch_cosine_head,
             description="Linear(6,8) + tanh, logits 4 * cosine_similarity with 5 learned prototypes (broadcast, dim -1)",
             notes=["torch fallback: backward `cosine_similarity_vjp` (both operands, the prototypes' summed over the batch)"],
+        ),
+        ModelSpec(
+            "logaddexp-hypot",
+            make_softmax_norm,
+            batch_softmax_norm,
+            description="two Linear(6,8) branches, logaddexp of them minus hypot of one with a learned [1, 8] row, Linear(8,5)",
+            notes=["torch fallbacks: backward `logaddexp_vjp`, `hypot_vjp` (the row's gradient summed over the batch)"],
         ),
         ModelSpec(
             "pointwise-losses",
