@@ -4,61 +4,18 @@
 //! state does; a damaged, missing or half-written save is refused and never costs the previous
 //! checkpoint.
 
+mod common;
+
+use common::training::{assert_same_params, cfg, run};
 use std::path::{Path, PathBuf};
-use tracepass_passes::parse_pipeline;
 use tracepass_runtime::tensor::{save_tensors_with, Tensor, TensorFile};
 use tracepass_runtime::train::checkpoint::{self, CheckpointError};
 use tracepass_runtime::train::sharded_checkpoint::{shard_dir, SaveFormat, ShardedCheckpoint};
-use tracepass_runtime::train::{train, ModelSource, TrainConfig, TrainError, TrainReport};
-
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../testdata/models")
-        .join(name)
-}
-
-fn cfg(name: &str, world_size: usize, steps: usize, passes: &str) -> TrainConfig {
-    TrainConfig {
-        model: ModelSource::Export(model(name)),
-        world_size,
-        steps,
-        passes: Some(parse_pipeline(passes).expect("pipeline")),
-        pin_ranks: false,
-        threads_per_rank: 1,
-        ..TrainConfig::default()
-    }
-}
-
-fn run(c: &TrainConfig) -> TrainReport {
-    train(c, &|_, _| {}).unwrap_or_else(|e| panic!("{:?} {:?}: {e}", c.model, c.passes))
-}
+use tracepass_runtime::train::{train, TrainConfig, TrainError};
 
 fn resume(mut c: TrainConfig, from: &Path) -> TrainConfig {
     c.resume = Some(from.to_path_buf());
     c
-}
-
-/// Every tensor of `got` within `1e-6` of the largest magnitude in `want`'s tensor.
-fn assert_same_params(got: &TrainReport, want: &TrainReport, what: &str) {
-    assert_eq!(got.param_names, want.param_names);
-    let (g, w) = (&got.params[0], &want.params[0]);
-    assert_eq!(g.len(), w.len(), "{what}");
-    for ((name, a), b) in got.param_names.iter().zip(g).zip(w) {
-        assert_eq!(a.shape(), b.shape(), "{what}: `{name}`");
-        let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
-        let scale = b
-            .iter()
-            .fold(0.0f64, |m, x| m.max(x.abs()))
-            .max(f64::MIN_POSITIVE);
-        let err = a
-            .iter()
-            .zip(&b)
-            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-        assert!(
-            err <= 1e-6 * scale,
-            "{what}: `{name}` differs by {err:e} (scale {scale:e})"
-        );
-    }
 }
 
 /// The files of a save: the manifest and its rank files.

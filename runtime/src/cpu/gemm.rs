@@ -256,36 +256,85 @@ fn finish(t: Tensor, dtype: DType) -> Result<Tensor, String> {
     }
 }
 
+/// `torch.matmul`'s operands as (batches of) matrices: a 1-d `a` is a row and a 1-d `b` a
+/// column (their added dimension dropped from the result), the batch dimensions broadcast.
+struct MatmulShape {
+    a: Tensor,
+    b: Tensor,
+    m: usize,
+    k: usize,
+    n: usize,
+    batch: Vec<usize>,
+    drop_m: bool,
+    drop_n: bool,
+}
+
+impl MatmulShape {
+    fn of(a: &Tensor, b: &Tensor) -> Result<MatmulShape, String> {
+        let (a2, drop_m) = if a.shape().len() == 1 {
+            (a.reshape(vec![1, a.shape()[0]])?, true)
+        } else {
+            (a.clone(), false)
+        };
+        let (b2, drop_n) = if b.shape().len() == 1 {
+            (b.reshape(vec![b.shape()[0], 1])?, true)
+        } else {
+            (b.clone(), false)
+        };
+        let (ra, rb) = (a2.shape().len(), b2.shape().len());
+        if ra == 0 || rb == 0 {
+            return Err("matmul of a 0-d tensor".into());
+        }
+        let (m, k) = (a2.shape()[ra - 2], a2.shape()[ra - 1]);
+        let (kb, n) = (b2.shape()[rb - 2], b2.shape()[rb - 1]);
+        if k != kb {
+            return Err(format!(
+                "matmul shapes {:?} and {:?} do not fit",
+                a.shape(),
+                b.shape()
+            ));
+        }
+        let (ba, bb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
+        let batch = tracepass_ir::broadcast_shapes(ba, bb)
+            .ok_or_else(|| format!("matmul batch shapes {ba:?} and {bb:?} do not broadcast"))?;
+        Ok(MatmulShape {
+            a: a2,
+            b: b2,
+            m,
+            k,
+            n,
+            batch,
+            drop_m,
+            drop_n,
+        })
+    }
+
+    /// The number of matrix products.
+    fn count(&self) -> usize {
+        self.batch.iter().product()
+    }
+
+    /// The result's shape.
+    fn out_shape(&self) -> Vec<usize> {
+        let mut shape = self.batch.clone();
+        if !self.drop_m {
+            shape.push(self.m);
+        }
+        if !self.drop_n {
+            shape.push(self.n);
+        }
+        shape
+    }
+}
+
 fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
-    // 1-d operands become matrices, as in torch.matmul, and the added dimension is dropped after.
-    let (a2, drop_m) = if a.shape().len() == 1 {
-        (a.reshape(vec![1, a.shape()[0]])?, true)
-    } else {
-        (a.clone(), false)
-    };
-    let (b2, drop_n) = if b.shape().len() == 1 {
-        (b.reshape(vec![b.shape()[0], 1])?, true)
-    } else {
-        (b.clone(), false)
-    };
+    let shape = MatmulShape::of(a, b)?;
+    let (a2, b2) = (&shape.a, &shape.b);
+    let (m, n) = (shape.m, shape.n);
     let (ra, rb) = (a2.shape().len(), b2.shape().len());
-    if ra == 0 || rb == 0 {
-        return Err("matmul of a 0-d tensor".into());
-    }
-    let (m, k) = (a2.shape()[ra - 2], a2.shape()[ra - 1]);
-    let (kb, n) = (b2.shape()[rb - 2], b2.shape()[rb - 1]);
-    if k != kb {
-        return Err(format!(
-            "matmul shapes {:?} and {:?} do not fit",
-            a.shape(),
-            b.shape()
-        ));
-    }
     let (ba, bb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
-    let nb = ba.len().max(bb.len());
-    let batch = tracepass_ir::broadcast_shapes(ba, bb)
-        .ok_or_else(|| format!("matmul batch shapes {ba:?} and {bb:?} do not broadcast"))?;
-    let count: usize = batch.iter().product();
+    let nb = shape.batch.len();
+    let (batch, count) = (&shape.batch, shape.count());
     let mut out = crate::cpu::buffer_pool::filled(count * m * n, T::ZERO);
     let stride_of = |t: &Tensor, lead: usize, i: usize, dims: &[usize]| -> isize {
         if i < lead || dims[i - lead] == 1 {
@@ -299,11 +348,11 @@ fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     for c in 0..count {
         let (mut oa, mut ob) = (0isize, 0isize);
         for (i, &ix) in idx.iter().enumerate() {
-            oa += ix as isize * stride_of(&a2, lead_a, i, ba);
-            ob += ix as isize * stride_of(&b2, lead_b, i, bb);
+            oa += ix as isize * stride_of(a2, lead_a, i, ba);
+            ob += ix as isize * stride_of(b2, lead_b, i, bb);
         }
-        let ma = Mat::<T>::of(&a2, oa).ok_or("matmul operand has the wrong storage type")?;
-        let mb = Mat::<T>::of(&b2, ob).ok_or("matmul operand has the wrong storage type")?;
+        let ma = Mat::<T>::of(a2, oa).ok_or("matmul operand has the wrong storage type")?;
+        let mb = Mat::<T>::of(b2, ob).ok_or("matmul operand has the wrong storage type")?;
         gemm_into(&ma, &mb, T::ZERO, &mut out, c * m * n)?;
         for d in (0..nb).rev() {
             idx[d] += 1;
@@ -313,14 +362,7 @@ fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
             idx[d] = 0;
         }
     }
-    let mut shape = batch;
-    if !drop_m {
-        shape.push(m);
-    }
-    if !drop_n {
-        shape.push(n);
-    }
-    Ok(Tensor::new(shape, T::storage(out)))
+    Ok(Tensor::new(shape.out_shape(), T::storage(out)))
 }
 
 /// `a` (`[.., rows, cols]`) broadcast to `batch` and read as i64, row-major.
@@ -341,30 +383,10 @@ fn batched_i64(a: &Tensor, batch: &[usize]) -> Result<Vec<i64>, String> {
 
 /// Integer `torch.matmul`, as PyTorch's CPU computes it: exact, wrapping on overflow.
 fn matmul_int(a: &Tensor, b: &Tensor, out: DType) -> Result<Tensor, String> {
-    let vec1 = |t: &Tensor, as_row: bool| match t.shape() {
-        [n] if as_row => t.reshape(vec![1, *n]).map(|t| (t, true)),
-        [n] => t.reshape(vec![*n, 1]).map(|t| (t, true)),
-        _ => Ok((t.clone(), false)),
-    };
-    let ((a2, drop_m), (b2, drop_n)) = (vec1(a, true)?, vec1(b, false)?);
-    let (ra, rb) = (a2.shape().len(), b2.shape().len());
-    if ra == 0 || rb == 0 {
-        return Err("matmul of a 0-d tensor".into());
-    }
-    let (m, k) = (a2.shape()[ra - 2], a2.shape()[ra - 1]);
-    let (kb, n) = (b2.shape()[rb - 2], b2.shape()[rb - 1]);
-    if k != kb {
-        return Err(format!(
-            "matmul shapes {:?} and {:?} do not fit",
-            a.shape(),
-            b.shape()
-        ));
-    }
-    let (ba, bb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
-    let batch = tracepass_ir::broadcast_shapes(ba, bb)
-        .ok_or_else(|| format!("matmul batch shapes {ba:?} and {bb:?} do not broadcast"))?;
-    let count: usize = batch.iter().product();
-    let (av, bv) = (batched_i64(&a2, &batch)?, batched_i64(&b2, &batch)?);
+    let shape = MatmulShape::of(a, b)?;
+    let (m, k, n, count) = (shape.m, shape.k, shape.n, shape.count());
+    let av = batched_i64(&shape.a, &shape.batch)?;
+    let bv = batched_i64(&shape.b, &shape.batch)?;
     let mut acc = vec![0i64; count * m * n];
     for c in 0..count {
         let (pa, pb) = (
@@ -381,14 +403,7 @@ fn matmul_int(a: &Tensor, b: &Tensor, out: DType) -> Result<Tensor, String> {
             }
         }
     }
-    let mut shape = batch;
-    if !drop_m {
-        shape.push(m);
-    }
-    if !drop_n {
-        shape.push(n);
-    }
-    finish(Tensor::from_i64(shape, acc), out)
+    finish(Tensor::from_i64(shape.out_shape(), acc), out)
 }
 
 /// `torch.matmul`: 1-d, 2-d and batched operands with broadcast batch dimensions.

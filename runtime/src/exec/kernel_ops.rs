@@ -1297,6 +1297,19 @@ fn names_gradient(node: &Node, i: usize) -> bool {
     }
 }
 
+/// Whether the statement binds one result for each gradient `outputs` marks as named.
+fn binds_named_gradients(node: &Node, outputs: &[bool], forward: &str) -> Result<(), String> {
+    let count = outputs.iter().filter(|&&n| n).count();
+    if count != node.outputs().len() {
+        return Err(format!(
+            "the statement binds {} results; the gradients of {forward}'s operands it names \
+             are {count}",
+            node.outputs().len()
+        ));
+    }
+    Ok(())
+}
+
 /// Reads the gradient of a one-output forward: the fallback's operand 1, and its last.
 fn output_gradient(o: &mut Ops<'_>, forward: &str) -> Result<(), String> {
     if o.node.args().len() != 2 {
@@ -1614,14 +1627,7 @@ fn cosine_similarity_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
         return Err(format!("{FORWARD} decodes to another kernel"));
     };
     let outputs = [0, 1].map(|i| names_gradient(node, i));
-    let count = outputs.iter().filter(|&&n| n).count();
-    if count != node.outputs().len() {
-        return Err(format!(
-            "the statement binds {} results; the gradients of {FORWARD}'s operands it names \
-             are {count}",
-            node.outputs().len()
-        ));
-    }
+    binds_named_gradients(node, &outputs, FORWARD)?;
     let [a, b, ..] = f.inputs[..] else {
         return Err(format!("{FORWARD} reads no two inputs"));
     };
@@ -1763,14 +1769,7 @@ fn pointwise_loss_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
         }
     }
     let outputs = [0, 1].map(|i| names_gradient(node, i));
-    let count = outputs.iter().filter(|&&n| n).count();
-    if count != node.outputs().len() {
-        return Err(format!(
-            "the statement binds {} results; the gradients of {forward}'s operands it names \
-             are {count}",
-            node.outputs().len()
-        ));
-    }
+    binds_named_gradients(node, &outputs, forward)?;
     o.inputs.extend(f.inputs.iter().copied());
     output_gradient(o, forward)?;
     Ok(Kernel::PointwiseLossVjp {
@@ -1806,14 +1805,7 @@ fn binary_fallback_vjp(
     let mut f = Ops::new(o.trace, &fwd);
     binary_fallback(&mut f, op)?;
     let outputs = [0, 1].map(|i| names_gradient(node, i));
-    let count = outputs.iter().filter(|&&n| n).count();
-    if count != node.outputs().len() {
-        return Err(format!(
-            "the statement binds {} results; the gradients of {forward}'s operands it names \
-             are {count}",
-            node.outputs().len()
-        ));
-    }
+    binds_named_gradients(node, &outputs, forward)?;
     o.inputs.extend(f.inputs.iter().copied());
     output_gradient(o, forward)?;
     Ok(Kernel::BinaryFallbackVjp { op, outputs })
@@ -1839,14 +1831,7 @@ fn bilinear_vjp(o: &mut Ops<'_>) -> Result<Kernel, String> {
         return Err(format!("{FORWARD} decodes to another kernel"));
     };
     let outputs = [0, 1, 2, 3].map(|i| names_gradient(node, i) && (i < 3 || bias));
-    let count = outputs.iter().filter(|&&n| n).count();
-    if count != node.outputs().len() {
-        return Err(format!(
-            "the statement binds {} results; the gradients of {FORWARD}'s inputs, weight and \
-             bias it names are {count}",
-            node.outputs().len()
-        ));
-    }
+    binds_named_gradients(node, &outputs, FORWARD)?;
     let [a, b, w, ..] = f.inputs[..] else {
         return Err(format!("{FORWARD} reads no inputs and weight"));
     };

@@ -2,6 +2,8 @@
 //! and their JSON files. Each test file uses some of these, so the unused rest is allowed.
 #![allow(dead_code)]
 
+pub mod training;
+
 use std::path::{Path, PathBuf};
 
 /// Every export directory of the corpus, sorted.
