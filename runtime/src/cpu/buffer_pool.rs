@@ -11,8 +11,10 @@
 //!
 //! The pool is per thread (a rank runs its kernels on its own thread) and keeps, of each
 //! (dtype, length), at most as many free buffers as a plan it was told of ([`reserve`]) has
-//! alive at once; of a length no plan has (a kernel called outside the executor) it keeps
-//! nothing, so kernels behave as before.
+//! alive at once, plus one for each buffer of that length made beyond that count (operand
+//! copies and scratch share the classes, so the plan's count is a floor: after the first
+//! step the pool holds what a step really has alive at once); of a length no plan has (a
+//! kernel called outside the executor) it keeps nothing, so kernels behave as before.
 
 use crate::exec::memory_plan::SizeClass;
 use crate::tensor::{Elem, Storage};
@@ -29,6 +31,8 @@ pub struct Shelf<T> {
 struct Class<T> {
     limit: usize,
     bufs: Vec<Vec<T>>,
+    /// Buffers made for this length on a miss, ever.
+    created: usize,
 }
 
 impl<T> Default for Shelf<T> {
@@ -96,7 +100,27 @@ pub fn take<T: Pooled>(n: usize) -> Vec<T> {
     if n == 0 {
         return Vec::new();
     }
-    match T::with_shelf(|s| s.free.get_mut(&n).and_then(|c| c.bufs.pop())) {
+    // a known length with none free, and more buffers of it made than the class may keep:
+    // the plan undercounted what is alive at once (kernel scratch and operand copies share
+    // the class), so it may keep one more from now on
+    let taken = T::with_shelf(|s| match s.free.get_mut(&n) {
+        Some(c) => match c.bufs.pop() {
+            Some(v) => Ok(v),
+            None => {
+                c.created += 1;
+                let grow = c.created > c.limit;
+                if grow {
+                    c.limit += 1;
+                }
+                Err(grow)
+            }
+        },
+        None => Err(false),
+    });
+    if matches!(taken, Err(true)) {
+        update(|st| st.limit_bytes += (n * std::mem::size_of::<T>()) as u64);
+    }
+    match taken.ok() {
         Some(v) => {
             update(|st| {
                 st.hits += 1;
@@ -159,6 +183,7 @@ pub fn give_scratch<T: Pooled>(mut v: Vec<T>) {
         let c = s.free.entry(n).or_insert_with(|| Class {
             limit: 0,
             bufs: Vec::new(),
+            created: 0,
         });
         let grown = c.bufs.len() >= c.limit;
         if grown {
@@ -203,6 +228,7 @@ pub fn reserve<T: Elem>(n: usize, count: usize) {
         let c = s.free.entry(n).or_insert_with(|| Class {
             limit: 0,
             bufs: Vec::new(),
+            created: 0,
         });
         let grown = count.saturating_sub(c.limit);
         if grown > 0 {
@@ -279,6 +305,30 @@ mod tests {
             assert_eq!(stats().free_bytes, 96);
             reset_stats();
             assert_eq!((stats().hits, stats().misses), (0, 0));
+        })
+        .join()
+        .expect("pool thread");
+    }
+
+    #[test]
+    fn a_class_grows_to_what_is_alive_at_once_beyond_the_plan() {
+        std::thread::spawn(|| {
+            // the plan says two alive at once; a step really holds three (an operand copy)
+            reserve::<f32>(8, 2);
+            let step = || {
+                let held: Vec<Vec<f32>> = (0..3).map(|_| filled(8, 1.0)).collect();
+                held.into_iter().for_each(give);
+            };
+            step();
+            // the first step makes all three, and the class may keep the third from now on
+            assert_eq!((stats().misses, stats().free_bytes), (3, 96));
+            reset_stats();
+            for _ in 0..5 {
+                step();
+            }
+            assert_eq!((stats().misses, stats().hits), (0, 15));
+            // and no further: the three made are all it keeps
+            assert_eq!((stats().free_bytes, stats().limit_bytes), (96, 96));
         })
         .join()
         .expect("pool thread");

@@ -49,13 +49,6 @@ impl<T: Copy + crate::cpu::buffer_pool::Pooled> Src<'_, T> {
             pool::give_cow(c);
         }
     }
-    #[inline(always)]
-    fn get(&self, i: usize) -> T {
-        match self {
-            Src::Elems(v) => v[i],
-            Src::Scalar(s) => *s,
-        }
-    }
 }
 
 /// The operand in `dtype`, broadcast to `shape` (borrowed when it already is both).
@@ -227,10 +220,23 @@ pub fn where_(
     let c = c.elems::<bool>().ok_or("where: condition storage")?;
     with_elem!(dtype, T => {
         let (x, y) = (source::<T>(a, dtype, &shape)?, source::<T>(b, dtype, &shape)?);
-        let out: Vec<T> = pool::collect(c.len(), c
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| if k { x.get(i) } else { y.get(i) }));
+        // the operand kinds matched once, outside the loop
+        let n = c.len();
+        let out: Vec<T> = match (&x, &y) {
+            (Src::Elems(p), Src::Elems(q)) => pool::collect(n, c
+                .iter()
+                .zip(p.iter().zip(q.iter()))
+                .map(|(&k, (&p, &q))| if k { p } else { q })),
+            (Src::Elems(p), Src::Scalar(q)) => {
+                pool::collect(n, c.iter().zip(p.iter()).map(|(&k, &p)| if k { p } else { *q }))
+            }
+            (Src::Scalar(p), Src::Elems(q)) => {
+                pool::collect(n, c.iter().zip(q.iter()).map(|(&k, &q)| if k { *p } else { q }))
+            }
+            (Src::Scalar(p), Src::Scalar(q)) => {
+                pool::collect(n, c.iter().map(|&k| if k { *p } else { *q }))
+            }
+        };
         x.give_back();
         y.give_back();
         pool::give_cow(c);

@@ -2,6 +2,7 @@
 //! convolution's backward as convolutions too (over padded, flipped and permuted operands), so
 //! this one kernel serves both directions.
 
+use super::buffer_pool as pool;
 use super::gemm::{gemm_rows, Gemm};
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
@@ -107,8 +108,19 @@ impl Geometry {
 
 /// Unfolds one sample's `cg` channels (`x`, `[cg, *spatial]`) into `col`, `[cg * prod(kernel),
 /// prod(out)]`: row `(c, k)` holds, for every output position, the input under kernel tap `k`
-/// (zero where that falls in the padding).
-fn im2col<T: Copy + Default>(x: &[T], cg: usize, g: &Geometry, col: &mut [T]) {
+/// (zero where that falls in the padding). Rows are `row_len` apart in `col` and the sample's
+/// columns start at `first_col`, so several samples can share one wide matrix.
+fn im2col<T: Copy + Default>(
+    x: &[T],
+    cg: usize,
+    g: &Geometry,
+    col: &mut [T],
+    row_len: usize,
+    first_col: usize,
+) {
+    if g.spatial.len() == 2 {
+        return im2col_2d(x, cg, g, col, row_len, first_col);
+    }
     let d = g.spatial.len();
     let kp: usize = g.kernel.iter().product();
     let op: usize = g.out.iter().product();
@@ -128,7 +140,8 @@ fn im2col<T: Copy + Default>(x: &[T], cg: usize, g: &Geometry, col: &mut [T]) {
                 kidx[j] = r % g.kernel[j];
                 r /= g.kernel[j];
             }
-            let row = &mut col[(c * kp + k) * op..(c * kp + k + 1) * op];
+            let at = (c * kp + k) * row_len + first_col;
+            let row = &mut col[at..at + op];
             // the last dim's tap offset and the output range that lands inside the input
             let off = (kidx[d - 1] * dl) as i64 - pd;
             let lo = if off >= 0 {
@@ -183,6 +196,65 @@ fn im2col<T: Copy + Default>(x: &[T], cg: usize, g: &Geometry, col: &mut [T]) {
     }
 }
 
+/// [`im2col`] for two spatial dims, the common case, with the loops written out: Thunder's
+/// weight gradient is a convolution with a large kernel and a few output positions, where
+/// the N-d walk spends its time on index arithmetic for rows of three or four elements.
+fn im2col_2d<T: Copy + Default>(
+    x: &[T],
+    cg: usize,
+    g: &Geometry,
+    col: &mut [T],
+    row_len: usize,
+    first_col: usize,
+) {
+    let (ih, iw) = (g.spatial[0], g.spatial[1]);
+    let (kh, kw) = (g.kernel[0], g.kernel[1]);
+    let (oh, ow) = (g.out[0], g.out[1]);
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (ph, pw) = (g.padding[0] as isize, g.padding[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    for c in 0..cg {
+        let xc = &x[c * ih * iw..(c + 1) * ih * iw];
+        for ky in 0..kh {
+            for kx in 0..kw {
+                let at = ((c * kh + ky) * kw + kx) * row_len + first_col;
+                let row = &mut col[at..at + oh * ow];
+                // the output columns whose input column `ox * sw + off` is inside the image
+                let off = (kx * dw) as isize - pw;
+                let lo = if off >= 0 {
+                    0
+                } else {
+                    ((-off) as usize).div_ceil(sw).min(ow)
+                };
+                let hi = if iw as isize - 1 - off < 0 {
+                    0
+                } else {
+                    (((iw as isize - 1 - off) as usize) / sw + 1).min(ow)
+                };
+                for (oy, dst) in row.chunks_exact_mut(ow.max(1)).enumerate() {
+                    let iy = (oy * sh + ky * dh) as isize - ph;
+                    if iy < 0 || iy >= ih as isize || lo >= hi {
+                        dst.fill(T::default());
+                        continue;
+                    }
+                    dst[..lo].fill(T::default());
+                    dst[hi..].fill(T::default());
+                    let first = iy as usize * iw + (lo as isize * sw as isize + off) as usize;
+                    if sw == 1 {
+                        for (o, &v) in dst[lo..hi].iter_mut().zip(&xc[first..]) {
+                            *o = v;
+                        }
+                    } else {
+                        for (o, &v) in dst[lo..hi].iter_mut().zip(xc[first..].iter().step_by(sw)) {
+                            *o = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn conv_typed<T: Gemm + Default>(
     x: &[T],
     w: &[T],
@@ -194,7 +266,8 @@ fn conv_typed<T: Gemm + Default>(
     let op: usize = g.out.iter().product();
     let sp: usize = g.spatial.iter().product();
     let kc = cg * kp;
-    let mut out = vec![T::ZERO; g.n * g.cout * op];
+    // recycled buffers: fresh ones of this size come as new pages the kernel must zero
+    let mut out = pool::filled(g.n * g.cout * op, T::ZERO);
     let beta = match bias {
         Some(b) => {
             for (k, row) in out.chunks_mut(op.max(1)).enumerate() {
@@ -205,10 +278,15 @@ fn conv_typed<T: Gemm + Default>(
         None => T::ZERO,
     };
     let pointwise = g.is_pointwise();
+    let batch = samples_per_product(g.n, op, kc);
+    if batch > 1 {
+        conv_batched(x, w, bias.is_some(), g, batch, &mut out)?;
+        return Ok(out);
+    }
     let mut col = if pointwise {
         Vec::new()
     } else {
-        vec![T::ZERO; kc * op]
+        pool::filled(kc * op, T::ZERO)
     };
     for n in 0..g.n {
         for grp in 0..g.groups {
@@ -219,12 +297,78 @@ fn conv_typed<T: Gemm + Default>(
             if pointwise {
                 gemm_rows(coutg, kc, op, ws, xs, beta, dst)?;
             } else {
-                im2col(xs, cg, g, &mut col);
+                im2col(xs, cg, g, &mut col, op, 0);
                 gemm_rows(coutg, kc, op, ws, &col, beta, dst)?;
             }
         }
     }
+    pool::give_scratch(col);
     Ok(out)
+}
+
+/// How many samples one product should cover: a product per sample is `[C_out, K] @ [K, P]`
+/// with `P` the sample's output positions, which for the late layers of a CNN (and for the
+/// weight gradient Thunder writes as a convolution over the batch) is a handful of columns,
+/// where a GEMM runs at a fraction of its speed. Side by side, samples give `P * batch`
+/// columns; the unfolded matrix is kept under 4 Mi elements.
+fn samples_per_product(n: usize, op: usize, kc: usize) -> usize {
+    const WANT_COLUMNS: usize = 512;
+    const MAX_COL_ELEMS: usize = 1 << 22;
+    if op >= WANT_COLUMNS || n <= 1 {
+        return 1;
+    }
+    let by_width = WANT_COLUMNS.div_ceil(op.max(1));
+    let by_memory = (MAX_COL_ELEMS / (kc * op).max(1)).max(1);
+    by_width.min(by_memory).min(n)
+}
+
+/// [`conv_typed`] with `batch` samples unfolded side by side into one `[K, batch * P]` matrix
+/// per product; the `[C_out/groups, batch * P]` result is copied out sample by sample (onto the
+/// bias already in `out` when there is one).
+fn conv_batched<T: Gemm + Default>(
+    x: &[T],
+    w: &[T],
+    has_bias: bool,
+    g: &Geometry,
+    batch: usize,
+    out: &mut [T],
+) -> Result<(), String> {
+    let (cg, coutg) = (g.cin / g.groups, g.cout / g.groups);
+    let kp: usize = g.kernel.iter().product();
+    let op: usize = g.out.iter().product();
+    let sp: usize = g.spatial.iter().product();
+    let kc = cg * kp;
+    let width = batch * op;
+    let mut col = pool::filled(kc * width, T::ZERO);
+    let mut prod = pool::filled(coutg * width, T::ZERO);
+    for n0 in (0..g.n).step_by(batch) {
+        let nb = batch.min(g.n - n0);
+        let cols = nb * op;
+        for grp in 0..g.groups {
+            for s in 0..nb {
+                let n = n0 + s;
+                let xs = &x[(n * g.cin + grp * cg) * sp..(n * g.cin + (grp + 1) * cg) * sp];
+                im2col(xs, cg, g, &mut col, cols, s * op);
+            }
+            let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
+            gemm_rows(coutg, kc, cols, ws, &col, T::ZERO, &mut prod)?;
+            for s in 0..nb {
+                for m in 0..coutg {
+                    let src = &prod[m * cols + s * op..m * cols + (s + 1) * op];
+                    let at = ((n0 + s) * g.cout + grp * coutg + m) * op;
+                    let dst = &mut out[at..at + op];
+                    if has_bias {
+                        dst.iter_mut().zip(src).for_each(|(d, &v)| *d = *d + v);
+                    } else {
+                        dst.copy_from_slice(src);
+                    }
+                }
+            }
+        }
+    }
+    pool::give_scratch(col);
+    pool::give_scratch(prod);
+    Ok(())
 }
 
 /// `torch.convolution(x, w, bias, stride, padding, dilation, transposed, output_padding,
@@ -288,6 +432,10 @@ pub fn convolution(
             let (xs, ws) = (f32_elems(x), f32_elems(w));
             let bs = bias.map(f32_elems);
             let out = Tensor::from_f32(shape, conv_typed::<f32>(&xs, &ws, bs.as_deref(), &g)?);
+            // copies of strided operands (Thunder's permuted backward operands) go back
+            pool::give_cow(xs);
+            pool::give_cow(ws);
+            bs.map(pool::give_cow);
             if dtype == DType::F32 {
                 Ok(out)
             } else {
@@ -454,6 +602,17 @@ mod tests {
                 vec![1, 2, 1],
                 vec![1, 1, 0],
                 vec![1, 1, 2],
+                1,
+                true,
+            ),
+            // samples side by side in blocks of two (256 positions each), the last block one,
+            // with a bias and a strided 1x1 kernel
+            (
+                vec![5, 2, 32, 16],
+                vec![3, 2, 1, 1],
+                vec![2, 1],
+                vec![0, 0],
+                vec![1, 1],
                 1,
                 true,
             ),

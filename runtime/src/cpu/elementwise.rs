@@ -1,11 +1,11 @@
 //! Elementwise kernels with NumPy broadcasting.
 
-use super::buffer_pool as pool;
 use super::promote::{promote_types, promote_with_scalar};
 use super::real::Real;
+use super::strided::{self, Strided};
 use crate::exec::backend::Input;
 use crate::exec::kernel::{BinaryOp, Side, UnaryOp};
-use crate::tensor::{contiguous_strides, is_float, Tensor};
+use crate::tensor::{is_float, Tensor};
 use tracepass_ir::DType;
 
 /// The dtype two operands compute in (PyTorch's promotion among the float types).
@@ -107,9 +107,9 @@ macro_rules! for_unary_op {
 }
 
 fn map_typed<T: Real>(x: &Tensor, op: UnaryOp) -> Tensor {
-    let v = T::elems(x);
-    let data: Vec<T> = for_unary_op!(op, T, f => pool::collect(v.len(), v.iter().map(|&e| f(e))));
-    pool::give_cow(v);
+    let v = Strided::<T>::of(x, x.shape());
+    let data: Vec<T> = for_unary_op!(op, T, f => strided::map(x.shape(), &v, f));
+    v.release();
     Tensor::new(x.shape().to_vec(), T::storage(data))
 }
 
@@ -191,74 +191,36 @@ fn floor_divide<T: Real>(a: T, b: T) -> T {
     }
 }
 
-/// Strides that read a contiguous `shape` as if it were `out` (0 along broadcast dimensions).
-fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<isize> {
-    let own = contiguous_strides(shape);
-    let lead = out.len() - shape.len();
-    (0..out.len())
-        .map(|i| {
-            if i < lead || shape[i - lead] == 1 {
-                0
-            } else {
-                own[i - lead]
-            }
-        })
-        .collect()
-}
-
-/// Positions in a contiguous buffer read with `strides` while walking `out` in row-major order.
-fn broadcast_index(out: &[usize], strides: &[isize]) -> Vec<usize> {
-    let n: usize = out.iter().product();
-    let rank = out.len();
-    let mut idx = vec![0usize; rank];
-    let mut pos = 0isize;
-    let mut res = pool::take(n);
-    for k in 0..n {
-        if k > 0 {
-            for d in (0..rank).rev() {
-                idx[d] += 1;
-                pos += strides[d];
-                if idx[d] < out[d] {
-                    break;
-                }
-                pos -= strides[d] * out[d] as isize;
-                idx[d] = 0;
-            }
-        }
-        res.push(pos as usize);
-    }
-    res
-}
-
 enum Operand<'a> {
     T(&'a Tensor),
     S(f64),
 }
 
-fn pow_scalar<T: Real>(v: &[T], e: f64) -> Vec<T> {
+fn pow_scalar<T: Real>(shape: &[usize], v: &Strided<'_, T>, e: f64) -> Vec<T> {
     // PyTorch special-cases these exponents; doing the same keeps results bit-close.
-    let n = v.len();
     match e {
-        2.0 => pool::collect(n, v.iter().map(|&x| x * x)),
-        3.0 => pool::collect(n, v.iter().map(|&x| x * x * x)),
-        0.5 => pool::collect(n, v.iter().map(|&x| x.sqrt())),
-        -0.5 => pool::collect(n, v.iter().map(|&x| T::ONE / x.sqrt())),
-        -1.0 => pool::collect(n, v.iter().map(|&x| T::ONE / x)),
-        -2.0 => pool::collect(n, v.iter().map(|&x| T::ONE / (x * x))),
+        2.0 => strided::map(shape, v, |x: T| x * x),
+        3.0 => strided::map(shape, v, |x: T| x * x * x),
+        0.5 => strided::map(shape, v, |x: T| x.sqrt()),
+        -0.5 => strided::map(shape, v, |x: T| T::ONE / x.sqrt()),
+        -1.0 => strided::map(shape, v, |x: T| T::ONE / x),
+        -2.0 => strided::map(shape, v, |x: T| T::ONE / (x * x)),
         _ => {
             let e = T::of(e);
-            pool::collect(n, v.iter().map(|&x| x.powf(e)))
+            strided::map(shape, v, |x: T| x.powf(e))
         }
     }
 }
 
 /// `dst[i] = op(src[i])`, with the unary kernel's own function (so a fusion region gives the
 /// unfused kernel's bits; generic, as there, so `Real`'s functions are the ones called).
+#[inline(always)]
 pub(crate) fn unary_into<T: Real>(op: UnaryOp, src: &[T], dst: &mut [T]) {
     for_unary_op!(op, T, f => dst.iter_mut().zip(src).for_each(|(d, &x)| *d = f(x)))
 }
 
 /// `dst[i] = a[i] op (alpha * b[i])`, with the binary kernel's own function.
+#[inline(always)]
 pub(crate) fn binary_into<T: Real>(op: BinaryOp, alpha: f64, a: &[T], b: &[T], dst: &mut [T]) {
     for_binary_op!(op, T, T::of(alpha), f => dst
         .iter_mut()
@@ -267,6 +229,7 @@ pub(crate) fn binary_into<T: Real>(op: BinaryOp, alpha: f64, a: &[T], b: &[T], d
 }
 
 /// `dst[i] = src[i] ** e` as the `pow` kernel computes a literal exponent ([`pow_scalar`]).
+#[inline(always)]
 pub(crate) fn pow_scalar_into<T: Real>(src: &[T], e: f64, dst: &mut [T]) {
     let it = dst.iter_mut().zip(src);
     match e {
@@ -291,54 +254,38 @@ fn binary_typed<T: Real>(
 ) -> Result<Tensor, String> {
     Ok(match (a, b) {
         (Operand::T(x), Operand::S(s)) => {
-            let v = T::elems(x);
+            let v = Strided::<T>::of(x, x.shape());
             let data = if op == BinaryOp::Pow {
-                pow_scalar(&v, s)
+                pow_scalar(x.shape(), &v, s)
             } else {
                 let s = T::of(s);
-                for_binary_op!(op, T, T::of(alpha), f => pool::collect(v.len(), v.iter().map(|&e| f(e, s))))
+                for_binary_op!(op, T, T::of(alpha), f => strided::map(x.shape(), &v, |e| f(e, s)))
             };
-            pool::give_cow(v);
+            v.release();
             Tensor::new(x.shape().to_vec(), T::storage(data))
         }
         (Operand::S(s), Operand::T(y)) => {
             let s = T::of(s);
-            let v = T::elems(y);
-            let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => pool::collect(v.len(), v.iter().map(|&e| f(s, e))));
-            pool::give_cow(v);
+            let v = Strided::<T>::of(y, y.shape());
+            let data: Vec<T> =
+                for_binary_op!(op, T, T::of(alpha), f => strided::map(y.shape(), &v, |e| f(s, e)));
+            v.release();
             Tensor::new(y.shape().to_vec(), T::storage(data))
         }
         (Operand::T(x), Operand::T(y)) => {
-            let (va, vb) = (T::elems(x), T::elems(y));
-            if x.shape() == y.shape() {
-                let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => pool::collect(va.len(), va
-                    .iter()
-                    .zip(vb.iter())
-                    .map(|(&p, &q)| f(p, q))));
-                pool::give_cow(va);
-                pool::give_cow(vb);
-                Tensor::new(x.shape().to_vec(), T::storage(data))
-            } else {
-                let out =
-                    tracepass_ir::broadcast_shapes(x.shape(), y.shape()).ok_or_else(|| {
-                        format!(
-                            "shapes {:?} and {:?} do not broadcast",
-                            x.shape(),
-                            y.shape()
-                        )
-                    })?;
-                let ia = broadcast_index(&out, &broadcast_strides(x.shape(), &out));
-                let ib = broadcast_index(&out, &broadcast_strides(y.shape(), &out));
-                let data: Vec<T> = for_binary_op!(op, T, T::of(alpha), f => pool::collect(ia.len(), ia
-                    .iter()
-                    .zip(&ib)
-                    .map(|(&p, &q)| f(va[p], vb[q]))));
-                pool::give_scratch(ia);
-                pool::give_scratch(ib);
-                pool::give_cow(va);
-                pool::give_cow(vb);
-                Tensor::new(out, T::storage(data))
-            }
+            let out = tracepass_ir::broadcast_shapes(x.shape(), y.shape()).ok_or_else(|| {
+                format!(
+                    "shapes {:?} and {:?} do not broadcast",
+                    x.shape(),
+                    y.shape()
+                )
+            })?;
+            let (va, vb) = (Strided::<T>::of(x, &out), Strided::<T>::of(y, &out));
+            let data: Vec<T> =
+                for_binary_op!(op, T, T::of(alpha), f => strided::zip_map(&out, &va, &vb, f));
+            va.release();
+            vb.release();
+            Tensor::new(out, T::storage(data))
         }
         (Operand::S(_), Operand::S(_)) => return Err("both operands are numbers".into()),
     })

@@ -28,7 +28,7 @@ pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor, S
 /// `torch.full(shape, value, dtype=)`.
 pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Tensor, String> {
     let n = shape.iter().product();
-    with_elem!(dtype, T => Ok(Tensor::new(shape.to_vec(), T::wrap(vec![T::from_f64(value); n]))),
+    with_elem!(dtype, T => Ok(Tensor::new(shape.to_vec(), T::wrap(crate::cpu::buffer_pool::filled(n, T::from_f64(value))))),
         other => Err(format!("full: dtype {other} is not supported by the cpu backend")))
 }
 

@@ -296,7 +296,7 @@ fn pad_typed<T: Elem>(
     shape: Vec<usize>,
 ) -> Tensor {
     let n_out: usize = shape.iter().product();
-    let mut out = vec![value; n_out];
+    let mut out = crate::cpu::buffer_pool::filled(n_out, value);
     let src = match x.elems::<T>() {
         Some(s) => s,
         None => return Tensor::new(shape, T::wrap(out)),
@@ -369,6 +369,7 @@ fn pad_typed<T: Elem>(
             }
         }
     }
+    crate::cpu::buffer_pool::give_cow(src);
     Tensor::new(shape, T::wrap(out))
 }
 

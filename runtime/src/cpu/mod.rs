@@ -27,8 +27,10 @@ pub(crate) mod random;
 pub(crate) mod real;
 pub(crate) mod reduce;
 pub(crate) mod region;
+pub(crate) mod simd;
 pub(crate) mod sort;
 pub(crate) mod special;
+pub(crate) mod strided;
 pub(crate) mod var_mean;
 
 use crate::exec::backend::{Backend, Input, KernelError};
@@ -387,6 +389,8 @@ impl Backend for CpuBackend {
                             let src = &v[m.offset()..m.offset() + m.numel()];
                             match divisors.get(k).copied().flatten() {
                                 None => out.extend_from_slice(src),
+                                // dividing by one is the identity: a copy
+                                Some(by) if by == 1.0 => out.extend_from_slice(src),
                                 Some($by) => out.extend(src.iter().map(|&$x| $divided)),
                             }
                         }
@@ -396,6 +400,10 @@ impl Backend for CpuBackend {
                                 other.dtype()
                             )))
                         }
+                    }
+                    // a strided gradient's contiguous copy goes back to the pool
+                    if let Some(s) = m.into_unshared_storage() {
+                        buffer_pool::give_storage(s);
                     }
                 }
                 Storage::$variant(out)

@@ -32,27 +32,52 @@ fn fold_dims<E: Copy, A: Copy + crate::cpu::buffer_pool::Pooled>(
                 *a = combine(*a, e);
             }
         }
-    } else {
+    } else if !v.is_empty() {
+        // dims merged where input and accumulators both step through them as one; then each
+        // input row folds into one accumulator (a reduced last dim) or a row of them, in the
+        // same order as element by element
         let out_strides = contiguous_strides(&kept);
-        let strides: Vec<isize> = (0..shape.len())
+        let acc_strides: Vec<isize> = (0..shape.len())
             .map(|i| if dims.contains(&i) { 0 } else { out_strides[i] })
             .collect();
-        let mut idx = vec![0usize; shape.len()];
+        let in_strides = contiguous_strides(shape);
+        let (merged, strides) = super::strided::coalesce(shape, &[&in_strides, &acc_strides]);
+        let rank = merged.len();
+        let inner = merged[rank - 1];
+        let step = strides[1][rank - 1];
+        let mut idx = vec![0usize; rank - 1];
         let mut pos = 0isize;
-        for (k, &e) in v.iter().enumerate() {
-            if k > 0 {
-                for d in (0..shape.len()).rev() {
-                    idx[d] += 1;
-                    pos += strides[d];
-                    if idx[d] < shape[d] {
-                        break;
+        for row in v.chunks(inner) {
+            let p = pos as usize;
+            match step {
+                0 => {
+                    let mut a = acc[p];
+                    for &e in row {
+                        a = combine(a, e);
                     }
-                    pos -= strides[d] * shape[d] as isize;
-                    idx[d] = 0;
+                    acc[p] = a;
+                }
+                1 => {
+                    for (a, &e) in acc[p..p + row.len()].iter_mut().zip(row) {
+                        *a = combine(*a, e);
+                    }
+                }
+                s => {
+                    for (j, &e) in row.iter().enumerate() {
+                        let a = &mut acc[(pos + j as isize * s) as usize];
+                        *a = combine(*a, e);
+                    }
                 }
             }
-            let a = &mut acc[pos as usize];
-            *a = combine(*a, e);
+            for d in (0..rank - 1).rev() {
+                idx[d] += 1;
+                pos += strides[1][d];
+                if idx[d] < merged[d] {
+                    break;
+                }
+                pos -= strides[1][d] * merged[d] as isize;
+                idx[d] = 0;
+            }
         }
     }
     Ok((acc, kept))
@@ -164,14 +189,20 @@ fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
                     max = v[at(j)];
                 }
             }
+            // each exponential once: kept in the output until the sum is known
             let mut sum = T::ZERO;
             for j in 0..len {
-                sum = sum + (v[at(j)] - max).exp();
+                let e = (v[at(j)] - max).exp();
+                out[at(j)] = e;
+                sum = sum + e;
             }
             let lse = sum.ln();
             for j in 0..len {
-                let s = v[at(j)] - max;
-                out[at(j)] = if log { s - lse } else { s.exp() / sum };
+                out[at(j)] = if log {
+                    (v[at(j)] - max) - lse
+                } else {
+                    out[at(j)] / sum
+                };
             }
         }
     }

@@ -4,12 +4,17 @@
 //! and `tanh` through `fast_math`), so the values between ops live in a few KiB of cache and
 //! no tensor is made for them. Every op calls the unfused kernel's own function
 //! (`elementwise::unary_into` and friends), so a region's result has the unfused ops' bits.
+//! The chunk loop is compiled for this CPU's vector unit (`simd::vectorized`), and with more
+//! than one thread in the rank's pool a large region is split into whole-chunk ranges that
+//! run in parallel (each element computed the same way, so the bits do not change).
 
 use super::elementwise::{binary_into, pow_scalar_into, unary_into};
 use super::real::Real;
+use super::simd::vectorized;
 use crate::exec::backend::Input;
 use crate::exec::region::{FusedLoop, LaneOp};
 use crate::tensor::Tensor;
+use rayon::prelude::*;
 use std::borrow::Cow;
 
 /// Elements per chunk: small enough that every lane of a long region stays in L1/L2.
@@ -61,38 +66,66 @@ pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, 
     let n = f.numel();
     // the output from the buffer pool, the lanes its scratch (nothing allocated in a steady step)
     let mut out = super::buffer_pool::filled(n, 0f32);
-    let mut lanes = super::buffer_pool::filled(f.ops.len() * CHUNK, 0f32);
-    let mut start = 0;
-    while start < n {
-        let len = CHUNK.min(n - start);
-        for (k, op) in f.ops.iter().enumerate() {
-            let (before, rest) = lanes.split_at_mut(k * CHUNK);
-            let dst = &mut rest[..len];
-            let lane = |i: usize| &before[i * CHUNK..i * CHUNK + len];
-            match op {
-                LaneOp::Load { input, strides } => match &sources[*input] {
-                    Source::Number(x) => dst.fill(*x),
-                    Source::Elems(v) => load(v, &f.shape, strides, start, dst),
-                },
-                LaneOp::Const(x) => dst.fill(f32::of(*x)),
-                LaneOp::Unary(u, a) => unary_into(*u, lane(*a), dst),
-                LaneOp::Binary { op, a, b, alpha } => {
-                    binary_into(*op, *alpha, lane(*a), lane(*b), dst)
-                }
-                LaneOp::PowScalar(a, e) => pow_scalar_into(lane(*a), *e, dst),
-            }
-        }
-        let last = (f.ops.len() - 1) * CHUNK;
-        out[start..start + len].copy_from_slice(&lanes[last..last + len]);
-        start += len;
+    let threads = if rayon::current_thread_index().is_some() {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    if threads > 1 && n >= PARALLEL_MIN {
+        // whole chunks per part, so every element is computed exactly as on one thread
+        let part = n.div_ceil(threads * 4).div_ceil(CHUNK) * CHUNK;
+        out.par_chunks_mut(part)
+            .enumerate()
+            .for_each(|(i, dst)| run_range(f, &sources, i * part, dst));
+    } else {
+        run_range(f, &sources, 0, &mut out);
     }
-    super::buffer_pool::give_scratch(lanes);
     for s in sources {
         if let Source::Elems(v) = s {
             super::buffer_pool::give_cow(v);
         }
     }
     Ok(Tensor::from_f32(f.shape.clone(), out))
+}
+
+/// Outputs smaller than this run on one thread.
+const PARALLEL_MIN: usize = 1 << 16;
+
+/// Computes loop positions `first..first + dst.len()` into `dst`, chunk by chunk, in code
+/// compiled for this CPU's vector unit.
+fn run_range(f: &FusedLoop, sources: &[Source<'_>], first: usize, dst: &mut [f32]) {
+    let mut lanes = super::buffer_pool::filled(f.ops.len() * CHUNK, 0f32);
+    vectorized(
+        #[inline(always)]
+        || {
+            let mut at = 0;
+            while at < dst.len() {
+                let len = CHUNK.min(dst.len() - at);
+                let start = first + at;
+                for (k, op) in f.ops.iter().enumerate() {
+                    let (before, rest) = lanes.split_at_mut(k * CHUNK);
+                    let lane_dst = &mut rest[..len];
+                    let lane = |i: usize| &before[i * CHUNK..i * CHUNK + len];
+                    match op {
+                        LaneOp::Load { input, strides } => match &sources[*input] {
+                            Source::Number(x) => lane_dst.fill(*x),
+                            Source::Elems(v) => load(v, &f.shape, strides, start, lane_dst),
+                        },
+                        LaneOp::Const(x) => lane_dst.fill(f32::of(*x)),
+                        LaneOp::Unary(u, a) => unary_into(*u, lane(*a), lane_dst),
+                        LaneOp::Binary { op, a, b, alpha } => {
+                            binary_into(*op, *alpha, lane(*a), lane(*b), lane_dst)
+                        }
+                        LaneOp::PowScalar(a, e) => pow_scalar_into(lane(*a), *e, lane_dst),
+                    }
+                }
+                let last = (f.ops.len() - 1) * CHUNK;
+                dst[at..at + len].copy_from_slice(&lanes[last..last + len]);
+                at += len;
+            }
+        },
+    );
+    super::buffer_pool::give_scratch(lanes);
 }
 
 /// Fills `dst` with the elements of `v` at loop positions `start..start + dst.len()`, read

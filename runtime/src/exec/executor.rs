@@ -601,14 +601,20 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
             ));
         }
         rec.buckets.extend(self.buckets.drain(..).flatten());
-        Ok(plan
+        let results = plan
             .results
             .iter()
             .map(|r| match r {
                 Some(s) => self.slots[*s].clone(),
                 None => RValue::None,
             })
-            .collect())
+            .collect();
+        // every slot lets go now, not when a later run overwrites it: a reference left here
+        // (to a result, or to a bucket its gradients view) keeps that buffer from the pool
+        for slot in &mut self.slots {
+            recycle(backend, std::mem::take(slot));
+        }
+        Ok(results)
     }
 }
 

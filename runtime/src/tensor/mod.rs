@@ -447,8 +447,12 @@ impl Tensor {
             out.extend_from_slice(&v[self.offset..self.offset + n]);
             return out;
         }
-        let inner = self.shape[rank - 1];
-        let inner_stride = self.strides[rank - 1];
+        // dims the view steps through as one are merged, so each run is as long as it can be
+        let (shape, strides) = crate::cpu::strided::coalesce(&self.shape, &[&self.strides]);
+        let (shape, strides) = (&shape[..], &strides[0][..]);
+        let rank = shape.len();
+        let inner = shape[rank - 1];
+        let inner_stride = strides[rank - 1];
         let outer = n / inner;
         let mut idx = vec![0usize; rank - 1];
         let mut pos = self.offset as isize;
@@ -456,11 +460,11 @@ impl Tensor {
             if k > 0 {
                 for d in (0..rank - 1).rev() {
                     idx[d] += 1;
-                    pos += self.strides[d];
-                    if idx[d] < self.shape[d] {
+                    pos += strides[d];
+                    if idx[d] < shape[d] {
                         break;
                     }
-                    pos -= self.strides[d] * self.shape[d] as isize;
+                    pos -= strides[d] * shape[d] as isize;
                     idx[d] = 0;
                 }
             }

@@ -225,7 +225,9 @@ where
             // buffers the forward updated (running statistics) hold their new values next time
             for (u, b) in model.buffer_updates.iter().zip(forward.buffers) {
                 params[u.param] = down(&b)?;
-                dev_params[u.param] = b;
+                // the old value's buffer takes a later step's new statistics
+                let old = std::mem::replace(&mut dev_params[u.param], b);
+                backend.recycle(old);
             }
             let (loss, cot) =
                 loss_and_grad(model.loss, &down(&forward.output)?, batch.targets.as_ref())
@@ -367,8 +369,10 @@ where
         // the parameters' last other holders: the optimizer updates them in place, uncopied
         dev_params.clear();
         opt.step(&mut params, &grads).map_err(&fail)?;
-        // the gradients' (and buckets') buffers go back to the pool for the next backward
+        // the gradients' (and buckets') buffers go back to the pool for the next backward:
+        // every other holder of them lets go first
         drop(grads);
+        drop(raw);
         synced
             .into_iter()
             .for_each(|g| crate::exec::executor::recycle(backend, g));

@@ -1,0 +1,379 @@
+//! Broadcast and strided operands read in place. An elementwise kernel walks its output in
+//! row-major order over each operand's own strides (0 along broadcast dimensions), so an
+//! expanded, permuted or sliced operand is neither copied nor read through an index vector.
+//! Dimensions that are contiguous for every operand are merged first, so the innermost loop is
+//! as long as it can be; its common forms (every operand unit-stride, or one constant along
+//! it) are plain slice loops, compiled for this CPU's vector unit ([`vectorized`]). With more
+//! than one thread in the rank's pool (`--threads-per-rank`), a large output is split into
+//! row ranges written in parallel; every element is computed by the same function either way,
+//! so the result does not depend on the thread count.
+
+use super::buffer_pool::{self as pool, Pooled};
+use super::real::Real;
+use super::simd::vectorized;
+use crate::tensor::{contiguous_strides, Tensor};
+use rayon::prelude::*;
+use smallvec::SmallVec;
+use std::borrow::Cow;
+use std::mem::MaybeUninit;
+
+/// Outputs smaller than this are written by one thread (handing work out costs ~10 us).
+const PARALLEL_MIN: usize = 1 << 16;
+
+/// Per-dimension sizes and strides, inline up to 6 dims: a kernel call allocates nothing for
+/// its walk.
+pub(crate) type Dims<T> = SmallVec<[T; 6]>;
+
+/// An operand as the walk reads it: its elements and, per output dimension, its stride.
+pub struct Strided<'a, T: Clone> {
+    data: Cow<'a, [T]>,
+    offset: isize,
+    strides: Dims<isize>,
+}
+
+impl<'a, T: Real> Strided<'a, T> {
+    /// `t` read while walking `out`, a shape `t`'s shape broadcasts to. A tensor stored in
+    /// another type (bf16 and f16 computed in f32) is converted once, contiguously.
+    pub fn of(t: &'a Tensor, out: &[usize]) -> Strided<'a, T> {
+        let (data, offset, own) = match T::slice(t.storage()) {
+            Some(v) => (
+                Cow::Borrowed(v),
+                t.offset() as isize,
+                Dims::from(t.strides()),
+            ),
+            None => (
+                T::elems(t),
+                0,
+                Dims::from_vec(contiguous_strides(t.shape())),
+            ),
+        };
+        let lead = out.len() - t.shape().len();
+        let strides = (0..out.len())
+            .map(|i| {
+                if i < lead || t.shape()[i - lead] == 1 {
+                    0
+                } else {
+                    own[i - lead]
+                }
+            })
+            .collect();
+        Strided {
+            data,
+            offset,
+            strides,
+        }
+    }
+
+    /// Gives back a converted copy to the buffer pool.
+    pub fn release(self) {
+        pool::give_cow(self.data);
+    }
+}
+
+/// The output shape with size-1 dimensions dropped and neighbours merged wherever every
+/// operand steps through them as one (`strides[d] == strides[d + 1] * shape[d + 1]`); each
+/// operand's strides over the merged shape. Never empty: a one-element walk is `[1]`.
+pub(crate) fn coalesce(
+    out: &[usize],
+    operands: &[&[isize]],
+) -> (Dims<usize>, SmallVec<[Dims<isize>; 3]>) {
+    let mut shape: Dims<usize> = Dims::new();
+    let mut strides: SmallVec<[Dims<isize>; 3]> = operands.iter().map(|_| Dims::new()).collect();
+    for (d, &n) in out.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        let merges = !shape.is_empty()
+            && operands
+                .iter()
+                .zip(&strides)
+                .all(|(s, merged)| merged.last() == Some(&(s[d] * n as isize)));
+        if merges {
+            if let Some(last) = shape.last_mut() {
+                *last *= n;
+            }
+            for (s, merged) in operands.iter().zip(strides.iter_mut()) {
+                if let Some(last) = merged.last_mut() {
+                    *last = s[d];
+                }
+            }
+        } else {
+            shape.push(n);
+            for (s, merged) in operands.iter().zip(strides.iter_mut()) {
+                merged.push(s[d]);
+            }
+        }
+    }
+    if shape.is_empty() {
+        shape.push(1);
+        strides.iter_mut().for_each(|s| s.push(0));
+    }
+    (shape, strides)
+}
+
+/// Each operand's position of the first element of output row `row` (rows of the last dim).
+fn row_start<const K: usize>(
+    shape: &[usize],
+    strides: &[Dims<isize>],
+    offsets: [isize; K],
+    row: usize,
+) -> [isize; K] {
+    let mut pos = offsets;
+    let mut r = row;
+    for d in (0..shape.len() - 1).rev() {
+        let i = (r % shape[d]) as isize;
+        r /= shape[d];
+        for (p, s) in pos.iter_mut().zip(strides) {
+            *p += i * s[d];
+        }
+    }
+    pos
+}
+
+/// Walks rows `first..` of the merged shape, filling `dst` (a whole number of rows) by
+/// `row(positions, dst_row)`.
+fn walk_rows<const K: usize, U>(
+    shape: &[usize],
+    strides: &[Dims<isize>],
+    offsets: [isize; K],
+    first: usize,
+    dst: &mut [MaybeUninit<U>],
+    row: &impl Fn([isize; K], &mut [MaybeUninit<U>]),
+) {
+    let rank = shape.len();
+    let inner = shape[rank - 1];
+    let mut pos = row_start(shape, strides, offsets, first);
+    let mut idx: Dims<usize> = {
+        let mut r = first;
+        let mut v: Dims<usize> = SmallVec::from_elem(0, rank - 1);
+        for d in (0..rank - 1).rev() {
+            v[d] = r % shape[d];
+            r /= shape[d];
+        }
+        v
+    };
+    for chunk in dst.chunks_mut(inner) {
+        row(pos, chunk);
+        for d in (0..rank - 1).rev() {
+            idx[d] += 1;
+            for (p, s) in pos.iter_mut().zip(strides) {
+                *p += s[d];
+            }
+            if idx[d] < shape[d] {
+                break;
+            }
+            for (p, s) in pos.iter_mut().zip(strides) {
+                *p -= s[d] * shape[d] as isize;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// `n` outputs written row by row (in parallel row ranges when the rank has threads).
+fn fill<const K: usize, U: Pooled + Send>(
+    shape: &[usize],
+    strides: &[Dims<isize>],
+    offsets: [isize; K],
+    row: impl Fn([isize; K], &mut [MaybeUninit<U>]) + Sync,
+) -> Vec<U> {
+    let n: usize = shape.iter().product();
+    let inner = shape[shape.len() - 1];
+    let mut out = pool::take::<U>(n);
+    let dst = &mut out.spare_capacity_mut()[..n];
+    let threads = if rayon::current_thread_index().is_some() {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let rows = n / inner.max(1);
+    if threads > 1 && n >= PARALLEL_MIN && rows > 1 {
+        let rows_per_part = rows.div_ceil(threads * 4);
+        dst.par_chunks_mut(rows_per_part * inner)
+            .enumerate()
+            .for_each(|(part, d)| {
+                walk_rows(shape, strides, offsets, part * rows_per_part, d, &row)
+            });
+    } else if n > 0 {
+        walk_rows(shape, strides, offsets, 0, dst, &row);
+    }
+    // SAFETY: the walk wrote every one of the first `n` elements (the rows tile `dst`).
+    unsafe { out.set_len(n) };
+    out
+}
+
+/// `f(a, b)` for every element of `out`, the shape `a` and `b` broadcast to.
+pub fn zip_map<T: Real, U: Pooled + Send>(
+    out: &[usize],
+    a: &Strided<'_, T>,
+    b: &Strided<'_, T>,
+    f: impl Fn(T, T) -> U + Sync,
+) -> Vec<U> {
+    let (shape, strides) = coalesce(out, &[&a.strides, &b.strides]);
+    let last = shape.len() - 1;
+    let (sa, sb) = (strides[0][last], strides[1][last]);
+    let (va, vb) = (&*a.data, &*b.data);
+    // each row's loop is dispatched on its own: a closure called once inside `vectorized` is
+    // inlined there, one called per row from the walk would not be
+    fill(&shape, &strides, [a.offset, b.offset], |[pa, pb], dst| {
+        let (pa, pb, m) = (pa as usize, pb as usize, dst.len());
+        vectorized(
+            #[inline(always)]
+            || match (sa, sb) {
+                (1, 1) => {
+                    for ((d, &x), &y) in dst.iter_mut().zip(&va[pa..pa + m]).zip(&vb[pb..pb + m]) {
+                        d.write(f(x, y));
+                    }
+                }
+                (1, 0) => {
+                    let y = vb[pb];
+                    for (d, &x) in dst.iter_mut().zip(&va[pa..pa + m]) {
+                        d.write(f(x, y));
+                    }
+                }
+                (0, 1) => {
+                    let x = va[pa];
+                    for (d, &y) in dst.iter_mut().zip(&vb[pb..pb + m]) {
+                        d.write(f(x, y));
+                    }
+                }
+                _ => {
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        let j = j as isize;
+                        d.write(f(
+                            va[(pa as isize + j * sa) as usize],
+                            vb[(pb as isize + j * sb) as usize],
+                        ));
+                    }
+                }
+            },
+        )
+    })
+}
+
+/// `f(a)` for every element of `a`, in row-major order.
+pub fn map<T: Real, U: Pooled + Send>(
+    shape: &[usize],
+    a: &Strided<'_, T>,
+    f: impl Fn(T) -> U + Sync,
+) -> Vec<U> {
+    let (merged, strides) = coalesce(shape, &[&a.strides]);
+    let sa = strides[0][merged.len() - 1];
+    let va = &*a.data;
+    fill(&merged, &strides, [a.offset], |[pa], dst| {
+        let (pa, m) = (pa as usize, dst.len());
+        vectorized(
+            #[inline(always)]
+            || {
+                if sa == 1 {
+                    for (d, &x) in dst.iter_mut().zip(&va[pa..pa + m]) {
+                        d.write(f(x));
+                    }
+                } else {
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        d.write(f(va[(pa as isize + j as isize * sa) as usize]));
+                    }
+                }
+            },
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], offset: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::from_f32(
+            shape.to_vec(),
+            (0..n).map(|i| i as f32 * 0.5 + offset).collect(),
+        )
+    }
+
+    fn expanded(x: &Tensor, out: &[usize]) -> Vec<f32> {
+        let shape: Vec<i64> = out.iter().map(|&n| n as i64).collect();
+        crate::cpu::layout::expand(x, &shape)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .contiguous()
+            .to_f32_vec()
+    }
+
+    /// The reference: every output element from its operands' broadcast positions, one by one.
+    fn reference(out: &[usize], a: &Tensor, b: &Tensor) -> Vec<f32> {
+        let (ea, eb) = (expanded(a, out), expanded(b, out));
+        ea.iter().zip(&eb).map(|(x, y)| x * 3.0 - y).collect()
+    }
+
+    #[test]
+    fn merged_walks_equal_elementwise_reference_on_broadcasts_and_views() {
+        let cases: Vec<(Tensor, Tensor)> = vec![
+            (t(&[4, 6, 5, 7], 0.0), t(&[4, 6, 5, 1], 1.0)),
+            (t(&[3, 5], 0.0), t(&[5], 2.0)),
+            (t(&[3, 1], 0.0), t(&[1, 4], 2.0)),
+            (t(&[2, 3, 4], 0.0), t(&[], 7.0)),
+            (t(&[2, 3, 4], 0.0), t(&[3, 1], 7.0)),
+            // a permuted view and a sliced view
+            (
+                t(&[4, 3, 5], 0.0)
+                    .permute(&[2, 0, 1])
+                    .unwrap_or_else(|e| panic!("{e}")),
+                t(&[5, 4, 3], 1.0),
+            ),
+            (
+                Tensor::view_of(&t(&[40], 0.0), 3, vec![6, 5]),
+                t(&[6, 1], 1.0),
+            ),
+        ];
+        for (a, b) in cases {
+            let out = tracepass_ir::broadcast_shapes(a.shape(), b.shape())
+                .unwrap_or_else(|| panic!("{:?} {:?}", a.shape(), b.shape()));
+            let (sa, sb) = (Strided::<f32>::of(&a, &out), Strided::<f32>::of(&b, &out));
+            let got = zip_map(&out, &sa, &sb, |x, y| x * 3.0 - y);
+            assert_eq!(
+                got,
+                reference(&out, &a, &b),
+                "{:?} {:?}",
+                a.shape(),
+                b.shape()
+            );
+            let mapped = map(&out, &sa, |x| x + 1.0);
+            let want: Vec<f32> = expanded(&a, &out).iter().map(|x| x + 1.0).collect();
+            assert_eq!(mapped, want);
+        }
+    }
+
+    #[test]
+    fn thread_pools_give_the_same_bits() {
+        let (a, b) = (t(&[64, 33, 40], 0.25), t(&[64, 33, 1], 3.0));
+        let out = [64, 33, 40];
+        let run = || {
+            let (sa, sb) = (Strided::<f32>::of(&a, &out), Strided::<f32>::of(&b, &out));
+            zip_map(&out, &sa, &sb, |x, y| (x / y).tanh())
+        };
+        let one = run();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let three = pool.install(run);
+        assert_eq!(one.len(), 64 * 33 * 40);
+        assert!(one
+            .iter()
+            .zip(&three)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    #[test]
+    fn coalesce_merges_only_what_every_operand_walks_contiguously() {
+        let (shape, s) = coalesce(
+            &[4, 6, 128, 128],
+            &[&[98304, 16384, 128, 1], &[768, 128, 1, 0]],
+        );
+        let vecs = |s: &[Dims<isize>]| s.iter().map(|d| d.to_vec()).collect::<Vec<_>>();
+        assert_eq!(shape.to_vec(), vec![3072, 128]);
+        assert_eq!(vecs(&s), vec![vec![128, 1], vec![1, 0]]);
+        let (shape, s) = coalesce(&[1, 1], &[&[0, 0]]);
+        assert_eq!((shape.to_vec(), vecs(&s)), (vec![1], vec![vec![0]]));
+    }
+}
