@@ -172,19 +172,25 @@ impl Optimizer {
                     let bc2_sqrt = bc2.sqrt() as f32;
                     let eps = eps as f32;
                     let (m, v) = (&mut self.exp_avg[i], &mut self.exp_avg_sq[i]);
-                    for (((x, &gk), mk), vk) in pv
-                        .iter_mut()
-                        .zip(gv.iter())
-                        .zip(m.iter_mut())
-                        .zip(v.iter_mut())
-                    {
-                        *x *= decay;
-                        // lerp(m, g, w) with w < 0.5: m + w * (g - m)
-                        *mk += w * (gk - *mk);
-                        *vk = *vk * b2 + one_minus_b2 * gk * gk;
-                        let denom = vk.sqrt() / bc2_sqrt + eps;
-                        *x += -step_size * (*mk / denom);
-                    }
+                    // compiled for this CPU's vector unit; the same bits as a scalar loop
+                    crate::cpu::simd::vectorized(
+                        #[inline(always)]
+                        || {
+                            for (((x, &gk), mk), vk) in pv
+                                .iter_mut()
+                                .zip(gv.iter())
+                                .zip(m.iter_mut())
+                                .zip(v.iter_mut())
+                            {
+                                *x *= decay;
+                                // lerp(m, g, w) with w < 0.5: m + w * (g - m)
+                                *mk += w * (gk - *mk);
+                                *vk = *vk * b2 + one_minus_b2 * gk * gk;
+                                let denom = vk.sqrt() / bc2_sqrt + eps;
+                                *x += -step_size * (*mk / denom);
+                            }
+                        },
+                    );
                 }
             }
             if let Some(c) = converted {
