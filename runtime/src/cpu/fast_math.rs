@@ -15,7 +15,11 @@ fn exp_neg(x: f32) -> f32 {
     // round to nearest by adding 1.5 * 2^23 (exact for |x * LOG2E| < 2^22): a plain add the
     // compiler vectorises, where `f32::round` is a libm call on baseline x86-64
     const MAGIC: f32 = 12_582_912.0;
-    let fx = (x * LOG2E + MAGIC) - MAGIC;
+    let shifted = x * LOG2E + MAGIC;
+    let fx = shifted - MAGIC;
+    // the integer fx from the bits of `shifted` (its ulp is 1 there): a float-to-int `as`
+    // saturates, which the compiler does lane by lane
+    let n = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
     let r = x - fx * C1 - fx * C2;
     let z = r * r;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
@@ -24,7 +28,7 @@ fn exp_neg(x: f32) -> f32 {
         + 5e-1;
     let y = p * z + r + 1.0;
     // fx is in [-27, 0]: 2^fx is a normal f32
-    y * f32::from_bits(((fx as i32 + 127) as u32) << 23)
+    y * f32::from_bits(((n + 127) as u32) << 23)
 }
 
 /// `tanh(x)`, branch-free: Cephes' odd polynomial below |x| = 0.625, else

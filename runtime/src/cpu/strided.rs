@@ -170,6 +170,37 @@ fn walk_rows<const K: usize, U>(
     }
 }
 
+/// The walk with its last dim cut into rows of at most 4096 elements (a power of two
+/// dividing it), each operand stepping through the new outer dim by its old stride times
+/// the row length.
+fn split_long_rows(
+    shape: &[usize],
+    strides: &[Dims<isize>],
+) -> (Dims<usize>, SmallVec<[Dims<isize>; 3]>) {
+    const ROW: usize = 4096;
+    let mut shape = Dims::from(shape);
+    let mut strides: SmallVec<[Dims<isize>; 3]> = strides.iter().cloned().collect();
+    let last = shape.len() - 1;
+    let inner = shape[last];
+    if inner > ROW {
+        let row = (0..=ROW.trailing_zeros())
+            .rev()
+            .map(|k| 1usize << k)
+            .find(|&r| inner % r == 0)
+            .unwrap_or(1);
+        if row > 1 {
+            shape[last] = inner / row;
+            shape.push(row);
+            for s in strides.iter_mut() {
+                let step = s[last];
+                s[last] = step * row as isize;
+                s.push(step);
+            }
+        }
+    }
+    (shape, strides)
+}
+
 /// `n` outputs written row by row (in parallel row ranges when the rank has threads).
 fn fill<const K: usize, U: Pooled + Send>(
     shape: &[usize],
@@ -178,7 +209,6 @@ fn fill<const K: usize, U: Pooled + Send>(
     row: impl Fn([isize; K], &mut [MaybeUninit<U>]) + Sync,
 ) -> Vec<U> {
     let n: usize = shape.iter().product();
-    let inner = shape[shape.len() - 1];
     let mut out = pool::take::<U>(n);
     let dst = &mut out.spare_capacity_mut()[..n];
     let threads = if rayon::current_thread_index().is_some() {
@@ -186,8 +216,17 @@ fn fill<const K: usize, U: Pooled + Send>(
     } else {
         1
     };
+    let parallel = threads > 1 && n >= PARALLEL_MIN;
+    // a long row (a contiguous tensor is one) is cut into rows of a power of two that divides
+    // it, so that it can be shared; the walk and every element stay the same
+    let (shape, strides) = match parallel {
+        true => split_long_rows(shape, strides),
+        false => (Dims::from(shape), strides.iter().cloned().collect()),
+    };
+    let (shape, strides) = (&shape[..], &strides[..]);
+    let inner = shape[shape.len() - 1];
     let rows = n / inner.max(1);
-    if threads > 1 && n >= PARALLEL_MIN && rows > 1 {
+    if parallel && rows > 1 {
         let rows_per_part = rows.div_ceil(threads * 4);
         dst.par_chunks_mut(rows_per_part * inner)
             .enumerate()
@@ -362,6 +401,19 @@ mod tests {
             .iter()
             .zip(&three)
             .all(|(x, y)| x.to_bits() == y.to_bits()));
+        // one long contiguous row (cut into rows of 4096 to be shared), and one whose length
+        // no power of two above 1 divides (walked whole)
+        for n in [3 << 15, 65537] {
+            let a = t(&[n], 0.5);
+            let run = || map(&[n], &Strided::<f32>::of(&a, &[n]), |x| x.tanh() * 2.0);
+            let (one, three) = (run(), pool.install(run));
+            let want: Vec<f32> = a.to_f32_vec().iter().map(|x| x.tanh() * 2.0).collect();
+            assert_eq!(one, want);
+            assert!(one
+                .iter()
+                .zip(&three)
+                .all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
     }
 
     #[test]

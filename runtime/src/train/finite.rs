@@ -100,7 +100,10 @@ mod tests {
         // a non-finite element in the eight-wide body or in the tail, and the sum over both
         for at in [3, 17] {
             let mut v: Vec<f32> = (0..19).map(|i| i as f32).collect();
-            assert_eq!(first_non_finite(&Tensor::from_f32(vec![19], v.clone())), None);
+            assert_eq!(
+                first_non_finite(&Tensor::from_f32(vec![19], v.clone())),
+                None
+            );
             let sum: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
             let g = vec![Some(Tensor::from_f32(vec![19], v.clone()))];
             assert_eq!(grad_norm(&g), sum.sqrt());
