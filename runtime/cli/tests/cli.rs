@@ -220,23 +220,18 @@ fn train_is_the_main_job() {
     assert_eq!(m[0].as_array().unwrap().len(), 10, "one entry per step");
     assert!(m[1][3]["overlap_pct"].is_number());
     // memory planning: from the second step on the kernels' buffers come back from the last
-    // step (the pool's classes grow to what a step has alive at once during the second);
-    // what is still allocated is the same every step and comes with the buckets (an
-    // all-reduce between threads gives every rank one shared result buffer, which no rank's
-    // pool gets back; at most two buffers per bucket)
+    // step; what is still allocated comes with the buckets (an all-reduce between threads
+    // gives the ranks one shared result buffer, which no rank's pool gets back: at most two
+    // buffers per bucket, and which rank pays for them depends on who finishes last)
     for rank in m.as_array().unwrap() {
         let steps = rank.as_array().unwrap();
         let allocs = |s: &serde_json::Value| s["buffer_allocs"].as_u64().unwrap();
         let buckets = steps[1]["buckets"].as_array().unwrap().len() as u64;
         for s in &steps[1..] {
-            assert!(allocs(s) <= allocs(&steps[1]), "{s}");
             assert!(
                 allocs(s) <= 2 * buckets && allocs(s) < allocs(&steps[0]),
                 "{s}"
             );
-        }
-        for s in &steps[2..] {
-            assert_eq!(allocs(s), allocs(&steps[2]), "{s}");
             assert_eq!(s["arena_bytes"], steps[0]["arena_bytes"]);
         }
         assert!(steps[0]["arena_bytes"].as_u64().unwrap() > 0);
