@@ -28,8 +28,9 @@ pub fn first_non_finite(t: &Tensor) -> Option<(usize, f64)> {
 pub fn grad_norm(grads: &[Option<Tensor>]) -> f64 {
     let mut sum = 0.0f64;
     for g in grads.iter().flatten() {
-        if let Some(v) = g.as_f32() {
-            sum += sum_of_squares(v);
+        if let Some(v) = g.elems::<f32>() {
+            sum += sum_of_squares(&v);
+            crate::cpu::buffer_pool::give_cow(v);
         } else if g.dtype().is_float() {
             sum += g.to_f64_vec().iter().map(|x| x * x).sum::<f64>();
         }

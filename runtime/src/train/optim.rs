@@ -133,8 +133,10 @@ impl Optimizer {
                     p.shape()
                 ));
             }
-            let gv: std::borrow::Cow<'_, [f32]> = match g.as_f32() {
-                Some(s) => std::borrow::Cow::Borrowed(s),
+            // a strided gradient (a permuted weight's, when no bucket made it contiguous) is
+            // gathered into a pooled buffer, given back below
+            let gv: std::borrow::Cow<'_, [f32]> = match g.elems::<f32>() {
+                Some(v) => v,
                 None => std::borrow::Cow::Owned(g.to_f32_vec()),
             };
             // f32 parameters are updated in place; others through an f32 copy
@@ -193,6 +195,7 @@ impl Optimizer {
                     );
                 }
             }
+            crate::cpu::buffer_pool::give_cow(gv);
             if let Some(c) = converted {
                 *p = c.to_dtype(p.dtype()).ok_or("unsupported parameter dtype")?;
             }

@@ -337,6 +337,12 @@ where
             .map(|g| g.as_ref().map(&down).transpose())
             .collect::<Result<_, _>>()?;
         let grads = model.sum_ties(host_grads, add).map_err(&fail)?;
+        // a strided gradient (a permuted weight's, when no bucket packed it) is made contiguous
+        // once, for the norm, the optimizer and a save, instead of gathered by each
+        let grads: Vec<Option<Tensor>> = grads
+            .into_iter()
+            .map(|g| g.map(|t| if t.is_contiguous() { t } else { t.contiguous() }))
+            .collect();
         match layout {
             // every rank gathers, when the run wants the whole gradients of some rank
             Some(l) if step == first_step && (cfg.save_grads.is_some() || cfg.keep_all_ranks) => {
@@ -371,7 +377,11 @@ where
         opt.step(&mut params, &grads).map_err(&fail)?;
         // the gradients' (and buckets') buffers go back to the pool for the next backward:
         // every other holder of them lets go first
-        drop(grads);
+        for g in grads.into_iter().flatten() {
+            if let Some(s) = g.into_unshared_storage() {
+                crate::cpu::buffer_pool::give_storage(s);
+            }
+        }
         drop(raw);
         synced
             .into_iter()
