@@ -3,7 +3,7 @@
 //! this one kernel serves both directions.
 
 use super::buffer_pool as pool;
-use super::gemm::{gemm_rows, Gemm};
+use super::gemm::{gemm_rows_shared as gemm_rows, Gemm};
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
 
@@ -527,6 +527,35 @@ mod tests {
 
     fn data(n: usize, seed: f64) -> Vec<f64> {
         (0..n).map(|i| ((i as f64 + seed) * 0.618).sin()).collect()
+    }
+
+    #[test]
+    fn a_rank_with_threads_gives_the_one_thread_bits() {
+        // big enough for the product's rows to be shared out (64 rows, 144 x 512 each)
+        let x = Tensor::from_f32(
+            vec![4, 16, 16, 16],
+            data(4 * 16 * 256, 0.5).iter().map(|&v| v as f32).collect(),
+        );
+        let w = Tensor::from_f32(
+            vec![64, 16, 3, 3],
+            data(64 * 144, 1.5).iter().map(|&v| v as f32).collect(),
+        );
+        let run = || {
+            convolution(&x, &w, None, &[1], &[1], &[1], false, &[0], 1)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .to_f32_vec()
+        };
+        let one = run();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let three = pool.install(run);
+        assert_eq!(one.len(), 4 * 64 * 256);
+        assert!(one
+            .iter()
+            .zip(&three)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
     #[test]

@@ -30,13 +30,59 @@ pub trait Gemm: Real {
     );
 }
 
+thread_local! {
+    /// Set while a caller already shares the work out (row blocks of one product).
+    static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with its products on the calling thread alone.
+fn serial<R>(f: impl FnOnce() -> R) -> R {
+    SERIAL.with(|s| s.set(true));
+    let r = f();
+    SERIAL.with(|s| s.set(false));
+    r
+}
+
+/// [`gemm_rows`] with the rows of `c` shared among the rank's threads in blocks, each block a
+/// one-thread product: for the skinny products of a convolution (a few hundred columns), where
+/// the `gemm` crate's own sharing costs more than it gains. Every element is the same dot
+/// product in the same order as in one product over all rows (checked by the conv tests).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_rows_shared<T: Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
+) -> Result<(), String> {
+    use rayon::prelude::*;
+    let threads = if rayon::current_thread_index().is_some() {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    if threads <= 1 || m < 32 || m * k * n < 1 << 20 || a.len() < m * k || c.len() < m * n {
+        return gemm_rows(m, k, n, a, b, beta, c);
+    }
+    let rows = m.div_ceil(threads).div_ceil(16) * 16;
+    c[..m * n]
+        .par_chunks_mut(rows * n)
+        .zip(a[..m * k].par_chunks(rows * k))
+        .try_for_each(|(cc, aa)| serial(|| gemm_rows(cc.len() / n, k, n, aa, b, beta, cc)))
+}
+
 /// How many threads one product may use: the size of the rayon pool the calling rank runs in
 /// (`--threads-per-rank`), and one outside any pool or for products too small to share.
 fn parallelism(m: usize, k: usize, n: usize) -> gemm::Parallelism {
     /// Below about this many multiply-adds, handing work to another thread costs more than it
     /// saves (a 64x64x64 block is ~10 us on one core).
     const MIN_SHARED_MACS: usize = 1 << 18;
-    if rayon::current_thread_index().is_none() || m * k * n < MIN_SHARED_MACS {
+    if rayon::current_thread_index().is_none()
+        || m * k * n < MIN_SHARED_MACS
+        || SERIAL.with(std::cell::Cell::get)
+    {
         return gemm::Parallelism::None;
     }
     match rayon::current_num_threads() {
