@@ -22,6 +22,17 @@ struct Geometry {
     dilation: Vec<usize>,
 }
 
+/// A convolution's per-group sizes: input channels `cg`, output channels `coutg`, output
+/// positions `op` and input positions `sp` of a sample, and the unfolded rows `kc` (`cg` times
+/// the kernel's taps).
+struct Sizes {
+    cg: usize,
+    coutg: usize,
+    op: usize,
+    sp: usize,
+    kc: usize,
+}
+
 /// A per-dim parameter: one value for every dim, or one per dim (`(1,)` in Thunder's traces).
 fn per_dim(v: &[i64], d: usize, what: &str, min: i64) -> Result<Vec<usize>, String> {
     let full: Vec<i64> = match v.len() {
@@ -97,6 +108,19 @@ impl Geometry {
             padding,
             dilation,
         })
+    }
+
+    /// The products' sizes, derived once for the kernels that share them.
+    fn sizes(&self) -> Sizes {
+        let cg = self.cin / self.groups;
+        let kp: usize = self.kernel.iter().product();
+        Sizes {
+            cg,
+            coutg: self.cout / self.groups,
+            op: self.out.iter().product(),
+            sp: self.spatial.iter().product(),
+            kc: cg * kp,
+        }
     }
 
     fn is_pointwise(&self) -> bool {
@@ -261,11 +285,13 @@ fn conv_typed<T: Gemm + Default>(
     bias: Option<&[T]>,
     g: &Geometry,
 ) -> Result<Vec<T>, String> {
-    let (cg, coutg) = (g.cin / g.groups, g.cout / g.groups);
-    let kp: usize = g.kernel.iter().product();
-    let op: usize = g.out.iter().product();
-    let sp: usize = g.spatial.iter().product();
-    let kc = cg * kp;
+    let Sizes {
+        cg,
+        coutg,
+        op,
+        sp,
+        kc,
+    } = g.sizes();
     // recycled buffers: fresh ones of this size come as new pages the kernel must zero
     let mut out = pool::filled(g.n * g.cout * op, T::ZERO);
     let beta = match bias {
@@ -333,11 +359,13 @@ fn conv_batched<T: Gemm + Default>(
     batch: usize,
     out: &mut [T],
 ) -> Result<(), String> {
-    let (cg, coutg) = (g.cin / g.groups, g.cout / g.groups);
-    let kp: usize = g.kernel.iter().product();
-    let op: usize = g.out.iter().product();
-    let sp: usize = g.spatial.iter().product();
-    let kc = cg * kp;
+    let Sizes {
+        cg,
+        coutg,
+        op,
+        sp,
+        kc,
+    } = g.sizes();
     let width = batch * op;
     let mut col = pool::filled(kc * width, T::ZERO);
     let mut prod = pool::filled(coutg * width, T::ZERO);
@@ -545,12 +573,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"))
                 .to_f32_vec()
         };
-        let one = run();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let three = pool.install(run);
+        let (one, three) = crate::cpu::alone_and_in_three_threads(run);
         assert_eq!(one.len(), 4 * 64 * 256);
         assert!(one
             .iter()

@@ -623,12 +623,7 @@ mod tests {
             vec![n, k],
             (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect(),
         );
-        let one = linear(&a, &w, None).expect("fits").to_f32_vec();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .expect("a pool");
-        let (par, shared) = pool.install(|| {
+        let ((one, _), (par, shared)) = crate::cpu::alone_and_in_three_threads(|| {
             (
                 linear(&a, &w, None).expect("fits").to_f32_vec(),
                 parallelism(m, k, n),

@@ -58,6 +58,18 @@ pub mod kernels {
     pub use super::var_mean::var_mean;
 }
 
+/// `run` on the calling thread, then inside a pool of 3 threads (a rank with threads), for the
+/// tests that a kernel's bits do not depend on the thread count.
+#[cfg(test)]
+pub(crate) fn alone_and_in_three_threads<R: Send>(run: impl Fn() -> R + Send) -> (R, R) {
+    let one = run();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap_or_else(|e| panic!("a pool: {e}"));
+    (one, pool.install(run))
+}
+
 /// Runs kernels on the calling thread (one rank = one thread; no intra-op threads, as in the
 /// one-thread-per-process PyTorch baseline).
 #[derive(Clone, Copy, Debug, Default)]

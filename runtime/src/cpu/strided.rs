@@ -111,25 +111,6 @@ pub(crate) fn coalesce(
     (shape, strides)
 }
 
-/// Each operand's position of the first element of output row `row` (rows of the last dim).
-fn row_start<const K: usize>(
-    shape: &[usize],
-    strides: &[Dims<isize>],
-    offsets: [isize; K],
-    row: usize,
-) -> [isize; K] {
-    let mut pos = offsets;
-    let mut r = row;
-    for d in (0..shape.len() - 1).rev() {
-        let i = (r % shape[d]) as isize;
-        r /= shape[d];
-        for (p, s) in pos.iter_mut().zip(strides) {
-            *p += i * s[d];
-        }
-    }
-    pos
-}
-
 /// Walks rows `first..` of the merged shape, filling `dst` (a whole number of rows) by
 /// `row(positions, dst_row)`.
 fn walk_rows<const K: usize, U>(
@@ -142,16 +123,17 @@ fn walk_rows<const K: usize, U>(
 ) {
     let rank = shape.len();
     let inner = shape[rank - 1];
-    let mut pos = row_start(shape, strides, offsets, first);
-    let mut idx: Dims<usize> = {
-        let mut r = first;
-        let mut v: Dims<usize> = SmallVec::from_elem(0, rank - 1);
-        for d in (0..rank - 1).rev() {
-            v[d] = r % shape[d];
-            r /= shape[d];
+    // row `first`'s index over the outer dims, and each operand's position there
+    let mut pos = offsets;
+    let mut idx: Dims<usize> = SmallVec::from_elem(0, rank - 1);
+    let mut r = first;
+    for d in (0..rank - 1).rev() {
+        idx[d] = r % shape[d];
+        r /= shape[d];
+        for (p, s) in pos.iter_mut().zip(strides) {
+            *p += idx[d] as isize * s[d];
         }
-        v
-    };
+    }
     for chunk in dst.chunks_mut(inner) {
         row(pos, chunk);
         for d in (0..rank - 1).rev() {
@@ -219,11 +201,11 @@ fn fill<const K: usize, U: Pooled + Send>(
     let parallel = threads > 1 && n >= PARALLEL_MIN;
     // a long row (a contiguous tensor is one) is cut into rows of a power of two that divides
     // it, so that it can be shared; the walk and every element stay the same
-    let (shape, strides) = match parallel {
-        true => split_long_rows(shape, strides),
-        false => (Dims::from(shape), strides.iter().cloned().collect()),
+    let split = parallel.then(|| split_long_rows(shape, strides));
+    let (shape, strides) = match &split {
+        Some((shape, strides)) => (&shape[..], &strides[..]),
+        None => (shape, strides),
     };
-    let (shape, strides) = (&shape[..], &strides[..]);
     let inner = shape[shape.len() - 1];
     let rows = n / inner.max(1);
     if parallel && rows > 1 {
@@ -390,12 +372,7 @@ mod tests {
             let (sa, sb) = (Strided::<f32>::of(&a, &out), Strided::<f32>::of(&b, &out));
             zip_map(&out, &sa, &sb, |x, y| (x / y).tanh())
         };
-        let one = run();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let three = pool.install(run);
+        let (one, three) = crate::cpu::alone_and_in_three_threads(run);
         assert_eq!(one.len(), 64 * 33 * 40);
         assert!(one
             .iter()
@@ -406,7 +383,7 @@ mod tests {
         for n in [3 << 15, 65537] {
             let a = t(&[n], 0.5);
             let run = || map(&[n], &Strided::<f32>::of(&a, &[n]), |x| x.tanh() * 2.0);
-            let (one, three) = (run(), pool.install(run));
+            let (one, three) = crate::cpu::alone_and_in_three_threads(run);
             let want: Vec<f32> = a.to_f32_vec().iter().map(|x| x.tanh() * 2.0).collect();
             assert_eq!(one, want);
             assert!(one

@@ -5,7 +5,7 @@
 //! `da = sum_o g z`, `db = p @ w`, `dw = p^T @ b`, `dbias = sum_n g`.
 
 use crate::exec::backend::{Backend, Input};
-use crate::exec::kernel::{BinaryOp, Kernel, ReduceOp, Side};
+use crate::exec::kernel::{BinaryOp, Kernel, ReduceOp};
 
 use crate::exec::composer::{err, Cx, R};
 
@@ -52,18 +52,6 @@ struct Dims {
 }
 
 impl<B: Backend> Cx<'_, B> {
-    fn elementwise(&self, op: BinaryOp, x: &B::Tensor, y: &B::Tensor) -> R<B::Tensor> {
-        self.k(
-            Kernel::Binary {
-                op,
-                a: Side::Input(0),
-                b: Side::Input(1),
-                alpha: 1.0,
-            },
-            &[x, y],
-        )
-    }
-
     fn sum_dim(&self, x: &B::Tensor, dim: usize) -> R<B::Tensor> {
         let dtype = self.b.dtype(x);
         self.k(
@@ -119,9 +107,9 @@ impl<B: Backend> Cx<'_, B> {
     fn bilinear(&self, t: &[&B::Tensor]) -> R<B::Tensor> {
         let d = self.bilinear_dims(t[0], t[1], t[2])?;
         let (z, a3) = self.bilinear_z(&d, t[0], t[1], t[2])?;
-        let y = self.sum_dim(&self.elementwise(BinaryOp::Mul, &z, &a3)?, 2)?;
+        let y = self.sum_dim(&self.ew(BinaryOp::Mul, &z, &a3)?, 2)?;
         let y = match t.get(3) {
-            Some(bias) => self.elementwise(BinaryOp::Add, &y, bias)?,
+            Some(bias) => self.ew(BinaryOp::Add, &y, bias)?,
             None => y,
         };
         let mut shape = d.lead.clone();
@@ -145,12 +133,12 @@ impl<B: Backend> Cx<'_, B> {
         let mut out = Vec::new();
         if outputs[0] {
             let (z, _) = self.bilinear_z(&d, a, b, w)?;
-            let da = self.sum_dim(&self.elementwise(BinaryOp::Mul, &g3, &z)?, 1)?;
+            let da = self.sum_dim(&self.ew(BinaryOp::Mul, &g3, &z)?, 1)?;
             out.push(self.reshape(&da, self.b.shape(a))?);
         }
         if outputs[1] || outputs[2] {
             let a3 = self.reshape(a, &[d.n, 1, d.i])?;
-            let p = self.elementwise(BinaryOp::Mul, &g3, &a3)?;
+            let p = self.ew(BinaryOp::Mul, &g3, &a3)?;
             let p = self.reshape(&p, &[d.n, d.o * d.i])?;
             if outputs[1] {
                 let w2 = self.reshape(w, &[d.o * d.i, d.j])?;

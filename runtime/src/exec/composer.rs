@@ -3,7 +3,7 @@
 //! [`Cx`]; the ones they all need live here, once.
 
 use crate::exec::backend::{Backend, Input, KernelError};
-use crate::exec::kernel::Kernel;
+use crate::exec::kernel::{BinaryOp, Kernel, Side};
 use tracepass_ir::DType;
 
 pub(crate) type R<T> = Result<T, KernelError>;
@@ -24,6 +24,32 @@ impl<B: Backend> Cx<'_, B> {
         let inputs: Vec<Input<'_, B::Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
         self.b.run(&kernel, &inputs)
     }
+    /// `x op y`, broadcast.
+    pub(crate) fn ew(&self, op: BinaryOp, x: &B::Tensor, y: &B::Tensor) -> R<B::Tensor> {
+        self.k(
+            Kernel::Binary {
+                op,
+                a: Side::Input(0),
+                b: Side::Input(1),
+                alpha: 1.0,
+            },
+            &[x, y],
+        )
+    }
+
+    /// `x op s`.
+    pub(crate) fn ew_s(&self, op: BinaryOp, x: &B::Tensor, s: f64) -> R<B::Tensor> {
+        self.k(
+            Kernel::Binary {
+                op,
+                a: Side::Input(0),
+                b: Side::Scalar(s),
+                alpha: 1.0,
+            },
+            &[x],
+        )
+    }
+
     pub(crate) fn matmul(&self, a: &B::Tensor, b: &B::Tensor) -> R<B::Tensor> {
         self.k(Kernel::Matmul, &[a, b])
     }

@@ -62,30 +62,6 @@ struct Parts<T> {
 }
 
 impl<B: Backend> Cx<'_, B> {
-    pub(crate) fn ew(&self, op: BinaryOp, x: &B::Tensor, y: &B::Tensor) -> R<B::Tensor> {
-        self.k(
-            Kernel::Binary {
-                op,
-                a: Side::Input(0),
-                b: Side::Input(1),
-                alpha: 1.0,
-            },
-            &[x, y],
-        )
-    }
-
-    pub(crate) fn ew_s(&self, op: BinaryOp, x: &B::Tensor, s: f64) -> R<B::Tensor> {
-        self.k(
-            Kernel::Binary {
-                op,
-                a: Side::Input(0),
-                b: Side::Scalar(s),
-                alpha: 1.0,
-            },
-            &[x],
-        )
-    }
-
     pub(crate) fn sum_over(&self, x: &B::Tensor, dims: Vec<usize>, keepdim: bool) -> R<B::Tensor> {
         let dtype = self.b.dtype(x);
         self.k(

@@ -112,18 +112,6 @@ impl<B: Backend> Cx<'_, B> {
             &[x, y],
         )
     }
-    /// `x op s`.
-    fn bin_s(&self, op: BinaryOp, x: &B::Tensor, s: f64) -> R<B::Tensor> {
-        self.k(
-            Kernel::Binary {
-                op,
-                a: Side::Input(0),
-                b: Side::Scalar(s),
-                alpha: 1.0,
-            },
-            &[x],
-        )
-    }
     fn cmp_s(&self, op: CompareOp, x: &B::Tensor, s: f64) -> R<B::Tensor> {
         self.k(
             Kernel::Compare {
@@ -232,7 +220,7 @@ impl<B: Backend> Cx<'_, B> {
             self.convert(t2, dtype)?,
         );
         let prod = self.bin(BinaryOp::Mul, &t1, &t2, 1.0)?;
-        let scaled = self.bin_s(BinaryOp::Mul, &prod, value)?;
+        let scaled = self.ew_s(BinaryOp::Mul, &prod, value)?;
         self.bin(BinaryOp::Add, &a, &scaled, 1.0)
     }
 
@@ -257,7 +245,7 @@ impl<B: Backend> Cx<'_, B> {
             };
             match s {
                 Ok(t) => self.bin(op, x, &self.convert(t, dtype)?, 1.0),
-                Err(v) => self.bin_s(op, x, v),
+                Err(v) => self.ew_s(op, x, v),
             }
         };
         let lo = bound(&a, BinaryOp::Maximum, min)?;
@@ -422,7 +410,7 @@ impl<B: Backend> Cx<'_, B> {
             let e = self.k(Kernel::Convert(DType::I64), &[&e])?;
             // negative indices count from the end
             let negative = self.cmp_s(CompareOp::Lt, &e, 0.0)?;
-            let shifted = self.bin_s(BinaryOp::Add, &e, shape[j] as f64)?;
+            let shifted = self.ew_s(BinaryOp::Add, &e, shape[j] as f64)?;
             let e = self.k(
                 Kernel::Where {
                     a: Side::Input(1),
@@ -431,7 +419,7 @@ impl<B: Backend> Cx<'_, B> {
                 },
                 &[&negative, &shifted, &e],
             )?;
-            let term = self.bin_s(BinaryOp::Mul, &e, stride as f64)?;
+            let term = self.ew_s(BinaryOp::Mul, &e, stride as f64)?;
             position = Some(match position {
                 None => term,
                 Some(p) => self.bin(BinaryOp::Add, &p, &term, 1.0)?,
@@ -531,8 +519,8 @@ impl<B: Backend> Cx<'_, B> {
         let abs = un(UnaryOp::Abs, x)?;
         let log = un(UnaryOp::Log2, &abs)?;
         let floor = un(UnaryOp::Floor, &log)?;
-        let mut e = self.bin_s(BinaryOp::Add, &floor, 1.0)?;
-        let half = self.bin_s(BinaryOp::Mul, &e, 0.5)?;
+        let mut e = self.ew_s(BinaryOp::Add, &floor, 1.0)?;
+        let half = self.ew_s(BinaryOp::Mul, &e, 0.5)?;
         let h = un(UnaryOp::Floor, &half)?;
         let rest = self.bin(BinaryOp::Sub, &e, &h, 1.0)?;
         let mut m = x.clone();
@@ -548,8 +536,8 @@ impl<B: Backend> Cx<'_, B> {
         ] {
             let am = un(UnaryOp::Abs, &m)?;
             let off = self.cmp_s(op, &am, bound)?;
-            let moved = self.bin_s(BinaryOp::Mul, &m, by)?;
-            let stepped = self.bin_s(BinaryOp::Add, &e, step)?;
+            let moved = self.ew_s(BinaryOp::Mul, &m, by)?;
+            let stepped = self.ew_s(BinaryOp::Add, &e, step)?;
             m = select(&off, &moved, &m)?;
             e = select(&off, &stepped, &e)?;
         }
@@ -649,19 +637,19 @@ impl<B: Backend> Cx<'_, B> {
             let mut s = vec![1usize; 3];
             s[d] = n;
             let starts = self.reshape(&starts, &s)?;
-            let scaled = self.bin_s(BinaryOp::Mul, &starts, stride[d] as f64)?;
-            self.bin_s(BinaryOp::Sub, &scaled, padding[d] as f64)
+            let scaled = self.ew_s(BinaryOp::Mul, &starts, stride[d] as f64)?;
+            self.ew_s(BinaryOp::Sub, &scaled, padding[d] as f64)
         };
-        let div = |t: &B::Tensor, by: f64| self.bin_s(BinaryOp::FloorDivide, t, by);
-        let rem = |t: &B::Tensor, by: f64| self.bin_s(BinaryOp::Remainder, t, by);
+        let div = |t: &B::Tensor, by: f64| self.ew_s(BinaryOp::FloorDivide, t, by);
+        let rem = |t: &B::Tensor, by: f64| self.ew_s(BinaryOp::Remainder, t, by);
         let id = div(&tap, kh * kw)?;
         let ih = rem(&div(&tap, kw)?, kh)?;
         let iw = rem(&tap, kw)?;
         let pd = self.bin(BinaryOp::Add, &along(0, out[2])?, &id, 1.0)?;
         let ph = self.bin(BinaryOp::Add, &along(1, out[3])?, &ih, 1.0)?;
         let pw = self.bin(BinaryOp::Add, &along(2, out[4])?, &iw, 1.0)?;
-        let rows = self.bin_s(BinaryOp::Mul, &pd, h * w)?;
-        let cols = self.bin_s(BinaryOp::Mul, &ph, w)?;
+        let rows = self.ew_s(BinaryOp::Mul, &pd, h * w)?;
+        let cols = self.ew_s(BinaryOp::Mul, &ph, w)?;
         let pos = self.bin(BinaryOp::Add, &rows, &cols, 1.0)?;
         let pos = self.bin(BinaryOp::Add, &pos, &pw, 1.0)?;
         let unbatched: Vec<usize> = if shape.len() == 4 {
@@ -744,7 +732,7 @@ impl<B: Backend> Cx<'_, B> {
             }
         };
         let centered = self.bin(BinaryOp::Sub, x, &mean, 1.0)?;
-        let shifted = self.bin_s(BinaryOp::Add, &var, eps)?;
+        let shifted = self.ew_s(BinaryOp::Add, &var, eps)?;
         let inv = self.k(Kernel::Unary(UnaryOp::Rsqrt), &[&shifted])?;
         let mut y = self.bin(BinaryOp::Mul, &centered, &inv, 1.0)?;
         if let Some(w) = weight {
