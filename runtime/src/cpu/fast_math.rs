@@ -1,34 +1,57 @@
-//! Branch-free f32 `tanh` that the compiler vectorises (libm's `tanhf` calls `expm1f` per
-//! element, 9% of a nanoGPT step through its tanh-approximated GELU).
+//! Branch-free f32 `exp` and `tanh` that the compiler vectorises (libm's `expf` and `tanhf` are
+//! a call per element; `tanhf` calls `expm1f`, 9% of a nanoGPT step through its
+//! tanh-approximated GELU). Every f32 kernel's `exp` is this one (softmax, sigmoid, SiLU, the
+//! fusion regions), so fused and unfused ops keep the same bits.
 //!
-//! Accuracy (checked by the tests below on every 97th f32 in [-10, 10] and at the edges):
-//! at most 2 ulp from the correctly rounded result, as PyTorch's CPU kernel (Sleef's
-//! `tanhf_u10`, 1 ulp) is within 1 ulp; `tanh(±0) = ±0`, `±inf` gives `±1`, NaN stays NaN.
+//! Accuracy (checked by the tests below on every 97th f32 of the range and at the edges), as
+//! PyTorch's CPU kernels (Sleef's `expf_u10`/`tanhf_u10`) are within 1 ulp:
+//! - `exp`: at most 1 ulp from the correctly rounded result over [-87.3, 88.7] (normal
+//!   results), at most 1 subnormal ulp below; `+inf` past ln(f32::MAX), `0` below ln(2^-150),
+//!   `exp(-inf) = 0`, NaN stays NaN.
+//! - `tanh`: at most 2 ulp; `tanh(±0) = ±0`, `±inf` gives `±1`, NaN stays NaN.
 
-/// `e^x` for `x` in [-18.5, 0]: Cephes' `expf` (range reduction by ln 2 in two parts, a degree-6
-/// polynomial, the exponent put in by bits), 1 ulp there.
+/// `e^x`, branch-free so that the compiler vectorises it (libm's `expf` is a call per element):
+/// Cephes' `expf` (range reduction by ln 2 in two parts, a degree-6 polynomial), with the power
+/// of two put in by bits as two normal factors so that subnormal results come out right.
+/// `e^x` is `+inf` above ln(f32::MAX), `0` below ln(2^-150), NaN for NaN.
 #[inline(always)]
-fn exp_neg(x: f32) -> f32 {
+pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const C1: f32 = 0.693_359_4;
     const C2: f32 = -2.121_944_4e-4;
+    // ln(2^-150): below it e^x rounds to 0
+    const UNDER: f32 = -103.972_08;
     // round to nearest by adding 1.5 * 2^23 (exact for |x * LOG2E| < 2^22): a plain add the
     // compiler vectorises, where `f32::round` is a libm call on baseline x86-64
     const MAGIC: f32 = 12_582_912.0;
-    let shifted = x * LOG2E + MAGIC;
+    // past 89, n = 128 and the product below overflows to +inf as it should; the clamp keeps
+    // n in [-150, 128] (NaN stays NaN, and is put back at the end)
+    let c = x.clamp(UNDER, 89.0);
+    let shifted = c * LOG2E + MAGIC;
     let fx = shifted - MAGIC;
     // the integer fx from the bits of `shifted` (its ulp is 1 there): a float-to-int `as`
     // saturates, which the compiler does lane by lane
     let n = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let r = x - fx * C1 - fx * C2;
+    let r = c - fx * C1 - fx * C2;
     let z = r * r;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
         + 5e-1;
     let y = p * z + r + 1.0;
-    // fx is in [-27, 0]: 2^fx is a normal f32
-    y * f32::from_bits(((n + 127) as u32) << 23)
+    // 2^n as 2^h * 2^(n - h), each factor normal for n in [-150, 128]; the first product is
+    // exact, so the result is rounded once more only where it is subnormal or overflows
+    let h = n >> 1;
+    // (for NaN, n is junk: the arithmetic wraps and the result is replaced below)
+    let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
+    let e = y * pow2(h) * pow2(n - h);
+    if x < UNDER {
+        0.0
+    } else if x >= UNDER {
+        e
+    } else {
+        x // NaN
+    }
 }
 
 /// `tanh(x)`, branch-free: Cephes' odd polynomial below |x| = 0.625, else
@@ -46,7 +69,7 @@ pub fn tanh_f32(x: f32) -> f32 {
     // the sum gives +0 for -0
     let small = small.copysign(x);
     // past |x| = 9, tanh rounds to ±1 in f32; clamping keeps e^-2|x| normal and NaN in NaN
-    let e = exp_neg(-2.0 * a.min(9.0));
+    let e = exp_f32(-2.0 * a.min(9.0));
     let large = ((1.0 - e) / (1.0 + e)).copysign(x);
     if a < 0.625 {
         small
@@ -64,6 +87,66 @@ mod tests {
     /// Distance in units in the last place between two finite f32 of the same sign.
     fn ulps(a: f32, b: f32) -> u32 {
         (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+    }
+
+    /// The worst distance from the correctly rounded `e^x` over every 97th f32 in `[lo, hi]`.
+    fn worst_exp_ulps(lo: f32, hi: f32) -> (u32, f32) {
+        let mut worst = (0u32, 0f32);
+        let halves: [Box<dyn Iterator<Item = u32>>; 2] = if lo < 0.0 && hi > 0.0 {
+            [
+                Box::new((0..=hi.to_bits()).step_by(97)),
+                Box::new((1u32 << 31..=lo.to_bits()).step_by(97)),
+            ]
+        } else if hi <= 0.0 {
+            [
+                Box::new((hi.to_bits()..=lo.to_bits()).step_by(97)),
+                Box::new(std::iter::empty()),
+            ]
+        } else {
+            [
+                Box::new((lo.to_bits()..=hi.to_bits()).step_by(97)),
+                Box::new(std::iter::empty()),
+            ]
+        };
+        for bits in halves.into_iter().flatten() {
+            let x = f32::from_bits(bits);
+            let want = (x as f64).exp() as f32;
+            let d = ulps(exp_f32(x), want);
+            if d > worst.0 {
+                worst = (d, x);
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn exp_is_within_one_ulp_of_the_correctly_rounded_value() {
+        let (d, x) = worst_exp_ulps(-87.3, 88.722_83);
+        assert!(d <= 1, "{d} ulp at {x}");
+    }
+
+    #[test]
+    fn exp_is_within_one_ulp_where_it_is_subnormal() {
+        let (d, x) = worst_exp_ulps(-103.97, -87.34);
+        assert!(d <= 1, "{d} ulp at {x}");
+    }
+
+    #[test]
+    fn exp_edges() {
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(-0.0), 1.0);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-104.0), 0.0);
+        assert_eq!(exp_f32(-1e30), 0.0);
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_f32(88.7229), f32::INFINITY);
+        assert_eq!(exp_f32(1e30), f32::INFINITY);
+        // the largest f32 whose e^x is finite
+        assert!(exp_f32(88.722_83).is_finite());
+        assert_eq!(exp_f32(88.722_83), (88.722_83f32 as f64).exp() as f32);
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert_eq!(exp_f32(-103.9), (-103.9f32 as f64).exp() as f32);
+        assert!(exp_f32(-103.9) > 0.0);
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident, $erf:path, $tanh:path, $next:path, $vec:ident) => {
+    ($t:ty, $variant:ident, $exp:path, $erf:path, $tanh:path, $next:path, $vec:ident) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -65,7 +65,7 @@ macro_rules! real {
             }
             #[inline(always)]
             fn exp(self) -> Self {
-                <$t>::exp(self)
+                $exp(self)
             }
             #[inline(always)]
             fn ln(self) -> Self {
@@ -155,9 +155,18 @@ macro_rules! real {
 real!(
     f32,
     F32,
+    super::fast_math::exp_f32,
     libm::erff,
     super::fast_math::tanh_f32,
     libm::nextafterf,
     to_f32_vec
 );
-real!(f64, F64, libm::erf, f64::tanh, libm::nextafter, to_f64_vec);
+real!(
+    f64,
+    F64,
+    f64::exp,
+    libm::erf,
+    f64::tanh,
+    libm::nextafter,
+    to_f64_vec
+);

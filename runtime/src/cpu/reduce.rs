@@ -180,6 +180,18 @@ fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
     let inner: usize = shape.get(dim + 1..).map_or(1, |s| s.iter().product());
     let outer = x.numel() / (len * inner).max(1);
     let mut out = crate::cpu::buffer_pool::filled(v.len(), T::ZERO);
+    if inner == 1 && len > 0 {
+        crate::cpu::simd::vectorized(
+            #[inline(always)]
+            || {
+                for (row, dst) in v.chunks_exact(len).zip(out.chunks_exact_mut(len)) {
+                    softmax_row(row, dst, log);
+                }
+            },
+        );
+        crate::cpu::buffer_pool::give_cow(v);
+        return Tensor::new(shape.to_vec(), T::storage(out));
+    }
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| o * len * inner + j * inner + i;
@@ -208,6 +220,55 @@ fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
     }
     crate::cpu::buffer_pool::give_cow(v);
     Tensor::new(shape.to_vec(), T::storage(out))
+}
+
+/// Lanes of the partial maxima and sums of [`softmax_row`]: a row's loops run as vector
+/// code, in the same order on every thread count.
+const SOFTMAX_LANES: usize = 8;
+
+/// Softmax (or log-softmax) of one contiguous row into `dst`: the maximum (over the values
+/// that are not NaN: a NaN makes its row NaN through the sum), each exponential once, kept in
+/// `dst` until the sum is known, the sum in [`SOFTMAX_LANES`] partial sums.
+#[inline(always)]
+fn softmax_row<T: Real>(row: &[T], dst: &mut [T], log: bool) {
+    let mut maxes = [T::of(f64::NEG_INFINITY); SOFTMAX_LANES];
+    let mut chunks = row.chunks_exact(SOFTMAX_LANES);
+    for c in &mut chunks {
+        for (m, &x) in maxes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    for (m, &x) in maxes.iter_mut().zip(chunks.remainder()) {
+        *m = if x > *m { x } else { *m };
+    }
+    let max = maxes
+        .iter()
+        .fold(T::of(f64::NEG_INFINITY), |a, &b| if b > a { b } else { a });
+    for (d, &x) in dst.iter_mut().zip(row) {
+        *d = (x - max).exp();
+    }
+    let mut sums = [T::ZERO; SOFTMAX_LANES];
+    let mut chunks = dst.chunks_exact(SOFTMAX_LANES);
+    for c in &mut chunks {
+        for (s, &e) in sums.iter_mut().zip(c) {
+            *s = *s + e;
+        }
+    }
+    for (s, &e) in sums.iter_mut().zip(chunks.remainder()) {
+        *s = *s + e;
+    }
+    let sum =
+        ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+    if log {
+        let lse = sum.ln();
+        for (d, &x) in dst.iter_mut().zip(row) {
+            *d = (x - max) - lse;
+        }
+    } else {
+        for d in dst.iter_mut() {
+            *d = *d / sum;
+        }
+    }
 }
 
 /// Softmax or log-softmax along `dim`, max-subtracted for stability.
