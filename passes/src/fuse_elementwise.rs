@@ -2,11 +2,12 @@
 //! (`tracepass.fusion`, see [`tracepass_ir::region`]), which a backend runs as one loop over
 //! its inputs (the CPU) or one kernel (CUDA), with no tensor for the values in between.
 //!
-//! A region is a tree of fusable nodes rooted at its output: every other member's one output
-//! is read by exactly one node, a member of the same region, and is not returned by the trace.
-//! So no value a region computes is needed outside it, and the region can sit where its root
-//! was (every member comes before the root, and so does everything the members read). A
-//! region has at least two members. What is fusable: the elementwise arithmetic and math ops
+//! A region is a DAG of fusable nodes with one output, its root: every other member's one
+//! output is read only by members of the same region (one or several: `x * x`, or GELU's
+//! backward reading `x` in three places), and is not returned by the trace. So no value a
+//! region computes is needed outside it, and the region can sit where its root was (every
+//! member comes before the root, and so does everything the members read). A region has at
+//! least two members. What is fusable: the elementwise arithmetic and math ops
 //! listed in [`FUSABLE`] (true division only: a rounding mode is not fused) and the broadcasts
 //! `expand` and `unsqueeze`, each with one tensor output. A division read by a `dist.*` op
 //! (DDP's pre-averaging, which the runtime folds into the bucket copy, and which the trainer
@@ -72,7 +73,18 @@ fn fusable(t: &Trace, n: &Node) -> bool {
 
 /// Groups the trace's fusable chains into regions; returns what it did.
 pub fn fuse_elementwise(t: &mut Trace) -> Result<FusionStats, RewriteError> {
-    let returned: HashSet<ValueId> = t.returned_values().into_iter().collect();
+    fuse_elementwise_keeping(t, &[])
+}
+
+/// [`fuse_elementwise`], keeping `kept` as values of their own (a runner reads them after
+/// the trace ends, as the trainer reads a forward's buffer updates) besides what the trace
+/// returns.
+pub fn fuse_elementwise_keeping(
+    t: &mut Trace,
+    kept: &[ValueId],
+) -> Result<FusionStats, RewriteError> {
+    let mut keep: HashSet<ValueId> = t.returned_values().into_iter().collect();
+    keep.extend(kept.iter().copied());
     let schedule: Vec<NodeIndex> = t.schedule().to_vec();
     // regions as their members, root first, in reverse schedule order
     let mut groups: Vec<Vec<NodeIndex>> = Vec::new();
@@ -91,8 +103,11 @@ pub fn fuse_elementwise(t: &mut Trace) -> Result<FusionStats, RewriteError> {
         if read_by_dist {
             continue;
         }
-        let joins = match users.as_slice() {
-            [one] if !returned.contains(&out) => group_of.get(one).copied(),
+        // every reader is a member of one region (the readers come later in the schedule, so
+        // their regions are known): the value joins it and is never made as a tensor
+        let mut user_groups = users.iter().map(|u| group_of.get(u).copied());
+        let joins = match user_groups.next() {
+            Some(Some(g)) if !keep.contains(&out) && user_groups.all(|h| h == Some(g)) => Some(g),
             _ => None,
         };
         let g = joins.unwrap_or_else(|| {

@@ -129,7 +129,9 @@ pub use ddp_plan::{
     plan_ddp, plan_ddp_text, BucketPlan, DdpPlan, GradientPlan, PlanError, PlanParam,
 };
 pub use fsdp::{Fsdp, FsdpOptions, Sharding};
-pub use fuse_elementwise::{fuse_elementwise, FuseElementwise, FusionStats};
+pub use fuse_elementwise::{
+    fuse_elementwise, fuse_elementwise_keeping, FuseElementwise, FusionStats,
+};
 pub use instrument::{
     dump_program, IrPrinter, PassInstrumentation, ReproducerError, ReproducerWriter,
 };

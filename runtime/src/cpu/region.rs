@@ -28,7 +28,7 @@ enum Source<'a> {
 
 /// Runs `f` on `inputs` (f32 tensors or numbers), giving the output tensor.
 pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, String> {
-    let sources: Vec<Source> = inputs
+    let sources: smallvec::SmallVec<[Source; 8]> = inputs
         .iter()
         .map(|i| match i {
             Input::Tensor(t) => {

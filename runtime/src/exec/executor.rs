@@ -357,7 +357,9 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     }
                 }
                 InstrKind::Region(region) => {
-                    let mut args: Vec<Input<'_, B::Tensor>> = Vec::with_capacity(ins.inputs.len());
+                    // on the stack for a usual region (no heap allocation per call)
+                    let mut args: smallvec::SmallVec<[Input<'_, B::Tensor>; 8]> =
+                        smallvec::SmallVec::with_capacity(ins.inputs.len());
                     for &s in &ins.inputs {
                         args.push(match &self.slots[s] {
                             RValue::Tensor(t) => Input::Tensor(t),
@@ -373,6 +375,7 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     let out = backend
                         .run_region(region, &args)
                         .map_err(|e| Failure::Node(i, e.0))?;
+                    drop(args);
                     self.slots[ins.outputs[0]] = RValue::Tensor(out);
                 }
                 InstrKind::UnpackSequence => {

@@ -181,12 +181,15 @@ fn executor_allocations(
 /// counted apart (they are its own, freed when the call returns).
 #[test]
 fn a_steady_state_step_allocates_no_tensor_storage() {
-    for passes in [None, Some("fuse-elementwise")] {
-        steady_state(passes);
-    }
+    let unfused = steady_state(None);
+    // a region is one instruction for several, so fusing makes fewer allocations in all,
+    // though more per instruction than the unfused plan's few
+    let fused = steady_state(Some("fuse-elementwise"));
+    assert!(fused < unfused, "{fused} fused, {unfused} unfused");
 }
 
-fn steady_state(passes: Option<&str>) {
+/// Checks a steady nanoGPT step under `passes`; gives its own allocations per step.
+fn steady_state(passes: Option<&str>) -> u64 {
     let (steps, misses, instrs) = executor_allocations("nanogpt", passes, 4);
     // every tensor buffer a kernel asks for after the first step comes from the pool
     assert!(misses[0] > 0, "{misses:?}");
@@ -196,17 +199,19 @@ fn steady_state(passes: Option<&str>) {
     for s in &steps[2..] {
         // no growth: the same allocations every steady step
         assert_eq!(s, &steps[2], "{steps:?}");
-        // no tensor storage: what is left is a fraction of the first step's bytes, in
-        // allocations no larger than a list of the plan's values
-        assert!(3 * s.bytes < first.bytes, "{steps:?}");
+        // no tensor storage: what is left is under half the first step's bytes (a third
+        // unfused; fused, the first step makes fewer tensors), in allocations no larger than a
+        // list of the plan's values
+        assert!(2 * s.bytes < first.bytes, "{steps:?}");
         assert!(s.largest <= 8 << 10, "{steps:?}");
-        // a bounded few per instruction (about 5 on this model)
+        // a bounded few per instruction (about 5 unfused, 7 fused on this model)
         assert!(
-            own(s) <= 6 * instrs as u64,
+            own(s) <= 8 * instrs as u64,
             "{steps:?}, {instrs} instructions"
         );
         assert!(own(s) < own(&first), "{steps:?}");
     }
+    own(&steps[2])
 }
 
 /// Every tensor buffer comes from the pool after the first step on models whose kernels copy

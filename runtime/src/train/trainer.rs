@@ -306,6 +306,31 @@ fn rewrite(program: &Program, specs: &[PassSpec]) -> Result<Program, TrainError>
     Ok(p)
 }
 
+/// The forward the trainer runs: as exported, or with its elementwise chains fused when the
+/// pipeline fuses them (`fuse-elementwise`, unanchored or `forward(...)`; the pipeline itself
+/// rewrites the backward). Every value the trainer reads after the forward (`results`: the
+/// output, the buffers' new values, the saved tensors) stays a value of its own.
+fn forward_to_run(
+    p: &Program,
+    cfg: &TrainConfig,
+    results: &[Option<ValueId>],
+) -> Result<Trace, TrainError> {
+    let mut forward = p.forward.clone();
+    let fuses = |s: &PassSpec| {
+        s.name == "fuse-elementwise" && s.anchor != Some(tracepass_passes::Anchor::Backward)
+    };
+    if let Some(specs) = cfg.passes.as_deref().filter(|s| s.iter().any(fuses)) {
+        let kept: Vec<ValueId> = results.iter().flatten().copied().collect();
+        tracepass_passes::fuse_elementwise_keeping(&mut forward, &kept).map_err(|e| {
+            TrainError::Pipeline {
+                pipeline: print_pipeline(specs),
+                source: Box::new(PassError::rewrite("fuse-elementwise (forward)", e)),
+            }
+        })?;
+    }
+    Ok(forward)
+}
+
 /// The three backward variants a run may need, compiled.
 pub(crate) struct Plans {
     pub(crate) forward: Plan,
@@ -456,7 +481,7 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
     let mut fwd_results = vec![Some(model.output)];
     fwd_results.extend(model.buffer_updates.iter().map(|u| Some(u.value)));
     ret.for_each_value(&mut |v| fwd_results.push(Some(v)));
-    let forward = Plan::compile(&p.forward, &fwd_results)?;
+    let forward = Plan::compile(&forward_to_run(p, cfg, &fwd_results)?, &fwd_results)?;
     let already = synchronizes(&p.backward);
     let ws = cfg.world_size;
     let ddp: Vec<PassSpec> = vec![
@@ -1349,6 +1374,36 @@ mod tests {
         // the count is still part of what the ranks compare
         assert_ne!(few, many);
         assert!(many[0].contains("1000001 micro-steps"), "{}", many[0]);
+    }
+
+    /// `fuse-elementwise` in the pipeline fuses the forward the trainer runs too (not under
+    /// `backward(...)`), and the values read after the forward stay values: the plan compiles.
+    #[test]
+    fn a_fusing_pipeline_fuses_the_forward_it_runs() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/nanogpt");
+        let model = Model::load(&ModelSource::Export(dir)).expect("nanogpt");
+        let regions = |passes: Option<&str>| {
+            let cfg = TrainConfig {
+                world_size: 1,
+                passes: passes.map(|p| tracepass_passes::parse_pipeline(p).expect("pipeline")),
+                ..TrainConfig::default()
+            };
+            let plans = build_plans(&model, &cfg).expect("plans");
+            let count = |plan: &Plan| {
+                plan.instrs
+                    .iter()
+                    .filter(|i| matches!(i.kind, crate::exec::plan::InstrKind::Region(_)))
+                    .count()
+            };
+            (count(&plans.forward), count(&plans.sync))
+        };
+        let (fwd, bwd) = regions(Some("fuse-elementwise"));
+        assert!(fwd > 0 && bwd > 0, "{fwd} forward, {bwd} backward regions");
+        assert_eq!(regions(Some("forward(fuse-elementwise)")).0, fwd);
+        let (fwd_b, bwd_b) = regions(Some("backward(fuse-elementwise)"));
+        assert_eq!((fwd_b, bwd_b), (0, bwd));
+        assert_eq!(regions(None), (0, 0));
     }
 
     /// The pre-check counts a sharded rank's share: a run at 4 ranks that fits only when
