@@ -268,8 +268,10 @@ impl Backend for CpuBackend {
     }
 
     fn run(&self, kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, KernelError> {
+        // a composite is no view kernel: its result is a buffer of its own, as the memory
+        // plan counts it (its last step may be a reshape that gives a view)
         if let Some(r) = crate::exec::composite::run(self, kernel, inputs) {
-            return r;
+            return r.map(|t| t.contiguous());
         }
         let r = match kernel {
             Kernel::Unary(op) => elementwise::unary(*op, tensor(inputs, 0)?),
@@ -327,7 +329,7 @@ impl Backend for CpuBackend {
         inputs: &[Input<'_, Tensor>],
     ) -> Result<Vec<Tensor>, KernelError> {
         if let Some(r) = crate::exec::composite::run_multi(self, kernel, inputs) {
-            return r;
+            return r.map(|ts| ts.into_iter().map(|t| t.contiguous()).collect());
         }
         let r = match kernel {
             Kernel::MaxPool2d {

@@ -114,7 +114,7 @@ pub fn is_view(k: &Kernel) -> bool {
 
 /// The strides of the view `k` gives of a tensor of shape `from` and `strides` as `to`
 /// (the output's shape), as the CPU tensors make it; `None` when `k` writes a buffer of its
-/// own (not a view kernel, or a reshape of a strided tensor, which copies).
+/// own (not a view kernel, or a reshape of a strided tensor that no view gives, which copies).
 fn view_layout(
     k: &Kernel,
     from: &[usize],
@@ -146,8 +146,13 @@ fn view_layout(
         // `copy_` gives its source itself when nothing is to expand, convert or gather
         Kernel::Copy => (from == to && dtype == out_dtype && contiguous(from, strides))
             .then(|| strides.to_vec()),
+        // as `Tensor::reshape`: a view where the strides allow one
         Kernel::Reshape(_) => {
-            contiguous(from, strides).then(|| crate::tensor::contiguous_strides(to))
+            if contiguous(from, strides) {
+                Some(crate::tensor::contiguous_strides(to))
+            } else {
+                crate::tensor::reshape_view_strides(from, strides, to)
+            }
         }
         Kernel::Permute(perm) => perm.iter().map(|&p| strides.get(p).copied()).collect(),
         Kernel::Expand(shape) => crate::cpu::layout::expand_dims(from, strides, shape)
@@ -211,7 +216,7 @@ impl MemoryPlan {
                 .map(|(d, sh)| (*d, sh.iter().product::<usize>()))
         };
         // each slot's strides, as the CPU tensors' views give them: a reshape of a strided
-        // view copies into a buffer of its own
+        // view that no view gives copies into a buffer of its own
         let mut strides: Vec<Option<Vec<isize>>> = vec![None; plan.slots];
         let mut mp = MemoryPlan {
             buffer_of: vec![None; plan.slots],

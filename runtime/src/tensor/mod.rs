@@ -229,6 +229,45 @@ pub struct Tensor {
     data: Arc<Storage>,
 }
 
+/// The strides of `new` as a view of a tensor of shape `old` and strides `strides`, or `None`
+/// when no view has that shape (PyTorch's `computeStride`): walking the old dimensions from
+/// the last, each run of dimensions that are contiguous with each other (a chunk) must be
+/// split exactly into new dimensions.
+/// The memory plan asks the same question, so that it knows which reshapes copy.
+pub(crate) fn reshape_view_strides(
+    old: &[usize],
+    strides: &[isize],
+    new: &[usize],
+) -> Option<Vec<isize>> {
+    if old.contains(&0) || old.is_empty() {
+        return None;
+    }
+    let mut out = vec![0isize; new.len()];
+    let mut view_d = new.len() as isize - 1;
+    let mut chunk_base = *strides.last()?;
+    let (mut tensor_numel, mut view_numel) = (1isize, 1isize);
+    for d in (0..old.len()).rev() {
+        tensor_numel *= old[d] as isize;
+        let chunk_ends = d == 0 || (old[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base);
+        if chunk_ends {
+            while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
+                out[view_d as usize] = view_numel * chunk_base;
+                view_numel *= new[view_d as usize] as isize;
+                view_d -= 1;
+            }
+            if view_numel != tensor_numel {
+                return None;
+            }
+            if d > 0 {
+                chunk_base = strides[d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    (view_d == -1).then_some(out)
+}
+
 /// Row-major strides of a shape.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![0isize; shape.len()];
@@ -358,7 +397,11 @@ impl Tensor {
         }
         true
     }
-    /// The same elements with another shape. Contiguous tensors share storage; others are copied.
+    /// The same elements with another shape: a view sharing the storage where the strides
+    /// allow one (as `torch.reshape`: always for a contiguous tensor, and for a strided one
+    /// when the new dimensions split or merge only runs of dimensions that are contiguous
+    /// with each other, e.g. inserting or dropping a size-1 dimension of a permuted
+    /// weight); otherwise a contiguous copy.
     pub fn reshape(&self, shape: Vec<usize>) -> Result<Tensor, String> {
         let n: usize = shape.iter().product();
         if n != self.numel() {
@@ -367,6 +410,16 @@ impl Tensor {
                 self.shape,
                 self.numel()
             ));
+        }
+        if !self.is_contiguous() {
+            if let Some(strides) = reshape_view_strides(&self.shape, &self.strides, &shape) {
+                return Ok(Tensor {
+                    shape,
+                    strides,
+                    offset: self.offset,
+                    data: self.data.clone(),
+                });
+            }
         }
         let base = self.contiguous();
         Ok(Tensor {
@@ -700,6 +753,58 @@ mod tests {
         );
         assert!(t.permute(&[0, 0]).is_err());
         assert!(t.reshape(vec![4]).is_err());
+    }
+
+    /// A strided tensor reshapes to a view where PyTorch's would be one (the permuted
+    /// weight of Thunder's convolution backward gaining and losing a size-1 dimension), to a
+    /// copy where not, and always to the elements of the contiguous tensor's reshape.
+    #[test]
+    fn reshape_of_a_strided_tensor_is_a_view_where_the_strides_allow() {
+        let w = Tensor::from_f32(vec![4, 3, 2, 2], (0..48).map(|x| x as f32).collect());
+        let shares = |a: &Tensor, b: &Tensor| Arc::ptr_eq(&a.data, &b.data);
+        let p = w.permute(&[1, 0, 2, 3]).expect("perm");
+        let v = p.reshape(vec![3, 1, 4, 2, 2]).expect("reshape");
+        assert!(shares(&v, &w));
+        let back = v
+            .permute(&[1, 0, 2, 3, 4])
+            .and_then(|x| x.reshape(vec![3, 4, 2, 2]))
+            .expect("reshape");
+        assert!(shares(&back, &w));
+        assert_eq!(back.to_f32_vec(), p.to_f32_vec());
+        // merging the trailing 2x2 of the permuted tensor is a view too; merging across the
+        // permuted dimensions is not
+        assert!(shares(&p.reshape(vec![3, 4, 4]).expect("reshape"), &w));
+        let c = p.reshape(vec![12, 4]).expect("reshape");
+        assert!(!shares(&c, &w));
+        // every reshape of every permutation of a [2, 3, 4] tensor: the contiguous elements
+        let t = Tensor::from_f32(vec![2, 3, 4], (0..24).map(|x| x as f32).collect());
+        let perms = [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ];
+        let shapes: [&[usize]; 8] = [
+            &[24],
+            &[2, 12],
+            &[6, 4],
+            &[4, 6],
+            &[3, 2, 4],
+            &[1, 24, 1],
+            &[2, 1, 3, 1, 4],
+            &[4, 3, 2],
+        ];
+        for perm in perms {
+            let p = t.permute(&perm).expect("perm");
+            for shape in shapes {
+                let got = p.reshape(shape.to_vec()).expect("reshape");
+                let want = p.contiguous().reshape(shape.to_vec()).expect("reshape");
+                assert_eq!(got.shape(), shape);
+                assert_eq!(got.to_f32_vec(), want.to_f32_vec(), "{perm:?} -> {shape:?}");
+            }
+        }
     }
 
     #[test]
