@@ -525,6 +525,8 @@ impl Tensor {
             match inner_stride {
                 1 => out.extend_from_slice(&v[p..p + inner]),
                 0 => out.extend(std::iter::repeat_n(v[p], inner)),
+                // a flipped run (`torch.flip` of the last dimensions)
+                -1 => out.extend(v[p + 1 - inner..=p].iter().rev()),
                 s => out.extend((0..inner).map(|j| v[(pos + j as isize * s) as usize])),
             }
         }
