@@ -117,9 +117,12 @@ impl Optimizer {
     }
 
     /// Updates `params` in place with `grads` (`None`: a frozen parameter, left as it is).
+    /// Every gradient is checked before any parameter changes; the update itself runs in
+    /// chunks shared among the rank's threads (each element is updated the same way, so the
+    /// result does not depend on the thread count).
     pub fn step(&mut self, params: &mut [Tensor], grads: &[Option<Tensor>]) -> Result<(), String> {
-        self.step += 1;
-        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+        use rayon::prelude::*;
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let Some(g) = g else { continue };
             if self.is_stateless(i) {
                 return Err(format!(
@@ -133,73 +136,252 @@ impl Optimizer {
                     p.shape()
                 ));
             }
-            // a strided gradient (a permuted weight's, when no bucket made it contiguous) is
-            // gathered into a pooled buffer, given back below
-            let gv: std::borrow::Cow<'_, [f32]> = match g.elems::<f32>() {
-                Some(v) => v,
-                None => std::borrow::Cow::Owned(g.to_f32_vec()),
-            };
-            // f32 parameters are updated in place; others through an f32 copy
-            let mut converted = if p.dtype() == tracepass_ir::DType::F32 {
-                None
-            } else {
-                Some(Tensor::from_f32(p.shape().to_vec(), p.to_f32_vec()))
-            };
-            let target = match converted.as_mut() {
-                Some(c) => c,
-                None => &mut *p,
-            };
-            let pv = target.f32_mut().ok_or("parameter is not f32")?;
-            match self.kind {
-                OptimizerKind::Sgd { lr } => {
-                    let lr = lr as f32;
-                    for (x, d) in pv.iter_mut().zip(gv.iter()) {
-                        *x -= lr * d;
-                    }
-                }
-                OptimizerKind::AdamW {
-                    lr,
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                } => {
-                    let decay = (1.0 - lr * weight_decay) as f32;
-                    let w = (1.0 - beta1) as f32;
-                    let b2 = beta2 as f32;
-                    let one_minus_b2 = (1.0 - beta2) as f32;
-                    let bc1 = 1.0 - beta1.powi(self.step as i32);
-                    let bc2 = 1.0 - beta2.powi(self.step as i32);
-                    let step_size = (lr / bc1) as f32;
-                    let bc2_sqrt = bc2.sqrt() as f32;
-                    let eps = eps as f32;
-                    let (m, v) = (&mut self.exp_avg[i], &mut self.exp_avg_sq[i]);
-                    // compiled for this CPU's vector unit; the same bits as a scalar loop
-                    crate::cpu::simd::vectorized(
-                        #[inline(always)]
-                        || {
-                            for (((x, &gk), mk), vk) in pv
-                                .iter_mut()
-                                .zip(gv.iter())
-                                .zip(m.iter_mut())
-                                .zip(v.iter_mut())
-                            {
-                                *x *= decay;
-                                // lerp(m, g, w) with w < 0.5: m + w * (g - m)
-                                *mk += w * (gk - *mk);
-                                *vk = *vk * b2 + one_minus_b2 * gk * gk;
-                                let denom = vk.sqrt() / bc2_sqrt + eps;
-                                *x += -step_size * (*mk / denom);
-                            }
-                        },
-                    );
-                }
+            let moments = [&self.exp_avg, &self.exp_avg_sq].map(|s| s.get(i).map(Vec::len));
+            if matches!(self.kind, OptimizerKind::AdamW { .. }) && moments != [Some(p.numel()); 2] {
+                return Err(format!(
+                    "parameter {i}: optimizer moments of {moments:?} elements for a parameter of {}",
+                    p.numel()
+                ));
             }
-            crate::cpu::buffer_pool::give_cow(gv);
-            if let Some(c) = converted {
+        }
+        self.step += 1;
+        let rule = Rule::of(self.kind, self.step);
+        // a strided gradient (a permuted weight's, when no bucket made it contiguous) is
+        // gathered into a pooled buffer, given back below
+        let gvs: Vec<Option<std::borrow::Cow<'_, [f32]>>> = grads
+            .iter()
+            .map(|g| {
+                g.as_ref().map(|g| match g.elems::<f32>() {
+                    Some(v) => v,
+                    None => std::borrow::Cow::Owned(g.to_f32_vec()),
+                })
+            })
+            .collect();
+        // f32 parameters are updated in place; others through an f32 copy
+        let mut converted: Vec<Option<Tensor>> = params
+            .iter()
+            .zip(&gvs)
+            .map(|(p, g)| {
+                (g.is_some() && p.dtype() != tracepass_ir::DType::F32)
+                    .then(|| Tensor::from_f32(p.shape().to_vec(), p.to_f32_vec()))
+            })
+            .collect();
+        let mut work: Vec<Chunk<'_>> = Vec::new();
+        for ((((p, c), g), m), v) in params
+            .iter_mut()
+            .zip(converted.iter_mut())
+            .zip(&gvs)
+            .zip(self.exp_avg.iter_mut())
+            .zip(self.exp_avg_sq.iter_mut())
+        {
+            let Some(g) = g else { continue };
+            let target = match c.as_mut() {
+                Some(c) => c,
+                None => p,
+            };
+            let x = target.f32_mut().ok_or("parameter is not f32")?;
+            let moments = rule.moments();
+            let (m, v) = if moments {
+                (&mut m[..], &mut v[..])
+            } else {
+                (&mut [][..], &mut [][..])
+            };
+            let mut ms = m.chunks_mut(UPDATE_CHUNK);
+            let mut vs = v.chunks_mut(UPDATE_CHUNK);
+            for (x, g) in x.chunks_mut(UPDATE_CHUNK).zip(g.chunks(UPDATE_CHUNK)) {
+                let (m, v) = if moments {
+                    (ms.next().unwrap_or_default(), vs.next().unwrap_or_default())
+                } else {
+                    (&mut [][..], &mut [][..])
+                };
+                work.push(Chunk { x, g, m, v });
+            }
+        }
+        work.into_par_iter().for_each(|c| rule.apply(c));
+        for (p, c) in params.iter_mut().zip(converted) {
+            if let Some(c) = c {
                 *p = c.to_dtype(p.dtype()).ok_or("unsupported parameter dtype")?;
             }
         }
+        gvs.into_iter()
+            .flatten()
+            .for_each(crate::cpu::buffer_pool::give_cow);
         Ok(())
+    }
+}
+
+/// Elements per piece of work of an update.
+const UPDATE_CHUNK: usize = 1 << 15;
+
+/// A piece of one parameter's update: its elements, gradient and moments (empty for SGD).
+struct Chunk<'a> {
+    x: &'a mut [f32],
+    g: &'a [f32],
+    m: &'a mut [f32],
+    v: &'a mut [f32],
+}
+
+/// One step's update rule with its constants worked out.
+#[derive(Clone, Copy)]
+enum Rule {
+    Sgd {
+        lr: f32,
+    },
+    AdamW {
+        decay: f32,
+        w: f32,
+        b2: f32,
+        one_minus_b2: f32,
+        step_size: f32,
+        bc2_sqrt: f32,
+        eps: f32,
+    },
+}
+
+impl Rule {
+    fn of(kind: OptimizerKind, step: u64) -> Rule {
+        match kind {
+            OptimizerKind::Sgd { lr } => Rule::Sgd { lr: lr as f32 },
+            OptimizerKind::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                let bc1 = 1.0 - beta1.powi(step as i32);
+                let bc2 = 1.0 - beta2.powi(step as i32);
+                Rule::AdamW {
+                    decay: (1.0 - lr * weight_decay) as f32,
+                    w: (1.0 - beta1) as f32,
+                    b2: beta2 as f32,
+                    one_minus_b2: (1.0 - beta2) as f32,
+                    step_size: (lr / bc1) as f32,
+                    bc2_sqrt: bc2.sqrt() as f32,
+                    eps: eps as f32,
+                }
+            }
+        }
+    }
+
+    fn moments(&self) -> bool {
+        matches!(self, Rule::AdamW { .. })
+    }
+
+    fn apply(self, c: Chunk<'_>) {
+        match self {
+            Rule::Sgd { lr } => {
+                for (x, d) in c.x.iter_mut().zip(c.g) {
+                    *x -= lr * d;
+                }
+            }
+            Rule::AdamW {
+                decay,
+                w,
+                b2,
+                one_minus_b2,
+                step_size,
+                bc2_sqrt,
+                eps,
+            } => {
+                let Chunk { x, g, m, v } = c;
+                // compiled for this CPU's vector unit; the same bits as a scalar loop
+                crate::cpu::simd::vectorized(
+                    #[inline(always)]
+                    || {
+                        for (((x, &gk), mk), vk) in x
+                            .iter_mut()
+                            .zip(g.iter())
+                            .zip(m.iter_mut())
+                            .zip(v.iter_mut())
+                        {
+                            *x *= decay;
+                            // lerp(m, g, w) with w < 0.5: m + w * (g - m)
+                            *mk += w * (gk - *mk);
+                            *vk = *vk * b2 + one_minus_b2 * gk * gk;
+                            let denom = vk.sqrt() / bc2_sqrt + eps;
+                            *x += -step_size * (*mk / denom);
+                        }
+                    },
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect()
+    }
+
+    /// Three steps of AdamW on two parameters, one of several chunks: the same bits alone
+    /// and on three threads, and the bits of PyTorch's formula written as one scalar loop.
+    #[test]
+    fn adamw_in_chunks_on_threads_is_the_scalar_update() {
+        let sizes = [3 * UPDATE_CHUNK + 17, 5];
+        let run = || {
+            let mut params: Vec<Tensor> = sizes
+                .iter()
+                .map(|&n| Tensor::from_f32(vec![n], values(n, 1)))
+                .collect();
+            let mut opt = Optimizer::new(OptimizerKind::adamw(), &params);
+            for step in 0..3u32 {
+                let grads: Vec<Option<Tensor>> = sizes
+                    .iter()
+                    .map(|&n| Some(Tensor::from_f32(vec![n], values(n, 7 + step))))
+                    .collect();
+                opt.step(&mut params, &grads).expect("a step");
+            }
+            params.iter().map(Tensor::to_f32_vec).collect::<Vec<_>>()
+        };
+        let (alone, threaded) = crate::cpu::alone_and_in_three_threads(run);
+        let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+            v.iter()
+                .map(|p| p.iter().map(|x| x.to_bits()).collect())
+                .collect()
+        };
+        assert_eq!(bits(&alone), bits(&threaded));
+        // the reference: PyTorch's single-tensor AdamW, element by element
+        let (lr, b1, b2, eps, wd) = (1e-3f64, 0.9f64, 0.999f64, 1e-8f64, 1e-2f64);
+        for (k, &n) in sizes.iter().enumerate() {
+            let mut x = values(n, 1);
+            let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+            for step in 1..=3u32 {
+                let g = values(n, 7 + step - 1);
+                let bc1 = 1.0 - b1.powi(step as i32);
+                let bc2 = 1.0 - b2.powi(step as i32);
+                for i in 0..n {
+                    x[i] *= (1.0 - lr * wd) as f32;
+                    m[i] += (1.0 - b1) as f32 * (g[i] - m[i]);
+                    v[i] = v[i] * b2 as f32 + (1.0 - b2) as f32 * g[i] * g[i];
+                    let denom = v[i].sqrt() / bc2.sqrt() as f32 + eps as f32;
+                    x[i] += -((lr / bc1) as f32) * (m[i] / denom);
+                }
+            }
+            assert_eq!(bits(&alone)[k], bits(&[x])[0], "parameter {k}");
+        }
+    }
+
+    /// A bad gradient anywhere leaves every parameter and the step count as they were.
+    #[test]
+    fn a_bad_gradient_updates_nothing() {
+        let mut params = vec![
+            Tensor::from_f32(vec![4], vec![1.0; 4]),
+            Tensor::from_f32(vec![3], vec![1.0; 3]),
+        ];
+        let mut opt = Optimizer::new(OptimizerKind::adamw(), &params);
+        let grads = vec![
+            Some(Tensor::from_f32(vec![4], vec![0.5; 4])),
+            Some(Tensor::from_f32(vec![2], vec![0.5; 2])),
+        ];
+        let e = opt.step(&mut params, &grads).expect_err("a wrong size");
+        assert!(e.contains("parameter 1"), "{e}");
+        assert_eq!(params[0].to_f32_vec(), vec![1.0; 4]);
+        assert_eq!(opt.state().0, 0);
     }
 }
