@@ -279,6 +279,48 @@ fn im2col_2d<T: Copy + Default>(
     }
 }
 
+/// Unfolds `samples` (each `cg` channels of one sample) side by side into `col`, rows of
+/// `row_len`, sample `s` at column `s * op`. With more than one thread in the rank's pool, a
+/// large matrix is filled by blocks of channels (whole rows) in parallel: a copy, so the
+/// result is the same.
+fn im2col_shared<T: Copy + Default + Send + Sync>(
+    samples: &[&[T]],
+    cg: usize,
+    g: &Geometry,
+    col: &mut [T],
+    row_len: usize,
+    op: usize,
+) {
+    use rayon::prelude::*;
+    let kp: usize = g.kernel.iter().product();
+    let sp: usize = g.spatial.iter().product();
+    let rows_per_channel = kp * row_len;
+    let threads = if rayon::current_thread_index().is_some() {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let fill = |c0: usize, block: &mut [T]| {
+        let cn = block.len() / rows_per_channel.max(1);
+        for (s, xs) in samples.iter().enumerate() {
+            im2col(&xs[c0 * sp..(c0 + cn) * sp], cn, g, block, row_len, s * op);
+        }
+    };
+    let total = cg * rows_per_channel;
+    if threads <= 1 || cg < 2 || total < PARALLEL_IM2COL || rows_per_channel == 0 {
+        fill(0, &mut col[..total]);
+        return;
+    }
+    let per_block = cg.div_ceil(threads * 2);
+    col[..total]
+        .par_chunks_mut(per_block * rows_per_channel)
+        .enumerate()
+        .for_each(|(b, block)| fill(b * per_block, block));
+}
+
+/// Unfolded matrices smaller than this are filled on one thread.
+const PARALLEL_IM2COL: usize = 1 << 16;
+
 fn conv_typed<T: Gemm + Default>(
     x: &[T],
     w: &[T],
@@ -323,7 +365,7 @@ fn conv_typed<T: Gemm + Default>(
             if pointwise {
                 gemm_rows(coutg, kc, op, ws, xs, beta, dst)?;
             } else {
-                im2col(xs, cg, g, &mut col, op, 0);
+                im2col_shared(&[xs], cg, g, &mut col, op, op);
                 gemm_rows(coutg, kc, op, ws, &col, beta, dst)?;
             }
         }
@@ -373,11 +415,10 @@ fn conv_batched<T: Gemm + Default>(
         let nb = batch.min(g.n - n0);
         let cols = nb * op;
         for grp in 0..g.groups {
-            for s in 0..nb {
-                let n = n0 + s;
-                let xs = &x[(n * g.cin + grp * cg) * sp..(n * g.cin + (grp + 1) * cg) * sp];
-                im2col(xs, cg, g, &mut col, cols, s * op);
-            }
+            let samples: Vec<&[T]> = (n0..n0 + nb)
+                .map(|n| &x[(n * g.cin + grp * cg) * sp..(n * g.cin + (grp + 1) * cg) * sp])
+                .collect();
+            im2col_shared(&samples, cg, g, &mut col, cols, op);
             let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
             gemm_rows(coutg, kc, cols, ws, &col, T::ZERO, &mut prod)?;
             for s in 0..nb {
@@ -559,26 +600,33 @@ mod tests {
 
     #[test]
     fn a_rank_with_threads_gives_the_one_thread_bits() {
-        // big enough for the product's rows to be shared out (64 rows, 144 x 512 each)
-        let x = Tensor::from_f32(
-            vec![4, 16, 16, 16],
-            data(4 * 16 * 256, 0.5).iter().map(|&v| v as f32).collect(),
-        );
-        let w = Tensor::from_f32(
-            vec![64, 16, 3, 3],
-            data(64 * 144, 1.5).iter().map(|&v| v as f32).collect(),
-        );
-        let run = || {
-            convolution(&x, &w, None, &[1], &[1], &[1], false, &[0], 1)
-                .unwrap_or_else(|e| panic!("{e}"))
-                .to_f32_vec()
-        };
-        let (one, three) = crate::cpu::alone_and_in_three_threads(run);
-        assert_eq!(one.len(), 4 * 64 * 256);
-        assert!(one
-            .iter()
-            .zip(&three)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // big enough for the product's rows to be shared out (64 rows, 144 x 512 each) and
+        // the unfolded matrix to be filled by blocks of channels: two samples side by side
+        // (16x16), and one sample a product (32x32)
+        for side in [16usize, 32] {
+            let x = Tensor::from_f32(
+                vec![4, 16, side, side],
+                data(4 * 16 * side * side, 0.5)
+                    .iter()
+                    .map(|&v| v as f32)
+                    .collect(),
+            );
+            let w = Tensor::from_f32(
+                vec![64, 16, 3, 3],
+                data(64 * 144, 1.5).iter().map(|&v| v as f32).collect(),
+            );
+            let run = || {
+                convolution(&x, &w, None, &[1], &[1], &[1], false, &[0], 1)
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .to_f32_vec()
+            };
+            let (one, three) = crate::cpu::alone_and_in_three_threads(run);
+            assert_eq!(one.len(), 4 * 64 * side * side);
+            assert!(one
+                .iter()
+                .zip(&three)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
     }
 
     #[test]
