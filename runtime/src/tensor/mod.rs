@@ -268,6 +268,55 @@ pub(crate) fn reshape_view_strides(
     (view_d == -1).then_some(out)
 }
 
+/// Moves `idx` (an index over all but the last dimension of `shape`) and its storage
+/// position `pos` to the next run, row-major.
+#[inline(always)]
+fn step_index(idx: &mut [usize], pos: &mut isize, shape: &[usize], strides: &[isize]) {
+    for d in (0..idx.len()).rev() {
+        idx[d] += 1;
+        *pos += strides[d];
+        if idx[d] < shape[d] {
+            return;
+        }
+        *pos -= strides[d] * shape[d] as isize;
+        idx[d] = 0;
+    }
+}
+
+/// Gathers smaller than this (elements) are copied on one thread.
+const PARALLEL_GATHER: usize = 1 << 16;
+
+/// Writes the elements of the view `shape`/`strides` starting at position `start` of `v` into
+/// `dst` in row-major order, a run along the last dimension at a time.
+fn gather_into<T: Copy>(v: &[T], start: isize, shape: &[usize], strides: &[isize], dst: &mut [T]) {
+    let rank = shape.len();
+    let inner = shape[rank - 1];
+    let inner_stride = strides[rank - 1];
+    let mut idx: smallvec::SmallVec<[usize; 8]> = smallvec::smallvec![0; rank - 1];
+    let mut pos = start;
+    for (k, row) in dst.chunks_exact_mut(inner.max(1)).enumerate() {
+        if k > 0 {
+            step_index(&mut idx, &mut pos, shape, strides);
+        }
+        let p = pos as usize;
+        match inner_stride {
+            1 => row.copy_from_slice(&v[p..p + inner]),
+            0 => row.fill(v[p]),
+            // a flipped run (`torch.flip` of the last dimensions)
+            -1 => {
+                for (d, &x) in row.iter_mut().zip(v[p + 1 - inner..=p].iter().rev()) {
+                    *d = x;
+                }
+            }
+            s => {
+                for (j, d) in row.iter_mut().enumerate() {
+                    *d = v[(pos + j as isize * s) as usize];
+                }
+            }
+        }
+    }
+}
+
 /// Row-major strides of a shape.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![0isize; shape.len()];
@@ -484,7 +533,10 @@ impl Tensor {
     }
     /// The elements of `v` (this tensor's storage, of any element type) in row-major order;
     /// a run along a unit-stride last dimension is copied as a block.
-    pub(crate) fn gather<T: Copy + crate::cpu::buffer_pool::Pooled>(&self, v: &[T]) -> Vec<T> {
+    pub(crate) fn gather<T: Copy + Send + Sync + crate::cpu::buffer_pool::Pooled>(
+        &self,
+        v: &[T],
+    ) -> Vec<T> {
         let n = self.numel();
         let rank = self.shape.len();
         if rank == 0 || n == 0 {
@@ -503,23 +555,36 @@ impl Tensor {
         // dims the view steps through as one are merged, so each run is as long as it can be
         let (shape, strides) = crate::cpu::strided::coalesce(&self.shape, &[&self.strides]);
         let (shape, strides) = (&shape[..], &strides[0][..]);
+        let threads = if rayon::current_thread_index().is_some() {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        if threads > 1 && n >= PARALLEL_GATHER && shape.len() >= 2 && shape[0] >= 2 {
+            out.resize(n, v[self.offset]);
+            // whole indices of the first dimension per part, each part a gather of its own
+            use rayon::prelude::*;
+            let per_index = n / shape[0];
+            let step = shape[0].div_ceil(threads * 4);
+            out.par_chunks_mut(step * per_index)
+                .enumerate()
+                .for_each(|(i, dst)| {
+                    let mut part: smallvec::SmallVec<[usize; 8]> = shape.into();
+                    part[0] = dst.len() / per_index;
+                    let start = self.offset as isize + (i * step) as isize * strides[0];
+                    gather_into(v, start, &part, strides, dst);
+                });
+            return out;
+        }
+        // on one thread, appended run by run (no pass to size the buffer first)
         let rank = shape.len();
         let inner = shape[rank - 1];
         let inner_stride = strides[rank - 1];
-        let outer = n / inner;
-        let mut idx = vec![0usize; rank - 1];
+        let mut idx: smallvec::SmallVec<[usize; 8]> = smallvec::smallvec![0; rank - 1];
         let mut pos = self.offset as isize;
-        for k in 0..outer {
+        for k in 0..n / inner {
             if k > 0 {
-                for d in (0..rank - 1).rev() {
-                    idx[d] += 1;
-                    pos += strides[d];
-                    if idx[d] < shape[d] {
-                        break;
-                    }
-                    pos -= strides[d] * shape[d] as isize;
-                    idx[d] = 0;
-                }
+                step_index(&mut idx, &mut pos, shape, strides);
             }
             let p = pos as usize;
             match inner_stride {
@@ -806,6 +871,44 @@ mod tests {
                 assert_eq!(got.shape(), shape);
                 assert_eq!(got.to_f32_vec(), want.to_f32_vec(), "{perm:?} -> {shape:?}");
             }
+        }
+    }
+
+    /// A large strided copy is shared among a pool's threads by blocks of the first
+    /// dimension: the same elements as on one thread, for a transpose, a flip and a
+    /// broadcast.
+    #[test]
+    fn a_large_gather_on_threads_gives_the_one_thread_elements() {
+        let t = Tensor::from_f32(
+            vec![96, 80, 3, 3],
+            (0..96 * 720).map(|x| x as f32).collect(),
+        );
+        let views = [
+            t.permute(&[1, 0, 2, 3]).expect("perm"),
+            // the permuted weight with its 3x3 taps reversed, as `flip` reads it
+            t.view(vec![80, 96, 3, 3], vec![9, 720, -3, -1], 8)
+                .expect("flipped view"),
+            t.view(vec![96, 4, 720], vec![720, 0, 1], 0)
+                .expect("broadcast"),
+        ];
+        for v in &views {
+            assert!(v.numel() >= PARALLEL_GATHER);
+            let run = || v.contiguous().to_f32_vec();
+            let (one, three) = crate::cpu::alone_and_in_three_threads(run);
+            let want: Vec<f32> = v
+                .positions()
+                .map(|p| t.as_f32().expect("contiguous")[p])
+                .collect();
+            let first_difference =
+                |got: &[f32]| (0..want.len()).find(|&i| got.get(i) != want.get(i));
+            assert_eq!(one.len(), want.len());
+            assert_eq!(first_difference(&one), None, "{:?} alone", v.strides());
+            assert_eq!(
+                first_difference(&three),
+                None,
+                "{:?} on threads",
+                v.strides()
+            );
         }
     }
 
