@@ -1,38 +1,28 @@
 //! Activations that are not in the unary-op table: `silu`, and those with parameters
 //! (`leaky_relu`, `elu`, `celu`, `hardtanh`).
 
+use super::elementwise::map_tensor;
 use super::real::Real;
-use super::strided::{self, Strided};
 use crate::exec::kernel::Activation;
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
 
-/// `f` of every element of `x`, in a pooled buffer, read in place when `x` is strided.
-fn map_elements<T: Real>(x: &Tensor, f: impl Fn(T) -> T + Sync) -> Tensor {
-    let v = Strided::<T>::of(x, x.shape());
-    let out = strided::map(x.shape(), &v, f);
-    v.release();
-    Tensor::new(x.shape().to_vec(), T::storage(out))
-}
-
 fn activation_typed<T: Real>(act: Activation, x: &Tensor) -> Tensor {
     let [p0, p1] = act.params().map(T::of);
     match act {
-        Activation::LeakyRelu { .. } => {
-            map_elements(x, |e: T| if e > T::ZERO { e } else { e * p0 })
-        }
+        Activation::LeakyRelu { .. } => map_tensor(x, |e: T| if e > T::ZERO { e } else { e * p0 }),
         Activation::Elu { .. } => {
-            map_elements(x, |e: T| if e <= T::ZERO { e.exp_m1() * p0 } else { e })
+            map_tensor(x, |e: T| if e <= T::ZERO { e.exp_m1() * p0 } else { e })
         }
         // PyTorch's celu is elu with input scale 1 / alpha (p1)
-        Activation::Celu { .. } => map_elements(x, |e: T| {
+        Activation::Celu { .. } => map_tensor(x, |e: T| {
             if e <= T::ZERO {
                 (e * p1).exp_m1() * p0
             } else {
                 e
             }
         }),
-        Activation::Hardtanh { .. } => map_elements(x, |e: T| {
+        Activation::Hardtanh { .. } => map_tensor(x, |e: T| {
             if e < p0 {
                 p0
             } else if e > p1 {
@@ -62,7 +52,7 @@ pub fn activation(act: Activation, x: &Tensor) -> Result<Tensor, String> {
 
 fn silu_typed<T: Real>(x: &Tensor) -> Tensor {
     // PyTorch's formula: x / (1 + exp(-x))
-    map_elements(x, |e: T| e / (T::ONE + (-e).exp()))
+    map_tensor(x, |e: T| e / (T::ONE + (-e).exp()))
 }
 
 /// `torch.nn.functional.silu(x)`: `x * sigmoid(x)`; bf16/f16 compute in f32 and round.

@@ -295,11 +295,7 @@ fn im2col_shared<T: Copy + Default + Send + Sync>(
     let kp: usize = g.kernel.iter().product();
     let sp: usize = g.spatial.iter().product();
     let rows_per_channel = kp * row_len;
-    let threads = if rayon::current_thread_index().is_some() {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
+    let threads = super::pool_threads();
     let fill = |c0: usize, block: &mut [T]| {
         let cn = block.len() / rows_per_channel.max(1);
         for (s, xs) in samples.iter().enumerate() {

@@ -107,8 +107,13 @@ macro_rules! for_unary_op {
 }
 
 fn map_typed<T: Real>(x: &Tensor, op: UnaryOp) -> Tensor {
+    for_unary_op!(op, T, f => map_tensor(x, f))
+}
+
+/// `f` of every element of `x` (read in place when strided) into a pooled buffer.
+pub(crate) fn map_tensor<T: Real>(x: &Tensor, f: impl Fn(T) -> T + Sync) -> Tensor {
     let v = Strided::<T>::of(x, x.shape());
-    let data: Vec<T> = for_unary_op!(op, T, f => strided::map(x.shape(), &v, f));
+    let data = strided::map(x.shape(), &v, f);
     v.release();
     Tensor::new(x.shape().to_vec(), T::storage(data))
 }

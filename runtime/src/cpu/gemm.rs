@@ -58,11 +58,7 @@ pub(crate) fn gemm_rows_shared<T: Gemm>(
     c: &mut [T],
 ) -> Result<(), String> {
     use rayon::prelude::*;
-    let threads = if rayon::current_thread_index().is_some() {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
+    let threads = super::pool_threads();
     if threads <= 1 || m < 32 || m * k * n < 1 << 20 || a.len() < m * k || c.len() < m * n {
         return gemm_rows(m, k, n, a, b, beta, c);
     }

@@ -58,6 +58,16 @@ pub mod kernels {
     pub use super::var_mean::var_mean;
 }
 
+/// The threads the calling rank computes with: the size of the rayon pool it runs in
+/// (`--threads-per-rank`), or 1 outside any pool.
+pub(crate) fn pool_threads() -> usize {
+    if rayon::current_thread_index().is_some() {
+        rayon::current_num_threads()
+    } else {
+        1
+    }
+}
+
 /// `run` on the calling thread, then inside a pool of 3 threads (a rank with threads), for the
 /// tests that a kernel's bits do not depend on the thread count.
 #[cfg(test)]

@@ -66,11 +66,7 @@ pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, 
     let n = f.numel();
     // the output from the buffer pool, the lanes its scratch (nothing allocated in a steady step)
     let mut out = super::buffer_pool::filled(n, 0f32);
-    let threads = if rayon::current_thread_index().is_some() {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
+    let threads = super::pool_threads();
     if threads > 1 && n >= PARALLEL_MIN {
         // whole chunks per part, so every element is computed exactly as on one thread
         let part = n.div_ceil(threads * 4).div_ceil(CHUNK) * CHUNK;

@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
 /// Outputs smaller than this are written by one thread (handing work out costs ~10 us).
-const PARALLEL_MIN: usize = 1 << 16;
+pub(crate) const PARALLEL_MIN: usize = 1 << 16;
 
 /// Per-dimension sizes and strides, inline up to 6 dims: a kernel call allocates nothing for
 /// its walk.
@@ -184,7 +184,7 @@ fn split_long_rows(
 }
 
 /// `n` outputs written row by row (in parallel row ranges when the rank has threads).
-fn fill<const K: usize, U: Pooled + Send>(
+pub(crate) fn fill<const K: usize, U: Pooled + Send>(
     shape: &[usize],
     strides: &[Dims<isize>],
     offsets: [isize; K],
@@ -193,11 +193,7 @@ fn fill<const K: usize, U: Pooled + Send>(
     let n: usize = shape.iter().product();
     let mut out = pool::take::<U>(n);
     let dst = &mut out.spare_capacity_mut()[..n];
-    let threads = if rayon::current_thread_index().is_some() {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
+    let threads = super::pool_threads();
     let parallel = threads > 1 && n >= PARALLEL_MIN;
     // a long row (a contiguous tensor is one) is cut into rows of a power of two that divides
     // it, so that it can be shared; the walk and every element stay the same

@@ -62,17 +62,6 @@ impl<B: Backend> Cx<'_, B> {
             )
         };
         let unary = |op, t: &B::Tensor| self.k(Kernel::Unary(op), &[t]);
-        let binary = |op, a: &B::Tensor, b: &B::Tensor| {
-            self.k(
-                Kernel::Binary {
-                    op,
-                    a: Side::Input(0),
-                    b: Side::Input(1),
-                    alpha: 1.0,
-                },
-                &[a, b],
-            )
-        };
         if self.b.shape(&x).contains(&0) {
             // no max of no elements: PyTorch takes log(sum(exp(x))) (-inf where empty)
             let e = unary(UnaryOp::Exp, &x)?;
@@ -96,7 +85,7 @@ impl<B: Backend> Cx<'_, B> {
             },
             &[&infinite, &max],
         )?;
-        let shifted = binary(BinaryOp::Sub, &x, &max)?;
+        let shifted = self.ew(BinaryOp::Sub, &x, &max)?;
         let e = unary(UnaryOp::Exp, &shifted)?;
         let sum = reduce(ReduceOp::Sum, keepdim, &e)?;
         let log = unary(UnaryOp::Log, &sum)?;
@@ -106,6 +95,6 @@ impl<B: Backend> Cx<'_, B> {
             let shape = self.b.shape(&log).to_vec();
             self.reshape(&max, &shape)?
         };
-        binary(BinaryOp::Add, &log, &max)
+        self.ew(BinaryOp::Add, &log, &max)
     }
 }

@@ -91,17 +91,6 @@ impl<B: Backend> Cx<'_, B> {
             }
         };
         let (x, y) = (f32_of(a)?, f32_of(b)?);
-        let bin = |op, l: &B::Tensor, r: &B::Tensor| {
-            self.k(
-                Kernel::Binary {
-                    op,
-                    a: Side::Input(0),
-                    b: Side::Input(1),
-                    alpha: 1.0,
-                },
-                &[l, r],
-            )
-        };
         let bin_s = |op, l: &B::Tensor, s: f64| {
             self.k(
                 Kernel::Binary {
@@ -141,9 +130,9 @@ impl<B: Backend> Cx<'_, B> {
         let step = |toward: f64, up: bool| -> R<B::Tensor> {
             let n = bin_s(BinaryOp::Nextafter, &ax, toward)?;
             let d = if up {
-                bin(BinaryOp::Sub, &n, &ax)?
+                self.ew(BinaryOp::Sub, &n, &ax)?
             } else {
-                bin(BinaryOp::Sub, &ax, &n)?
+                self.ew(BinaryOp::Sub, &ax, &n)?
             };
             let d = bin_s(BinaryOp::Mul, &d, scale)?;
             bin_s(BinaryOp::Maximum, &d, tiny)
@@ -153,11 +142,11 @@ impl<B: Backend> Cx<'_, B> {
         // so the smallest negative subnormal steps to -0.0; down the reverse
         let nonneg = cmp(CompareOp::Ge, &x, Side::Scalar(0.0), &[])?;
         let pos = cmp(CompareOp::Gt, &x, Side::Scalar(0.0), &[])?;
-        let grown = bin(BinaryOp::Add, &x, &away)?;
-        let shrunk = bin(BinaryOp::Sub, &ax, &inward)?;
+        let grown = self.ew(BinaryOp::Add, &x, &away)?;
+        let shrunk = self.ew(BinaryOp::Sub, &ax, &inward)?;
         let shrunk = self.k(Kernel::Unary(UnaryOp::Neg), &[&shrunk])?;
         let up = select(&nonneg, &grown, &shrunk)?;
-        let down = bin(BinaryOp::Sub, &x, &select(&pos, &inward, &away)?)?;
+        let down = self.ew(BinaryOp::Sub, &x, &select(&pos, &inward, &away)?)?;
         let above = cmp(CompareOp::Lt, &x, Side::Input(1), &[&y])?;
         let below = cmp(CompareOp::Gt, &x, Side::Input(1), &[&y])?;
         // equal operands give y (the sign of a zero y)

@@ -268,55 +268,6 @@ pub(crate) fn reshape_view_strides(
     (view_d == -1).then_some(out)
 }
 
-/// Moves `idx` (an index over all but the last dimension of `shape`) and its storage
-/// position `pos` to the next run, row-major.
-#[inline(always)]
-fn step_index(idx: &mut [usize], pos: &mut isize, shape: &[usize], strides: &[isize]) {
-    for d in (0..idx.len()).rev() {
-        idx[d] += 1;
-        *pos += strides[d];
-        if idx[d] < shape[d] {
-            return;
-        }
-        *pos -= strides[d] * shape[d] as isize;
-        idx[d] = 0;
-    }
-}
-
-/// Gathers smaller than this (elements) are copied on one thread.
-const PARALLEL_GATHER: usize = 1 << 16;
-
-/// Writes the elements of the view `shape`/`strides` starting at position `start` of `v` into
-/// `dst` in row-major order, a run along the last dimension at a time.
-fn gather_into<T: Copy>(v: &[T], start: isize, shape: &[usize], strides: &[isize], dst: &mut [T]) {
-    let rank = shape.len();
-    let inner = shape[rank - 1];
-    let inner_stride = strides[rank - 1];
-    let mut idx: smallvec::SmallVec<[usize; 8]> = smallvec::smallvec![0; rank - 1];
-    let mut pos = start;
-    for (k, row) in dst.chunks_exact_mut(inner.max(1)).enumerate() {
-        if k > 0 {
-            step_index(&mut idx, &mut pos, shape, strides);
-        }
-        let p = pos as usize;
-        match inner_stride {
-            1 => row.copy_from_slice(&v[p..p + inner]),
-            0 => row.fill(v[p]),
-            // a flipped run (`torch.flip` of the last dimensions)
-            -1 => {
-                for (d, &x) in row.iter_mut().zip(v[p + 1 - inner..=p].iter().rev()) {
-                    *d = x;
-                }
-            }
-            s => {
-                for (j, d) in row.iter_mut().enumerate() {
-                    *d = v[(pos + j as isize * s) as usize];
-                }
-            }
-        }
-    }
-}
-
 /// Row-major strides of a shape.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![0isize; shape.len()];
@@ -546,56 +497,38 @@ impl Tensor {
                 vec![v[self.offset]]
             };
         }
-        // a recycled buffer: `contiguous()` copies are kernel outputs and operands
-        let mut out = crate::cpu::buffer_pool::take(n);
         if self.is_contiguous() {
+            // a recycled buffer: `contiguous()` copies are kernel outputs and operands
+            let mut out = crate::cpu::buffer_pool::take(n);
             out.extend_from_slice(&v[self.offset..self.offset + n]);
             return out;
         }
-        // dims the view steps through as one are merged, so each run is as long as it can be
+        // dims the view steps through as one are merged, so each run is as long as it can be;
+        // the strided walk fills a recycled buffer run by run, shared among the rank's threads
+        // when it is large
         let (shape, strides) = crate::cpu::strided::coalesce(&self.shape, &[&self.strides]);
-        let (shape, strides) = (&shape[..], &strides[0][..]);
-        let threads = if rayon::current_thread_index().is_some() {
-            rayon::current_num_threads()
-        } else {
-            1
-        };
-        if threads > 1 && n >= PARALLEL_GATHER && shape.len() >= 2 && shape[0] >= 2 {
-            out.resize(n, v[self.offset]);
-            // whole indices of the first dimension per part, each part a gather of its own
-            use rayon::prelude::*;
-            let per_index = n / shape[0];
-            let step = shape[0].div_ceil(threads * 4);
-            out.par_chunks_mut(step * per_index)
-                .enumerate()
-                .for_each(|(i, dst)| {
-                    let mut part: smallvec::SmallVec<[usize; 8]> = shape.into();
-                    part[0] = dst.len() / per_index;
-                    let start = self.offset as isize + (i * step) as isize * strides[0];
-                    gather_into(v, start, &part, strides, dst);
-                });
-            return out;
-        }
-        // on one thread, appended run by run (no pass to size the buffer first)
-        let rank = shape.len();
-        let inner = shape[rank - 1];
-        let inner_stride = strides[rank - 1];
-        let mut idx: smallvec::SmallVec<[usize; 8]> = smallvec::smallvec![0; rank - 1];
-        let mut pos = self.offset as isize;
-        for k in 0..n / inner {
-            if k > 0 {
-                step_index(&mut idx, &mut pos, shape, strides);
-            }
-            let p = pos as usize;
-            match inner_stride {
-                1 => out.extend_from_slice(&v[p..p + inner]),
-                0 => out.extend(std::iter::repeat_n(v[p], inner)),
+        let step = strides[0][shape.len() - 1];
+        crate::cpu::strided::fill(&shape, &strides, [self.offset as isize], |[p], dst| {
+            let (p, m) = (p as usize, dst.len());
+            match step {
+                1 => dst.iter_mut().zip(&v[p..p + m]).for_each(|(d, &x)| {
+                    d.write(x);
+                }),
+                0 => dst.iter_mut().for_each(|d| {
+                    d.write(v[p]);
+                }),
                 // a flipped run (`torch.flip` of the last dimensions)
-                -1 => out.extend(v[p + 1 - inner..=p].iter().rev()),
-                s => out.extend((0..inner).map(|j| v[(pos + j as isize * s) as usize])),
+                -1 => dst
+                    .iter_mut()
+                    .zip(v[p + 1 - m..=p].iter().rev())
+                    .for_each(|(d, &x)| {
+                        d.write(x);
+                    }),
+                s => dst.iter_mut().enumerate().for_each(|(j, d)| {
+                    d.write(v[(p as isize + j as isize * s) as usize]);
+                }),
             }
-        }
-        out
+        })
     }
     /// The elements as a contiguous f32 slice, when they are one.
     pub fn as_f32(&self) -> Option<&[f32]> {
@@ -892,7 +825,7 @@ mod tests {
                 .expect("broadcast"),
         ];
         for v in &views {
-            assert!(v.numel() >= PARALLEL_GATHER);
+            assert!(v.numel() >= crate::cpu::strided::PARALLEL_MIN);
             let run = || v.contiguous().to_f32_vec();
             let (one, three) = crate::cpu::alone_and_in_three_threads(run);
             let want: Vec<f32> = v

@@ -180,20 +180,10 @@ impl Optimizer {
                 None => p,
             };
             let x = target.f32_mut().ok_or("parameter is not f32")?;
-            let moments = rule.moments();
-            let (m, v) = if moments {
-                (&mut m[..], &mut v[..])
-            } else {
-                (&mut [][..], &mut [][..])
-            };
-            let mut ms = m.chunks_mut(UPDATE_CHUNK);
-            let mut vs = v.chunks_mut(UPDATE_CHUNK);
+            // AdamW's moments have the parameter's length (checked above); SGD reads none
+            let (mut ms, mut vs) = (m.chunks_mut(UPDATE_CHUNK), v.chunks_mut(UPDATE_CHUNK));
             for (x, g) in x.chunks_mut(UPDATE_CHUNK).zip(g.chunks(UPDATE_CHUNK)) {
-                let (m, v) = if moments {
-                    (ms.next().unwrap_or_default(), vs.next().unwrap_or_default())
-                } else {
-                    (&mut [][..], &mut [][..])
-                };
+                let (m, v) = (ms.next().unwrap_or_default(), vs.next().unwrap_or_default());
                 work.push(Chunk { x, g, m, v });
             }
         }
@@ -213,7 +203,7 @@ impl Optimizer {
 /// Elements per piece of work of an update.
 const UPDATE_CHUNK: usize = 1 << 15;
 
-/// A piece of one parameter's update: its elements, gradient and moments (empty for SGD).
+/// A piece of one parameter's update: its elements, gradient and moments (unread by SGD).
 struct Chunk<'a> {
     x: &'a mut [f32],
     g: &'a [f32],
@@ -262,10 +252,6 @@ impl Rule {
                 }
             }
         }
-    }
-
-    fn moments(&self) -> bool {
-        matches!(self, Rule::AdamW { .. })
     }
 
     fn apply(self, c: Chunk<'_>) {

@@ -310,25 +310,26 @@ fn rewrite(program: &Program, specs: &[PassSpec]) -> Result<Program, TrainError>
 /// pipeline fuses them (`fuse-elementwise`, unanchored or `forward(...)`; the pipeline itself
 /// rewrites the backward). Every value the trainer reads after the forward (`results`: the
 /// output, the buffers' new values, the saved tensors) stays a value of its own.
-fn forward_to_run(
-    p: &Program,
+fn forward_to_run<'p>(
+    p: &'p Program,
     cfg: &TrainConfig,
     results: &[Option<ValueId>],
-) -> Result<Trace, TrainError> {
-    let mut forward = p.forward.clone();
+) -> Result<std::borrow::Cow<'p, Trace>, TrainError> {
     let fuses = |s: &PassSpec| {
         s.name == "fuse-elementwise" && s.anchor != Some(tracepass_passes::Anchor::Backward)
     };
-    if let Some(specs) = cfg.passes.as_deref().filter(|s| s.iter().any(fuses)) {
-        let kept: Vec<ValueId> = results.iter().flatten().copied().collect();
-        tracepass_passes::fuse_elementwise_keeping(&mut forward, &kept).map_err(|e| {
-            TrainError::Pipeline {
-                pipeline: print_pipeline(specs),
-                source: Box::new(PassError::rewrite("fuse-elementwise (forward)", e)),
-            }
-        })?;
-    }
-    Ok(forward)
+    let Some(specs) = cfg.passes.as_deref().filter(|s| s.iter().any(fuses)) else {
+        return Ok(std::borrow::Cow::Borrowed(&p.forward));
+    };
+    let mut forward = p.forward.clone();
+    let kept: Vec<ValueId> = results.iter().flatten().copied().collect();
+    tracepass_passes::fuse_elementwise_keeping(&mut forward, &kept).map_err(|e| {
+        TrainError::Pipeline {
+            pipeline: print_pipeline(specs),
+            source: Box::new(PassError::rewrite("fuse-elementwise (forward)", e)),
+        }
+    })?;
+    Ok(std::borrow::Cow::Owned(forward))
 }
 
 /// The three backward variants a run may need, compiled.
@@ -481,7 +482,7 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
     let mut fwd_results = vec![Some(model.output)];
     fwd_results.extend(model.buffer_updates.iter().map(|u| Some(u.value)));
     ret.for_each_value(&mut |v| fwd_results.push(Some(v)));
-    let forward = Plan::compile(&forward_to_run(p, cfg, &fwd_results)?, &fwd_results)?;
+    let forward = Plan::compile(&*forward_to_run(p, cfg, &fwd_results)?, &fwd_results)?;
     let already = synchronizes(&p.backward);
     let ws = cfg.world_size;
     let ddp: Vec<PassSpec> = vec![
