@@ -156,7 +156,7 @@ real!(
     f32,
     F32,
     super::fast_math::exp_f32,
-    libm::erff,
+    super::fast_math::erf_f32,
     super::fast_math::tanh_f32,
     libm::nextafterf,
     to_f32_vec
