@@ -5,6 +5,7 @@ use crate::canonicalize::Canonicalize;
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::ddp::{Ddp, DdpOptions, DDP};
+use crate::fold_conv_crop::FoldConvCrop;
 use crate::fsdp::{Fsdp, FsdpOptions, FSDP};
 use crate::fuse_elementwise::FuseElementwise;
 use crate::no_sync::NoSync;
@@ -65,6 +66,14 @@ pub static FUSE_ELEMENTWISE: PassDecl = PassDecl {
     options: &[],
 };
 
+/// `fold-conv-crop`: see [`mod@crate::fold_conv_crop`].
+pub static FOLD_CONV_CROP: PassDecl = PassDecl {
+    name: "fold-conv-crop",
+    help: "a convolution whose output is only cropped computes just the outputs it keeps",
+    level: PassLevel::Trace,
+    options: &[],
+};
+
 /// The built-in passes, in the order `--help` lists them.
 pub(crate) fn builtin_registry() -> PassRegistry {
     let mut r = PassRegistry::new();
@@ -83,6 +92,8 @@ pub(crate) fn builtin_registry() -> PassRegistry {
         r.register_trace_pass(&CANONICALIZE, |_| Ok(Canonicalize))
             .map(|_| ()),
         r.register_trace_pass(&FUSE_ELEMENTWISE, |_| Ok(FuseElementwise))
+            .map(|_| ()),
+        r.register_trace_pass(&FOLD_CONV_CROP, |_| Ok(FoldConvCrop))
             .map(|_| ()),
     ];
     for res in all {

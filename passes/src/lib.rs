@@ -108,6 +108,7 @@ pub mod dce;
 pub mod ddp;
 pub mod ddp_plan;
 pub mod fold;
+pub mod fold_conv_crop;
 pub mod fsdp;
 pub mod fuse_elementwise;
 pub mod instrument;
@@ -128,6 +129,7 @@ pub use ddp::{synchronizes, Average, Bucket, Ddp, DdpOptions, Launch};
 pub use ddp_plan::{
     plan_ddp, plan_ddp_text, BucketPlan, DdpPlan, GradientPlan, PlanError, PlanParam,
 };
+pub use fold_conv_crop::{fold_conv_crop, FoldConvCrop};
 pub use fsdp::{Fsdp, FsdpOptions, Sharding};
 pub use fuse_elementwise::{
     fuse_elementwise, fuse_elementwise_keeping, FuseElementwise, FusionStats,

@@ -103,6 +103,7 @@ fn help_comes_from_the_declarations() {
         "cse",
         "canonicalize",
         "fuse-elementwise",
+        "fold-conv-crop",
     ] {
         assert!(h.contains(&format!("  {name} ")), "{name} in\n{h}");
     }
@@ -120,7 +121,8 @@ fn help_comes_from_the_declarations() {
             "dce",
             "cse",
             "canonicalize",
-            "fuse-elementwise"
+            "fuse-elementwise",
+            "fold-conv-crop"
         ]
     );
     assert!(h.contains("zero3|zero2"), "{h}");

@@ -5,8 +5,9 @@
 //! exporter (`python -m tracepass.export --model NAME`) into `target/mid-exports/` (never
 //! committed: tens of MiB of weights) when missing; PyTorch is timed when the Python named by
 //! TRACEPASS_PYTHON (default `python3`) has torch and the exporter's models. Each
-//! configuration is trained twice, as exported and with `fuse-elementwise` in the pipeline
-//! (`fused st/s`); TRACEPASS_BENCH_MID_MODELS (comma-separated) limits the models.
+//! configuration is trained twice, as exported and with the optimising passes in the
+//! pipeline, `fold-conv-crop,fuse-elementwise` (`fused st/s`); TRACEPASS_BENCH_MID_MODELS
+//! (comma-separated) limits the models.
 
 use crate::alloc_count::allocations;
 use anyhow::{bail, Context, Result};
@@ -74,8 +75,10 @@ struct Ours {
 fn run_ours(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<Ours> {
     let passes = match (fused, ranks) {
         (false, _) => None,
-        (true, 1) => Some("fuse-elementwise".to_string()),
-        (true, n) => Some(format!("ddp(world_size={n}),fuse-elementwise,sort-waits")),
+        (true, 1) => Some("fold-conv-crop,fuse-elementwise".to_string()),
+        (true, n) => Some(format!(
+            "ddp(world_size={n}),fold-conv-crop,fuse-elementwise,sort-waits"
+        )),
     };
     let cfg = TrainConfig {
         model: ModelSource::Export(dir.to_path_buf()),

@@ -27,6 +27,8 @@ const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
                     exact constant folds (x*2*4 -> x*8, 2*3 -> 6)
   fuse-elementwise  group chains of elementwise ops (each intermediate read once) into
                     tracepass.fusion regions, run as one loop (CPU) or one kernel (CUDA)
+  fold-conv-crop    a convolution whose output is only cropped (Thunder's input gradient)
+                    computes just the kept outputs, with a smaller padding
 
 A reproducer (input + pipeline, replay with --reproduce) is written only when a pass fails
 internally (panics or leaves invalid IR): to --reproducer-dir, else next to -o, else the
