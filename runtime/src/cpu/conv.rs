@@ -3,7 +3,7 @@
 //! this one kernel serves both directions.
 
 use super::buffer_pool as pool;
-use super::gemm::{gemm_rows_shared as gemm_rows, Gemm};
+use super::gemm::{gemm_rows_shared as gemm_rows, gemm_rows_shared_as, BLayout, Gemm};
 use crate::tensor::Tensor;
 use tracepass_ir::DType;
 
@@ -121,6 +121,14 @@ impl Geometry {
             sp: self.spatial.iter().product(),
             kc: cg * kp,
         }
+    }
+
+    /// Whether the unfolded matrix is better built window by window ([`im2col_windows_2d`]):
+    /// two spatial dims and a kernel wider than the output, as in Thunder's weight gradient
+    /// (a 16x16 "kernel" over 3x3 outputs), where a row of the usual unfolding holds 3
+    /// elements and a window row holds 16.
+    fn unfolds_by_window(&self) -> bool {
+        self.spatial.len() == 2 && self.kernel[1] > self.out[1]
     }
 
     fn is_pointwise(&self) -> bool {
@@ -279,6 +287,62 @@ fn im2col_2d<T: Copy + Default>(
     }
 }
 
+/// The transpose of [`im2col_2d`]'s matrix for one sample (`x`, `[cg, ih, iw]`): row `p` of
+/// `col` (at `first_row`, rows `kc` long) holds output position `p`'s window, the input under
+/// every tap `(c, ky, kx)` in the weight's order (zero in the padding), so that a window's
+/// row along `kx` is one run of the input.
+fn im2col_windows_2d<T: Copy + Default>(
+    x: &[T],
+    cg: usize,
+    g: &Geometry,
+    col: &mut [T],
+    first_row: usize,
+) {
+    let (ih, iw) = (g.spatial[0], g.spatial[1]);
+    let (kh, kw) = (g.kernel[0], g.kernel[1]);
+    let (oh, ow) = (g.out[0], g.out[1]);
+    let (sh, sw) = (g.stride[0], g.stride[1]);
+    let (ph, pw) = (g.padding[0] as isize, g.padding[1] as isize);
+    let (dh, dw) = (g.dilation[0], g.dilation[1]);
+    let kc = cg * kh * kw;
+    for oy in 0..oh {
+        for ox in 0..ow {
+            let at = (first_row + oy * ow + ox) * kc;
+            let row = &mut col[at..at + kc];
+            // the taps `kx` whose input column `ox * sw + kx * dw - pw` is inside the image
+            let x0 = (ox * sw) as isize - pw;
+            let lo = if x0 >= 0 {
+                0
+            } else {
+                ((-x0) as usize).div_ceil(dw).min(kw)
+            };
+            let hi = if iw as isize - 1 - x0 < 0 {
+                0
+            } else {
+                (((iw as isize - 1 - x0) as usize) / dw + 1).min(kw)
+            };
+            for (r, dst) in row.chunks_exact_mut(kw).enumerate() {
+                let (c, ky) = (r / kh, r % kh);
+                let iy = (oy * sh + ky * dh) as isize - ph;
+                if iy < 0 || iy >= ih as isize || lo >= hi {
+                    dst.fill(T::default());
+                    continue;
+                }
+                dst[..lo].fill(T::default());
+                dst[hi..].fill(T::default());
+                let first = (c * ih + iy as usize) * iw + (x0 + (lo * dw) as isize) as usize;
+                if dw == 1 {
+                    dst[lo..hi].copy_from_slice(&x[first..first + (hi - lo)]);
+                } else {
+                    for (o, &v) in dst[lo..hi].iter_mut().zip(x[first..].iter().step_by(dw)) {
+                        *o = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Unfolds `samples` (each `cg` channels of one sample) side by side into `col`, rows of
 /// `row_len`, sample `s` at column `s * op`. With more than one thread in the rank's pool, a
 /// large matrix is filled by blocks of channels (whole rows) in parallel: a copy, so the
@@ -314,6 +378,33 @@ fn im2col_shared<T: Copy + Default + Send + Sync>(
         .for_each(|(b, block)| fill(b * per_block, block));
 }
 
+/// [`im2col_windows_2d`] for `samples` side by side (sample `s` from row `s * op`), shared
+/// among the rank's threads by samples when the matrix is large: a copy, so the result is the
+/// same.
+fn windows_shared<T: Copy + Default + Send + Sync>(
+    samples: &[&[T]],
+    cg: usize,
+    g: &Geometry,
+    col: &mut [T],
+    op: usize,
+) {
+    use rayon::prelude::*;
+    // `col` holds exactly the samples' rows
+    let per_sample = col.len() / samples.len().max(1);
+    if per_sample == 0 {
+        return;
+    }
+    if super::pool_threads() <= 1 || samples.len() < 2 || col.len() < PARALLEL_IM2COL {
+        for (s, xs) in samples.iter().enumerate() {
+            im2col_windows_2d(xs, cg, g, col, s * op);
+        }
+        return;
+    }
+    col.par_chunks_mut(per_sample)
+        .zip(samples)
+        .for_each(|(block, xs)| im2col_windows_2d(xs, cg, g, block, 0));
+}
+
 /// Unfolded matrices smaller than this are filled on one thread.
 const PARALLEL_IM2COL: usize = 1 << 16;
 
@@ -343,7 +434,7 @@ fn conv_typed<T: Gemm + Default>(
     };
     let pointwise = g.is_pointwise();
     let batch = samples_per_product(g.n, op, kc);
-    if batch > 1 {
+    if batch > 1 || g.unfolds_by_window() {
         conv_batched(x, w, bias.is_some(), g, batch, &mut out)?;
         return Ok(out);
     }
@@ -414,9 +505,15 @@ fn conv_batched<T: Gemm + Default>(
             let samples: Vec<&[T]> = (n0..n0 + nb)
                 .map(|n| &x[(n * g.cin + grp * cg) * sp..(n * g.cin + (grp + 1) * cg) * sp])
                 .collect();
-            im2col_shared(&samples, cg, g, &mut col, cols, op);
             let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
-            gemm_rows(coutg, kc, cols, ws, &col, T::ZERO, &mut prod)?;
+            if g.unfolds_by_window() {
+                windows_shared(&samples, cg, g, &mut col[..cols * kc], op);
+                let (b, cl) = (&col[..], BLayout::Columns);
+                gemm_rows_shared_as(coutg, kc, cols, ws, b, cl, T::ZERO, &mut prod)?;
+            } else {
+                im2col_shared(&samples, cg, g, &mut col, cols, op);
+                gemm_rows(coutg, kc, cols, ws, &col, T::ZERO, &mut prod)?;
+            }
             for s in 0..nb {
                 for m in 0..coutg {
                     let src = &prod[m * cols + s * op..m * cols + (s + 1) * op];
@@ -623,6 +720,29 @@ mod tests {
                 .zip(&three)
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
+        // a weight gradient as Thunder writes it, unfolded by windows (samples in parallel)
+        let x = Tensor::from_f32(
+            vec![64, 8, 18, 18],
+            data(64 * 8 * 18 * 18, 2.5)
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
+        );
+        let w = Tensor::from_f32(
+            vec![64, 8, 16, 16],
+            data(64 * 8 * 256, 3.5).iter().map(|&v| v as f32).collect(),
+        );
+        let run = || {
+            convolution(&x, &w, None, &[1], &[0], &[1], false, &[0], 1)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .to_f32_vec()
+        };
+        let (one, three) = crate::cpu::alone_and_in_three_threads(run);
+        assert_eq!(one.len(), 64 * 64 * 9);
+        assert!(one
+            .iter()
+            .zip(&three)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
     #[test]
@@ -721,6 +841,17 @@ mod tests {
                 vec![1, 1],
                 1,
                 false,
+            ),
+            // unfolded by windows (a kernel wider than the output), with groups, a bias, and
+            // stride, padding and dilation that put windows partly in the padding
+            (
+                vec![3, 4, 9, 12],
+                vec![6, 2, 5, 7],
+                vec![1, 2],
+                vec![2, 3],
+                vec![1, 2],
+                2,
+                true,
             ),
         ];
         for (xs, ws, s, p, dl, groups, with_bias) in cases {

@@ -43,11 +43,19 @@ fn serial<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// [`gemm_rows`] with the rows of `c` shared among the rank's threads in blocks, each block a
+/// How a product's `b` (`[k, n]`) lies in its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BLayout {
+    /// Row-major `[k, n]`.
+    Rows,
+    /// Its transpose, row-major `[n, k]`: column `j` of `b` is row `j` of the buffer.
+    Columns,
+}
+
+/// [`gemm_rows_as`] with the rows of `c` shared among the rank's threads in blocks, each block a
 /// one-thread product: for the skinny products of a convolution (a few hundred columns), where
 /// the `gemm` crate's own sharing costs more than it gains. Every element is the same dot
 /// product in the same order as in one product over all rows (checked by the conv tests).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_rows_shared<T: Gemm>(
     m: usize,
     k: usize,
@@ -57,16 +65,33 @@ pub(crate) fn gemm_rows_shared<T: Gemm>(
     beta: T,
     c: &mut [T],
 ) -> Result<(), String> {
+    gemm_rows_shared_as(m, k, n, a, b, BLayout::Rows, beta, c)
+}
+
+/// [`gemm_rows_shared`] with `b` laid out as `layout` says.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_rows_shared_as<T: Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    layout: BLayout,
+    beta: T,
+    c: &mut [T],
+) -> Result<(), String> {
     use rayon::prelude::*;
     let threads = super::pool_threads();
     if threads <= 1 || m < 32 || m * k * n < 1 << 20 || a.len() < m * k || c.len() < m * n {
-        return gemm_rows(m, k, n, a, b, beta, c);
+        return gemm_rows_as(m, k, n, a, b, layout, beta, c);
     }
     let rows = m.div_ceil(threads).div_ceil(16) * 16;
     c[..m * n]
         .par_chunks_mut(rows * n)
         .zip(a[..m * k].par_chunks(rows * k))
-        .try_for_each(|(cc, aa)| serial(|| gemm_rows(cc.len() / n, k, n, aa, b, beta, cc)))
+        .try_for_each(|(cc, aa)| {
+            serial(|| gemm_rows_as(cc.len() / n, k, n, aa, b, layout, beta, cc))
+        })
 }
 
 /// How many threads one product may use: the size of the rayon pool the calling rank runs in
@@ -226,15 +251,16 @@ thread_local! {
     pub(crate) static IN_GEMM_CRATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// `c = a @ b + beta * c` over row-major contiguous slices: `a` is `[m, k]`, `b` is `[k, n]`,
-/// `c` is `[m, n]` (im2col convolution).
+/// `c = a @ b + beta * c` over row-major contiguous slices: `a` is `[m, k]`, `b` is `[k, n]`
+/// laid out as `layout` says, `c` is `[m, n]` (im2col convolution).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_rows<T: Gemm>(
+pub(crate) fn gemm_rows_as<T: Gemm>(
     m: usize,
     k: usize,
     n: usize,
     a: &[T],
     b: &[T],
+    layout: BLayout,
     beta: T,
     c: &mut [T],
 ) -> Result<(), String> {
@@ -249,7 +275,12 @@ pub(crate) fn gemm_rows<T: Gemm>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    // SAFETY: the three buffers hold at least the row-major blocks addressed, checked above.
+    let (rsb, csb) = match layout {
+        BLayout::Rows => (n as isize, 1),
+        BLayout::Columns => (1, k as isize),
+    };
+    // SAFETY: the three buffers hold at least the row-major blocks addressed, checked above
+    // (`b` as `[k, n]` or as `[n, k]`: `k * n` elements either way).
     unsafe {
         T::gemm(
             m,
@@ -259,8 +290,8 @@ pub(crate) fn gemm_rows<T: Gemm>(
             k as isize,
             1,
             b.as_ptr(),
-            n as isize,
-            1,
+            rsb,
+            csb,
             beta,
             c.as_mut_ptr(),
             n as isize,
