@@ -219,6 +219,72 @@ pub(crate) fn fill<const K: usize, U: Pooled + Send>(
     out
 }
 
+/// Runs at most this long count as short for [`fill_transposed`].
+const SHORT_RUN: usize = 32;
+/// Rows of the output [`fill_transposed`] handles together.
+const TILE_ROWS: usize = 16;
+
+/// [`fill`] for a copy whose last two walked dims are transposed in the source (the middle
+/// dim's stride is larger than the one before it) with short rows: a permuted `[C_in, C_out,
+/// 3, 3]` weight gradient, or a flipped and permuted weight, where the plain walk reads each
+/// 9-element row from another part of the source. Here `TILE_ROWS` output rows go together,
+/// column by column, so that the source is read in runs of `TILE_ROWS` rows (contiguous where
+/// the rows are) and the writes stay within the tile. `None` where the walk is not of that
+/// kind. Every element is copied by `row`, as the plain walk would, so the result is the same.
+pub(crate) fn fill_transposed<U: Pooled + Send>(
+    shape: &[usize],
+    strides: &[isize],
+    offset: isize,
+    row: impl Fn(isize, &mut [MaybeUninit<U>]) + Sync,
+) -> Option<Vec<U>> {
+    let rank = shape.len();
+    if rank < 3 {
+        return None;
+    }
+    let (m, b) = (shape[rank - 1], shape[rank - 2]);
+    let (sb, sa) = (strides[rank - 2], strides[rank - 3]);
+    let n: usize = shape.iter().product();
+    if m > SHORT_RUN || sb.unsigned_abs() <= sa.unsigned_abs() || n < 1 << 14 {
+        return None;
+    }
+    let mut out = pool::take::<U>(n);
+    let dst = &mut out.spare_capacity_mut()[..n];
+    // where output row `r` (an index over every dim but the last two; `b * m` elements)
+    // starts in the source
+    let outer = &shape[..rank - 2];
+    let start = |r: usize| {
+        let (mut r, mut p) = (r, offset);
+        for d in (0..rank - 2).rev() {
+            p += (r % outer[d]) as isize * strides[d];
+            r /= outer[d];
+        }
+        p
+    };
+    let tile = |first: usize, rows: &mut [MaybeUninit<U>]| {
+        let count = rows.len() / (b * m);
+        let starts: SmallVec<[isize; TILE_ROWS]> = (first..first + count).map(start).collect();
+        for j in 0..b {
+            for (i, &p) in starts.iter().enumerate() {
+                let at = (i * b + j) * m;
+                row(p + j as isize * sb, &mut rows[at..at + m]);
+            }
+        }
+    };
+    let tile_len = TILE_ROWS * b * m;
+    if super::pool_threads() > 1 && n >= PARALLEL_MIN {
+        dst.par_chunks_mut(tile_len)
+            .enumerate()
+            .for_each(|(t, rows)| tile(t * TILE_ROWS, rows));
+    } else {
+        for (t, rows) in dst.chunks_mut(tile_len).enumerate() {
+            tile(t * TILE_ROWS, rows);
+        }
+    }
+    // SAFETY: the tiles cover `dst`, and each tile writes every one of its rows' elements.
+    unsafe { out.set_len(n) };
+    Some(out)
+}
+
 /// `f(a, b)` for every element of `out`, the shape `a` and `b` broadcast to.
 pub fn zip_map<T: Real, U: Pooled + Send>(
     out: &[usize],

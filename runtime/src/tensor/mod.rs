@@ -508,7 +508,7 @@ impl Tensor {
         // when it is large
         let (shape, strides) = crate::cpu::strided::coalesce(&self.shape, &[&self.strides]);
         let step = strides[0][shape.len() - 1];
-        crate::cpu::strided::fill(&shape, &strides, [self.offset as isize], |[p], dst| {
+        let run = |p: isize, dst: &mut [std::mem::MaybeUninit<T>]| {
             let (p, m) = (p as usize, dst.len());
             match step {
                 1 => dst.iter_mut().zip(&v[p..p + m]).for_each(|(d, &x)| {
@@ -528,7 +528,11 @@ impl Tensor {
                     d.write(v[(p as isize + j as isize * s) as usize]);
                 }),
             }
-        })
+        };
+        let offset = self.offset as isize;
+        crate::cpu::strided::fill_transposed(&shape, &strides[0], offset, run).unwrap_or_else(
+            || crate::cpu::strided::fill(&shape, &strides, [offset], |[p], dst| run(p, dst)),
+        )
     }
     /// The elements as a contiguous f32 slice, when they are one.
     pub fn as_f32(&self) -> Option<&[f32]> {
@@ -809,13 +813,15 @@ mod tests {
 
     /// A large strided copy is shared among a pool's threads by blocks of the first
     /// dimension: the same elements as on one thread, for a transpose, a flip and a
-    /// broadcast.
+    /// broadcast, and for batches of transposes (the tiled copy).
     #[test]
     fn a_large_gather_on_threads_gives_the_one_thread_elements() {
         let t = Tensor::from_f32(
             vec![96, 80, 3, 3],
             (0..96 * 720).map(|x| x as f32).collect(),
         );
+        let n = 3 * 67 * 71 * 10;
+        let u = Tensor::from_f32(vec![n], (0..n).map(|x| x as f32).collect());
         let views = [
             t.permute(&[1, 0, 2, 3]).expect("perm"),
             // the permuted weight with its 3x3 taps reversed, as `flip` reads it
@@ -823,15 +829,34 @@ mod tests {
                 .expect("flipped view"),
             t.view(vec![96, 4, 720], vec![720, 0, 1], 0)
                 .expect("broadcast"),
+            // a batch of transposes whose row count is no multiple of the tile, with runs of
+            // every step kind: +1, -1, and 2
+            u.view(vec![3, 67, 71, 5], vec![67 * 71 * 5, 5, 67 * 5, 1], 0)
+                .expect("batched transpose"),
+            u.view(vec![3, 67, 71, 5], vec![67 * 71 * 5, 5, 67 * 5, -1], 4)
+                .expect("batched flipped transpose"),
+            u.view(vec![3, 67, 71, 5], vec![67 * 71 * 10, 10, 67 * 10, 2], 0)
+                .expect("batched transpose with a step"),
         ];
+        // the transposes with short rows go through the tiled copy
+        let tiled = |v: &Tensor| {
+            let (shape, strides) = crate::cpu::strided::coalesce(v.shape(), &[v.strides()]);
+            let run = |_: isize, d: &mut [std::mem::MaybeUninit<f32>]| {
+                d.iter_mut().for_each(|x| {
+                    x.write(0.0);
+                })
+            };
+            crate::cpu::strided::fill_transposed(&shape, &strides[0], v.offset as isize, run)
+                .is_some()
+        };
+        let kinds: Vec<bool> = views.iter().map(tiled).collect();
+        assert_eq!(kinds, [true, true, false, true, true, true]);
         for v in &views {
             assert!(v.numel() >= crate::cpu::strided::PARALLEL_MIN);
             let run = || v.contiguous().to_f32_vec();
             let (one, three) = crate::cpu::alone_and_in_three_threads(run);
-            let want: Vec<f32> = v
-                .positions()
-                .map(|p| t.as_f32().expect("contiguous")[p])
-                .collect();
+            // the storage holds each element's own index
+            let want: Vec<f32> = v.positions().map(|p| p as f32).collect();
             let first_difference =
                 |got: &[f32]| (0..want.len()).find(|&i| got.get(i) != want.get(i));
             assert_eq!(one.len(), want.len());
