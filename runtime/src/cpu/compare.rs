@@ -195,6 +195,25 @@ fn round_scalar(o: Operand<'_>, dtype: DType) -> Result<Operand<'_>, String> {
     })
 }
 
+/// `c[i] ? a : b` for each position, `(a, b) = pair(i)`, into a recycled buffer: a loop
+/// with no branch on the condition, which the compiler turns into vector blends (a branch per
+/// element mispredicts on half of a ReLU's inputs).
+#[inline(always)]
+fn select<T: pool::Pooled + Copy>(c: &[bool], pair: impl Fn(usize) -> (T, T)) -> Vec<T> {
+    let n = c.len();
+    let mut out = pool::take::<T>(n);
+    let dst = &mut out.spare_capacity_mut()[..n];
+    super::simd::vectorized(|| {
+        for i in 0..n {
+            let (a, b) = pair(i);
+            dst[i].write(if c[i] { a } else { b });
+        }
+    });
+    // SAFETY: the loop wrote each of the first `n` elements.
+    unsafe { out.set_len(n) };
+    out
+}
+
 /// `torch.where(cond, a, b)`: `a` where `cond` is true, else `b`, broadcast together, in
 /// `dtype` (the node's output dtype: the promotion of the operands). `cond` must be bool.
 pub fn where_(
@@ -223,19 +242,19 @@ pub fn where_(
         // the operand kinds matched once, outside the loop
         let n = c.len();
         let out: Vec<T> = match (&x, &y) {
-            (Src::Elems(p), Src::Elems(q)) => pool::collect(n, c
-                .iter()
-                .zip(p.iter().zip(q.iter()))
-                .map(|(&k, (&p, &q))| if k { p } else { q })),
+            (Src::Elems(p), Src::Elems(q)) => {
+                let (p, q) = (&p[..n], &q[..n]);
+                select(&c, |i| (p[i], q[i]))
+            }
             (Src::Elems(p), Src::Scalar(q)) => {
-                pool::collect(n, c.iter().zip(p.iter()).map(|(&k, &p)| if k { p } else { *q }))
+                let p = &p[..n];
+                select(&c, |i| (p[i], *q))
             }
             (Src::Scalar(p), Src::Elems(q)) => {
-                pool::collect(n, c.iter().zip(q.iter()).map(|(&k, &q)| if k { *p } else { q }))
+                let q = &q[..n];
+                select(&c, |i| (*p, q[i]))
             }
-            (Src::Scalar(p), Src::Scalar(q)) => {
-                pool::collect(n, c.iter().map(|&k| if k { *p } else { *q }))
-            }
+            (Src::Scalar(p), Src::Scalar(q)) => select(&c, |_| (*p, *q)),
         };
         x.give_back();
         y.give_back();
