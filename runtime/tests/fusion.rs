@@ -3,37 +3,14 @@
 //! random inputs (the fused loop calls the unfused kernels' own functions), the f32 regions run
 //! as one loop, and regions the loop cannot run (other dtypes) run their kernels one by one.
 
+mod common;
+use common::run_trace as run;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tracepass_ir::{ops, parse_trace, Trace, ValueId};
+use tracepass_ir::{ops, parse_trace};
 use tracepass_passes::fuse_elementwise;
-use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
-use tracepass_runtime::cpu::CpuBackend;
-use tracepass_runtime::exec::{Clock, Executor, InstrKind, Plan, RValue, Recording, RegionProgram};
+use tracepass_runtime::exec::{InstrKind, Plan, RegionProgram};
 use tracepass_runtime::tensor::Tensor;
-
-fn run(t: &Trace, inputs: &[Tensor]) -> Vec<Tensor> {
-    let results: Vec<Option<ValueId>> = t.returned_values().into_iter().map(Some).collect();
-    let plan = Plan::compile(t, &results).unwrap_or_else(|e| panic!("{e}"));
-    let g = ThreadGroup::new(1, CommOptions::default());
-    let mut comm = g.comm(0);
-    let mut e: Executor<CpuBackend, ThreadComm> = Executor::new();
-    e.run(
-        &plan,
-        &CpuBackend,
-        &mut comm,
-        inputs.iter().cloned().map(RValue::Tensor).collect(),
-        &Clock::new(false),
-        &mut Recording::default(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
-    .into_iter()
-    .map(|v| match v {
-        RValue::Tensor(t) => t,
-        other => panic!("expected a tensor, got {other:?}"),
-    })
-    .collect()
-}
 
 fn random(shape: &[usize], lo: f32, hi: f32, rng: &mut ChaCha8Rng) -> Tensor {
     let n: usize = shape.iter().product();

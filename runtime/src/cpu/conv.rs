@@ -138,6 +138,23 @@ impl Geometry {
     }
 }
 
+/// The steps `t` in `0..count` whose input index `first + t * step` lies in `0..size`, as
+/// `lo..hi` (`lo >= hi` when none does): the part of an unfolded row that is not padding.
+fn inside(first: isize, step: usize, size: usize, count: usize) -> (usize, usize) {
+    let lo = if first >= 0 {
+        0
+    } else {
+        ((-first) as usize).div_ceil(step).min(count)
+    };
+    let last = size as isize - 1 - first;
+    let hi = if last < 0 {
+        0
+    } else {
+        (last as usize / step + 1).min(count)
+    };
+    (lo, hi)
+}
+
 /// Unfolds one sample's `cg` channels (`x`, `[cg, *spatial]`) into `col`, `[cg * prod(kernel),
 /// prod(out)]`: row `(c, k)` holds, for every output position, the input under kernel tap `k`
 /// (zero where that falls in the padding). Rows are `row_len` apart in `col` and the sample's
@@ -176,16 +193,7 @@ fn im2col<T: Copy + Default>(
             let row = &mut col[at..at + op];
             // the last dim's tap offset and the output range that lands inside the input
             let off = (kidx[d - 1] * dl) as i64 - pd;
-            let lo = if off >= 0 {
-                0
-            } else {
-                ((-off) as usize).div_ceil(st)
-            };
-            let hi = if (sl as i64 - 1 - off) < 0 {
-                0
-            } else {
-                (((sl as i64 - 1 - off) as usize) / st + 1).min(ol)
-            };
+            let (lo, hi) = inside(off as isize, st, sl, ol);
             oidx.iter_mut().for_each(|o| *o = 0);
             for seg in 0..outer {
                 if seg > 0 {
@@ -253,16 +261,7 @@ fn im2col_2d<T: Copy + Default>(
                 let row = &mut col[at..at + oh * ow];
                 // the output columns whose input column `ox * sw + off` is inside the image
                 let off = (kx * dw) as isize - pw;
-                let lo = if off >= 0 {
-                    0
-                } else {
-                    ((-off) as usize).div_ceil(sw).min(ow)
-                };
-                let hi = if iw as isize - 1 - off < 0 {
-                    0
-                } else {
-                    (((iw as isize - 1 - off) as usize) / sw + 1).min(ow)
-                };
+                let (lo, hi) = inside(off, sw, iw, ow);
                 for (oy, dst) in row.chunks_exact_mut(ow.max(1)).enumerate() {
                     let iy = (oy * sh + ky * dh) as isize - ph;
                     if iy < 0 || iy >= ih as isize || lo >= hi {
@@ -311,16 +310,7 @@ fn im2col_windows_2d<T: Copy + Default>(
             let row = &mut col[at..at + kc];
             // the taps `kx` whose input column `ox * sw + kx * dw - pw` is inside the image
             let x0 = (ox * sw) as isize - pw;
-            let lo = if x0 >= 0 {
-                0
-            } else {
-                ((-x0) as usize).div_ceil(dw).min(kw)
-            };
-            let hi = if iw as isize - 1 - x0 < 0 {
-                0
-            } else {
-                (((iw as isize - 1 - x0) as usize) / dw + 1).min(kw)
-            };
+            let (lo, hi) = inside(x0, dw, iw, kw);
             for (r, dst) in row.chunks_exact_mut(kw).enumerate() {
                 let (c, ky) = (r / kh, r % kh);
                 let iy = (oy * sh + ky * dh) as isize - ph;

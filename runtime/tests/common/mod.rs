@@ -5,6 +5,11 @@
 pub mod training;
 
 use std::path::{Path, PathBuf};
+use tracepass_ir::{Trace, ValueId};
+use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
+use tracepass_runtime::cpu::CpuBackend;
+use tracepass_runtime::exec::{Clock, Executor, Plan, RValue, Recording};
+use tracepass_runtime::tensor::Tensor;
 
 /// Every export directory of the corpus, sorted.
 pub fn corpus() -> Vec<PathBuf> {
@@ -40,4 +45,28 @@ pub fn values(n: usize, seed: u64) -> Vec<f64> {
             ((x >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
         })
         .collect()
+}
+
+/// Runs `t` on one CPU rank with `inputs` as its arguments; its returned tensors.
+pub fn run_trace(t: &Trace, inputs: &[Tensor]) -> Vec<Tensor> {
+    let results: Vec<Option<ValueId>> = t.returned_values().into_iter().map(Some).collect();
+    let plan = Plan::compile(t, &results).unwrap_or_else(|e| panic!("{e}"));
+    let g = ThreadGroup::new(1, CommOptions::default());
+    let mut comm = g.comm(0);
+    let mut e: Executor<CpuBackend, ThreadComm> = Executor::new();
+    e.run(
+        &plan,
+        &CpuBackend,
+        &mut comm,
+        inputs.iter().cloned().map(RValue::Tensor).collect(),
+        &Clock::new(false),
+        &mut Recording::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .into_iter()
+    .map(|v| match v {
+        RValue::Tensor(t) => t,
+        other => panic!("expected a tensor, got {other:?}"),
+    })
+    .collect()
 }
