@@ -13,27 +13,12 @@
 //! it is the same sum.
 
 use crate::pass::{Changed, PassContext, PassError, TracePass};
-use tracepass_ir::{op, Arg, NodeIndex, RewriteError, Rewriter, Trace, ValueIdSet};
+use tracepass_ir::{op, Arg, MetaOut, Node, OpRegistry, RewriteError, Rewriter, Trace, ValueIdSet};
 
 /// The `fold-conv-crop` pass (trace-level).
 pub struct FoldConvCrop;
 
-/// A per-dim parameter's values (`(1,)` is one value for every dim).
-fn ints(a: &Arg) -> Option<Vec<i64>> {
-    match a {
-        Arg::Tuple(v) | Arg::List(v) => v
-            .iter()
-            .map(|x| match x {
-                Arg::Int(i) => Some(*i),
-                _ => None,
-            })
-            .collect(),
-        Arg::Int(i) => Some(vec![*i]),
-        _ => None,
-    }
-}
-
-/// Value `d` of a per-dim parameter of `dims` dims.
+/// Value `d` of a per-dim parameter of `dims` dims (`(1,)` is one value for every dim).
 fn at(v: &[i64], d: usize, dims: usize) -> Option<i64> {
     match v.len() {
         1 => v.first().copied(),
@@ -42,75 +27,50 @@ fn at(v: &[i64], d: usize, dims: usize) -> Option<i64> {
     }
 }
 
-/// The `(low, high)` crop of each spatial dim, if `config` (a pad's `[(low, high, interior),
-/// ...]`) leaves the batch and channel dims alone, inserts nothing, and only removes.
-fn crops(config: &Arg, rank: usize) -> Option<Vec<(i64, i64)>> {
-    let (Arg::List(dims) | Arg::Tuple(dims)) = config else {
-        return None;
-    };
-    if dims.len() != rank {
-        return None;
-    }
-    let mut out = Vec::with_capacity(rank);
+/// How many outputs the crop drops at the low end of each spatial dim, if `config` (a pad's
+/// `[(low, high, interior), ...]` over `rank` dims) leaves the batch and channel dims alone,
+/// inserts nothing, only removes, and removes something.
+fn low_crops(config: &Arg, rank: usize) -> Option<Vec<i64>> {
+    let dims = config.as_seq().filter(|d| d.len() == rank)?;
+    let mut lows = Vec::with_capacity(rank);
+    let mut removes = false;
     for (d, entry) in dims.iter().enumerate() {
-        let v = ints(entry)?;
-        let [lo, hi, interior] = v[..] else {
+        let [lo, hi, interior] = entry.as_int_list()?[..] else {
             return None;
         };
         if interior != 0 || lo > 0 || hi > 0 || (d < 2 && (lo != 0 || hi != 0)) {
             return None;
         }
+        removes |= lo < 0 || hi < 0;
         if d >= 2 {
-            out.push((-lo, -hi));
+            lows.push(-lo);
         }
     }
-    out.iter().any(|&(l, h)| l > 0 || h > 0).then_some(out)
+    removes.then_some(lows)
 }
 
-/// The convolution `conv` with padding that gives exactly the outputs `pad` keeps, if there
-/// is one.
-fn folded(t: &Trace, conv: NodeIndex, pad: NodeIndex) -> Option<tracepass_ir::Node> {
-    let (c, p) = (t.node(conv)?, t.node(pad)?);
-    if !c.kwargs().is_empty() || !p.kwargs().is_empty() || c.args().len() != 9 {
+/// The convolution `conv` with the padding that gives exactly the outputs `pad` keeps, if
+/// there is one.
+fn folded(t: &Trace, reg: &OpRegistry, conv: &Node, pad: &Node) -> Option<Node> {
+    let a = conv.args();
+    if !conv.kwargs().is_empty()
+        || !pad.kwargs().is_empty()
+        || a.len() != 9
+        || a[6] != Arg::Bool(false)
+    {
         return None;
     }
-    let a = c.args();
-    let shape = |arg: &Arg| match arg {
-        Arg::Value(v) => t.ty(*v)?.as_tensor().map(|tt| tt.shape.to_vec()),
-        _ => None,
-    };
-    let (x, w) = (shape(&a[0])?, shape(&a[1])?);
-    let out = shape(&Arg::Value(*c.outputs().first()?))?;
-    let kept = shape(&Arg::Value(*p.outputs().first()?))?;
-    let dims = x.len().checked_sub(2).filter(|&d| d > 0)?;
-    if w.len() != x.len() || out.len() != x.len() || kept.len() != x.len() {
-        return None;
-    }
-    if a[6] != Arg::Bool(false) {
-        return None;
-    }
-    let (stride, padding, dilation) = (ints(&a[3])?, ints(&a[4])?, ints(&a[5])?);
-    let crop = crops(p.args().get(2)?, x.len())?;
+    let &kept = pad.outputs().first()?;
+    let kept_ty = t.ty(kept)?;
+    let lows = low_crops(pad.args().get(2)?, kept_ty.as_tensor()?.shape.len())?;
+    let dims = lows.len();
+    let (stride, padding) = (a[3].as_int_list()?, a[4].as_int_list()?);
     let mut new_padding = Vec::with_capacity(dims);
-    for d in 0..dims {
-        let (s, pd, dl) = (
-            at(&stride, d, dims)?,
-            at(&padding, d, dims)?,
-            at(&dilation, d, dims)?,
-        );
-        let (l, h) = crop[d];
-        if s < 1 || dl < 1 {
-            return None;
-        }
+    for (d, &l) in lows.iter().enumerate() {
+        let (s, pd) = (at(&stride, d, dims)?, at(&padding, d, dims)?);
+        // dropping the first `l` outputs starts every window `l * stride` later
         let p2 = pd.checked_sub(l.checked_mul(s)?)?;
-        if p2 < 0 {
-            return None;
-        }
-        let (n, k) = (i64::try_from(x[d + 2]).ok()?, i64::try_from(w[d + 2]).ok()?);
-        let span = n + 2 * p2 - dl * (k - 1) - 1;
-        let count = if span < 0 { 0 } else { span / s + 1 };
-        let want = i64::try_from(out[d + 2]).ok()? - l - h;
-        if count != want || Ok(want) != i64::try_from(kept[d + 2]) {
+        if s < 1 || p2 < 0 {
             return None;
         }
         new_padding.push(Arg::Int(p2));
@@ -124,37 +84,37 @@ fn folded(t: &Trace, conv: NodeIndex, pad: NodeIndex) -> Option<tracepass_ir::No
     };
     let mut args = a.to_vec();
     args[4] = padding_arg;
-    Some(c.with_operands(args, p.outputs().to_vec()))
+    // the smaller convolution must have exactly the kept outputs: the op's own shape
+    // inference checks the high end of every dim (torch's padding is the same on both sides)
+    match reg.infer(t, &conv.op, &args, &[]) {
+        Ok(MetaOut::Types(types)) if types == [kept_ty.clone()] => {}
+        _ => return None,
+    }
+    Some(conv.with_operands(args, vec![kept]))
 }
 
 /// Folds every crop that can be folded; returns how many.
-pub fn fold_conv_crop(t: &mut Trace) -> Result<usize, RewriteError> {
+pub fn fold_conv_crop(t: &mut Trace, reg: &OpRegistry) -> Result<usize, RewriteError> {
     let returned: ValueIdSet = t.returned_values().into_iter().collect();
     let mut rw = Rewriter::new();
     let mut folds = 0;
     for (idx, n) in t.nodes() {
         // `ltorch.convolution` and `prims.convolution`: `a, weight, bias, stride, padding,
         // dilation, transposed, output_padding, groups`
-        if !op::CONVOLUTION.matches(n) {
+        let [out] = n.outputs()[..] else { continue };
+        if !op::CONVOLUTION.matches(n) || returned.contains(&out) {
             continue;
         }
-        let Some(&out) = n.outputs().first() else {
+        // read by one pad, as its input and nowhere else
+        let [reader] = t.users(out)[..] else { continue };
+        let Some(pad) = t.node(reader).filter(|r| {
+            op::PAD.matches(r)
+                && r.args().first() == Some(&Arg::Value(out))
+                && r.args().iter().filter(|a| **a == Arg::Value(out)).count() == 1
+        }) else {
             continue;
         };
-        if n.outputs().len() != 1 || returned.contains(&out) {
-            continue;
-        }
-        let [reader] = t.users(out)[..] else { continue };
-        let reads_once = t.node(reader).is_some_and(|r| {
-            op::PAD.matches(r) && r.args().first() == Some(&Arg::Value(out)) && {
-                let uses = r.args().iter().filter(|a| **a == Arg::Value(out)).count();
-                uses == 1
-            }
-        });
-        if !reads_once {
-            continue;
-        }
-        if let Some(new) = folded(t, idx, reader) {
+        if let Some(new) = folded(t, reg, n, pad) {
             rw.replace(idx, new);
             rw.erase(reader);
             folds += 1;
@@ -169,7 +129,8 @@ impl TracePass for FoldConvCrop {
         "fold-conv-crop"
     }
     fn run_on_trace(&self, t: &mut Trace, cx: &mut PassContext) -> Result<Changed, PassError> {
-        let n = fold_conv_crop(t).map_err(|e| PassError::rewrite("fold-conv-crop", e))?;
+        let n =
+            fold_conv_crop(t, cx.registry).map_err(|e| PassError::rewrite("fold-conv-crop", e))?;
         cx.stat("fold-conv-crop.folded", n as u64);
         Ok((n > 0).into())
     }

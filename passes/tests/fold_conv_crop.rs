@@ -20,7 +20,7 @@ fn printed(t: &Trace) -> String {
 /// types, a lossless print), and returns how many crops were folded.
 fn fold(t: &mut Trace) -> usize {
     let before = t.clone();
-    let n = fold_conv_crop(t).unwrap();
+    let n = fold_conv_crop(t, OpRegistry::builtin()).unwrap();
     verify(t).unwrap_or_else(|e| panic!("{e}\n{}", printed(t)));
     let sig = |t: &Trace| {
         t.returned_values()

@@ -2,10 +2,9 @@
 //! (`Tensor.int(t)` in RoBERTa's position ids): each is `t.to(dtype)`, through the op table,
 //! the plan compiler and the CPU kernels.
 
+mod common;
+use common::run_trace;
 use tracepass_ir::{parse_trace, DType};
-use tracepass_runtime::comm::{CommOptions, ThreadGroup};
-use tracepass_runtime::cpu::CpuBackend;
-use tracepass_runtime::exec::{Clock, Executor, Plan, RValue, Recording};
 use tracepass_runtime::tensor::Tensor;
 
 const TRACE: &str = r#"def computation(x, m):
@@ -26,28 +25,9 @@ const TRACE: &str = r#"def computation(x, m):
 #[test]
 fn dtype_methods_convert_as_to_does() {
     let t = parse_trace(TRACE).unwrap_or_else(|e| panic!("{e}"));
-    let results: Vec<_> = t.returned_values().into_iter().map(Some).collect();
-    let plan = Plan::compile(&t, &results).unwrap_or_else(|e| panic!("{e}"));
-    let g = ThreadGroup::new(1, CommOptions::default());
-    let mut comm = g.comm(0);
     let x = Tensor::from_f32(vec![4], vec![-1.5, 0.0, 2.7, 3.0]);
     let m = Tensor::from_bool(vec![4], vec![true, false, true, true]);
-    let out: Vec<Tensor> = Executor::<CpuBackend, _>::new()
-        .run(
-            &plan,
-            &CpuBackend,
-            &mut comm,
-            vec![RValue::Tensor(x), RValue::Tensor(m)],
-            &Clock::new(false),
-            &mut Recording::default(),
-        )
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_iter()
-        .map(|v| match v {
-            RValue::Tensor(t) => t,
-            other => panic!("expected a tensor, got {other:?}"),
-        })
-        .collect();
+    let out = run_trace(&t, &[x, m]);
     let dtypes: Vec<DType> = out.iter().map(Tensor::dtype).collect();
     use DType::*;
     assert_eq!(dtypes, [I32, I64, F64, F16, BF16, Bool, F32, I64, I32]);

@@ -93,7 +93,8 @@ fn a_folded_convolution_gives_the_cropped_bits() {
         let src = c.trace();
         let cropped = parse_trace(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
         let mut folded = cropped.clone();
-        assert_eq!(fold_conv_crop(&mut folded).unwrap(), 1, "{src}");
+        let reg = tracepass_ir::OpRegistry::builtin();
+        assert_eq!(fold_conv_crop(&mut folded, reg).unwrap(), 1, "{src}");
         let seed = 2 * seed as u64;
         let inputs = [random(&c.x, seed + 1), random(&c.w, seed + 2)];
         let (want, got) = (run(&cropped, &inputs), run(&folded, &inputs));

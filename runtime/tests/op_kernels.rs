@@ -1,6 +1,8 @@
 //! The kernels registered for the op table's ops, through the plan compiler and the executor
 //! on hand-made traces, against values computed by hand.
 
+mod common;
+use common::run_trace_for as run;
 use tracepass_ir::{Arg, DType, Device, Trace, TraceBuilder, TraceKind, Type, ValueId};
 use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
 use tracepass_runtime::cpu::CpuBackend;
@@ -25,29 +27,6 @@ fn slice(a: Option<i64>, b: Option<i64>, c: Option<i64>) -> Arg {
 
 fn all() -> Arg {
     slice(None, None, None)
-}
-
-fn run(t: &Trace, results: &[ValueId], inputs: Vec<Tensor>) -> Vec<Tensor> {
-    let results: Vec<Option<ValueId>> = results.iter().map(|r| Some(*r)).collect();
-    let plan = Plan::compile(t, &results).unwrap_or_else(|e| panic!("{e}"));
-    let g = ThreadGroup::new(1, CommOptions::default());
-    let mut comm = g.comm(0);
-    let mut e: Executor<CpuBackend, ThreadComm> = Executor::new();
-    e.run(
-        &plan,
-        &CpuBackend,
-        &mut comm,
-        inputs.into_iter().map(RValue::Tensor).collect(),
-        &Clock::new(false),
-        &mut Recording::default(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
-    .into_iter()
-    .map(|v| match v {
-        RValue::Tensor(t) => t,
-        other => panic!("expected a tensor, got {other:?}"),
-    })
-    .collect()
 }
 
 fn bools(t: &Tensor) -> Vec<bool> {

@@ -155,6 +155,30 @@ fn inside(first: isize, step: usize, size: usize, count: usize) -> (usize, usize
     (lo, hi)
 }
 
+/// One unfolded row: `line[first + t * step]` at each step `t` in `inside` (from [`inside`]),
+/// zero (padding) elsewhere.
+fn unfold_row<T: Copy + Default>(
+    dst: &mut [T],
+    line: &[T],
+    first: isize,
+    step: usize,
+    (lo, hi): (usize, usize),
+) {
+    if lo >= hi {
+        dst.fill(T::default());
+        return;
+    }
+    dst[..lo].fill(T::default());
+    dst[hi..].fill(T::default());
+    let start = (first + (lo * step) as isize) as usize;
+    for (o, &v) in dst[lo..hi]
+        .iter_mut()
+        .zip(line[start..].iter().step_by(step))
+    {
+        *o = v;
+    }
+}
+
 /// Unfolds one sample's `cg` channels (`x`, `[cg, *spatial]`) into `col`, `[cg * prod(kernel),
 /// prod(out)]`: row `(c, k)` holds, for every output position, the input under kernel tap `k`
 /// (zero where that falls in the padding). Rows are `row_len` apart in `col` and the sample's
@@ -207,30 +231,22 @@ fn im2col<T: Copy + Default>(
                 }
                 let dst = &mut row[seg * ol..(seg + 1) * ol];
                 let mut base = 0i64;
-                let mut inside = lo < hi;
+                let mut in_image = true;
                 for j in 0..d - 1 {
                     let i = (oidx[j] * g.stride[j] + kidx[j] * g.dilation[j]) as i64
                         - g.padding[j] as i64;
                     if i < 0 || i >= g.spatial[j] as i64 {
-                        inside = false;
+                        in_image = false;
                         break;
                     }
                     base += i * in_strides[j] as i64;
                 }
-                if !inside {
+                if !in_image {
                     dst.fill(T::default());
                     continue;
                 }
-                dst[..lo].fill(T::default());
-                dst[hi..].fill(T::default());
-                let first = (base + lo as i64 * st as i64 + off) as usize;
-                if st == 1 {
-                    dst[lo..hi].copy_from_slice(&xc[first..first + (hi - lo)]);
-                } else {
-                    for (t, o) in dst[lo..hi].iter_mut().enumerate() {
-                        *o = xc[first + t * st];
-                    }
-                }
+                let line = &xc[base as usize..base as usize + sl];
+                unfold_row(dst, line, off as isize, st, (lo, hi));
             }
         }
     }
@@ -264,22 +280,12 @@ fn im2col_2d<T: Copy + Default>(
                 let (lo, hi) = inside(off, sw, iw, ow);
                 for (oy, dst) in row.chunks_exact_mut(ow.max(1)).enumerate() {
                     let iy = (oy * sh + ky * dh) as isize - ph;
-                    if iy < 0 || iy >= ih as isize || lo >= hi {
+                    if iy < 0 || iy >= ih as isize {
                         dst.fill(T::default());
                         continue;
                     }
-                    dst[..lo].fill(T::default());
-                    dst[hi..].fill(T::default());
-                    let first = iy as usize * iw + (lo as isize * sw as isize + off) as usize;
-                    if sw == 1 {
-                        for (o, &v) in dst[lo..hi].iter_mut().zip(&xc[first..]) {
-                            *o = v;
-                        }
-                    } else {
-                        for (o, &v) in dst[lo..hi].iter_mut().zip(xc[first..].iter().step_by(sw)) {
-                            *o = v;
-                        }
-                    }
+                    let line = &xc[iy as usize * iw..(iy as usize + 1) * iw];
+                    unfold_row(dst, line, off, sw, (lo, hi));
                 }
             }
         }
@@ -314,20 +320,12 @@ fn im2col_windows_2d<T: Copy + Default>(
             for (r, dst) in row.chunks_exact_mut(kw).enumerate() {
                 let (c, ky) = (r / kh, r % kh);
                 let iy = (oy * sh + ky * dh) as isize - ph;
-                if iy < 0 || iy >= ih as isize || lo >= hi {
+                if iy < 0 || iy >= ih as isize {
                     dst.fill(T::default());
                     continue;
                 }
-                dst[..lo].fill(T::default());
-                dst[hi..].fill(T::default());
-                let first = (c * ih + iy as usize) * iw + (x0 + (lo * dw) as isize) as usize;
-                if dw == 1 {
-                    dst[lo..hi].copy_from_slice(&x[first..first + (hi - lo)]);
-                } else {
-                    for (o, &v) in dst[lo..hi].iter_mut().zip(x[first..].iter().step_by(dw)) {
-                        *o = v;
-                    }
-                }
+                let at = (c * ih + iy as usize) * iw;
+                unfold_row(dst, &x[at..at + iw], x0, dw, (lo, hi));
             }
         }
     }
@@ -379,8 +377,7 @@ fn windows_shared<T: Copy + Default + Send + Sync>(
     op: usize,
 ) {
     use rayon::prelude::*;
-    // `col` holds exactly the samples' rows
-    let per_sample = col.len() / samples.len().max(1);
+    let per_sample = op * cg * g.kernel.iter().product::<usize>();
     if per_sample == 0 {
         return;
     }
@@ -486,6 +483,12 @@ fn conv_batched<T: Gemm + Default>(
         kc,
     } = g.sizes();
     let width = batch * op;
+    // the unfolded matrix as `[K, columns]`, or by windows as its transpose
+    let layout = if g.unfolds_by_window() {
+        BLayout::Columns
+    } else {
+        BLayout::Rows
+    };
     let mut col = pool::filled(kc * width, T::ZERO);
     let mut prod = pool::filled(coutg * width, T::ZERO);
     for n0 in (0..g.n).step_by(batch) {
@@ -495,15 +498,12 @@ fn conv_batched<T: Gemm + Default>(
             let samples: Vec<&[T]> = (n0..n0 + nb)
                 .map(|n| &x[(n * g.cin + grp * cg) * sp..(n * g.cin + (grp + 1) * cg) * sp])
                 .collect();
-            let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
-            if g.unfolds_by_window() {
-                windows_shared(&samples, cg, g, &mut col[..cols * kc], op);
-                let (b, cl) = (&col[..], BLayout::Columns);
-                gemm_rows_shared_as(coutg, kc, cols, ws, b, cl, T::ZERO, &mut prod)?;
-            } else {
-                im2col_shared(&samples, cg, g, &mut col, cols, op);
-                gemm_rows(coutg, kc, cols, ws, &col, T::ZERO, &mut prod)?;
+            match layout {
+                BLayout::Columns => windows_shared(&samples, cg, g, &mut col[..cols * kc], op),
+                BLayout::Rows => im2col_shared(&samples, cg, g, &mut col, cols, op),
             }
+            let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
+            gemm_rows_shared_as(coutg, kc, cols, ws, &col, layout, T::ZERO, &mut prod)?;
             for s in 0..nb {
                 for m in 0..coutg {
                     let src = &prod[m * cols + s * op..m * cols + (s + 1) * op];

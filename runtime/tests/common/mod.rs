@@ -49,7 +49,12 @@ pub fn values(n: usize, seed: u64) -> Vec<f64> {
 
 /// Runs `t` on one CPU rank with `inputs` as its arguments; its returned tensors.
 pub fn run_trace(t: &Trace, inputs: &[Tensor]) -> Vec<Tensor> {
-    let results: Vec<Option<ValueId>> = t.returned_values().into_iter().map(Some).collect();
+    run_trace_for(t, &t.returned_values(), inputs.to_vec())
+}
+
+/// Runs `t` on one CPU rank with `inputs` as its arguments; the tensors `results` name.
+pub fn run_trace_for(t: &Trace, results: &[ValueId], inputs: Vec<Tensor>) -> Vec<Tensor> {
+    let results: Vec<Option<ValueId>> = results.iter().map(|r| Some(*r)).collect();
     let plan = Plan::compile(t, &results).unwrap_or_else(|e| panic!("{e}"));
     let g = ThreadGroup::new(1, CommOptions::default());
     let mut comm = g.comm(0);
@@ -58,7 +63,7 @@ pub fn run_trace(t: &Trace, inputs: &[Tensor]) -> Vec<Tensor> {
         &plan,
         &CpuBackend,
         &mut comm,
-        inputs.iter().cloned().map(RValue::Tensor).collect(),
+        inputs.into_iter().map(RValue::Tensor).collect(),
         &Clock::new(false),
         &mut Recording::default(),
     )
