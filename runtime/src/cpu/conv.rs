@@ -171,6 +171,10 @@ fn unfold_row<T: Copy + Default>(
     dst[..lo].fill(T::default());
     dst[hi..].fill(T::default());
     let start = (first + (lo * step) as isize) as usize;
+    if step == 1 {
+        super::strided::copy_run_init(&mut dst[lo..hi], &line[start..start + hi - lo]);
+        return;
+    }
     for (o, &v) in dst[lo..hi]
         .iter_mut()
         .zip(line[start..].iter().step_by(step))
@@ -512,7 +516,7 @@ fn conv_batched<T: Gemm + Default>(
                     if has_bias {
                         dst.iter_mut().zip(src).for_each(|(d, &v)| *d = *d + v);
                     } else {
-                        dst.copy_from_slice(src);
+                        super::strided::copy_run_init(dst, src);
                     }
                 }
             }

@@ -219,6 +219,45 @@ pub(crate) fn fill<const K: usize, U: Pooled + Send>(
     out
 }
 
+/// Copies `src` into `dst` (the same length). Runs of 8 to [`SHORT_RUN`] elements (a 3x3
+/// kernel's rows of 9, a 16-wide image row) go as blocks of 8, the last block overlapping the
+/// one before, so the copy is a few vector moves inline: `copy_from_slice` calls `memcpy` per
+/// run, which on the weight-gradient gathers cost more than the copy itself.
+pub(crate) fn copy_run<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
+    const BLOCK: usize = 8;
+    let n = src.len();
+    debug_assert_eq!(dst.len(), n);
+    let block = |dst: &mut [MaybeUninit<T>], at: usize| {
+        if let Ok(s) = <&[T; BLOCK]>::try_from(&src[at..at + BLOCK]) {
+            for (d, &x) in dst[at..at + BLOCK].iter_mut().zip(s) {
+                d.write(x);
+            }
+        }
+    };
+    if !(BLOCK..=SHORT_RUN).contains(&n) {
+        dst.iter_mut().zip(src).for_each(|(d, &x)| {
+            d.write(x);
+        });
+        return;
+    }
+    let mut at = 0;
+    while at + BLOCK < n {
+        block(dst, at);
+        at += BLOCK;
+    }
+    block(dst, n - BLOCK);
+}
+
+/// [`copy_run`] into initialised elements.
+pub(crate) fn copy_run_init<T: Copy>(dst: &mut [T], src: &[T]) {
+    // SAFETY: a `[T]` is a valid `[MaybeUninit<T>]` of the same length, and `copy_run` only
+    // writes initialised values into it.
+    let dst = unsafe {
+        std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<MaybeUninit<T>>(), dst.len())
+    };
+    copy_run(dst, src);
+}
+
 /// Runs at most this long count as short for [`fill_transposed`].
 const SHORT_RUN: usize = 32;
 /// Rows of the output [`fill_transposed`] handles together.
@@ -365,6 +404,18 @@ pub fn map<T: Real, U: Pooled + Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_runs_copy_every_element_and_nothing_else() {
+        let src: Vec<u32> = (1..=48).collect();
+        for n in 0..=40 {
+            // one element of guard on each side
+            let mut dst = vec![0u32; n + 2];
+            copy_run_init(&mut dst[1..n + 1], &src[..n]);
+            assert_eq!(dst[1..n + 1], src[..n], "run of {n}");
+            assert_eq!((dst[0], dst[n + 1]), (0, 0), "run of {n} wrote outside");
+        }
+    }
 
     fn t(shape: &[usize], offset: f32) -> Tensor {
         let n: usize = shape.iter().product();

@@ -511,9 +511,7 @@ impl Tensor {
         let run = |p: isize, dst: &mut [std::mem::MaybeUninit<T>]| {
             let (p, m) = (p as usize, dst.len());
             match step {
-                1 => dst.iter_mut().zip(&v[p..p + m]).for_each(|(d, &x)| {
-                    d.write(x);
-                }),
+                1 => crate::cpu::strided::copy_run(dst, &v[p..p + m]),
                 0 => dst.iter_mut().for_each(|d| {
                     d.write(v[p]);
                 }),
