@@ -6,6 +6,7 @@
 
 use anyhow::Result;
 use std::time::Instant;
+use tracepass_runtime::Tensor;
 
 /// One product: `[m, k] @ [k, n]`, `b_t`: B is the transpose of a row-major `[n, k]` (a linear
 /// layer's weight), `a_t`: A is the transpose of a row-major `[k, m]` (a weight gradient).
@@ -39,6 +40,10 @@ const SHAPES: &[Shape] = &[
     sh("fc dW", 1536, 512, 384, true, false),
     sh("attn q@kT", 128, 64, 128, false, true),
     sh("attn p@v", 128, 128, 64, false, false),
+    // ResNet-18-64's weight gradients as Thunder writes them (a convolution unfolded by
+    // windows: the unfolded matrix is read transposed)
+    sh("conv dW 64", 64, 2048, 513, false, true),
+    sh("conv dW 128", 128, 512, 513, false, true),
 ];
 
 fn strides(rows: usize, cols: usize, transposed: bool) -> (isize, isize) {
@@ -138,6 +143,24 @@ fn mm_gemm(s: &Shape, a: &[f32], b: &[f32], c: &mut [f32], par: gemm::Parallelis
     }
 }
 
+/// The runtime's own product (`matmul` on strided tensors), which picks the orientation the
+/// `gemm` crate runs fastest in; its result tensor is dropped each time.
+fn mm_runtime(a: &Tensor, b: &Tensor) {
+    let c = tracepass_runtime::cpu::kernels::matmul(a, b);
+    std::hint::black_box(c.is_ok());
+}
+
+/// `v` as a `[rows, cols]` tensor, or as the transpose of a row-major `[cols, rows]` one.
+fn tensor(v: &[f32], rows: usize, cols: usize, transposed: bool) -> Result<Tensor> {
+    Ok(if transposed {
+        Tensor::from_f32(vec![cols, rows], v.to_vec())
+            .permute(&[1, 0])
+            .map_err(anyhow::Error::msg)?
+    } else {
+        Tensor::from_f32(vec![rows, cols], v.to_vec())
+    })
+}
+
 /// PyTorch's GFLOP/s per shape, in SHAPES order, or `None` without the venv.
 fn torch_gflops(threads: usize) -> Option<Vec<f64>> {
     let python = std::env::var("TRACEPASS_PYTHON").unwrap_or_else(|_| "python3".to_string());
@@ -186,14 +209,17 @@ for m, k, n, at, bt in [{}]:
 
 pub fn bench_gemm() -> Result<()> {
     const REPS: usize = 30;
-    println!("gemm benchmark: f32 C = A @ B, best of {REPS} after a warm-up, GFLOP/s (1 thread: thread CPU time, 2 threads: wall time); B^T / A^T: read transposed in place");
+    println!("gemm benchmark: f32 C = A @ B, best of {REPS} after a warm-up, GFLOP/s (1 thread: thread CPU time, 2 threads: wall time); B^T / A^T: read transposed in place; gemm: the crate into a row-major C; runtime: the runtime's matmul, which may compute C column-major and transpose it; rt/pt: runtime / torch");
     for threads in [1usize, 2] {
         let torch = torch_gflops(threads);
         println!("{threads} thread(s):");
         println!(
-            "{:<12} {:>16} {:>14} {:>8} {:>8} {:>8}",
-            "shape", "m x k x n", "matrixmultiply", "gemm", "torch", "gemm/pt"
+            "{:<12} {:>16} {:>14} {:>8} {:>8} {:>8} {:>8}",
+            "shape", "m x k x n", "matrixmultiply", "gemm", "runtime", "torch", "rt/pt"
         );
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()?;
         let par = if threads == 1 {
             gemm::Parallelism::None
         } else {
@@ -213,8 +239,12 @@ pub fn bench_gemm() -> Result<()> {
                 "-".to_string()
             };
             let g = flop / best(REPS, threads == 1, || mm_gemm(s, &a, &b, &mut c, par)) / 1e9;
+            // in a pool of `threads`, as a rank with `--threads-per-rank` runs it
+            let (ta, tb) = (tensor(&a, s.m, s.k, s.a_t)?, tensor(&b, s.k, s.n, s.b_t)?);
+            let rt =
+                pool.install(|| flop / best(REPS, threads == 1, || mm_runtime(&ta, &tb)) / 1e9);
             let (pt, ratio) = match torch.as_ref().and_then(|t| t.get(i)) {
-                Some(t) => (format!("{t:.1}"), format!("{:.0}%", 100.0 * g / t)),
+                Some(t) => (format!("{t:.1}"), format!("{:.0}%", 100.0 * rt / t)),
                 None => ("-".into(), "-".into()),
             };
             let dims = format!(
@@ -226,8 +256,8 @@ pub fn bench_gemm() -> Result<()> {
                 if s.b_t { "^T" } else { "" }
             );
             println!(
-                "{:<12} {:>16} {:>14} {:>8.1} {:>8} {:>8}",
-                s.what, dims, mm, g, pt, ratio
+                "{:<12} {:>16} {:>14} {:>8.1} {:>8.1} {:>8} {:>8}",
+                s.what, dims, mm, g, rt, pt, ratio
             );
         }
     }

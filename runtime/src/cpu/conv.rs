@@ -508,17 +508,34 @@ fn conv_batched<T: Gemm + Default>(
             }
             let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
             gemm_rows_shared_as(coutg, kc, cols, ws, &col, layout, T::ZERO, &mut prod)?;
-            for s in 0..nb {
+            // each sample's block of `out` gets its columns of the product; a copy, shared
+            // among the rank's threads by samples when large (Thunder's weight gradients
+            // write a whole `[C_in, C_out, kh, kw]` here)
+            let per_sample = g.cout * op;
+            let block = &mut out[n0 * per_sample..(n0 + nb) * per_sample];
+            let copy_out = |s: usize, sample: &mut [T]| {
                 for m in 0..coutg {
                     let src = &prod[m * cols + s * op..m * cols + (s + 1) * op];
-                    let at = ((n0 + s) * g.cout + grp * coutg + m) * op;
-                    let dst = &mut out[at..at + op];
+                    let at = (grp * coutg + m) * op;
+                    let dst = &mut sample[at..at + op];
                     if has_bias {
                         dst.iter_mut().zip(src).for_each(|(d, &v)| *d = *d + v);
                     } else {
                         super::strided::copy_run_init(dst, src);
                     }
                 }
+            };
+            if super::pool_threads() > 1 && nb > 1 && block.len() >= PARALLEL_IM2COL {
+                use rayon::prelude::*;
+                block
+                    .par_chunks_mut(per_sample)
+                    .enumerate()
+                    .for_each(|(s, sample)| copy_out(s, sample));
+            } else {
+                block
+                    .chunks_mut(per_sample)
+                    .enumerate()
+                    .for_each(|(s, sample)| copy_out(s, sample));
             }
         }
     }
@@ -737,6 +754,45 @@ mod tests {
             .iter()
             .zip(&three)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // a late layer's weight gradient: a 2x2 "kernel", 57 samples a product, each sample's
+        // 128 x 9 outputs copied out by samples in parallel
+        let x = Tensor::from_f32(
+            vec![128, 8, 2, 2],
+            data(128 * 32, 4.5).iter().map(|&v| v as f32).collect(),
+        );
+        let w = Tensor::from_f32(
+            vec![128, 8, 2, 2],
+            data(128 * 32, 5.5).iter().map(|&v| v as f32).collect(),
+        );
+        let run = || {
+            convolution(&x, &w, None, &[1], &[1], &[1], false, &[0], 1)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .to_f32_vec()
+        };
+        const { assert!(57 * 128 * 9 >= PARALLEL_IM2COL) };
+        let (one, three) = crate::cpu::alone_and_in_three_threads(run);
+        assert_eq!(one.len(), 128 * 128 * 9);
+        assert!(one
+            .iter()
+            .zip(&three)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // and it is the convolution: output (1, 2) at tap (2, 0) of sample 3, channel 5
+        let (xs, ws) = (x.to_f32_vec(), w.to_f32_vec());
+        let (n, co, oy, ox) = (3, 5, 2, 0);
+        let mut want = 0f64;
+        for c in 0..8 {
+            for ky in 0..2 {
+                for kx in 0..2 {
+                    let (iy, ix) = (oy + ky, ox + kx);
+                    if (1..3).contains(&iy) && (1..3).contains(&ix) {
+                        let xv = xs[((n * 8 + c) * 2 + iy - 1) * 2 + ix - 1];
+                        want += f64::from(xv) * f64::from(ws[((co * 8 + c) * 2 + ky) * 2 + kx]);
+                    }
+                }
+            }
+        }
+        let got = f64::from(one[((n * 128 + co) * 3 + oy) * 3 + ox]);
+        assert!((got - want).abs() < 1e-4, "{got} vs {want}");
     }
 
     #[test]

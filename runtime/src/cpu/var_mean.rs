@@ -57,23 +57,32 @@ pub fn var_mean(
     } = row_reduction(x.shape(), dims, keepdim)?;
     let p = x.permute(&perm)?;
     let divisor = (row as f64 - correction).max(0.0);
-    let mut var: Vec<f64> = pool::take(rows);
-    let mut mean: Vec<f64> = pool::take(rows);
+    let mut var: Vec<f64> = pool::filled(rows, 0.0);
+    let mut mean: Vec<f64> = pool::filled(rows, 0.0);
     macro_rules! rows {
         ($v:expr) => {{
             let v = $v;
-            for r in 0..rows {
+            let one = |r: usize, (m, var): (&mut f64, &mut f64)| {
                 let e = &v[r * row..(r + 1) * row];
-                let m = e.iter().map(|&a| f64::from(a)).sum::<f64>() / row as f64;
-                let ss: f64 = e
-                    .iter()
-                    .map(|&a| {
-                        let d = f64::from(a) - m;
-                        d * d
-                    })
-                    .sum();
-                mean.push(m);
-                var.push(ss / divisor);
+                *m = lane_sum(e, |a| f64::from(a)) / row as f64;
+                let ss = lane_sum(e, |a| {
+                    let d = f64::from(a) - *m;
+                    d * d
+                });
+                *var = ss / divisor;
+            };
+            // rows are independent and each is summed the same way on any thread
+            if super::pool_threads() > 1 && rows > 1 && rows * row >= super::strided::PARALLEL_MIN {
+                use rayon::prelude::*;
+                mean.par_iter_mut()
+                    .zip(var.par_iter_mut())
+                    .enumerate()
+                    .for_each(|(r, pair)| one(r, pair));
+            } else {
+                mean.iter_mut()
+                    .zip(var.iter_mut())
+                    .enumerate()
+                    .for_each(|(r, pair)| one(r, pair));
             }
         }};
     }
@@ -101,6 +110,28 @@ pub fn var_mean(
         }
     };
     Ok((make(var)?, make(mean)?))
+}
+
+/// `f(a)` summed in f64 over `e`, element `i` into lane `i % 8` (one AVX-512 vector of f64),
+/// the lanes merged pairwise, then the tail: a vector add per element instead of a chain of
+/// adds each waiting on the last, in an order that depends only on the length.
+fn lane_sum<T: Copy>(e: &[T], f: impl Fn(T) -> f64) -> f64 {
+    const LANES: usize = 8;
+    let (blocks, tail) = e.as_chunks::<LANES>();
+    let mut part = [0.0f64; LANES];
+    for block in blocks {
+        for (q, &a) in part.iter_mut().zip(block) {
+            *q += f(a);
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            part[l] += part[l + width];
+        }
+    }
+    tail.iter().fold(part[0], |s, &a| s + f(a))
 }
 
 /// Which dims `var_mean` reduces (`None` is all, a dim listed twice is an error), the
@@ -191,5 +222,35 @@ mod tests {
         );
         assert!(var_mean(&x, Some(&[2]), 0.0, false).is_err());
         assert!(var_mean(&x, Some(&[1, -1]), 0.0, false).is_err());
+    }
+
+    #[test]
+    fn rows_on_threads_give_the_one_thread_bits() {
+        // batch-norm statistics of [8, 64, 16, 16]: rows of 2048 shared out by channel
+        let n = 8 * 64 * 16 * 16;
+        let x = Tensor::from_f32(
+            vec![8, 64, 16, 16],
+            (0..n)
+                .map(|i| ((i * 7919) % 1013) as f32 * 0.013 - 6.0)
+                .collect(),
+        );
+        assert!(n >= crate::cpu::strided::PARALLEL_MIN);
+        let run = || {
+            let (v, m) = var_mean(&x, Some(&[0, 2, 3]), 0.0, false).expect("ok");
+            (v.to_f32_vec(), m.to_f32_vec())
+        };
+        let (one, three) = crate::cpu::alone_and_in_three_threads(run);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&one.0), bits(&three.0));
+        assert_eq!(bits(&one.1), bits(&three.1));
+        // and they are the statistics, against an f64 two-pass over one channel
+        let e: Vec<f64> = (0..n)
+            .filter(|i| (i / 256) % 64 == 5)
+            .map(|i| f64::from(((i * 7919) % 1013) as f32 * 0.013 - 6.0))
+            .collect();
+        let mu = e.iter().sum::<f64>() / e.len() as f64;
+        let var = e.iter().map(|a| (a - mu) * (a - mu)).sum::<f64>() / e.len() as f64;
+        assert!((f64::from(one.1[5]) - mu).abs() < 1e-5);
+        assert!((f64::from(one.0[5]) - var).abs() < 1e-4 * var);
     }
 }
