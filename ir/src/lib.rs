@@ -91,7 +91,8 @@ pub use rewriter::{literal_fits, Applied, NewNode, NodeRef, RewriteError, Rewrit
 pub use signature::{Bound, Signature};
 pub use trace::{NameGen, Provenance, Trace, TraceKind, NOT_READ, RETURNED, UNSCHEDULED};
 pub use types::{
-    broadcast_shapes, DType, Device, DeviceKind, Shape, TensorType, Type, MAX_TENSOR_BYTES,
+    broadcast_shapes, broadcast_shapes_in, DType, Device, DeviceKind, Shape, TensorType, Type,
+    MAX_TENSOR_BYTES,
 };
 pub use value::{Def, Name, ValueId, ValueIdMap, ValueIdSet, ValueRef};
 pub use verify::{verify, verify_return_types, verify_with, Diagnostic, ReturnTypes, VerifyError};

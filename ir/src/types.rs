@@ -537,8 +537,17 @@ impl fmt::Display for Type {
 
 /// NumPy broadcasting of two shapes (aligned at the right, 1s stretch); `None` if they clash.
 pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    broadcast_shapes_in::<[usize; 0]>(a, b).map(smallvec::SmallVec::into_vec)
+}
+
+/// [`broadcast_shapes`] into a `SmallVec` of the caller's inline size (a runtime kernel's
+/// output shape, made without a heap allocation).
+pub fn broadcast_shapes_in<A: smallvec::Array<Item = usize>>(
+    a: &[usize],
+    b: &[usize],
+) -> Option<smallvec::SmallVec<A>> {
     let n = a.len().max(b.len());
-    let mut out = vec![0; n];
+    let mut out = smallvec::SmallVec::<A>::from_elem(0, n);
     for i in 0..n {
         let x = if i < n - a.len() {
             1

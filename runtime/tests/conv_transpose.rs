@@ -112,9 +112,7 @@ fn check(c: Case) {
     let (shape, want) = reference(&c, &x, &w, &b);
     for dtype in [DType::F64, DType::F32] {
         let t = |shape: &[usize], v: &[f64]| {
-            Tensor::from_f64(shape.to_vec(), v.to_vec())
-                .to_dtype(dtype)
-                .unwrap()
+            Tensor::from_f64(shape, v.to_vec()).to_dtype(dtype).unwrap()
         };
         let (tx, tw, tb) = (t(&c.x, &x), t(&c.w, &w), t(&[nb], &b));
         let k = Kernel::ConvTranspose {
@@ -308,9 +306,7 @@ fn check_vjp(c: Case) {
     let want = reference_grads(&c, &x, &w, &g);
     for dtype in [DType::F64, DType::F32] {
         let t = |shape: &[usize], v: &[f64]| {
-            Tensor::from_f64(shape.to_vec(), v.to_vec())
-                .to_dtype(dtype)
-                .unwrap()
+            Tensor::from_f64(shape, v.to_vec()).to_dtype(dtype).unwrap()
         };
         let (tx, tw, tg) = (t(&c.x, &x), t(&c.w, &w), t(&out_shape, &g));
         // every subset of the three gradients, in order input, weight, bias
@@ -459,7 +455,7 @@ fn thunders_conv_transpose2d_vjp_statement_runs() {
     );
     let f32 = |shape: &[usize], v: &[f64]| {
         RValue::Tensor(
-            Tensor::from_f64(shape.to_vec(), v.to_vec())
+            Tensor::from_f64(shape, v.to_vec())
                 .to_dtype(DType::F32)
                 .unwrap(),
         )

@@ -105,7 +105,7 @@ fn cross_entropy_grad(logits: &Tensor, targets: &Tensor) -> Tensor {
             g.push((d / rows) as f32);
         }
     }
-    Tensor::from_f32(logits.shape().to_vec(), g)
+    Tensor::from_f32(logits.shape(), g)
 }
 
 struct Run {
@@ -199,7 +199,7 @@ fn run_export(name: &str, backward: bool) -> Run {
                 }
             }
             assert_eq!(sum.len(), r.numel(), "{name}: `{}`", q.fqn);
-            let ours = Tensor::from_f64(r.shape().to_vec(), sum);
+            let ours = Tensor::from_f64(r.shape(), sum);
             grads.push((q.fqn.clone(), ours, r.clone()));
         }
     }

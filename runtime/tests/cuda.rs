@@ -70,7 +70,7 @@ fn random(shape: &[usize], seed: u64, dtype: DType) -> Tensor {
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect();
-    Tensor::from_f32(shape.to_vec(), v).to_dtype(dtype).unwrap()
+    Tensor::from_f32(shape, v).to_dtype(dtype).unwrap()
 }
 
 fn close(got: &Tensor, want: &Tensor, d: DType, what: &str) {

@@ -48,7 +48,7 @@ fn random(shape: &[usize], seed: u64, dtype: DType) -> Tensor {
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect();
-    Tensor::from_f32(shape.to_vec(), v).to_dtype(dtype).unwrap()
+    Tensor::from_f32(shape, v).to_dtype(dtype).unwrap()
 }
 
 fn close(got: &Tensor, want: &Tensor, what: &str) {
@@ -967,7 +967,7 @@ fn operand(shape: &[usize], seed: u64, d: DType) -> Tensor {
         return random(shape, seed, d);
     }
     let v = random(shape, seed, DType::F64).to_f64_vec();
-    Tensor::from_f64(shape.to_vec(), v.iter().map(|x| x * 100.0).collect())
+    Tensor::from_f64(shape, v.iter().map(|x| x * 100.0).collect())
         .to_dtype(DType::I64)
         .unwrap()
 }
@@ -979,7 +979,7 @@ type GatherCase = (&'static [usize], &'static [usize], &'static [usize], usize);
 fn repeating(shape: &[usize], size: usize, seed: usize) -> Tensor {
     let n: usize = shape.iter().product();
     Tensor::from_i64(
-        shape.to_vec(),
+        shape,
         (0..n).map(|k| ((k * 7 + seed) % size) as i64).collect(),
     )
 }

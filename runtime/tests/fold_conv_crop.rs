@@ -13,7 +13,7 @@ use tracepass_runtime::train::{train, ModelSource, OptimizerKind, TrainConfig};
 fn random(shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
     let v = values(n, seed).into_iter().map(|x| x as f32).collect();
-    Tensor::from_f32(shape.to_vec(), v)
+    Tensor::from_f32(shape, v)
 }
 
 fn dims(v: &[usize]) -> String {

@@ -14,10 +14,7 @@ use tracepass_runtime::tensor::Tensor;
 
 fn random(shape: &[usize], lo: f32, hi: f32, rng: &mut ChaCha8Rng) -> Tensor {
     let n: usize = shape.iter().product();
-    Tensor::from_f32(
-        shape.to_vec(),
-        (0..n).map(|_| rng.gen_range(lo..hi)).collect(),
-    )
+    Tensor::from_f32(shape, (0..n).map(|_| rng.gen_range(lo..hi)).collect())
 }
 
 /// Fuses `src`, checks the regions it expects (each one loop when `fused_loops`), and

@@ -25,7 +25,7 @@ fn input(shape: &[usize], seed: u64, dtype: DType) -> (Tensor, Vec<f64>) {
             .collect(),
         _ => values(n, seed),
     };
-    let t = Tensor::from_f64(shape.to_vec(), v)
+    let t = Tensor::from_f64(shape, v)
         .to_dtype(dtype)
         .expect("a cpu dtype");
     let held = t.to_f64_vec();
@@ -36,7 +36,7 @@ fn input(shape: &[usize], seed: u64, dtype: DType) -> (Tensor, Vec<f64>) {
 fn indices(shape: &[usize], size: usize, seed: usize, dtype: DType) -> (Tensor, Vec<usize>) {
     let n: usize = shape.iter().product();
     let v: Vec<usize> = (0..n).map(|k| (k * 7 + seed) % size).collect();
-    let t = Tensor::from_i64(shape.to_vec(), v.iter().map(|&i| i as i64).collect())
+    let t = Tensor::from_i64(shape, v.iter().map(|&i| i as i64).collect())
         .to_dtype(dtype)
         .expect("an index dtype");
     (t, v)
@@ -368,7 +368,7 @@ fn with_ties(shape: &[usize], seed: u64, dtype: DType) -> (Tensor, Vec<f64>) {
             _ => x,
         })
         .collect();
-    let t = Tensor::from_f64(shape.to_vec(), v).to_dtype(dtype).unwrap();
+    let t = Tensor::from_f64(shape, v).to_dtype(dtype).unwrap();
     let held = t.to_f64_vec();
     (t, held)
 }

@@ -11,10 +11,7 @@ use tracepass_runtime::tensor::{Storage, Tensor};
 
 fn iota(shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
-    Tensor::from_f32(
-        shape.to_vec(),
-        (0..n).map(|i| i as f32 * 0.5 - 3.0).collect(),
-    )
+    Tensor::from_f32(shape, (0..n).map(|i| i as f32 * 0.5 - 3.0).collect())
 }
 
 fn run(k: &Kernel, x: &Tensor) -> Result<Tensor, String> {

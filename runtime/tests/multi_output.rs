@@ -30,7 +30,7 @@ fn the_output_the_loss_does_not_read_gets_a_zero_cotangent() {
     let grad = Tensor::from_f32(vec![1], vec![7.0]);
     let seq = model
         .cotangent_values(grad, |t| {
-            Tensor::zeros(t.shape.to_vec(), t.dtype).ok_or_else(|| "zeros".to_string())
+            Tensor::zeros(&t.shape, t.dtype).ok_or_else(|| "zeros".to_string())
         })
         .expect("cotangents");
     let RValue::Seq(items) = seq else {

@@ -18,7 +18,7 @@ fn ty(shape: &[usize], dtype: DType) -> Type {
 
 fn iota(shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
-    Tensor::from_f32(shape.to_vec(), (0..n).map(|i| i as f32).collect())
+    Tensor::from_f32(shape, (0..n).map(|i| i as f32).collect())
 }
 
 fn slice(a: Option<i64>, b: Option<i64>, c: Option<i64>) -> Arg {
@@ -902,7 +902,7 @@ fn var_and_std_take_dims_and_corrections() {
     let got = run(
         &b.finish(),
         &outs,
-        vec![Tensor::from_f64(shape.to_vec(), xs.clone())
+        vec![Tensor::from_f64(shape, xs.clone())
             .to_dtype(DType::F32)
             .unwrap()],
     );

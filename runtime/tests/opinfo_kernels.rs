@@ -34,7 +34,7 @@ fn bools(n: usize, seed: u64) -> Vec<bool> {
 fn amax_and_amin_of_bools_are_any_and_all() {
     let shape = [3usize, 4, 5];
     let v = bools(60, 7);
-    let x = Tensor::from_bool(shape.to_vec(), v.clone());
+    let x = Tensor::from_bool(shape, v.clone());
     for (op, any) in [(ReduceOp::Amax, true), (ReduceOp::Amin, false)] {
         for (dims, keepdim) in [(vec![1], false), (vec![0, 2], true), (vec![0, 1, 2], false)] {
             let got = run1(
@@ -97,7 +97,7 @@ fn index_add_and_scatter_add_of_bools_or_the_values_in() {
     let av = bools(30, 3);
     let sv = bools(3 * m * 2, 4);
     let idx: Vec<i64> = (0..m).map(|k| ((k * 3) % 5) as i64).collect();
-    let a = Tensor::from_bool(shape.to_vec(), av.clone());
+    let a = Tensor::from_bool(shape, av.clone());
     let s = Tensor::from_bool(vec![3, m, 2], sv.clone());
     let got = run1(
         &Kernel::IndexAdd { dim: 1 },

@@ -14,7 +14,7 @@ use tracepass_runtime::tensor::{Tensor, TensorFile};
 use tracepass_runtime::train::{train, ModelSource, TrainConfig};
 
 fn t64(shape: &[usize], seed: u64) -> Tensor {
-    Tensor::from_f64(shape.to_vec(), values(shape.iter().product(), seed))
+    Tensor::from_f64(shape, values(shape.iter().product(), seed))
 }
 
 fn run(k: &Kernel, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {

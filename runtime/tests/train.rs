@@ -283,7 +283,7 @@ fn gradients_match_finite_differences() {
                 let mut v = base.clone();
                 v[k] += delta;
                 let mut ps = params.clone();
-                ps[pi] = Tensor::from_f64(p.shape().to_vec(), v);
+                ps[pi] = Tensor::from_f64(p.shape(), v);
                 local_gradients(&m, &ps, batch.clone()).unwrap().0
             };
             let fd = (at(h) - at(-h)) / (2.0 * h);

@@ -172,7 +172,7 @@ pub fn bench_mid() -> Result<()> {
         "mid benchmark: `train --model DIR` steps/s, {WARMUP} warm-up + {TIMED} timed steps, AdamW; PyTorch eager (1 rank) / DDP gloo (2 ranks), torch.set_num_threads = threads, same batches and protocol; peak = process peak RSS (tracepass: all ranks in one process; PyTorch: rank 0's process, Python and torch included)"
     );
     println!(
-        "{:<12} {:>5} {:>7} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9} {:>12}",
+        "{:<12} {:>5} {:>7} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9} {:>13}",
         "model",
         "ranks",
         "threads",
@@ -184,6 +184,7 @@ pub fn bench_mid() -> Result<()> {
         "torch MiB",
         "allocs/step"
     );
+    println!("{:>101}", "(ours/fused)");
     let only = std::env::var("TRACEPASS_BENCH_MID_MODELS").ok();
     let chosen = |m: &str| only.as_ref().is_none_or(|o| o.split(',').any(|x| x == m));
     for model in MODELS.into_iter().filter(|m| chosen(m)) {
@@ -203,11 +204,11 @@ pub fn bench_mid() -> Result<()> {
                 }
             };
             println!(
-                "{model:<12} {ranks:>5} {threads:>7} {:>10.2} {:>10.2} {theirs:>10} {ratio:>7} {:>9} {their_mem:>9} {:>12}",
+                "{model:<12} {ranks:>5} {threads:>7} {:>10.2} {:>10.2} {theirs:>10} {ratio:>7} {:>9} {their_mem:>9} {:>13}",
                 ours.steps_per_s,
                 fused.steps_per_s,
                 mib(ours.peak_rss),
-                ours.allocs_per_step
+                format!("{}/{}", ours.allocs_per_step, fused.allocs_per_step)
             );
         }
     }

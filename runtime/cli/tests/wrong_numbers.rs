@@ -173,7 +173,7 @@ fn accumulated_gradients_sum_every_micro_step_including_the_tie() {
     for (name, g) in &acc {
         let (a, b) = (singles[0][name].to_f64_vec(), singles[1][name].to_f64_vec());
         let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-        let want = Tensor::from_f64(g.shape().to_vec(), sum);
+        let want = Tensor::from_f64(g.shape(), sum);
         let err = max_rel_err(g, &want);
         assert!(err < 1e-4, "`{name}`: relative error {err}");
     }
@@ -311,7 +311,7 @@ fn a_tie_with_two_values_is_refused() {
         let w = &t["lm_head.weight"];
         let mut v = w.to_f32_vec();
         v[3] += 0.5;
-        let w = Tensor::from_f32(w.shape().to_vec(), v);
+        let w = Tensor::from_f32(w.shape(), v);
         t.insert("lm_head.weight".into(), w);
     });
     let err = fails(&run(&[
@@ -351,7 +351,7 @@ fn non_finite_training_stops_and_keeps_the_good_checkpoint() {
     edit_tensors(&dir.join("data.safetensors"), |t| {
         for (k, v) in t.iter_mut() {
             if k.starts_with("targets.") {
-                *v = Tensor::from_i64(v.shape().to_vec(), vec![-100; v.numel()]);
+                *v = Tensor::from_i64(v.shape(), vec![-100; v.numel()]);
             }
         }
     });
@@ -366,7 +366,7 @@ fn non_finite_training_stops_and_keeps_the_good_checkpoint() {
         let x = &t["x.1.1"];
         let mut v = x.to_f32_vec();
         v[5] = f32::NAN;
-        let x = Tensor::from_f32(x.shape().to_vec(), v);
+        let x = Tensor::from_f32(x.shape(), v);
         t.insert("x.1.1".into(), x);
     });
     let err = fails(&train(&dir, &["--steps", "3"]));
@@ -380,7 +380,7 @@ fn non_finite_training_stops_and_keeps_the_good_checkpoint() {
         let w = &t["fc2.bias"];
         let mut v = w.to_f32_vec();
         v[7] = f32::INFINITY;
-        let w = Tensor::from_f32(w.shape().to_vec(), v);
+        let w = Tensor::from_f32(w.shape(), v);
         t.insert("fc2.bias".into(), w);
     });
     let err = fails(&train(&dir, &["--steps", "1"]));

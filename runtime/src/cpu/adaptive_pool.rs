@@ -94,7 +94,7 @@ pub fn adaptive_avg_pool2d_backward(
             }
         }
     }
-    Tensor::from_f64(input_shape.to_vec(), out)
+    Tensor::from_f64(input_shape, out)
         .to_dtype(grad.dtype())
         .ok_or_else(|| format!("{what}: cannot round to {}", grad.dtype()))
 }

@@ -5,7 +5,7 @@ use crate::exec::kernel::BitOp;
 use crate::tensor::{Storage, Tensor};
 use tracepass_ir::DType;
 
-fn shape_of(a: Operand<'_>, b: Operand<'_>) -> Result<Vec<usize>, String> {
+fn shape_of(a: Operand<'_>, b: Operand<'_>) -> Result<crate::tensor::Dims<usize>, String> {
     let shapes: Vec<&[usize]> = [a, b]
         .iter()
         .filter_map(|o| match o {
@@ -142,15 +142,14 @@ pub fn shift(left: bool, a: Operand<'_>, b: Operand<'_>, dtype: DType) -> Result
 pub fn bitwise_not(x: &Tensor) -> Result<Tensor, String> {
     match x.dtype() {
         DType::Bool => Ok(Tensor::from_bool(
-            x.shape().to_vec(),
+            x.shape(),
             x.to_bool_vec().into_iter().map(|b| !b).collect(),
         )),
-        d @ (DType::I64 | DType::I32) => Tensor::from_i64(
-            x.shape().to_vec(),
-            x.to_i64_vec().into_iter().map(|v| !v).collect(),
-        )
-        .to_dtype(d)
-        .ok_or_else(|| format!("bitwise_not: cannot convert to {d}")),
+        d @ (DType::I64 | DType::I32) => {
+            Tensor::from_i64(x.shape(), x.to_i64_vec().into_iter().map(|v| !v).collect())
+                .to_dtype(d)
+                .ok_or_else(|| format!("bitwise_not: cannot convert to {d}"))
+        }
         other => Err(format!(
             "bitwise_not: dtype {other} is not an integer or bool type"
         )),

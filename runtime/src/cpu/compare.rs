@@ -3,8 +3,9 @@
 use super::buffer_pool as pool;
 use super::layout::{convert, expand};
 use super::promote::{promote_types, promote_with_scalar};
-use crate::tensor::{is_float, Elem, Tensor};
+use crate::tensor::{is_float, Dims, Elem, Tensor};
 use crate::with_elem;
+use half::{bf16, f16};
 use std::borrow::Cow;
 use tracepass_ir::DType;
 
@@ -18,10 +19,10 @@ pub enum Operand<'a> {
 }
 
 /// The broadcast shape of the tensor operands (numbers broadcast to anything).
-pub fn broadcast_all(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
-    let mut out: Vec<usize> = Vec::new();
+pub fn broadcast_all(shapes: &[&[usize]]) -> Result<Dims<usize>, String> {
+    let mut out: Dims<usize> = Dims::new();
     for s in shapes {
-        out = tracepass_ir::broadcast_shapes(&out, s)
+        out = tracepass_ir::broadcast_shapes_in(&out, s)
             .ok_or_else(|| format!("shapes {shapes:?} do not broadcast"))?;
     }
     Ok(out)
@@ -32,7 +33,7 @@ pub(crate) fn broadcast_to(t: &Tensor, shape: &[usize]) -> Result<Tensor, String
     if t.shape() == shape {
         return Ok(t.clone());
     }
-    let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let s: Dims<i64> = shape.iter().map(|&d| d as i64).collect();
     expand(t, &s)
 }
 
@@ -131,7 +132,7 @@ pub fn compare(op: CompareOp, a: Operand<'_>, b: Operand<'_>) -> Result<Tensor, 
         }
         _ => return Err("compare: both operands are numbers".into()),
     };
-    let shapes: Vec<&[usize]> = [a, b]
+    let shapes: smallvec::SmallVec<[&[usize]; 2]> = [a, b]
         .iter()
         .filter_map(|o| match o {
             Operand::Tensor(t) => Some(t.shape()),
@@ -181,16 +182,25 @@ pub fn compare(op: CompareOp, a: Operand<'_>, b: Operand<'_>) -> Result<Tensor, 
     Ok(Tensor::from_bool(shape, out))
 }
 
+/// `s` rounded to the float type `dtype` and back, as a one-element tensor's `to_dtype`
+/// rounds it (bf16 and f16 through f32); `None` for a type that is not a float.
+fn float_in(s: f64, dtype: DType) -> Option<f64> {
+    Some(match dtype {
+        DType::F64 => s,
+        DType::F32 => s as f32 as f64,
+        DType::BF16 => bf16::from_f32(s as f32).to_f64(),
+        DType::F16 => f16::from_f32(s as f32).to_f64(),
+        _ => return None,
+    })
+}
+
 /// A number rounded to the float dtype the comparison meets in (then compared in a type that
 /// holds it exactly).
 fn round_scalar(o: Operand<'_>, dtype: DType) -> Result<Operand<'_>, String> {
     Ok(match o {
-        Operand::Scalar(s) if is_float(dtype) => Operand::Scalar(
-            Tensor::from_f64(vec![], vec![s])
-                .to_dtype(dtype)
-                .ok_or("compare: number cast")?
-                .to_f64_vec()[0],
-        ),
+        Operand::Scalar(s) if is_float(dtype) => {
+            Operand::Scalar(float_in(s, dtype).ok_or("compare: number cast")?)
+        }
         other => other,
     })
 }
@@ -228,7 +238,7 @@ pub fn where_(
             cond.dtype()
         ));
     }
-    let mut shapes: Vec<&[usize]> = vec![cond.shape()];
+    let mut shapes: smallvec::SmallVec<[&[usize]; 3]> = smallvec::smallvec![cond.shape()];
     for o in [a, b] {
         if let Operand::Tensor(t) = o {
             shapes.push(t.shape());

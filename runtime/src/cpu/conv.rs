@@ -4,7 +4,7 @@
 
 use super::buffer_pool as pool;
 use super::gemm::{gemm_rows_shared as gemm_rows, gemm_rows_shared_as, BLayout, Gemm};
-use crate::tensor::Tensor;
+use crate::tensor::{Dims, Tensor};
 use tracepass_ir::DType;
 
 /// Checked convolution geometry: N-d spatial sizes and per-dim parameters.
@@ -14,12 +14,12 @@ struct Geometry {
     cin: usize,
     cout: usize,
     groups: usize,
-    spatial: Vec<usize>,
-    kernel: Vec<usize>,
-    out: Vec<usize>,
-    stride: Vec<usize>,
-    padding: Vec<usize>,
-    dilation: Vec<usize>,
+    spatial: Dims<usize>,
+    kernel: Dims<usize>,
+    out: Dims<usize>,
+    stride: Dims<usize>,
+    padding: Dims<usize>,
+    dilation: Dims<usize>,
 }
 
 /// A convolution's per-group sizes: input channels `cg`, output channels `coutg`, output
@@ -34,10 +34,10 @@ struct Sizes {
 }
 
 /// A per-dim parameter: one value for every dim, or one per dim (`(1,)` in Thunder's traces).
-fn per_dim(v: &[i64], d: usize, what: &str, min: i64) -> Result<Vec<usize>, String> {
-    let full: Vec<i64> = match v.len() {
-        1 => vec![v[0]; d],
-        n if n == d => v.to_vec(),
+fn per_dim(v: &[i64], d: usize, what: &str, min: i64) -> Result<Dims<usize>, String> {
+    let full: Dims<i64> = match v.len() {
+        1 => Dims::from_elem(v[0], d),
+        n if n == d => Dims::from_slice(v),
         _ => {
             return Err(format!(
                 "convolution: {what} {v:?} must have 1 or {d} entries"
@@ -82,9 +82,9 @@ impl Geometry {
         let stride = per_dim(stride, d, "stride", 1)?;
         let padding = per_dim(padding, d, "padding", 0)?;
         let dilation = per_dim(dilation, d, "dilation", 1)?;
-        let spatial = x[2..].to_vec();
-        let kernel = w[2..].to_vec();
-        let mut out = Vec::with_capacity(d);
+        let spatial = Dims::from_slice(&x[2..]);
+        let kernel = Dims::from_slice(&w[2..]);
+        let mut out = Dims::with_capacity(d);
         for j in 0..d {
             let span = dilation[j] * (kernel[j].max(1) - 1) + 1;
             let padded = spatial[j] + 2 * padding[j];
@@ -499,7 +499,7 @@ fn conv_batched<T: Gemm + Default>(
         let nb = batch.min(g.n - n0);
         let cols = nb * op;
         for grp in 0..g.groups {
-            let samples: Vec<&[T]> = (n0..n0 + nb)
+            let samples: smallvec::SmallVec<[&[T]; 16]> = (n0..n0 + nb)
                 .map(|n| &x[(n * g.cin + grp * cg) * sp..(n * g.cin + (grp + 1) * cg) * sp])
                 .collect();
             match layout {
@@ -588,8 +588,8 @@ pub fn convolution(
             ));
         }
     }
-    let mut shape = vec![g.n, g.cout];
-    shape.extend(&g.out);
+    let mut shape: Dims<usize> = smallvec::smallvec![g.n, g.cout];
+    shape.extend_from_slice(&g.out);
     let dtype = x.dtype();
     match dtype {
         DType::F64 => {

@@ -115,7 +115,7 @@ pub(crate) fn map_tensor<T: Real>(x: &Tensor, f: impl Fn(T) -> T + Sync) -> Tens
     let v = Strided::<T>::of(x, x.shape());
     let data = strided::map(x.shape(), &v, f);
     v.release();
-    Tensor::new(x.shape().to_vec(), T::storage(data))
+    Tensor::new(x.shape(), T::storage(data))
 }
 
 /// Runs a unary op in the tensor's compute type and returns the tensor's dtype.
@@ -267,7 +267,7 @@ fn binary_typed<T: Real>(
                 for_binary_op!(op, T, T::of(alpha), f => strided::map(x.shape(), &v, |e| f(e, s)))
             };
             v.release();
-            Tensor::new(x.shape().to_vec(), T::storage(data))
+            Tensor::new(x.shape(), T::storage(data))
         }
         (Operand::S(s), Operand::T(y)) => {
             let s = T::of(s);
@@ -275,16 +275,17 @@ fn binary_typed<T: Real>(
             let data: Vec<T> =
                 for_binary_op!(op, T, T::of(alpha), f => strided::map(y.shape(), &v, |e| f(s, e)));
             v.release();
-            Tensor::new(y.shape().to_vec(), T::storage(data))
+            Tensor::new(y.shape(), T::storage(data))
         }
         (Operand::T(x), Operand::T(y)) => {
-            let out = tracepass_ir::broadcast_shapes(x.shape(), y.shape()).ok_or_else(|| {
-                format!(
-                    "shapes {:?} and {:?} do not broadcast",
-                    x.shape(),
-                    y.shape()
-                )
-            })?;
+            let out: crate::tensor::Dims<usize> =
+                tracepass_ir::broadcast_shapes_in(x.shape(), y.shape()).ok_or_else(|| {
+                    format!(
+                        "shapes {:?} and {:?} do not broadcast",
+                        x.shape(),
+                        y.shape()
+                    )
+                })?;
             let (va, vb) = (Strided::<T>::of(x, &out), Strided::<T>::of(y, &out));
             let data: Vec<T> =
                 for_binary_op!(op, T, T::of(alpha), f => strided::zip_map(&out, &va, &vb, f));

@@ -37,7 +37,7 @@ pub fn embedding(idx: &Tensor, weight: &Tensor) -> Result<Tensor, String> {
     }
     let (rows, dim) = (weight.shape()[0], weight.shape()[1]);
     let ix = indices(idx, rows, "embedding")?;
-    let mut shape = idx.shape().to_vec();
+    let mut shape = crate::tensor::Dims::from_slice(idx.shape());
     shape.push(dim);
     with_elem!(weight.dtype(), T => {
         let w = weight.elems::<T>().ok_or("embedding: weight storage")?;

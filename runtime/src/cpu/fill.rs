@@ -20,15 +20,15 @@ pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor, S
     }
     let n = ((end - start) / step).ceil().max(0.0) as usize;
     with_elem!(dtype, T => {
-        let v: Vec<T> = (0..n).map(|i| T::from_f64(start + i as f64 * step)).collect();
-        Ok(Tensor::new(vec![n], T::wrap(v)))
+        let v: Vec<T> = crate::cpu::buffer_pool::collect(n, (0..n).map(|i| T::from_f64(start + i as f64 * step)));
+        Ok(Tensor::new([n], T::wrap(v)))
     }, other => Err(format!("arange: dtype {other} is not supported by the cpu backend")))
 }
 
 /// `torch.full(shape, value, dtype=)`.
 pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Tensor, String> {
     let n = shape.iter().product();
-    with_elem!(dtype, T => Ok(Tensor::new(shape.to_vec(), T::wrap(crate::cpu::buffer_pool::filled(n, T::from_f64(value))))),
+    with_elem!(dtype, T => Ok(Tensor::new(shape, T::wrap(crate::cpu::buffer_pool::filled(n, T::from_f64(value))))),
         other => Err(format!("full: dtype {other} is not supported by the cpu backend")))
 }
 

@@ -4,7 +4,7 @@
 //! transposes cost no copy.
 
 use super::real::Real;
-use crate::tensor::Tensor;
+use crate::tensor::{Dims, Tensor};
 use tracepass_ir::DType;
 
 pub trait Gemm: Real {
@@ -133,6 +133,8 @@ macro_rules! gemm_impl {
                 // gemm's `dst = alpha * dst + beta * lhs @ rhs` with strides as (column, row);
                 // `read_dst` false ignores `alpha` and never reads `c`.
                 let read_dst = beta != 0.0;
+                #[cfg(test)]
+                IN_GEMM_CRATE.with(|f| f.set(true));
                 gemm::gemm(
                     m,
                     n,
@@ -153,7 +155,9 @@ macro_rules! gemm_impl {
                     false,
                     false,
                     parallelism(m, k, n),
-                )
+                );
+                #[cfg(test)]
+                IN_GEMM_CRATE.with(|f| f.set(false));
             }
         }
     };
@@ -219,8 +223,6 @@ fn gemm_into<T: Gemm>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    #[cfg(test)]
-    IN_GEMM_CRATE.with(|f| f.set(true));
     // SAFETY: bounds were checked above; c is a fresh row-major [m, n] block at c_off.
     unsafe {
         gemm_to_rows(
@@ -233,8 +235,6 @@ fn gemm_into<T: Gemm>(
             &mut c[c_off..c_off + m * n],
         );
     }
-    #[cfg(test)]
-    IN_GEMM_CRATE.with(|f| f.set(false));
     Ok(())
 }
 
@@ -424,7 +424,7 @@ struct MatmulShape {
     m: usize,
     k: usize,
     n: usize,
-    batch: Vec<usize>,
+    batch: Dims<usize>,
     drop_m: bool,
     drop_n: bool,
 }
@@ -432,12 +432,12 @@ struct MatmulShape {
 impl MatmulShape {
     fn of(a: &Tensor, b: &Tensor) -> Result<MatmulShape, String> {
         let (a2, drop_m) = if a.shape().len() == 1 {
-            (a.reshape(vec![1, a.shape()[0]])?, true)
+            (a.reshape([1, a.shape()[0]])?, true)
         } else {
             (a.clone(), false)
         };
         let (b2, drop_n) = if b.shape().len() == 1 {
-            (b.reshape(vec![b.shape()[0], 1])?, true)
+            (b.reshape([b.shape()[0], 1])?, true)
         } else {
             (b.clone(), false)
         };
@@ -455,7 +455,7 @@ impl MatmulShape {
             ));
         }
         let (ba, bb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
-        let batch = tracepass_ir::broadcast_shapes(ba, bb)
+        let batch = tracepass_ir::broadcast_shapes_in(ba, bb)
             .ok_or_else(|| format!("matmul batch shapes {ba:?} and {bb:?} do not broadcast"))?;
         Ok(MatmulShape {
             a: a2,
@@ -475,7 +475,7 @@ impl MatmulShape {
     }
 
     /// The result's shape.
-    fn out_shape(&self) -> Vec<usize> {
+    fn out_shape(&self) -> Dims<usize> {
         let mut shape = self.batch.clone();
         if !self.drop_m {
             shape.push(self.m);
@@ -504,7 +504,7 @@ fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
         }
     };
     let (lead_a, lead_b) = (nb - ba.len(), nb - bb.len());
-    let mut idx = vec![0usize; nb];
+    let mut idx: Dims<usize> = Dims::from_elem(0, nb);
     for c in 0..count {
         let (mut oa, mut ob) = (0isize, 0isize);
         for (i, &ix) in idx.iter().enumerate() {
@@ -598,7 +598,7 @@ fn linear_typed<T: Gemm>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Resul
     let x2 = if xs.len() == 2 {
         x.clone()
     } else {
-        x.reshape(vec![m, k])?
+        x.reshape([m, k])?
     };
     let wt = w.permute(&[1, 0])?;
     let mut out = crate::cpu::buffer_pool::filled(m * n, T::ZERO);
@@ -620,7 +620,7 @@ fn linear_typed<T: Gemm>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Resul
     let ma = Mat::<T>::of(&x2, 0).ok_or("linear input has the wrong storage type")?;
     let mb = Mat::<T>::of(&wt, 0).ok_or("linear weight has the wrong storage type")?;
     gemm_into(&ma, &mb, beta, &mut out, 0)?;
-    let mut shape = xs[..xs.len() - 1].to_vec();
+    let mut shape = Dims::from_slice(&xs[..xs.len() - 1]);
     shape.push(n);
     Ok(Tensor::new(shape, T::storage(out)))
 }

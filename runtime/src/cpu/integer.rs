@@ -16,7 +16,7 @@ pub fn binary_int(
     alpha: f64,
     dtype: DType,
 ) -> Result<Tensor, String> {
-    let shapes: Vec<&[usize]> = [a, b]
+    let shapes: smallvec::SmallVec<[&[usize]; 2]> = [a, b]
         .iter()
         .filter_map(|o| match o {
             Operand::Tensor(t) => Some(t.shape()),
@@ -38,7 +38,7 @@ pub fn binary_int(
     let values = |o: Operand<'_>| -> Result<Vec<i64>, String> {
         Ok(match o {
             Operand::Tensor(t) => broadcast_to(t, &shape)?.to_i64_vec(),
-            Operand::Scalar(s) => vec![int(s, "operand")?; n],
+            Operand::Scalar(s) => crate::cpu::buffer_pool::filled(n, int(s, "operand")?),
         })
     };
     let alpha = int(alpha, "alpha")?;
@@ -96,11 +96,12 @@ pub fn binary_int(
             return Err("nextafter of integers: PyTorch defines it for floats only".into())
         }
     };
-    let out = x
-        .iter()
-        .zip(&y)
-        .map(|(&p, &q)| f(p, q, alpha))
-        .collect::<Result<Vec<i64>, String>>()?;
+    let mut out: Vec<i64> = crate::cpu::buffer_pool::take(n);
+    for (&p, &q) in x.iter().zip(&y) {
+        out.push(f(p, q, alpha)?);
+    }
+    crate::cpu::buffer_pool::give_scratch(x);
+    crate::cpu::buffer_pool::give_scratch(y);
     Tensor::from_i64(shape, out)
         .to_dtype(dtype)
         .ok_or_else(|| format!("cannot convert to {dtype}"))

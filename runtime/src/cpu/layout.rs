@@ -2,7 +2,7 @@
 //! slice, split) and copies that move elements without arithmetic (pad, cat, flip, copy_).
 
 use super::promote::promote_types;
-use crate::tensor::{Elem, Tensor};
+use crate::tensor::{Dims, Elem, Tensor};
 use crate::with_elem;
 use tracepass_ir::DType;
 
@@ -31,15 +31,15 @@ pub fn expand_dims(
     xs: &[usize],
     st: &[isize],
     shape: &[i64],
-) -> Result<(Vec<usize>, Vec<isize>), String> {
+) -> Result<(Dims<usize>, Dims<isize>), String> {
     if shape.len() < xs.len() {
         return Err(format!(
             "expand: the shape {shape:?} has fewer dims than the tensor's {xs:?}"
         ));
     }
     let lead = shape.len() - xs.len();
-    let mut out = Vec::with_capacity(shape.len());
-    let mut strides = Vec::with_capacity(shape.len());
+    let mut out = Dims::with_capacity(shape.len());
+    let mut strides = Dims::with_capacity(shape.len());
     for (i, &want) in shape.iter().enumerate() {
         if i < lead {
             if want < 0 {
@@ -71,8 +71,8 @@ pub fn expand_dims(
 pub fn unsqueeze(x: &Tensor, dim: i64) -> Result<Tensor, String> {
     let rank = x.shape().len();
     let d = norm_dim(dim, rank + 1)?;
-    let mut shape = x.shape().to_vec();
-    let mut strides = x.strides().to_vec();
+    let mut shape = Dims::from(x.shape());
+    let mut strides = Dims::from(x.strides());
     let s = if d < rank {
         strides[d] * shape[d] as isize
     } else {
@@ -106,8 +106,8 @@ pub fn squeeze(x: &Tensor, dims: Option<&[i64]>) -> Result<Tensor, String> {
         }
     }
     let keep = |i: &usize| !drop[*i];
-    let shape = (0..rank).filter(keep).map(|i| x.shape()[i]).collect();
-    let strides = (0..rank).filter(keep).map(|i| x.strides()[i]).collect();
+    let shape: Dims<usize> = (0..rank).filter(keep).map(|i| x.shape()[i]).collect();
+    let strides: Dims<isize> = (0..rank).filter(keep).map(|i| x.strides()[i]).collect();
     x.view(shape, strides, x.offset())
 }
 
@@ -120,7 +120,7 @@ pub fn slice(
     step: Option<&[i64]>,
 ) -> Result<Tensor, String> {
     let rank = x.shape().len();
-    let ones = vec![1; rank];
+    let ones: Dims<i64> = Dims::from_elem(1, rank);
     let step = step.unwrap_or(&ones);
     if start.len() != rank || end.len() != rank || step.len() != rank {
         return Err(format!(
@@ -129,8 +129,8 @@ pub fn slice(
         ));
     }
     let mut offset = x.offset() as isize;
-    let mut shape = Vec::with_capacity(rank);
-    let mut strides = Vec::with_capacity(rank);
+    let mut shape = Dims::with_capacity(rank);
+    let mut strides = Dims::with_capacity(rank);
     for d in 0..rank {
         let (s, e, k, n) = (start[d], end[d], step[d], x.shape()[d] as i64);
         if s < 0 || s > e || e > n || k < 1 {
@@ -155,13 +155,13 @@ pub fn split(x: &Tensor, sizes: &SplitSizes, dim: i64) -> Result<Vec<Tensor>, St
     let rank = x.shape().len();
     let d = norm_dim(dim, rank)?;
     let n = x.shape()[d];
-    let lens: Vec<usize> = match sizes {
+    let lens: Dims<usize> = match sizes {
         SplitSizes::Chunk(c) => {
             if *c == 0 {
                 if n != 0 {
                     return Err(format!("split: chunk size 0 for a dim of size {n}"));
                 }
-                vec![0]
+                smallvec::smallvec![0]
             } else {
                 let count = n.div_ceil(*c).max(1);
                 (0..count).map(|i| (*c).min(n - i * c)).collect()
@@ -173,14 +173,14 @@ pub fn split(x: &Tensor, sizes: &SplitSizes, dim: i64) -> Result<Vec<Tensor>, St
                     "split: sizes {v:?} do not add up to dim {d}'s size {n}"
                 ));
             }
-            v.clone()
+            Dims::from_slice(v)
         }
     };
     let mut at = 0i64;
     let mut out = Vec::with_capacity(lens.len());
     for len in lens {
-        let start: Vec<i64> = (0..rank).map(|i| if i == d { at } else { 0 }).collect();
-        let mut end: Vec<i64> = x.shape().iter().map(|&s| s as i64).collect();
+        let start: Dims<i64> = (0..rank).map(|i| if i == d { at } else { 0 }).collect();
+        let mut end: Dims<i64> = x.shape().iter().map(|&s| s as i64).collect();
         end[d] = at + len as i64;
         out.push(slice(x, &start, &end, None)?);
         at += len as i64;
@@ -198,10 +198,11 @@ pub enum SplitSizes {
 /// `torch.cat(xs, dim)`: dtypes promoted as PyTorch does; 1-d empty tensors are skipped (the
 /// legacy rule).
 pub fn cat(xs: &[&Tensor], dim: i64) -> Result<Tensor, String> {
-    let parts: Vec<&Tensor> = xs.iter().copied().filter(|t| t.shape() != [0]).collect();
+    let parts: smallvec::SmallVec<[&Tensor; 8]> =
+        xs.iter().copied().filter(|t| t.shape() != [0]).collect();
     let Some(first) = parts.first() else {
         let d = xs.first().map_or(DType::F32, |t| t.dtype());
-        return Tensor::zeros(vec![0], d).ok_or_else(|| format!("cat: dtype {d} not held"));
+        return Tensor::zeros([0], d).ok_or_else(|| format!("cat: dtype {d} not held"));
     };
     let rank = first.shape().len();
     if rank == 0 {
@@ -225,14 +226,14 @@ pub fn cat(xs: &[&Tensor], dim: i64) -> Result<Tensor, String> {
     }
     let outer: usize = first.shape()[..d].iter().product();
     let inner: usize = first.shape()[d + 1..].iter().product();
-    let mut shape = first.shape().to_vec();
+    let mut shape = Dims::from_slice(first.shape());
     shape[d] = total;
     with_elem!(dtype, T => {
-        let conv: Vec<Tensor> = parts
+        let conv: smallvec::SmallVec<[Tensor; 8]> = parts
             .iter()
             .map(|t| convert(t, dtype))
             .collect::<Result<_, _>>()?;
-        let elems: Vec<_> = conv
+        let elems: smallvec::SmallVec<[_; 8]> = conv
             .iter()
             .map(|t| t.elems::<T>().ok_or("cat: dtype conversion failed"))
             .collect::<Result<_, _>>()?;
@@ -269,7 +270,7 @@ pub fn pad(x: &Tensor, value: f64, config: &[(i64, i64, i64)]) -> Result<Tensor,
             config.len()
         ));
     }
-    let mut shape = Vec::with_capacity(rank);
+    let mut shape = Dims::with_capacity(rank);
     for (d, (&n, &(lo, hi, interior))) in xs.iter().zip(config).enumerate() {
         if interior < 0 {
             return Err(format!(
@@ -293,7 +294,7 @@ fn pad_typed<T: Elem>(
     x: &Tensor,
     value: T,
     config: &[(i64, i64, i64)],
-    shape: Vec<usize>,
+    shape: Dims<usize>,
 ) -> Tensor {
     let n_out: usize = shape.iter().product();
     let mut out = crate::cpu::buffer_pool::filled(n_out, value);
@@ -310,22 +311,15 @@ fn pad_typed<T: Elem>(
         return Tensor::new(shape, T::wrap(out));
     }
     let ostr = crate::tensor::contiguous_strides(&shape);
-    // for each input index along each dim: its output index, if inside the output
-    let place: Vec<Vec<Option<usize>>> = (0..rank)
-        .map(|d| {
-            let (lo, _, interior) = config[d];
-            (0..xs[d] as i64)
-                .map(|i| {
-                    let o = lo + i * (interior + 1);
-                    (o >= 0 && o < shape[d] as i64).then_some(o as usize)
-                })
-                .collect()
-        })
-        .collect();
+    // input index `i` along dim `d`: its output index, if inside the output
+    let place = |d: usize, i: usize| -> Option<usize> {
+        let (lo, _, interior) = config[d];
+        let o = lo + i as i64 * (interior + 1);
+        (o >= 0 && o < shape[d] as i64).then_some(o as usize)
+    };
     let inner = xs[rank - 1];
     let outer = x.numel() / inner;
-    let mut idx = vec![0usize; rank - 1];
-    let last = &place[rank - 1];
+    let mut idx: Dims<usize> = Dims::from_elem(0, rank - 1);
     let contiguous_last = config[rank - 1].2 == 0;
     for k in 0..outer {
         if k > 0 {
@@ -340,7 +334,7 @@ fn pad_typed<T: Elem>(
         let mut base = 0usize;
         let mut inside = true;
         for d in 0..rank - 1 {
-            match place[d][idx[d]] {
+            match place(d, idx[d]) {
                 Some(o) => base += o * ostr[d] as usize,
                 None => {
                     inside = false;
@@ -363,7 +357,7 @@ fn pad_typed<T: Elem>(
             }
         } else {
             for (j, &e) in row.iter().enumerate() {
-                if let Some(o) = last[j] {
+                if let Some(o) = place(rank - 1, j) {
                     out[base + o] = e;
                 }
             }
@@ -376,9 +370,9 @@ fn pad_typed<T: Elem>(
 /// `torch.flip(x, dims)`: a contiguous copy with the listed dims reversed.
 pub fn flip(x: &Tensor, dims: &[i64]) -> Result<Tensor, String> {
     let rank = x.shape().len();
-    let mut strides = x.strides().to_vec();
+    let mut strides = Dims::from_slice(x.strides());
     let mut offset = x.offset() as isize;
-    let mut seen = vec![false; rank];
+    let mut seen: Dims<bool> = Dims::from_elem(false, rank);
     for &d in dims {
         let d = norm_dim(d, rank)?;
         if std::mem::replace(&mut seen[d], true) {
@@ -392,14 +386,13 @@ pub fn flip(x: &Tensor, dims: &[i64]) -> Result<Tensor, String> {
     if x.numel() == 0 {
         return Ok(x.contiguous());
     }
-    Ok(x.view(x.shape().to_vec(), strides, offset as usize)?
-        .contiguous())
+    Ok(x.view(x.shape(), strides, offset as usize)?.contiguous())
 }
 
 /// Thunder's `copy_(src, dst)` as a value: `src` broadcast to `dst`'s shape and cast to its
 /// dtype, contiguous (the caller rebinds `dst` to it).
 pub fn copy_into(src: &Tensor, dst: &Tensor) -> Result<Tensor, String> {
-    let shape: Vec<i64> = dst.shape().iter().map(|&s| s as i64).collect();
+    let shape: Dims<i64> = dst.shape().iter().map(|&s| s as i64).collect();
     let e = expand(src, &shape).map_err(|e| format!("copy_: {e}"))?;
     // storage is immutable and shared, so the result may alias `src`
     Ok(convert(&e, dst.dtype())?.contiguous())
@@ -411,7 +404,7 @@ mod tests {
 
     fn iota(shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();
-        Tensor::from_f32(shape.to_vec(), (0..n).map(|i| i as f32).collect())
+        Tensor::from_f32(shape, (0..n).map(|i| i as f32).collect())
     }
 
     #[test]
@@ -432,11 +425,7 @@ mod tests {
         assert!(expand(&x, &[2, 4]).is_err());
         assert!(expand(&x, &[3, -1, 3]).is_err());
         assert!(unsqueeze(&x, 2).is_err());
-        let s = squeeze(
-            &e.contiguous().reshape(vec![2, 1, 3, 1, 2]).expect("ok"),
-            None,
-        )
-        .expect("ok");
+        let s = squeeze(&e.contiguous().reshape([2, 1, 3, 1, 2]).expect("ok"), None).expect("ok");
         assert_eq!(s.shape(), &[2, 3, 2]);
         let s = squeeze(&iota(&[1, 2, 1]), Some(&[0, 1])).expect("ok");
         assert_eq!(s.shape(), &[2, 1]);

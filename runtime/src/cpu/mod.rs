@@ -287,7 +287,7 @@ impl Backend for CpuBackend {
             Kernel::Unary(op) => elementwise::unary(*op, tensor(inputs, 0)?),
             Kernel::Binary { op, a, b, alpha } => elementwise::binary(*op, *a, *b, *alpha, inputs),
             Kernel::Identity => Ok(tensor(inputs, 0)?.clone()),
-            Kernel::Reshape(shape) => tensor(inputs, 0)?.reshape(shape.clone()),
+            Kernel::Reshape(shape) => tensor(inputs, 0)?.reshape(shape),
             Kernel::Permute(perm) => tensor(inputs, 0)?.permute(perm),
             Kernel::Convert(d) => {
                 let t = tensor(inputs, 0)?;
@@ -473,7 +473,7 @@ impl Backend for CpuBackend {
                         "member at offset {o} with shape {s:?} overruns a bucket of {n} elements"
                     )));
                 }
-                Ok(Tensor::view_of(&base, o, s.clone()))
+                Ok(Tensor::view_of(&base, o, s))
             })
             .collect()
     }

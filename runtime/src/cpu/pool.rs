@@ -110,10 +110,10 @@ pub fn max_pool2d_with_indices(x: &Tensor, p: &Pool2d) -> Result<(Tensor, Tensor
         DType::F64 => return max_pool_f64(x, p, np, h, w, oh, ow),
         other => return Err(format!("max_pool2d: dtype {other} is not a float type")),
     };
-    let mut out = Vec::with_capacity(np * oh * ow);
-    let mut idx = Vec::with_capacity(np * oh * ow);
+    let mut out = crate::cpu::buffer_pool::take(np * oh * ow);
+    let mut idx = crate::cpu::buffer_pool::take(np * oh * ow);
     pool_planes(&xs, p, np, h, w, oh, ow, &mut out, &mut idx);
-    let mut shape = x.shape().to_vec();
+    let mut shape = crate::tensor::Dims::from_slice(x.shape());
     let r = shape.len();
     shape[r - 2] = oh;
     shape[r - 1] = ow;
@@ -137,10 +137,10 @@ fn max_pool_f64(
     ow: usize,
 ) -> Result<(Tensor, Tensor), String> {
     let xs = x.elems::<f64>().ok_or("max_pool2d: f64 storage")?;
-    let mut out = Vec::with_capacity(np * oh * ow);
-    let mut idx = Vec::with_capacity(np * oh * ow);
+    let mut out = crate::cpu::buffer_pool::take(np * oh * ow);
+    let mut idx = crate::cpu::buffer_pool::take(np * oh * ow);
     pool_planes(&xs, p, np, h, w, oh, ow, &mut out, &mut idx);
-    let mut shape = x.shape().to_vec();
+    let mut shape = crate::tensor::Dims::from_slice(x.shape());
     let r = shape.len();
     shape[r - 2] = oh;
     shape[r - 1] = ow;
@@ -248,7 +248,7 @@ pub fn max_pool2d_with_indices_backward(
     macro_rules! scatter {
         ($t:ty, $g:expr) => {{
             let g = $g;
-            let mut out = vec![0 as $t; np * h * w];
+            let mut out = crate::cpu::buffer_pool::filled(np * h * w, 0 as $t);
             for plane in 0..np {
                 let dst = &mut out[plane * h * w..(plane + 1) * h * w];
                 let r = plane * per_plane..(plane + 1) * per_plane;
@@ -370,7 +370,7 @@ mod tests {
         };
         let tx = Tensor::from_f64(shape.clone(), x.clone());
         let (o, i) = max_pool2d_with_indices(&tx, &p).expect("ok");
-        let tg = Tensor::from_f64(o.shape().to_vec(), g.clone());
+        let tg = Tensor::from_f64(o.shape(), g.clone());
         let dx = max_pool2d_with_indices_backward(&tg, &tx, &i)
             .expect("ok")
             .to_f64_vec();

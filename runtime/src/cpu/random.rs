@@ -58,7 +58,7 @@ pub fn uniform(
                 minval + (maxval - minval) * u
             })
             .collect();
-        return Ok(Tensor::new(shape.to_vec(), crate::tensor::Storage::F64(v)));
+        return Ok(Tensor::new(shape, crate::tensor::Storage::F64(v)));
     }
     let (lo, width) = (minval as f32, (maxval - minval) as f32);
     with_elem!(dtype, T => {
@@ -69,7 +69,7 @@ pub fn uniform(
                 T::from_f64(f64::from(lo + width * u))
             })
             .collect();
-        Ok(Tensor::new(shape.to_vec(), T::wrap(v)))
+        Ok(Tensor::new(shape, T::wrap(v)))
     }, other => Err(format!("uniform: dtype {other} is not supported by the cpu backend")))
 }
 
@@ -102,7 +102,7 @@ pub fn normal(shape: &[usize], dtype: DType, key: RngKey) -> Result<Tensor, Stri
             .collect(),
         other => return Err(format!("randn: dtype {other} is not a float type")),
     };
-    Tensor::from_f64(shape.to_vec(), v)
+    Tensor::from_f64(shape, v)
         .to_dtype(dtype)
         .ok_or_else(|| format!("randn: cannot round to {dtype}"))
 }

@@ -2,7 +2,7 @@
 
 use super::real::Real;
 use crate::exec::kernel::ReduceOp;
-use crate::tensor::{contiguous_strides, Tensor};
+use crate::tensor::{contiguous_strides, Dims, Tensor};
 use tracepass_ir::DType;
 
 /// Accumulators a run folded into one output element is spread over when the fold may be
@@ -25,13 +25,13 @@ fn fold_dims<E: Copy, A: Copy + crate::cpu::buffer_pool::Pooled>(
     init: A,
     combine: impl Fn(A, E) -> A,
     merge: Option<fn(A, A) -> A>,
-) -> Result<(Vec<A>, Vec<usize>), String> {
+) -> Result<(Vec<A>, Dims<usize>), String> {
     if dims.iter().any(|&d| d >= shape.len().max(1)) {
         return Err(format!(
             "reduction dims {dims:?} out of range for {shape:?}"
         ));
     }
-    let kept: Vec<usize> = (0..shape.len())
+    let kept: Dims<usize> = (0..shape.len())
         .map(|i| if dims.contains(&i) { 1 } else { shape[i] })
         .collect();
     let out_n: usize = kept.iter().product();
@@ -51,7 +51,7 @@ fn fold_dims<E: Copy, A: Copy + crate::cpu::buffer_pool::Pooled>(
         // input row folds into one accumulator (a reduced last dim) or a row of them, in the
         // same order as element by element
         let out_strides = contiguous_strides(&kept);
-        let acc_strides: Vec<isize> = (0..shape.len())
+        let acc_strides: Dims<isize> = (0..shape.len())
             .map(|i| if dims.contains(&i) { 0 } else { out_strides[i] })
             .collect();
         let in_strides = contiguous_strides(shape);
@@ -59,7 +59,7 @@ fn fold_dims<E: Copy, A: Copy + crate::cpu::buffer_pool::Pooled>(
         let rank = merged.len();
         let inner = merged[rank - 1];
         let step = strides[1][rank - 1];
-        let mut idx = vec![0usize; rank - 1];
+        let mut idx: Dims<usize> = Dims::from_elem(0, rank - 1);
         let mut pos = 0isize;
         for row in v.chunks(inner) {
             let p = pos as usize;
@@ -122,7 +122,7 @@ fn fold_run<E: Copy, A: Copy>(
 }
 
 /// The output shape of a reduction: `kept` with the reduced dims dropped unless `keepdim`.
-fn reduced_shape(shape: &[usize], dims: &[usize], kept: Vec<usize>, keepdim: bool) -> Vec<usize> {
+fn reduced_shape(shape: &[usize], dims: &[usize], kept: Dims<usize>, keepdim: bool) -> Dims<usize> {
     if keepdim {
         kept
     } else {
@@ -222,7 +222,7 @@ fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
             },
         );
         crate::cpu::buffer_pool::give_cow(v);
-        return Tensor::new(shape.to_vec(), T::storage(out));
+        return Tensor::new(shape, T::storage(out));
     }
     for o in 0..outer {
         for i in 0..inner {
@@ -251,7 +251,7 @@ fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
         }
     }
     crate::cpu::buffer_pool::give_cow(v);
-    Tensor::new(shape.to_vec(), T::storage(out))
+    Tensor::new(shape, T::storage(out))
 }
 
 /// Lanes of the partial maxima and sums of [`softmax_row`]: a row's loops run as vector

@@ -81,7 +81,7 @@ pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, 
             super::buffer_pool::give_cow(v);
         }
     }
-    Ok(Tensor::from_f32(f.shape.clone(), out))
+    Ok(Tensor::from_f32(&f.shape, out))
 }
 
 /// Outputs smaller than this run on one thread.
@@ -145,8 +145,9 @@ fn load(v: &[f32], shape: &[usize], strides: &[usize], start: usize, dst: &mut [
         dst.fill(v[0]);
         return;
     }
-    // the loop index of `start`, then an odometer over the innermost dimension's runs
-    let mut idx = vec![0usize; rank];
+    // the loop index of `start`, then an odometer over the innermost dimension's runs (on the
+    // stack: a region loads each broadcast input once per chunk)
+    let mut idx: crate::cpu::strided::Dims<usize> = smallvec::SmallVec::from_elem(0, rank);
     let mut rem = start;
     for d in (0..rank).rev() {
         idx[d] = rem % shape[d];

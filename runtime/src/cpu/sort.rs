@@ -119,15 +119,14 @@ pub fn sort(x: &Tensor, dim: usize, descending: bool) -> Result<(Tensor, Tensor)
     let len = lines(x.shape(), dim)?.1;
     let pos = sorted_positions("sort", x, dim, descending, len)?;
     let values = values_at("sort", x, dim, &pos, len)?;
-    Tensor::try_new(x.shape().to_vec(), crate::tensor::Storage::I64(pos))
-        .map(|indices| (values, indices))
+    Tensor::try_new(x.shape(), crate::tensor::Storage::I64(pos)).map(|indices| (values, indices))
 }
 
 /// `torch.argsort(x, dim, descending, stable=True)`: the i64 indices of [`sort`].
 pub fn argsort(x: &Tensor, dim: usize, descending: bool) -> Result<Tensor, String> {
     let len = lines(x.shape(), dim)?.1;
     let pos = sorted_positions("argsort", x, dim, descending, len)?;
-    Tensor::try_new(x.shape().to_vec(), crate::tensor::Storage::I64(pos))
+    Tensor::try_new(x.shape(), crate::tensor::Storage::I64(pos))
 }
 
 /// `torch.topk(x, k, dim, largest, sorted=True)`: the `k` largest (or smallest) values along

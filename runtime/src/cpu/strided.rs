@@ -22,7 +22,7 @@ pub(crate) const PARALLEL_MIN: usize = 1 << 16;
 
 /// Per-dimension sizes and strides, inline up to 6 dims: a kernel call allocates nothing for
 /// its walk.
-pub(crate) type Dims<T> = SmallVec<[T; 6]>;
+pub(crate) use crate::tensor::Dims;
 
 /// An operand as the walk reads it: its elements and, per output dimension, its stride.
 pub struct Strided<'a, T: Clone> {
@@ -41,11 +41,7 @@ impl<'a, T: Real> Strided<'a, T> {
                 t.offset() as isize,
                 Dims::from(t.strides()),
             ),
-            None => (
-                T::elems(t),
-                0,
-                Dims::from_vec(contiguous_strides(t.shape())),
-            ),
+            None => (T::elems(t), 0, contiguous_strides(t.shape())),
         };
         let lead = out.len() - t.shape().len();
         let strides = (0..out.len())
@@ -419,10 +415,7 @@ mod tests {
 
     fn t(shape: &[usize], offset: f32) -> Tensor {
         let n: usize = shape.iter().product();
-        Tensor::from_f32(
-            shape.to_vec(),
-            (0..n).map(|i| i as f32 * 0.5 + offset).collect(),
-        )
+        Tensor::from_f32(shape, (0..n).map(|i| i as f32 * 0.5 + offset).collect())
     }
 
     fn expanded(x: &Tensor, out: &[usize]) -> Vec<f32> {

@@ -2,7 +2,7 @@
 
 use super::buffer_pool as pool;
 use super::layout::norm_dim;
-use crate::tensor::Tensor;
+use crate::tensor::{Dims, Tensor};
 use tracepass_ir::DType;
 
 /// `torch.var_mean(x, dims, correction=, keepdim=)`: the variance divides by
@@ -29,7 +29,7 @@ pub fn var(
     let (v, _) = var_mean(&wide, dims, correction, keepdim)?;
     let v = if std {
         Tensor::from_f64(
-            v.shape().to_vec(),
+            v.shape(),
             v.to_f64_vec().into_iter().map(f64::sqrt).collect(),
         )
     } else {
@@ -140,10 +140,10 @@ fn lane_sum<T: Copy>(e: &[T], f: impl Fn(T) -> f64) -> f64 {
 /// plans with it too.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowReduction {
-    pub perm: Vec<usize>,
+    pub perm: Dims<usize>,
     pub rows: usize,
     pub len: usize,
-    pub shape: Vec<usize>,
+    pub shape: Dims<usize>,
 }
 
 pub fn row_reduction(
@@ -152,7 +152,7 @@ pub fn row_reduction(
     keepdim: bool,
 ) -> Result<RowReduction, String> {
     let rank = x.len();
-    let mut reduced = vec![false; rank];
+    let mut reduced: Dims<bool> = Dims::from_elem(false, rank);
     match dims {
         None => reduced.iter_mut().for_each(|r| *r = true),
         Some(ds) => {
@@ -168,8 +168,8 @@ pub fn row_reduction(
             }
         }
     }
-    let kept: Vec<usize> = (0..rank).filter(|&d| !reduced[d]).collect();
-    let red: Vec<usize> = (0..rank).filter(|&d| reduced[d]).collect();
+    let kept: Dims<usize> = (0..rank).filter(|&d| !reduced[d]).collect();
+    let red: Dims<usize> = (0..rank).filter(|&d| reduced[d]).collect();
     Ok(RowReduction {
         perm: kept.iter().chain(&red).copied().collect(),
         rows: kept.iter().map(|&d| x[d]).product(),

@@ -1637,8 +1637,8 @@ impl CudaBackend {
         } else {
             self.permute(x, &plan.perm)?
         };
-        let var = self.empty(plan.shape.clone(), x.dtype)?;
-        let mean = self.empty(plan.shape.clone(), x.dtype)?;
+        let var = self.empty(plan.shape.to_vec(), x.dtype)?;
+        let mean = self.empty(plan.shape.to_vec(), x.dtype)?;
         if plan.rows > 0 {
             let divisor = (plan.len as f64 - correction).max(0.0);
             let (pi, pv, pm) = (

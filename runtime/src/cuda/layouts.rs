@@ -130,7 +130,7 @@ pub fn expand(shape: &[usize], target: &[i64]) -> Result<View, String> {
     let (shape, strides) = crate::cpu::layout::expand_dims(shape, &st, target)?;
     Ok(View {
         offset: 0,
-        shape,
+        shape: shape.to_vec(),
         strides: strides.into_iter().map(|s| s as i64).collect(),
     })
 }
@@ -725,7 +725,7 @@ mod tests {
 
     fn iota(shape: &[usize]) -> Tensor {
         let n: usize = shape.iter().product();
-        Tensor::from_f32(shape.to_vec(), (0..n).map(|i| i as f32).collect())
+        Tensor::from_f32(shape, (0..n).map(|i| i as f32).collect())
     }
 
     /// What the gather kernel computes for `v` over a contiguous `src` (the CUDA C loop).
@@ -914,7 +914,7 @@ mod tests {
         let rnd = |shape: &[usize], seed: usize| {
             let n: usize = shape.iter().product();
             let v = (0..n).map(|i| (((i * 7919 + seed * 104_729) % 23) as f32 - 11.0) / 8.0);
-            Tensor::from_f32(shape.to_vec(), v.collect())
+            Tensor::from_f32(shape, v.collect())
         };
         for (xs, ws, stride, padding, dilation, groups) in [
             (
@@ -969,10 +969,10 @@ mod tests {
     #[test]
     fn var_mean_rows_and_arange_lengths() {
         let r = var_mean(&[2, 3, 4, 5], Some(&[0, -2, 3]), false).unwrap();
-        assert_eq!(r.perm, vec![1, 0, 2, 3]);
-        assert_eq!((r.rows, r.len, r.shape), (3, 40, vec![3]));
+        assert_eq!(r.perm[..], [1, 0, 2, 3]);
+        assert_eq!((r.rows, r.len, r.shape.to_vec()), (3, 40, vec![3]));
         let r = var_mean(&[2, 3], None, true).unwrap();
-        assert_eq!((r.rows, r.len, r.shape), (1, 6, vec![1, 1]));
+        assert_eq!((r.rows, r.len, r.shape.to_vec()), (1, 6, vec![1, 1]));
         assert!(var_mean(&[2, 3], Some(&[1, -1]), false).is_err());
         assert_eq!(arange_len(1.0, 2.0, 0.3).unwrap(), 4);
         assert_eq!(arange_len(5.0, 0.0, -2.0).unwrap(), 3);
@@ -1034,7 +1034,7 @@ mod tests {
             let iv: Vec<i64> = (0..n as i64)
                 .map(|k| (k * 7) % (2 * range) - range)
                 .collect();
-            let idx = Tensor::from_i64(ish.to_vec(), iv.clone());
+            let idx = Tensor::from_i64(ish, iv.clone());
             let want = loss_grad::take_along_dim(&a, &idx, dim).unwrap();
             let p = take_along_dim(ash, ish, dim).unwrap();
             assert_eq!(p.shape, want.shape(), "{ash:?} {ish:?} {dim:?}");
@@ -1044,7 +1044,7 @@ mod tests {
             let mut bad = iv.clone();
             if let Some(b) = bad.last_mut() {
                 *b = range;
-                let t = Tensor::from_i64(ish.to_vec(), bad.clone());
+                let t = Tensor::from_i64(ish, bad.clone());
                 assert!(loss_grad::take_along_dim(&a, &t, dim).is_err());
                 assert!(take_kernel(&a.to_f32_vec(), &bad, &p).is_none());
             }
@@ -1052,7 +1052,7 @@ mod tests {
         for (ash, ish) in [(&[2, 3][..], &[2, 3, 1][..]), (&[2, 3], &[3, 1])] {
             let want = loss_grad::take_along_dim(
                 &iota(ash),
-                &Tensor::from_i64(ish.to_vec(), vec![0; ish.iter().product()]),
+                &Tensor::from_i64(ish, vec![0; ish.iter().product()]),
                 Some(1),
             )
             .unwrap_err();
@@ -1112,8 +1112,8 @@ mod tests {
             (&[2, 3, 2, 2], &[2, 2, 2], vec![0, 1, 2, -100, 2, 2, 1, 0]),
         ];
         for (ish, tsh, tv) in cases {
-            let input = Tensor::zeros(ish.to_vec(), DType::F32).unwrap();
-            let target = Tensor::from_i64(tsh.to_vec(), tv.clone());
+            let input = Tensor::zeros(ish, DType::F32).unwrap();
+            let target = Tensor::from_i64(tsh, tv.clone());
             let classes = if ish.len() == 1 { ish[0] } else { ish[1] };
             let wv: Vec<f32> = (0..classes).map(|c| 0.5 + c as f32).collect();
             let weight = Tensor::from_f32(vec![classes], wv.clone());
@@ -1162,7 +1162,7 @@ mod tests {
             assert!(loss_grad::nll_loss_backward(
                 &Tensor::from_f32(vec![], vec![1.0]),
                 &input,
-                &Tensor::from_i64(tsh.to_vec(), bad),
+                &Tensor::from_i64(tsh, bad),
                 None,
                 "sum",
                 -100,
@@ -1209,8 +1209,8 @@ mod tests {
                     }
                 }
                 let want = loss_grad::softmax_backward(
-                    &Tensor::from_f32(shape.to_vec(), g.clone()),
-                    &Tensor::from_f32(shape.to_vec(), y.clone()),
+                    &Tensor::from_f32(shape, g.clone()),
+                    &Tensor::from_f32(shape, y.clone()),
                     dim,
                     log,
                     DType::F32,
@@ -1289,7 +1289,7 @@ mod tests {
             let n: usize = ish.iter().product();
             // duplicates on purpose: indices cycle through 0..size
             let iv: Vec<i64> = (0..n as i64).map(|k| (k * 5 + 3) % size).collect();
-            let idx = Tensor::from_i64(ish.to_vec(), iv.clone());
+            let idx = Tensor::from_i64(ish, iv.clone());
             let a = iota(ash);
             let want = indexing::gather(&a, dim, &idx).unwrap();
             let p = super::gather(ash, ish, dim).unwrap();
@@ -1301,10 +1301,7 @@ mod tests {
             assert!(gather_dim_kernel(&a.to_f32_vec(), &bad, &p).is_none());
 
             let nsrc: usize = ssh.iter().product();
-            let src = Tensor::from_f32(
-                ssh.to_vec(),
-                (0..nsrc).map(|k| 0.1 + k as f32 / 7.0).collect(),
-            );
+            let src = Tensor::from_f32(ssh, (0..nsrc).map(|k| 0.1 + k as f32 / 7.0).collect());
             let want = indexing::scatter_add(&a, dim, &idx, &src).unwrap();
             let l = scatter(ash, ish, ssh, dim).unwrap();
             let got = scatter_kernel(&a.to_f32_vec(), &iv, &src.to_f32_vec(), &l);

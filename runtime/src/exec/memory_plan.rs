@@ -24,6 +24,7 @@
 
 use crate::exec::kernel::Kernel;
 use crate::exec::plan::{InstrKind, Plan, Slot};
+use crate::tensor::Dims;
 use tracepass_ir::DType;
 
 /// Alignment of every buffer's offset and size in the arena, in bytes (a cache line, what
@@ -121,9 +122,9 @@ fn view_layout(
     strides: &[isize],
     to: &[usize],
     (dtype, out_dtype): (DType, DType),
-) -> Option<Vec<isize>> {
+) -> Option<Dims<isize>> {
     // the strides of the dims longer than 1, which alone decide contiguity
-    let long = |shape: &[usize], st: &[isize]| -> Vec<isize> {
+    let long = |shape: &[usize], st: &[isize]| -> Dims<isize> {
         shape
             .iter()
             .zip(st)
@@ -131,21 +132,21 @@ fn view_layout(
             .map(|(_, &s)| s)
             .collect()
     };
-    let keep_long = |st: &[isize]| -> Option<Vec<isize>> {
+    let keep_long = |st: &[isize]| -> Option<Dims<isize>> {
         // squeeze, unsqueeze: size-1 dims come and go, the others keep their strides
         let mut it = long(from, st).into_iter();
-        let out: Vec<isize> = to
+        let out: Dims<isize> = to
             .iter()
             .map(|&n| if n == 1 { Some(0) } else { it.next() })
             .collect::<Option<_>>()?;
         it.next().is_none().then_some(out)
     };
     match k {
-        Kernel::Identity => Some(strides.to_vec()),
-        Kernel::Convert(d) => (*d == dtype).then(|| strides.to_vec()),
+        Kernel::Identity => Some(Dims::from(strides)),
+        Kernel::Convert(d) => (*d == dtype).then(|| Dims::from(strides)),
         // `copy_` gives its source itself when nothing is to expand, convert or gather
         Kernel::Copy => (from == to && dtype == out_dtype && contiguous(from, strides))
-            .then(|| strides.to_vec()),
+            .then(|| Dims::from(strides)),
         // as `Tensor::reshape`: a view where the strides allow one
         Kernel::Reshape(_) => {
             if contiguous(from, strides) {
@@ -166,7 +167,7 @@ fn view_layout(
                 .map(|(&s, &k)| s * k as isize)
                 .collect()
         }),
-        Kernel::Split { .. } => Some(strides.to_vec()),
+        Kernel::Split { .. } => Some(Dims::from(strides)),
         _ => None,
     }
 }
@@ -217,7 +218,7 @@ impl MemoryPlan {
         };
         // each slot's strides, as the CPU tensors' views give them: a reshape of a strided
         // view that no view gives copies into a buffer of its own
-        let mut strides: Vec<Option<Vec<isize>>> = vec![None; plan.slots];
+        let mut strides: Vec<Option<Dims<isize>>> = vec![None; plan.slots];
         let mut mp = MemoryPlan {
             buffer_of: vec![None; plan.slots],
             ..MemoryPlan::default()
@@ -282,7 +283,7 @@ impl MemoryPlan {
         let mut future_buffer: Vec<Option<usize>> = vec![None; plan.slots];
         for (i, ins) in plan.instrs.iter().enumerate() {
             let input_strides = ins.inputs.first().and_then(|&s| strides[s].clone());
-            let view_strides: Vec<Option<Vec<isize>>> = ins
+            let view_strides: Vec<Option<Dims<isize>>> = ins
                 .outputs
                 .iter()
                 .enumerate()

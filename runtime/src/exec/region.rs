@@ -133,10 +133,12 @@ impl RegionProgram {
         backend: &B,
         inputs: &[Input<'_, B::Tensor>],
     ) -> Result<B::Tensor, KernelError> {
-        let mut results: Vec<B::Tensor> = Vec::with_capacity(self.steps.len());
+        // on the stack for the regions fusion makes (a few steps, a few operands each)
+        let mut results: smallvec::SmallVec<[B::Tensor; 8]> =
+            smallvec::SmallVec::with_capacity(self.steps.len());
         for s in &self.steps {
             let out = {
-                let args: Vec<Input<'_, B::Tensor>> = s
+                let args: smallvec::SmallVec<[Input<'_, B::Tensor>; 8]> = s
                     .inputs
                     .iter()
                     .map(|src| match *src {

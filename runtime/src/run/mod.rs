@@ -267,9 +267,7 @@ fn sum_to(g: Tensor, shape: &[usize]) -> Tensor {
         }
     }
     let dtype = g.dtype();
-    Tensor::from_f64(shape.to_vec(), acc)
-        .to_dtype(dtype)
-        .unwrap_or(g)
+    Tensor::from_f64(shape, acc).to_dtype(dtype).unwrap_or(g)
 }
 
 fn row_major_strides(shape: &[usize]) -> Vec<usize> {
@@ -329,7 +327,7 @@ pub fn run_pair<B: Backend, C: Communicator<Tensor = B::Tensor>>(
                             forward.name(v)
                         )));
                     };
-                    Tensor::zeros(tt.shape.to_vec(), tt.dtype).ok_or_else(|| {
+                    Tensor::zeros(&tt.shape, tt.dtype).ok_or_else(|| {
                         RunError::Pair(format!("no zeros of dtype {} for output {i}", tt.dtype))
                     })?
                 }

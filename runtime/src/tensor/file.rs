@@ -110,7 +110,7 @@ impl TensorFile {
                     })
                 }
             };
-            let t = Tensor::try_new(view.shape().to_vec(), storage).map_err(|message| {
+            let t = Tensor::try_new(view.shape(), storage).map_err(|message| {
                 TensorFileError::Format {
                     path: path.to_path_buf(),
                     message: format!("tensor `{name}`: {message}"),

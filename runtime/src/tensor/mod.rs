@@ -4,12 +4,18 @@
 //! all-reduce (one buffer read by every rank) cost no copy. Kernels write fresh storage.
 
 pub(crate) mod file;
+mod headers;
 
 pub use file::{save_tensors, save_tensors_with, tensor_crc32, TensorFile, TensorFileError};
 
 use half::{bf16, f16};
+use smallvec::SmallVec;
 use std::sync::Arc;
 use tracepass_ir::DType;
+
+/// Per-dimension sizes and strides, inline up to 6 dims: making, viewing or cloning a tensor
+/// allocates nothing for them.
+pub type Dims<T> = SmallVec<[T; 6]>;
 
 /// The elements of a tensor, in one of the dtypes the CPU backend holds: the float types it
 /// computes in and the integer and boolean types of indices, targets, counters and masks.
@@ -223,8 +229,8 @@ pub fn is_float(d: DType) -> bool {
 /// A strided view of shared storage.
 #[derive(Clone, Debug)]
 pub struct Tensor {
-    shape: Vec<usize>,
-    strides: Vec<isize>,
+    shape: Dims<usize>,
+    strides: Dims<isize>,
     offset: usize,
     data: Arc<Storage>,
 }
@@ -238,11 +244,11 @@ pub(crate) fn reshape_view_strides(
     old: &[usize],
     strides: &[isize],
     new: &[usize],
-) -> Option<Vec<isize>> {
+) -> Option<Dims<isize>> {
     if old.contains(&0) || old.is_empty() {
         return None;
     }
-    let mut out = vec![0isize; new.len()];
+    let mut out: Dims<isize> = SmallVec::from_elem(0, new.len());
     let mut view_d = new.len() as isize - 1;
     let mut chunk_base = *strides.last()?;
     let (mut tensor_numel, mut view_numel) = (1isize, 1isize);
@@ -269,8 +275,8 @@ pub(crate) fn reshape_view_strides(
 }
 
 /// Row-major strides of a shape.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
-    let mut strides = vec![0isize; shape.len()];
+pub fn contiguous_strides(shape: &[usize]) -> Dims<isize> {
+    let mut strides: Dims<isize> = SmallVec::from_elem(0, shape.len());
     let mut s = 1isize;
     for i in (0..shape.len()).rev() {
         strides[i] = s;
@@ -281,17 +287,19 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
 
 impl Tensor {
     /// A contiguous tensor over `data`; the caller guarantees `data.len() == numel(shape)`.
-    pub fn new(shape: Vec<usize>, data: Storage) -> Tensor {
+    pub fn new(shape: impl AsRef<[usize]>, data: Storage) -> Tensor {
+        let shape = Dims::from_slice(shape.as_ref());
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
         Tensor {
             strides: contiguous_strides(&shape),
             shape,
             offset: 0,
-            data: Arc::new(data),
+            data: headers::wrap(data),
         }
     }
     /// Like `new`, but an error (instead of a bad tensor) when the sizes disagree.
-    pub fn try_new(shape: Vec<usize>, data: Storage) -> Result<Tensor, String> {
+    pub fn try_new(shape: impl AsRef<[usize]>, data: Storage) -> Result<Tensor, String> {
+        let shape = Dims::from_slice(shape.as_ref());
         let n: usize = shape.iter().product();
         if n != data.len() {
             return Err(format!(
@@ -301,24 +309,26 @@ impl Tensor {
         }
         Ok(Tensor::new(shape, data))
     }
-    pub fn from_f32(shape: Vec<usize>, v: Vec<f32>) -> Tensor {
+    pub fn from_f32(shape: impl AsRef<[usize]>, v: Vec<f32>) -> Tensor {
         Tensor::new(shape, Storage::F32(v))
     }
-    pub fn from_f64(shape: Vec<usize>, v: Vec<f64>) -> Tensor {
+    pub fn from_f64(shape: impl AsRef<[usize]>, v: Vec<f64>) -> Tensor {
         Tensor::new(shape, Storage::F64(v))
     }
-    pub fn from_i64(shape: Vec<usize>, v: Vec<i64>) -> Tensor {
+    pub fn from_i64(shape: impl AsRef<[usize]>, v: Vec<i64>) -> Tensor {
         Tensor::new(shape, Storage::I64(v))
     }
-    pub fn from_bool(shape: Vec<usize>, v: Vec<bool>) -> Tensor {
+    pub fn from_bool(shape: impl AsRef<[usize]>, v: Vec<bool>) -> Tensor {
         Tensor::new(shape, Storage::Bool(v))
     }
-    pub fn zeros(shape: Vec<usize>, dtype: DType) -> Option<Tensor> {
+    pub fn zeros(shape: impl AsRef<[usize]>, dtype: DType) -> Option<Tensor> {
+        let shape = Dims::from_slice(shape.as_ref());
         let n = shape.iter().product();
         Storage::zeros(dtype, n).map(|s| Tensor::new(shape, s))
     }
     /// A view sharing storage (used by bucket unpacking).
-    pub fn view_of(base: &Tensor, offset: usize, shape: Vec<usize>) -> Tensor {
+    pub fn view_of(base: &Tensor, offset: usize, shape: impl AsRef<[usize]>) -> Tensor {
+        let shape = Dims::from_slice(shape.as_ref());
         Tensor {
             strides: contiguous_strides(&shape),
             shape,
@@ -330,10 +340,14 @@ impl Tensor {
     /// squeeze); an error if some addressed element lies outside the storage.
     pub fn view(
         &self,
-        shape: Vec<usize>,
-        strides: Vec<isize>,
+        shape: impl AsRef<[usize]>,
+        strides: impl AsRef<[isize]>,
         offset: usize,
     ) -> Result<Tensor, String> {
+        let (shape, strides) = (
+            Dims::from_slice(shape.as_ref()),
+            Dims::from_slice(strides.as_ref()),
+        );
         if shape.len() != strides.len() {
             return Err(format!(
                 "view shape {shape:?} and strides {strides:?} differ in rank"
@@ -402,7 +416,8 @@ impl Tensor {
     /// when the new dimensions split or merge only runs of dimensions that are contiguous
     /// with each other, e.g. inserting or dropping a size-1 dimension of a permuted
     /// weight); otherwise a contiguous copy.
-    pub fn reshape(&self, shape: Vec<usize>) -> Result<Tensor, String> {
+    pub fn reshape(&self, shape: impl AsRef<[usize]>) -> Result<Tensor, String> {
+        let shape = Dims::from_slice(shape.as_ref());
         let n: usize = shape.iter().product();
         if n != self.numel() {
             return Err(format!(
@@ -431,7 +446,7 @@ impl Tensor {
     }
     /// A permuted view (no copy).
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor, String> {
-        let mut seen = vec![false; self.shape.len()];
+        let mut seen: Dims<bool> = SmallVec::from_elem(false, self.shape.len());
         if perm.len() != self.shape.len() || perm.iter().any(|&p| p >= seen.len()) {
             return Err(format!(
                 "permutation {perm:?} does not fit rank {}",
@@ -454,7 +469,7 @@ impl Tensor {
     pub fn positions(&self) -> impl Iterator<Item = usize> + '_ {
         let n = self.numel();
         let rank = self.shape.len();
-        let mut idx = vec![0usize; rank];
+        let mut idx: Dims<usize> = SmallVec::from_elem(0, rank);
         let mut pos = self.offset as isize;
         (0..n).map(move |k| {
             if k > 0 {
@@ -578,7 +593,7 @@ impl Tensor {
         if !whole {
             return self.copied();
         }
-        Arc::try_unwrap(self.data).unwrap_or_else(|shared| (*shared).clone())
+        headers::unwrap(self.data).unwrap_or_else(|shared| (*shared).clone())
     }
     /// The storage itself when this tensor is its last holder (any view or stride): what the
     /// executor hands back to the buffer pool after a value's last use. `None` while another
@@ -587,7 +602,7 @@ impl Tensor {
         Arc::as_ptr(&self.data) as usize
     }
     pub fn into_unshared_storage(self) -> Option<Storage> {
-        Arc::try_unwrap(self.data).ok()
+        headers::unwrap(self.data).ok()
     }
     /// The elements as a mutable f32 slice, for in-place updates (optimizers). The storage is
     /// copied first if it is shared, strided or a view; `None` for other dtypes.
@@ -754,7 +769,7 @@ mod tests {
             &[0., 3., 1., 4., 2., 5.]
         );
         assert!(t.permute(&[0, 0]).is_err());
-        assert!(t.reshape(vec![4]).is_err());
+        assert!(t.reshape([4]).is_err());
     }
 
     /// A strided tensor reshapes to a view where PyTorch's would be one (the permuted
@@ -765,18 +780,18 @@ mod tests {
         let w = Tensor::from_f32(vec![4, 3, 2, 2], (0..48).map(|x| x as f32).collect());
         let shares = |a: &Tensor, b: &Tensor| Arc::ptr_eq(&a.data, &b.data);
         let p = w.permute(&[1, 0, 2, 3]).expect("perm");
-        let v = p.reshape(vec![3, 1, 4, 2, 2]).expect("reshape");
+        let v = p.reshape([3, 1, 4, 2, 2]).expect("reshape");
         assert!(shares(&v, &w));
         let back = v
             .permute(&[1, 0, 2, 3, 4])
-            .and_then(|x| x.reshape(vec![3, 4, 2, 2]))
+            .and_then(|x| x.reshape([3, 4, 2, 2]))
             .expect("reshape");
         assert!(shares(&back, &w));
         assert_eq!(back.to_f32_vec(), p.to_f32_vec());
         // merging the trailing 2x2 of the permuted tensor is a view too; merging across the
         // permuted dimensions is not
-        assert!(shares(&p.reshape(vec![3, 4, 4]).expect("reshape"), &w));
-        let c = p.reshape(vec![12, 4]).expect("reshape");
+        assert!(shares(&p.reshape([3, 4, 4]).expect("reshape"), &w));
+        let c = p.reshape([12, 4]).expect("reshape");
         assert!(!shares(&c, &w));
         // every reshape of every permutation of a [2, 3, 4] tensor: the contiguous elements
         let t = Tensor::from_f32(vec![2, 3, 4], (0..24).map(|x| x as f32).collect());
@@ -801,8 +816,8 @@ mod tests {
         for perm in perms {
             let p = t.permute(&perm).expect("perm");
             for shape in shapes {
-                let got = p.reshape(shape.to_vec()).expect("reshape");
-                let want = p.contiguous().reshape(shape.to_vec()).expect("reshape");
+                let got = p.reshape(shape).expect("reshape");
+                let want = p.contiguous().reshape(shape).expect("reshape");
                 assert_eq!(got.shape(), shape);
                 assert_eq!(got.to_f32_vec(), want.to_f32_vec(), "{perm:?} -> {shape:?}");
             }
@@ -874,7 +889,7 @@ mod tests {
         let v = Tensor::view_of(&t, 2, vec![2, 2]);
         assert_eq!(v.to_f32_vec(), vec![2., 3., 4., 5.]);
         assert!(Arc::ptr_eq(v.storage_arc(), t.storage_arc()));
-        let r = v.reshape(vec![4]).expect("same count");
+        let r = v.reshape([4]).expect("same count");
         assert!(Arc::ptr_eq(r.storage_arc(), t.storage_arc()));
     }
 

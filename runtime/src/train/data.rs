@@ -22,7 +22,7 @@ fn rng(seed: u64, purpose: u64, a: u64, b: u64) -> StdRng {
 fn tensor_of(shape: &[usize], dtype: DType, v: Vec<f64>) -> Result<Tensor, String> {
     let s =
         Storage::from_f64(dtype, &v).ok_or_else(|| format!("dtype {dtype} is not supported"))?;
-    Ok(Tensor::new(shape.to_vec(), s))
+    Ok(Tensor::new(shape, s))
 }
 
 /// Where batches come from.

@@ -36,7 +36,7 @@ pub fn loss_and_grad(
                 let grad: Vec<f64> = ls.iter().map(|l| -l / b as f64).collect();
                 (
                     total / b as f64,
-                    Tensor::new(out.shape().to_vec(), Storage::F64(grad)),
+                    Tensor::new(out.shape(), Storage::F64(grad)),
                 )
             } else {
                 let ls =
@@ -54,7 +54,7 @@ pub fn loss_and_grad(
                 let grad: Vec<f32> = ls.iter().map(|l| -l * scale).collect();
                 (
                     (total / b as f32) as f64,
-                    Tensor::new(out.shape().to_vec(), Storage::F32(grad)),
+                    Tensor::new(out.shape(), Storage::F32(grad)),
                 )
             };
             let g = grad.to_dtype(out.dtype()).ok_or("output dtype")?;
@@ -96,7 +96,7 @@ pub fn loss_and_grad(
         LossKind::Sum => {
             let loss: f64 = out.to_f64_vec().iter().sum();
             let ones = Tensor::new(
-                out.shape().to_vec(),
+                out.shape(),
                 Storage::from_f64(out.dtype(), &vec![1.0; out.numel()]).ok_or("output dtype")?,
             );
             Ok((loss, ones))
@@ -107,7 +107,7 @@ pub fn loss_and_grad(
 /// A tensor shaped and typed like `like`, holding `v`.
 fn of(like: &Tensor, v: Vec<f64>) -> Result<Tensor, String> {
     Ok(Tensor::new(
-        like.shape().to_vec(),
+        like.shape(),
         Storage::from_f64(like.dtype(), &v)
             .ok_or_else(|| format!("output dtype {} is not supported", like.dtype()))?,
     ))

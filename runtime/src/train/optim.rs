@@ -163,7 +163,7 @@ impl Optimizer {
             .zip(&gvs)
             .map(|(p, g)| {
                 (g.is_some() && p.dtype() != tracepass_ir::DType::F32)
-                    .then(|| Tensor::from_f32(p.shape().to_vec(), p.to_f32_vec()))
+                    .then(|| Tensor::from_f32(p.shape(), p.to_f32_vec()))
             })
             .collect();
         let mut work: Vec<Chunk<'_>> = Vec::new();

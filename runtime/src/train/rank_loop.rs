@@ -259,7 +259,7 @@ where
             // zeros for the model outputs the loss does not read
             let cotangents = model
                 .cotangent_values(up(&cot)?, |t| {
-                    let z = Tensor::zeros(t.shape.to_vec(), t.dtype)
+                    let z = Tensor::zeros(&t.shape, t.dtype)
                         .ok_or_else(|| format!("no zeros of dtype {}", t.dtype))?;
                     up(&z).map_err(|e| e.to_string())
                 })

@@ -1338,8 +1338,7 @@ pub fn local_gradients_at(
         .map_err(TrainError::Input)?;
     let cotangents = model
         .cotangent_values(cot, |t| {
-            Tensor::zeros(t.shape.to_vec(), t.dtype)
-                .ok_or_else(|| format!("no zeros of dtype {}", t.dtype))
+            Tensor::zeros(&t.shape, t.dtype).ok_or_else(|| format!("no zeros of dtype {}", t.dtype))
         })
         .map_err(TrainError::Input)?;
     let grads = exec
