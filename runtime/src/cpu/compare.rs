@@ -183,8 +183,9 @@ pub fn compare(op: CompareOp, a: Operand<'_>, b: Operand<'_>) -> Result<Tensor, 
 }
 
 /// `s` rounded to the float type `dtype` and back, as a one-element tensor's `to_dtype`
-/// rounds it (bf16 and f16 through f32); `None` for a type that is not a float.
-fn float_in(s: f64, dtype: DType) -> Option<f64> {
+/// rounds it (bf16 and f16 through f32); `None` for a type that is not a float. The CUDA
+/// backend rounds its comparisons' numbers with it too.
+pub(crate) fn round_to_float(s: f64, dtype: DType) -> Option<f64> {
     Some(match dtype {
         DType::F64 => s,
         DType::F32 => s as f32 as f64,
@@ -199,7 +200,7 @@ fn float_in(s: f64, dtype: DType) -> Option<f64> {
 fn round_scalar(o: Operand<'_>, dtype: DType) -> Result<Operand<'_>, String> {
     Ok(match o {
         Operand::Scalar(s) if is_float(dtype) => {
-            Operand::Scalar(float_in(s, dtype).ok_or("compare: number cast")?)
+            Operand::Scalar(round_to_float(s, dtype).ok_or("compare: number cast")?)
         }
         other => other,
     })

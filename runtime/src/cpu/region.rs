@@ -147,7 +147,7 @@ fn load(v: &[f32], shape: &[usize], strides: &[usize], start: usize, dst: &mut [
     }
     // the loop index of `start`, then an odometer over the innermost dimension's runs (on the
     // stack: a region loads each broadcast input once per chunk)
-    let mut idx: crate::cpu::strided::Dims<usize> = smallvec::SmallVec::from_elem(0, rank);
+    let mut idx: crate::tensor::Dims<usize> = smallvec::SmallVec::from_elem(0, rank);
     let mut rem = start;
     for d in (0..rank).rev() {
         idx[d] = rem % shape[d];

@@ -11,7 +11,7 @@
 use super::buffer_pool::{self as pool, Pooled};
 use super::real::Real;
 use super::simd::vectorized;
-use crate::tensor::{contiguous_strides, Tensor};
+use crate::tensor::{contiguous_strides, Dims, Tensor};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::borrow::Cow;
@@ -19,10 +19,6 @@ use std::mem::MaybeUninit;
 
 /// Outputs smaller than this are written by one thread (handing work out costs ~10 us).
 pub(crate) const PARALLEL_MIN: usize = 1 << 16;
-
-/// Per-dimension sizes and strides, inline up to 6 dims: a kernel call allocates nothing for
-/// its walk.
-pub(crate) use crate::tensor::Dims;
 
 /// An operand as the walk reads it: its elements and, per output dimension, its stride.
 pub struct Strided<'a, T: Clone> {

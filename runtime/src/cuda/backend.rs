@@ -1095,12 +1095,7 @@ pub fn value_bits(value: f64, dtype: DType) -> Result<u64, KernelError> {
 
 /// A number rounded to float `dtype` and back (as `cpu::compare` rounds a comparison's number).
 fn round_to(value: f64, dtype: DType) -> f64 {
-    if !is_float(dtype) {
-        return value;
-    }
-    Tensor::from_f64(vec![], vec![value])
-        .to_dtype(dtype)
-        .map_or(value, |t| t.to_f64_vec()[0])
+    crate::cpu::compare::round_to_float(value, dtype).unwrap_or(value)
 }
 
 impl CudaBackend {

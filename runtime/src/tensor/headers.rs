@@ -17,17 +17,14 @@ thread_local! {
 
 /// `data` behind a shared header, a spare one when this thread has one.
 pub(super) fn wrap(data: Storage) -> Arc<Storage> {
-    let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
-    match spare {
-        Some(mut header) => match Arc::get_mut(&mut header) {
-            Some(slot) => {
-                *slot = data;
-                header
-            }
-            None => Arc::new(data),
-        },
-        None => Arc::new(data),
+    // a spare header is unique: `unwrap` keeps only headers it could take the storage from
+    if let Some(mut header) = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten() {
+        if let Some(slot) = Arc::get_mut(&mut header) {
+            *slot = data;
+            return header;
+        }
     }
+    Arc::new(data)
 }
 
 /// The storage behind `header` when it is its last holder, keeping the emptied header for
