@@ -2,6 +2,7 @@
 
 use crate::accumulate::AccumulateGrads;
 use crate::canonicalize::Canonicalize;
+use crate::conv_input_grad::ConvInputGrad;
 use crate::cse::Cse;
 use crate::dce::Dce;
 use crate::ddp::{Ddp, DdpOptions, DDP};
@@ -74,6 +75,14 @@ pub static FOLD_CONV_CROP: PassDecl = PassDecl {
     options: &[],
 };
 
+/// `conv-input-grad`: see [`mod@crate::conv_input_grad`].
+pub static CONV_INPUT_GRAD: PassDecl = PassDecl {
+    name: "conv-input-grad",
+    help: "Thunder's input gradient of a convolution (spread, flipped, cropped) becomes one transposed convolution",
+    level: PassLevel::Trace,
+    options: &[],
+};
+
 /// The built-in passes, in the order `--help` lists them.
 pub(crate) fn builtin_registry() -> PassRegistry {
     let mut r = PassRegistry::new();
@@ -94,6 +103,8 @@ pub(crate) fn builtin_registry() -> PassRegistry {
         r.register_trace_pass(&FUSE_ELEMENTWISE, |_| Ok(FuseElementwise))
             .map(|_| ()),
         r.register_trace_pass(&FOLD_CONV_CROP, |_| Ok(FoldConvCrop))
+            .map(|_| ()),
+        r.register_trace_pass(&CONV_INPUT_GRAD, |_| Ok(ConvInputGrad))
             .map(|_| ()),
     ];
     for res in all {

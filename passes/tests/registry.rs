@@ -104,6 +104,7 @@ fn help_comes_from_the_declarations() {
         "canonicalize",
         "fuse-elementwise",
         "fold-conv-crop",
+        "conv-input-grad",
     ] {
         assert!(h.contains(&format!("  {name} ")), "{name} in\n{h}");
     }
@@ -122,7 +123,8 @@ fn help_comes_from_the_declarations() {
             "cse",
             "canonicalize",
             "fuse-elementwise",
-            "fold-conv-crop"
+            "fold-conv-crop",
+            "conv-input-grad"
         ]
     );
     assert!(h.contains("zero3|zero2"), "{h}");

@@ -29,6 +29,9 @@ const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
                     tracepass.fusion regions, run as one loop (CPU) or one kernel (CUDA)
   fold-conv-crop    a convolution whose output is only cropped (Thunder's input gradient)
                     computes just the kept outputs, with a smaller padding
+  conv-input-grad   Thunder's input gradient of a convolution (the gradient spread by the
+                    stride, convolved by the flipped weight, cropped) becomes one transposed
+                    convolution: no products with the inserted zeros, no flipped copy
 
 A reproducer (input + pipeline, replay with --reproduce) is written only when a pass fails
 internally (panics or leaves invalid IR): to --reproducer-dir, else next to -o, else the

@@ -623,7 +623,7 @@ pub fn convolution(
 }
 
 /// The elements as f32: borrowed for f32, converted for bf16/f16.
-fn f32_elems(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
+pub(crate) fn f32_elems(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
     match t.elems::<f32>() {
         Some(v) => v,
         None => t.to_f32_vec().into(),

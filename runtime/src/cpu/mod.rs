@@ -11,6 +11,7 @@ pub(crate) mod bitwise;
 pub(crate) mod buffer_pool;
 pub(crate) mod compare;
 pub(crate) mod conv;
+pub(crate) mod conv_transpose;
 pub(crate) mod cumsum;
 pub(crate) mod elementwise;
 pub(crate) mod embedding;
@@ -47,6 +48,7 @@ pub(crate) use reduce::softmax;
 pub mod kernels {
     pub use super::compare::{compare, where_, Operand};
     pub use super::conv::convolution;
+    pub use super::conv_transpose::conv_transpose;
     pub use super::elementwise::promote;
     pub use super::gemm::{linear, matmul};
     pub use super::indexing::{gather, index_add, index_select, scatter_add};
@@ -280,6 +282,32 @@ impl Backend for CpuBackend {
     fn run(&self, kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, KernelError> {
         // a composite is no view kernel: its result is a buffer of its own, as the memory
         // plan counts it (its last step may be a reshape that gives a view)
+        if let Kernel::ConvTranspose {
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+            bias,
+        } = kernel
+        {
+            let b = if *bias {
+                Some(tensor(inputs, 2)?)
+            } else {
+                None
+            };
+            return conv_transpose::conv_transpose(
+                tensor(inputs, 0)?,
+                tensor(inputs, 1)?,
+                b,
+                stride,
+                padding,
+                output_padding,
+                dilation,
+                *groups,
+            )
+            .map_err(KernelError);
+        }
         if let Some(r) = crate::exec::composite::run(self, kernel, inputs) {
             return r.map(|t| t.contiguous());
         }
