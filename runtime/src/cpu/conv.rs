@@ -110,6 +110,23 @@ impl Geometry {
         })
     }
 
+    /// Where a contiguous `[N, C, *spatial]` input has its samples and channels.
+    fn contiguous_input(&self) -> InputAt {
+        let sp: usize = self.spatial.iter().product();
+        InputAt {
+            sample: self.cin * sp,
+            channel: sp,
+        }
+    }
+
+    /// Whether the convolution runs as products over several samples side by side (or by
+    /// windows), which read the input through [`InputAt`] and can give either
+    /// [`OutLayout`]; the one-sample products need both contiguous.
+    fn runs_batched(&self) -> bool {
+        let Sizes { op, kc, .. } = self.sizes();
+        samples_per_product(self.n, op, kc) > 1 || self.unfolds_by_window()
+    }
+
     /// The products' sizes, derived once for the kernels that share them.
     fn sizes(&self) -> Sizes {
         let cg = self.cin / self.groups;
@@ -183,20 +200,21 @@ fn unfold_row<T: Copy + Default>(
     }
 }
 
-/// Unfolds one sample's `cg` channels (`x`, `[cg, *spatial]`) into `col`, `[cg * prod(kernel),
-/// prod(out)]`: row `(c, k)` holds, for every output position, the input under kernel tap `k`
-/// (zero where that falls in the padding). Rows are `row_len` apart in `col` and the sample's
-/// columns start at `first_col`, so several samples can share one wide matrix.
+/// Unfolds one sample's `cg` channels (`x`, channel `c`'s `[*spatial]` at `c * cs`) into
+/// `col`, `[cg * prod(kernel), prod(out)]`: row `(c, k)` holds, for every output position, the
+/// input under kernel tap `k` (zero where that falls in the padding). Rows are `row_len` apart
+/// in `col` and the sample's columns start at `first_col`, so several samples can share one
+/// wide matrix.
 fn im2col<T: Copy + Default>(
     x: &[T],
-    cg: usize,
+    (cg, cs): (usize, usize),
     g: &Geometry,
     col: &mut [T],
     row_len: usize,
     first_col: usize,
 ) {
     if g.spatial.len() == 2 {
-        return im2col_2d(x, cg, g, col, row_len, first_col);
+        return im2col_2d(x, (cg, cs), g, col, row_len, first_col);
     }
     let d = g.spatial.len();
     let kp: usize = g.kernel.iter().product();
@@ -209,7 +227,7 @@ fn im2col<T: Copy + Default>(
     let mut kidx = vec![0usize; d];
     let mut oidx = vec![0usize; d.saturating_sub(1)];
     for c in 0..cg {
-        let xc = &x[c * sp..(c + 1) * sp];
+        let xc = &x[c * cs..c * cs + sp];
         for k in 0..kp {
             // kernel tap multi-index
             let mut r = k;
@@ -261,7 +279,7 @@ fn im2col<T: Copy + Default>(
 /// the N-d walk spends its time on index arithmetic for rows of three or four elements.
 fn im2col_2d<T: Copy + Default>(
     x: &[T],
-    cg: usize,
+    (cg, cs): (usize, usize),
     g: &Geometry,
     col: &mut [T],
     row_len: usize,
@@ -274,7 +292,7 @@ fn im2col_2d<T: Copy + Default>(
     let (ph, pw) = (g.padding[0] as isize, g.padding[1] as isize);
     let (dh, dw) = (g.dilation[0], g.dilation[1]);
     for c in 0..cg {
-        let xc = &x[c * ih * iw..(c + 1) * ih * iw];
+        let xc = &x[c * cs..c * cs + ih * iw];
         for ky in 0..kh {
             for kx in 0..kw {
                 let at = ((c * kh + ky) * kw + kx) * row_len + first_col;
@@ -296,13 +314,13 @@ fn im2col_2d<T: Copy + Default>(
     }
 }
 
-/// The transpose of [`im2col_2d`]'s matrix for one sample (`x`, `[cg, ih, iw]`): row `p` of
-/// `col` (at `first_row`, rows `kc` long) holds output position `p`'s window, the input under
-/// every tap `(c, ky, kx)` in the weight's order (zero in the padding), so that a window's
-/// row along `kx` is one run of the input.
+/// The transpose of [`im2col_2d`]'s matrix for one sample (`x`, channel `c`'s `[ih, iw]` at
+/// `c * cs`): row `p` of `col` (at `first_row`, rows `kc` long) holds output position `p`'s
+/// window, the input under every tap `(c, ky, kx)` in the weight's order (zero in the
+/// padding), so that a window's row along `kx` is one run of the input.
 fn im2col_windows_2d<T: Copy + Default>(
     x: &[T],
-    cg: usize,
+    (cg, cs): (usize, usize),
     g: &Geometry,
     col: &mut [T],
     first_row: usize,
@@ -328,20 +346,20 @@ fn im2col_windows_2d<T: Copy + Default>(
                     dst.fill(T::default());
                     continue;
                 }
-                let at = (c * ih + iy as usize) * iw;
+                let at = c * cs + iy as usize * iw;
                 unfold_row(dst, &x[at..at + iw], x0, dw, (lo, hi));
             }
         }
     }
 }
 
-/// Unfolds `samples` (each `cg` channels of one sample) side by side into `col`, rows of
-/// `row_len`, sample `s` at column `s * op`. With more than one thread in the rank's pool, a
-/// large matrix is filled by blocks of channels (whole rows) in parallel: a copy, so the
-/// result is the same.
+/// Unfolds `samples` (each `cg` channels of one sample, `cs` apart) side by side into `col`,
+/// rows of `row_len`, sample `s` at column `s * op`. With more than one thread in the rank's
+/// pool, a large matrix is filled by blocks of channels (whole rows) in parallel: a copy, so
+/// the result is the same.
 fn im2col_shared<T: Copy + Default + Send + Sync>(
     samples: &[&[T]],
-    cg: usize,
+    (cg, cs): (usize, usize),
     g: &Geometry,
     col: &mut [T],
     row_len: usize,
@@ -349,13 +367,12 @@ fn im2col_shared<T: Copy + Default + Send + Sync>(
 ) {
     use rayon::prelude::*;
     let kp: usize = g.kernel.iter().product();
-    let sp: usize = g.spatial.iter().product();
     let rows_per_channel = kp * row_len;
     let threads = super::pool_threads();
     let fill = |c0: usize, block: &mut [T]| {
         let cn = block.len() / rows_per_channel.max(1);
         for (s, xs) in samples.iter().enumerate() {
-            im2col(&xs[c0 * sp..(c0 + cn) * sp], cn, g, block, row_len, s * op);
+            im2col(&xs[c0 * cs..], (cn, cs), g, block, row_len, s * op);
         }
     };
     let total = cg * rows_per_channel;
@@ -375,7 +392,7 @@ fn im2col_shared<T: Copy + Default + Send + Sync>(
 /// same.
 fn windows_shared<T: Copy + Default + Send + Sync>(
     samples: &[&[T]],
-    cg: usize,
+    (cg, cs): (usize, usize),
     g: &Geometry,
     col: &mut [T],
     op: usize,
@@ -387,23 +404,45 @@ fn windows_shared<T: Copy + Default + Send + Sync>(
     }
     if super::pool_threads() <= 1 || samples.len() < 2 || col.len() < PARALLEL_IM2COL {
         for (s, xs) in samples.iter().enumerate() {
-            im2col_windows_2d(xs, cg, g, col, s * op);
+            im2col_windows_2d(xs, (cg, cs), g, col, s * op);
         }
         return;
     }
     col.par_chunks_mut(per_sample)
         .zip(samples)
-        .for_each(|(block, xs)| im2col_windows_2d(xs, cg, g, block, 0));
+        .for_each(|(block, xs)| im2col_windows_2d(xs, (cg, cs), g, block, 0));
 }
 
 /// Unfolded matrices smaller than this are filled on one thread.
 const PARALLEL_IM2COL: usize = 1 << 16;
 
+/// Where the input's elements lie: sample `n`, channel `c` at `n * sample + c * channel`.
+/// Contiguous `[N, C, *spatial]` has `C * sp` and `sp`; a view of a contiguous `[C, N,
+/// *spatial]` with its first two dims swapped, as Thunder reads the forward's input for a
+/// weight gradient, has `sp` and `N * sp` (unfolded straight from its buffer, no copy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct InputAt {
+    sample: usize,
+    channel: usize,
+}
+
+/// How the result lies in its buffer: `[N, C_out, *out]`, or `[C_out, N, *out]` (returned
+/// as a view with the first two dims swapped): Thunder's weight gradient, a `[C_in, C_out,
+/// *taps]` convolution it permutes right back, is then a product's rows as they come and a
+/// contiguous `[C_out, C_in, *taps]` gradient for the optimizer. The layout moves no bit:
+/// every element is the same sum either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OutLayout {
+    Samples,
+    Channels,
+}
+
 fn conv_typed<T: Gemm + Default>(
-    x: &[T],
+    (x, x_at): (&[T], InputAt),
     w: &[T],
     bias: Option<&[T]>,
     g: &Geometry,
+    layout: OutLayout,
 ) -> Result<Vec<T>, String> {
     let Sizes {
         cg,
@@ -424,10 +463,13 @@ fn conv_typed<T: Gemm + Default>(
         None => T::ZERO,
     };
     let pointwise = g.is_pointwise();
-    let batch = samples_per_product(g.n, op, kc);
-    if batch > 1 || g.unfolds_by_window() {
-        conv_batched(x, w, bias.is_some(), g, batch, &mut out)?;
+    if g.runs_batched() {
+        let batch = samples_per_product(g.n, op, kc);
+        conv_batched((x, x_at), w, bias.is_some(), g, batch, (&mut out, layout))?;
         return Ok(out);
+    }
+    if x_at != g.contiguous_input() || layout != OutLayout::Samples {
+        return Err("convolution: a per-sample product needs a contiguous input and result".into());
     }
     let mut col = if pointwise {
         Vec::new()
@@ -443,7 +485,7 @@ fn conv_typed<T: Gemm + Default>(
             if pointwise {
                 gemm_rows(coutg, kc, op, ws, xs, beta, dst)?;
             } else {
-                im2col_shared(&[xs], cg, g, &mut col, op, op);
+                im2col_shared(&[xs], (cg, sp), g, &mut col, op, op);
                 gemm_rows(coutg, kc, op, ws, &col, beta, dst)?;
             }
         }
@@ -472,23 +514,22 @@ fn samples_per_product(n: usize, op: usize, kc: usize) -> usize {
 /// per product; the `[C_out/groups, batch * P]` result is copied out sample by sample (onto the
 /// bias already in `out` when there is one).
 fn conv_batched<T: Gemm + Default>(
-    x: &[T],
+    (x, x_at): (&[T], InputAt),
     w: &[T],
     has_bias: bool,
     g: &Geometry,
     batch: usize,
-    out: &mut [T],
+    (out, layout): (&mut [T], OutLayout),
 ) -> Result<(), String> {
     let Sizes {
-        cg,
-        coutg,
-        op,
-        sp,
-        kc,
+        cg, coutg, op, kc, ..
     } = g.sizes();
+    if layout == OutLayout::Channels && (has_bias || g.groups != 1) {
+        return Err("convolution: a channels-first result is for one group without bias".into());
+    }
     let width = batch * op;
     // the unfolded matrix as `[K, columns]`, or by windows as its transpose
-    let layout = if g.unfolds_by_window() {
+    let b_layout = if g.unfolds_by_window() {
         BLayout::Columns
     } else {
         BLayout::Rows
@@ -499,15 +540,27 @@ fn conv_batched<T: Gemm + Default>(
         let nb = batch.min(g.n - n0);
         let cols = nb * op;
         for grp in 0..g.groups {
+            // each sample's group of channels, from its first (the rest of the buffer: a
+            // swapped input's channels lie `N * sp` apart)
             let samples: smallvec::SmallVec<[&[T]; 16]> = (n0..n0 + nb)
-                .map(|n| &x[(n * g.cin + grp * cg) * sp..(n * g.cin + (grp + 1) * cg) * sp])
+                .map(|n| &x[n * x_at.sample + grp * cg * x_at.channel..])
                 .collect();
-            match layout {
-                BLayout::Columns => windows_shared(&samples, cg, g, &mut col[..cols * kc], op),
-                BLayout::Rows => im2col_shared(&samples, cg, g, &mut col, cols, op),
+            let at = (cg, x_at.channel);
+            match b_layout {
+                BLayout::Columns => windows_shared(&samples, at, g, &mut col[..cols * kc], op),
+                BLayout::Rows => im2col_shared(&samples, at, g, &mut col, cols, op),
             }
             let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
-            gemm_rows_shared_as(coutg, kc, cols, ws, &col, layout, T::ZERO, &mut prod)?;
+            gemm_rows_shared_as(coutg, kc, cols, ws, &col, b_layout, T::ZERO, &mut prod)?;
+            if layout == OutLayout::Channels {
+                // `out` is `[C_out, N * P]`: each row of the product is one run of it
+                let per_channel = g.n * op;
+                for (m, src) in prod[..coutg * cols].chunks_exact(cols.max(1)).enumerate() {
+                    let at = m * per_channel + n0 * op;
+                    super::strided::copy_run_init(&mut out[at..at + cols], src);
+                }
+                continue;
+            }
             // each sample's block of `out` gets its columns of the product; a copy, shared
             // among the rank's threads by samples when large (Thunder's weight gradients
             // write a whole `[C_in, C_out, kh, kw]` here)
@@ -588,38 +641,83 @@ pub fn convolution(
             ));
         }
     }
-    let mut shape: Dims<usize> = smallvec::smallvec![g.n, g.cout];
+    // An input that is a swapped view of a contiguous buffer is unfolded from that buffer
+    // (where the products run over several samples); with the weight swapped too (Thunder's
+    // weight gradient) the result is laid out channels first. Neither changes a bit.
+    let batched = g.runs_batched();
+    let swapped_x = batched.then(|| swapped_buffer(x)).flatten();
+    let (x_in, x_at) = match &swapped_x {
+        Some(buf) => (
+            buf,
+            InputAt {
+                sample: g.spatial.iter().product(),
+                channel: g.n * g.spatial.iter().product::<usize>(),
+            },
+        ),
+        None => (x, g.contiguous_input()),
+    };
+    let layout =
+        if swapped_x.is_some() && g.groups == 1 && bias.is_none() && swapped_buffer(w).is_some() {
+            OutLayout::Channels
+        } else {
+            OutLayout::Samples
+        };
+    let mut shape: Dims<usize> = match layout {
+        OutLayout::Samples => smallvec::smallvec![g.n, g.cout],
+        OutLayout::Channels => smallvec::smallvec![g.cout, g.n],
+    };
     shape.extend_from_slice(&g.out);
     let dtype = x.dtype();
-    match dtype {
+    let out = match dtype {
         DType::F64 => {
-            let (xs, ws) = (x.elems::<f64>(), w.elems::<f64>());
+            let (xs, ws) = (x_in.elems::<f64>(), w.elems::<f64>());
             let bs = bias.and_then(|b| b.elems::<f64>());
             let (Some(xs), Some(ws)) = (xs, ws) else {
                 return Err("convolution: f64 storage".into());
             };
-            let out = conv_typed::<f64>(&xs, &ws, bs.as_deref(), &g)?;
-            Ok(Tensor::from_f64(shape, out))
+            let out = conv_typed::<f64>((&xs, x_at), &ws, bs.as_deref(), &g, layout)?;
+            Tensor::from_f64(shape, out)
         }
         DType::F32 | DType::BF16 | DType::F16 => {
-            let (xs, ws) = (f32_elems(x), f32_elems(w));
+            let (xs, ws) = (f32_elems(x_in), f32_elems(w));
             let bs = bias.map(f32_elems);
-            let out = Tensor::from_f32(shape, conv_typed::<f32>(&xs, &ws, bs.as_deref(), &g)?);
+            let out = conv_typed::<f32>((&xs, x_at), &ws, bs.as_deref(), &g, layout)?;
+            let out = Tensor::from_f32(shape, out);
             // copies of strided operands (Thunder's permuted backward operands) go back
             pool::give_cow(xs);
             pool::give_cow(ws);
             bs.map(pool::give_cow);
             if dtype == DType::F32 {
-                Ok(out)
+                out
             } else {
                 out.to_dtype(dtype)
-                    .ok_or_else(|| format!("convolution: cannot round to {dtype}"))
+                    .ok_or_else(|| format!("convolution: cannot round to {dtype}"))?
             }
         }
-        other => Err(format!(
-            "convolution: dtype {other} is not supported by the cpu backend"
-        )),
+        other => {
+            return Err(format!(
+                "convolution: dtype {other} is not supported by the cpu backend"
+            ))
+        }
+    };
+    match layout {
+        OutLayout::Samples => Ok(out),
+        OutLayout::Channels => {
+            let perm: Dims<usize> = [1, 0].into_iter().chain(2..out.shape().len()).collect();
+            out.permute(&perm)
+        }
     }
+}
+
+/// The contiguous tensor `t` is a view of with its first two dims swapped, if it is one and
+/// is not itself contiguous.
+fn swapped_buffer(t: &Tensor) -> Option<Tensor> {
+    let r = t.shape().len();
+    if r < 3 || t.is_contiguous() {
+        return None;
+    }
+    let perm: Dims<usize> = [1, 0].into_iter().chain(2..r).collect();
+    t.permute(&perm).ok().filter(Tensor::is_contiguous)
 }
 
 /// The elements as f32: borrowed for f32, converted for bf16/f16.
@@ -793,6 +891,67 @@ mod tests {
         }
         let got = f64::from(one[((n * 128 + co) * 3 + oy) * 3 + ox]);
         assert!((got - want).abs() < 1e-4, "{got} vs {want}");
+    }
+
+    fn swapped(t: &Tensor) -> Tensor {
+        let perm: Vec<usize> = [1, 0].into_iter().chain(2..t.shape().len()).collect();
+        t.permute(&perm).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Thunder's weight gradient reads both operands through views with batch and channels
+    /// swapped; unfolded from their buffers and laid out channels first, it gives bit for
+    /// bit what contiguous copies give (a fused trace may hand it a copy where the unfused one
+    /// hands a view), and its result is a swapped view of a contiguous gradient. Over 3x3
+    /// (stride 1 and 2: the convolution's dilation), 1x1 and 7x7 stride-2 gradients, one with
+    /// padding of its own, one run by windows (a kernel wider than its output), in a thread
+    /// pool, and a view of only one operand.
+    #[test]
+    fn swapped_operands_give_the_contiguous_bits() {
+        // (x [N, C_in, H, W] as the forward has it, g [N, C_out, oh, ow], stride, padding,
+        // dilation of the weight-gradient convolution)
+        type Case = ([usize; 4], [usize; 4], i64, i64, i64);
+        let cases: &[Case] = &[
+            ([4, 6, 10, 10], [4, 5, 8, 8], 1, 0, 1),
+            ([4, 6, 9, 9], [4, 5, 4, 4], 1, 0, 2),
+            ([3, 4, 8, 8], [3, 7, 4, 4], 1, 0, 2),
+            ([2, 3, 22, 22], [2, 4, 8, 8], 1, 0, 2),
+            ([2, 3, 6, 7], [2, 4, 6, 7], 1, 1, 1),
+            ([8, 64, 4, 4], [8, 32, 2, 2], 1, 0, 1),
+            ([8, 16, 18, 18], [8, 16, 16, 16], 1, 0, 1),
+        ];
+        let bits = |t: &Tensor| {
+            t.to_f32_vec()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        for (i, &(xs, gs, s, p, d)) in cases.iter().enumerate() {
+            let f32s =
+                |n: usize, seed: f64| data(n, seed).iter().map(|&v| v as f32).collect::<Vec<_>>();
+            let x = Tensor::from_f32(xs, f32s(xs.iter().product(), 1.0 + i as f64));
+            let g = Tensor::from_f32(gs, f32s(gs.iter().product(), 20.0 + i as f64));
+            let (xv, gv) = (swapped(&x), swapped(&g));
+            let conv = |a: &Tensor, b: &Tensor| {
+                convolution(a, b, None, &[s], &[p], &[d], false, &[0], 1)
+                    .unwrap_or_else(|e| panic!("case {i}: {e}"))
+            };
+            let want = conv(&xv.contiguous(), &gv.contiguous());
+            let (got, in_pool) = crate::cpu::alone_and_in_three_threads(|| conv(&xv, &gv));
+            assert_eq!(got.shape(), want.shape(), "case {i}");
+            assert!(
+                swapped(&got).is_contiguous(),
+                "case {i}: {:?}",
+                got.strides()
+            );
+            assert_eq!(bits(&got), bits(&want), "case {i}");
+            assert_eq!(bits(&in_pool), bits(&want), "case {i} in a pool");
+            // one swapped operand: unfolded from the buffer, laid out as usual
+            let half = conv(&xv, &gv.contiguous());
+            assert!(half.is_contiguous(), "case {i}");
+            assert_eq!(bits(&half), bits(&want), "case {i}, the input swapped");
+            let half = conv(&xv.contiguous(), &gv);
+            assert_eq!(bits(&half), bits(&want), "case {i}, the weight swapped");
+        }
     }
 
     #[test]
