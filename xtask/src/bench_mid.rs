@@ -6,7 +6,7 @@
 //! committed: tens of MiB of weights) when missing; PyTorch is timed when the Python named by
 //! TRACEPASS_PYTHON (default `python3`) has torch and the exporter's models. Each
 //! configuration is trained twice, as exported and with the optimising passes in the
-//! pipeline, `fold-conv-crop,fuse-elementwise` (`fused st/s`); TRACEPASS_BENCH_MID_MODELS
+//! pipeline, `conv-input-grad,fold-conv-crop,fuse-elementwise` (`fused st/s`); TRACEPASS_BENCH_MID_MODELS
 //! (comma-separated) limits the models.
 
 use crate::alloc_count::allocations;
@@ -75,9 +75,9 @@ struct Ours {
 fn run_ours(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<Ours> {
     let passes = match (fused, ranks) {
         (false, _) => None,
-        (true, 1) => Some("fold-conv-crop,fuse-elementwise".to_string()),
+        (true, 1) => Some("conv-input-grad,fold-conv-crop,fuse-elementwise".to_string()),
         (true, n) => Some(format!(
-            "ddp(world_size={n}),fold-conv-crop,fuse-elementwise,sort-waits"
+            "ddp(world_size={n}),conv-input-grad,fold-conv-crop,fuse-elementwise,sort-waits"
         )),
     };
     let cfg = TrainConfig {
