@@ -167,8 +167,15 @@ impl PoolElem for f64 {
     }
 }
 
+/// Pools of fewer output elements than this run on one thread.
+const PARALLEL_POOL: usize = 1 << 14;
+
+/// Every plane's maxima and their positions into `out` and `idx` (`np * oh * ow` each),
+/// planes shared among the rank's threads when large. Each window keeps its first maximum
+/// (or last NaN) in window order whichever thread runs it, and picks it without a branch per
+/// element (a max pool's comparisons go either way about as often, so a branch mispredicts).
 #[allow(clippy::too_many_arguments)]
-fn pool_planes<T: PoolElem>(
+fn pool_planes<T: PoolElem + Send + Sync>(
     xs: &[T],
     p: &Pool2d,
     np: usize,
@@ -179,43 +186,81 @@ fn pool_planes<T: PoolElem>(
     out: &mut Vec<T>,
     idx: &mut Vec<i64>,
 ) {
+    use rayon::prelude::*;
+    let per_plane = oh * ow;
+    out.clear();
+    out.resize(np * per_plane, T::NEG_INF);
+    idx.clear();
+    idx.resize(np * per_plane, 0);
+    if per_plane == 0 {
+        return;
+    }
+    let one = |plane: usize, (o, ix): (&mut [T], &mut [i64])| {
+        pool_plane(
+            &xs[plane * h * w..(plane + 1) * h * w],
+            p,
+            (h, w),
+            ow,
+            o,
+            ix,
+        )
+    };
+    if crate::cpu::pool_threads() > 1 && np > 1 && np * per_plane >= PARALLEL_POOL {
+        out.par_chunks_mut(per_plane)
+            .zip(idx.par_chunks_mut(per_plane))
+            .enumerate()
+            .for_each(|(plane, bufs)| one(plane, bufs));
+    } else {
+        out.chunks_mut(per_plane)
+            .zip(idx.chunks_mut(per_plane))
+            .enumerate()
+            .for_each(|(plane, bufs)| one(plane, bufs));
+    }
+}
+
+/// One plane `x` (`[h, w]`) into its `out` and `idx` rows of `ow`.
+fn pool_plane<T: PoolElem>(
+    x: &[T],
+    p: &Pool2d,
+    (h, w): (usize, usize),
+    ow: usize,
+    out: &mut [T],
+    idx: &mut [i64],
+) {
     let [kh, kw] = p.kernel;
     let [sh, sw] = p.stride;
     let [ph, pw] = p.padding;
     let [dh, dw] = p.dilation;
-    for plane in 0..np {
-        let x = &xs[plane * h * w..(plane + 1) * h * w];
-        for i in 0..oh {
-            let mut h0 = (i * sh) as i64 - ph as i64;
-            let h1 = (h0 + ((kh - 1) * dh) as i64 + 1).min(h as i64);
-            while h0 < 0 {
-                h0 += dh as i64;
+    for (i, (orow, irow)) in out.chunks_mut(ow).zip(idx.chunks_mut(ow)).enumerate() {
+        let mut h0 = (i * sh) as i64 - ph as i64;
+        let h1 = (h0 + ((kh - 1) * dh) as i64 + 1).min(h as i64);
+        while h0 < 0 {
+            h0 += dh as i64;
+        }
+        for (j, (o, ix)) in orow.iter_mut().zip(irow.iter_mut()).enumerate() {
+            let mut w0 = (j * sw) as i64 - pw as i64;
+            let w1 = (w0 + ((kw - 1) * dw) as i64 + 1).min(w as i64);
+            while w0 < 0 {
+                w0 += dw as i64;
             }
-            for j in 0..ow {
-                let mut w0 = (j * sw) as i64 - pw as i64;
-                let w1 = (w0 + ((kw - 1) * dw) as i64 + 1).min(w as i64);
-                while w0 < 0 {
-                    w0 += dw as i64;
+            let mut best = h0 * w as i64 + w0;
+            let mut max = T::NEG_INF;
+            let mut r = h0;
+            while r < h1 {
+                let mut c = w0;
+                while c < w1 {
+                    let k = r * w as i64 + c;
+                    let v = x[k as usize];
+                    // a NaN wins (the window's last, as PyTorch's `val > max || isnan(val)`)
+                    let take = (v > max) | v.nan();
+                    max = if take { v } else { max };
+                    best = if take { k } else { best };
+                    c += dw as i64;
                 }
-                let mut best = h0 * w as i64 + w0;
-                let mut max = T::NEG_INF;
-                let mut r = h0;
-                while r < h1 {
-                    let mut c = w0;
-                    while c < w1 {
-                        let k = r * w as i64 + c;
-                        let v = x[k as usize];
-                        if v > max || v.nan() {
-                            max = v;
-                            best = k;
-                        }
-                        c += dw as i64;
-                    }
-                    r += dh as i64;
-                }
-                out.push(max);
-                idx.push(best);
+                r += dh as i64;
             }
+            *o = max;
+            *ix = best;
         }
     }
 }
@@ -414,5 +459,38 @@ mod tests {
             &bad
         )
         .is_err());
+    }
+
+    /// Two NaNs in a window: the later one's position, as PyTorch's CPU kernel keeps it; and
+    /// planes shared among a pool's threads give the one-thread values and positions.
+    #[test]
+    fn the_last_nan_wins_and_threads_keep_the_result() {
+        let x = Tensor::from_f32(vec![1, 1, 2, 2], vec![f32::NAN, 1., 2., f32::NAN]);
+        let (_, i) = max_pool2d_with_indices(&x, &pool(2, &[], 0, 1, false)).expect("ok");
+        assert_eq!(i.to_i64_vec(), vec![3]);
+        let n = 8 * 16 * 24 * 24;
+        let v: Vec<f32> = (0..n)
+            .map(|k| {
+                if k % 97 == 5 {
+                    f32::NAN
+                } else {
+                    ((k * 7919) % 1000) as f32
+                }
+            })
+            .collect();
+        let x = Tensor::from_f32(vec![8, 16, 24, 24], v);
+        let p = pool(3, &[2], 1, 1, false);
+        let (one, three) = crate::cpu::alone_and_in_three_threads(|| {
+            let (o, i) = max_pool2d_with_indices(&x, &p).expect("ok");
+            (
+                o.to_f32_vec()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                i.to_i64_vec(),
+            )
+        });
+        assert!(one.1.len() >= PARALLEL_POOL);
+        assert_eq!(one, three);
     }
 }
