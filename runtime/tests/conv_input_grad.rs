@@ -5,18 +5,11 @@
 //! bars, and with DDP the gradients stay bit for bit the same across bucket sizes.
 
 mod common;
-use common::{corpus, json, name, run_trace as run, values};
+use common::{corpus, dims, json, name, run_trace as run, step0, values};
 use tracepass_ir::{op, parse_trace};
-use tracepass_passes::{conv_input_grad, parse_pipeline};
+use tracepass_passes::conv_input_grad;
 use tracepass_runtime::tensor::{Tensor, TensorFile};
-use tracepass_runtime::train::{train, ModelSource, OptimizerKind, TrainConfig, TrainReport};
-
-fn dims(v: &[usize]) -> String {
-    v.iter()
-        .map(|d| d.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+use tracepass_runtime::train::TrainReport;
 
 /// The forward convolution of `[2, ci, *n]` by `[co, ci / groups, *k]` (every spatial dim
 /// alike) whose input gradient Thunder writes.
@@ -169,21 +162,6 @@ fn the_transposed_convolution_gives_thunders_input_gradient() {
     }
 }
 
-fn train_once(dir: &std::path::Path, world: usize, pipeline: &str, bucket_mb: f64) -> TrainReport {
-    let c = TrainConfig {
-        model: ModelSource::Export(dir.to_path_buf()),
-        world_size: world,
-        steps: 1,
-        keep_all_ranks: true,
-        pin_ranks: false,
-        bucket_mb,
-        optimizer: OptimizerKind::Sgd { lr: 0.0 },
-        passes: Some(parse_pipeline(pipeline).unwrap()),
-        ..TrainConfig::default()
-    };
-    train(&c, &|_, _| {}).unwrap_or_else(|e| panic!("{} `{pipeline}`: {e}", name(dir)))
-}
-
 /// The corpus models whose backward has an input gradient the pass rewrites.
 fn rewritten_models() -> Vec<std::path::PathBuf> {
     corpus()
@@ -210,7 +188,7 @@ fn training_with_it_matches_eager_pytorch_and_keeps_bits_across_buckets() {
         );
     }
     for dir in &models {
-        let r = train_once(dir, 1, "conv-input-grad", 25.0);
+        let r = step0(dir, 1, "conv-input-grad", 25.0);
         let want = json(&dir.join("reference/loss.json"))["losses"][0]
             .as_f64()
             .unwrap();
@@ -242,7 +220,7 @@ fn training_with_it_matches_eager_pytorch_and_keeps_bits_across_buckets() {
             .into_iter()
             .map(|mb| {
                 let p = format!("ddp(world_size=2,bucket_mb={mb}),conv-input-grad,fold-conv-crop,fuse-elementwise,sort-waits");
-                train_once(dir, 2, &p, mb)
+                step0(dir, 2, &p, mb)
             })
             .collect();
         for r in &runs {

@@ -4,7 +4,7 @@
 //! gradients bit for bit.
 
 mod common;
-use common::{corpus, run_trace as run, values};
+use common::{corpus, dims, run_trace as run, values};
 use tracepass_ir::parse_trace;
 use tracepass_passes::{fold_conv_crop, parse_pipeline};
 use tracepass_runtime::tensor::Tensor;
@@ -14,13 +14,6 @@ fn random(shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
     let v = values(n, seed).into_iter().map(|x| x as f32).collect();
     Tensor::from_f32(shape, v)
-}
-
-fn dims(v: &[usize]) -> String {
-    v.iter()
-        .map(|d| d.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// One convolution geometry: `x` and `w` shapes, stride, padding, dilation, groups, and the

@@ -4,13 +4,11 @@
 //! every rank and for every bucket size.
 
 mod common;
-use common::{corpus, json, name};
+use common::{corpus, json, name, step0 as run};
 use std::path::Path;
 use tracepass_ir::DType;
-use tracepass_passes::parse_pipeline;
 use tracepass_runtime::tensor::{Tensor, TensorFile};
-use tracepass_runtime::train::OptimizerKind;
-use tracepass_runtime::train::{train, Model, ModelSource, TrainConfig, TrainReport};
+use tracepass_runtime::train::{Model, ModelSource, TrainReport};
 
 fn plain_export(dir: &Path) -> bool {
     json(&dir.join("export.json"))["world_size"].is_null()
@@ -26,21 +24,6 @@ fn low_precision(dir: &Path) -> bool {
         .params
         .iter()
         .any(|p| matches!(p.dtype, DType::BF16 | DType::F16))
-}
-
-fn run(dir: &Path, world: usize, pipeline: &str, bucket_mb: f64) -> TrainReport {
-    let c = TrainConfig {
-        model: ModelSource::Export(dir.to_path_buf()),
-        world_size: world,
-        steps: 1,
-        keep_all_ranks: true,
-        pin_ranks: false,
-        bucket_mb,
-        optimizer: OptimizerKind::Sgd { lr: 0.0 },
-        passes: Some(parse_pipeline(pipeline).unwrap()),
-        ..TrainConfig::default()
-    };
-    train(&c, &|_, _| {}).unwrap_or_else(|e| panic!("{} `{pipeline}`: {e}", name(dir)))
 }
 
 fn rel_err(got: &[f64], want: &[f64], zero_scale: f64) -> f64 {

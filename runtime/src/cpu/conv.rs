@@ -34,7 +34,7 @@ struct Sizes {
 }
 
 /// A per-dim parameter: one value for every dim, or one per dim (`(1,)` in Thunder's traces).
-fn per_dim(v: &[i64], d: usize, what: &str, min: i64) -> Result<Dims<usize>, String> {
+pub(crate) fn per_dim(v: &[i64], d: usize, what: &str, min: i64) -> Result<Dims<usize>, String> {
     let full: Dims<i64> = match v.len() {
         1 => Dims::from_elem(v[0], d),
         n if n == d => Dims::from_slice(v),
@@ -157,7 +157,7 @@ impl Geometry {
 
 /// The steps `t` in `0..count` whose input index `first + t * step` lies in `0..size`, as
 /// `lo..hi` (`lo >= hi` when none does): the part of an unfolded row that is not padding.
-fn inside(first: isize, step: usize, size: usize, count: usize) -> (usize, usize) {
+pub(crate) fn inside(first: isize, step: usize, size: usize, count: usize) -> (usize, usize) {
     let lo = if first >= 0 {
         0
     } else {

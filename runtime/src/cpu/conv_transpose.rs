@@ -11,6 +11,7 @@
 //! weight in place (its transpose is a column-major operand) and touches no zero.
 
 use super::buffer_pool as pool;
+use super::conv::{inside, per_dim};
 use super::gemm::{gemm_cols_a_shared, Gemm};
 use crate::tensor::{Dims, Tensor};
 use tracepass_ir::DType;
@@ -29,25 +30,6 @@ struct Geometry {
     stride: Dims<usize>,
     padding: Dims<usize>,
     dilation: Dims<usize>,
-}
-
-/// A per-dim parameter: one value for every dim, or one per dim.
-fn per_dim(v: &[i64], d: usize, what: &str, min: i64) -> Result<Dims<i64>, String> {
-    let full: Dims<i64> = match v.len() {
-        1 => Dims::from_elem(v[0], d),
-        n if n == d => Dims::from_slice(v),
-        _ => {
-            return Err(format!(
-                "conv_transpose: {what} {v:?} must have 1 or {d} entries"
-            ))
-        }
-    };
-    match full.iter().find(|&&x| x < min) {
-        Some(bad) => Err(format!(
-            "conv_transpose: {what} {v:?} has {bad}, below the minimum {min}"
-        )),
-        None => Ok(full),
-    }
 }
 
 impl Geometry {
@@ -86,9 +68,11 @@ impl Geometry {
         let padding = per_dim(padding, d, "padding", 0)?;
         let output_padding = per_dim(output_padding, d, "output_padding", 0)?;
         let dilation = per_dim(dilation, d, "dilation", 1)?;
+        // the lengths in signed arithmetic: a padding can exceed what the input gives
         let mut out = Dims::new();
         for j in 0..d {
-            let (s, p, op, dl) = (stride[j], padding[j], output_padding[j], dilation[j]);
+            let [s, p, op, dl] =
+                [stride[j], padding[j], output_padding[j], dilation[j]].map(|v| v as i64);
             // PyTorch's own condition: the extra row must be one the stride or dilation skipped
             if op >= s.max(dl) {
                 return Err(format!(
@@ -103,7 +87,6 @@ impl Geometry {
             }
             out.push(len as usize);
         }
-        let to_usize = |v: Dims<i64>| v.into_iter().map(|x| x as usize).collect::<Dims<usize>>();
         Ok(Geometry {
             n: x[0],
             cin: x[1],
@@ -112,29 +95,11 @@ impl Geometry {
             input: Dims::from_slice(&x[2..]),
             kernel: Dims::from_slice(&w[2..]),
             out,
-            stride: to_usize(stride),
-            padding: to_usize(padding),
-            dilation: to_usize(dilation),
+            stride,
+            padding,
+            dilation,
         })
     }
-}
-
-/// The steps `t` in `0..count` whose output index `first + t * step` lies in `0..size`, as
-/// `lo..hi` (`lo >= hi` when none does): the input elements of a row a tap lands inside the
-/// output.
-fn inside(first: isize, step: usize, size: usize, count: usize) -> (usize, usize) {
-    let lo = if first >= 0 {
-        0
-    } else {
-        ((-first) as usize).div_ceil(step).min(count)
-    };
-    let last = size as isize - 1 - first;
-    let hi = if last < 0 {
-        0
-    } else {
-        (last as usize / step + 1).min(count)
-    };
-    (lo, hi)
 }
 
 /// Adds one sample's columns into its output channels: `out` is `[channels, *out]` (the
@@ -450,16 +415,16 @@ pub fn conv_transpose(
 mod tests {
     use super::*;
 
+    /// `n` values in [-1, 1] that differ with `seed`.
     fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                ((x >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
-            })
+            .map(|i| ((i as f64 + 0.5) * (0.37 + seed as f64 * 0.013)).sin())
             .collect()
+    }
+
+    fn f32_tensor(shape: &[usize], seed: u64) -> Tensor {
+        let v = values(shape.iter().product(), seed);
+        Tensor::from_f32(shape, v.iter().map(|&x| x as f32).collect::<Vec<_>>())
     }
 
     /// The composite every backend has: the input spread out by the stride and padded, by the
@@ -578,27 +543,9 @@ mod tests {
             (&[8usize, 64, 8, 8][..], &[64usize, 32, 3, 3][..], 2i64),
             (&[2, 32, 40, 40][..], &[32, 24, 3, 3][..], 1),
         ] {
-            let x = Tensor::from_f32(
-                xs,
-                values(xs.iter().product(), 7)
-                    .iter()
-                    .map(|&v| v as f32)
-                    .collect::<Vec<_>>(),
-            );
-            let w = Tensor::from_f32(
-                ws,
-                values(ws.iter().product(), 8)
-                    .iter()
-                    .map(|&v| v as f32)
-                    .collect::<Vec<_>>(),
-            );
-            let b = Tensor::from_f32(
-                [ws[1]],
-                values(ws[1], 9)
-                    .iter()
-                    .map(|&v| v as f32)
-                    .collect::<Vec<_>>(),
-            );
+            let x = f32_tensor(xs, 7);
+            let w = f32_tensor(ws, 8);
+            let b = f32_tensor(&[ws[1]], 9);
             let run = || {
                 conv_transpose(&x, &w, Some(&b), &[stride], &[1], &[stride - 1], &[1], 1)
                     .unwrap_or_else(|e| panic!("{e}"))

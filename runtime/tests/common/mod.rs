@@ -10,6 +10,7 @@ use tracepass_runtime::comm::{CommOptions, ThreadComm, ThreadGroup};
 use tracepass_runtime::cpu::CpuBackend;
 use tracepass_runtime::exec::{Clock, Executor, Plan, RValue, Recording};
 use tracepass_runtime::tensor::Tensor;
+use tracepass_runtime::train::{train, ModelSource, OptimizerKind, TrainConfig, TrainReport};
 
 /// Every export directory of the corpus, sorted.
 pub fn corpus() -> Vec<PathBuf> {
@@ -74,4 +75,29 @@ pub fn run_trace_for(t: &Trace, results: &[ValueId], inputs: Vec<Tensor>) -> Vec
         other => panic!("expected a tensor, got {other:?}"),
     })
     .collect()
+}
+
+/// One step of the export in `dir` on `world` unpinned ranks with `pipeline` and buckets of
+/// `bucket_mb`, SGD at learning rate 0 (the step-0 gradients of every rank kept).
+pub fn step0(dir: &Path, world: usize, pipeline: &str, bucket_mb: f64) -> TrainReport {
+    let c = TrainConfig {
+        model: ModelSource::Export(dir.to_path_buf()),
+        world_size: world,
+        steps: 1,
+        keep_all_ranks: true,
+        pin_ranks: false,
+        bucket_mb,
+        optimizer: OptimizerKind::Sgd { lr: 0.0 },
+        passes: Some(tracepass_passes::parse_pipeline(pipeline).expect("pipeline")),
+        ..TrainConfig::default()
+    };
+    train(&c, &|_, _| {}).unwrap_or_else(|e| panic!("{} `{pipeline}`: {e}", name(dir)))
+}
+
+/// A shape as its printed dims, `2, 3, 4`.
+pub fn dims(v: &[usize]) -> String {
+    v.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
