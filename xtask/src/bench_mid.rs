@@ -7,7 +7,9 @@
 //! TRACEPASS_PYTHON (default `python3`) has torch and the exporter's models. Each
 //! configuration is trained twice, as exported and with the optimising passes in the
 //! pipeline, `conv-input-grad,fold-conv-crop,fuse-elementwise` (`fused st/s`); TRACEPASS_BENCH_MID_MODELS
-//! (comma-separated) limits the models.
+//! (comma-separated) limits the models. Each of our runs is a process of its own (this binary's
+//! hidden `bench-mid-one`), as each PyTorch run is: the allocator keeps freed memory, so runs in
+//! one process would count the earlier runs' pages in the later runs' peak.
 
 use crate::alloc_count::allocations;
 use anyhow::{bail, Context, Result};
@@ -60,16 +62,46 @@ fn peak_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Starts a new peak-memory window (`VmHWM` back to the current resident size).
-fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Ours {
     steps_per_s: f64,
     peak_rss: Option<u64>,
     /// Allocations made during one steady-state step (fewest over the timed steps).
     allocs_per_step: u64,
+}
+
+/// One of our runs in a fresh process (this binary's `bench-mid-one`), so that its peak RSS is
+/// its own.
+fn run_ours_apart(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<Ours> {
+    let out = Command::new(std::env::current_exe().context("finding the xtask binary")?)
+        .arg("bench-mid-one")
+        .arg(dir)
+        .args([
+            "--ranks",
+            &ranks.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
+        .args(fused.then_some("--fused"))
+        .output()
+        .context("starting bench-mid-one")?;
+    if !out.status.success() {
+        bail!(
+            "bench-mid-one {} ({ranks}x{threads}, fused {fused}) failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("bench-mid-one printed `{line}`"))
+}
+
+/// `bench-mid-one`: one run, its figures printed as one JSON line.
+pub fn bench_mid_one(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<()> {
+    let r = run_ours(dir, ranks, threads, fused)?;
+    println!("{}", serde_json::to_string(&r)?);
+    Ok(())
 }
 
 fn run_ours(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<Ours> {
@@ -90,7 +122,6 @@ fn run_ours(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<Our
             .transpose()?,
         ..TrainConfig::default()
     };
-    reset_peak_rss();
     let last = AtomicU64::new(allocations());
     let per_step = Mutex::new(Vec::new());
     let r: TrainReport = train(&cfg, &|step, _| {
@@ -169,10 +200,10 @@ fn mib(b: Option<u64>) -> String {
 
 pub fn bench_mid() -> Result<()> {
     println!(
-        "mid benchmark: `train --model DIR` steps/s, {WARMUP} warm-up + {TIMED} timed steps, AdamW; PyTorch eager (1 rank) / DDP gloo (2 ranks), torch.set_num_threads = threads, same batches and protocol; peak = process peak RSS (tracepass: all ranks in one process; PyTorch: rank 0's process, Python and torch included)"
+        "mid benchmark: `train --model DIR` steps/s, {WARMUP} warm-up + {TIMED} timed steps, AdamW; PyTorch eager (1 rank) / DDP gloo (2 ranks), torch.set_num_threads = threads, same batches and protocol; peak = process peak RSS, each run a process of its own (tracepass: all ranks in one process; PyTorch: rank 0's process, Python and torch included)"
     );
     println!(
-        "{:<12} {:>5} {:>7} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9} {:>13}",
+        "{:<12} {:>5} {:>7} {:>10} {:>10} {:>10} {:>7} {:>11} {:>9} {:>13}",
         "model",
         "ranks",
         "threads",
@@ -184,14 +215,14 @@ pub fn bench_mid() -> Result<()> {
         "torch MiB",
         "allocs/step"
     );
-    println!("{:>101}", "(ours/fused)");
+    println!("{:>78}{:>35}", "(ours/fused)", "(ours/fused)");
     let only = std::env::var("TRACEPASS_BENCH_MID_MODELS").ok();
     let chosen = |m: &str| only.as_ref().is_none_or(|o| o.split(',').any(|x| x == m));
     for model in MODELS.into_iter().filter(|m| chosen(m)) {
         let dir = export_dir(model)?;
         for (ranks, threads) in CONFIGS {
-            let ours = run_ours(&dir, ranks, threads, false)?;
-            let fused = run_ours(&dir, ranks, threads, true)?;
+            let ours = run_ours_apart(&dir, ranks, threads, false)?;
+            let fused = run_ours_apart(&dir, ranks, threads, true)?;
             let (theirs, ratio, their_mem) = match run_torch(&dir, ranks, threads) {
                 Ok((s, m)) => (
                     format!("{s:.2}"),
@@ -204,10 +235,10 @@ pub fn bench_mid() -> Result<()> {
                 }
             };
             println!(
-                "{model:<12} {ranks:>5} {threads:>7} {:>10.2} {:>10.2} {theirs:>10} {ratio:>7} {:>9} {their_mem:>9} {:>13}",
+                "{model:<12} {ranks:>5} {threads:>7} {:>10.2} {:>10.2} {theirs:>10} {ratio:>7} {:>11} {their_mem:>9} {:>13}",
                 ours.steps_per_s,
                 fused.steps_per_s,
-                mib(ours.peak_rss),
+                format!("{}/{}", mib(ours.peak_rss), mib(fused.peak_rss)),
                 format!("{}/{}", ours.allocs_per_step, fused.allocs_per_step)
             );
         }

@@ -92,6 +92,17 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         times: usize,
     },
+    /// One run of `bench mid` in a process of its own (its figures as one JSON line).
+    #[command(hide = true)]
+    BenchMidOne {
+        dir: std::path::PathBuf,
+        #[arg(long)]
+        ranks: usize,
+        #[arg(long)]
+        threads: usize,
+        #[arg(long)]
+        fused: bool,
+    },
     /// Coverage-guided fuzzing with libFuzzer on the stable toolchain: parse, decode, opt or plan.
     Fuzz {
         target: String,
@@ -133,6 +144,12 @@ fn main() -> Result<()> {
         Cmd::GpuCheck { models, skip_bench } => cuda::gpu_check(models, skip_bench),
         Cmd::Corpus { models, out, ddp } => corpus(models.as_deref(), &out, ddp),
         Cmd::Fuzz { target, time } => fuzz(&target, time),
+        Cmd::BenchMidOne {
+            dir,
+            ranks,
+            threads,
+            fused,
+        } => bench_mid::bench_mid_one(&dir, ranks, threads, fused),
         Cmd::Repeat { what, nodes, times } => repeat(&what, nodes, times),
     }
 }
