@@ -22,7 +22,8 @@ use half::{bf16, f16};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
-/// Free buffers of one element type, by length (each empty, with that capacity).
+/// Free buffers of one element type, by length (each as its last user left it: that length,
+/// its old values).
 pub struct Shelf<T> {
     free: HashMap<usize, Class<T>>,
 }
@@ -97,8 +98,48 @@ pooled!(usize, SHELF_USIZE);
 /// An empty `Vec` with room for `n` elements: a recycled buffer of length `n` when one is
 /// free, otherwise a fresh allocation (counted as a miss).
 pub fn take<T: Pooled>(n: usize) -> Vec<T> {
+    let mut v = recycled(n).unwrap_or_else(|| Vec::with_capacity(n));
+    v.clear();
+    v
+}
+
+/// `n` elements whose values are unspecified: a recycled buffer as its last user left it, or
+/// `fill` everywhere when none is free. For a kernel that writes every element before it reads
+/// any (a product with `beta = 0`), where [`filled`]'s pass over the buffer is only memory
+/// traffic. Where recycled buffers are poisoned (the unit tests, and any run with
+/// `TRACEPASS_POISON_RECYCLED` set, as CI's tests are), a recycled buffer comes filled with
+/// `poison` (NaN), so an element a kernel fails to write shows in its result instead of
+/// passing for the last step's value.
+pub fn overwritten<T: Pooled + Clone>(n: usize, fill: T, poison: T) -> Vec<T> {
+    match recycled(n) {
+        Some(mut v) if v.len() == n => {
+            if poisoned() {
+                v.fill(poison);
+            }
+            v
+        }
+        other => {
+            let mut v = other.unwrap_or_else(|| Vec::with_capacity(n));
+            v.clear();
+            v.resize(n, fill);
+            v
+        }
+    }
+}
+
+/// Whether [`overwritten`] poisons what it recycles.
+fn poisoned() -> bool {
+    static POISONED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *POISONED.get_or_init(|| {
+        cfg!(test) || std::env::var_os("TRACEPASS_POISON_RECYCLED").is_some_and(|v| v != "0")
+    })
+}
+
+/// A free buffer of length `n` off the shelf (its old values kept), or `None` (a miss,
+/// counted; the caller allocates).
+fn recycled<T: Pooled>(n: usize) -> Option<Vec<T>> {
     if n == 0 {
-        return Vec::new();
+        return None;
     }
     // a known length with none free, and more buffers of it made than the class may keep:
     // the plan undercounted what is alive at once (kernel scratch and operand copies share
@@ -128,11 +169,11 @@ pub fn take<T: Pooled>(n: usize) -> Vec<T> {
                     .free_bytes
                     .saturating_sub((n * std::mem::size_of::<T>()) as u64);
             });
-            v
+            Some(v)
         }
         None => {
             update(|st| st.misses += 1);
-            Vec::with_capacity(n)
+            None
         }
     }
 }
@@ -152,12 +193,11 @@ pub fn filled<T: Pooled + Clone>(n: usize, x: T) -> Vec<T> {
 }
 
 /// Keeps `v` for a later [`take`] of its length, while its size class has room.
-pub fn give<T: Pooled>(mut v: Vec<T>) {
+pub fn give<T: Pooled>(v: Vec<T>) {
     let n = v.len();
     if n == 0 || v.capacity() != n {
         return;
     }
-    v.clear();
     let kept = T::with_shelf(|s| match s.free.get_mut(&n) {
         Some(c) if c.bufs.len() < c.limit => {
             c.bufs.push(v);
@@ -173,12 +213,11 @@ pub fn give<T: Pooled>(mut v: Vec<T>) {
 /// Keeps `v`, a kernel's scratch buffer (a gathered operand, broadcast indices), for the
 /// next [`take`] of its length, making room in its class: scratch is taken and given back
 /// within one kernel, so a class grows to what one kernel holds at once and no further.
-pub fn give_scratch<T: Pooled>(mut v: Vec<T>) {
+pub fn give_scratch<T: Pooled>(v: Vec<T>) {
     let n = v.len();
     if n == 0 || v.capacity() != n {
         return;
     }
-    v.clear();
     let grown = T::with_shelf(|s| {
         let c = s.free.entry(n).or_insert_with(|| Class {
             limit: 0,

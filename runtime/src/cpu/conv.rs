@@ -3,7 +3,10 @@
 //! this one kernel serves both directions.
 
 use super::buffer_pool as pool;
-use super::gemm::{gemm_rows_shared as gemm_rows, gemm_rows_shared_as, BLayout, Gemm};
+use super::gemm::{
+    gemm_rows_shared as gemm_rows, gemm_rows_shared_as, gemm_rows_shared_strided,
+    written_by_products, BLayout, Gemm,
+};
 use crate::tensor::{Dims, Tensor};
 use tracepass_ir::DType;
 
@@ -353,12 +356,42 @@ fn im2col_windows_2d<T: Copy + Default>(
     }
 }
 
+/// The samples a product unfolds side by side: sample `s` is `x[first + s * stride..]`. (A
+/// list of slices would be a heap allocation per product when the product covers many
+/// samples, as Thunder's weight gradients do.)
+#[derive(Clone, Copy)]
+struct Samples<'a, T> {
+    x: &'a [T],
+    first: usize,
+    stride: usize,
+    count: usize,
+}
+
+impl<'a, T> Samples<'a, T> {
+    fn one(x: &'a [T]) -> Self {
+        Samples {
+            x,
+            first: 0,
+            stride: 0,
+            count: 1,
+        }
+    }
+
+    fn get(&self, s: usize) -> &'a [T] {
+        &self.x[self.first + s * self.stride..]
+    }
+
+    fn iter(self) -> impl Iterator<Item = &'a [T]> {
+        (0..self.count).map(move |s| self.get(s))
+    }
+}
+
 /// Unfolds `samples` (each `cg` channels of one sample, `cs` apart) side by side into `col`,
 /// rows of `row_len`, sample `s` at column `s * op`. With more than one thread in the rank's
 /// pool, a large matrix is filled by blocks of channels (whole rows) in parallel: a copy, so
 /// the result is the same.
 fn im2col_shared<T: Copy + Default + Send + Sync>(
-    samples: &[&[T]],
+    samples: Samples<'_, T>,
     (cg, cs): (usize, usize),
     g: &Geometry,
     col: &mut [T],
@@ -391,7 +424,7 @@ fn im2col_shared<T: Copy + Default + Send + Sync>(
 /// among the rank's threads by samples when the matrix is large: a copy, so the result is the
 /// same.
 fn windows_shared<T: Copy + Default + Send + Sync>(
-    samples: &[&[T]],
+    samples: Samples<'_, T>,
     (cg, cs): (usize, usize),
     g: &Geometry,
     col: &mut [T],
@@ -402,15 +435,16 @@ fn windows_shared<T: Copy + Default + Send + Sync>(
     if per_sample == 0 {
         return;
     }
-    if super::pool_threads() <= 1 || samples.len() < 2 || col.len() < PARALLEL_IM2COL {
+    if super::pool_threads() <= 1 || samples.count < 2 || col.len() < PARALLEL_IM2COL {
         for (s, xs) in samples.iter().enumerate() {
             im2col_windows_2d(xs, (cg, cs), g, col, s * op);
         }
         return;
     }
     col.par_chunks_mut(per_sample)
-        .zip(samples)
-        .for_each(|(block, xs)| im2col_windows_2d(xs, (cg, cs), g, block, 0));
+        .take(samples.count)
+        .enumerate()
+        .for_each(|(s, block)| im2col_windows_2d(samples.get(s), (cg, cs), g, block, 0));
 }
 
 /// Unfolded matrices smaller than this are filled on one thread.
@@ -451,8 +485,12 @@ fn conv_typed<T: Gemm + Default>(
         sp,
         kc,
     } = g.sizes();
-    // recycled buffers: fresh ones of this size come as new pages the kernel must zero
-    let mut out = pool::filled(g.n * g.cout * op, T::ZERO);
+    // recycled buffers: fresh ones of this size come as new pages the kernel must zero; without
+    // a bias every element is written by a product (or its copy-out), so none is zeroed first
+    let mut out = match bias {
+        Some(_) => pool::filled(g.n * g.cout * op, T::ZERO),
+        None => written_by_products(g.n * g.cout * op, kc),
+    };
     let beta = match bias {
         Some(b) => {
             for (k, row) in out.chunks_mut(op.max(1)).enumerate() {
@@ -485,7 +523,7 @@ fn conv_typed<T: Gemm + Default>(
             if pointwise {
                 gemm_rows(coutg, kc, op, ws, xs, beta, dst)?;
             } else {
-                im2col_shared(&[xs], (cg, sp), g, &mut col, op, op);
+                im2col_shared(Samples::one(xs), (cg, sp), g, &mut col, op, op);
                 gemm_rows(coutg, kc, op, ws, &col, beta, dst)?;
             }
         }
@@ -535,32 +573,37 @@ fn conv_batched<T: Gemm + Default>(
         BLayout::Rows
     };
     let mut col = pool::filled(kc * width, T::ZERO);
-    let mut prod = pool::filled(coutg * width, T::ZERO);
+    // a channels-first result takes each product in place, its rows `N * P` apart
+    let mut prod = match layout {
+        OutLayout::Samples => written_by_products(coutg * width, kc),
+        OutLayout::Channels => Vec::new(),
+    };
     for n0 in (0..g.n).step_by(batch) {
         let nb = batch.min(g.n - n0);
         let cols = nb * op;
         for grp in 0..g.groups {
             // each sample's group of channels, from its first (the rest of the buffer: a
             // swapped input's channels lie `N * sp` apart)
-            let samples: smallvec::SmallVec<[&[T]; 16]> = (n0..n0 + nb)
-                .map(|n| &x[n * x_at.sample + grp * cg * x_at.channel..])
-                .collect();
+            let samples = Samples {
+                x,
+                first: n0 * x_at.sample + grp * cg * x_at.channel,
+                stride: x_at.sample,
+                count: nb,
+            };
             let at = (cg, x_at.channel);
             match b_layout {
-                BLayout::Columns => windows_shared(&samples, at, g, &mut col[..cols * kc], op),
-                BLayout::Rows => im2col_shared(&samples, at, g, &mut col, cols, op),
+                BLayout::Columns => windows_shared(samples, at, g, &mut col[..cols * kc], op),
+                BLayout::Rows => im2col_shared(samples, at, g, &mut col, cols, op),
             }
             let ws = &w[grp * coutg * kc..(grp + 1) * coutg * kc];
-            gemm_rows_shared_as(coutg, kc, cols, ws, &col, b_layout, T::ZERO, &mut prod)?;
             if layout == OutLayout::Channels {
-                // `out` is `[C_out, N * P]`: each row of the product is one run of it
+                // `out` is `[C_out, N * P]`: the product is its columns `n0 * P..`
                 let per_channel = g.n * op;
-                for (m, src) in prod[..coutg * cols].chunks_exact(cols.max(1)).enumerate() {
-                    let at = m * per_channel + n0 * op;
-                    super::strided::copy_run_init(&mut out[at..at + cols], src);
-                }
+                let dst = (&mut out[n0 * op..], per_channel);
+                gemm_rows_shared_strided(coutg, kc, cols, ws, &col, b_layout, T::ZERO, dst)?;
                 continue;
             }
+            gemm_rows_shared_as(coutg, kc, cols, ws, &col, b_layout, T::ZERO, &mut prod)?;
             // each sample's block of `out` gets its columns of the product; a copy, shared
             // among the rank's threads by samples when large (Thunder's weight gradients
             // write a whole `[C_in, C_out, kh, kw]` here)

@@ -12,7 +12,7 @@
 
 use super::buffer_pool as pool;
 use super::conv::{inside, per_dim};
-use super::gemm::{gemm_cols_a_shared, Gemm};
+use super::gemm::{gemm_cols_a_shared, written_by_products, Gemm};
 use crate::tensor::{Dims, Tensor};
 use tracepass_ir::DType;
 
@@ -271,7 +271,7 @@ fn conv_transpose_typed<T: Gemm + Default + Send + Sync>(
     } else {
         Vec::new()
     };
-    let mut cols = pool::filled(rows * width, T::ZERO);
+    let mut cols = written_by_products(rows * width, cig);
     let threads = super::pool_threads();
     for n0 in (0..g.n).step_by(batch) {
         let nb = batch.min(g.n - n0);

@@ -80,18 +80,43 @@ pub(crate) fn gemm_rows_shared_as<T: Gemm>(
     beta: T,
     c: &mut [T],
 ) -> Result<(), String> {
+    gemm_rows_shared_strided(m, k, n, a, b, layout, beta, (c, n))
+}
+
+/// [`gemm_rows_shared_as`] into a `c` whose rows lie `ldc` apart: a block of a wider matrix,
+/// written in place instead of through a scratch product and a copy.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_rows_shared_strided<T: Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    layout: BLayout,
+    beta: T,
+    (c, ldc): (&mut [T], usize),
+) -> Result<(), String> {
     use rayon::prelude::*;
     let threads = super::pool_threads();
-    if threads <= 1 || m < 32 || m * k * n < 1 << 20 || a.len() < m * k || c.len() < m * n {
-        return gemm_rows_as(m, k, n, a, b, layout, beta, c);
+    let c_needs = strided_len(m, n, ldc);
+    if threads <= 1 || m < 32 || m * k * n < 1 << 20 || a.len() < m * k || c.len() < c_needs {
+        return gemm_rows_strided(m, k, n, a, b, layout, beta, (c, ldc));
     }
     let rows = m.div_ceil(threads).div_ceil(16) * 16;
-    c[..m * n]
-        .par_chunks_mut(rows * n)
+    c[..c_needs]
+        .par_chunks_mut(rows * ldc)
         .zip(a[..m * k].par_chunks(rows * k))
         .try_for_each(|(cc, aa)| {
-            serial(|| gemm_rows_as(cc.len() / n, k, n, aa, b, layout, beta, cc))
+            serial(|| gemm_rows_strided(aa.len() / k, k, n, aa, b, layout, beta, (cc, ldc)))
         })
+}
+
+/// The elements a row-major `[m, n]` block with rows `ld` apart spans.
+fn strided_len(m: usize, n: usize, ld: usize) -> usize {
+    match m {
+        0 => 0,
+        m => (m - 1) * ld + n,
+    }
 }
 
 /// How many threads one product may use: the size of the rayon pool the calling rank runs in
@@ -232,7 +257,7 @@ fn gemm_into<T: Gemm>(
             (a.data.as_ptr().add(a.offset), a.rs, a.cs),
             (b.data.as_ptr().add(b.offset), b.rs, b.cs),
             beta,
-            &mut c[c_off..c_off + m * n],
+            (&mut c[c_off..c_off + m * n], n),
         );
     }
     Ok(())
@@ -247,6 +272,7 @@ thread_local! {
 
 /// `c = a @ b + beta * c` over row-major contiguous slices: `a` is `[m, k]`, `b` is `[k, n]`
 /// laid out as `layout` says, `c` is `[m, n]` (im2col convolution).
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_rows_as<T: Gemm>(
     m: usize,
@@ -258,9 +284,25 @@ pub(crate) fn gemm_rows_as<T: Gemm>(
     beta: T,
     c: &mut [T],
 ) -> Result<(), String> {
-    if a.len() < m * k || b.len() < k * n || c.len() < m * n {
+    gemm_rows_strided(m, k, n, a, b, layout, beta, (c, n))
+}
+
+/// [`gemm_rows_as`] into a `c` whose rows lie `ldc` apart.
+#[allow(clippy::too_many_arguments)]
+fn gemm_rows_strided<T: Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    layout: BLayout,
+    beta: T,
+    (c, ldc): (&mut [T], usize),
+) -> Result<(), String> {
+    let c_needs = strided_len(m, n, ldc);
+    if ldc < n || a.len() < m * k || b.len() < k * n || c.len() < c_needs {
         return Err(format!(
-            "gemm: [{m}, {k}] @ [{k}, {n}] does not fit buffers of {}, {} and {} elements",
+            "gemm: [{m}, {k}] @ [{k}, {n}] (rows of the result {ldc} apart) does not fit buffers of {}, {} and {} elements",
             a.len(),
             b.len(),
             c.len()
@@ -283,7 +325,7 @@ pub(crate) fn gemm_rows_as<T: Gemm>(
             (a.as_ptr(), k as isize, 1),
             (b.as_ptr(), rsb, csb),
             beta,
-            &mut c[..m * n],
+            (&mut c[..c_needs], ldc),
         );
     }
     Ok(())
@@ -330,7 +372,7 @@ pub(crate) fn gemm_cols_a_shared<T: Gemm>(
             // faster as its transpose, `b^T @ a^T` with `a^T` row-major, transposed into
             // place: `[4608, 512] @ [512, 32]` 67-77 GFLOP/s against 56-76; from 64 columns
             // on, the direct product is the faster (103 against 81)
-            let mut t = crate::cpu::buffer_pool::filled(rows * n, T::ZERO);
+            let mut t = written_by_products(rows * n, k);
             unsafe {
                 gemm_to_rows(
                     n,
@@ -339,10 +381,10 @@ pub(crate) fn gemm_cols_a_shared<T: Gemm>(
                     (b.as_ptr(), 1, n as isize),
                     (a.as_ptr().add(r0), lda as isize, 1),
                     T::ZERO,
-                    &mut t,
+                    (&mut t, rows),
                 );
             }
-            transpose_into(&t, n, rows, cc);
+            transpose_into(&t, n, rows, (cc, n));
             crate::cpu::buffer_pool::give_scratch(t);
             return;
         }
@@ -354,7 +396,7 @@ pub(crate) fn gemm_cols_a_shared<T: Gemm>(
                 (a.as_ptr().add(r0), 1, lda as isize),
                 (b.as_ptr(), n as isize, 1),
                 T::ZERO,
-                cc,
+                (cc, n),
             );
         }
     };
@@ -404,9 +446,9 @@ fn through_columns(
         && (!a_rows || n >= 4 * m)
 }
 
-/// `c = a @ b + beta * c` into the row-major `[m, n]` block `c` (`a` and `b` given as pointer,
-/// row stride, column stride), through a column-major scratch where [`through_columns`] says
-/// that is faster.
+/// `c = a @ b + beta * c` into the row-major `[m, n]` block `c`, its rows `ldc` apart (`a` and
+/// `b` given as pointer, row stride, column stride), through a column-major scratch where
+/// [`through_columns`] says that is faster.
 ///
 /// # Safety
 /// Every element the sizes and strides address in `a` and `b` must be inside their buffers.
@@ -417,9 +459,9 @@ unsafe fn gemm_to_rows<T: Gemm>(
     (a, rsa, csa): (*const T, isize, isize),
     (b, rsb, csb): (*const T, isize, isize),
     beta: T,
-    c: &mut [T],
+    (c, ldc): (&mut [T], usize),
 ) {
-    debug_assert_eq!(c.len(), m * n);
+    debug_assert!(ldc >= n && c.len() >= m.saturating_sub(1) * ldc + n);
     if !through_columns(m, k, n, (rsa, csa), (rsb, csb), beta == T::ZERO) {
         T::gemm(
             m,
@@ -433,12 +475,12 @@ unsafe fn gemm_to_rows<T: Gemm>(
             csb,
             beta,
             c.as_mut_ptr(),
-            n as isize,
+            ldc as isize,
             1,
         );
         return;
     }
-    let mut cols = crate::cpu::buffer_pool::filled(m * n, T::ZERO);
+    let mut cols = written_by_products(m * n, k);
     T::gemm(
         m,
         k,
@@ -454,19 +496,29 @@ unsafe fn gemm_to_rows<T: Gemm>(
         1,
         m as isize,
     );
-    transpose_into(&cols, n, m, c);
+    transpose_into(&cols, n, m, (c, ldc));
     crate::cpu::buffer_pool::give_scratch(cols);
 }
 
-/// `dst[c][r] = src[r][c]` for a row-major `[rows, cols]` `src`, in square tiles so that both
-/// sides are touched in runs.
-fn transpose_into<T: Copy>(src: &[T], rows: usize, cols: usize, dst: &mut [T]) {
+/// A buffer of `len` elements for products with `beta = 0` over `k` terms to write whole: its
+/// old values are left in it (no pass to zero it) unless `k` is 0, where the buffer is zeroed
+/// for the empty sums rather than trusting every path to write them.
+pub(crate) fn written_by_products<T: Gemm>(len: usize, k: usize) -> Vec<T> {
+    if k == 0 {
+        return crate::cpu::buffer_pool::filled(len, T::ZERO);
+    }
+    crate::cpu::buffer_pool::overwritten(len, T::ZERO, T::of(f64::NAN))
+}
+
+/// `dst[c][r] = src[r][c]` for a row-major `[rows, cols]` `src`, `dst`'s rows `ld` apart, in
+/// square tiles so that both sides are touched in runs.
+fn transpose_into<T: Copy>(src: &[T], rows: usize, cols: usize, (dst, ld): (&mut [T], usize)) {
     const TILE: usize = 32;
     for r0 in (0..rows).step_by(TILE) {
         for c0 in (0..cols).step_by(TILE) {
             for r in r0..(r0 + TILE).min(rows) {
                 for c in c0..(c0 + TILE).min(cols) {
-                    dst[c * rows + r] = src[r * cols + c];
+                    dst[c * ld + r] = src[r * cols + c];
                 }
             }
         }
@@ -589,7 +641,7 @@ fn matmul_typed<T: Gemm>(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     let (ba, bb) = (&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]);
     let nb = shape.batch.len();
     let (batch, count) = (&shape.batch, shape.count());
-    let mut out = crate::cpu::buffer_pool::filled(count * m * n, T::ZERO);
+    let mut out = written_by_products(count * m * n, shape.k);
     let stride_of = |t: &Tensor, lead: usize, i: usize, dims: &[usize]| -> isize {
         if i < lead || dims[i - lead] == 1 {
             0
@@ -706,7 +758,10 @@ fn linear_typed<T: Gemm>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Resul
         x.reshape([m, k])?
     };
     let wt = w.permute(&[1, 0])?;
-    let mut out = crate::cpu::buffer_pool::filled(m * n, T::ZERO);
+    let mut out = match bias {
+        Some(_) => crate::cpu::buffer_pool::filled(m * n, T::ZERO),
+        None => written_by_products(m * n, k),
+    };
     let beta = if let Some(b) = bias {
         if b.numel() != n {
             return Err(format!(
