@@ -509,10 +509,11 @@ fn conv_typed<T: Gemm + Default>(
     if x_at != g.contiguous_input() || layout != OutLayout::Samples {
         return Err("convolution: a per-sample product needs a contiguous input and result".into());
     }
+    // the unfolded matrix: im2col writes every element (zeros in the padding)
     let mut col = if pointwise {
         Vec::new()
     } else {
-        pool::filled(kc * op, T::ZERO)
+        pool::overwritten(kc * op, T::ZERO, T::of(f64::NAN))
     };
     for n in 0..g.n {
         for grp in 0..g.groups {
@@ -572,7 +573,8 @@ fn conv_batched<T: Gemm + Default>(
     } else {
         BLayout::Rows
     };
-    let mut col = pool::filled(kc * width, T::ZERO);
+    // unfolded sample by sample, every element written (zeros in the padding)
+    let mut col = pool::overwritten(kc * width, T::ZERO, T::of(f64::NAN));
     // a channels-first result takes each product in place, its rows `N * P` apart
     let mut prod = match layout {
         OutLayout::Samples => written_by_products(coutg * width, kc),
