@@ -122,23 +122,58 @@ pub struct StepMetrics {
     pub checkpoint_bytes: u64,
 }
 
-/// Sorted, merged copy of `spans`.
-fn union(mut spans: Vec<Span>) -> Vec<Span> {
+/// `spans` sorted and merged where they meet, in place (empty ones dropped).
+fn union_in_place(spans: &mut Vec<Span>) {
     spans.retain(|s| s.end_us > s.start_us);
-    spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
-    let mut out: Vec<Span> = Vec::with_capacity(spans.len());
-    for s in spans {
-        match out.last_mut() {
+    // unstable: no buffer; spans that start together merge whatever their order
+    spans.sort_unstable_by(|a, b| a.start_us.total_cmp(&b.start_us));
+    let mut kept = 0usize;
+    for i in 0..spans.len() {
+        let s = spans[i];
+        match kept.checked_sub(1).map(|l| &mut spans[l]) {
             Some(l) if s.start_us <= l.end_us => l.end_us = l.end_us.max(s.end_us),
-            _ => out.push(s),
+            _ => {
+                spans[kept] = s;
+                kept += 1;
+            }
         }
     }
-    out
+    spans.truncate(kept);
+}
+
+thread_local! {
+    /// Copies of the span sets being merged, kept for the next step's metrics (a step's
+    /// bookkeeping allocates nothing once they have grown).
+    static SCRATCH: std::cell::RefCell<(Vec<Span>, Vec<Span>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `f` of the unions of `a` and `b` (each merged from a copy in this thread's scratch).
+fn with_unions<R>(a: &[Span], b: &[Span], f: impl FnOnce(&[Span], &[Span]) -> R) -> R {
+    let merged = |(ua, ub): &mut (Vec<Span>, Vec<Span>)| {
+        for (u, src) in [(&mut *ua, a), (&mut *ub, b)] {
+            u.clear();
+            u.extend_from_slice(src);
+            union_in_place(u);
+        }
+    };
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut pair) => {
+            merged(&mut pair);
+            f(&pair.0, &pair.1)
+        }
+        // (a nested call: its own copies)
+        Err(_) => {
+            let mut pair = (Vec::new(), Vec::new());
+            merged(&mut pair);
+            f(&pair.0, &pair.1)
+        }
+    })
 }
 
 /// Total length of the union of `spans`.
 pub fn busy(spans: &[Span]) -> f64 {
-    union(spans.to_vec()).iter().map(Span::len).sum()
+    with_unions(spans, &[], |u, _| u.iter().map(Span::len).sum())
 }
 
 /// Busy compute, communication, and how much of the communication the compute hid (seconds).
@@ -189,7 +224,11 @@ fn pct(overlap: f64, comm: f64) -> f64 {
 
 /// Total length of the intersection of two span sets.
 pub fn overlap(a: &[Span], b: &[Span]) -> f64 {
-    let (a, b) = (union(a.to_vec()), union(b.to_vec()));
+    with_unions(a, b, overlap_of_unions)
+}
+
+/// [`overlap`] of two sorted, disjoint span sets.
+fn overlap_of_unions(a: &[Span], b: &[Span]) -> f64 {
     let (mut i, mut j, mut total) = (0, 0, 0.0);
     while i < a.len() && j < b.len() {
         let lo = a[i].start_us.max(b[j].start_us);

@@ -256,20 +256,21 @@ fn cycle_len(file: &TensorFile, name: &str, rank: usize) -> Result<usize, String
 }
 
 /// The key of `name`'s batch for (`micro`, `rank`): `<name>.<micro>.<rank>`, or with `wrap`
-/// that of micro-batch `micro mod n` when the file has only n of them for this rank.
+/// that of micro-batch `micro mod n` when the file has only n of them for this rank. (Inline
+/// strings: every step looks its batches up, and a short key allocates nothing.)
 fn file_key(
     file: &TensorFile,
     name: &str,
     micro: usize,
     rank: usize,
     wrap: bool,
-) -> Result<String, String> {
-    let key = |m: usize| format!("{name}.{m}.{rank}");
-    if !wrap || file.tensors.contains_key(&key(micro)) {
+) -> Result<compact_str::CompactString, String> {
+    let key = |m: usize| compact_str::format_compact!("{name}.{m}.{rank}");
+    if !wrap || file.tensors.contains_key(key(micro).as_str()) {
         return Ok(key(micro));
     }
     let n = (0..)
-        .take_while(|m| file.tensors.contains_key(&key(*m)))
+        .take_while(|m| file.tensors.contains_key(key(*m).as_str()))
         .count();
     if n == 0 {
         let ranks = (0..)
