@@ -52,9 +52,9 @@ pub(crate) enum BLayout {
     Columns,
 }
 
-/// [`gemm_rows_as`] with the rows of `c` shared among the rank's threads in blocks, each block a
-/// one-thread product: for the skinny products of a convolution (a few hundred columns), where
-/// the `gemm` crate's own sharing costs more than it gains. Every element is the same dot
+/// [`gemm_rows_strided`] with the rows of `c` shared among the rank's threads in blocks, each
+/// block a one-thread product: for the skinny products of a convolution (a few hundred
+/// columns), where the `gemm` crate's own sharing costs more than it gains. Every element is the same dot
 /// product in the same order as in one product over all rows (checked by the conv tests).
 pub(crate) fn gemm_rows_shared<T: Gemm>(
     m: usize,
@@ -271,23 +271,7 @@ thread_local! {
 }
 
 /// `c = a @ b + beta * c` over row-major contiguous slices: `a` is `[m, k]`, `b` is `[k, n]`
-/// laid out as `layout` says, `c` is `[m, n]` (im2col convolution).
-#[cfg(test)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_rows_as<T: Gemm>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[T],
-    b: &[T],
-    layout: BLayout,
-    beta: T,
-    c: &mut [T],
-) -> Result<(), String> {
-    gemm_rows_strided(m, k, n, a, b, layout, beta, (c, n))
-}
-
-/// [`gemm_rows_as`] into a `c` whose rows lie `ldc` apart.
+/// laid out as `layout` says, `c` is `[m, n]` with its rows `ldc` apart (im2col convolution).
 #[allow(clippy::too_many_arguments)]
 fn gemm_rows_strided<T: Gemm>(
     m: usize,
@@ -857,7 +841,17 @@ mod tests {
         assert!(!through_columns(m, k, n, ra, (n as isize, 1), true));
         assert!(!through_columns(n, k, m, ra, cb, true));
         let mut via_columns = vec![0f32; m * n];
-        gemm_rows_as(m, k, n, &a, &b, BLayout::Columns, 0.0, &mut via_columns).expect("fits");
+        gemm_rows_strided(
+            m,
+            k,
+            n,
+            &a,
+            &b,
+            BLayout::Columns,
+            0.0,
+            (&mut via_columns, n),
+        )
+        .expect("fits");
         let mut direct = vec![0f32; m * n];
         // SAFETY: `a` is `[m, k]`, `b` `[n, k]`, `direct` `[m, n]`, all row-major.
         unsafe {
