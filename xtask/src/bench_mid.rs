@@ -70,18 +70,23 @@ struct Ours {
     allocs_per_step: u64,
 }
 
+/// `--ranks R --threads T`, as both runners (ours and PyTorch's) take them.
+fn config_args(ranks: usize, threads: usize) -> [String; 4] {
+    [
+        "--ranks".into(),
+        ranks.to_string(),
+        "--threads".into(),
+        threads.to_string(),
+    ]
+}
+
 /// One of our runs in a fresh process (this binary's `bench-mid-one`), so that its peak RSS is
 /// its own.
 fn run_ours_apart(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<Ours> {
     let out = Command::new(std::env::current_exe().context("finding the xtask binary")?)
         .arg("bench-mid-one")
         .arg(dir)
-        .args([
-            "--ranks",
-            &ranks.to_string(),
-            "--threads",
-            &threads.to_string(),
-        ])
+        .args(config_args(ranks, threads))
         .args(fused.then_some("--fused"))
         .output()
         .context("starting bench-mid-one")?;
@@ -163,11 +168,8 @@ fn run_torch(dir: &Path, ranks: usize, threads: usize) -> Result<(f64, u64), Str
         .current_dir(root())
         .args(["-m", "tracepass.export.bench_torch"])
         .arg(dir)
+        .args(config_args(ranks, threads))
         .args([
-            "--ranks",
-            &ranks.to_string(),
-            "--threads",
-            &threads.to_string(),
             "--warmup",
             &WARMUP.to_string(),
             "--steps",

@@ -104,27 +104,22 @@ pub fn take<T: Pooled>(n: usize) -> Vec<T> {
 }
 
 /// `n` elements whose values are unspecified: a recycled buffer as its last user left it, or
-/// `fill` everywhere when none is free. For a kernel that writes every element before it reads
-/// any (a product with `beta = 0`), where [`filled`]'s pass over the buffer is only memory
-/// traffic. Where recycled buffers are poisoned (the unit tests, and any run with
+/// zeros when none is free. For a kernel that writes every element before it reads any (a
+/// product with `beta = 0`), where [`filled`]'s pass over the buffer is only memory traffic.
+/// Where recycled buffers are poisoned (the unit tests, and any run with
 /// `TRACEPASS_POISON_RECYCLED` set, as CI's tests are), a recycled buffer comes filled with
-/// `poison` (NaN), so an element a kernel fails to write shows in its result instead of
-/// passing for the last step's value.
-pub fn overwritten<T: Pooled + Clone>(n: usize, fill: T, poison: T) -> Vec<T> {
-    match recycled(n) {
-        Some(mut v) if v.len() == n => {
-            if poisoned() {
-                v.fill(poison);
-            }
-            v
-        }
-        other => {
-            let mut v = other.unwrap_or_else(|| Vec::with_capacity(n));
-            v.clear();
-            v.resize(n, fill);
-            v
-        }
+/// NaN, so an element a kernel fails to write shows in its result instead of passing for the
+/// last step's value.
+pub fn overwritten<T: super::real::Real>(n: usize) -> Vec<T> {
+    let mut v = recycled(n).unwrap_or_else(|| Vec::with_capacity(n));
+    if v.len() != n {
+        // a fresh buffer (a recycled one always has its class's length)
+        v.clear();
+        v.resize(n, T::ZERO);
+    } else if poisoned() {
+        v.fill(T::of(f64::NAN));
     }
+    v
 }
 
 /// Whether [`overwritten`] poisons what it recycles.

@@ -4,8 +4,7 @@
 
 use super::buffer_pool as pool;
 use super::gemm::{
-    gemm_rows_shared as gemm_rows, gemm_rows_shared_as, gemm_rows_shared_strided,
-    written_by_products, BLayout, Gemm,
+    gemm_rows_shared as gemm_rows, gemm_rows_shared_strided, written_by_products, BLayout, Gemm,
 };
 use crate::tensor::{Dims, Tensor};
 use tracepass_ir::DType;
@@ -513,7 +512,7 @@ fn conv_typed<T: Gemm + Default>(
     let mut col = if pointwise {
         Vec::new()
     } else {
-        pool::overwritten(kc * op, T::ZERO, T::of(f64::NAN))
+        pool::overwritten(kc * op)
     };
     for n in 0..g.n {
         for grp in 0..g.groups {
@@ -574,7 +573,7 @@ fn conv_batched<T: Gemm + Default>(
         BLayout::Rows
     };
     // unfolded sample by sample, every element written (zeros in the padding)
-    let mut col = pool::overwritten(kc * width, T::ZERO, T::of(f64::NAN));
+    let mut col = pool::overwritten(kc * width);
     // a channels-first result takes each product in place, its rows `N * P` apart
     let mut prod = match layout {
         OutLayout::Samples => written_by_products(coutg * width, kc),
@@ -605,7 +604,8 @@ fn conv_batched<T: Gemm + Default>(
                 gemm_rows_shared_strided(coutg, kc, cols, ws, &col, b_layout, T::ZERO, dst)?;
                 continue;
             }
-            gemm_rows_shared_as(coutg, kc, cols, ws, &col, b_layout, T::ZERO, &mut prod)?;
+            let dst = (&mut prod[..], cols);
+            gemm_rows_shared_strided(coutg, kc, cols, ws, &col, b_layout, T::ZERO, dst)?;
             // each sample's block of `out` gets its columns of the product; a copy, shared
             // among the rank's threads by samples when large (Thunder's weight gradients
             // write a whole `[C_in, C_out, kh, kw]` here)

@@ -52,10 +52,7 @@ pub(crate) enum BLayout {
     Columns,
 }
 
-/// [`gemm_rows_strided`] with the rows of `c` shared among the rank's threads in blocks, each
-/// block a one-thread product: for the skinny products of a convolution (a few hundred
-/// columns), where the `gemm` crate's own sharing costs more than it gains. Every element is the same dot
-/// product in the same order as in one product over all rows (checked by the conv tests).
+/// [`gemm_rows_shared_strided`] over a contiguous row-major `[m, n]` `c` and a row-major `b`.
 pub(crate) fn gemm_rows_shared<T: Gemm>(
     m: usize,
     k: usize,
@@ -65,26 +62,16 @@ pub(crate) fn gemm_rows_shared<T: Gemm>(
     beta: T,
     c: &mut [T],
 ) -> Result<(), String> {
-    gemm_rows_shared_as(m, k, n, a, b, BLayout::Rows, beta, c)
+    gemm_rows_shared_strided(m, k, n, a, b, BLayout::Rows, beta, (c, n))
 }
 
-/// [`gemm_rows_shared`] with `b` laid out as `layout` says.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_rows_shared_as<T: Gemm>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[T],
-    b: &[T],
-    layout: BLayout,
-    beta: T,
-    c: &mut [T],
-) -> Result<(), String> {
-    gemm_rows_shared_strided(m, k, n, a, b, layout, beta, (c, n))
-}
-
-/// [`gemm_rows_shared_as`] into a `c` whose rows lie `ldc` apart: a block of a wider matrix,
-/// written in place instead of through a scratch product and a copy.
+/// `c = a @ b + beta * c` over row-major slices (im2col convolution): `a` is `[m, k]`, `b` is
+/// `[k, n]` laid out as `layout` says, `c` is `[m, n]` with its rows `ldc` apart (a block of a
+/// wider matrix, written in place instead of through a scratch product and a copy). The rows
+/// of `c` are shared among the rank's threads in blocks, each block a one-thread product: for
+/// the skinny products of a convolution (a few hundred columns), where the `gemm` crate's own
+/// sharing costs more than it gains. Every element is the same dot product in the same order
+/// as in one product over all rows (checked by the conv tests).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_rows_shared_strided<T: Gemm>(
     m: usize,
@@ -97,18 +84,48 @@ pub(crate) fn gemm_rows_shared_strided<T: Gemm>(
     (c, ldc): (&mut [T], usize),
 ) -> Result<(), String> {
     use rayon::prelude::*;
-    let threads = super::pool_threads();
     let c_needs = strided_len(m, n, ldc);
-    if threads <= 1 || m < 32 || m * k * n < 1 << 20 || a.len() < m * k || c.len() < c_needs {
-        return gemm_rows_strided(m, k, n, a, b, layout, beta, (c, ldc));
+    if ldc < n || a.len() < m * k || b.len() < k * n || c.len() < c_needs {
+        return Err(format!(
+            "gemm: [{m}, {k}] @ [{k}, {n}] (rows of the result {ldc} apart) does not fit buffers of {}, {} and {} elements",
+            a.len(),
+            b.len(),
+            c.len()
+        ));
     }
-    let rows = m.div_ceil(threads).div_ceil(16) * 16;
-    c[..c_needs]
-        .par_chunks_mut(rows * ldc)
-        .zip(a[..m * k].par_chunks(rows * k))
-        .try_for_each(|(cc, aa)| {
-            serial(|| gemm_rows_strided(aa.len() / k, k, n, aa, b, layout, beta, (cc, ldc)))
-        })
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let threads = super::pool_threads();
+    if threads > 1 && m >= 32 && m * k * n >= 1 << 20 && !SERIAL.with(std::cell::Cell::get) {
+        let rows = m.div_ceil(threads).div_ceil(16) * 16;
+        // each block a one-thread product (`serial`: this function again, not shared)
+        return c[..c_needs]
+            .par_chunks_mut(rows * ldc)
+            .zip(a[..m * k].par_chunks(rows * k))
+            .try_for_each(|(cc, aa)| {
+                let block = aa.len() / k;
+                serial(|| gemm_rows_shared_strided(block, k, n, aa, b, layout, beta, (cc, ldc)))
+            });
+    }
+    let (rsb, csb) = match layout {
+        BLayout::Rows => (n as isize, 1),
+        BLayout::Columns => (1, k as isize),
+    };
+    // SAFETY: the three buffers hold at least the row-major blocks addressed, checked above
+    // (`b` as `[k, n]` or as `[n, k]`: `k * n` elements either way).
+    unsafe {
+        gemm_to_rows(
+            m,
+            k,
+            n,
+            (a.as_ptr(), k as isize, 1),
+            (b.as_ptr(), rsb, csb),
+            beta,
+            (&mut c[..c_needs], ldc),
+        );
+    }
+    Ok(())
 }
 
 /// The elements a row-major `[m, n]` block with rows `ld` apart spans.
@@ -265,54 +282,9 @@ fn gemm_into<T: Gemm>(
 
 #[cfg(test)]
 thread_local! {
-    /// Set while the `gemm` crate runs: it allocates its packing buffers on every call, which
-    /// the steady-state allocation test (`train/steady_alloc.rs`) counts apart.
+    /// Set while the `gemm` crate runs, so that the steady-state allocation test
+    /// (`train/steady_alloc.rs`) can tell the crate's allocations apart (it must make none).
     pub(crate) static IN_GEMM_CRATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// `c = a @ b + beta * c` over row-major contiguous slices: `a` is `[m, k]`, `b` is `[k, n]`
-/// laid out as `layout` says, `c` is `[m, n]` with its rows `ldc` apart (im2col convolution).
-#[allow(clippy::too_many_arguments)]
-fn gemm_rows_strided<T: Gemm>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[T],
-    b: &[T],
-    layout: BLayout,
-    beta: T,
-    (c, ldc): (&mut [T], usize),
-) -> Result<(), String> {
-    let c_needs = strided_len(m, n, ldc);
-    if ldc < n || a.len() < m * k || b.len() < k * n || c.len() < c_needs {
-        return Err(format!(
-            "gemm: [{m}, {k}] @ [{k}, {n}] (rows of the result {ldc} apart) does not fit buffers of {}, {} and {} elements",
-            a.len(),
-            b.len(),
-            c.len()
-        ));
-    }
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    let (rsb, csb) = match layout {
-        BLayout::Rows => (n as isize, 1),
-        BLayout::Columns => (1, k as isize),
-    };
-    // SAFETY: the three buffers hold at least the row-major blocks addressed, checked above
-    // (`b` as `[k, n]` or as `[n, k]`: `k * n` elements either way).
-    unsafe {
-        gemm_to_rows(
-            m,
-            k,
-            n,
-            (a.as_ptr(), k as isize, 1),
-            (b.as_ptr(), rsb, csb),
-            beta,
-            (&mut c[..c_needs], ldc),
-        );
-    }
-    Ok(())
 }
 
 /// `c = a @ b` into the row-major `[m, n]` block `c`, where `a` (`[m, k]`) is read
@@ -491,7 +463,7 @@ pub(crate) fn written_by_products<T: Gemm>(len: usize, k: usize) -> Vec<T> {
     if k == 0 {
         return crate::cpu::buffer_pool::filled(len, T::ZERO);
     }
-    crate::cpu::buffer_pool::overwritten(len, T::ZERO, T::of(f64::NAN))
+    crate::cpu::buffer_pool::overwritten(len)
 }
 
 /// `dst[c][r] = src[r][c]` for a row-major `[rows, cols]` `src`, `dst`'s rows `ld` apart, in
@@ -841,7 +813,7 @@ mod tests {
         assert!(!through_columns(m, k, n, ra, (n as isize, 1), true));
         assert!(!through_columns(n, k, m, ra, cb, true));
         let mut via_columns = vec![0f32; m * n];
-        gemm_rows_strided(
+        gemm_rows_shared_strided(
             m,
             k,
             n,

@@ -212,7 +212,7 @@ fn softmax_typed<T: Real>(x: &Tensor, dim: usize, log: bool) -> Tensor {
     let inner: usize = shape.get(dim + 1..).map_or(1, |s| s.iter().product());
     let outer = x.numel() / (len * inner).max(1);
     // every element is written (each row's exponentials, then their normalised values)
-    let mut out = crate::cpu::buffer_pool::overwritten(v.len(), T::ZERO, T::of(f64::NAN));
+    let mut out = crate::cpu::buffer_pool::overwritten(v.len());
     if inner == 1 && len > 0 {
         crate::cpu::simd::vectorized(
             #[inline(always)]

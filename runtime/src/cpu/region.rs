@@ -66,7 +66,7 @@ pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, 
     let n = f.numel();
     // the output from the buffer pool, the lanes its scratch (nothing allocated in a steady
     // step); every element of the output is written, chunk by chunk, so it is not zeroed first
-    let mut out = super::buffer_pool::overwritten(n, 0f32, f32::NAN);
+    let mut out = super::buffer_pool::overwritten::<f32>(n);
     let threads = super::pool_threads();
     if threads > 1 && n >= PARALLEL_MIN {
         // whole chunks per part, so every element is computed exactly as on one thread

@@ -266,8 +266,9 @@ fn file_key(
     wrap: bool,
 ) -> Result<compact_str::CompactString, String> {
     let key = |m: usize| compact_str::format_compact!("{name}.{m}.{rank}");
-    if !wrap || file.tensors.contains_key(key(micro).as_str()) {
-        return Ok(key(micro));
+    let exact = key(micro);
+    if !wrap || file.tensors.contains_key(exact.as_str()) {
+        return Ok(exact);
     }
     let n = (0..)
         .take_while(|m| file.tensors.contains_key(key(*m).as_str()))
