@@ -317,7 +317,9 @@ fn buckets_pack_and_unpack() {
     let dev: Vec<_> = parts.iter().map(|t| g.upload(t).unwrap()).collect();
     let refs: Vec<_> = dev.iter().collect();
     let packed = g.pack(&refs).unwrap();
-    let views = g.unpack(&packed, &[0, 12], &[vec![3, 4], vec![5]]).unwrap();
+    let mut views = Vec::new();
+    g.unpack(&packed, &[0, 12], &[vec![3, 4], vec![5]], &mut views)
+        .unwrap();
     for (v, p) in views.iter().zip(&parts) {
         assert!(g.download(v).unwrap().bitwise_eq(p));
     }

@@ -44,7 +44,10 @@ fn indices(shape: &[usize], size: usize, seed: usize, dtype: DType) -> (Tensor, 
 
 fn run(k: &Kernel, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let ins: Vec<Input<'_, Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
-    CpuBackend.run_multi(k, &ins).map_err(|e| e.0)
+    CpuBackend
+        .run_multi(k, &ins)
+        .map(|o| o.into_vec())
+        .map_err(|e| e.0)
 }
 
 fn run1(k: &Kernel, inputs: &[&Tensor]) -> Tensor {

@@ -19,7 +19,10 @@ fn t64(shape: &[usize], seed: u64) -> Tensor {
 
 fn run(k: &Kernel, inputs: &[&Tensor]) -> Result<Vec<Tensor>, String> {
     let ins: Vec<Input<'_, Tensor>> = inputs.iter().map(|t| Input::Tensor(*t)).collect();
-    CpuBackend.run_multi(k, &ins).map_err(|e| e.0)
+    CpuBackend
+        .run_multi(k, &ins)
+        .map(|o| o.into_vec())
+        .map_err(|e| e.0)
 }
 
 fn run1(k: &Kernel, inputs: &[&Tensor]) -> Tensor {

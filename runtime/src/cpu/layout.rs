@@ -2,6 +2,7 @@
 //! slice, split) and copies that move elements without arithmetic (pad, cat, flip, copy_).
 
 use super::promote::promote_types;
+use crate::exec::backend::Outputs;
 use crate::tensor::{Dims, Elem, Tensor};
 use crate::with_elem;
 use tracepass_ir::DType;
@@ -151,7 +152,7 @@ pub fn slice(
 
 /// `torch.split(x, size, dim)` with one chunk size (the last chunk may be smaller) or
 /// `torch.split(x, [sizes], dim)`. Views.
-pub fn split(x: &Tensor, sizes: &SplitSizes, dim: i64) -> Result<Vec<Tensor>, String> {
+pub fn split(x: &Tensor, sizes: &SplitSizes<'_>, dim: i64) -> Result<Outputs<Tensor>, String> {
     let rank = x.shape().len();
     let d = norm_dim(dim, rank)?;
     let n = x.shape()[d];
@@ -177,7 +178,7 @@ pub fn split(x: &Tensor, sizes: &SplitSizes, dim: i64) -> Result<Vec<Tensor>, St
         }
     };
     let mut at = 0i64;
-    let mut out = Vec::with_capacity(lens.len());
+    let mut out = Outputs::with_capacity(lens.len());
     for len in lens {
         let start: Dims<i64> = (0..rank).map(|i| if i == d { at } else { 0 }).collect();
         let mut end: Dims<i64> = x.shape().iter().map(|&s| s as i64).collect();
@@ -190,9 +191,9 @@ pub fn split(x: &Tensor, sizes: &SplitSizes, dim: i64) -> Result<Vec<Tensor>, St
 
 /// How `split` divides a dim.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SplitSizes {
+pub enum SplitSizes<'a> {
     Chunk(usize),
-    Sizes(Vec<usize>),
+    Sizes(&'a [usize]),
 }
 
 /// `torch.cat(xs, dim)`: dtypes promoted as PyTorch does; 1-d empty tensors are skipped (the
@@ -450,12 +451,12 @@ mod tests {
             vec![2, 2, 1]
         );
         assert_eq!(parts[2].to_f32_vec(), vec![4., 9., 14., 19.]);
-        let parts = split(&x, &SplitSizes::Sizes(vec![1, 3]), -2).expect("ok");
+        let parts = split(&x, &SplitSizes::Sizes(&[1, 3]), -2).expect("ok");
         assert_eq!(
             parts[1].to_f32_vec(),
             (5..20).map(|i| i as f32).collect::<Vec<_>>()
         );
-        assert!(split(&x, &SplitSizes::Sizes(vec![1, 2]), 0).is_err());
+        assert!(split(&x, &SplitSizes::Sizes(&[1, 2]), 0).is_err());
         // cat undoes split
         let refs: Vec<&Tensor> = parts.iter().collect();
         assert!(cat(&refs, 0).expect("ok").bitwise_eq(&x));

@@ -34,10 +34,11 @@ pub(crate) mod special;
 pub(crate) mod strided;
 pub(crate) mod var_mean;
 
-use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::backend::{Backend, Input, KernelError, Outputs};
 use crate::exec::kernel::{Kernel, Side};
 use crate::exec::memory_plan::MemoryPlan;
 use crate::tensor::{supported_dtype, Storage, Tensor};
+use smallvec::smallvec;
 use tracepass_ir::DType;
 
 pub(crate) use gemm::matmul;
@@ -365,7 +366,7 @@ impl Backend for CpuBackend {
         &self,
         kernel: &Kernel,
         inputs: &[Input<'_, Tensor>],
-    ) -> Result<Vec<Tensor>, KernelError> {
+    ) -> Result<Outputs<Tensor>, KernelError> {
         if let Some(r) = crate::exec::composite::run_multi(self, kernel, inputs) {
             return r.map(|ts| ts.into_iter().map(|t| t.contiguous()).collect());
         }
@@ -380,26 +381,24 @@ impl Backend for CpuBackend {
                 let x = tensor(inputs, 0)?;
                 pool::Pool2d::new(kernel, stride, padding, dilation, *ceil_mode)
                     .and_then(|p| pool::max_pool2d_with_indices(x, &p))
-                    .map(|(v, i)| vec![v, i])
+                    .map(|(v, i)| smallvec![v, i])
             }
             Kernel::VarMean {
                 dims,
                 correction,
                 keepdim,
             } => var_mean::var_mean(tensor(inputs, 0)?, dims.as_deref(), *correction, *keepdim)
-                .map(|(v, m)| vec![v, m]),
-            Kernel::Split { sizes, dim } => layout::split(
-                tensor(inputs, 0)?,
-                &layout::SplitSizes::Sizes(sizes.clone()),
-                *dim,
-            ),
+                .map(|(v, m)| smallvec![v, m]),
+            Kernel::Split { sizes, dim } => {
+                layout::split(tensor(inputs, 0)?, &layout::SplitSizes::Sizes(sizes), *dim)
+            }
             Kernel::Sort { dim, descending } => {
-                sort::sort(tensor(inputs, 0)?, *dim, *descending).map(|(v, i)| vec![v, i])
+                sort::sort(tensor(inputs, 0)?, *dim, *descending).map(|(v, i)| smallvec![v, i])
             }
             Kernel::Topk { k, dim, largest } => {
-                sort::topk(tensor(inputs, 0)?, *k, *dim, *largest).map(|(v, i)| vec![v, i])
+                sort::topk(tensor(inputs, 0)?, *k, *dim, *largest).map(|(v, i)| smallvec![v, i])
             }
-            other => return self.run(other, inputs).map(|t| vec![t]),
+            other => return self.run(other, inputs).map(|t| smallvec![t]),
         };
         r.map_err(KernelError)
     }
@@ -473,7 +472,7 @@ impl Backend for CpuBackend {
                 )))
             }
         };
-        Ok(Tensor::new(vec![total], data))
+        Ok(Tensor::new([total], data))
     }
 
     fn unpack(
@@ -481,7 +480,8 @@ impl Backend for CpuBackend {
         buffer: &Tensor,
         offsets: &[usize],
         shapes: &[Vec<usize>],
-    ) -> Result<Vec<Tensor>, KernelError> {
+        out: &mut Vec<Tensor>,
+    ) -> Result<(), KernelError> {
         if offsets.len() != shapes.len() {
             return Err(KernelError(format!(
                 "{} offsets for {} members",
@@ -491,19 +491,16 @@ impl Backend for CpuBackend {
         }
         let base = buffer.contiguous();
         let n = base.numel();
-        offsets
-            .iter()
-            .zip(shapes)
-            .map(|(&o, s)| {
-                let len: usize = s.iter().product();
-                if o + len > n {
-                    return Err(KernelError(format!(
-                        "member at offset {o} with shape {s:?} overruns a bucket of {n} elements"
-                    )));
-                }
-                Ok(Tensor::view_of(&base, o, s))
-            })
-            .collect()
+        for (&o, s) in offsets.iter().zip(shapes) {
+            let len: usize = s.iter().product();
+            if o + len > n {
+                return Err(KernelError(format!(
+                    "member at offset {o} with shape {s:?} overruns a bucket of {n} elements"
+                )));
+            }
+            out.push(Tensor::view_of(&base, o, s));
+        }
+        Ok(())
     }
 
     fn upload(&self, host: &Tensor) -> Result<Tensor, KernelError> {

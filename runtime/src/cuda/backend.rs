@@ -7,7 +7,7 @@ use super::layouts::{self, View};
 use super::model_kernels;
 use super::CudaError;
 use crate::cpu::promote::{promote_types, promote_with_scalar};
-use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::backend::{Backend, Input, KernelError, Outputs};
 use crate::exec::kernel::{
     Activation, BinaryOp, BitOp, CompareOp, Kernel, LossReduction, ReduceOp, Side,
 };
@@ -2751,11 +2751,11 @@ impl Backend for CudaBackend {
         &self,
         kernel: &Kernel,
         inputs: &[Input<'_, CudaTensor>],
-    ) -> Result<Vec<CudaTensor>, KernelError> {
+    ) -> Result<Outputs<CudaTensor>, KernelError> {
         if let Some(r) = crate::exec::composite::run_multi(self, kernel, inputs) {
             return r;
         }
-        self.run_multi_op(kernel, inputs)
+        self.run_multi_op(kernel, inputs).map(Outputs::from_vec)
     }
 
     fn pack(&self, members: &[&CudaTensor]) -> Result<CudaTensor, KernelError> {
@@ -2818,26 +2818,24 @@ impl Backend for CudaBackend {
         buffer: &CudaTensor,
         offsets: &[usize],
         shapes: &[Vec<usize>],
-    ) -> Result<Vec<CudaTensor>, KernelError> {
-        offsets
-            .iter()
-            .zip(shapes)
-            .map(|(&o, s)| {
-                let n: usize = s.iter().product();
-                if o + n > buffer.numel() {
-                    return Err(KernelError(format!(
-                        "member at {o} of {n} elements overruns a bucket of {}",
-                        buffer.numel()
-                    )));
-                }
-                Ok(CudaTensor {
-                    shape: s.clone(),
-                    dtype: buffer.dtype,
-                    offset: buffer.offset + o,
-                    buf: buffer.buf.clone(),
-                })
-            })
-            .collect()
+        out: &mut Vec<CudaTensor>,
+    ) -> Result<(), KernelError> {
+        for (&o, s) in offsets.iter().zip(shapes) {
+            let n: usize = s.iter().product();
+            if o + n > buffer.numel() {
+                return Err(KernelError(format!(
+                    "member at {o} of {n} elements overruns a bucket of {}",
+                    buffer.numel()
+                )));
+            }
+            out.push(CudaTensor {
+                shape: s.clone(),
+                dtype: buffer.dtype,
+                offset: buffer.offset + o,
+                buf: buffer.buf.clone(),
+            });
+        }
+        Ok(())
     }
 
     fn upload(&self, host: &Tensor) -> Result<CudaTensor, KernelError> {

@@ -770,7 +770,7 @@ mod tests {
         );
         assert!(expand(&[3], &[2, 4]).is_err());
         let parts = split(&shape, &[1, 2], 1).unwrap();
-        let want = cl::split(&x, &cl::SplitSizes::Sizes(vec![1, 2]), 1).unwrap();
+        let want = cl::split(&x, &cl::SplitSizes::Sizes(&[1, 2]), 1).unwrap();
         for (v, w) in parts.into_iter().zip(want) {
             check(v, w);
         }

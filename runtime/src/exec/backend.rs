@@ -31,6 +31,10 @@ impl From<&str> for KernelError {
     }
 }
 
+/// The tensors of a multi-output kernel, inline up to four (values and indices, variance and
+/// mean, a q/k/v split): running one allocates no list.
+pub type Outputs<T> = smallvec::SmallVec<[T; 4]>;
+
 /// A device that holds tensors and runs kernels on them.
 pub trait Backend: Send + Sync + 'static {
     type Tensor: Clone + Send + Sync + std::fmt::Debug + 'static;
@@ -48,8 +52,8 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         kernel: &Kernel,
         inputs: &[Input<'_, Self::Tensor>],
-    ) -> Result<Vec<Self::Tensor>, KernelError> {
-        self.run(kernel, inputs).map(|t| vec![t])
+    ) -> Result<Outputs<Self::Tensor>, KernelError> {
+        self.run(kernel, inputs).map(|t| smallvec::smallvec![t])
     }
     /// Runs a random kernel (`Kernel::Uniform`, `Kernel::Normal`) drawing from the stream `key` names, so a
     /// value depends on (seed, rank, step, node) and its index only.
@@ -105,13 +109,15 @@ pub trait Backend: Send + Sync + 'static {
             .collect();
         self.pack(&refs)
     }
-    /// Views of a bucket buffer: member `i` starts at element `offsets[i]` and has `shapes[i]`.
+    /// Views of a bucket buffer, appended to `out` (the caller's list, kept from step to
+    /// step): member `i` starts at element `offsets[i]` and has `shapes[i]`.
     fn unpack(
         &self,
         buffer: &Self::Tensor,
         offsets: &[usize],
         shapes: &[Vec<usize>],
-    ) -> Result<Vec<Self::Tensor>, KernelError>;
+        out: &mut Vec<Self::Tensor>,
+    ) -> Result<(), KernelError>;
     fn upload(&self, host: &Tensor) -> Result<Self::Tensor, KernelError>;
     fn download(&self, t: &Self::Tensor) -> Result<Tensor, KernelError>;
     fn shape<'a>(&self, t: &'a Self::Tensor) -> &'a [usize];

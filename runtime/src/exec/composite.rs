@@ -7,7 +7,7 @@
 //! Each is what Thunder's own decomposition computes (arange, compare, where; reshape and
 //! permute; slices and a concatenation), so CPU and CUDA agree by construction.
 
-use crate::exec::backend::{Backend, Input, KernelError};
+use crate::exec::backend::{Backend, Input, KernelError, Outputs};
 use crate::exec::conv_transpose;
 use crate::exec::kernel::{BinaryOp, CompareOp, Kernel, ReduceOp, Side, UnaryOp};
 use tracepass_ir::DType;
@@ -255,6 +255,15 @@ fn unary_int<B: Backend>(
 /// Runs `kernel` if it is an op of several outputs every backend builds from its own kernels
 /// (a transposed convolution's gradients).
 pub(crate) fn run_multi<B: Backend>(
+    backend: &B,
+    kernel: &Kernel,
+    inputs: &[Input<'_, B::Tensor>],
+) -> Option<Result<Outputs<B::Tensor>, KernelError>> {
+    run_multi_composite(backend, kernel, inputs).map(|r| r.map(Outputs::from_vec))
+}
+
+/// [`run_multi`]'s ops, which build their lists of outputs as they go.
+fn run_multi_composite<B: Backend>(
     backend: &B,
     kernel: &Kernel,
     inputs: &[Input<'_, B::Tensor>],

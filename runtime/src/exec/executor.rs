@@ -2,7 +2,7 @@
 //! each value dropped after its last use, timings recorded as it goes.
 
 use crate::comm::{CommError, Communicator};
-use crate::exec::backend::{Backend, Input, RngKey};
+use crate::exec::backend::{Backend, Input, Outputs, RngKey};
 use crate::exec::metrics::{BucketRecord, Clock, Event, Recording, Span};
 use crate::exec::plan::{InstrKind, Plan};
 use smallvec::SmallVec;
@@ -92,6 +92,13 @@ pub struct Executor<B: Backend, C: Communicator<Tensor = B::Tensor>> {
     live_peak: u64,
     /// Measured runs: the buffers handed to collectives not yet waited on (by future slot).
     in_flight: Vec<(usize, usize, u64)>,
+    /// Emptied lists of values (argument lists, unpacked collections, result lists), kept
+    /// for the next ones: a steady step allocates no list.
+    lists: Vec<Vec<RValue<B::Tensor>>>,
+    /// An unpacked bucket's views, before they go to their slots.
+    views: Vec<B::Tensor>,
+    /// A bucket's members as they are packed (kept empty between packs: see [`relabel`]).
+    members: Vec<&'static B::Tensor>,
 }
 
 impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Default for Executor<B, C> {
@@ -105,8 +112,25 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Default for Executor<B, C>
             measure: false,
             live_peak: 0,
             in_flight: Vec::new(),
+            lists: Vec::new(),
+            views: Vec::new(),
+            members: Vec::new(),
         }
     }
+}
+
+/// Lists kept for reuse, at most: more are dropped (a run that unpacks many collections
+/// at once keeps no more than this many).
+const KEPT_LISTS: usize = 64;
+
+/// An empty list's allocation under another element type of the same size (a list of
+/// references kept from one use to the next, each with its own lifetime). Collecting a
+/// `Vec`'s iterator into a `Vec` of a same-sized type reuses its buffer.
+fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter()
+        .map(|_| unreachable!("the list is empty"))
+        .collect()
 }
 
 fn check_input<B: Backend>(backend: &B, ty: &Type, v: &RValue<B::Tensor>) -> Result<(), String> {
@@ -195,6 +219,38 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
         bytes
     }
 
+    /// An empty list of values for a run's arguments or a collection among them: one this
+    /// executor was given back ([`Executor::recycle`]) when it has one, so that a steady step
+    /// allocates none.
+    pub fn list(&mut self) -> Vec<RValue<B::Tensor>> {
+        self.lists.pop().unwrap_or_default()
+    }
+
+    /// Hands back a value a caller is done with: its tensors to the backend's pool, its lists
+    /// (emptied) to this executor for [`Executor::list`] and the next run's results.
+    pub fn recycle(&mut self, backend: &B, v: RValue<B::Tensor>) {
+        match v {
+            RValue::Tensor(t) => backend.recycle(t),
+            RValue::Seq(items) => self.recycle_list(backend, items),
+            _ => {}
+        }
+    }
+
+    /// [`Executor::recycle`] for a list of values (a run's results).
+    pub fn recycle_list(&mut self, backend: &B, mut items: Vec<RValue<B::Tensor>>) {
+        for v in items.drain(..) {
+            self.recycle(backend, v);
+        }
+        self.keep_list(items);
+    }
+
+    fn keep_list(&mut self, mut v: Vec<RValue<B::Tensor>>) {
+        if v.capacity() > 0 && self.lists.len() < KEPT_LISTS {
+            v.clear();
+            self.lists.push(v);
+        }
+    }
+
     /// Runs `plan` once with `inputs` (one per trace argument); returns the plan's results.
     pub fn run(
         &mut self,
@@ -263,10 +319,12 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
         self.buckets.resize(plan.collectives.len(), None);
         backend.prepare_memory(&plan.memory);
         rec.compute.reserve(plan.instrs.len());
-        for (spec, v) in plan.args.iter().zip(inputs) {
+        let mut inputs = inputs;
+        for (spec, v) in plan.args.iter().zip(inputs.drain(..)) {
             check_input(backend, &spec.ty, &v).map_err(|m| Failure::Input(spec.name.clone(), m))?;
             self.slots[spec.slot] = v;
         }
+        self.keep_list(inputs);
         // the buffers the caller gave (measured runs only)
         let mut given: Vec<usize> = Vec::new();
         // and the values themselves, held so that no buffer written later reuses an address
@@ -400,9 +458,11 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                             ),
                         ));
                     }
-                    for (&o, v) in ins.outputs.iter().zip(items) {
+                    let mut items = items;
+                    for (&o, v) in ins.outputs.iter().zip(items.drain(..)) {
                         self.slots[o] = v;
                     }
+                    self.keep_list(items);
                     // the collection was moved out; put an empty one back for later readers
                     if let Some(&s) = ins.inputs.first() {
                         self.slots[s] = RValue::Seq(Vec::new());
@@ -443,7 +503,8 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                 InstrKind::Pack { divisors } => {
                     self.pack_started[ins.outputs[0]] = clock.us(t0);
                     let out = {
-                        let mut members = Vec::with_capacity(ins.inputs.len());
+                        let mut members: Vec<&B::Tensor> =
+                            relabel(std::mem::take(&mut self.members));
                         for &s in &ins.inputs {
                             match &self.slots[s] {
                                 RValue::Tensor(t) => members.push(t),
@@ -459,9 +520,9 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                                 }
                             }
                         }
-                        backend
-                            .pack_divided(&members, divisors)
-                            .map_err(|e| Failure::Node(i, e.0))?
+                        let packed = backend.pack_divided(&members, divisors);
+                        self.members = relabel(members);
+                        packed.map_err(|e| Failure::Node(i, e.0))?
                     };
                     self.slots[ins.outputs[0]] = RValue::Tensor(out);
                 }
@@ -558,24 +619,28 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
                     computed = false;
                 }
                 InstrKind::Unpack { offsets, shapes } => {
-                    let views = match &self.slots[ins.inputs[0]] {
+                    let mut views = std::mem::take(&mut self.views);
+                    views.clear();
+                    match &self.slots[ins.inputs[0]] {
                         RValue::Tensor(t) => backend
-                            .unpack(t, offsets, shapes)
+                            .unpack(t, offsets, shapes, &mut views)
                             .map_err(|e| Failure::Node(i, e.0))?,
                         other => {
                             return Err(Failure::Node(i, format!("cannot unpack {}", other.kind())))
                         }
                     };
-                    for (&o, v) in ins.outputs.iter().zip(views) {
+                    for (&o, v) in ins.outputs.iter().zip(views.drain(..)) {
                         self.slots[o] = RValue::Tensor(v);
                     }
+                    self.views = views;
                 }
             }
             if self.measure {
                 self.live_peak = self.live_peak.max(self.live_bytes(plan, backend, &given));
             }
             for &s in &ins.free {
-                recycle(backend, std::mem::take(&mut self.slots[s]));
+                let v = std::mem::take(&mut self.slots[s]);
+                self.recycle(backend, v);
             }
             if computed {
                 let span = Span {
@@ -604,18 +669,16 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
             ));
         }
         rec.buckets.extend(self.buckets.drain(..).flatten());
-        let results = plan
-            .results
-            .iter()
-            .map(|r| match r {
-                Some(s) => self.slots[*s].clone(),
-                None => RValue::None,
-            })
-            .collect();
+        let mut results = self.list();
+        results.extend(plan.results.iter().map(|r| match r {
+            Some(s) => self.slots[*s].clone(),
+            None => RValue::None,
+        }));
         // every slot lets go now, not when a later run overwrites it: a reference left here
         // (to a result, or to a bucket its gradients view) keeps that buffer from the pool
-        for slot in &mut self.slots {
-            recycle(backend, std::mem::take(slot));
+        for s in 0..self.slots.len() {
+            let v = std::mem::take(&mut self.slots[s]);
+            self.recycle(backend, v);
         }
         Ok(results)
     }
@@ -639,5 +702,5 @@ enum Failure {
 /// What a compute instruction gave: one tensor, or one per output of a multi-output kernel.
 enum Produced<T> {
     One(T),
-    Many(Vec<T>),
+    Many(Outputs<T>),
 }

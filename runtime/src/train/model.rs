@@ -500,6 +500,17 @@ impl Model {
         Ok(grads)
     }
 
+    /// Lets the tie members other than the primary drop their share of its storage (each
+    /// becomes an empty tensor until [`Model::share_ties`]), so that the optimizer updates the
+    /// primary in place: a shared buffer is copied on write, a whole embedding every step.
+    pub fn release_ties(&self, params: &mut [crate::tensor::Tensor]) {
+        for group in &self.ties {
+            for &i in &group[1..] {
+                params[i] = crate::tensor::Tensor::from_f32([0], Vec::new());
+            }
+        }
+    }
+
     /// Gives every tied parameter its primary's value (after an optimizer step).
     pub fn share_ties<T: Clone>(&self, params: &mut [T]) {
         for group in &self.ties {

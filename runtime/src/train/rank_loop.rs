@@ -374,6 +374,9 @@ where
             + opt.state_bytes();
         // the parameters' last other holders: the optimizer updates them in place, uncopied
         dev_params.clear();
+        if layout.is_none() {
+            model.release_ties(&mut params);
+        }
         opt.step(&mut params, &grads).map_err(&fail)?;
         // the gradients' (and buckets') buffers go back to the pool for the next backward:
         // every other holder of them lets go first

@@ -231,8 +231,9 @@ fn steady_state(passes: Option<&str>) -> u64 {
     let first = steps[0];
     let own = |a: &Allocated| a.count - a.gemm;
     for s in &steps[2..] {
-        // no growth: the same allocations every steady step
-        assert_eq!(s, &steps[2], "{steps:?}");
+        // no growth: no more allocations than the second step (the executor keeps the lists
+        // it is given and hands them out again, so which one fits varies by one)
+        assert!(s.count <= steps[1].count, "{steps:?}");
         // the `gemm` crate keeps its packing buffers per thread (third_party/gemm-common)
         assert_eq!(s.gemm, 0, "{steps:?}");
         // no tensor storage: what is left is under a fifth of the first step's bytes, in
