@@ -222,13 +222,13 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
     /// An empty list of values for a run's arguments or a collection among them: one this
     /// executor was given back ([`Executor::recycle`]) when it has one, so that a steady step
     /// allocates none.
-    pub fn list(&mut self) -> Vec<RValue<B::Tensor>> {
+    fn list(&mut self) -> Vec<RValue<B::Tensor>> {
         self.lists.pop().unwrap_or_default()
     }
 
     /// Hands back a value a caller is done with: its tensors to the backend's pool, its lists
     /// (emptied) to this executor for [`Executor::list`] and the next run's results.
-    pub fn recycle(&mut self, backend: &B, v: RValue<B::Tensor>) {
+    fn recycle(&mut self, backend: &B, v: RValue<B::Tensor>) {
         match v {
             RValue::Tensor(t) => backend.recycle(t),
             RValue::Seq(items) => self.recycle_list(backend, items),
@@ -237,7 +237,7 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
     }
 
     /// [`Executor::recycle`] for a list of values (a run's results).
-    pub fn recycle_list(&mut self, backend: &B, mut items: Vec<RValue<B::Tensor>>) {
+    fn recycle_list(&mut self, backend: &B, mut items: Vec<RValue<B::Tensor>>) {
         for v in items.drain(..) {
             self.recycle(backend, v);
         }
