@@ -2,9 +2,8 @@
 //! kernels (tensor buffers come from the pool), the executor, the trainer, the optimizer, the
 //! loss and the communicator. This binary's global allocator counts every allocation of the
 //! process; its one test trains corpus models and counts what each step allocated between two
-//! calls of the step callback. The goal is none (issue #28); what is left is small lists
-//! (the trainer's per-step lists, the loss's copies, the communicator's submissions), checked
-//! here not to come back above a bound. With `TRACEPASS_ALLOC_TRACE=1` it prints where each
+//! calls of the step callback: none at one rank (issue #28), and at two only each rank's
+//! record of its step's bucket timings. With `TRACEPASS_ALLOC_TRACE=1` it prints where each
 //! allocation of a steady step comes from.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -104,14 +103,16 @@ fn per_step(model: &str, world_size: usize, threads: usize, passes: &str) -> Vec
     counts.into_inner().expect("counts")
 }
 
-/// Most allocations a steady step may make, at one rank and at two (the communicator's
-/// submissions and reductions add theirs). Measured: 55-64 and 129-150 (the two ranks' steps
-/// overlap the callback's count).
-const BOUND_ONE_RANK: u64 = 70;
-const BOUND_TWO_RANKS: u64 = 200;
+/// A steady step at one rank allocates nothing at all. At two ranks each rank's step keeps
+/// one list: its metrics' record of the step's bucket timings (the run's report holds every
+/// step's); the two ranks' steps overlap the callback's count, so one window may see one of
+/// rank 1's more or less, and the communicator's spare slots and completions grow when the
+/// ranks drift further apart than before, but the steady steps add up to about one per rank
+/// each.
+const PER_RANK_AND_STEP: u64 = 1;
 
 #[test]
-fn a_steady_training_step_allocates_few_small_lists() {
+fn a_steady_training_step_allocates_nothing() {
     let fused = "conv-input-grad,fold-conv-crop,fuse-elementwise";
     let ddp = "ddp(world_size=2),conv-input-grad,fold-conv-crop,fuse-elementwise,sort-waits";
     let runs = [
@@ -128,12 +129,16 @@ fn a_steady_training_step_allocates_few_small_lists() {
         // the steps before WARMUP fill the buffer pool and the lists kept from step to step
         let steady = &counts[WARMUP - 1..];
         eprintln!("{model} {ranks}x{threads}: allocations per step {counts:?}");
-        let bound = if ranks == 1 {
-            BOUND_ONE_RANK
+        let ok = if ranks == 1 {
+            // (one step in a run may see a queue grow once: seen about one run in ten on
+            // the two-thread run, two allocations)
+            steady.iter().filter(|&&c| c > 0).count() <= 1 && steady.iter().all(|&c| c <= 2)
         } else {
-            BOUND_TWO_RANKS
+            let bound = PER_RANK_AND_STEP * ranks as u64;
+            steady.iter().sum::<u64>() <= bound * steady.len() as u64 + 2
+                && steady.iter().all(|&c| c <= 2 * bound)
         };
-        if steady.iter().any(|&c| c > bound) {
+        if !ok {
             failures.push(format!("{model} {ranks}x{threads} {passes}: {counts:?}"));
         }
     }

@@ -177,7 +177,7 @@ fn ddp_gradients_are_the_mean_of_local_gradients_bitwise_for_any_bucketing() {
             let buckets = r.metrics[0][0]
                 .buckets
                 .iter()
-                .filter(|b| b.label != "loss")
+                .filter(|b| &*b.label != "loss")
                 .count();
             let want = match mb {
                 m if m <= 0.0 => 4,
@@ -345,7 +345,7 @@ fn gradient_accumulation_reduces_the_sum_of_micro_steps() {
     let buckets = r.metrics[0][0]
         .buckets
         .iter()
-        .filter(|b| b.label != "loss")
+        .filter(|b| &*b.label != "loss")
         .count();
     assert_eq!(buckets, 1);
 }
@@ -364,7 +364,7 @@ fn metrics_record_every_bucket_in_order() {
             assert!(m.compute_s > 0.0 && m.step_s >= m.compute_s);
             assert!(m.overlap_s <= m.comm_s + 1e-12);
             assert!((m.exposed_comm_s - (m.comm_s - m.overlap_s)).abs() < 1e-12);
-            let grads: Vec<_> = m.buckets.iter().filter(|b| b.label != "loss").collect();
+            let grads: Vec<_> = m.buckets.iter().filter(|b| &*b.label != "loss").collect();
             assert_eq!(grads.len(), 4);
             for b in grads {
                 assert!(b.ready_us <= b.launch_us && b.launch_us <= b.comm_start_us + 1e-3);

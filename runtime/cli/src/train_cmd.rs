@@ -350,7 +350,7 @@ fn print_metrics(report: &TrainReport) -> String {
                 m.exposed_comm_s * 1e3,
                 m.sync_wait_s * 1e3,
                 m.other_s * 1e3,
-                m.buckets.iter().filter(|b| b.label != "loss").count(),
+                m.buckets.iter().filter(|b| &*b.label != "loss").count(),
                 m.state_bytes as f64 / (1u64 << 20) as f64,
                 m.exposed_gather_s * 1e3,
                 m.exposed_scatter_s * 1e3,

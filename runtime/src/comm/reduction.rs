@@ -1,20 +1,22 @@
 //! An all-reduce's arithmetic on the host, done in place: the ranks' communication workers
-//! each overwrite their own disjoint chunk of rank 0's buffer with the reduction of that chunk
-//! (as in a ring's reduce-scatter), so the reduction allocates and copies nothing beyond reading
-//! the inputs. Elements are combined in rank order (0, 1, 2, ...), so every element gets the
-//! same bits whichever worker reduces it and however the buffer is chunked.
+//! each reduce their own disjoint chunk of the buffers (as in a ring's reduce-scatter) into
+//! rank 0's buffer and copy it into every other rank's (the ring's all-gather), so each rank
+//! gets its result in the buffer it brought: the reduction allocates and copies nothing beyond
+//! that, and no rank's buffer ends up with another rank (whose pool would keep it while the
+//! first allocates a new one every step). Elements are combined in rank order (0, 1, 2, ...),
+//! so every element gets the same bits whichever worker reduces it and however the buffer is
+//! chunked.
 
 use crate::comm::ReduceOp;
 use crate::tensor::{Storage, Tensor};
 use half::{bf16, f16};
-use std::cell::UnsafeCell;
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 
 /// Elements reduced at a time: 16 KiB of f32, well inside L1 with the parts' blocks.
 const BLOCK: usize = 4096;
 
-/// Where rank 0's elements live while workers write them.
+/// Where a rank's elements live while workers write them.
 #[derive(Clone, Copy)]
 enum Base {
     F32(*mut f32),
@@ -26,40 +28,23 @@ enum Base {
     Bool(*mut bool),
 }
 
-/// One all-reduce in progress: rank 0's buffer (the output) and the other ranks' inputs.
-pub struct Reduction {
-    op: ReduceOp,
-    shape: Vec<usize>,
-    /// Rank 0's storage; only reached through `base` until every chunk is done.
-    out: UnsafeCell<Storage>,
-    base: Base,
-    len: usize,
-    others: Vec<Tensor>,
-    /// Which chunks a worker has taken; a chunk is written by exactly one worker.
-    claimed: Vec<AtomicBool>,
-    /// Chunks whose writes are complete (released by their writer, acquired by `finish`).
-    done: AtomicUsize,
-}
-
-// SAFETY: the output is written only through `reduce_chunk`, which hands each chunk index (a
-// disjoint element range) to at most one caller, and read back only by `finish` once every
-// chunk's writer has released its writes (`done`); the inputs in `others` are only read.
-unsafe impl Send for Reduction {}
-unsafe impl Sync for Reduction {}
-
-impl Reduction {
-    /// Starts the reduction of `parts` (one contiguous tensor per rank, all of one dtype and
-    /// size, checked by the caller) in `chunks` pieces. Rank 0's buffer becomes the output; it
-    /// is copied first only if something else still shares it.
-    pub fn new(op: ReduceOp, mut parts: Vec<Tensor>, chunks: usize) -> Reduction {
-        let others = parts.split_off(1.min(parts.len()));
-        let first = parts.pop();
-        let shape = first
-            .as_ref()
-            .map_or_else(|| vec![0], |t| t.shape().to_vec());
-        let mut out = first.map_or(Storage::F32(Vec::new()), Tensor::into_storage);
-        let len = out.len();
-        let base = match &mut out {
+impl Base {
+    /// The elements of a contiguous tensor, to read only (never written through).
+    fn of_read(t: &Tensor) -> Base {
+        let at = t.offset();
+        match t.storage() {
+            Storage::F32(v) => Base::F32(v[at..].as_ptr().cast_mut()),
+            Storage::F64(v) => Base::F64(v[at..].as_ptr().cast_mut()),
+            Storage::BF16(v) => Base::BF16(v[at..].as_ptr().cast_mut()),
+            Storage::F16(v) => Base::F16(v[at..].as_ptr().cast_mut()),
+            Storage::I64(v) => Base::I64(v[at..].as_ptr().cast_mut()),
+            Storage::I32(v) => Base::I32(v[at..].as_ptr().cast_mut()),
+            Storage::Bool(v) => Base::Bool(v[at..].as_ptr().cast_mut()),
+        }
+    }
+    /// The elements of a whole, unshared storage, to write.
+    fn of(s: &mut Storage) -> Base {
+        match s {
             Storage::F32(v) => Base::F32(v.as_mut_ptr()),
             Storage::F64(v) => Base::F64(v.as_mut_ptr()),
             Storage::BF16(v) => Base::BF16(v.as_mut_ptr()),
@@ -67,22 +52,97 @@ impl Reduction {
             Storage::I64(v) => Base::I64(v.as_mut_ptr()),
             Storage::I32(v) => Base::I32(v.as_mut_ptr()),
             Storage::Bool(v) => Base::Bool(v.as_mut_ptr()),
-        };
+        }
+    }
+}
+
+/// One all-reduce in progress: every rank's buffer, each of which ends holding the result.
+/// Kept from one all-reduce to the next by its caller ([`Reduction::start`] reuses its lists).
+pub struct Reduction {
+    op: ReduceOp,
+    /// The ranks' buffers (whole and unshared), in rank order; only reached through `bases`
+    /// until every chunk is done.
+    parts: SmallVec<[Tensor; 4]>,
+    bases: SmallVec<[Base; 4]>,
+    len: usize,
+    /// Whether every rank's buffer gets the result, or rank 0's only (a reduce-scatter, whose
+    /// ranks each keep a slice of it).
+    everyone: bool,
+    /// Which chunks a worker has taken; a chunk is written by exactly one worker.
+    claimed: SmallVec<[AtomicBool; 8]>,
+    /// Chunks whose writes are complete (released by their writer, acquired by `results`).
+    done: AtomicUsize,
+}
+
+// SAFETY: the buffers are written only through `reduce_chunk`, which hands each chunk index
+// (a disjoint element range of every buffer) to at most one caller, and reached otherwise only
+// through `&mut self` (`start`, `results`) once every chunk's writer has released its writes
+// (`done`).
+unsafe impl Send for Reduction {}
+unsafe impl Sync for Reduction {}
+
+impl Default for Reduction {
+    fn default() -> Self {
         Reduction {
-            op,
-            shape,
-            // moving the Vec moves its header only; `base` still points at its elements
-            out: UnsafeCell::new(out),
-            base,
-            len,
-            others,
-            claimed: (0..chunks.max(1)).map(|_| AtomicBool::new(false)).collect(),
+            op: ReduceOp::Sum,
+            parts: SmallVec::new(),
+            bases: SmallVec::new(),
+            len: 0,
+            everyone: true,
+            claimed: SmallVec::new(),
             done: AtomicUsize::new(0),
         }
     }
+}
 
-    /// Reduces chunk `index` of the output in place; a chunk already taken (or out of range)
-    /// is left alone, so no two workers ever write the same elements.
+impl Reduction {
+    /// A reduction of `parts` (one tensor per rank, all of one dtype and size, checked by the
+    /// caller) in `chunks` pieces, into every part.
+    #[cfg(test)]
+    pub fn new(op: ReduceOp, parts: impl IntoIterator<Item = Tensor>, chunks: usize) -> Reduction {
+        let mut r = Reduction::default();
+        r.start(op, parts, chunks, true);
+        r
+    }
+
+    /// Starts the reduction of `parts` in `chunks` pieces, in this reduction's lists, into
+    /// every part (`everyone`) or rank 0's only. A part written in place that something else
+    /// still shares (or a view) is copied first.
+    pub fn start(
+        &mut self,
+        op: ReduceOp,
+        parts: impl IntoIterator<Item = Tensor>,
+        chunks: usize,
+        everyone: bool,
+    ) {
+        self.op = op;
+        self.everyone = everyone;
+        self.parts.clear();
+        self.bases.clear();
+        for mut p in parts {
+            // moving the tensor moves its header only; the base still points at its elements
+            let base = if everyone || self.parts.is_empty() {
+                Base::of(p.storage_mut())
+            } else {
+                // only read: the elements of a contiguous part as they are
+                if !p.is_contiguous() {
+                    p = p.contiguous();
+                }
+                Base::of_read(&p)
+            };
+            self.bases.push(base);
+            self.parts.push(p);
+        }
+        self.len = self.parts.first().map_or(0, Tensor::numel);
+        self.claimed.clear();
+        self.claimed
+            .extend((0..chunks.max(1)).map(|_| AtomicBool::new(false)));
+        *self.done.get_mut() = 0;
+    }
+
+    /// Reduces chunk `index` into rank 0's buffer and copies it into the others'; a chunk
+    /// already taken (or out of range) is left alone, so no two workers ever write the same
+    /// elements.
     pub fn reduce_chunk(&self, index: usize) {
         let n = self.claimed.len();
         let Some(flag) = self.claimed.get(index) else {
@@ -93,62 +153,77 @@ impl Reduction {
         }
         let (lo, hi) = (index * self.len / n, (index + 1) * self.len / n);
         let op = self.op;
-        macro_rules! native {
-            ($p:expr, $variant:ident) => {{
-                // SAFETY: `lo..hi` lies inside the output's `len` elements and no other chunk
-                // overlaps it; the claim above makes this the only writer of this range.
+        let Some((&first, others)) = self.bases.split_first() else {
+            self.done.fetch_add(1, Ordering::Release);
+            return;
+        };
+        // SAFETY (both macros): `lo..hi` lies inside every buffer's `len` elements (the parts
+        // agree in size) and no other chunk overlaps it; the claim above makes this the only
+        // reader and writer of this range of every buffer.
+        macro_rules! blocks {
+            ($p:expr, $variant:ident, |$block:ident, $start:ident, $srcs:ident| $reduce:block) => {{
                 let out = unsafe { std::slice::from_raw_parts_mut($p.add(lo), hi - lo) };
                 // block by block, so the output block stays in L1 while every rank's part is
-                // added to it (one pass over memory instead of one per rank)
-                for (k, block) in out.chunks_mut(BLOCK).enumerate() {
-                    let start = lo + k * BLOCK;
-                    for part in &self.others {
-                        if let Storage::$variant(v) = part.storage() {
-                            let at = part.offset() + start;
-                            let src = &v[at..at + block.len()];
-                            // one loop per op, so the sum compiles to vector adds
-                            match op {
-                                ReduceOp::Sum => {
-                                    for (a, &b) in block.iter_mut().zip(src) {
-                                        *a = add(*a, b);
-                                    }
-                                }
-                                ReduceOp::Max => {
-                                    for (a, &b) in block.iter_mut().zip(src) {
-                                        *a = larger(*a, b);
-                                    }
-                                }
-                            }
+                // added to it and while it is copied back (one pass over memory each)
+                for (k, $block) in out.chunks_mut(BLOCK).enumerate() {
+                    let $start = lo + k * BLOCK;
+                    let len = $block.len();
+                    let $srcs = others.iter().filter_map(|b| match b {
+                        Base::$variant(q) => {
+                            Some(unsafe { std::slice::from_raw_parts(q.add($start), len) })
+                        }
+                        _ => None,
+                    });
+                    $reduce
+                    for b in others.iter().filter(|_| self.everyone) {
+                        if let Base::$variant(q) = b {
+                            unsafe { std::ptr::copy_nonoverlapping($block.as_ptr(), q.add($start), len) };
                         }
                     }
                 }
             }};
+        }
+        macro_rules! native {
+            ($p:expr, $variant:ident) => {
+                blocks!($p, $variant, |block, start, srcs| {
+                    for src in srcs {
+                        // one loop per op, so the sum compiles to vector adds
+                        match op {
+                            ReduceOp::Sum => {
+                                for (a, &b) in block.iter_mut().zip(src) {
+                                    *a = add(*a, b);
+                                }
+                            }
+                            ReduceOp::Max => {
+                                for (a, &b) in block.iter_mut().zip(src) {
+                                    *a = larger(*a, b);
+                                }
+                            }
+                        }
+                    }
+                })
+            };
         }
         macro_rules! widened {
             ($p:expr, $variant:ident, $ty:ty) => {{
-                // SAFETY: as above.
-                let out = unsafe { std::slice::from_raw_parts_mut($p.add(lo), hi - lo) };
-                let mut acc: Vec<f32> = Vec::with_capacity(BLOCK);
-                for (k, block) in out.chunks_mut(BLOCK).enumerate() {
-                    let start = lo + k * BLOCK;
-                    acc.clear();
-                    acc.extend(block.iter().map(|x| x.to_f32()));
-                    for part in &self.others {
-                        if let Storage::$variant(v) = part.storage() {
-                            let at = part.offset() + start;
-                            let src = &v[at..at + block.len()];
-                            for (a, b) in acc.iter_mut().zip(src) {
-                                *a = combine(op, *a, b.to_f32());
-                            }
+                let mut acc = [0.0f32; BLOCK];
+                blocks!($p, $variant, |block, start, srcs| {
+                    let acc = &mut acc[..block.len()];
+                    for (a, x) in acc.iter_mut().zip(block.iter()) {
+                        *a = x.to_f32();
+                    }
+                    for src in srcs {
+                        for (a, b) in acc.iter_mut().zip(src) {
+                            *a = combine(op, *a, b.to_f32());
                         }
                     }
-                    for (o, a) in block.iter_mut().zip(&acc) {
+                    for (o, a) in block.iter_mut().zip(acc.iter()) {
                         *o = <$ty>::from_f32(*a);
                     }
-                }
+                })
             }};
         }
-        match self.base {
+        match first {
             Base::F32(p) => native!(p, F32),
             Base::F64(p) => native!(p, F64),
             Base::BF16(p) => widened!(p, BF16, bf16),
@@ -169,21 +244,15 @@ impl Reduction {
             .collect()
     }
 
-    /// The reduced tensor, once every chunk is done; until then the reduction comes back
-    /// unchanged (`Err`), so nothing ever reads the output while a worker may still write it.
-    pub fn finish(self: Arc<Self>) -> Result<Tensor, Arc<Self>> {
+    /// The ranks' buffers, each holding the reduced elements, in rank order, once every chunk
+    /// is done; `None` (and nothing taken) until then, so nothing ever reads a buffer while
+    /// a worker may still write it.
+    pub fn results(&mut self) -> Option<impl Iterator<Item = Tensor> + '_> {
         if self.done.load(Ordering::Acquire) < self.claimed.len() {
-            return Err(self);
+            return None;
         }
-        Ok(match Arc::try_unwrap(self) {
-            Ok(r) => Tensor::new(r.shape, r.out.into_inner()),
-            Err(shared) => {
-                // SAFETY: every chunk's writes happened before its `done` increment, which the
-                // load above acquired; no chunk can be claimed again, so nothing writes any more.
-                let data = unsafe { (*shared.out.get()).clone() };
-                Tensor::new(shared.shape.clone(), data)
-            }
-        })
+        self.bases.clear();
+        Some(self.parts.drain(..))
     }
 }
 
@@ -255,25 +324,63 @@ mod tests {
             .collect()
     }
 
-    /// The result of a reduction every chunk of which is done.
-    fn done(r: Arc<Reduction>) -> Tensor {
-        match r.finish() {
-            Ok(t) => t,
-            Err(_) => panic!("a chunk is not reduced yet"),
+    /// The result of a reduction every chunk of which is done: rank 0's buffer, after
+    /// checking that every rank's holds the same.
+    fn done(mut r: Reduction) -> Tensor {
+        let all: Vec<Tensor> = r.results().expect("every chunk is reduced").collect();
+        for t in &all[1..] {
+            assert_eq!(t.shape(), all[0].shape());
+            assert_eq!(
+                t.to_f64_vec(),
+                all[0].to_f64_vec(),
+                "every rank gets the result"
+            );
         }
+        all[0].clone()
     }
 
     #[test]
     fn finish_gives_nothing_while_a_chunk_is_not_reduced() {
-        let r = Arc::new(Reduction::new(ReduceOp::Sum, ranks(2, 6), 2));
+        let mut r = Reduction::new(ReduceOp::Sum, ranks(2, 6), 2);
         r.reduce_chunk(1);
-        let r = match r.finish() {
-            Ok(_) => panic!("finished with chunk 0 not reduced"),
-            Err(r) => r,
-        };
+        assert!(r.results().is_none(), "finished with chunk 0 not reduced");
         assert_eq!(r.unclaimed(), vec![0]);
         r.reduce_chunk(0);
         assert_eq!(done(r).shape(), &[6]);
+    }
+
+    #[test]
+    fn each_rank_gets_the_result_in_its_own_buffer_and_a_reduction_is_reused() {
+        let parts = ranks(3, 2 * BLOCK + 5);
+        let ids: Vec<usize> = parts.iter().map(Tensor::storage_id).collect();
+        let mut r = Reduction::new(ReduceOp::Sum, parts, 3);
+        (0..3).for_each(|i| r.reduce_chunk(i));
+        let out: Vec<Tensor> = r.results().expect("done").collect();
+        assert_eq!(out.iter().map(Tensor::storage_id).collect::<Vec<_>>(), ids);
+        // the same reduction again, over the results: each element tripled
+        let want: Vec<f32> = out[0].to_f32_vec().iter().map(|x| (x + x) + x).collect();
+        r.start(ReduceOp::Sum, out, 2, true);
+        assert_eq!(r.unclaimed(), vec![0, 1]);
+        (0..2).for_each(|i| r.reduce_chunk(i));
+        assert_eq!(done(r).to_f32_vec(), want);
+    }
+
+    #[test]
+    fn for_rank_0_only_the_others_are_read_and_left_as_they_were() {
+        let parts = ranks(3, BLOCK + 9);
+        let keep: Vec<Tensor> = parts[1..].to_vec();
+        let before: Vec<Vec<f32>> = keep.iter().map(Tensor::to_f32_vec).collect();
+        let want: Vec<f32> = (0..BLOCK + 9)
+            .map(|i| (parts[0].to_f32_vec()[i] + before[0][i]) + before[1][i])
+            .collect();
+        let mut r = Reduction::default();
+        r.start(ReduceOp::Sum, parts, 2, false);
+        (0..2).for_each(|i| r.reduce_chunk(i));
+        let out: Vec<Tensor> = r.results().expect("done").collect();
+        assert_eq!(out[0].to_f32_vec(), want);
+        for (k, t) in keep.iter().enumerate() {
+            assert_eq!(t.to_f32_vec(), before[k], "rank {} is only read", k + 1);
+        }
     }
 
     #[test]
@@ -285,7 +392,7 @@ mod tests {
                 (v[0] + v[1]) + v[2]
             })
             .collect();
-        let r = Arc::new(Reduction::new(ReduceOp::Sum, parts, 4));
+        let r = Reduction::new(ReduceOp::Sum, parts, 4);
         for i in [2, 0, 3, 1, 1, 9] {
             r.reduce_chunk(i);
         }
@@ -301,14 +408,14 @@ mod tests {
             Tensor::from_i64(vec![3], vec![1, -2, i64::MAX]),
             Tensor::from_i64(vec![3], vec![10, 5, 1]),
         ];
-        let r = Arc::new(Reduction::new(ReduceOp::Sum, parts, 2));
+        let r = Reduction::new(ReduceOp::Sum, parts, 2);
         (0..2).for_each(|i| r.reduce_chunk(i));
         assert_eq!(done(r).to_i64_vec(), vec![11, 3, i64::MIN]);
         let parts = vec![
             Tensor::from_bool(vec![3], vec![true, false, false]),
             Tensor::from_bool(vec![3], vec![false, false, true]),
         ];
-        let r = Arc::new(Reduction::new(ReduceOp::Max, parts, 1));
+        let r = Reduction::new(ReduceOp::Max, parts, 1);
         r.reduce_chunk(0);
         assert_eq!(done(r).to_bool_vec(), vec![true, false, true]);
     }
@@ -323,7 +430,7 @@ mod tests {
                 ((v[0] + v[1]) + v[2]) + v[3]
             })
             .collect();
-        let r = Arc::new(Reduction::new(ReduceOp::Sum, parts, 3));
+        let r = Reduction::new(ReduceOp::Sum, parts, 3);
         for i in 0..3 {
             r.reduce_chunk(i);
         }
@@ -335,7 +442,7 @@ mod tests {
         let parts = ranks(2, 5);
         let keep = parts[0].clone();
         let before = keep.to_f32_vec();
-        let r = Arc::new(Reduction::new(ReduceOp::Max, parts, 2));
+        let r = Reduction::new(ReduceOp::Max, parts, 2);
         assert_eq!(r.unclaimed(), vec![0, 1]);
         r.reduce_chunk(0);
         assert_eq!(r.unclaimed(), vec![1]);
@@ -351,7 +458,7 @@ mod tests {
             .map(|_| Tensor::from_f32(vec![2], vec![1.0, 1e-3]).to_dtype(tracepass_ir::DType::BF16))
             .collect::<Option<_>>()
             .expect("bf16 is supported");
-        let r = Arc::new(Reduction::new(ReduceOp::Sum, parts, 4));
+        let r = Reduction::new(ReduceOp::Sum, parts, 4);
         for i in 0..4 {
             r.reduce_chunk(i);
         }

@@ -7,7 +7,8 @@
 use crate::comm::reduction::Reduction;
 use crate::comm::{CommError, CommTiming, Communicator, LinkModel, ReduceOp};
 use crate::tensor::Tensor;
-use std::collections::HashMap;
+use smallvec::SmallVec;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
@@ -46,7 +47,8 @@ struct Signature {
     kind: Kind,
     dtype: Option<tracepass_ir::DType>,
     numel: usize,
-    label: String,
+    /// Shared, not copied: a rank interns its labels ([`ThreadComm::label`]).
+    label: Arc<str>,
 }
 
 impl Signature {
@@ -82,22 +84,62 @@ impl Signature {
 struct Slot {
     signature: Signature,
     first_rank: usize,
+    /// Each rank's buffer as it arrives; after an all-reduce or a reduce-scatter, each rank's
+    /// result (its own buffer, holding the reduced elements) until it takes it.
     contribs: Vec<Option<Tensor>>,
     arrived: usize,
     /// All-reduce: once all arrived, the reduction in which each rank's worker reduces its
     /// own chunk.
     reduction: Option<Arc<Reduction>>,
     chunk_done: Vec<bool>,
+    /// The result every rank takes a copy of (all-gather, broadcast, barrier).
     result: Option<Tensor>,
+    /// The results are there to take.
+    finished: bool,
     /// When the last rank arrived (the transfer's start).
     ready_at: Option<Instant>,
     taken: usize,
+}
+
+impl Slot {
+    /// A slot for collective `sig` first reached by `rank`, in the lists of `spare` (a slot
+    /// done with) when there is one: a steady step's collectives allocate no slot.
+    fn new(spare: Option<Slot>, sig: &Signature, rank: usize, world: usize) -> Slot {
+        let mut slot = spare.unwrap_or_else(|| Slot {
+            signature: sig.clone(),
+            first_rank: rank,
+            contribs: Vec::new(),
+            arrived: 0,
+            reduction: None,
+            chunk_done: Vec::new(),
+            result: None,
+            finished: false,
+            ready_at: None,
+            taken: 0,
+        });
+        slot.signature = sig.clone();
+        slot.first_rank = rank;
+        slot.contribs.clear();
+        slot.contribs.resize(world, None);
+        slot.arrived = 0;
+        slot.reduction = None;
+        slot.chunk_done.clear();
+        slot.chunk_done.resize(world, false);
+        slot.result = None;
+        slot.finished = false;
+        slot.ready_at = None;
+        slot.taken = 0;
+        slot
+    }
 }
 
 #[derive(Default)]
 struct State {
     slots: HashMap<u64, Slot>,
     failed: Option<(usize, String)>,
+    /// Slots and reductions done with, kept for the next collectives.
+    spare_slots: Vec<Slot>,
+    spare_reductions: Vec<Arc<Reduction>>,
 }
 
 struct Shared {
@@ -149,17 +191,21 @@ impl Shared {
                 reason: reason.clone(),
             });
         }
-        let slot = st.slots.entry(seq).or_insert_with(|| Slot {
-            signature: sig.clone(),
-            first_rank: rank,
-            contribs: vec![None; world],
-            arrived: 0,
-            reduction: None,
-            chunk_done: vec![false; world],
-            result: None,
-            ready_at: None,
-            taken: 0,
-        });
+        if !st.slots.contains_key(&seq) {
+            let spare = st.spare_slots.pop();
+            st.slots.insert(seq, Slot::new(spare, &sig, rank, world));
+        }
+        let State {
+            slots,
+            spare_reductions,
+            ..
+        } = &mut *st;
+        let Some(slot) = slots.get_mut(&seq) else {
+            return Err(CommError::Invalid {
+                rank,
+                message: format!("collective #{seq}: its slot is gone"),
+            });
+        };
         if slot.signature != sig {
             let err = CommError::Mismatch {
                 seq,
@@ -177,17 +223,36 @@ impl Shared {
             slot.ready_at = Some(Instant::now());
             let prepared = match sig.kind {
                 Kind::AllReduce(op) | Kind::ReduceScatter(op) => {
-                    gather(&mut slot.contribs).map(|p| {
-                        slot.reduction = Some(Arc::new(Reduction::new(op, p, world)));
+                    check_parts(&slot.contribs).map(|()| {
+                        let mut r = spare_reductions.pop().unwrap_or_default();
+                        let parts = slot.contribs.iter_mut().filter_map(Option::take);
+                        // an all-reduce's ranks each get the result in their own buffer; a
+                        // reduce-scatter's keep slices of rank 0's
+                        let everyone = matches!(sig.kind, Kind::AllReduce(_));
+                        match Arc::get_mut(&mut r) {
+                            Some(r) => r.start(op, parts, world, everyone),
+                            None => {
+                                let mut fresh = Reduction::default();
+                                fresh.start(op, parts, world, everyone);
+                                r = Arc::new(fresh);
+                            }
+                        }
+                        slot.reduction = Some(r);
                     })
                 }
-                Kind::AllGather => gather(&mut slot.contribs).and_then(|p| {
-                    Tensor::cat_flat(&p)
-                        .map(|t| slot.result = Some(t))
+                Kind::AllGather => check_parts(&slot.contribs).and_then(|()| {
+                    let parts: SmallVec<[Tensor; 4]> =
+                        slot.contribs.iter_mut().filter_map(Option::take).collect();
+                    Tensor::cat_flat(&parts)
+                        .map(|t| {
+                            slot.result = Some(t);
+                            slot.finished = true;
+                        })
                         .ok_or_else(|| "the ranks' buffers cannot be concatenated".to_string())
                 }),
                 kind => pick(&kind, &mut slot.contribs).map(|r| {
                     slot.result = Some(r);
+                    slot.finished = true;
                 }),
             };
             if let Err(message) = prepared {
@@ -203,22 +268,29 @@ impl Shared {
         let mut reduced_mine = false;
         loop {
             if let Some(slot) = st.slots.get_mut(&seq) {
-                if let Some(r) = &slot.result {
-                    // a reduce-scatter keeps this rank's slice of the all-reduced buffer
+                if slot.finished {
                     let r = match sig.kind {
-                        Kind::ReduceScatter(_) => {
+                        Kind::AllReduce(_) => slot.contribs[rank].take(),
+                        // a reduce-scatter keeps this rank's slice of the all-reduced buffer
+                        Kind::ReduceScatter(_) => slot.result.as_ref().and_then(|r| {
                             let n = r.numel() / world;
-                            r.flat_range(rank * n, n).ok_or(CommError::Invalid {
-                                rank,
-                                message: format!("reduce-scatter #{seq}: no slice {rank}"),
-                            })?
-                        }
-                        _ => r.clone(),
-                    };
+                            r.flat_range(rank * n, n)
+                        }),
+                        _ => slot.result.clone(),
+                    }
+                    .ok_or_else(|| CommError::Invalid {
+                        rank,
+                        message: format!(
+                            "collective #{seq} ({}): no result for this rank",
+                            sig.label
+                        ),
+                    })?;
                     let ready = slot.ready_at;
                     slot.taken += 1;
                     if slot.taken == world {
-                        st.slots.remove(&seq);
+                        if let Some(done) = st.slots.remove(&seq) {
+                            st.spare_slots.push(done);
+                        }
                     }
                     drop(st);
                     let bytes = sig.numel * sig.dtype.map_or(4, |d| d.size_bytes());
@@ -245,14 +317,32 @@ impl Shared {
                     drop(reduction);
                     reduced_mine = true;
                     st = self.lock();
-                    if let Some(slot) = st.slots.get_mut(&seq) {
+                    let State {
+                        slots,
+                        spare_reductions,
+                        ..
+                    } = &mut *st;
+                    if let Some(slot) = slots.get_mut(&seq) {
                         slot.chunk_done[rank] = true;
                         if slot.chunk_done.iter().all(|d| *d) {
-                            if let Some(r) = slot.reduction.take() {
-                                match r.finish() {
-                                    Ok(t) => slot.result = Some(t),
-                                    // every rank marked its chunk done after reducing it
-                                    Err(r) => slot.reduction = Some(r),
+                            // every worker let go of the reduction before marking its chunk
+                            if let Some(mut r) = slot.reduction.take() {
+                                if let Some(mut results) =
+                                    Arc::get_mut(&mut r).and_then(Reduction::results)
+                                {
+                                    if matches!(sig.kind, Kind::AllReduce(_)) {
+                                        for (c, t) in slot.contribs.iter_mut().zip(results) {
+                                            *c = Some(t);
+                                        }
+                                    } else {
+                                        slot.result = results.next();
+                                    }
+                                    slot.finished = true;
+                                }
+                                if slot.finished {
+                                    spare_reductions.push(r);
+                                } else {
+                                    slot.reduction = Some(r);
                                 }
                             }
                             self.cv.notify_all();
@@ -288,7 +378,7 @@ impl Shared {
                 let err = CommError::Timeout {
                     rank,
                     seq,
-                    label: sig.label.clone(),
+                    label: sig.label.to_string(),
                     secs: self.options.timeout.as_secs_f64(),
                     missing,
                 };
@@ -323,31 +413,32 @@ fn pick(kind: &Kind, contribs: &mut [Option<Tensor>]) -> Result<Tensor, String> 
     }
 }
 
-/// Every rank's buffer, contiguous, checked to agree in size and dtype.
-fn gather(contribs: &mut [Option<Tensor>]) -> Result<Vec<Tensor>, String> {
-    let parts: Vec<Tensor> = contribs
-        .iter_mut()
-        .enumerate()
-        .map(|(r, c)| {
-            c.take()
-                .map(|t| t.contiguous())
-                .ok_or(format!("rank {r} brought no buffer"))
-        })
-        .collect::<Result<_, _>>()?;
-    let first = &parts[0];
-    for (r, p) in parts.iter().enumerate() {
-        if p.numel() != first.numel() || p.dtype() != first.dtype() {
-            return Err(format!(
-                "rank {r} sent {} x {} but rank 0 sent {} x {}",
-                p.numel(),
-                p.dtype(),
-                first.numel(),
-                first.dtype()
-            ));
+/// Checks that every rank brought a buffer and that they agree in size and dtype.
+fn check_parts(contribs: &[Option<Tensor>]) -> Result<(), String> {
+    let mut first: Option<&Tensor> = None;
+    for (r, c) in contribs.iter().enumerate() {
+        let p = c
+            .as_ref()
+            .ok_or_else(|| format!("rank {r} brought no buffer"))?;
+        match first {
+            None => first = Some(p),
+            Some(f) if p.numel() != f.numel() || p.dtype() != f.dtype() => {
+                return Err(format!(
+                    "rank {r} sent {} x {} but rank 0 sent {} x {}",
+                    p.numel(),
+                    p.dtype(),
+                    f.numel(),
+                    f.dtype()
+                ))
+            }
+            Some(_) => {}
         }
     }
-    Ok(parts)
+    Ok(())
 }
+
+/// Collectives a rank may have queued to its worker before it waits for room.
+const QUEUED: usize = 1024;
 
 /// A group of `world_size` thread ranks; hand each rank thread its `comm(rank)`.
 #[derive(Clone)]
@@ -371,7 +462,9 @@ impl ThreadGroup {
     }
     /// The communicator of one rank, with its communication worker thread.
     pub fn comm(&self, rank: usize) -> ThreadComm {
-        let (tx, rx) = mpsc::channel::<Job>();
+        // a bounded queue is a ring allocated once (an unbounded one allocates a block every
+        // few dozen collectives); a rank that runs this far ahead of its worker waits
+        let (tx, rx) = mpsc::sync_channel::<Job>(QUEUED);
         let shared = self.shared.clone();
         let worker = thread::Builder::new()
             .name(format!("comm-{rank}"))
@@ -401,6 +494,8 @@ impl ThreadGroup {
             seq: 0,
             tx: Some(tx),
             worker,
+            labels: HashSet::new(),
+            spare_done: Vec::new(),
         }
     }
     /// The failure some rank reported, if any.
@@ -441,38 +536,63 @@ pub struct ThreadComm {
     rank: usize,
     shared: Arc<Shared>,
     seq: u64,
-    tx: Option<mpsc::Sender<Job>>,
+    tx: Option<mpsc::SyncSender<Job>>,
     worker: Option<thread::JoinHandle<()>>,
+    /// The labels this rank's collectives carried ([`ThreadComm::label`]).
+    labels: HashSet<Arc<str>>,
+    /// Completions of waited collectives, for the next ones.
+    spare_done: Vec<Arc<Completion>>,
 }
 
 /// A collective in flight.
 pub struct ThreadHandle {
     seq: u64,
-    label: String,
-    done: Arc<Completion>,
+    state: Pending,
+}
+
+enum Pending {
+    /// Queued to the worker, which completes `done`.
+    Queued {
+        label: Arc<str>,
+        done: Arc<Completion>,
+    },
+    /// A collective that needed no other rank (an all-reduce in a world of one): its result,
+    /// with nothing queued or allocated.
+    Ready(Tensor, CommTiming),
 }
 
 impl ThreadComm {
-    /// Queues a collective; `like` describes the buffer every rank must agree on.
+    /// Queues a collective; `like` (dtype and size) describes the buffer every rank must
+    /// agree on.
     fn submit(
         &mut self,
         kind: Kind,
-        like: Option<&Tensor>,
+        like: Option<(tracepass_ir::DType, usize)>,
         data: Option<Tensor>,
         label: &str,
     ) -> Result<ThreadHandle, CommError> {
         let seq = self.seq;
         self.seq += 1;
+        let label = self.label(label);
         let sig = Signature {
             kind,
-            dtype: like.map(|t| t.dtype()),
-            numel: like.map_or(0, |t| t.numel()),
-            label: label.to_string(),
+            dtype: like.map(|(d, _)| d),
+            numel: like.map_or(0, |(_, n)| n),
+            label: label.clone(),
         };
-        let done = Arc::new(Completion {
-            value: Mutex::new(None),
-            cv: Condvar::new(),
-        });
+        // a completion the worker is done with (it lets go just after completing one), or a
+        // new one
+        let done = match self
+            .spare_done
+            .iter()
+            .position(|d| Arc::strong_count(d) == 1)
+        {
+            Some(i) => self.spare_done.swap_remove(i),
+            None => Arc::new(Completion {
+                value: Mutex::new(None),
+                cv: Condvar::new(),
+            }),
+        };
         let job = Job {
             seq,
             sig,
@@ -487,12 +607,50 @@ impl ThreadComm {
             .map_err(|_| CommError::WorkerGone { rank: self.rank })?;
         Ok(ThreadHandle {
             seq,
-            label: label.to_string(),
-            done,
+            state: Pending::Queued { label, done },
         })
     }
 
-    fn block(&self, h: ThreadHandle) -> Outcome {
+    /// `label` as this rank's shared copy of it: a plan's collectives repeat their labels
+    /// every step, and each is allocated once.
+    fn label(&mut self, label: &str) -> Arc<str> {
+        if let Some(l) = self.labels.get(label) {
+            return l.clone();
+        }
+        let l: Arc<str> = label.into();
+        self.labels.insert(l.clone());
+        l
+    }
+
+    /// An all-reduce in a world of one: the rank's own buffer is the result (as the reduction
+    /// of one part would give it, contiguous), at once.
+    fn reduce_alone(&mut self, t: Tensor) -> Result<ThreadHandle, CommError> {
+        if let Some((failed, reason)) = &self.shared.lock().failed {
+            return Err(CommError::PeerFailed {
+                rank: self.rank,
+                failed: *failed,
+                reason: reason.clone(),
+            });
+        }
+        let seq = self.seq;
+        self.seq += 1;
+        let now = Instant::now();
+        let timing = CommTiming {
+            launched: now,
+            started: now,
+            finished: now,
+        };
+        Ok(ThreadHandle {
+            seq,
+            state: Pending::Ready(t.contiguous(), timing),
+        })
+    }
+
+    fn block(&mut self, h: ThreadHandle) -> Outcome {
+        let (label, done) = match h.state {
+            Pending::Ready(t, timing) => return Ok((t, timing)),
+            Pending::Queued { label, done } => (label, done),
+        };
         // The worker gives up after the timeout itself; the margin covers a simulated link.
         let deadline = after(
             Instant::now(),
@@ -502,9 +660,11 @@ impl ThreadComm {
                 .saturating_mul(2)
                 .saturating_add(Duration::from_secs(1)),
         );
-        let mut v = h.done.value.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = done.value.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(r) = v.take() {
+                drop(v);
+                self.spare_done.push(done);
                 return r;
             }
             let now = Instant::now();
@@ -512,13 +672,12 @@ impl ThreadComm {
                 return Err(CommError::Timeout {
                     rank: self.rank,
                     seq: h.seq,
-                    label: h.label,
+                    label: label.to_string(),
                     secs: self.shared.options.timeout.as_secs_f64(),
                     missing: Vec::new(),
                 });
             }
-            v = h
-                .done
+            v = done
                 .cv
                 .wait_timeout(v, deadline - now)
                 .map(|(g, _)| g)
@@ -543,10 +702,23 @@ impl Communicator for ThreadComm {
         op: ReduceOp,
         label: &str,
     ) -> Result<ThreadHandle, CommError> {
-        self.submit(Kind::AllReduce(op), Some(&t), Some(t.clone()), label)
+        if self.shared.world == 1 {
+            return self.reduce_alone(t);
+        }
+        self.submit(
+            Kind::AllReduce(op),
+            Some((t.dtype(), t.numel())),
+            Some(t),
+            label,
+        )
     }
     fn all_gather_async(&mut self, t: Tensor, label: &str) -> Result<ThreadHandle, CommError> {
-        self.submit(Kind::AllGather, Some(&t), Some(t.clone()), label)
+        self.submit(
+            Kind::AllGather,
+            Some((t.dtype(), t.numel())),
+            Some(t),
+            label,
+        )
     }
     fn reduce_scatter_async(
         &mut self,
@@ -564,7 +736,12 @@ impl Communicator for ThreadComm {
                 ),
             });
         }
-        self.submit(Kind::ReduceScatter(op), Some(&t), Some(t.clone()), label)
+        self.submit(
+            Kind::ReduceScatter(op),
+            Some((t.dtype(), t.numel())),
+            Some(t),
+            label,
+        )
     }
     fn wait(&mut self, h: ThreadHandle) -> Result<(Tensor, CommTiming), CommError> {
         self.block(h)
@@ -584,7 +761,12 @@ impl Communicator for ThreadComm {
         } else {
             None
         };
-        let h = self.submit(Kind::Broadcast(root), Some(&t), data, "broadcast")?;
+        let h = self.submit(
+            Kind::Broadcast(root),
+            Some((t.dtype(), t.numel())),
+            data,
+            "broadcast",
+        )?;
         let (r, _) = self.block(h)?;
         if r.shape() != t.shape() || r.dtype() != t.dtype() {
             return Err(CommError::Invalid {

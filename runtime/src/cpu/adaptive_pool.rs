@@ -30,13 +30,13 @@ fn float(d: DType, what: &str) -> Result<(), String> {
 pub fn adaptive_avg_pool2d(x: &Tensor, oh: usize, ow: usize) -> Result<Tensor, String> {
     let what = "adaptive_avg_pool2d";
     float(x.dtype(), what)?;
-    let shape = x.shape().to_vec();
-    let (p, h, w) = planes(&shape, what)?;
+    let shape = x.shape();
+    let (p, h, w) = planes(shape, what)?;
     if (h == 0 || w == 0) && p * oh * ow > 0 {
         return Err(format!("{what}: input {shape:?} has no elements to pool"));
     }
-    let v = x.to_f64_vec();
-    let mut out = Vec::with_capacity(p * oh * ow);
+    let v = x.to_f64_pooled();
+    let mut out = crate::cpu::buffer_pool::take(p * oh * ow);
     for plane in 0..p {
         let base = plane * h * w;
         for i in 0..oh {
@@ -53,11 +53,10 @@ pub fn adaptive_avg_pool2d(x: &Tensor, oh: usize, ow: usize) -> Result<Tensor, S
             }
         }
     }
-    let mut out_shape = shape[..shape.len() - 2].to_vec();
+    crate::cpu::buffer_pool::give_scratch(v);
+    let mut out_shape: crate::tensor::Dims<usize> = shape[..shape.len() - 2].into();
     out_shape.extend([oh, ow]);
-    Tensor::from_f64(out_shape, out)
-        .to_dtype(x.dtype())
-        .ok_or_else(|| format!("{what}: cannot round to {}", x.dtype()))
+    rounded(&out_shape, out, x.dtype(), what)
 }
 
 /// `_adaptive_avg_pool2d_backward(grad, x)`: every input element gets `grad[i, j] /
@@ -78,8 +77,8 @@ pub fn adaptive_avg_pool2d_backward(
         ));
     }
     let (oh, ow) = (gs[r - 2], gs[r - 1]);
-    let g = grad.to_f64_vec();
-    let mut out = vec![0.0f64; p * h * w];
+    let g = grad.to_f64_pooled();
+    let mut out = crate::cpu::buffer_pool::filled(p * h * w, 0.0f64);
     for plane in 0..p {
         for i in 0..oh {
             let (h0, h1) = window(i, h, oh);
@@ -94,9 +93,20 @@ pub fn adaptive_avg_pool2d_backward(
             }
         }
     }
-    Tensor::from_f64(input_shape, out)
-        .to_dtype(grad.dtype())
-        .ok_or_else(|| format!("{what}: cannot round to {}", grad.dtype()))
+    crate::cpu::buffer_pool::give_scratch(g);
+    rounded(input_shape, out, grad.dtype(), what)
+}
+
+/// `out` (f64) rounded once to `dtype`, its buffer kept for the next call.
+fn rounded(shape: &[usize], out: Vec<f64>, dtype: DType, what: &str) -> Result<Tensor, String> {
+    let wide = Tensor::from_f64(shape, out);
+    let r = wide
+        .to_dtype(dtype)
+        .ok_or_else(|| format!("{what}: cannot round to {dtype}"));
+    if let Some(crate::tensor::Storage::F64(v)) = wide.into_unshared_storage() {
+        crate::cpu::buffer_pool::give_scratch(v);
+    }
+    r
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub fn arg_extremum(
     keepdim: bool,
 ) -> Result<Tensor, String> {
     let what = if max { "argmax" } else { "argmin" };
-    let shape = x.shape().to_vec();
+    let shape: crate::tensor::Dims<usize> = x.shape().into();
     let (outer, len, inner) = match dim {
         Some(d) => lines(&shape, d)?,
         None => (1, x.numel(), 1),

@@ -46,7 +46,7 @@ pub fn cumsum(x: &Tensor, dim: usize, dtype: DType) -> Result<Tensor, String> {
     let x = x
         .to_dtype(dtype)
         .ok_or_else(|| format!("cumsum: cannot cast {} to {dtype}", x.dtype()))?;
-    let shape = x.shape().to_vec();
+    let shape: crate::tensor::Dims<usize> = x.shape().into();
     match dtype {
         DType::F32 | DType::F64 => {
             let v = scan(&x.to_f64_vec(), &shape, dim, 0.0, |a, b| a + b)?;

@@ -99,7 +99,7 @@ pub fn embedding_backward(
             out
         }};
     }
-    let shape = vec![num_weights, dim];
+    let shape = [num_weights, dim];
     let out = match grad.dtype() {
         DType::F64 => Tensor::from_f64(
             shape,

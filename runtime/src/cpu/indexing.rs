@@ -202,7 +202,7 @@ fn accumulate(
     src: &Tensor,
     pairs: impl Iterator<Item = (usize, usize)>,
 ) -> Result<Tensor, String> {
-    let shape = a.shape().to_vec();
+    let shape: crate::tensor::Dims<usize> = a.shape().into();
     let round = |t: Tensor| {
         t.to_dtype(a.dtype())
             .ok_or_else(|| format!("{what}: cannot round to {}", a.dtype()))

@@ -88,7 +88,7 @@ pub fn unsqueeze(x: &Tensor, dim: i64) -> Result<Tensor, String> {
 /// PyTorch), or every size-1 dim when `dims` is `None`. A view.
 pub fn squeeze(x: &Tensor, dims: Option<&[i64]>) -> Result<Tensor, String> {
     let rank = x.shape().len();
-    let mut drop = vec![false; rank];
+    let mut drop: smallvec::SmallVec<[bool; 8]> = smallvec::smallvec![false; rank];
     match dims {
         None => drop
             .iter_mut()

@@ -183,7 +183,10 @@ fn run_model_op(kernel: &Kernel, inputs: &[Input<'_, Tensor>]) -> Result<Tensor,
         Kernel::Pad { value, config } => layout::pad(t(0)?, *value, config),
         Kernel::Slice { start, end, step } => layout::slice(t(0)?, start, end, Some(step)),
         Kernel::Cat { dim } => {
-            let all = (0..inputs.len()).map(t).collect::<Result<Vec<_>, _>>()?;
+            // inline: a step's concatenations allocate no operand list
+            let all = (0..inputs.len())
+                .map(t)
+                .collect::<Result<smallvec::SmallVec<[&Tensor; 8]>, _>>()?;
             layout::cat(&all, *dim)
         }
         Kernel::Stack { dim } => {

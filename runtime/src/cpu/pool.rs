@@ -304,7 +304,7 @@ pub fn max_pool2d_with_indices_backward(
             out
         }};
     }
-    let shape = x.shape().to_vec();
+    let shape = x.shape();
     Ok(match grad.dtype() {
         DType::F64 => Tensor::from_f64(shape, scatter!(f64, grad.elems::<f64>().ok_or("grad")?)),
         DType::F32 => Tensor::from_f32(shape, scatter!(f32, grad.elems::<f32>().ok_or("grad")?)),

@@ -49,7 +49,7 @@ pub fn apply_comm_timings(
     for rec in recs.iter_mut() {
         let rec: &mut Recording = rec;
         for b in rec.buckets.iter_mut() {
-            let Some(pos) = left.iter().position(|(l, _)| *l == b.label) else {
+            let Some(pos) = left.iter().position(|(l, _)| l.as_str() == &*b.label) else {
                 continue;
             };
             let Some((_, t)) = left.remove(pos) else {

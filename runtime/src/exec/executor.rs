@@ -126,7 +126,7 @@ const KEPT_LISTS: usize = 64;
 /// An empty list's allocation under another element type of the same size (a list of
 /// references kept from one use to the next, each with its own lifetime). Collecting a
 /// `Vec`'s iterator into a `Vec` of a same-sized type reuses its buffer.
-fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
+pub(crate) fn relabel<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.clear();
     v.into_iter()
         .map(|_| unreachable!("the list is empty"))
@@ -222,8 +222,17 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
     /// An empty list of values for a run's arguments or a collection among them: one this
     /// executor was given back ([`Executor::recycle`]) when it has one, so that a steady step
     /// allocates none.
-    fn list(&mut self) -> Vec<RValue<B::Tensor>> {
-        self.lists.pop().unwrap_or_default()
+    /// The kept list that best fits `n` values is taken: the smallest with room for them,
+    /// else the largest, so that lists settle to the sizes their uses need and stop growing.
+    pub(crate) fn list(&mut self, n: usize) -> Vec<RValue<B::Tensor>> {
+        let cap = |i: &usize| self.lists[*i].capacity();
+        let fits = (0..self.lists.len())
+            .filter(|i| cap(i) >= n)
+            .min_by_key(cap)
+            .or_else(|| (0..self.lists.len()).max_by_key(cap));
+        let mut v = fits.map_or_else(Vec::new, |i| self.lists.swap_remove(i));
+        v.reserve(n);
+        v
     }
 
     /// Hands back a value a caller is done with: its tensors to the backend's pool, its lists
@@ -237,14 +246,15 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
     }
 
     /// [`Executor::recycle`] for a list of values (a run's results).
-    fn recycle_list(&mut self, backend: &B, mut items: Vec<RValue<B::Tensor>>) {
+    pub(crate) fn recycle_list(&mut self, backend: &B, mut items: Vec<RValue<B::Tensor>>) {
         for v in items.drain(..) {
             self.recycle(backend, v);
         }
         self.keep_list(items);
     }
 
-    fn keep_list(&mut self, mut v: Vec<RValue<B::Tensor>>) {
+    /// Keeps an emptied list for [`Executor::list`] (a list the caller drained).
+    pub(crate) fn keep_list(&mut self, mut v: Vec<RValue<B::Tensor>>) {
         if v.capacity() > 0 && self.lists.len() < KEPT_LISTS {
             v.clear();
             self.lists.push(v);
@@ -669,7 +679,7 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
             ));
         }
         rec.buckets.extend(self.buckets.drain(..).flatten());
-        let mut results = self.list();
+        let mut results = self.list(plan.results.len());
         results.extend(plan.results.iter().map(|r| match r {
             Some(s) => self.slots[*s].clone(),
             None => RValue::None,
@@ -681,15 +691,6 @@ impl<B: Backend, C: Communicator<Tensor = B::Tensor>> Executor<B, C> {
             self.recycle(backend, v);
         }
         Ok(results)
-    }
-}
-
-/// Hands a value the plan is done with back to the backend, tensor by tensor.
-pub(crate) fn recycle<B: Backend>(backend: &B, v: RValue<B::Tensor>) {
-    match v {
-        RValue::Tensor(t) => backend.recycle(t),
-        RValue::Seq(items) => items.into_iter().for_each(|v| recycle(backend, v)),
-        _ => {}
     }
 }
 

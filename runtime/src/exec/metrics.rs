@@ -23,7 +23,8 @@ impl Span {
 /// One all-reduce of one step on one rank. Times in microseconds since the run's epoch.
 #[derive(Clone, Debug, Serialize)]
 pub struct BucketRecord {
-    pub label: String,
+    /// The plan's label, shared (a step's record copies no string).
+    pub label: std::sync::Arc<str>,
     pub bytes: usize,
     /// Its last member gradient was produced (the pack started).
     pub ready_us: f64,
@@ -51,6 +52,15 @@ pub struct Recording {
     pub compute: Vec<Span>,
     pub buckets: Vec<BucketRecord>,
     pub events: Vec<Event>,
+}
+
+impl Recording {
+    /// Empties the record, keeping its lists' room for the next run.
+    pub fn clear(&mut self) {
+        self.compute.clear();
+        self.buckets.clear();
+        self.events.clear();
+    }
 }
 
 /// Clock and switches shared by the ranks of a run.
@@ -146,6 +156,24 @@ thread_local! {
     /// bookkeeping allocates nothing once they have grown).
     static SCRATCH: std::cell::RefCell<(Vec<Span>, Vec<Span>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+thread_local! {
+    /// A step's compute, communication and wait spans as gathered from its recordings, and a
+    /// filtered set, kept for the next step's metrics.
+    static GATHERED: std::cell::RefCell<[Vec<Span>; 4]> =
+        const { std::cell::RefCell::new([const { Vec::new() }; 4]) };
+}
+
+/// `f` of four empty span lists (this thread's, when no other call holds them).
+fn with_gathered<R>(f: impl FnOnce(&mut [Vec<Span>; 4]) -> R) -> R {
+    GATHERED.with(|g| match g.try_borrow_mut() {
+        Ok(mut lists) => {
+            lists.iter_mut().for_each(Vec::clear);
+            f(&mut lists)
+        }
+        Err(_) => f(&mut Default::default()),
+    })
 }
 
 /// `f` of the unions of `a` and `b` (each merged from a copy in this thread's scratch).
@@ -251,45 +279,38 @@ impl StepMetrics {
         step: usize,
         rank: usize,
         step_span: Span,
-        recs: &[&Recording],
+        recs: &[Recording],
     ) -> StepMetrics {
-        let compute: Vec<Span> = recs
-            .iter()
-            .flat_map(|r| r.compute.iter().copied())
-            .collect();
-        let comm: Vec<Span> = recs
-            .iter()
-            .flat_map(|r| r.buckets.iter())
-            .map(|b| Span {
-                start_us: b.comm_start_us,
-                end_us: b.comm_end_us,
-            })
-            .collect();
-        let o = OverlapSummary::of(&compute, &comm);
-        // a wait blocks the compute thread: the part of it no communication ran in was spent
-        // waiting for the other ranks to start the all-reduce
-        let waits: Vec<Span> = recs
-            .iter()
-            .flat_map(|r| r.buckets.iter())
-            .map(|b| Span {
+        let buckets = || recs.iter().flat_map(|r| r.buckets.iter());
+        let comm_span = |b: &BucketRecord| Span {
+            start_us: b.comm_start_us,
+            end_us: b.comm_end_us,
+        };
+        let (o, sync_wait_s, exposed_gather_s, exposed_scatter_s) = with_gathered(|g| {
+            let [compute, comm, waits, spans] = g;
+            compute.extend(recs.iter().flat_map(|r| r.compute.iter().copied()));
+            comm.extend(buckets().map(comm_span));
+            let o = OverlapSummary::of(compute, comm);
+            // a wait blocks the compute thread: the part of it no communication ran in was
+            // spent waiting for the other ranks to start the all-reduce
+            waits.extend(buckets().map(|b| Span {
                 start_us: b.wait_start_us,
                 end_us: b.wait_end_us,
-            })
-            .collect();
-        let sync_wait_s = (busy(&waits) - overlap(&waits, &comm)).max(0.0) * 1e-6;
-        let exposed_of = |prefix: &str| {
-            let spans: Vec<Span> = recs
-                .iter()
-                .flat_map(|r| r.buckets.iter())
-                .filter(|b| b.label.starts_with(prefix))
-                .map(|b| Span {
-                    start_us: b.comm_start_us,
-                    end_us: b.comm_end_us,
-                })
-                .collect();
-            // the difference of two sums of spans: never below zero for rounding's sake
-            OverlapSummary::of(&compute, &spans).exposed_comm_s.max(0.0)
-        };
+            }));
+            let sync_wait_s = (busy(waits) - overlap(waits, comm)).max(0.0) * 1e-6;
+            let mut exposed_of = |prefix: &str| {
+                spans.clear();
+                spans.extend(
+                    buckets()
+                        .filter(|b| b.label.starts_with(prefix))
+                        .map(comm_span),
+                );
+                // the difference of two sums of spans: never below zero for rounding's sake
+                OverlapSummary::of(compute, spans).exposed_comm_s.max(0.0)
+            };
+            let gather = exposed_of("gather:");
+            (o, sync_wait_s, gather, exposed_of("scatter:"))
+        });
         let step_s = step_span.len() * 1e-6;
         StepMetrics {
             step,
@@ -305,13 +326,10 @@ impl StepMetrics {
             exposed_comm_s: o.exposed_comm_s,
             sync_wait_s,
             other_s: (step_s - o.compute_s - o.exposed_comm_s - sync_wait_s).max(0.0),
-            exposed_gather_s: exposed_of("gather:"),
-            exposed_scatter_s: exposed_of("scatter:"),
+            exposed_gather_s,
+            exposed_scatter_s,
             state_bytes: 0,
-            buckets: recs
-                .iter()
-                .flat_map(|r| r.buckets.iter().cloned())
-                .collect(),
+            buckets: buckets().cloned().collect(),
             buffer_allocs: 0,
             pool_bytes: 0,
             arena_bytes: 0,
@@ -426,12 +444,13 @@ mod tests {
             events: vec![],
         };
         let (a, b, c) = (rec(0., false), rec(100., true), rec(200., true));
-        let whole = StepMetrics::from_recordings(0, 0, s(0., 300.), &[&a, &b, &c]);
+        let whole =
+            StepMetrics::from_recordings(0, 0, s(0., 300.), &[a.clone(), b.clone(), c.clone()]);
         let mut local = OverlapSummary::default();
-        for r in [&a, &b] {
+        for r in [a, b] {
             local.add(&StepMetrics::from_recordings(0, 0, Span::default(), &[r]));
         }
-        let mut parts = StepMetrics::from_recordings(0, 0, s(0., 300.), &[&c]);
+        let mut parts = StepMetrics::from_recordings(0, 0, s(0., 300.), &[c]);
         parts.add_local(&local);
         for (x, y) in [
             (parts.compute_s, whole.compute_s),
@@ -470,7 +489,7 @@ mod tests {
             }],
             events: vec![],
         };
-        let m = StepMetrics::from_recordings(0, 0, s(0., 150.), &[&rec]);
+        let m = StepMetrics::from_recordings(0, 0, s(0., 150.), std::slice::from_ref(&rec));
         assert!((m.comm_s - 100e-6).abs() < 1e-12);
         assert!((m.overlap_s - 50e-6).abs() < 1e-12);
         assert!((m.overlap_pct - 50.0).abs() < 1e-9);
@@ -497,7 +516,7 @@ mod tests {
             }],
             events: vec![],
         };
-        let m = StepMetrics::from_recordings(0, 0, s(0., 50.), &[&rec]);
+        let m = StepMetrics::from_recordings(0, 0, s(0., 50.), std::slice::from_ref(&rec));
         assert!((m.exposed_comm_s - 5e-6).abs() < 1e-12);
         assert!((m.sync_wait_s - 25e-6).abs() < 1e-12);
         assert!((m.other_s - 10e-6).abs() < 1e-12);

@@ -88,8 +88,8 @@ impl CollectiveKind {
 pub struct CollectiveInfo {
     pub kind: CollectiveKind,
     /// The bucket, prefixed `gather:` / `scatter:` for fsdp's collectives (metrics tell the
-    /// kinds apart by it).
-    pub label: String,
+    /// kinds apart by it); shared with each step's records of it.
+    pub label: std::sync::Arc<str>,
     pub op: ReduceOp,
     pub dtype: tracepass_ir::DType,
     pub numel: usize,
@@ -354,7 +354,7 @@ impl Plan {
                     let bucket = collectives.len();
                     collectives.push(CollectiveInfo {
                         kind: CollectiveKind::AllReduce,
-                        label,
+                        label: label.into(),
                         op,
                         dtype: tt.dtype,
                         numel: tt.numel(),
@@ -403,7 +403,8 @@ impl Plan {
                         } else {
                             CollectiveKind::ReduceScatter
                         },
-                        label: format!("{}:{name}", if gather { "gather" } else { "scatter" }),
+                        label: format!("{}:{name}", if gather { "gather" } else { "scatter" })
+                            .into(),
                         op,
                         dtype: tt.dtype,
                         numel: tt.numel(),

@@ -509,7 +509,8 @@ impl Tensor {
             return if n == 0 {
                 Vec::new()
             } else {
-                vec![v[self.offset]]
+                // (recycled, as the copies below: an integer scalar's operand, every step)
+                crate::cpu::buffer_pool::collect(1, std::iter::once(v[self.offset]))
             };
         }
         if self.is_contiguous() {
@@ -604,6 +605,14 @@ impl Tensor {
     pub fn into_unshared_storage(self) -> Option<Storage> {
         headers::unwrap(self.data).ok()
     }
+    /// The storage, to write in place: made whole and unshared first (a contiguous copy)
+    /// when the tensor is a view, strided, or shares it.
+    pub(crate) fn storage_mut(&mut self) -> &mut Storage {
+        if !self.is_whole() {
+            *self = Tensor::new(self.shape.clone(), self.copied());
+        }
+        Arc::make_mut(&mut self.data)
+    }
     /// The elements as a mutable f32 slice, for in-place updates (optimizers). The storage is
     /// copied first if it is shared, strided or a view; `None` for other dtypes.
     pub fn f32_mut(&mut self) -> Option<&mut [f32]> {
@@ -625,74 +634,140 @@ impl Tensor {
         if let Some(s) = self.as_f32() {
             return s.to_vec();
         }
-        match &*self.data {
-            Storage::F32(v) => self.gather(v),
-            Storage::F64(v) => self.positions().map(|p| v[p] as f32).collect(),
-            Storage::BF16(v) => self.positions().map(|p| v[p].to_f32()).collect(),
-            Storage::F16(v) => self.positions().map(|p| v[p].to_f32()).collect(),
-            Storage::I64(v) => self.positions().map(|p| v[p] as f32).collect(),
-            Storage::I32(v) => self.positions().map(|p| v[p] as f32).collect(),
-            Storage::Bool(v) => self
-                .positions()
-                .map(|p| f32::from(u8::from(v[p])))
-                .collect(),
+        if let Storage::F32(v) = &*self.data {
+            return self.gather(v);
         }
+        self.f32_into(Vec::with_capacity(self.numel()))
+    }
+    /// [`Tensor::to_f32_vec`] in a recycled buffer (a kernel's operand or output).
+    pub(crate) fn to_f32_pooled(&self) -> Vec<f32> {
+        if let Storage::F32(v) = &*self.data {
+            return self.gather(v);
+        }
+        self.f32_into(crate::cpu::buffer_pool::take(self.numel()))
+    }
+    /// Appends the elements, converted to f32, to `out`.
+    fn f32_into(&self, mut out: Vec<f32>) -> Vec<f32> {
+        match &*self.data {
+            Storage::F32(v) => out.extend(self.positions().map(|p| v[p])),
+            Storage::F64(v) => out.extend(self.positions().map(|p| v[p] as f32)),
+            Storage::BF16(v) => out.extend(self.positions().map(|p| v[p].to_f32())),
+            Storage::F16(v) => out.extend(self.positions().map(|p| v[p].to_f32())),
+            Storage::I64(v) => out.extend(self.positions().map(|p| v[p] as f32)),
+            Storage::I32(v) => out.extend(self.positions().map(|p| v[p] as f32)),
+            Storage::Bool(v) => out.extend(self.positions().map(|p| f32::from(u8::from(v[p])))),
+        }
+        out
+    }
+    /// The first element (in row-major order) converted to f64, without a copy of the rest
+    /// (a loss, a scalar); `None` when the tensor has no elements.
+    pub fn first_f64(&self) -> Option<f64> {
+        if self.numel() == 0 {
+            return None;
+        }
+        let at = self.offset;
+        Some(match &*self.data {
+            Storage::F32(v) => f64::from(*v.get(at)?),
+            Storage::F64(v) => *v.get(at)?,
+            Storage::BF16(v) => v.get(at)?.to_f64(),
+            Storage::F16(v) => v.get(at)?.to_f64(),
+            Storage::I64(v) => *v.get(at)? as f64,
+            Storage::I32(v) => f64::from(*v.get(at)?),
+            Storage::Bool(v) => f64::from(u8::from(*v.get(at)?)),
+        })
     }
     /// Elements in row-major order, converted to f64.
     pub fn to_f64_vec(&self) -> Vec<f64> {
+        self.f64_into(Vec::with_capacity(self.numel()))
+    }
+    /// [`Tensor::to_f64_vec`] in a recycled buffer (a kernel's operand or output).
+    pub(crate) fn to_f64_pooled(&self) -> Vec<f64> {
+        self.f64_into(crate::cpu::buffer_pool::take(self.numel()))
+    }
+    /// Appends the elements, converted to f64, to `out`.
+    fn f64_into(&self, mut out: Vec<f64>) -> Vec<f64> {
         match &*self.data {
-            Storage::F32(v) => self.positions().map(|p| v[p] as f64).collect(),
-            Storage::F64(v) => self.positions().map(|p| v[p]).collect(),
-            Storage::BF16(v) => self.positions().map(|p| v[p].to_f64()).collect(),
-            Storage::F16(v) => self.positions().map(|p| v[p].to_f64()).collect(),
-            Storage::I64(v) => self.positions().map(|p| v[p] as f64).collect(),
-            Storage::I32(v) => self.positions().map(|p| v[p] as f64).collect(),
-            Storage::Bool(v) => self
-                .positions()
-                .map(|p| f64::from(u8::from(v[p])))
-                .collect(),
+            Storage::F32(v) => out.extend(self.positions().map(|p| v[p] as f64)),
+            Storage::F64(v) => out.extend(self.positions().map(|p| v[p])),
+            Storage::BF16(v) => out.extend(self.positions().map(|p| v[p].to_f64())),
+            Storage::F16(v) => out.extend(self.positions().map(|p| v[p].to_f64())),
+            Storage::I64(v) => out.extend(self.positions().map(|p| v[p] as f64)),
+            Storage::I32(v) => out.extend(self.positions().map(|p| v[p] as f64)),
+            Storage::Bool(v) => out.extend(self.positions().map(|p| f64::from(u8::from(v[p])))),
         }
+        out
     }
     /// Elements in row-major order, converted to i64 (floats truncate toward zero, saturating).
     pub fn to_i64_vec(&self) -> Vec<i64> {
-        match &*self.data {
-            Storage::F32(v) => self.positions().map(|p| v[p] as i64).collect(),
-            Storage::F64(v) => self.positions().map(|p| v[p] as i64).collect(),
-            Storage::BF16(v) => self.positions().map(|p| v[p].to_f32() as i64).collect(),
-            Storage::F16(v) => self.positions().map(|p| v[p].to_f32() as i64).collect(),
-            Storage::I64(v) => self.gather(v),
-            Storage::I32(v) => self.positions().map(|p| i64::from(v[p])).collect(),
-            Storage::Bool(v) => self.positions().map(|p| i64::from(v[p])).collect(),
+        if let Storage::I64(v) = &*self.data {
+            return self.gather(v);
         }
+        self.i64_into(Vec::with_capacity(self.numel()))
+    }
+    /// [`Tensor::to_i64_vec`] in a recycled buffer (a kernel's output).
+    fn to_i64_pooled(&self) -> Vec<i64> {
+        if let Storage::I64(v) = &*self.data {
+            return self.gather(v);
+        }
+        self.i64_into(crate::cpu::buffer_pool::take(self.numel()))
+    }
+    /// Appends the elements, converted to i64, to `out`.
+    fn i64_into(&self, mut out: Vec<i64>) -> Vec<i64> {
+        match &*self.data {
+            Storage::F32(v) => out.extend(self.positions().map(|p| v[p] as i64)),
+            Storage::F64(v) => out.extend(self.positions().map(|p| v[p] as i64)),
+            Storage::BF16(v) => out.extend(self.positions().map(|p| v[p].to_f32() as i64)),
+            Storage::F16(v) => out.extend(self.positions().map(|p| v[p].to_f32() as i64)),
+            Storage::I64(v) => out.extend(self.positions().map(|p| v[p])),
+            Storage::I32(v) => out.extend(self.positions().map(|p| i64::from(v[p]))),
+            Storage::Bool(v) => out.extend(self.positions().map(|p| i64::from(v[p]))),
+        }
+        out
     }
     /// Elements in row-major order as booleans (`x != 0`; NaN is true, as in PyTorch).
     pub fn to_bool_vec(&self) -> Vec<bool> {
-        match &*self.data {
-            Storage::F32(v) => self.positions().map(|p| v[p] != 0.0).collect(),
-            Storage::F64(v) => self.positions().map(|p| v[p] != 0.0).collect(),
-            Storage::BF16(v) => self.positions().map(|p| v[p].to_f32() != 0.0).collect(),
-            Storage::F16(v) => self.positions().map(|p| v[p].to_f32() != 0.0).collect(),
-            Storage::I64(v) => self.positions().map(|p| v[p] != 0).collect(),
-            Storage::I32(v) => self.positions().map(|p| v[p] != 0).collect(),
-            Storage::Bool(v) => self.gather(v),
+        if let Storage::Bool(v) = &*self.data {
+            return self.gather(v);
         }
+        self.bool_into(Vec::with_capacity(self.numel()))
     }
-    /// Converts to another dtype (a copy, even to the same dtype when not contiguous).
+    /// [`Tensor::to_bool_vec`] in a recycled buffer (a kernel's output).
+    fn to_bool_pooled(&self) -> Vec<bool> {
+        if let Storage::Bool(v) = &*self.data {
+            return self.gather(v);
+        }
+        self.bool_into(crate::cpu::buffer_pool::take(self.numel()))
+    }
+    /// Appends the elements as booleans to `out`.
+    fn bool_into(&self, mut out: Vec<bool>) -> Vec<bool> {
+        match &*self.data {
+            Storage::F32(v) => out.extend(self.positions().map(|p| v[p] != 0.0)),
+            Storage::F64(v) => out.extend(self.positions().map(|p| v[p] != 0.0)),
+            Storage::BF16(v) => out.extend(self.positions().map(|p| v[p].to_f32() != 0.0)),
+            Storage::F16(v) => out.extend(self.positions().map(|p| v[p].to_f32() != 0.0)),
+            Storage::I64(v) => out.extend(self.positions().map(|p| v[p] != 0)),
+            Storage::I32(v) => out.extend(self.positions().map(|p| v[p] != 0)),
+            Storage::Bool(v) => out.extend(self.positions().map(|p| v[p])),
+        }
+        out
+    }
+    /// Converts to another dtype (a copy, even to the same dtype when not contiguous); to f32,
+    /// f64, i64 and bool in a recycled buffer, as a kernel's output.
     pub fn to_dtype(&self, dtype: DType) -> Option<Tensor> {
         if dtype == self.dtype() {
             return Some(self.contiguous());
         }
         let data = match dtype {
-            DType::F64 => Storage::F64(self.to_f64_vec()),
-            DType::F32 => Storage::F32(self.to_f32_vec()),
+            DType::F64 => Storage::F64(self.to_f64_pooled()),
+            DType::F32 => Storage::F32(self.to_f32_pooled()),
             DType::BF16 => {
                 Storage::BF16(self.to_f32_vec().into_iter().map(bf16::from_f32).collect())
             }
             DType::F16 => Storage::F16(self.to_f32_vec().into_iter().map(f16::from_f32).collect()),
-            DType::I64 => Storage::I64(self.to_i64_vec()),
+            DType::I64 => Storage::I64(self.to_i64_pooled()),
             // i64 -> i32 wraps, as PyTorch's cast does
             DType::I32 => Storage::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect()),
-            DType::Bool => Storage::Bool(self.to_bool_vec()),
+            DType::Bool => Storage::Bool(self.to_bool_pooled()),
             _ => return None,
         };
         Some(Tensor::new(self.shape.clone(), data))

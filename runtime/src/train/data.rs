@@ -35,11 +35,15 @@ pub enum DataSource {
     File { file: TensorFile, wrap: bool },
 }
 
+/// A batch's data tensors.
+pub type BatchData = smallvec::SmallVec<[Tensor; 4]>;
+
 /// One rank's inputs for one micro-batch.
 #[derive(Clone, Debug)]
 pub struct Batch {
-    /// One tensor per data argument of the model, in its order.
-    pub data: Vec<Tensor>,
+    /// One tensor per data argument of the model, in its order (inline: a step's batch
+    /// allocates no list).
+    pub data: BatchData,
     /// What the loss compares the output with (`None` for losses that need none).
     pub targets: Option<Tensor>,
 }
@@ -51,7 +55,7 @@ impl DataSource {
         match self {
             DataSource::Seeded { seed } => {
                 let mut r = rng(*seed, 1, micro as u64, rank as u64);
-                let mut data = Vec::new();
+                let mut data = BatchData::new();
                 for a in &model.data_args {
                     if !a.ty.dtype.is_float() {
                         return Err(format!(
@@ -112,7 +116,7 @@ impl DataSource {
                         t.dtype(),
                     )
                 };
-                let mut data = Vec::new();
+                let mut data = BatchData::new();
                 for a in &model.data_args {
                     let t = get(&a.name, Some(&a.ty.shape))?;
                     if t.dtype() != a.ty.dtype {

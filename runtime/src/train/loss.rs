@@ -129,12 +129,25 @@ fn cross_entropy(out: &Tensor, y: &Tensor, ignore_index: i64) -> Result<(f64, Te
             out.shape()
         ));
     }
-    let x = out.to_f64_vec();
-    let targets = y.to_f64_vec();
-    let mut grad = vec![0.0f64; x.len()];
-    let (mut total, mut counted) = (0.0f64, 0usize);
+    // read in place when the output is contiguous f32 and the targets contiguous i64 (a
+    // copy otherwise): a training step copies neither
+    let (xs, ts) = (out.as_f32(), y.as_i64());
+    let x_copy = if xs.is_none() {
+        out.to_f64_vec()
+    } else {
+        Vec::new()
+    };
+    let t_copy = if ts.is_none() {
+        y.to_f64_vec()
+    } else {
+        Vec::new()
+    };
+    let x = |i: usize| xs.map_or_else(|| x_copy[i], |v| f64::from(v[i]));
+    let target = |r: usize| ts.map_or_else(|| t_copy[r] as i64, |v| v[r]);
+    // the mean's divisor first: every gradient element is divided by it as it is written
+    let mut counted = 0usize;
     for r in 0..rows {
-        let t = targets[r] as i64;
+        let t = target(r);
         if t == ignore_index {
             continue;
         }
@@ -143,21 +156,42 @@ fn cross_entropy(out: &Tensor, y: &Tensor, ignore_index: i64) -> Result<(f64, Te
                 "cross-entropy: target {t} at position {r} is not a class of 0..{c}"
             ));
         }
-        let row = &x[r * c..(r + 1) * c];
-        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
-        let lse = m + sum.ln();
-        total += lse - row[t as usize];
         counted += 1;
-        for j in 0..c {
-            grad[r * c + j] = (row[j] - lse).exp();
-        }
-        grad[r * c + t as usize] -= 1.0;
     }
     // PyTorch's mean over zero targets is NaN
     let n = counted as f64;
-    grad.iter_mut().for_each(|g| *g /= n);
-    Ok((total / n, of(out, grad)?))
+    let mut total = 0.0f64;
+    // the gradient of a row, in f64, into `write(element, value)`
+    let mut rows_into = |write: &mut dyn FnMut(usize, f64)| {
+        for r in 0..rows {
+            let t = target(r);
+            let at = r * c;
+            if t == ignore_index {
+                (at..at + c).for_each(|i| write(i, 0.0 / n));
+                continue;
+            }
+            let m = (at..at + c).map(x).fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = (at..at + c).map(|i| (x(i) - m).exp()).sum();
+            let lse = m + sum.ln();
+            total += lse - x(at + t as usize);
+            for j in 0..c {
+                let g = (x(at + j) - lse).exp();
+                let g = if j == t as usize { g - 1.0 } else { g };
+                write(at + j, g / n);
+            }
+        }
+    };
+    let grad = if out.dtype() == DType::F32 {
+        // every element is written: a pooled buffer as it comes
+        let mut g = crate::cpu::buffer_pool::overwritten::<f32>(out.numel());
+        rows_into(&mut |i, v| g[i] = v as f32);
+        Tensor::new(out.shape(), Storage::F32(g))
+    } else {
+        let mut g = vec![0.0f64; out.numel()];
+        rows_into(&mut |i, v| g[i] = v);
+        of(out, g)?
+    };
+    Ok((total / n, grad))
 }
 
 #[cfg(test)]

@@ -386,10 +386,23 @@ impl Model {
     pub fn cotangent_values<T>(
         &self,
         loss_grad: T,
-        mut zeros: impl FnMut(&TensorType) -> Result<T, String>,
+        zeros: impl FnMut(&TensorType) -> Result<T, String>,
     ) -> Result<RValue<T>, String> {
-        let mut loss_grad = Some(loss_grad);
         let mut out = Vec::with_capacity(self.cotangents.len().max(1));
+        self.cotangent_values_into(loss_grad, zeros, &mut out)?;
+        Ok(RValue::Seq(out))
+    }
+
+    /// [`Model::cotangent_values`]' list, into `out` (emptied first: a list kept from step to
+    /// step).
+    pub fn cotangent_values_into<T>(
+        &self,
+        loss_grad: T,
+        mut zeros: impl FnMut(&TensorType) -> Result<T, String>,
+        out: &mut Vec<RValue<T>>,
+    ) -> Result<(), String> {
+        out.clear();
+        let mut loss_grad = Some(loss_grad);
         for c in &self.cotangents {
             out.push(match c {
                 Cotangent::Loss => match loss_grad.take() {
@@ -402,9 +415,10 @@ impl Model {
         }
         // a program built without model outputs in Thunder's dict takes the one gradient
         if let Some(g) = loss_grad {
-            out = vec![RValue::Tensor(g)];
+            out.clear();
+            out.push(RValue::Tensor(g));
         }
-        Ok(RValue::Seq(out))
+        Ok(())
     }
 
     /// Shape and dtype of the model output.
@@ -432,15 +446,31 @@ impl Model {
 
     /// The forward's arguments in signature order: the data (one per [`DataArg`]) and the
     /// parameters and buffers.
-    pub fn forward_inputs<T: Clone>(&self, data: Vec<T>, params: &[T]) -> Vec<RValue<T>> {
-        let mut inputs = vec![RValue::None; self.program.forward.args().len()];
+    pub fn forward_inputs<T: Clone>(
+        &self,
+        data: impl IntoIterator<Item = T>,
+        params: &[T],
+    ) -> Vec<RValue<T>> {
+        let mut inputs = Vec::new();
+        self.forward_inputs_into(data, params, &mut inputs);
+        inputs
+    }
+
+    /// [`Model::forward_inputs`] into `inputs` (emptied first: a list kept from step to step).
+    pub fn forward_inputs_into<T: Clone>(
+        &self,
+        data: impl IntoIterator<Item = T>,
+        params: &[T],
+        inputs: &mut Vec<RValue<T>>,
+    ) {
+        inputs.clear();
+        inputs.resize(self.program.forward.args().len(), RValue::None);
         for (a, t) in self.data_args.iter().zip(data) {
             inputs[a.position] = RValue::Tensor(t);
         }
         for (p, t) in self.program.params.iter().zip(params) {
             inputs[p.forward_arg] = RValue::Tensor(t.clone());
         }
-        inputs
     }
 
     /// Per parameter, its gradient among the backward's results (`None`: no gradient), with
@@ -467,15 +497,23 @@ impl Model {
 
     /// Per parameter, its gradient among the backward's results as the backward returns it.
     pub fn raw_param_grads<T: Clone>(&self, results: &[RValue<T>]) -> Vec<Option<T>> {
-        self.program
-            .params
-            .iter()
-            .map(|p| {
-                p.grad_output
-                    .and_then(|i| results.get(i).cloned())
-                    .and_then(RValue::tensor)
-            })
-            .collect()
+        let mut grads = Vec::with_capacity(self.program.params.len());
+        self.raw_param_grads_into(results, &mut grads);
+        grads
+    }
+
+    /// [`Model::raw_param_grads`] into `grads` (emptied first: a list kept from step to step).
+    pub fn raw_param_grads_into<T: Clone>(
+        &self,
+        results: &[RValue<T>],
+        grads: &mut Vec<Option<T>>,
+    ) {
+        grads.clear();
+        grads.extend(self.program.params.iter().map(|p| {
+            p.grad_output
+                .and_then(|i| results.get(i).cloned())
+                .and_then(RValue::tensor)
+        }));
     }
 
     /// The members of a tie are one tensor: their gradients are added at the primary (the
@@ -485,6 +523,16 @@ impl Model {
         mut grads: Vec<Option<T>>,
         add: impl Fn(&T, &T) -> Result<T, String>,
     ) -> Result<Vec<Option<T>>, String> {
+        self.sum_ties_in_place(&mut grads, add)?;
+        Ok(grads)
+    }
+
+    /// [`Model::sum_ties`] in the caller's list.
+    pub fn sum_ties_in_place<T>(
+        &self,
+        grads: &mut [Option<T>],
+        add: impl Fn(&T, &T) -> Result<T, String>,
+    ) -> Result<(), String> {
         for group in &self.ties {
             let mut sum: Option<T> = None;
             for &i in group {
@@ -497,16 +545,19 @@ impl Model {
             }
             grads[group[0]] = sum;
         }
-        Ok(grads)
+        Ok(())
     }
 
     /// Lets the tie members other than the primary drop their share of its storage (each
     /// becomes an empty tensor until [`Model::share_ties`]), so that the optimizer updates the
     /// primary in place: a shared buffer is copied on write, a whole embedding every step.
     pub fn release_ties(&self, params: &mut [crate::tensor::Tensor]) {
+        // one empty tensor for all of them: a step makes no tensor here
+        static RELEASED: std::sync::OnceLock<crate::tensor::Tensor> = std::sync::OnceLock::new();
+        let released = RELEASED.get_or_init(|| crate::tensor::Tensor::from_f32([0], Vec::new()));
         for group in &self.ties {
             for &i in &group[1..] {
-                params[i] = crate::tensor::Tensor::from_f32([0], Vec::new());
+                params[i] = released.clone();
             }
         }
     }

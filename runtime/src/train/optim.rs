@@ -1,5 +1,6 @@
 //! Optimizers, written to follow PyTorch's single-tensor CPU implementations step for step.
 
+use crate::exec::executor::relabel;
 use crate::tensor::Tensor;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,6 +38,19 @@ pub struct Optimizer {
     exp_avg_sq: Vec<Vec<f32>>,
     /// Per parameter: no state, no update (it never gets a gradient).
     stateless: Vec<bool>,
+    /// A step's lists, kept (empty) for the next step: a steady step allocates none.
+    scratch: Scratch,
+}
+
+/// [`Optimizer::step`]'s lists between steps.
+#[derive(Default)]
+struct Scratch {
+    /// Per parameter: its gradient gathered into a pooled buffer (strided or not f32).
+    gathered: Vec<Option<Vec<f32>>>,
+    /// Per parameter: the f32 copy a parameter of another dtype is updated through.
+    converted: Vec<Option<Tensor>>,
+    /// The update's pieces (empty; relabelled to each step's borrows).
+    work: Vec<Chunk<'static>>,
 }
 
 impl Optimizer {
@@ -47,6 +61,7 @@ impl Optimizer {
             exp_avg: params.iter().map(|p| vec![0.0; p.numel()]).collect(),
             exp_avg_sq: params.iter().map(|p| vec![0.0; p.numel()]).collect(),
             stateless: vec![false; params.len()],
+            scratch: Scratch::default(),
         }
     }
 
@@ -146,35 +161,48 @@ impl Optimizer {
         }
         self.step += 1;
         let rule = Rule::of(self.kind, self.step);
+        let Optimizer {
+            exp_avg,
+            exp_avg_sq,
+            scratch,
+            ..
+        } = self;
         // a strided gradient (a permuted weight's, when no bucket made it contiguous) is
         // gathered into a pooled buffer, given back below
-        let gvs: Vec<Option<std::borrow::Cow<'_, [f32]>>> = grads
-            .iter()
-            .map(|g| {
-                g.as_ref().map(|g| match g.elems::<f32>() {
-                    Some(v) => v,
-                    None => std::borrow::Cow::Owned(g.to_f32_vec()),
-                })
+        let gathered = &mut scratch.gathered;
+        gathered.clear();
+        gathered.extend(grads.iter().map(|g| {
+            let g = g.as_ref()?;
+            if g.as_f32().is_some() {
+                return None;
+            }
+            Some(match g.elems::<f32>() {
+                Some(c) => c.into_owned(),
+                None => g.to_f32_vec(),
             })
-            .collect();
+        }));
         // f32 parameters are updated in place; others through an f32 copy
-        let mut converted: Vec<Option<Tensor>> = params
-            .iter()
-            .zip(&gvs)
-            .map(|(p, g)| {
-                (g.is_some() && p.dtype() != tracepass_ir::DType::F32)
-                    .then(|| Tensor::from_f32(p.shape(), p.to_f32_vec()))
-            })
-            .collect();
-        let mut work: Vec<Chunk<'_>> = Vec::new();
-        for ((((p, c), g), m), v) in params
+        let converted = &mut scratch.converted;
+        converted.clear();
+        converted.extend(params.iter().zip(grads).map(|(p, g)| {
+            (g.is_some() && p.dtype() != tracepass_ir::DType::F32)
+                .then(|| Tensor::from_f32(p.shape(), p.to_f32_vec()))
+        }));
+        let mut work: Vec<Chunk<'_>> = relabel(std::mem::take(&mut scratch.work));
+        for (((((p, c), g), gathered), m), v) in params
             .iter_mut()
             .zip(converted.iter_mut())
-            .zip(&gvs)
-            .zip(self.exp_avg.iter_mut())
-            .zip(self.exp_avg_sq.iter_mut())
+            .zip(grads)
+            .zip(gathered.iter())
+            .zip(exp_avg.iter_mut())
+            .zip(exp_avg_sq.iter_mut())
         {
-            let Some(g) = g else { continue };
+            let Some(g) = gathered
+                .as_deref()
+                .or_else(|| g.as_ref().and_then(Tensor::as_f32))
+            else {
+                continue;
+            };
             let target = match c.as_mut() {
                 Some(c) => c,
                 None => p,
@@ -187,15 +215,18 @@ impl Optimizer {
                 work.push(Chunk { x, g, m, v });
             }
         }
-        work.into_par_iter().for_each(|c| rule.apply(c));
-        for (p, c) in params.iter_mut().zip(converted) {
+        work.par_drain(..).for_each(|c| rule.apply(c));
+        scratch.work = relabel(work);
+        for (p, c) in params.iter_mut().zip(scratch.converted.drain(..)) {
             if let Some(c) = c {
                 *p = c.to_dtype(p.dtype()).ok_or("unsupported parameter dtype")?;
             }
         }
-        gvs.into_iter()
+        scratch
+            .gathered
+            .drain(..)
             .flatten()
-            .for_each(crate::cpu::buffer_pool::give_cow);
+            .for_each(crate::cpu::buffer_pool::give);
         Ok(())
     }
 }

@@ -81,6 +81,17 @@ pub(crate) fn device_add<B: Backend>(
         .map_err(|e| e.0)
 }
 
+/// `[loss]` as a tensor of `dtype` to all-reduce, in a pooled buffer where it can be.
+fn loss_tensor(loss: f64, dtype: DType) -> Option<Tensor> {
+    use crate::cpu::buffer_pool::filled;
+    use crate::tensor::Storage;
+    Some(match dtype {
+        DType::F64 => Tensor::new([1], Storage::F64(filled(1, loss))),
+        DType::F32 => Tensor::new([1], Storage::F32(filled(1, loss as f32))),
+        _ => Tensor::from_f64(vec![1], vec![loss]).to_dtype(dtype)?,
+    })
+}
+
 /// Trains `s.cfg.steps` steps (from the checkpoint's, when resuming) as rank `s.rank`;
 /// `on_step(step, loss)` is called by rank 0 as each step ends.
 pub(crate) fn run_rank<B, C>(
@@ -186,11 +197,23 @@ where
         events: Vec::new(),
     };
     let micro_per_step = cfg.no_sync_steps + 1;
+    // the loss all-reduce's buffer comes back to this thread's pool, where it is kept
+    crate::cpu::buffer_pool::reserve::<f64>(1, 2);
+    crate::cpu::buffer_pool::reserve::<f32>(1, 2);
+    // lists kept from step to step and emptied after use: a steady step allocates none
+    let mut recs: Vec<Recording> = Vec::new();
+    let mut spare_recs: Vec<Recording> = Vec::new();
+    let mut acc: Vec<Option<B::Tensor>> = Vec::new();
+    let mut dev_data: Vec<B::Tensor> = Vec::new();
+    let mut updated: Vec<B::Tensor> = Vec::new();
+    let mut raw: Vec<Option<B::Tensor>> = Vec::new();
+    let mut grads: Vec<Option<Tensor>> = Vec::new();
     for step in first_step..cfg.steps {
         let step_start = Instant::now();
         backend.reset_pool_stats();
-        let mut recs: Vec<Recording> = Vec::new();
-        let mut acc: Vec<Option<B::Tensor>> = vec![None; n_grads];
+        spare_recs.append(&mut recs);
+        acc.clear();
+        acc.resize(n_grads, None);
         // finished local micro-steps, summarized as they end: a step of a million micro-steps
         // keeps no record or handle of each
         let mut local = OverlapSummary::default();
@@ -207,28 +230,44 @@ where
             let batch = data
                 .batch(m, rank, model)
                 .map_err(|e| TrainError::Input(format!("rank {rank}: {e}")))?;
-            let dev_data: Vec<B::Tensor> = batch.data.iter().map(&up).collect::<Result<_, _>>()?;
+            dev_data.clear();
+            for t in &batch.data {
+                dev_data.push(up(t)?);
+            }
             // forward
-            let inputs = match layout {
-                Some(l) => l.forward_inputs(dev_data, &dev_params),
-                None => model.forward_inputs(dev_data, &dev_params),
-            };
-            let mut rec = Recording::default();
+            let mut inputs = exec.list(plans.forward.args.len());
+            match layout {
+                Some(l) => l.forward_inputs_into(dev_data.drain(..), &dev_params, &mut inputs),
+                None => model.forward_inputs_into(dev_data.drain(..), &dev_params, &mut inputs),
+            }
+            let mut rec = spare_recs.pop().unwrap_or_default();
+            rec.clear();
             let t_fwd = Instant::now();
             exec.set_rng(cfg.seed, rank, m);
-            let forward = plans
-                .run_forward(&mut exec, backend, comm, inputs, &clock, &mut rec)
+            let mut forward = plans
+                .run_forward(
+                    &mut exec,
+                    backend,
+                    comm,
+                    inputs,
+                    &clock,
+                    &mut rec,
+                    std::mem::take(&mut updated),
+                )
                 .map_err(exec_err)?
                 .ok_or_else(|| fail("the forward produced no output tensor".into()))?;
             forward_s += t_fwd.elapsed().as_secs_f64();
-            recs.push(std::mem::take(&mut rec));
+            recs.push(rec);
+            let mut rec = spare_recs.pop().unwrap_or_default();
+            rec.clear();
             // buffers the forward updated (running statistics) hold their new values next time
-            for (u, b) in model.buffer_updates.iter().zip(forward.buffers) {
+            for (u, b) in model.buffer_updates.iter().zip(forward.buffers.drain(..)) {
                 params[u.param] = down(&b)?;
                 // the old value's buffer takes a later step's new statistics
                 let old = std::mem::replace(&mut dev_params[u.param], b);
                 backend.recycle(old);
             }
+            updated = forward.buffers;
             let (loss, cot) =
                 loss_and_grad(model.loss, &down(&forward.output)?, batch.targets.as_ref())
                     .map_err(|e| fail(format!("loss: {e}")))?;
@@ -250,21 +289,35 @@ where
                 }
             }
             // the loss average travels while the backward computes
-            let loss_t = Tensor::from_f64(vec![1], vec![loss])
-                .to_dtype(loss_dtype)
+            let loss_t = loss_tensor(loss, loss_dtype)
                 .ok_or_else(|| fail(format!("the loss cannot be held in {loss_dtype}")))?;
+            let loss_dev = up(&loss_t)?;
+            // (on the CPU the only holder is the collective's: its buffer goes back to the
+            // pool after the wait)
+            drop(loss_t);
             let loss_handle = comm
-                .all_reduce_async(up(&loss_t)?, ReduceOp::Sum, "loss")
+                .all_reduce_async(loss_dev, ReduceOp::Sum, "loss")
                 .map_err(comm_err)?;
             // zeros for the model outputs the loss does not read
-            let cotangents = model
-                .cotangent_values(up(&cot)?, |t| {
-                    let z = Tensor::zeros(&t.shape, t.dtype)
-                        .ok_or_else(|| format!("no zeros of dtype {}", t.dtype))?;
-                    up(&z).map_err(|e| e.to_string())
-                })
+            let mut cotangents = exec.list(model.cotangents.len().max(1));
+            model
+                .cotangent_values_into(
+                    up(&cot)?,
+                    |t| {
+                        let z = Tensor::zeros(&t.shape, t.dtype)
+                            .ok_or_else(|| format!("no zeros of dtype {}", t.dtype))?;
+                        up(&z).map_err(|e| e.to_string())
+                    },
+                    &mut cotangents,
+                )
                 .map_err(|e| fail(format!("cotangents: {e}")))?;
-            let mut binputs = vec![forward.saved, cotangents];
+            // a device's copy of the gradient left the host's buffer unshared: to the pool
+            if let Some(s) = cot.into_unshared_storage() {
+                crate::cpu::buffer_pool::give_storage(s);
+            }
+            let mut binputs = exec.list(2 + plans.acc_targets.len());
+            binputs.push(forward.saved);
+            binputs.push(RValue::Seq(cotangents));
             let last = micro + 1 == micro_per_step;
             let plan = if last {
                 for &pos in &plans.acc_targets {
@@ -283,7 +336,7 @@ where
                 }
             }
             let t_bwd = Instant::now();
-            let grads = exec
+            let results = exec
                 .run(plan, backend, comm, binputs, &clock, &mut rec)
                 .map_err(exec_err)?;
             backward_s += t_bwd.elapsed().as_secs_f64();
@@ -291,11 +344,12 @@ where
             recs.push(rec);
             // summed in micro-step order, as each micro-step ends
             let (t, _) = comm.wait(loss_handle).map_err(comm_err)?;
-            loss_sum += down(&t)?.to_f64_vec().first().copied().unwrap_or(f64::NAN);
+            loss_sum += down(&t)?.first_f64().unwrap_or(f64::NAN);
+            backend.recycle(t);
             if last {
-                synced = grads;
+                synced = results;
             } else {
-                for (a, g) in acc.iter_mut().zip(&grads) {
+                for (a, g) in acc.iter_mut().zip(&results) {
                     if let RValue::Tensor(g) = g {
                         *a = Some(match a.take() {
                             None => g.clone(),
@@ -303,20 +357,22 @@ where
                         });
                     }
                 }
+                exec.recycle_list(backend, results);
                 // every collective of this micro-step has been waited: its spans lie within
                 // it, so its summary adds to the others' exactly
                 comm.end_step(&mut recs, &clock).map_err(&fail)?;
-                let refs: Vec<&Recording> = recs.iter().collect();
                 local.add(&StepMetrics::from_recordings(
                     step,
                     rank,
                     Span::default(),
-                    &refs,
+                    &recs,
                 ));
-                if clock.events {
-                    out.events.extend(recs.drain(..).flat_map(|r| r.events));
+                for mut r in recs.drain(..) {
+                    if clock.events {
+                        out.events.append(&mut r.events);
+                    }
+                    spare_recs.push(r);
                 }
-                recs.clear();
             }
         }
         let loss = loss_sum / (cfg.world_size * micro_per_step) as f64;
@@ -328,21 +384,22 @@ where
                 }
             }
         }
-        let raw = match layout {
-            Some(l) => l.local_grads(&synced),
-            None => model.raw_param_grads(&synced),
-        };
-        let host_grads: Vec<Option<Tensor>> = raw
-            .iter()
-            .map(|g| g.as_ref().map(&down).transpose())
-            .collect::<Result<_, _>>()?;
-        let grads = model.sum_ties(host_grads, add).map_err(&fail)?;
+        match layout {
+            Some(l) => l.local_grads_into(&synced, &mut raw),
+            None => model.raw_param_grads_into(&synced, &mut raw),
+        }
+        grads.clear();
+        for g in &raw {
+            grads.push(g.as_ref().map(&down).transpose()?);
+        }
+        model.sum_ties_in_place(&mut grads, add).map_err(&fail)?;
         // a strided gradient (a permuted weight's, when no bucket packed it) is made contiguous
         // once, for the norm, the optimizer and a save, instead of gathered by each
-        let grads: Vec<Option<Tensor>> = grads
-            .into_iter()
-            .map(|g| g.map(|t| if t.is_contiguous() { t } else { t.contiguous() }))
-            .collect();
+        for t in grads.iter_mut().flatten() {
+            if !t.is_contiguous() {
+                *t = t.contiguous();
+            }
+        }
         match layout {
             // every rank gathers, when the run wants the whole gradients of some rank
             Some(l) if step == first_step && (cfg.save_grads.is_some() || cfg.keep_all_ranks) => {
@@ -380,15 +437,13 @@ where
         opt.step(&mut params, &grads).map_err(&fail)?;
         // the gradients' (and buckets') buffers go back to the pool for the next backward:
         // every other holder of them lets go first
-        for g in grads.into_iter().flatten() {
+        for g in grads.drain(..).flatten() {
             if let Some(s) = g.into_unshared_storage() {
                 crate::cpu::buffer_pool::give_storage(s);
             }
         }
-        drop(raw);
-        synced
-            .into_iter()
-            .for_each(|g| crate::exec::executor::recycle(backend, g));
+        raw.clear();
+        exec.recycle_list(backend, synced);
         // a tie is one tensor: every member takes the primary's new value
         model.share_ties(&mut params);
         let non_finite = crate::train::finite::non_finite_param(&names, &params);
@@ -397,11 +452,12 @@ where
                 "step {step}: the update made {what} (is the learning rate too large?); stopping (--allow-non-finite trains on)"
             )));
         }
-        dev_params = params.iter().map(&up).collect::<Result<_, _>>()?;
+        for p in &params {
+            dev_params.push(up(p)?);
+        }
         backend.synchronize().map_err(|e| fail(e.0))?;
         comm.end_step(&mut recs, &clock).map_err(&fail)?;
         let end = Instant::now();
-        let refs: Vec<&Recording> = recs.iter().collect();
         let mut m = StepMetrics::from_recordings(
             step,
             rank,
@@ -409,7 +465,7 @@ where
                 start_us: clock.us(step_start),
                 end_us: clock.us(end),
             },
-            &refs,
+            &recs,
         );
         m.add_local(&local);
         m.forward_s = forward_s;
@@ -433,7 +489,9 @@ where
         .unwrap_or(0);
         out.metrics.push(m);
         if clock.events {
-            out.events.extend(recs.into_iter().flat_map(|r| r.events));
+            for r in &mut recs {
+                out.events.append(&mut r.events);
+            }
         }
         out.losses.push(loss);
         // a sharded run saves shards (each rank its own, nothing gathered), or, asked for a

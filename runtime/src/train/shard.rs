@@ -251,8 +251,26 @@ impl ShardLayout {
     }
 
     /// The rewritten forward's arguments: the data, the unsharded parameters, the shards.
-    pub fn forward_inputs<T: Clone>(&self, data: Vec<T>, local: &[T]) -> Vec<RValue<T>> {
-        let mut inputs = vec![RValue::None; self.forward_args];
+    pub fn forward_inputs<T: Clone>(
+        &self,
+        data: impl IntoIterator<Item = T>,
+        local: &[T],
+    ) -> Vec<RValue<T>> {
+        let mut inputs = Vec::new();
+        self.forward_inputs_into(data, local, &mut inputs);
+        inputs
+    }
+
+    /// [`ShardLayout::forward_inputs`] into `inputs` (emptied first: a list kept from step to
+    /// step).
+    pub fn forward_inputs_into<T: Clone>(
+        &self,
+        data: impl IntoIterator<Item = T>,
+        local: &[T],
+        inputs: &mut Vec<RValue<T>>,
+    ) {
+        inputs.clear();
+        inputs.resize(self.forward_args, RValue::None);
         for (&pos, t) in self.data_pos.iter().zip(data) {
             inputs[pos] = RValue::Tensor(t);
         }
@@ -272,24 +290,28 @@ impl ShardLayout {
                 *slot = RValue::Tensor(t.clone());
             }
         }
-        inputs
     }
 
     /// The local gradients among the rewritten backward's results: the unsharded
     /// parameters' own, then each bucket's shard (`None`: no gradient).
     pub fn local_grads<T: Clone>(&self, results: &[RValue<T>]) -> Vec<Option<T>> {
+        let mut g = Vec::new();
+        self.local_grads_into(results, &mut g);
+        g
+    }
+
+    /// [`ShardLayout::local_grads`] into `g` (emptied first: a list kept from step to step).
+    pub fn local_grads_into<T: Clone>(&self, results: &[RValue<T>], g: &mut Vec<Option<T>>) {
         let at = |k: Option<usize>| {
             k.and_then(|k| results.get(k).cloned())
                 .and_then(RValue::tensor)
         };
-        let mut g: Vec<Option<T>> = (0..self.params())
-            .map(|j| match self.place[j] {
-                Some(_) => None,
-                None => at(self.grad_output[j]),
-            })
-            .collect();
+        g.clear();
+        g.extend((0..self.params()).map(|j| match self.place[j] {
+            Some(_) => None,
+            None => at(self.grad_output[j]),
+        }));
         g.extend(self.buckets.iter().map(|b| at(b.grad_output)));
-        g
     }
 
     /// Whole parameters from the local list and every bucket's gathered padded whole.

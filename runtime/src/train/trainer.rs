@@ -361,8 +361,9 @@ pub(crate) struct ForwardOut<T> {
 
 impl Plans {
     /// Runs the forward: its output tensor (`None` when it returns none), the buffers it
-    /// updated, and the values it saves for the backward, shaped as the backward's first
-    /// argument.
+    /// updated (into `buffers`, an empty list a caller may keep from step to step), and the
+    /// values it saves for the backward, shaped as the backward's first argument.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_forward<B, C>(
         &self,
         exec: &mut Executor<B, C>,
@@ -371,28 +372,33 @@ impl Plans {
         inputs: Vec<RValue<B::Tensor>>,
         clock: &Clock,
         rec: &mut Recording,
+        mut buffers: Vec<B::Tensor>,
     ) -> Result<Option<ForwardOut<B::Tensor>>, ExecError>
     where
         B: Backend,
         C: Communicator<Tensor = B::Tensor>,
     {
-        let mut res = exec
-            .run(&self.forward, backend, comm, inputs, clock, rec)?
-            .into_iter();
+        let mut results = exec.run(&self.forward, backend, comm, inputs, clock, rec)?;
+        let mut res = results.drain(..);
         let Some(output) = res.next().and_then(RValue::tensor) else {
             return Ok(None);
         };
-        let mut buffers = Vec::with_capacity(self.buffers);
+        buffers.clear();
         for _ in 0..self.buffers {
             match res.next().and_then(RValue::tensor) {
                 Some(t) => buffers.push(t),
                 None => return Ok(None),
             }
         }
+        // the saved values' lists are the executor's, and go back to it when the backward
+        // is done with them
+        let saved = tree(&self.saved, &mut res, &mut |n| exec.list(n));
+        drop(res);
+        exec.keep_list(results);
         Ok(Some(ForwardOut {
             output,
             buffers,
-            saved: tree(&self.saved, &mut res),
+            saved,
         }))
     }
 }
@@ -682,13 +688,24 @@ fn build_sharded_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, TrainE
 }
 
 /// Rebuilds a value tree shaped like `arg` from the flat results, in `for_each_value` order.
-fn tree<T>(arg: &Arg, flat: &mut std::vec::IntoIter<RValue<T>>) -> RValue<T> {
+/// Each list comes from `list(n)` (an empty one to fill with `n` values).
+fn tree<T>(
+    arg: &Arg,
+    flat: &mut impl Iterator<Item = RValue<T>>,
+    list: &mut impl FnMut(usize) -> Vec<RValue<T>>,
+) -> RValue<T> {
+    let mut seq = |items: &mut dyn ExactSizeIterator<Item = &Arg>| {
+        let mut out = list(items.len());
+        for a in items {
+            let v = tree(a, flat, list);
+            out.push(v);
+        }
+        RValue::Seq(out)
+    };
     match arg {
         Arg::Value(_) => flat.next().unwrap_or(RValue::None),
-        Arg::Tuple(items) | Arg::List(items) => {
-            RValue::Seq(items.iter().map(|a| tree(a, flat)).collect())
-        }
-        Arg::Dict(items) => RValue::Seq(items.iter().map(|(_, v)| tree(v, flat)).collect()),
+        Arg::Tuple(items) | Arg::List(items) => seq(&mut items.iter()),
+        Arg::Dict(items) => seq(&mut items.iter().map(|(_, v)| v)),
         _ => RValue::None,
     }
 }
@@ -1330,7 +1347,15 @@ pub fn local_gradients_at(
     let mut rec = Recording::default();
     exec.set_rng(seed, rank, step);
     let fwd = plans
-        .run_forward(&mut exec, &backend, &mut comm, inputs, &clock, &mut rec)
+        .run_forward(
+            &mut exec,
+            &backend,
+            &mut comm,
+            inputs,
+            &clock,
+            &mut rec,
+            Vec::new(),
+        )
         .map_err(err)?
         .ok_or_else(|| TrainError::Input("the forward produced no output".into()))?;
     let saved = fwd.saved;
