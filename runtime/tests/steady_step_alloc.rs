@@ -117,6 +117,8 @@ fn a_steady_training_step_allocates_nothing() {
     let ddp = "ddp(world_size=2),conv-input-grad,fold-conv-crop,fuse-elementwise,sort-waits";
     let runs = [
         ("nanogpt", 1, 1, "fuse-elementwise"),
+        ("llama", 1, 1, "sort-waits"),
+        ("resnet", 1, 1, "sort-waits"),
         ("llama", 1, 2, fused),
         ("resnet", 1, 1, fused),
         ("bert", 1, 1, fused),
