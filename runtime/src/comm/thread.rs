@@ -105,31 +105,25 @@ impl Slot {
     /// A slot for collective `sig` first reached by `rank`, in the lists of `spare` (a slot
     /// done with) when there is one: a steady step's collectives allocate no slot.
     fn new(spare: Option<Slot>, sig: &Signature, rank: usize, world: usize) -> Slot {
-        let mut slot = spare.unwrap_or_else(|| Slot {
+        // only its lists are worth keeping from a spare slot
+        let (mut contribs, mut chunk_done) =
+            spare.map_or_else(Default::default, |s| (s.contribs, s.chunk_done));
+        contribs.clear();
+        contribs.resize(world, None);
+        chunk_done.clear();
+        chunk_done.resize(world, false);
+        Slot {
             signature: sig.clone(),
             first_rank: rank,
-            contribs: Vec::new(),
+            contribs,
             arrived: 0,
             reduction: None,
-            chunk_done: Vec::new(),
+            chunk_done,
             result: None,
             finished: false,
             ready_at: None,
             taken: 0,
-        });
-        slot.signature = sig.clone();
-        slot.first_rank = rank;
-        slot.contribs.clear();
-        slot.contribs.resize(world, None);
-        slot.arrived = 0;
-        slot.reduction = None;
-        slot.chunk_done.clear();
-        slot.chunk_done.resize(world, false);
-        slot.result = None;
-        slot.finished = false;
-        slot.ready_at = None;
-        slot.taken = 0;
-        slot
+        }
     }
 }
 
