@@ -3,7 +3,8 @@
 //! rank 0's buffer and copy it into every other rank's (the ring's all-gather), so each rank
 //! gets its result in the buffer it brought: the reduction allocates and copies nothing beyond
 //! that, and no rank's buffer ends up with another rank (whose pool would keep it while the
-//! first allocates a new one every step). Elements are combined in rank order (0, 1, 2, ...),
+//! first allocates a new one every step). A reduce-scatter copies into each other rank's
+//! buffer only the slice that rank keeps. Elements are combined in rank order (0, 1, 2, ...),
 //! so every element gets the same bits whichever worker reduces it and however the buffer is
 //! chunked.
 
@@ -29,19 +30,6 @@ enum Base {
 }
 
 impl Base {
-    /// The elements of a contiguous tensor, to read only (never written through).
-    fn of_read(t: &Tensor) -> Base {
-        let at = t.offset();
-        match t.storage() {
-            Storage::F32(v) => Base::F32(v[at..].as_ptr().cast_mut()),
-            Storage::F64(v) => Base::F64(v[at..].as_ptr().cast_mut()),
-            Storage::BF16(v) => Base::BF16(v[at..].as_ptr().cast_mut()),
-            Storage::F16(v) => Base::F16(v[at..].as_ptr().cast_mut()),
-            Storage::I64(v) => Base::I64(v[at..].as_ptr().cast_mut()),
-            Storage::I32(v) => Base::I32(v[at..].as_ptr().cast_mut()),
-            Storage::Bool(v) => Base::Bool(v[at..].as_ptr().cast_mut()),
-        }
-    }
     /// The elements of a whole, unshared storage, to write.
     fn of(s: &mut Storage) -> Base {
         match s {
@@ -65,8 +53,9 @@ pub struct Reduction {
     parts: SmallVec<[Tensor; 4]>,
     bases: SmallVec<[Base; 4]>,
     len: usize,
-    /// Whether every rank's buffer gets the result, or rank 0's only (a reduce-scatter, whose
-    /// ranks each keep a slice of it).
+    /// Whether every rank's buffer gets the whole result, or (a reduce-scatter) rank 0's the
+    /// whole and every other rank's only the slice it keeps (its `len / ranks` elements at
+    /// `rank * len / ranks`).
     everyone: bool,
     /// Which chunks a worker has taken; a chunk is written by exactly one worker.
     claimed: SmallVec<[AtomicBool; 8]>,
@@ -106,8 +95,8 @@ impl Reduction {
     }
 
     /// Starts the reduction of `parts` in `chunks` pieces, in this reduction's lists, into
-    /// every part (`everyone`) or rank 0's only. A part written in place that something else
-    /// still shares (or a view) is copied first.
+    /// every part (`everyone`) or rank 0's whole and the others' own slices. A part written
+    /// in place that something else still shares (or a view) is copied first.
     pub fn start(
         &mut self,
         op: ReduceOp,
@@ -121,16 +110,7 @@ impl Reduction {
         self.bases.clear();
         for mut p in parts {
             // moving the tensor moves its header only; the base still points at its elements
-            let base = if everyone || self.parts.is_empty() {
-                Base::of(p.storage_mut())
-            } else {
-                // only read: the elements of a contiguous part as they are
-                if !p.is_contiguous() {
-                    p = p.contiguous();
-                }
-                Base::of_read(&p)
-            };
-            self.bases.push(base);
+            self.bases.push(Base::of(p.storage_mut()));
             self.parts.push(p);
         }
         self.len = self.parts.first().map_or(0, Tensor::numel);
@@ -175,9 +155,16 @@ impl Reduction {
                         _ => None,
                     });
                     $reduce
-                    for b in others.iter().filter(|_| self.everyone) {
-                        if let Base::$variant(q) = b {
-                            unsafe { std::ptr::copy_nonoverlapping($block.as_ptr(), q.add($start), len) };
+                    for (j, b) in others.iter().enumerate() {
+                        let (a, z) = self.copied(j + 1, $start, len);
+                        if let (Base::$variant(q), true) = (b, a < z) {
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    $block.as_ptr().add(a - $start),
+                                    q.add(a),
+                                    z - a,
+                                )
+                            };
                         }
                     }
                 }
@@ -242,6 +229,19 @@ impl Reduction {
         (0..self.claimed.len())
             .filter(|&i| !self.claimed[i].load(Ordering::Acquire))
             .collect()
+    }
+
+    /// Of the reduced elements `start .. start + len`, the range `rank`'s buffer gets: all of
+    /// them, or where they meet the rank's slice.
+    fn copied(&self, rank: usize, start: usize, len: usize) -> (usize, usize) {
+        if self.everyone {
+            return (start, start + len);
+        }
+        let slice = self.len / self.bases.len().max(1);
+        (
+            start.max(rank * slice),
+            (start + len).min((rank + 1) * slice),
+        )
     }
 
     /// The ranks' buffers, each holding the reduced elements, in rank order, once every chunk
@@ -366,20 +366,29 @@ mod tests {
     }
 
     #[test]
-    fn for_rank_0_only_the_others_are_read_and_left_as_they_were() {
-        let parts = ranks(3, BLOCK + 9);
-        let keep: Vec<Tensor> = parts[1..].to_vec();
-        let before: Vec<Vec<f32>> = keep.iter().map(Tensor::to_f32_vec).collect();
-        let want: Vec<f32> = (0..BLOCK + 9)
-            .map(|i| (parts[0].to_f32_vec()[i] + before[0][i]) + before[1][i])
+    fn a_reduce_scatter_gives_rank_0_the_whole_and_each_other_rank_its_slice() {
+        // slices of BLOCK/2 + 3 elements, reduced in 2 chunks: chunk and block edges fall
+        // inside slices
+        let slice = BLOCK / 2 + 3;
+        let parts = ranks(3, 3 * slice);
+        let before: Vec<Vec<f32>> = parts.iter().map(Tensor::to_f32_vec).collect();
+        let want: Vec<f32> = (0..3 * slice)
+            .map(|i| (before[0][i] + before[1][i]) + before[2][i])
             .collect();
         let mut r = Reduction::default();
         r.start(ReduceOp::Sum, parts, 2, false);
         (0..2).for_each(|i| r.reduce_chunk(i));
-        let out: Vec<Tensor> = r.results().expect("done").collect();
-        assert_eq!(out[0].to_f32_vec(), want);
-        for (k, t) in keep.iter().enumerate() {
-            assert_eq!(t.to_f32_vec(), before[k], "rank {} is only read", k + 1);
+        let out: Vec<Vec<f32>> = r.results().expect("done").map(|t| t.to_f32_vec()).collect();
+        assert_eq!(out[0], want);
+        for k in 1..3 {
+            for i in 0..3 * slice {
+                let expected = if i / slice == k {
+                    want[i]
+                } else {
+                    before[k][i]
+                };
+                assert_eq!(out[k][i], expected, "rank {k}, element {i}");
+            }
         }
     }
 

@@ -174,7 +174,7 @@ impl Shared {
         seq: u64,
         sig: Signature,
         data: Option<Tensor>,
-    ) -> Result<(Tensor, Instant), CommError> {
+    ) -> Result<(Delivery, Instant), CommError> {
         let world = self.world;
         let deadline = after(Instant::now(), self.options.timeout);
         let mut st = self.lock();
@@ -221,7 +221,7 @@ impl Shared {
                         let mut r = spare_reductions.pop().unwrap_or_default();
                         let parts = slot.contribs.iter_mut().filter_map(Option::take);
                         // an all-reduce's ranks each get the result in their own buffer; a
-                        // reduce-scatter's keep slices of rank 0's
+                        // reduce-scatter's each get their own slice of it in theirs
                         let everyone = matches!(sig.kind, Kind::AllReduce(_));
                         match Arc::get_mut(&mut r) {
                             Some(r) => r.start(op, parts, world, everyone),
@@ -234,15 +234,9 @@ impl Shared {
                         slot.reduction = Some(r);
                     })
                 }
-                Kind::AllGather => check_parts(&slot.contribs).and_then(|()| {
-                    let parts: SmallVec<[Tensor; 4]> =
-                        slot.contribs.iter_mut().filter_map(Option::take).collect();
-                    Tensor::cat_flat(&parts)
-                        .map(|t| {
-                            slot.result = Some(t);
-                            slot.finished = true;
-                        })
-                        .ok_or_else(|| "the ranks' buffers cannot be concatenated".to_string())
+                // each rank concatenates the parts into a buffer of its own when it waits
+                Kind::AllGather => check_parts(&slot.contribs).map(|()| {
+                    slot.finished = true;
                 }),
                 kind => pick(&kind, &mut slot.contribs).map(|r| {
                     slot.result = Some(r);
@@ -264,13 +258,23 @@ impl Shared {
             if let Some(slot) = st.slots.get_mut(&seq) {
                 if slot.finished {
                     let r = match sig.kind {
-                        Kind::AllReduce(_) => slot.contribs[rank].take(),
-                        // a reduce-scatter keeps this rank's slice of the all-reduced buffer
-                        Kind::ReduceScatter(_) => slot.result.as_ref().and_then(|r| {
-                            let n = r.numel() / world;
-                            r.flat_range(rank * n, n)
+                        Kind::AllReduce(_) => slot.contribs[rank].take().map(Delivery::Whole),
+                        // this rank's own buffer, its slice holding the reduced elements
+                        Kind::ReduceScatter(_) => slot.contribs[rank].take().map(|whole| {
+                            let len = whole.numel() / world;
+                            Delivery::Slice {
+                                whole,
+                                start: rank * len,
+                                len,
+                            }
                         }),
-                        _ => slot.result.clone(),
+                        Kind::AllGather => slot
+                            .contribs
+                            .iter()
+                            .cloned()
+                            .collect::<Option<_>>()
+                            .map(Delivery::Gather),
+                        _ => slot.result.clone().map(Delivery::Whole),
                     }
                     .ok_or_else(|| CommError::Invalid {
                         rank,
@@ -282,7 +286,10 @@ impl Shared {
                     let ready = slot.ready_at;
                     slot.taken += 1;
                     if slot.taken == world {
-                        if let Some(done) = st.slots.remove(&seq) {
+                        if let Some(mut done) = st.slots.remove(&seq) {
+                            // a spare slot holds no tensor (an all-gather's parts, a result)
+                            done.contribs.iter_mut().for_each(|c| *c = None);
+                            done.result = None;
                             st.spare_slots.push(done);
                         }
                     }
@@ -321,15 +328,11 @@ impl Shared {
                         if slot.chunk_done.iter().all(|d| *d) {
                             // every worker let go of the reduction before marking its chunk
                             if let Some(mut r) = slot.reduction.take() {
-                                if let Some(mut results) =
+                                if let Some(results) =
                                     Arc::get_mut(&mut r).and_then(Reduction::results)
                                 {
-                                    if matches!(sig.kind, Kind::AllReduce(_)) {
-                                        for (c, t) in slot.contribs.iter_mut().zip(results) {
-                                            *c = Some(t);
-                                        }
-                                    } else {
-                                        slot.result = results.next();
+                                    for (c, t) in slot.contribs.iter_mut().zip(results) {
+                                        *c = Some(t);
                                     }
                                     slot.finished = true;
                                 }
@@ -489,7 +492,8 @@ impl ThreadGroup {
             tx: Some(tx),
             worker,
             labels: HashSet::new(),
-            spare_done: Vec::new(),
+            // room for a queue's worth of completions waiting to be reused
+            spare_done: Vec::with_capacity(QUEUED),
         }
     }
     /// The failure some rank reported, if any.
@@ -502,7 +506,47 @@ impl ThreadGroup {
     }
 }
 
-type Outcome = Result<(Tensor, CommTiming), CommError>;
+/// What a collective hands a rank's worker, made into the rank's result on the rank's own
+/// thread (by [`Delivery::into_tensor`], when it waits), so that the buffers it fills come
+/// from that thread's pool and go back to it.
+// (one lives in each reused completion, moved once per collective: boxing the parts would
+// allocate per all-gather, which a steady step must not)
+#[allow(clippy::large_enum_variant)]
+enum Delivery {
+    /// The result as it is (an all-reduce's: the rank's own buffer).
+    Whole(Tensor),
+    /// Elements `start .. start + len` of the rank's own buffer (a reduce-scatter's).
+    Slice {
+        whole: Tensor,
+        start: usize,
+        len: usize,
+    },
+    /// Every rank's part, in rank order, to concatenate (an all-gather's).
+    Gather(SmallVec<[Tensor; 8]>),
+}
+
+impl Delivery {
+    /// The rank's result tensor. A slice or a gathered whole is copied into a buffer of this
+    /// thread's pool; a reduce-scatter's whole buffer goes back to the pool after.
+    fn into_tensor(self) -> Result<Tensor, String> {
+        match self {
+            Delivery::Whole(t) => Ok(t),
+            Delivery::Slice { whole, start, len } => {
+                let slice = whole
+                    .flat_range(start, len)
+                    .ok_or_else(|| format!("no elements {start}..{} in the buffer", start + len))?;
+                if let Some(s) = whole.into_unshared_storage() {
+                    crate::cpu::buffer_pool::give_storage(s);
+                }
+                Ok(slice)
+            }
+            Delivery::Gather(parts) => Tensor::cat_flat(&parts)
+                .ok_or_else(|| "the ranks' buffers cannot be concatenated".to_string()),
+        }
+    }
+}
+
+type Outcome = Result<(Delivery, CommTiming), CommError>;
 
 /// A one-shot result slot a rank waits on.
 pub struct Completion {
@@ -640,7 +684,7 @@ impl ThreadComm {
         })
     }
 
-    fn block(&mut self, h: ThreadHandle) -> Outcome {
+    fn block(&mut self, h: ThreadHandle) -> Result<(Tensor, CommTiming), CommError> {
         let (label, done) = match h.state {
             Pending::Ready(t, timing) => return Ok((t, timing)),
             Pending::Queued { label, done } => (label, done),
@@ -659,7 +703,14 @@ impl ThreadComm {
             if let Some(r) = v.take() {
                 drop(v);
                 self.spare_done.push(done);
-                return r;
+                let (delivery, timing) = r?;
+                return delivery
+                    .into_tensor()
+                    .map(|t| (t, timing))
+                    .map_err(|message| CommError::Invalid {
+                        rank: self.rank,
+                        message: format!("collective #{} ({label}): {message}", h.seq),
+                    });
             }
             let now = Instant::now();
             if now >= deadline {
@@ -699,6 +750,10 @@ impl Communicator for ThreadComm {
         if self.shared.world == 1 {
             return self.reduce_alone(t);
         }
+        // the reduction writes every rank's buffer in place from a worker: a copy, if one is
+        // needed, is made here, from this thread's pool
+        let mut t = t;
+        t.make_writable();
         self.submit(
             Kind::AllReduce(op),
             Some((t.dtype(), t.numel())),
@@ -730,6 +785,8 @@ impl Communicator for ThreadComm {
                 ),
             });
         }
+        let mut t = t;
+        t.make_writable();
         self.submit(
             Kind::ReduceScatter(op),
             Some((t.dtype(), t.numel())),

@@ -281,6 +281,19 @@ impl StepMetrics {
         step_span: Span,
         recs: &[Recording],
     ) -> StepMetrics {
+        Self::from_recordings_into(step, rank, step_span, recs, Vec::new())
+    }
+
+    /// [`StepMetrics::from_recordings`] with the step's bucket records copied into `buckets`
+    /// (emptied first): a training loop hands in lists it made before the steady steps, so a
+    /// step's record allocates nothing.
+    pub fn from_recordings_into(
+        step: usize,
+        rank: usize,
+        step_span: Span,
+        recs: &[Recording],
+        mut buckets_out: Vec<BucketRecord>,
+    ) -> StepMetrics {
         let buckets = || recs.iter().flat_map(|r| r.buckets.iter());
         let comm_span = |b: &BucketRecord| Span {
             start_us: b.comm_start_us,
@@ -329,7 +342,11 @@ impl StepMetrics {
             exposed_gather_s,
             exposed_scatter_s,
             state_bytes: 0,
-            buckets: buckets().cloned().collect(),
+            buckets: {
+                buckets_out.clear();
+                buckets_out.extend(buckets().cloned());
+                buckets_out
+            },
             buffer_allocs: 0,
             pool_bytes: 0,
             arena_bytes: 0,

@@ -608,10 +608,19 @@ impl Tensor {
     /// The storage, to write in place: made whole and unshared first (a contiguous copy)
     /// when the tensor is a view, strided, or shares it.
     pub(crate) fn storage_mut(&mut self) -> &mut Storage {
-        if !self.is_whole() {
+        self.make_writable();
+        Arc::make_mut(&mut self.data)
+    }
+    /// Makes the tensor whole and the only holder of its storage, by a contiguous copy (into a
+    /// pooled buffer, on this thread) when it is a view, strided, or shares it; for a buffer
+    /// that another thread will write in place (a collective's).
+    pub(crate) fn make_writable(&mut self) {
+        if !self.is_whole()
+            || Arc::strong_count(&self.data) != 1
+            || Arc::weak_count(&self.data) != 0
+        {
             *self = Tensor::new(self.shape.clone(), self.copied());
         }
-        Arc::make_mut(&mut self.data)
     }
     /// The elements as a mutable f32 slice, for in-place updates (optimizers). The storage is
     /// copied first if it is shared, strided or a view; `None` for other dtypes.
@@ -773,11 +782,14 @@ impl Tensor {
         Some(Tensor::new(self.shape.clone(), data))
     }
     /// The elements of `parts`, each flattened, one after another as one 1-D tensor (a
-    /// bucket's members, the shards of an all-gather); `None` when they differ in dtype or
-    /// there are none.
+    /// bucket's members, the shards of an all-gather), in a buffer from the pool; `None` when
+    /// they differ in dtype or there are none.
     pub fn cat_flat(parts: &[Tensor]) -> Option<Tensor> {
-        fn cat<T: Elem>(parts: &[Tensor], total: usize) -> Option<Storage> {
-            let mut out: Vec<T> = Vec::with_capacity(total);
+        fn cat<T: Elem + crate::cpu::buffer_pool::Pooled>(
+            parts: &[Tensor],
+            total: usize,
+        ) -> Option<Storage> {
+            let mut out: Vec<T> = crate::cpu::buffer_pool::take(total);
             for p in parts {
                 out.extend_from_slice(&p.elems::<T>()?);
             }
@@ -794,19 +806,16 @@ impl Tensor {
             DType::Bool => cat::<bool>(parts, total),
             _ => None,
         }?;
-        Some(Tensor::new(vec![total], data))
+        Some(Tensor::new([total], data))
     }
     /// Elements `start .. start + len` of the flattened tensor, copied into storage of their
-    /// own (a rank's shard: it keeps nothing else of the whole alive).
+    /// own (a rank's shard: it keeps nothing else of the whole alive), from the buffer pool.
     pub fn flat_range(&self, start: usize, len: usize) -> Option<Tensor> {
         if start.checked_add(len)? > self.numel() {
             return None;
         }
         let whole = self.contiguous();
-        Some(Tensor::new(
-            vec![len],
-            Tensor::view_of(&whole, start, vec![len]).into_storage(),
-        ))
+        Tensor::cat_flat(&[Tensor::view_of(&whole, start, [len])])
     }
     /// Bitwise equality of shape, dtype and elements.
     pub fn bitwise_eq(&self, other: &Tensor) -> bool {

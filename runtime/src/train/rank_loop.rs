@@ -8,7 +8,9 @@ use crate::comm::{CommError, Communicator, ReduceOp};
 use crate::exec::backend::{Backend, Input};
 use crate::exec::executor::{ExecError, Executor, RValue};
 use crate::exec::kernel::{BinaryOp, Kernel, Side};
-use crate::exec::metrics::{Clock, Event, OverlapSummary, Recording, Span, StepMetrics};
+use crate::exec::metrics::{
+    BucketRecord, Clock, Event, OverlapSummary, Recording, Span, StepMetrics,
+};
 use crate::tensor::Tensor;
 use crate::train::checkpoint::Checkpoint;
 use crate::train::data::DataSource;
@@ -208,6 +210,10 @@ where
     let mut updated: Vec<B::Tensor> = Vec::new();
     let mut raw: Vec<Option<B::Tensor>> = Vec::new();
     let mut grads: Vec<Option<Tensor>> = Vec::new();
+    // every step's metrics keep its bucket records: at the end of the first step, whose
+    // records give their number, the lists of all steps are made at once
+    let mut bucket_lists: Vec<Vec<BucketRecord>> = Vec::new();
+    let mut micro_buckets: Vec<BucketRecord> = Vec::new();
     for step in first_step..cfg.steps {
         let step_start = Instant::now();
         backend.reset_pool_stats();
@@ -348,12 +354,25 @@ where
             backend.recycle(t);
             if last {
                 synced = results;
+                // the synchronising backward has added the accumulated gradients: their
+                // buffers, held only here now, go back to the pool
+                if layout.is_none() {
+                    for a in acc.iter_mut() {
+                        if let Some(t) = a.take() {
+                            backend.recycle(t);
+                        }
+                    }
+                }
             } else {
                 for (a, g) in acc.iter_mut().zip(&results) {
                     if let RValue::Tensor(g) = g {
                         *a = Some(match a.take() {
                             None => g.clone(),
-                            Some(prev) => device_add(backend, &prev, g).map_err(&fail)?,
+                            Some(prev) => {
+                                let sum = device_add(backend, &prev, g).map_err(&fail)?;
+                                backend.recycle(prev);
+                                sum
+                            }
                         });
                     }
                 }
@@ -361,12 +380,15 @@ where
                 // every collective of this micro-step has been waited: its spans lie within
                 // it, so its summary adds to the others' exactly
                 comm.end_step(&mut recs, &clock).map_err(&fail)?;
-                local.add(&StepMetrics::from_recordings(
+                let m = StepMetrics::from_recordings_into(
                     step,
                     rank,
                     Span::default(),
                     &recs,
-                ));
+                    std::mem::take(&mut micro_buckets),
+                );
+                local.add(&m);
+                micro_buckets = m.buckets;
                 for mut r in recs.drain(..) {
                     if clock.events {
                         out.events.append(&mut r.events);
@@ -380,7 +402,11 @@ where
             // every micro-step reduce-scattered its gradients: the shards add up here
             for (g, a) in synced.iter_mut().zip(acc.iter_mut()) {
                 if let (RValue::Tensor(t), Some(prev)) = (&*g, a.take()) {
-                    *g = RValue::Tensor(device_add(backend, &prev, t).map_err(&fail)?);
+                    let sum = device_add(backend, &prev, t).map_err(&fail)?;
+                    backend.recycle(prev);
+                    if let RValue::Tensor(t) = std::mem::replace(g, RValue::Tensor(sum)) {
+                        backend.recycle(t);
+                    }
                 }
             }
         }
@@ -458,7 +484,13 @@ where
         backend.synchronize().map_err(|e| fail(e.0))?;
         comm.end_step(&mut recs, &clock).map_err(&fail)?;
         let end = Instant::now();
-        let mut m = StepMetrics::from_recordings(
+        if step == first_step {
+            let per_step: usize = recs.iter().map(|r| r.buckets.len()).sum();
+            bucket_lists = (step..cfg.steps)
+                .map(|_| Vec::with_capacity(per_step))
+                .collect();
+        }
+        let mut m = StepMetrics::from_recordings_into(
             step,
             rank,
             Span {
@@ -466,6 +498,7 @@ where
                 end_us: clock.us(end),
             },
             &recs,
+            bucket_lists.pop().unwrap_or_default(),
         );
         m.add_local(&local);
         m.forward_s = forward_s;
