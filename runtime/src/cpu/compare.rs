@@ -206,21 +206,46 @@ fn round_scalar(o: Operand<'_>, dtype: DType) -> Result<Operand<'_>, String> {
     })
 }
 
-/// `c[i] ? a : b` for each position, `(a, b) = pair(i)`, into a recycled buffer: a loop
-/// with no branch on the condition, which the compiler turns into vector blends (a branch per
-/// element mispredicts on half of a ReLU's inputs).
+/// `c[i] ? a : b` for each position `i` of `dst`, `(a, b) = pair(i)`: a loop with no branch
+/// on the condition, which the compiler turns into vector blends (a branch per element
+/// mispredicts on half of a ReLU's inputs). `c` and whatever `pair` reads are as long as
+/// `dst`, so the loop carries no bounds checks.
 #[inline(always)]
-fn select<T: pool::Pooled + Copy>(c: &[bool], pair: impl Fn(usize) -> (T, T)) -> Vec<T> {
-    let n = c.len();
-    let mut out = pool::take::<T>(n);
-    let dst = &mut out.spare_capacity_mut()[..n];
+fn select_into<T: Copy>(
+    dst: &mut [std::mem::MaybeUninit<T>],
+    c: &[bool],
+    pair: impl Fn(usize) -> (T, T),
+) {
+    let n = dst.len();
+    let c = &c[..n];
     super::simd::vectorized(|| {
         for i in 0..n {
             let (a, b) = pair(i);
             dst[i].write(if c[i] { a } else { b });
         }
     });
-    // SAFETY: the loop wrote each of the first `n` elements.
+}
+
+/// `n` elements into a recycled buffer, `fill(lo, part)` writing elements `lo ..` of each
+/// part: the whole at once, or, when large, contiguous parts on the rank's threads (a
+/// selection, so the same elements whatever the split).
+fn selected<T: pool::Pooled + Copy + Send>(
+    n: usize,
+    fill: impl Fn(usize, &mut [std::mem::MaybeUninit<T>]) + Sync,
+) -> Vec<T> {
+    let mut out = pool::take::<T>(n);
+    let dst = &mut out.spare_capacity_mut()[..n];
+    let threads = super::pool_threads();
+    if threads > 1 && n >= super::strided::PARALLEL_MIN {
+        use rayon::prelude::*;
+        let part = n.div_ceil(threads);
+        dst.par_chunks_mut(part)
+            .enumerate()
+            .for_each(|(k, d)| fill(k * part, d));
+    } else {
+        fill(0, dst);
+    }
+    // SAFETY: `fill` wrote every element of every part (`select_into` writes all of its `dst`).
     unsafe { out.set_len(n) };
     out
 }
@@ -252,21 +277,24 @@ pub fn where_(
         let (x, y) = (source::<T>(a, dtype, &shape)?, source::<T>(b, dtype, &shape)?);
         // the operand kinds matched once, outside the loop
         let n = c.len();
-        let out: Vec<T> = match (&x, &y) {
-            (Src::Elems(p), Src::Elems(q)) => {
-                let (p, q) = (&p[..n], &q[..n]);
-                select(&c, |i| (p[i], q[i]))
+        let out: Vec<T> = selected(n, |lo, dst| {
+            let (m, c) = (dst.len(), &c[lo..]);
+            match (&x, &y) {
+                (Src::Elems(p), Src::Elems(q)) => {
+                    let (p, q) = (&p[lo..lo + m], &q[lo..lo + m]);
+                    select_into(dst, c, |i| (p[i], q[i]))
+                }
+                (Src::Elems(p), Src::Scalar(q)) => {
+                    let p = &p[lo..lo + m];
+                    select_into(dst, c, |i| (p[i], *q))
+                }
+                (Src::Scalar(p), Src::Elems(q)) => {
+                    let q = &q[lo..lo + m];
+                    select_into(dst, c, |i| (*p, q[i]))
+                }
+                (Src::Scalar(p), Src::Scalar(q)) => select_into(dst, c, |_| (*p, *q)),
             }
-            (Src::Elems(p), Src::Scalar(q)) => {
-                let p = &p[..n];
-                select(&c, |i| (p[i], *q))
-            }
-            (Src::Scalar(p), Src::Elems(q)) => {
-                let q = &q[..n];
-                select(&c, |i| (*p, q[i]))
-            }
-            (Src::Scalar(p), Src::Scalar(q)) => select(&c, |_| (*p, *q)),
-        };
+        });
         x.give_back();
         y.give_back();
         pool::give_cow(c);
@@ -277,6 +305,30 @@ pub fn where_(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_large_where_in_threads_selects_as_one_thread_does() {
+        let n = 3 * super::super::strided::PARALLEL_MIN + 5;
+        let c = Tensor::from_bool(vec![n], (0..n).map(|i| i % 3 == 0 || i % 7 == 0).collect());
+        let a = Tensor::from_f32(vec![n], (0..n).map(|i| i as f32).collect());
+        let run = || {
+            where_(&c, Operand::Tensor(&a), Operand::Scalar(-1.0), DType::F32)
+                .expect("selects")
+                .to_f32_vec()
+        };
+        let (one, three) = crate::cpu::alone_and_in_three_threads(run);
+        assert_eq!(one, three);
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                if i % 3 == 0 || i % 7 == 0 {
+                    i as f32
+                } else {
+                    -1.0
+                }
+            })
+            .collect();
+        assert_eq!(one, want);
+    }
 
     #[test]
     fn scalars_round_to_the_tensor_dtype() {

@@ -18,12 +18,12 @@ const LANES: usize = 16;
 /// (lane `l` with lane `l + width`, halving `width`) before the run's tail: one vector add per
 /// element where one add after another waits on the last, and a more accurate sum. The order
 /// depends only on the shape, so results do not change from run to run or with threads.
-fn fold_dims<E: Copy, A: Copy + crate::cpu::buffer_pool::Pooled>(
+fn fold_dims<E: Copy + Sync, A: Copy + Send + Sync + crate::cpu::buffer_pool::Pooled>(
     v: &[E],
     shape: &[usize],
     dims: &[usize],
     init: A,
-    combine: impl Fn(A, E) -> A,
+    combine: impl Fn(A, E) -> A + Sync,
     merge: Option<fn(A, A) -> A>,
 ) -> Result<(Vec<A>, Dims<usize>), String> {
     if dims.iter().any(|&d| d >= shape.len().max(1)) {
@@ -41,11 +41,14 @@ fn fold_dims<E: Copy, A: Copy + crate::cpu::buffer_pool::Pooled>(
     if leading && out_n == 1 {
         acc[0] = fold_run(init, v, init, &combine, merge);
     } else if leading && !v.is_empty() {
-        for row in v.chunks(out_n.max(1)) {
-            for (a, &e) in acc.iter_mut().zip(row) {
-                *a = combine(*a, e);
+        let add_rows = |acc: &mut [A], lo: usize| {
+            for row in v.chunks(out_n.max(1)) {
+                for (a, &e) in acc.iter_mut().zip(&row[lo..]) {
+                    *a = combine(*a, e);
+                }
             }
-        }
+        };
+        in_parts(&mut acc, v.len(), add_rows);
     } else if !v.is_empty() {
         // dims merged where input and accumulators both step through them as one; then each
         // input row folds into one accumulator (a reduced last dim) or a row of them, in the
@@ -59,36 +62,66 @@ fn fold_dims<E: Copy, A: Copy + crate::cpu::buffer_pool::Pooled>(
         let rank = merged.len();
         let inner = merged[rank - 1];
         let step = strides[1][rank - 1];
-        let mut idx: Dims<usize> = Dims::from_elem(0, rank - 1);
-        let mut pos = 0isize;
-        for row in v.chunks(inner) {
-            let p = pos as usize;
-            match step {
-                0 => acc[p] = fold_run(acc[p], row, init, &combine, merge),
-                1 => {
-                    for (a, &e) in acc[p..p + row.len()].iter_mut().zip(row) {
-                        *a = combine(*a, e);
+        // every row in order, folding into the accumulators `lo ..` that `acc` holds only
+        let fold_rows = |acc: &mut [A], lo: usize| {
+            let hi = lo + acc.len();
+            let mut idx: Dims<usize> = Dims::from_elem(0, rank - 1);
+            let mut pos = 0isize;
+            for row in v.chunks(inner) {
+                let p = pos as usize;
+                match step {
+                    0 => {
+                        if (lo..hi).contains(&p) {
+                            acc[p - lo] = fold_run(acc[p - lo], row, init, &combine, merge);
+                        }
+                    }
+                    1 => {
+                        let (a, z) = (p.max(lo), (p + row.len()).min(hi));
+                        if a < z {
+                            for (x, &e) in acc[a - lo..z - lo].iter_mut().zip(&row[a - p..]) {
+                                *x = combine(*x, e);
+                            }
+                        }
+                    }
+                    s => {
+                        for (j, &e) in row.iter().enumerate() {
+                            let q = (pos + j as isize * s) as usize;
+                            if (lo..hi).contains(&q) {
+                                acc[q - lo] = combine(acc[q - lo], e);
+                            }
+                        }
                     }
                 }
-                s => {
-                    for (j, &e) in row.iter().enumerate() {
-                        let a = &mut acc[(pos + j as isize * s) as usize];
-                        *a = combine(*a, e);
+                for d in (0..rank - 1).rev() {
+                    idx[d] += 1;
+                    pos += strides[1][d];
+                    if idx[d] < merged[d] {
+                        break;
                     }
+                    pos -= strides[1][d] * merged[d] as isize;
+                    idx[d] = 0;
                 }
             }
-            for d in (0..rank - 1).rev() {
-                idx[d] += 1;
-                pos += strides[1][d];
-                if idx[d] < merged[d] {
-                    break;
-                }
-                pos -= strides[1][d] * merged[d] as isize;
-                idx[d] = 0;
-            }
-        }
+        };
+        in_parts(&mut acc, v.len(), fold_rows);
     }
     Ok((acc, kept))
+}
+
+/// Runs `fold(part, first)` over `acc` whole, or, for a large input on a rank with threads,
+/// over contiguous parts of it on the threads: each accumulator is folded by one thread, in
+/// the same order as by one, so the bits do not depend on the threads.
+fn in_parts<A: Send>(acc: &mut [A], input_len: usize, fold: impl Fn(&mut [A], usize) + Sync) {
+    let threads = super::pool_threads();
+    if threads > 1 && input_len >= super::strided::PARALLEL_MIN && acc.len() >= 2 * threads {
+        use rayon::prelude::*;
+        let part = acc.len().div_ceil(threads);
+        acc.par_chunks_mut(part)
+            .enumerate()
+            .for_each(|(k, a)| fold(a, k * part));
+    } else {
+        fold(acc, 0);
+    }
 }
 
 /// `a` with every element of `row` folded in: over [`LANES`] accumulators merged pairwise
@@ -367,6 +400,61 @@ fn reduce_int(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rank_with_threads_gives_the_one_thread_bits_and_the_right_sums() {
+        // large enough to be shared among threads; the dims take every path of the fold
+        // (leading rows, a run into one accumulator, a row of accumulators)
+        let shape = [8usize, 33, 17, 31];
+        let n: usize = shape.iter().product();
+        let vals: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
+            .collect();
+        let x = Tensor::from_f32(shape, vals.clone());
+        for dims in [
+            vec![0],
+            vec![0, 1],
+            vec![0, 2, 3],
+            vec![1, 3],
+            vec![3],
+            vec![2],
+            vec![1],
+            vec![0, 3],
+        ] {
+            for op in [ReduceOp::Sum, ReduceOp::Amax] {
+                let run = || {
+                    reduce(&x, op, &dims, false, DType::F32)
+                        .expect("reduces")
+                        .to_f32_vec()
+                };
+                let (one, three) = crate::cpu::alone_and_in_three_threads(run);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&one), bits(&three), "{op:?} over {dims:?}");
+                // against a sum in f64, element by element
+                let kept: Vec<usize> = (0..4).filter(|d| !dims.contains(d)).collect();
+                let mut want = vec![0f64; one.len()];
+                let mut most = vec![f64::NEG_INFINITY; one.len()];
+                for (i, &e) in vals.iter().enumerate() {
+                    let mut rest = i;
+                    let mut idx = [0usize; 4];
+                    for d in (0..4).rev() {
+                        idx[d] = rest % shape[d];
+                        rest /= shape[d];
+                    }
+                    let out = kept.iter().fold(0, |o, &d| o * shape[d] + idx[d]);
+                    want[out] += e as f64;
+                    most[out] = most[out].max(e as f64);
+                }
+                let want = if op == ReduceOp::Sum { want } else { most };
+                for (k, (&got, &w)) in one.iter().zip(&want).enumerate() {
+                    assert!(
+                        (got as f64 - w).abs() <= 1e-3 * (1.0 + w.abs()),
+                        "{op:?} over {dims:?} at {k}: {got} against {w}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn reductions_over_any_dims() {
