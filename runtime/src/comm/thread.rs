@@ -649,6 +649,22 @@ impl ThreadComm {
         })
     }
 
+    /// [`ThreadComm::submit`] of a collective over `t`, which the ranks agree on in dtype and
+    /// size. A reduction writes every rank's buffer in place from a worker: a copy, if one is
+    /// needed, is made here, from this thread's pool.
+    fn submit_tensor(
+        &mut self,
+        kind: Kind,
+        mut t: Tensor,
+        label: &str,
+    ) -> Result<ThreadHandle, CommError> {
+        if matches!(kind, Kind::AllReduce(_) | Kind::ReduceScatter(_)) {
+            t.make_writable();
+        }
+        let like = Some((t.dtype(), t.numel()));
+        self.submit(kind, like, Some(t), label)
+    }
+
     /// `label` as this rank's shared copy of it: a plan's collectives repeat their labels
     /// every step, and each is allocated once.
     fn label(&mut self, label: &str) -> Arc<str> {
@@ -750,24 +766,10 @@ impl Communicator for ThreadComm {
         if self.shared.world == 1 {
             return self.reduce_alone(t);
         }
-        // the reduction writes every rank's buffer in place from a worker: a copy, if one is
-        // needed, is made here, from this thread's pool
-        let mut t = t;
-        t.make_writable();
-        self.submit(
-            Kind::AllReduce(op),
-            Some((t.dtype(), t.numel())),
-            Some(t),
-            label,
-        )
+        self.submit_tensor(Kind::AllReduce(op), t, label)
     }
     fn all_gather_async(&mut self, t: Tensor, label: &str) -> Result<ThreadHandle, CommError> {
-        self.submit(
-            Kind::AllGather,
-            Some((t.dtype(), t.numel())),
-            Some(t),
-            label,
-        )
+        self.submit_tensor(Kind::AllGather, t, label)
     }
     fn reduce_scatter_async(
         &mut self,
@@ -785,14 +787,7 @@ impl Communicator for ThreadComm {
                 ),
             });
         }
-        let mut t = t;
-        t.make_writable();
-        self.submit(
-            Kind::ReduceScatter(op),
-            Some((t.dtype(), t.numel())),
-            Some(t),
-            label,
-        )
+        self.submit_tensor(Kind::ReduceScatter(op), t, label)
     }
     fn wait(&mut self, h: ThreadHandle) -> Result<(Tensor, CommTiming), CommError> {
         self.block(h)
