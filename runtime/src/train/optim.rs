@@ -215,7 +215,14 @@ impl Optimizer {
                 work.push(Chunk { x, g, m, v });
             }
         }
-        work.par_drain(..).for_each(|c| rule.apply(c));
+        // a rank of one thread updates on that thread: outside its own pool, rayon would run the
+        // chunks on the process's global pool, on other ranks' cores (and allocate a block of
+        // its injector queue every 63 calls)
+        if crate::cpu::pool_threads() > 1 {
+            work.par_drain(..).for_each(|c| rule.apply(c));
+        } else {
+            work.drain(..).for_each(|c| rule.apply(c));
+        }
         scratch.work = relabel(work);
         for (p, c) in params.iter_mut().zip(scratch.converted.drain(..)) {
             if let Some(c) = c {
