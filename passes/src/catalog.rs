@@ -13,6 +13,7 @@ use crate::no_sync::NoSync;
 use crate::pass::PassError;
 use crate::pipeline::PassSpec;
 use crate::registry::{BuiltPass, PassDecl, PassLevel, PassRegistry};
+use crate::remat::Remat;
 use crate::sort_waits::SortWaits;
 
 /// `sort-waits`: see [`crate::sort_waits`].
@@ -83,6 +84,14 @@ pub static CONV_INPUT_GRAD: PassDecl = PassDecl {
     options: &[],
 };
 
+/// `remat`: see [`mod@crate::remat`].
+pub static REMAT: PassDecl = PassDecl {
+    name: "remat",
+    help: "the backward recomputes saved values that are elementwise functions of other saved values; the forward stops saving them",
+    level: PassLevel::Program,
+    options: &[],
+};
+
 /// The built-in passes, in the order `--help` lists them.
 pub(crate) fn builtin_registry() -> PassRegistry {
     let mut r = PassRegistry::new();
@@ -100,6 +109,7 @@ pub(crate) fn builtin_registry() -> PassRegistry {
         r.register_trace_pass(&CSE, |_| Ok(Cse)).map(|_| ()),
         r.register_trace_pass(&CANONICALIZE, |_| Ok(Canonicalize))
             .map(|_| ()),
+        r.register_pass(&REMAT, |_| Ok(Remat)).map(|_| ()),
         r.register_trace_pass(&FUSE_ELEMENTWISE, |_| Ok(FuseElementwise))
             .map(|_| ()),
         r.register_trace_pass(&FOLD_CONV_CROP, |_| Ok(FoldConvCrop))

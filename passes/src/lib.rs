@@ -119,6 +119,7 @@ pub mod pass;
 pub mod patterns;
 pub mod pipeline;
 pub mod registry;
+pub mod remat;
 pub mod sort_waits;
 
 pub use accumulate::AccumulateGrads;
@@ -149,4 +150,5 @@ pub use registry::{
     BuiltPass, OptionDecl, OptionDefault, OptionKind, OptionValue, OptionValues, PassDecl,
     PassLevel, PassRegistry, Show,
 };
+pub use remat::Remat;
 pub use sort_waits::SortWaits;

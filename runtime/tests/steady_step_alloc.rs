@@ -125,6 +125,9 @@ fn a_steady_training_step_allocates_nothing() {
         ("llama", 1, 2, 0, fused),
         ("resnet", 1, 1, 0, fused),
         ("bert", 1, 1, 0, fused),
+        // the backward recomputes what the forward stopped saving
+        ("llama", 1, 1, 0, "remat,fuse-elementwise"),
+        ("nanogpt", 2, 1, 0, &format!("remat,{ddp}")),
         ("nanogpt", 2, 1, 0, ddp),
         ("resnet", 2, 1, 0, ddp),
         // each step runs a micro-step without synchronising gradients, then one with

@@ -6,7 +6,7 @@
 //! committed: tens of MiB of weights) when missing; PyTorch is timed when the Python named by
 //! TRACEPASS_PYTHON (default `python3`) has torch and the exporter's models. Each
 //! configuration is trained twice, as exported and with the optimising passes in the
-//! pipeline, `conv-input-grad,fold-conv-crop,fuse-elementwise` (`fused st/s`); TRACEPASS_BENCH_MID_MODELS
+//! pipeline, `remat,conv-input-grad,fold-conv-crop,fuse-elementwise` (`fused st/s`); TRACEPASS_BENCH_MID_MODELS
 //! (comma-separated) limits the models. Each of our runs is a process of its own (this binary's
 //! hidden `bench-mid-one`), as each PyTorch run is: the allocator keeps freed memory, so runs in
 //! one process would count the earlier runs' pages in the later runs' peak.
@@ -112,9 +112,9 @@ pub fn bench_mid_one(dir: &Path, ranks: usize, threads: usize, fused: bool) -> R
 fn run_ours(dir: &Path, ranks: usize, threads: usize, fused: bool) -> Result<Ours> {
     let passes = match (fused, ranks) {
         (false, _) => None,
-        (true, 1) => Some("conv-input-grad,fold-conv-crop,fuse-elementwise".to_string()),
+        (true, 1) => Some("remat,conv-input-grad,fold-conv-crop,fuse-elementwise".to_string()),
         (true, n) => Some(format!(
-            "ddp(world_size={n}),conv-input-grad,fold-conv-crop,fuse-elementwise,sort-waits"
+            "remat,ddp(world_size={n}),conv-input-grad,fold-conv-crop,fuse-elementwise,sort-waits"
         )),
     };
     let cfg = TrainConfig {

@@ -476,6 +476,17 @@ pub(crate) fn build_plans(model: &Model, cfg: &TrainConfig) -> Result<Plans, Tra
     if shards_parameters(cfg.passes.as_deref()) {
         return build_sharded_plans(model, cfg);
     }
+    // `remat` changes what the forward saves, so the forward that runs is its output too; it
+    // runs first (it reads only the saved values, which no other pass here changes), and
+    // again in the pipeline, where it then finds nothing more to do
+    let rematted;
+    let p = match cfg.passes.as_deref() {
+        Some(specs) if specs.iter().any(|s| s.name == "remat") => {
+            rematted = rewrite(p, &[PassSpec::new("remat")])?;
+            &rematted
+        }
+        _ => p,
+    };
     let ret = match &p.forward.ret {
         Arg::Tuple(items) if items.len() == 2 => items[1].clone(),
         _ => {

@@ -1,0 +1,363 @@
+//! `remat`: the backward recomputes the saved values that are elementwise functions of other
+//! saved values, and the forward stops saving them (Thunder's rematerialization, restricted to
+//! what costs no extra read).
+//!
+//! Thunder saves every intermediate its backward formulas name: GELU's backward reads `x`,
+//! `x * x`, `0.5 * x`, `tanh(..)` and `1 + tanh(..)`, five tensors of the MLP's width, each
+//! written by the forward and read back by the backward; three of them (and the GELU's output,
+//! saved for a weight gradient) are a few multiplies and adds away from `x` and the `tanh`.
+//! A saved value is recomputed when the chain of
+//! cheap elementwise ops ([`RECOMPUTED`]) that made it in the forward reaches, through values
+//! the backward does not have, only saved values that stay saved and numbers: so
+//! the backward reads a subset of what it read before, and never a new tensor. The chain is
+//! copied into the backward right before the first reader of the value, each value its own
+//! copy (so that `fuse-elementwise` can take every copy into its reader's region, where two
+//! values sharing one copy would each need it as a tensor).
+//! The copies are the forward's ops on the same operands, run by the same kernels, so every
+//! value, loss and gradient keeps its bits (the runtime's `remat_training` test).
+
+use crate::pass::{Changed, Pass, PassContext, PassError};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use tracepass_ir::op::{self, Op};
+use tracepass_ir::{ops, Arg, Lhs, Node, NodeIndex, Program, Rewriter, Trace, Type, ValueId};
+
+/// The `remat` pass (program-level: it reads the forward and changes both traces).
+pub struct Remat;
+
+/// The most forward ops one saved value's recomputation may copy (GELU's output from `x` and
+/// its saved `tanh` needs 3);
+/// a longer chain is kept saved rather than recomputed in full.
+const MAX_CHAIN: usize = 16;
+
+/// The ops a recomputation may copy: arithmetic that costs less than reading its result back
+/// from memory. A transcendental (`tanh`, `exp`, `erf`, ...) costs more on a CPU (a vectorised
+/// `tanh` is ~3 cycles an element, a read from memory well under one), so its result stays
+/// saved and the recomputation starts from it.
+pub const RECOMPUTED: &[Op] = &[
+    op::ADD,
+    op::SUB,
+    op::MUL,
+    op::NEG,
+    op::ABS,
+    op::RELU,
+    op::MAXIMUM,
+    op::MINIMUM,
+    op::EXPAND,
+    op::UNSQUEEZE,
+];
+
+fn recomputable(t: &Trace, n: &Node) -> bool {
+    let [out] = n.outputs() else { return false };
+    RECOMPUTED.iter().any(|f| f.matches(n)) && matches!(t.ty(*out), Some(Type::Tensor(_)))
+}
+
+/// How the backward can have a forward value.
+#[derive(Clone, Debug)]
+enum Source {
+    /// It stays saved: the backward reads it.
+    Kept,
+    /// Recomputed by these forward nodes, in schedule order.
+    Chain(Vec<NodeIndex>),
+}
+
+/// What to recompute: for each forward value the backward can have, how.
+fn plan(fwd: &Trace, saved: &HashSet<ValueId>) -> HashMap<ValueId, Source> {
+    let mut how: HashMap<ValueId, Source> = HashMap::default();
+    for &idx in fwd.schedule() {
+        let Some(n) = fwd.node(idx) else { continue };
+        let [out] = n.outputs() else {
+            for o in n.outputs() {
+                if saved.contains(o) {
+                    how.insert(*o, Source::Kept);
+                }
+            }
+            continue;
+        };
+        let out = *out;
+        let chain = recomputable(fwd, n)
+            .then(|| {
+                let mut chain: Vec<NodeIndex> = Vec::new();
+                for v in n.operands() {
+                    match how.get(&v)? {
+                        Source::Kept => {}
+                        Source::Chain(c) => {
+                            for m in c {
+                                if !chain.contains(m) {
+                                    chain.push(*m);
+                                }
+                            }
+                        }
+                    }
+                }
+                chain.push(idx);
+                (chain.len() <= MAX_CHAIN).then_some(chain)
+            })
+            .flatten();
+        match chain {
+            Some(c) => {
+                how.insert(out, Source::Chain(c));
+            }
+            None if saved.contains(&out) => {
+                how.insert(out, Source::Kept);
+            }
+            None => {}
+        }
+    }
+    // the forward's arguments the backward has (saved parameters and inputs)
+    for a in fwd.args() {
+        if saved.contains(a) {
+            how.insert(*a, Source::Kept);
+        }
+    }
+    how
+}
+
+/// Chains are built from operands in schedule order, so a chain lists its nodes in schedule
+/// order once sorted by position.
+fn in_schedule_order(fwd: &Trace, chain: &mut [NodeIndex]) {
+    let pos = fwd.schedule_positions();
+    chain.sort_by_key(|n| pos.get(n.index()).copied().unwrap_or(u32::MAX));
+}
+
+fn failed(message: String) -> PassError {
+    PassError::Failed {
+        pass: "remat".into(),
+        message,
+    }
+}
+
+impl Pass for Remat {
+    fn name(&self) -> &str {
+        "remat"
+    }
+    fn spec(&self) -> String {
+        "remat".into()
+    }
+    fn run(&self, p: &mut Program, cx: &mut PassContext) -> Result<Changed, PassError> {
+        let fwd_saved = p.forward_saved();
+        let bwd_saved = p.backward_saved();
+        if fwd_saved.is_empty() || fwd_saved.len() != bwd_saved.len() {
+            // a lone backward, or saved values not unpacked one by one: nothing to change
+            cx.stat("remat.recomputed", 0);
+            return Ok(Changed::No);
+        }
+        let saved: HashSet<ValueId> = fwd_saved.iter().copied().collect();
+        let mut how = plan(&p.forward, &saved);
+        // a value the forward saves twice, or that the backward returns, stays saved
+        let returned: HashSet<ValueId> = p.backward.returned_values().into_iter().collect();
+        let mut times_saved: HashMap<ValueId, usize> = HashMap::default();
+        for f in &fwd_saved {
+            *times_saved.entry(*f).or_default() += 1;
+        }
+        let mut dropped: Vec<usize> = Vec::new();
+        for (i, (&f, &b)) in fwd_saved.iter().zip(&bwd_saved).enumerate() {
+            if !matches!(how.get(&f), Some(Source::Chain(_))) {
+                continue;
+            }
+            // (and one the backward declares with another type than the forward's: the copy
+            // would have the forward's)
+            let same_type = p.forward.ty(f).is_some() && p.forward.ty(f) == p.backward.ty(b);
+            if times_saved[&f] == 1 && !returned.contains(&b) && same_type {
+                dropped.push(i);
+            } else {
+                how.insert(f, Source::Kept);
+            }
+        }
+        // a recomputed value's chain may pass through a value that stays saved: read that
+        let dropped_values: HashSet<ValueId> = dropped.iter().map(|&i| fwd_saved[i]).collect();
+        for &f in &dropped_values {
+            let Some(Source::Chain(c)) = how.get(&f).cloned() else {
+                continue;
+            };
+            let trimmed = trim_at_kept(&p.forward, &c, f, &saved, &dropped_values);
+            how.insert(f, Source::Chain(trimmed));
+        }
+        if dropped.is_empty() {
+            cx.stat("remat.recomputed", 0);
+            return Ok(Changed::No);
+        }
+        let copied = rewrite_backward(p, &fwd_saved, &bwd_saved, &dropped, &how)?;
+        rewrite_forward(p, &dropped)?;
+        cx.stat("remat.recomputed", dropped.len() as u64);
+        cx.stat("remat.copied_ops", copied as u64);
+        cx.changed_trace(true);
+        cx.changed_trace(false);
+        cx.changed_return(true, &[1, 0]);
+        Ok(Changed::Yes)
+    }
+}
+
+/// `chain` (which computes `target`) without the nodes that only feed values the backward
+/// reads anyway (saved values that stay saved).
+fn trim_at_kept(
+    fwd: &Trace,
+    chain: &[NodeIndex],
+    target: ValueId,
+    saved: &HashSet<ValueId>,
+    dropped: &HashSet<ValueId>,
+) -> Vec<NodeIndex> {
+    // walk back from the target, stopping at saved values that stay saved
+    let members: HashSet<NodeIndex> = chain.iter().copied().collect();
+    let mut keep: Vec<NodeIndex> = Vec::new();
+    let mut stack = vec![target];
+    let mut visited: HashSet<ValueId> = HashSet::default();
+    while let Some(v) = stack.pop() {
+        if !visited.insert(v) {
+            continue;
+        }
+        if v != target && saved.contains(&v) && !dropped.contains(&v) {
+            continue;
+        }
+        let Some(n) = fwd.producer(v).filter(|n| members.contains(n)) else {
+            continue;
+        };
+        keep.push(n);
+        if let Some(node) = fwd.node(n) {
+            stack.extend(node.operands());
+        }
+    }
+    in_schedule_order(fwd, &mut keep);
+    keep
+}
+
+/// Copies the chains into the backward before the first reader of each dropped value, reads
+/// the copies instead, and removes the dropped values from the backward's unpack. Returns the
+/// number of ops copied.
+fn rewrite_backward(
+    p: &mut Program,
+    fwd_saved: &[ValueId],
+    bwd_saved: &[ValueId],
+    dropped: &[usize],
+    how: &HashMap<ValueId, Source>,
+) -> Result<usize, PassError> {
+    let fwd = &p.forward;
+    let bwd = &mut p.backward;
+    // forward value -> the backward value that holds it
+    let mut held: HashMap<ValueId, ValueId> = HashMap::default();
+    for (i, (&f, &b)) in fwd_saved.iter().zip(bwd_saved).enumerate() {
+        if !dropped.contains(&i) {
+            held.entry(f).or_insert(b);
+        }
+    }
+    let pos = bwd.schedule_positions();
+    let first_reader = |b: ValueId| {
+        bwd.users(b)
+            .into_iter()
+            .min_by_key(|n| pos.get(n.index()).copied().unwrap_or(u32::MAX))
+    };
+    let mut order: Vec<(u32, usize, Option<NodeIndex>)> = dropped
+        .iter()
+        .map(|&i| {
+            let r = first_reader(bwd_saved[i]);
+            let at = r
+                .and_then(|n| pos.get(n.index()).copied())
+                .unwrap_or(u32::MAX);
+            (at, i, r)
+        })
+        .collect();
+    order.sort();
+    let mut names = bwd.name_gen();
+    let mut rw = Rewriter::new();
+    let mut copied = 0;
+    for (_, i, reader) in order {
+        let f = fwd_saved[i];
+        let b = bwd_saved[i];
+        let Some(reader) = reader else { continue };
+        let Some(Source::Chain(chain)) = how.get(&f) else {
+            return Err(failed(format!(
+                "no recomputation planned for saved value {}",
+                fwd.name(f)
+            )));
+        };
+        // each value its own copy of its chain (no value shared between two copies), so
+        // that every copied value has the readers of one region
+        let mut made: HashMap<ValueId, ValueId> = HashMap::default();
+        for &idx in chain {
+            let Some(n) = fwd.node(idx) else { continue };
+            let out = n.outputs()[0];
+            let mut args = n.args().to_vec();
+            let mut missing = None;
+            for a in &mut args {
+                a.map_values(&mut |v| match made.get(&v).or_else(|| held.get(&v)) {
+                    Some(&h) => h,
+                    None => {
+                        missing = Some(v);
+                        v
+                    }
+                });
+            }
+            if let Some(v) = missing {
+                return Err(failed(format!(
+                    "recomputing {} needs {}, which the backward does not have",
+                    fwd.name(out),
+                    fwd.name(v)
+                )));
+            }
+            let ty = fwd
+                .ty(out)
+                .cloned()
+                .ok_or_else(|| failed(format!("{} has no type", fwd.name(out))))?;
+            let new = bwd.new_value(names.fresh_for(&ty), ty);
+            let mut copy = n.with_operands(args, vec![new]);
+            copy.set_subsymbols(Vec::new());
+            copy.set_source(None);
+            rw.insert_before(reader, copy);
+            made.insert(out, new);
+            copied += 1;
+        }
+        let new = *made
+            .get(&f)
+            .ok_or_else(|| failed(format!("{} was not recomputed", fwd.name(f))))?;
+        rw.replace_all_uses(b, new);
+    }
+    // the unpack of the saved values loses the dropped ones
+    let unpack = bwd
+        .nodes()
+        .find(|(_, n)| {
+            n.op == ops::UNPACK_SEQUENCE && n.lhs == Lhs::Unpack && n.outputs() == bwd_saved
+        })
+        .map(|(i, n)| (i, n.clone()))
+        .ok_or_else(|| {
+            failed("the backward's unpack of its saved values is not where expected".into())
+        })?;
+    let outs: Vec<ValueId> = bwd_saved
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !dropped.contains(i))
+        .map(|(_, v)| *v)
+        .collect();
+    rw.replace(
+        unpack.0,
+        unpack.1.with_operands(unpack.1.args().to_vec(), outs),
+    );
+    rw.apply(bwd).map_err(|e| PassError::rewrite("remat", e))?;
+    Ok(copied)
+}
+
+/// The forward's saved tuple without the dropped values.
+fn rewrite_forward(p: &mut Program, dropped: &[usize]) -> Result<(), PassError> {
+    let mut ret = p.forward.ret.clone();
+    let saved = match &mut ret {
+        Arg::Tuple(items) => match items.get_mut(1) {
+            Some(Arg::Tuple(s)) => s.first_mut(),
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(Arg::Tuple(values) | Arg::List(values)) = saved else {
+        return Err(failed(
+            "the forward's saved values are not a flat tuple".into(),
+        ));
+    };
+    let mut i = 0;
+    values.retain(|_| {
+        let keep = !dropped.contains(&i);
+        i += 1;
+        keep
+    });
+    let mut rw = Rewriter::new();
+    rw.set_return(ret);
+    rw.apply(&mut p.forward)
+        .map_err(|e| PassError::rewrite("remat", e))?;
+    Ok(())
+}
