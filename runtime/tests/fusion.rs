@@ -99,6 +99,10 @@ fn every_binary_op_fuses_to_the_unfused_bits() {
         ("torch.add(a, y, alpha=3)", -3.0),
         ("torch.sub(a, y, alpha=0.5)", -3.0),
         ("torch.sub(2.0, a)", -3.0),
+        // a literal read where it is, on either side, with alpha
+        ("torch.sub(a, 1.5, alpha=2.0)", -3.0),
+        ("torch.add(0.25, a, alpha=3)", -3.0),
+        ("torch.div(2.0, a)", 0.1),
         ("torch.mul(a, y)", -3.0),
         ("torch.div(a, y)", 0.1),
         ("torch.true_divide(a, y)", 0.1),

@@ -233,6 +233,26 @@ pub(crate) fn binary_into<T: Real>(op: BinaryOp, alpha: f64, a: &[T], b: &[T], d
         .for_each(|(d, (&p, &q))| *d = f(p, q)))
 }
 
+/// [`binary_into`] with one operand a number: `a[i] op (alpha * y)`, or `x op (alpha * b[i])`
+/// (`scalar_first`), the same function on the same values.
+#[inline(always)]
+pub(crate) fn binary_scalar_into<T: Real>(
+    op: BinaryOp,
+    alpha: f64,
+    (v, y): (&[T], T),
+    scalar_first: bool,
+    dst: &mut [T],
+) {
+    for_binary_op!(op, T, T::of(alpha), f => {
+        let it = dst.iter_mut().zip(v);
+        if scalar_first {
+            it.for_each(|(d, &q)| *d = f(y, q))
+        } else {
+            it.for_each(|(d, &p)| *d = f(p, y))
+        }
+    })
+}
+
 /// `dst[i] = src[i] ** e` as the `pow` kernel computes a literal exponent ([`pow_scalar`]).
 #[inline(always)]
 pub(crate) fn pow_scalar_into<T: Real>(src: &[T], e: f64, dst: &mut [T]) {

@@ -1,6 +1,7 @@
 //! A fusion region's [`FusedLoop`] on the CPU: one pass over the output in chunks of
-//! [`CHUNK`] elements. Each lane operation fills a chunk-sized buffer from earlier ones with a
-//! straight loop over slices (which the compiler vectorises where the op allows: arithmetic,
+//! [`CHUNK`] elements. Each lane operation fills a chunk-sized buffer from earlier ones (a
+//! literal, and an operand read in loop order, read where they are; the last op straight into
+//! the output) with a straight loop over slices (which the compiler vectorises where the op allows: arithmetic,
 //! and `tanh` through `fast_math`), so the values between ops live in a few KiB of cache and
 //! no tensor is made for them. Every op calls the unfused kernel's own function
 //! (`elementwise::unary_into` and friends), so a region's result has the unfused ops' bits.
@@ -8,11 +9,11 @@
 //! than one thread in the rank's pool a large region is split into whole-chunk ranges that
 //! run in parallel (each element computed the same way, so the bits do not change).
 
-use super::elementwise::{binary_into, pow_scalar_into, unary_into};
+use super::elementwise::{binary_into, binary_scalar_into, pow_scalar_into, unary_into};
 use super::real::Real;
 use super::simd::vectorized;
 use crate::exec::backend::Input;
-use crate::exec::region::{FusedLoop, LaneOp};
+use crate::exec::region::{FusedLoop, LaneOp, LaneRead};
 use crate::tensor::Tensor;
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -88,10 +89,18 @@ pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, 
 /// Outputs smaller than this run on one thread.
 const PARALLEL_MIN: usize = 1 << 16;
 
+/// How an op reads an earlier op's value within one chunk.
+enum Operand<'a> {
+    Elems(&'a [f32]),
+    Number(f32),
+}
+
 /// Computes loop positions `first..first + dst.len()` into `dst`, chunk by chunk, in code
-/// compiled for this CPU's vector unit.
+/// compiled for this CPU's vector unit. A literal, and an operand read in loop order, are
+/// read where they are (no lane is filled for them); the last op writes into `dst`.
 fn run_range(f: &FusedLoop, sources: &[Source<'_>], first: usize, dst: &mut [f32]) {
     let mut lanes = super::buffer_pool::filled(f.ops.len() * CHUNK, 0f32);
+    let last = f.ops.len() - 1;
     vectorized(
         #[inline(always)]
         || {
@@ -101,23 +110,60 @@ fn run_range(f: &FusedLoop, sources: &[Source<'_>], first: usize, dst: &mut [f32
                 let start = first + at;
                 for (k, op) in f.ops.iter().enumerate() {
                     let (before, rest) = lanes.split_at_mut(k * CHUNK);
-                    let lane_dst = &mut rest[..len];
-                    let lane = |i: usize| &before[i * CHUNK..i * CHUNK + len];
-                    match op {
-                        LaneOp::Load { input, strides } => match &sources[*input] {
-                            Source::Number(x) => lane_dst.fill(*x),
-                            Source::Elems(v) => load(v, &f.shape, strides, start, lane_dst),
+                    let out = if k == last {
+                        &mut dst[at..at + len]
+                    } else {
+                        &mut rest[..len]
+                    };
+                    let operand = |i: usize| match f.reads[i] {
+                        LaneRead::Lane => Operand::Elems(&before[i * CHUNK..i * CHUNK + len]),
+                        LaneRead::Const(x) => Operand::Number(f32::of(x)),
+                        LaneRead::InOrder(input) => match &sources[input] {
+                            Source::Elems(v) => Operand::Elems(&v[start..start + len]),
+                            Source::Number(x) => Operand::Number(*x),
                         },
-                        LaneOp::Const(x) => lane_dst.fill(f32::of(*x)),
-                        LaneOp::Unary(u, a) => unary_into(*u, lane(*a), lane_dst),
-                        LaneOp::Binary { op, a, b, alpha } => {
-                            binary_into(*op, *alpha, lane(*a), lane(*b), lane_dst)
-                        }
-                        LaneOp::PowScalar(a, e) => pow_scalar_into(lane(*a), *e, lane_dst),
+                    };
+                    match op {
+                        LaneOp::Load { .. } | LaneOp::Const(_) if f.reads[k] != LaneRead::Lane => {}
+                        LaneOp::Load { input, strides } => match &sources[*input] {
+                            Source::Number(x) => out.fill(*x),
+                            Source::Elems(v) => load(v, &f.shape, strides, start, out),
+                        },
+                        LaneOp::Const(x) => out.fill(f32::of(*x)),
+                        LaneOp::Unary(u, a) => match operand(*a) {
+                            Operand::Elems(v) => unary_into(*u, v, out),
+                            Operand::Number(x) => {
+                                let mut y = [0f32];
+                                unary_into(*u, &[x], &mut y);
+                                out.fill(y[0]);
+                            }
+                        },
+                        LaneOp::Binary { op, a, b, alpha } => match (operand(*a), operand(*b)) {
+                            (Operand::Elems(x), Operand::Elems(y)) => {
+                                binary_into(*op, *alpha, x, y, out)
+                            }
+                            (Operand::Elems(x), Operand::Number(y)) => {
+                                binary_scalar_into(*op, *alpha, (x, y), false, out)
+                            }
+                            (Operand::Number(x), Operand::Elems(y)) => {
+                                binary_scalar_into(*op, *alpha, (y, x), true, out)
+                            }
+                            (Operand::Number(x), Operand::Number(y)) => {
+                                let mut z = [0f32];
+                                binary_scalar_into(*op, *alpha, (&[x], y), false, &mut z);
+                                out.fill(z[0]);
+                            }
+                        },
+                        LaneOp::PowScalar(a, e) => match operand(*a) {
+                            Operand::Elems(v) => pow_scalar_into(v, *e, out),
+                            Operand::Number(x) => {
+                                let mut y = [0f32];
+                                pow_scalar_into(&[x], *e, &mut y);
+                                out.fill(y[0]);
+                            }
+                        },
                     }
                 }
-                let last = (f.ops.len() - 1) * CHUNK;
-                dst[at..at + len].copy_from_slice(&lanes[last..last + len]);
                 at += len;
             }
         },

@@ -137,10 +137,7 @@ pub fn catalog() -> Vec<Source> {
         ops.push(LaneOp::Unary(u, last));
     }
     out.push(region_source(
-        &FusedLoop {
-            shape: shape.clone(),
-            ops,
-        },
+        &FusedLoop::new(shape.clone(), ops),
         &[false, false],
     ));
     // every binary op, on a transposed operand, a number and a literal
@@ -165,7 +162,7 @@ pub fn catalog() -> Vec<Source> {
         let last = ops.len() - 1;
         ops.push(LaneOp::PowScalar(last, e));
     }
-    out.push(region_source(&FusedLoop { shape, ops }, &[false, true]));
+    out.push(region_source(&FusedLoop::new(shape, ops), &[false, true]));
     out
 }
 
@@ -175,9 +172,9 @@ mod tests {
 
     #[test]
     fn a_region_kernel_reads_each_operand_through_its_strides() {
-        let f = FusedLoop {
-            shape: vec![4, 8],
-            ops: vec![
+        let f = FusedLoop::new(
+            vec![4, 8],
+            vec![
                 LaneOp::Load {
                     input: 0,
                     strides: vec![8, 1],
@@ -194,7 +191,7 @@ mod tests {
                 },
                 LaneOp::Unary(crate::exec::kernel::UnaryOp::Tanh, 2),
             ],
-        };
+        );
         let s = region_source(&f, &[false, false]);
         assert!(s.code.contains("in0[c0 * 8LL + c1 * 1LL]"), "{}", s.code);
         assert!(s.code.contains("in1[c1 * 1LL]"), "{}", s.code);

@@ -62,9 +62,39 @@ pub struct FusedLoop {
     /// The output's shape: the loop's index space.
     pub shape: Vec<usize>,
     pub ops: Vec<LaneOp>,
+    /// Per op, where a reader finds its value ([`FusedLoop::new`] derives it from `ops`).
+    pub reads: Vec<LaneRead>,
+}
+
+/// Where the ops of a [`FusedLoop`] read an earlier op's value: a lane of its own, or (for a
+/// literal, and a load that reads its operand's elements in loop order) the value itself,
+/// which a backend may read in place instead of copying it into a lane first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LaneRead {
+    /// The op's lane.
+    Lane,
+    /// The literal.
+    Const(f64),
+    /// Operand `input` of the region, element `i` at loop position `i` (or a number).
+    InOrder(usize),
 }
 
 impl FusedLoop {
+    /// The loop of `ops` over `shape`.
+    pub fn new(shape: Vec<usize>, ops: Vec<LaneOp>) -> FusedLoop {
+        let reads = ops
+            .iter()
+            .map(|op| match op {
+                LaneOp::Const(x) => LaneRead::Const(*x),
+                LaneOp::Load { input, strides } if in_loop_order(&shape, strides) => {
+                    LaneRead::InOrder(*input)
+                }
+                _ => LaneRead::Lane,
+            })
+            .collect();
+        FusedLoop { shape, ops, reads }
+    }
+
     /// How many elements the loop computes.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -330,5 +360,18 @@ fn fused_loop(
     if last + 1 != ops.len() || matches!(ops[last], LaneOp::Load { .. } | LaneOp::Const(_)) {
         return None;
     }
-    Some(FusedLoop { shape, ops })
+    Some(FusedLoop::new(shape, ops))
+}
+
+/// Whether `strides` over `shape` address the elements in row-major loop order (dims of size
+/// one excepted).
+fn in_loop_order(shape: &[usize], strides: &[usize]) -> bool {
+    let mut step = 1usize;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n != 1 && s != step {
+            return false;
+        }
+        step *= n;
+    }
+    strides.len() == shape.len()
 }
