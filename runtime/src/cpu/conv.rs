@@ -536,9 +536,12 @@ fn conv_typed<T: Gemm + Default>(
 /// with `P` the sample's output positions, which for the late layers of a CNN (and for the
 /// weight gradient Thunder writes as a convolution over the batch) is a handful of columns,
 /// where a GEMM runs at a fraction of its speed. Side by side, samples give `P * batch`
-/// columns; the unfolded matrix is kept under 4 Mi elements.
+/// columns; the unfolded matrix is kept under 4 Mi elements. Up to 2048 columns rather than
+/// 512: with two threads each product shares out its unfolding and its rows (two hand-offs
+/// between threads each), and fewer, wider products made ResNet-18-64 at one rank and two
+/// threads 10-20% faster (`xtask bench-mid-one`, alternated), at one thread the same.
 fn samples_per_product(n: usize, op: usize, kc: usize) -> usize {
-    const WANT_COLUMNS: usize = 512;
+    const WANT_COLUMNS: usize = 2048;
     const MAX_COL_ELEMS: usize = 1 << 22;
     if op >= WANT_COLUMNS || n <= 1 {
         return 1;
