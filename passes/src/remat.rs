@@ -24,9 +24,8 @@ use tracepass_ir::{ops, Arg, Lhs, Node, NodeIndex, Program, Rewriter, Trace, Typ
 /// The `remat` pass (program-level: it reads the forward and changes both traces).
 pub struct Remat;
 
-/// The most forward ops one saved value's recomputation may copy (GELU's output from `x` and
-/// its saved `tanh` needs 3);
-/// a longer chain is kept saved rather than recomputed in full.
+/// The most forward ops one saved value's recomputation may copy (the GELU's output from `x`
+/// and its saved `tanh` needs 3); a value with a longer chain stays saved.
 const MAX_CHAIN: usize = 16;
 
 /// The ops a recomputation may copy: arithmetic that costs less than reading its result back
@@ -46,9 +45,17 @@ pub const RECOMPUTED: &[Op] = &[
     op::UNSQUEEZE,
 ];
 
+/// Whether `n` may be copied into the backward: a cheap op with one tensor output, whose
+/// keyword arguments are literals (only positional operands are mapped to the backward's).
 fn recomputable(t: &Trace, n: &Node) -> bool {
     let [out] = n.outputs() else { return false };
-    RECOMPUTED.iter().any(|f| f.matches(n)) && matches!(t.ty(*out), Some(Type::Tensor(_)))
+    let mut kwarg_values = false;
+    for (_, a) in n.kwargs() {
+        a.for_each_value(&mut |_| kwarg_values = true);
+    }
+    RECOMPUTED.iter().any(|f| f.matches(n))
+        && !kwarg_values
+        && matches!(t.ty(*out), Some(Type::Tensor(_)))
 }
 
 /// How the backward can have a forward value.
@@ -63,6 +70,12 @@ enum Source {
 /// What to recompute: for each forward value the backward can have, how.
 fn plan(fwd: &Trace, saved: &HashSet<ValueId>) -> HashMap<ValueId, Source> {
     let mut how: HashMap<ValueId, Source> = HashMap::default();
+    // the forward's arguments the backward has (saved parameters and inputs)
+    for a in fwd.args() {
+        if saved.contains(a) {
+            how.insert(*a, Source::Kept);
+        }
+    }
     for &idx in fwd.schedule() {
         let Some(n) = fwd.node(idx) else { continue };
         let [out] = n.outputs() else {
@@ -103,20 +116,7 @@ fn plan(fwd: &Trace, saved: &HashSet<ValueId>) -> HashMap<ValueId, Source> {
             None => {}
         }
     }
-    // the forward's arguments the backward has (saved parameters and inputs)
-    for a in fwd.args() {
-        if saved.contains(a) {
-            how.insert(*a, Source::Kept);
-        }
-    }
     how
-}
-
-/// Chains are built from operands in schedule order, so a chain lists its nodes in schedule
-/// order once sorted by position.
-fn in_schedule_order(fwd: &Trace, chain: &mut [NodeIndex]) {
-    let pos = fwd.schedule_positions();
-    chain.sort_by_key(|n| pos.get(n.index()).copied().unwrap_or(u32::MAX));
 }
 
 fn failed(message: String) -> PassError {
@@ -165,11 +165,14 @@ impl Pass for Remat {
         }
         // a recomputed value's chain may pass through a value that stays saved: read that
         let dropped_values: HashSet<ValueId> = dropped.iter().map(|&i| fwd_saved[i]).collect();
+        let positions = p.forward.schedule_positions();
         for &f in &dropped_values {
             let Some(Source::Chain(c)) = how.get(&f).cloned() else {
                 continue;
             };
-            let trimmed = trim_at_kept(&p.forward, &c, f, &saved, &dropped_values);
+            let mut trimmed = trim_at_kept(&p.forward, &c, f, &saved, &dropped_values);
+            // in schedule order, so that each copy comes after what it reads
+            trimmed.sort_by_key(|n| positions.get(n.index()).copied().unwrap_or(u32::MAX));
             how.insert(f, Source::Chain(trimmed));
         }
         if dropped.is_empty() {
@@ -216,7 +219,6 @@ fn trim_at_kept(
             stack.extend(node.operands());
         }
     }
-    in_schedule_order(fwd, &mut keep);
     keep
 }
 

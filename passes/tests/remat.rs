@@ -289,3 +289,43 @@ fn remat_keeps_a_value_saved_twice() {
         "{saved:?}"
     );
 }
+
+/// A value computed from the forward's arguments (here `x * x`, `x` saved as it is) is
+/// recomputed from them.
+#[test]
+fn remat_recomputes_from_saved_arguments() {
+    let forward = r#"def computation(x, t_w):
+  # x: "cpu f32[4, 8]"
+  # t_w: "cpu f32[2, 8]"
+  s = torch.mul(x, x)  # s: "cpu f32[4, 8]"
+  out = torch.nn.functional.linear(s, t_w, None)  # out: "cpu f32[4, 2]"
+  return {'output': (out,), 'flat_args': [x, t_w]}, ((t_w, x, s), ())
+"#;
+    let backward = r#"def backward_fn(saved_for_backward, cotangents):
+  # saved_for_backward: "Collection"
+  # cotangents: "Collection"
+  C0, C1, = saved_for_backward
+  # C0: "Collection"
+  # C1: "Collection"
+  g, = cotangents
+  # g: "cpu f32[4, 2]"
+  t_w, x, s, = C0
+  # t_w: "cpu f32[2, 8]"
+  # x: "cpu f32[4, 8]"
+  # s: "cpu f32[4, 8]"
+  gt = torch.permute(g, (1, 0))  # gt: "cpu f32[2, 4]"
+  gw = torch.matmul(gt, s)  # gw: "cpu f32[2, 8]"
+  gs = torch.matmul(g, t_w)  # gs: "cpu f32[4, 8]"
+  g1 = torch.mul(gs, x)  # g1: "cpu f32[4, 8]"
+  gx = torch.mul(2.0, g1)  # gx: "cpu f32[4, 8]"
+  return (gx, gw)
+"#;
+    let before = Program::from_thunder(
+        parse_trace(forward).unwrap(),
+        parse_trace(backward).unwrap(),
+    )
+    .unwrap();
+    let mut after = before.clone();
+    assert_eq!(remat(&mut after), 1);
+    assert_eq!(check(&before, &after), ["s"]);
+}
