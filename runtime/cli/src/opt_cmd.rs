@@ -25,6 +25,9 @@ const PASSES_HELP: &str = "Passes (comma-separated, options in parentheses):
   cse               merge identical pure computations
   canonicalize      exact algebraic identities (x*1, x/1, x-0, -(-x)), dead casts and
                     exact constant folds (x*2*4 -> x*8, 2*3 -> 6)
+  remat             the backward recomputes saved values that are cheap arithmetic of other
+                    saved values, and the forward stops saving them (needs the forward;
+                    write a .tpb or .json to keep it)
   fuse-elementwise  group chains of elementwise ops (each intermediate read once) into
                     tracepass.fusion regions, run as one loop (CPU) or one kernel (CUDA)
   fold-conv-crop    a convolution whose output is only cropped (Thunder's input gradient)
@@ -243,6 +246,8 @@ pub fn run(args: OptArgs) -> Result<()> {
     }
     pm.verify_each = !args.no_verify;
     pm.record_time = args.timing;
+    // a pass that changes the forward adds a provenance line to it
+    let forward_passes = program.forward.provenance.len();
     let report = match pm.run(&mut program, registry()) {
         Ok(r) => r,
         Err(e) => {
@@ -282,6 +287,16 @@ pub fn run(args: OptArgs) -> Result<()> {
             eprintln!("note {k}: {v}");
         }
     }
+    // a backward alone after a pass that changed the forward (`remat`: what it saves; `fsdp`:
+    // what it gathers) no longer pairs with the forward the user has
+    let forward_changed = program.forward.provenance.len() > forward_passes;
+    let unpaired = |to: &str| {
+        if forward_changed {
+            eprintln!(
+                "note: the pipeline changed the forward too, so the backward {to} does not pair with the forward given; write .tpb or .json (-o FILE) to keep both"
+            );
+        }
+    };
     match (&args.output, lone) {
         (Some(o), true) => fsio::save(o, &Module::Trace(program.backward))?,
         (Some(o), false) => {
@@ -290,12 +305,16 @@ pub fn run(args: OptArgs) -> Result<()> {
                     "note: {} holds the backward only (a .trace file holds one trace); write .tpb or .json for the whole program",
                     o.display()
                 );
+                unpaired(&format!("in {}", o.display()));
                 fsio::save(o, &Module::Trace(program.backward))?
             } else {
                 fsio::save(o, &Module::Program(program))?
             }
         }
-        (None, _) => out(&tracepass_ir::print_trace(&program.backward))?,
+        (None, _) => {
+            unpaired("printed");
+            out(&tracepass_ir::print_trace(&program.backward))?
+        }
     }
     Ok(())
 }

@@ -160,3 +160,30 @@ fn verify_checks_what_training_an_export_needs() {
         assert!(o.stdout.is_empty());
     }
 }
+
+/// A pipeline that changes the forward (`remat` drops saved values) says so when only the
+/// backward is written or printed: alone it no longer pairs with the forward the user has.
+/// One that changes the backward only (`ddp`) says nothing of the kind.
+#[test]
+fn a_backward_alone_after_a_forward_change_is_flagged() {
+    let mlp = model("nanogpt");
+    let o = run(&["opt", mlp.to_str().unwrap(), "--passes", "remat"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the pipeline changed the forward too"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&[
+        "opt",
+        mlp.to_str().unwrap(),
+        "--passes",
+        "ddp(world_size=2)",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("changed the forward"),
+        "{}",
+        stderr(&o)
+    );
+}
