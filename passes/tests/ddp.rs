@@ -416,7 +416,7 @@ fn pipeline_errors_list_what_is_valid() {
     let e = |s: &str| PassManager::parse(s).err().unwrap().to_string();
     assert_eq!(
         e("ddp(world_size=4),frob"),
-        "unknown pass `frob`; valid passes: ddp, fsdp, sort-waits, no-sync, accumulate-grads, dce, cse, canonicalize, fuse-elementwise, fold-conv-crop, conv-input-grad"
+        "unknown pass `frob`; valid passes: ddp, fsdp, sort-waits, no-sync, accumulate-grads, dce, cse, canonicalize, remat, fuse-elementwise, fold-conv-crop, conv-input-grad"
     );
     assert_eq!(e("ddp(world_size=4,bucket=3)"), "pass `ddp` has no option `bucket`; valid options: world_size, bucket_mb, first_bucket_mb, average, group, launch");
     assert_eq!(

@@ -102,6 +102,7 @@ fn help_comes_from_the_declarations() {
         "dce",
         "cse",
         "canonicalize",
+        "remat",
         "fuse-elementwise",
         "fold-conv-crop",
         "conv-input-grad",
@@ -122,6 +123,7 @@ fn help_comes_from_the_declarations() {
             "dce",
             "cse",
             "canonicalize",
+            "remat",
             "fuse-elementwise",
             "fold-conv-crop",
             "conv-input-grad"
