@@ -172,22 +172,11 @@ fn run_range(f: &FusedLoop, sources: &[Source<'_>], first: usize, dst: &mut [f32
 }
 
 /// Fills `dst` with the elements of `v` at loop positions `start..start + dst.len()`, read
-/// through `strides` over `shape`.
+/// through `strides` over `shape`. (An operand read in loop order does not come here:
+/// `run_range` reads it in place, as `FusedLoop::reads` says.)
 fn load(v: &[f32], shape: &[usize], strides: &[usize], start: usize, dst: &mut [f32]) {
     let rank = shape.len();
-    // contiguous over the loop: a copy; broadcast everywhere: one value
-    let mut contiguous = true;
-    let mut step = 1usize;
-    for d in (0..rank).rev() {
-        if shape[d] != 1 && strides[d] != step {
-            contiguous = false;
-        }
-        step *= shape[d];
-    }
-    if contiguous {
-        dst.copy_from_slice(&v[start..start + dst.len()]);
-        return;
-    }
+    // broadcast everywhere: one value
     if strides.iter().all(|&s| s == 0) {
         dst.fill(v[0]);
         return;
