@@ -58,6 +58,10 @@ fn recomputable(t: &Trace, n: &Node) -> bool {
         && matches!(t.ty(*out), Some(Type::Tensor(_)))
 }
 
+/// A dropped saved value (its position among the saved values) and the forward ops, in
+/// schedule order, that recompute it.
+type Recompute = (usize, Vec<NodeIndex>);
+
 /// How the backward can have a forward value.
 #[derive(Clone, Debug)]
 enum Source {
@@ -142,45 +146,54 @@ impl Pass for Remat {
             return Ok(Changed::No);
         }
         let saved: HashSet<ValueId> = fwd_saved.iter().copied().collect();
-        let mut how = plan(&p.forward, &saved);
-        // a value the forward saves twice, or that the backward returns, stays saved
+        let how = plan(&p.forward, &saved);
         let returned: HashSet<ValueId> = p.backward.returned_values().into_iter().collect();
         let mut times_saved: HashMap<ValueId, usize> = HashMap::default();
         for f in &fwd_saved {
             *times_saved.entry(*f).or_default() += 1;
         }
+        // a value the forward saves twice, one the backward returns, and one the backward
+        // declares with another type than the forward's (the copy would have the forward's)
+        // stay saved
         let mut dropped: Vec<usize> = Vec::new();
         for (i, (&f, &b)) in fwd_saved.iter().zip(&bwd_saved).enumerate() {
-            if !matches!(how.get(&f), Some(Source::Chain(_))) {
-                continue;
-            }
-            // (and one the backward declares with another type than the forward's: the copy
-            // would have the forward's)
             let same_type = p.forward.ty(f).is_some() && p.forward.ty(f) == p.backward.ty(b);
-            if times_saved[&f] == 1 && !returned.contains(&b) && same_type {
+            if matches!(how.get(&f), Some(Source::Chain(_)))
+                && times_saved[&f] == 1
+                && !returned.contains(&b)
+                && same_type
+            {
                 dropped.push(i);
-            } else {
-                how.insert(f, Source::Kept);
             }
-        }
-        // a recomputed value's chain may pass through a value that stays saved: read that
-        let dropped_values: HashSet<ValueId> = dropped.iter().map(|&i| fwd_saved[i]).collect();
-        let positions = p.forward.schedule_positions();
-        for &f in &dropped_values {
-            let Some(Source::Chain(c)) = how.get(&f).cloned() else {
-                continue;
-            };
-            let mut trimmed = trim_at_kept(&p.forward, &c, f, &saved, &dropped_values);
-            // in schedule order, so that each copy comes after what it reads
-            trimmed.sort_by_key(|n| positions.get(n.index()).copied().unwrap_or(u32::MAX));
-            how.insert(f, Source::Chain(trimmed));
         }
         if dropped.is_empty() {
             cx.stat("remat.recomputed", 0);
             return Ok(Changed::No);
         }
-        let copied = rewrite_backward(p, &fwd_saved, &bwd_saved, &dropped, &how)?;
-        rewrite_forward(p, &dropped)?;
+        // a recomputed value's chain may pass through a value that stays saved: read that
+        let dropped_values: HashSet<ValueId> = dropped.iter().map(|&i| fwd_saved[i]).collect();
+        let positions = p.forward.schedule_positions();
+        let chains: Vec<Recompute> = dropped
+            .iter()
+            .map(|&i| {
+                let f = fwd_saved[i];
+                let mut chain = match how.get(&f) {
+                    Some(Source::Chain(c)) => {
+                        trim_at_kept(&p.forward, c, f, &saved, &dropped_values)
+                    }
+                    _ => Vec::new(),
+                };
+                // in schedule order, so that each copy comes after what it reads
+                chain.sort_by_key(|n| positions.get(n.index()).copied().unwrap_or(u32::MAX));
+                (i, chain)
+            })
+            .collect();
+        let mut is_dropped = vec![false; fwd_saved.len()];
+        for &i in &dropped {
+            is_dropped[i] = true;
+        }
+        let copied = rewrite_backward(p, &fwd_saved, &bwd_saved, &is_dropped, &chains)?;
+        rewrite_forward(p, &is_dropped)?;
         cx.stat("remat.recomputed", dropped.len() as u64);
         cx.stat("remat.copied_ops", copied as u64);
         cx.changed_trace(true);
@@ -222,55 +235,45 @@ fn trim_at_kept(
     keep
 }
 
-/// Copies the chains into the backward before the first reader of each dropped value, reads
-/// the copies instead, and removes the dropped values from the backward's unpack. Returns the
-/// number of ops copied.
+/// Copies each dropped value's chain into the backward before the value's first reader,
+/// reads the copy instead, and removes the dropped values from the backward's unpack.
+/// Returns the number of ops copied.
 fn rewrite_backward(
     p: &mut Program,
     fwd_saved: &[ValueId],
     bwd_saved: &[ValueId],
-    dropped: &[usize],
-    how: &HashMap<ValueId, Source>,
+    is_dropped: &[bool],
+    chains: &[Recompute],
 ) -> Result<usize, PassError> {
     let fwd = &p.forward;
     let bwd = &mut p.backward;
     // forward value -> the backward value that holds it
     let mut held: HashMap<ValueId, ValueId> = HashMap::default();
-    for (i, (&f, &b)) in fwd_saved.iter().zip(bwd_saved).enumerate() {
-        if !dropped.contains(&i) {
-            held.entry(f).or_insert(b);
-        }
-    }
-    let pos = bwd.schedule_positions();
-    let first_reader = |b: ValueId| {
-        bwd.users(b)
-            .into_iter()
-            .min_by_key(|n| pos.get(n.index()).copied().unwrap_or(u32::MAX))
-    };
-    let mut order: Vec<(u32, usize, Option<NodeIndex>)> = dropped
+    for ((&f, &b), _) in fwd_saved
         .iter()
-        .map(|&i| {
-            let r = first_reader(bwd_saved[i]);
-            let at = r
-                .and_then(|n| pos.get(n.index()).copied())
-                .unwrap_or(u32::MAX);
-            (at, i, r)
+        .zip(bwd_saved)
+        .zip(is_dropped)
+        .filter(|(_, &d)| !d)
+    {
+        held.entry(f).or_insert(b);
+    }
+    // each copy goes before its value's first reader (a value the backward never reads needs
+    // none); copies are made in the order they are read, so their names follow the schedule
+    let pos = bwd.schedule_positions();
+    let at = |n: &NodeIndex| pos.get(n.index()).copied().unwrap_or(u32::MAX);
+    let mut order: Vec<(u32, NodeIndex, &Recompute)> = chains
+        .iter()
+        .filter_map(|c| {
+            let reader = bwd.users(bwd_saved[c.0]).into_iter().min_by_key(at)?;
+            Some((at(&reader), reader, c))
         })
         .collect();
-    order.sort();
+    order.sort_by_key(|(p, _, (i, _))| (*p, *i));
     let mut names = bwd.name_gen();
     let mut rw = Rewriter::new();
     let mut copied = 0;
-    for (_, i, reader) in order {
-        let f = fwd_saved[i];
-        let b = bwd_saved[i];
-        let Some(reader) = reader else { continue };
-        let Some(Source::Chain(chain)) = how.get(&f) else {
-            return Err(failed(format!(
-                "no recomputation planned for saved value {}",
-                fwd.name(f)
-            )));
-        };
+    for (_, reader, (i, chain)) in order {
+        let (f, b) = (fwd_saved[*i], bwd_saved[*i]);
         // each value its own copy of its chain (no value shared between two copies), so
         // that every copied value has the readers of one region
         let mut made: HashMap<ValueId, ValueId> = HashMap::default();
@@ -324,9 +327,9 @@ fn rewrite_backward(
         })?;
     let outs: Vec<ValueId> = bwd_saved
         .iter()
-        .enumerate()
-        .filter(|(i, _)| !dropped.contains(i))
-        .map(|(_, v)| *v)
+        .zip(is_dropped)
+        .filter(|(_, &d)| !d)
+        .map(|(v, _)| *v)
         .collect();
     rw.replace(
         unpack.0,
@@ -337,7 +340,7 @@ fn rewrite_backward(
 }
 
 /// The forward's saved tuple without the dropped values.
-fn rewrite_forward(p: &mut Program, dropped: &[usize]) -> Result<(), PassError> {
+fn rewrite_forward(p: &mut Program, is_dropped: &[bool]) -> Result<(), PassError> {
     let mut ret = p.forward.ret.clone();
     let saved = match &mut ret {
         Arg::Tuple(items) => match items.get_mut(1) {
@@ -351,12 +354,8 @@ fn rewrite_forward(p: &mut Program, dropped: &[usize]) -> Result<(), PassError> 
             "the forward's saved values are not a flat tuple".into(),
         ));
     };
-    let mut i = 0;
-    values.retain(|_| {
-        let keep = !dropped.contains(&i);
-        i += 1;
-        keep
-    });
+    let mut dropped = is_dropped.iter();
+    values.retain(|_| !dropped.next().copied().unwrap_or(false));
     let mut rw = Rewriter::new();
     rw.set_return(ret);
     rw.apply(&mut p.forward)
