@@ -4,10 +4,10 @@
 //! every rank and for every bucket size.
 
 mod common;
-use common::{corpus, json, name, step0 as run};
+use common::{corpus, json, name, same_bits, step0 as run};
 use std::path::Path;
 use tracepass_ir::DType;
-use tracepass_runtime::tensor::{Tensor, TensorFile};
+use tracepass_runtime::tensor::TensorFile;
 use tracepass_runtime::train::{Model, ModelSource, TrainReport};
 
 fn plain_export(dir: &Path) -> bool {
@@ -35,15 +35,6 @@ fn rel_err(got: &[f64], want: &[f64], zero_scale: f64) -> f64 {
     let m = want.iter().map(|x| x.abs()).fold(0.0, f64::max);
     let scale = if m < 1e-6 * zero_scale { zero_scale } else { m };
     err / scale.max(f64::MIN_POSITIVE)
-}
-
-fn same_bits(a: &[Option<Tensor>], b: &[Option<Tensor>]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| match (x, y) {
-            (Some(x), Some(y)) => x.bitwise_eq(y),
-            (None, None) => true,
-            _ => false,
-        })
 }
 
 #[test]

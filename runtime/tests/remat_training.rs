@@ -4,24 +4,14 @@
 //! ranks; and several steps of AdamW end on the same losses, DDP or sharded.
 
 mod common;
-use common::{corpus, json, name, step0};
+use common::{corpus, json, name, same_bits, step0};
 use std::path::Path;
-use tracepass_runtime::tensor::Tensor;
 use tracepass_runtime::train::{train, ModelSource, OptimizerKind, TrainConfig, TrainReport};
 
 fn deterministic(dir: &Path) -> bool {
     json(&dir.join("reference/loss.json"))["deterministic"]
         .as_bool()
         .unwrap_or(false)
-}
-
-fn same_bits(a: &[Option<Tensor>], b: &[Option<Tensor>]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| match (x, y) {
-            (Some(x), Some(y)) => x.bitwise_eq(y),
-            (None, None) => true,
-            _ => false,
-        })
 }
 
 fn loss_bits(r: &TrainReport) -> Vec<u64> {

@@ -77,6 +77,17 @@ pub fn run_trace_for(t: &Trace, results: &[ValueId], inputs: Vec<Tensor>) -> Vec
     .collect()
 }
 
+/// Whether two gradient lists hold the same tensors bit for bit (`None` where the other has
+/// `None`).
+pub fn same_bits(a: &[Option<Tensor>], b: &[Option<Tensor>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Some(x), Some(y)) => x.bitwise_eq(y),
+            (None, None) => true,
+            _ => false,
+        })
+}
+
 /// One step of the export in `dir` on `world` unpinned ranks with `pipeline` and buckets of
 /// `bucket_mb`, SGD at learning rate 0 (the step-0 gradients of every rank kept).
 pub fn step0(dir: &Path, world: usize, pipeline: &str, bucket_mb: f64) -> TrainReport {
