@@ -213,3 +213,31 @@ fn the_catalog_holds_every_kernel_variant_in_every_dtype() {
         c.len()
     );
 }
+
+#[test]
+fn built_images_are_kept_per_kernel_and_code() {
+    let Some(()) = nvrtc_or_skip() else { return };
+    let kernel = |value: &str| Source {
+        name: "kept_image".into(),
+        code: format!("extern \"C\" __global__ void kept_image(float* x) {{ x[0] = {value}; }}"),
+    };
+    let build = |src: &Source| {
+        let (img, arch) = nvrtc::compile_for_device_cached(src, (9, 0)).expect("builds");
+        assert_eq!(arch, "sm_90");
+        img.bytes().to_vec()
+    };
+    let one = build(&kernel("1.0f"));
+    assert!(one.starts_with(b"\x7fELF"));
+    assert_eq!(build(&kernel("1.0f")), one, "the same source, the same image");
+    // another source under the same name is compiled anew, not served the kept image
+    let two = build(&kernel("2.0f"));
+    assert_ne!(two, one);
+    assert_eq!(
+        two,
+        nvrtc::compile_for_device(&kernel("2.0f"), (9, 0))
+            .expect("builds")
+            .0
+            .bytes()
+    );
+    assert_eq!(build(&kernel("1.0f")), one);
+}

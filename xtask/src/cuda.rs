@@ -309,10 +309,14 @@ pub fn bench() -> Result<Vec<Row>> {
     Ok(summary)
 }
 
-/// The workspace root (commands and model paths are relative to it).
+/// The workspace root (commands and model paths are relative to it): where xtask was built, or
+/// the current folder when the binary runs on another machine.
 fn root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.parent().unwrap_or(here).to_path_buf()
+    match here.parent() {
+        Some(built) if built.join("Cargo.toml").is_file() => built.to_path_buf(),
+        _ => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+    }
 }
 
 /// Runs `cmd`, killing it past `limit`; the verdict row and whether it passed.
@@ -373,10 +377,22 @@ fn unsupported(msg: &str) -> bool {
     .any(|w| msg.contains(w))
 }
 
-/// A model on one GPU against the CPU: the verdict row.
-fn check_model(dir: &Path, steps: usize) -> Row {
-    let name = format!("model {}", dir.display());
+/// The pipeline a fused GPU run takes: every kernel region as one NVRTC kernel, over the
+/// memory plan's one device allocation.
+const FUSED_PIPELINE: &str = "remat,ddp,fuse-elementwise,sort-waits";
+
+/// A model on one GPU against the CPU, under the default pipeline or `passes`: the verdict row.
+fn check_model(dir: &Path, steps: usize, passes: Option<&str>) -> Row {
+    let name = match passes {
+        Some(p) => format!("model {} ({p})", dir.display()),
+        None => format!("model {}", dir.display()),
+    };
+    let passes = match passes.map(tracepass_passes::parse_pipeline).transpose() {
+        Ok(p) => p,
+        Err(e) => return row(name, "FAIL", e.to_string()),
+    };
     let cfg = TrainConfig {
+        passes,
         world_size: 1,
         steps,
         // an export directory trains with its own parameters, data and loss
@@ -437,8 +453,14 @@ fn check_model(dir: &Path, steps: usize) -> Row {
     }
 }
 
-/// `cargo xtask gpu-check`.
-pub fn gpu_check(extra_models: Vec<PathBuf>, skip_bench: bool) -> Result<()> {
+/// `cargo xtask gpu-check`. With `prebuilt`, a folder holding the GPU test binaries (built
+/// elsewhere: `cargo test --release -p tracepass-runtime --features cuda --no-run`), nothing is
+/// built and no cargo is needed, as on a lent machine without a Rust toolchain.
+pub fn gpu_check(
+    extra_models: Vec<PathBuf>,
+    skip_bench: bool,
+    prebuilt: Option<PathBuf>,
+) -> Result<()> {
     let budget = Duration::from_secs(600);
     let start = Instant::now();
     if let Err(e) = tracepass_runtime::cuda::check_available(0) {
@@ -453,43 +475,61 @@ pub fn gpu_check(extra_models: Vec<PathBuf>, skip_bench: bool) -> Result<()> {
             .max(Duration::from_secs(30))
     };
 
-    let (r, pass) = run_step(
-        "build --release --features cuda",
-        Command::new(&cargo).args([
-            "build",
-            "--release",
-            "-p",
-            "tracepass-cli",
-            "--features",
-            "cuda",
-        ]),
-        left(start),
-    );
-    rows.push(r);
-    ok &= pass;
-
-    // the GPU tests may not skip here: a missing GPU, NCCL or NVRTC is a failure
-    let (r, pass) = run_step(
-        "GPU tests (cuda, cuda_nvrtc)",
-        Command::new(&cargo)
-            .args([
-                "test",
+    let require = [
+        ("TRACEPASS_REQUIRE_GPU", "1"),
+        ("TRACEPASS_REQUIRE_NVRTC", "1"),
+    ];
+    if let Some(dir) = &prebuilt {
+        // the GPU tests may not skip here: a missing GPU or NVRTC is a failure
+        for test in ["cuda", "cuda_model_ops", "cuda_nvrtc"] {
+            let (r, pass) = run_step(
+                &format!("GPU test {test} (prebuilt)"),
+                Command::new(dir.join(test)).envs(require),
+                left(start),
+            );
+            rows.push(r);
+            ok &= pass;
+        }
+    } else {
+        let (r, pass) = run_step(
+            "build --release --features cuda",
+            Command::new(&cargo).args([
+                "build",
                 "--release",
                 "-p",
-                "tracepass-runtime",
+                "tracepass-cli",
                 "--features",
                 "cuda",
-                "--test",
-                "cuda",
-                "--test",
-                "cuda_nvrtc",
-            ])
-            .env("TRACEPASS_REQUIRE_GPU", "1")
-            .env("TRACEPASS_REQUIRE_NVRTC", "1"),
-        left(start),
-    );
-    rows.push(r);
-    ok &= pass;
+            ]),
+            left(start),
+        );
+        rows.push(r);
+        ok &= pass;
+
+        // the GPU tests may not skip here: a missing GPU, NCCL or NVRTC is a failure
+        let (r, pass) = run_step(
+            "GPU tests (cuda, cuda_model_ops, cuda_nvrtc)",
+            Command::new(&cargo)
+                .args([
+                    "test",
+                    "--release",
+                    "-p",
+                    "tracepass-runtime",
+                    "--features",
+                    "cuda",
+                    "--test",
+                    "cuda",
+                    "--test",
+                    "cuda_model_ops",
+                    "--test",
+                    "cuda_nvrtc",
+                ])
+                .envs(require),
+            left(start),
+        );
+        rows.push(r);
+        ok &= pass;
+    }
 
     let mut roots = vec![
         root().join("testdata/thunder"),
@@ -505,10 +545,12 @@ pub fn gpu_check(extra_models: Vec<PathBuf>, skip_bench: bool) -> Result<()> {
         ));
     }
     for dir in dirs {
-        let r = check_model(&dir, 3);
-        ok &= r.1 != "FAIL";
-        println!("{} | {} | {}", r.0, r.1, r.2);
-        rows.push(r);
+        for passes in [None, Some(FUSED_PIPELINE)] {
+            let r = check_model(&dir, 3, passes);
+            ok &= r.1 != "FAIL";
+            println!("{} | {} | {}", r.0, r.1, r.2);
+            rows.push(r);
+        }
     }
 
     if skip_bench {

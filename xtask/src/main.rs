@@ -65,6 +65,10 @@ enum Cmd {
         /// Leave out `bench cuda`.
         #[arg(long)]
         skip_bench: bool,
+        /// Run the GPU test binaries in this folder instead of building with cargo (for a
+        /// machine without a Rust toolchain).
+        #[arg(long)]
+        prebuilt: Option<std::path::PathBuf>,
     },
     /// Regenerate the real-model corpus (testdata/models/) with the Python exporter in python/.
     /// Needs torch 2.9.0 and lightning-thunder 0.2.6 (python/requirements.txt) in the Python named
@@ -141,7 +145,11 @@ fn main() -> Result<()> {
         },
         Cmd::GenTestdata => gen_testdata(),
         Cmd::OpinfoReport => opinfo_report(),
-        Cmd::GpuCheck { models, skip_bench } => cuda::gpu_check(models, skip_bench),
+        Cmd::GpuCheck {
+            models,
+            skip_bench,
+            prebuilt,
+        } => cuda::gpu_check(models, skip_bench, prebuilt),
         Cmd::Corpus { models, out, ddp } => corpus(models.as_deref(), &out, ddp),
         Cmd::Fuzz { target, time } => fuzz(&target, time),
         Cmd::BenchMidOne {

@@ -376,7 +376,7 @@ impl CudaBackend {
             return Ok(f.clone());
         }
         let (image, arch) =
-            super::nvrtc::compile_for_device(&src, self.cc).map_err(kerr("NVRTC"))?;
+            super::nvrtc::compile_for_device_cached(&src, self.cc).map_err(kerr("NVRTC"))?;
         let module = self
             .ctx
             .load_module(image.into_module_image())

@@ -5,7 +5,9 @@
 
 use super::kernels::Source;
 use cudarc::nvrtc::{result, sys};
+use std::collections::HashMap;
 use std::ffi::{c_char, CString};
+use std::sync::{Mutex, OnceLock};
 
 /// What NVRTC produced.
 #[derive(Clone, Debug)]
@@ -163,6 +165,34 @@ pub fn compile(src: &Source, arch: Option<&str>) -> Result<Image, NvrtcError> {
         }
         Ok(Image::Ptx(bytes))
     }
+}
+
+/// What [`compile_for_device_cached`] built, by kernel name and compute capability, with the
+/// source it came from (a name with other code is compiled anew).
+type Built = HashMap<(String, (i32, i32)), (String, Image, String)>;
+
+/// [`compile_for_device`], once per process for each kernel and compute capability. Every
+/// backend (one per rank or GPU, and a new one per run) loads its modules from these images
+/// instead of calling NVRTC again: a compile takes tens of milliseconds, a load microseconds.
+pub fn compile_for_device_cached(
+    src: &Source,
+    cc: (i32, i32),
+) -> Result<(Image, String), NvrtcError> {
+    static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
+    let built = BUILT.get_or_init(Mutex::default);
+    let key = (src.name.clone(), cc);
+    if let Some((code, image, arch)) = built.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if *code == src.code {
+            return Ok((image.clone(), arch.clone()));
+        }
+    }
+    // compiled outside the lock: ranks compiling different kernels do not wait on each other
+    let (image, arch) = compile_for_device(src, cc)?;
+    built
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, (src.code.clone(), image.clone(), arch.clone()));
+    Ok((image, arch))
 }
 
 /// The driver's view of a kernel module: a CUBIN for the device's own `sm_XY` when this NVRTC
