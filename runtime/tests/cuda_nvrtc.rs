@@ -228,7 +228,11 @@ fn built_images_are_kept_per_kernel_and_code() {
     };
     let one = build(&kernel("1.0f"));
     assert!(one.starts_with(b"\x7fELF"));
-    assert_eq!(build(&kernel("1.0f")), one, "the same source, the same image");
+    assert_eq!(
+        build(&kernel("1.0f")),
+        one,
+        "the same source, the same image"
+    );
     // another source under the same name is compiled anew, not served the kept image
     let two = build(&kernel("2.0f"));
     assert_ne!(two, one);
