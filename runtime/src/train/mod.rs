@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub(crate) mod data;
 pub(crate) mod fingerprint;
 pub(crate) mod finite;
+pub(crate) mod keep_awake;
 pub(crate) mod loss;
 pub(crate) mod memory;
 pub(crate) mod model;

@@ -13,6 +13,7 @@ use crate::tensor::file::{save_tensors_with, TensorFile};
 use crate::tensor::Tensor;
 use crate::train::checkpoint::NO_GRADIENT;
 use crate::train::data::{file_params, seeded_params, Batch, DataSource};
+use crate::train::keep_awake::KeepAwake;
 use crate::train::loss::loss_and_grad;
 use crate::train::model::{Model, ModelSource};
 use crate::train::optim::OptimizerKind;
@@ -1202,7 +1203,12 @@ pub fn train_with(
                                 .thread_name(move |i| format!("rank-{rank}-worker-{i}"))
                                 .build()
                             {
-                                Ok(pool) => pool.install(|| rank_main(rank, comm, shared, on_step)),
+                                Ok(pool) => pool.install(|| {
+                                    let _awake =
+                                        KeepAwake::worth_it(shared.cfg.world_size, threads)
+                                            .then(KeepAwake::start);
+                                    rank_main(rank, comm, shared, on_step)
+                                }),
                                 Err(e) => Err(TrainError::Rank {
                                     rank,
                                     message: format!("cannot start {threads} threads: {e}"),
