@@ -231,15 +231,6 @@ impl<'a, T: Gemm> Mat<'a, T> {
         })
     }
     /// Checks that the extreme addressed elements are inside the buffer.
-    /// The buffer of a matrix stored as its transpose, row-major and contiguous (`w.T` of a
-    /// `[cols, rows]` `w`): `Some(w)`, else `None`.
-    fn transposed_rows(&self) -> Option<&'a [T]> {
-        let len = self.rows * self.cols;
-        (self.rs == 1 && self.cs == self.rows as isize && self.rows > 1 && self.cols > 1)
-            .then(|| self.data.get(self.offset..self.offset + len))
-            .flatten()
-    }
-
     fn in_bounds(&self) -> bool {
         if self.rows == 0 || self.cols == 0 {
             return true;
@@ -278,13 +269,12 @@ fn gemm_into<T: Gemm>(
     // block a one-thread product: the crate's own sharing leaves the scratch's transposition
     // to one thread (`[64, 2048] @ [2048, 513]` over a column-major `b` on two threads: 108
     // -> 189 GFLOP/s). The crate's blocking depends on `k` alone, so the bits do not change.
-    let by_columns = through_columns(m, k, n, (a.rs, a.cs), (b.rs, b.cs), beta == T::ZERO);
     let threads = super::pool_threads();
     if threads > 1
         && m >= 16 * threads
         && m * k * n >= 1 << 20
         && !SERIAL.with(std::cell::Cell::get)
-        && by_columns
+        && through_columns(m, k, n, (a.rs, a.cs), (b.rs, b.cs), beta == T::ZERO)
     {
         use rayon::prelude::*;
         let rows = m.div_ceil(threads).div_ceil(8) * 8;
@@ -300,28 +290,6 @@ fn gemm_into<T: Gemm>(
                 };
                 serial(|| gemm_into(&part, b, beta, block, 0))
             });
-    }
-    // a transposed weight with more rows than columns (`x @ w.T` of a projection down, `[512,
-    // 1536] @ [1536, 384]`): the crate would transpose its panels again for every block of
-    // rows; one tiled copy into row-major costs less (92 -> 99 GFLOP/s on one thread, 146 ->
-    // 172 on two). The packed panels are the same numbers, so the bits do not change.
-    if let Some(w) = b
-        .transposed_rows()
-        .filter(|_| k >= 2 * n && m >= 64 && !by_columns)
-    {
-        let mut rows: Vec<T> = crate::cpu::buffer_pool::overwritten(k * n);
-        transpose_into(w, n, k, (&mut rows, n));
-        let row_major = Mat {
-            data: &rows,
-            offset: 0,
-            rows: k,
-            cols: n,
-            rs: n as isize,
-            cs: 1,
-        };
-        let r = gemm_into(a, &row_major, beta, c, c_off);
-        crate::cpu::buffer_pool::give_scratch(rows);
-        return r;
     }
     // SAFETY: bounds were checked above; c is a fresh row-major [m, n] block at c_off.
     unsafe {
@@ -1062,67 +1030,6 @@ mod tests {
                 let want: f32 = (0..k).map(|p| av[i * k + p] * bv[j * k + p]).sum();
                 assert!((par[i * n + j] - want).abs() < 1e-3, "{i},{j}");
             }
-        }
-    }
-
-    #[test]
-    fn a_tall_transposed_weight_is_copied_row_major_with_the_same_bits() {
-        // `x @ w.T` with w `[n, k]`, k >= 2n and k past the crate's depth blocks: computed over
-        // a row-major copy of `w.T`, with the bits of the crate's product over `w.T` itself,
-        // on one thread and shared out
-        let (m, k, n) = (96, 1100, 40);
-        let x = Tensor::from_f32(
-            vec![m, k],
-            (0..m * k).map(|i| (i as f32 * 0.21).sin()).collect(),
-        );
-        let w = Tensor::from_f32(
-            vec![n, k],
-            (0..n * k).map(|i| (i as f32 * 0.17).cos()).collect(),
-        );
-        let wt = w.permute(&[1, 0]).expect("a view");
-        let mw = Mat::<f32>::of(&wt, 0).expect("f32");
-        assert!(mw.transposed_rows().is_some());
-        assert!(!through_columns(
-            m,
-            k,
-            n,
-            (k as isize, 1),
-            (1, k as isize),
-            true
-        ));
-        let (xv, wv) = (x.to_f32_vec(), w.to_f32_vec());
-        let mut direct = vec![0f32; m * n];
-        // SAFETY: `x` is `[m, k]`, `w` `[n, k]`, `direct` `[m, n]`, all row-major.
-        unsafe {
-            f32::gemm(
-                m,
-                k,
-                n,
-                xv.as_ptr(),
-                k as isize,
-                1,
-                wv.as_ptr(),
-                1,
-                k as isize,
-                0.0,
-                direct.as_mut_ptr(),
-                n as isize,
-                1,
-            );
-        }
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let (one, par) = crate::cpu::alone_and_in_three_threads(|| {
-            (
-                matmul(&x, &wt).expect("fits").to_f32_vec(),
-                linear(&x, &w, None).expect("fits").to_f32_vec(),
-            )
-        });
-        for got in [&one.0, &one.1, &par.0, &par.1] {
-            assert_eq!(bits(got), bits(&direct));
-        }
-        for (i, j) in [(0, 0), (50, 17), (m - 1, n - 1)] {
-            let want: f32 = (0..k).map(|p| xv[i * k + p] * wv[j * k + p]).sum();
-            assert!((one.0[i * n + j] - want).abs() < 1e-2, "{i},{j}");
         }
     }
 }
