@@ -379,7 +379,10 @@ fn unsupported(msg: &str) -> bool {
 
 /// The pipeline a fused GPU run takes: every kernel region as one NVRTC kernel, over the
 /// memory plan's one device allocation.
-const FUSED_PIPELINE: &str = "remat,ddp,fuse-elementwise,sort-waits";
+const FUSED_PIPELINE: &str = "remat,ddp(world_size=1),fuse-elementwise,sort-waits";
+
+/// The GPU test binaries of `tracepass-runtime` (`runtime/tests/<name>.rs`).
+const GPU_TESTS: [&str; 3] = ["cuda", "cuda_model_ops", "cuda_nvrtc"];
 
 /// A model on one GPU against the CPU, under the default pipeline or `passes`: the verdict row.
 fn check_model(dir: &Path, steps: usize, passes: Option<&str>) -> Row {
@@ -475,58 +478,44 @@ pub fn gpu_check(
             .max(Duration::from_secs(30))
     };
 
+    // the GPU tests may not skip here: a missing GPU, NCCL or NVRTC is a failure
     let require = [
         ("TRACEPASS_REQUIRE_GPU", "1"),
         ("TRACEPASS_REQUIRE_NVRTC", "1"),
     ];
+    let mut steps: Vec<(String, Command)> = Vec::new();
     if let Some(dir) = &prebuilt {
-        // the GPU tests may not skip here: a missing GPU or NVRTC is a failure
-        for test in ["cuda", "cuda_model_ops", "cuda_nvrtc"] {
-            let (r, pass) = run_step(
-                &format!("GPU test {test} (prebuilt)"),
-                Command::new(dir.join(test)).envs(require),
-                left(start),
-            );
-            rows.push(r);
-            ok &= pass;
+        for test in GPU_TESTS {
+            let mut cmd = Command::new(dir.join(test));
+            cmd.envs(require);
+            steps.push((format!("GPU test {test} (prebuilt)"), cmd));
         }
     } else {
-        let (r, pass) = run_step(
-            "build --release --features cuda",
-            Command::new(&cargo).args([
-                "build",
-                "--release",
-                "-p",
-                "tracepass-cli",
-                "--features",
-                "cuda",
-            ]),
-            left(start),
-        );
-        rows.push(r);
-        ok &= pass;
-
-        // the GPU tests may not skip here: a missing GPU, NCCL or NVRTC is a failure
-        let (r, pass) = run_step(
-            "GPU tests (cuda, cuda_model_ops, cuda_nvrtc)",
-            Command::new(&cargo)
-                .args([
-                    "test",
-                    "--release",
-                    "-p",
-                    "tracepass-runtime",
-                    "--features",
-                    "cuda",
-                    "--test",
-                    "cuda",
-                    "--test",
-                    "cuda_model_ops",
-                    "--test",
-                    "cuda_nvrtc",
-                ])
-                .envs(require),
-            left(start),
-        );
+        let mut build = Command::new(&cargo);
+        build.args([
+            "build",
+            "--release",
+            "-p",
+            "tracepass-cli",
+            "--features",
+            "cuda",
+        ]);
+        steps.push(("build --release --features cuda".into(), build));
+        let mut test = Command::new(&cargo);
+        test.args([
+            "test",
+            "--release",
+            "-p",
+            "tracepass-runtime",
+            "--features",
+            "cuda",
+        ])
+        .args(GPU_TESTS.iter().flat_map(|t| ["--test", t]))
+        .envs(require);
+        steps.push((format!("GPU tests ({})", GPU_TESTS.join(", ")), test));
+    }
+    for (what, mut cmd) in steps {
+        let (r, pass) = run_step(&what, &mut cmd, left(start));
         rows.push(r);
         ok &= pass;
     }
@@ -588,6 +577,12 @@ pub fn gpu_check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fused_pipeline_fits_a_one_gpu_run() {
+        let specs = tracepass_passes::parse_pipeline(FUSED_PIPELINE).expect("parses");
+        tracepass_runtime::train::check_pipeline(&specs, 1).expect("fits world size 1");
+    }
     use std::sync::Mutex;
 
     /// A fake NCCL: an id may start one group only (a second init with a used id would hang
