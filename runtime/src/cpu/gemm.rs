@@ -96,9 +96,7 @@ pub(crate) fn gemm_rows_shared_strided<T: Gemm>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let threads = super::pool_threads();
-    if threads > 1 && m >= 32 && m * k * n >= 1 << 20 && !SERIAL.with(std::cell::Cell::get) {
-        let rows = m.div_ceil(threads).div_ceil(16) * 16;
+    if let Some(rows) = shared_row_block(m, k, n) {
         // each block a one-thread product (`serial`: this function again, not shared)
         return c[..c_needs]
             .par_chunks_mut(rows * ldc)
@@ -134,6 +132,15 @@ fn strided_len(m: usize, n: usize, ld: usize) -> usize {
         0 => 0,
         m => (m - 1) * ld + n,
     }
+}
+
+/// Rows per block when a product's rows are shared among the rank's threads, each block a
+/// one-thread product, or `None` when one thread computes it all: a small product, no pool, or
+/// a caller that shares the work out already.
+fn shared_row_block(m: usize, k: usize, n: usize) -> Option<usize> {
+    let threads = super::pool_threads();
+    (threads > 1 && m >= 32 && m * k * n >= 1 << 20 && !SERIAL.with(std::cell::Cell::get))
+        .then(|| m.div_ceil(threads).div_ceil(16) * 16)
 }
 
 /// How many threads one product may use: the size of the rayon pool the calling rank runs in
@@ -269,15 +276,9 @@ fn gemm_into<T: Gemm>(
     // block a one-thread product: the crate's own sharing leaves the scratch's transposition
     // to one thread (`[64, 2048] @ [2048, 513]` over a column-major `b` on two threads: 108
     // -> 189 GFLOP/s). The crate's blocking depends on `k` alone, so the bits do not change.
-    let threads = super::pool_threads();
-    if threads > 1
-        && m >= 16 * threads
-        && m * k * n >= 1 << 20
-        && !SERIAL.with(std::cell::Cell::get)
-        && through_columns(m, k, n, (a.rs, a.cs), (b.rs, b.cs), beta == T::ZERO)
-    {
+    let by_columns = through_columns(m, k, n, (a.rs, a.cs), (b.rs, b.cs), beta == T::ZERO);
+    if let Some(rows) = shared_row_block(m, k, n).filter(|_| by_columns) {
         use rayon::prelude::*;
-        let rows = m.div_ceil(threads).div_ceil(8) * 8;
         return c[c_off..c_off + m * n]
             .par_chunks_mut(rows * n)
             .enumerate()
@@ -382,12 +383,10 @@ pub(crate) fn gemm_cols_a_shared<T: Gemm>(
             );
         }
     };
-    let threads = super::pool_threads();
-    if threads <= 1 || m < 32 || m * k * n < 1 << 20 {
+    let Some(rows) = shared_row_block(m, k, n) else {
         block(0, &mut c[..m * n]);
         return Ok(());
-    }
-    let rows = m.div_ceil(threads).div_ceil(16) * 16;
+    };
     c[..m * n]
         .par_chunks_mut(rows * n)
         .enumerate()
