@@ -55,7 +55,8 @@ fn shared<R: Send + Sync + Copy>(
     f: impl Fn(&[f32]) -> R + Sync,
     join: impl Fn(R, R) -> R + Sync + Send,
 ) -> R {
-    const PIECE: usize = 1 << 16;
+    // pieces of the length from which the kernels share a loop among threads
+    const PIECE: usize = crate::cpu::strided::PARALLEL_MIN;
     if crate::cpu::pool_threads() > 1 && v.len() >= 2 * PIECE {
         use rayon::prelude::*;
         v.par_chunks(PIECE).map(&f).reduce(|| none, &join)

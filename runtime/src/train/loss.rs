@@ -186,21 +186,22 @@ fn cross_entropy(out: &Tensor, y: &Tensor, ignore_index: i64) -> Result<(f64, Te
     let grad = if out.dtype() == DType::F32 {
         // every element is written: a pooled buffer as it comes
         let mut g = crate::cpu::buffer_pool::overwritten::<f32>(out.numel());
-        let rows_of = |(first, (gs, ts)): (usize, (&mut [f32], &mut [f64]))| {
+        let rows_of = |first: usize, gs: &mut [f32], ts: &mut [f64]| {
             for (k, (gr, term)) in gs.chunks_mut(c).zip(ts.iter_mut()).enumerate() {
                 *term = row(first + k, &mut |j, v| gr[j] = v as f32);
             }
         };
         let threads = crate::cpu::pool_threads();
-        if threads > 1 && out.numel() >= 1 << 16 && rows >= 2 * threads && c > 0 {
+        let parallel = out.numel() >= crate::cpu::strided::PARALLEL_MIN && rows >= 2 * threads;
+        if threads > 1 && parallel && c > 0 {
             use rayon::prelude::*;
             let block = rows.div_ceil(threads);
             g.par_chunks_mut(block * c)
                 .zip(terms.par_chunks_mut(block))
                 .enumerate()
-                .for_each(|(b, pair)| rows_of((b * block, pair)));
+                .for_each(|(b, (gs, ts))| rows_of(b * block, gs, ts));
         } else if c > 0 {
-            rows_of((0, (&mut g, &mut terms)));
+            rows_of(0, &mut g, &mut terms);
         }
         Tensor::new(out.shape(), Storage::F32(g))
     } else {
