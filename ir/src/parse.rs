@@ -143,11 +143,14 @@ fn join_continuations(text: &str) -> (String, Vec<usize>) {
     let mut out = String::with_capacity(text.len());
     let mut line_no = Vec::new();
     let mut continuing = false;
+    let mut open = None;
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim_end();
-        let (body, cont) = match line.strip_suffix('\\') {
-            Some(b) => (b, true),
-            None => (line, false),
+        let (cont, still_open) = continues(line, open);
+        open = still_open;
+        let body = match line.strip_suffix('\\') {
+            Some(b) if cont => b,
+            _ => line,
         };
         if continuing {
             out.push(' ');
@@ -162,6 +165,37 @@ fn join_continuations(text: &str) -> (String, Vec<usize>) {
         continuing = cont;
     }
     (out, line_no)
+}
+
+/// Whether `line` (trailing blanks trimmed) continues on the next one, and the string it
+/// leaves open: it ends in a `\` that is code or inside a string (`open`: the quote of a
+/// string a continued line left open), not in a comment. Thunder copies each op's source line
+/// into a comment, and a Python line continued by `\` (`return a + \`) keeps its backslash
+/// there; taking that as a continuation would swallow the op on the next line.
+fn continues(line: &str, open: Option<char>) -> (bool, Option<char>) {
+    let mut quote = open;
+    let mut escaped = false;
+    for ch in line.chars() {
+        match quote {
+            Some(q) => {
+                if escaped {
+                    escaped = false;
+                } else if ch == '\\' {
+                    escaped = true;
+                } else if ch == q {
+                    quote = None;
+                }
+            }
+            None => match ch {
+                '#' => return (false, None),
+                '\'' | '"' => quote = Some(ch),
+                _ => {}
+            },
+        }
+    }
+    // in a string, the last `\` continues it unless it was itself escaped
+    let cont = line.ends_with('\\') && (quote.is_none() || escaped);
+    (cont, quote.filter(|_| cont))
 }
 
 // ----- tokens -----
@@ -1268,5 +1302,27 @@ impl ExprParser<'_, '_, '_> {
             return Ok(Arg::Opaque(Box::new(o)));
         }
         Err(perr(format!("undefined name `{name}`")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::continues;
+
+    #[test]
+    fn a_trailing_backslash_continues_code_and_strings_but_not_comments() {
+        assert_eq!(continues("t0 = ltorch.add(a, \\", None), (true, None));
+        assert_eq!(
+            continues("  # model.py:3: return a + \\", None),
+            (false, None)
+        );
+        assert_eq!(continues("t0 = ltorch.add(a, b)", None), (false, None));
+        // a `#` in a string starts no comment
+        assert_eq!(continues("t0 = f(a, 'x#y', \\", None), (true, None));
+        // a string left open by its `\` stays open on the next line, where a `#` is text
+        assert_eq!(continues("t0 = f(a, 'x\\", None), (true, Some('\'')));
+        assert_eq!(continues("#y', \\", Some('\'')), (true, None));
+        // an escaped backslash ends nothing: the string is closed later on the line
+        assert_eq!(continues(r#"t0 = f("a\\") # \"#, None), (false, None));
     }
 }
