@@ -731,6 +731,169 @@ def batch_encdec(gen: torch.Generator) -> Batch:
     return OrderedDict(idx=idx), targets
 
 
+class LossZoo(nn.Module):
+    """Returns its own loss, a sum of five of `torch.nn.functional`'s losses that Thunder keeps
+    as single symbols (`kl_div`, `smooth_l1_loss`, `binary_cross_entropy_with_logits`,
+    `cross_entropy`, `huber_loss`), over a Linear of the input plus a bag of embeddings
+    (Embedding, mean over each row's ids). The sum is continued over lines with `\`, as
+    written: Thunder copies the first line, backslash and all, into a source comment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 5)
+        self.emb = nn.Embedding(20, 8)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x + self.emb(ids).mean(1))
+        lp = F.log_softmax(h, -1)
+        soft = torch.softmax(h.detach() * 0.5, -1)
+        classes = torch.remainder(torch.arange(h.shape[0]), 5)
+        return F.kl_div(lp, soft, reduction="batchmean") + F.smooth_l1_loss(h, torch.ones_like(h)) \
+            + F.binary_cross_entropy_with_logits(h, (h.detach() > 0).float()) \
+            + F.cross_entropy(h, classes) + F.huber_loss(h, h.detach() * 0.9, delta=0.5)
+
+
+def batch_loss_zoo(gen: torch.Generator) -> Batch:
+    x = torch.randn(4, 8, generator=gen)
+    ids = torch.randint(0, 20, (4, 3), generator=gen, dtype=torch.int64)
+    return OrderedDict(x=x, ids=ids), None
+
+
+class OpZoo(nn.Module):
+    """Many ops on one [2, 6, 8] activation: cumsum, roll, std, logsumexp, addcmul, atan2, a
+    padded Conv1d, a Conv3d, baddbmm, max with indices feeding gather, repeat_interleave,
+    prod, clamp between tensors, avg_pool1d, topk and sort."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Parameter(torch.randn(6, 8) * 0.1)
+        self.c = nn.Conv1d(6, 6, 3, padding=1)
+        self.d = nn.Conv3d(1, 2, 3, padding=1)
+        self.e = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        y = y + torch.cumsum(y, -1) * 0.1 + torch.roll(y, 2, 1) - y.std(-1, keepdim=True)
+        y = y + torch.logsumexp(y, -1, keepdim=True)
+        y = y * 0.7 + self.b * 0.3 + torch.addcmul(y, y, self.b, value=0.5) + torch.atan2(y, self.b + 2)
+        y = self.c(y) + F.pad(y, (1, 1))[..., 2:]
+        y = y + self.d(y[:, None, None]).mean(1).squeeze(1)
+        y = y + torch.baddbmm(y, y, (self.a.weight * 0.1).expand(2, 8, 8))
+        v, i = y.max(-1, keepdim=True)
+        y = y * torch.sigmoid(v) + torch.gather(y, 2, torch.remainder(i + 1, 8))
+        y = y + torch.repeat_interleave(y[..., ::2], 2, dim=-1) + y.prod(-1, keepdim=True).clamp(-1, 1)
+        y = y + F.avg_pool1d(y, 3, 1, 1) + torch.clamp(y, min=-self.b.abs(), max=self.b.abs())
+        top, _ = torch.topk(y, 3, dim=-1)
+        ordered, _ = torch.sort(y, -1)
+        return (self.e(y + ordered * 0.1) + top.sum(-1, keepdim=True)).mean(1)
+
+
+def make_op_zoo() -> nn.Module:
+    return OpZoo()
+
+
+def batch_op_zoo(gen: torch.Generator) -> Batch:
+    x = torch.randn(2, 6, 8, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 5, (2,), generator=gen, dtype=torch.int64)
+
+
+def make_gemma2() -> nn.Module:
+    from litgpt.config import Config
+    from litgpt.model import GPT
+
+    cfg = Config(
+        name="Gemma-2-tiny",  # litgpt gives RMSNorm its unit offset by this name
+        block_size=12,
+        vocab_size=64,
+        padded_vocab_size=64,
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        head_size=8,
+        n_query_groups=2,
+        norm_class_name="RMSNorm",
+        mlp_class_name="GemmaMLP",
+        intermediate_size=64,
+        bias=False,
+        scale_embeddings=True,
+        gelu_approximate="tanh",
+        parallel_residual=False,
+        attention_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        post_attention_norm=True,
+        post_mlp_norm=True,
+        sliding_window_size=4,
+        sliding_window_indices=[1, 0],
+        attention_scores_scalar=8,
+    )
+    return GPT(cfg)
+
+
+def batch_gemma2(gen: torch.Generator) -> Batch:
+    idx = torch.randint(0, 64, (2, 13), generator=gen, dtype=torch.int64)
+    return OrderedDict(idx=idx[:, :-1]), idx[:, 1:]
+
+
+class ConvNeXtNet(nn.Module):
+    """A ConvNeXt stage in miniature: 4x4 stride-4 stem, LayerNorm over channels (permuted to
+    channels-last and back), a block of depthwise 7x7 Conv2d, LayerNorm, Linear 4x, exact
+    GELU, Linear, layer scale and the residual, global mean, Linear head."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 4, stride=4)
+        self.stem_norm = nn.LayerNorm(c, eps=1e-6)
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.up = nn.Linear(c, 4 * c)
+        self.down = nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(0.1 * torch.ones(c))
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem_norm(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        y = self.down(F.gelu(self.up(self.norm(self.dw(x).permute(0, 2, 3, 1)))))
+        x = x + (self.gamma * y).permute(0, 3, 1, 2)
+        return self.head(x.mean([-2, -1]))
+
+
+def make_convnext() -> nn.Module:
+    return ConvNeXtNet()
+
+
+class DenseNet(nn.Module):
+    """A DenseNet block: each BatchNorm + ReLU + Conv2d layer reads the concatenation of all
+    earlier feature maps; then avg_pool2d, nearest upsampling back and a spatial max."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.BatchNorm2d(4 + 4 * i), nn.ReLU(), nn.Conv2d(4 + 4 * i, 4, 3, padding=1))
+            for i in range(3)
+        )
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.stem(x)
+        b = self.layers[0](a)
+        c = self.layers[1](torch.cat([a, b], 1))
+        d = self.layers[2](torch.cat([a, b, c], 1))
+        x = F.avg_pool2d(torch.cat([a, b, c, d], 1), 2)
+        x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        return self.fc(x.amax((2, 3)))
+
+
+def make_densenet() -> nn.Module:
+    return DenseNet()
+
+
+def batch_image16(gen: torch.Generator) -> Batch:
+    x = torch.randn(2, 3, 16, 16, generator=gen)
+    return OrderedDict(x=x), torch.randint(0, 10, (2,), generator=gen, dtype=torch.int64)
+
+
 class MhaBlocks(nn.Module):
     """Two pre-norm transformer blocks on `nn.MultiheadAttention`, which Thunder 0.2.6 runs
     through its torch fallback (`multi_head_attention_forward`, backward
@@ -1274,6 +1437,48 @@ MODELS: dict[str, ModelSpec] = {
             description="1x1 Conv2d(3,3), F.unfold(3x3, pad 1, stride 2) of 8x8, matmul + tanh, matmul, F.fold to 8x8 (2x2 kernel, "
             "dilation 2, pad 1, stride 2: overlapping), Linear(256,5)",
             notes=["torch fallbacks: backward `unfold_vjp`, `fold_vjp`"],
+        ),
+        ModelSpec(
+            "loss-zoo",
+            LossZoo,
+            batch_loss_zoo,
+            loss="output",
+            description="Linear(8,5) of the input plus a mean-pooled Embedding(20,8) bag; returns kl_div + smooth_l1 + "
+            "BCE-with-logits + cross_entropy + huber (Thunder keeps each as one symbol)",
+            notes=[
+                "the model returns its own loss (`\"loss\": \"output\"`)",
+                "the loss sum is continued over lines with `\\`, which Thunder copies into a source comment",
+            ],
+        ),
+        ModelSpec(
+            "op-zoo",
+            make_op_zoo,
+            batch_op_zoo,
+            description="Linear(8,8), then cumsum, roll, std, logsumexp, addcmul, atan2, Conv1d(6,6,3), Conv3d(1,2,3), "
+            "baddbmm, max + gather, repeat_interleave, prod, clamp between tensors, avg_pool1d, topk, sort; Linear(8,5)",
+        ),
+        ModelSpec(
+            "gemma2",
+            make_gemma2,
+            batch_gemma2,
+            description="litgpt Gemma-2 style: vocab 64, 2 layers, n_embd 32, 4 heads of 8, 2 query groups, RMSNorm "
+            "(unit offset), GeGLU (tanh), scaled embeddings, post-attention and post-MLP norms, attention and final "
+            "logit softcapping, a sliding window of 4 on layer 0",
+        ),
+        ModelSpec(
+            "convnext",
+            make_convnext,
+            batch_image16,
+            description="ConvNeXt block: Conv2d(3,16,4,stride 4), channels-last LayerNorm, depthwise Conv2d(16,16,7), "
+            "LayerNorm, Linear(16,64), GELU, Linear(64,16), layer scale, residual, mean, Linear(16,10)",
+        ),
+        ModelSpec(
+            "densenet",
+            make_densenet,
+            batch_image16,
+            description="Conv2d(3,4,3), three BatchNorm + ReLU + Conv2d layers each on the cat of all earlier maps, "
+            "avg_pool2d(2), nearest interpolate x2, amax over space, Linear(16,10)",
+            notes=["BatchNorm running stats are buffers the forward updates"],
         ),
     ]
 }
