@@ -153,11 +153,18 @@ fn max_pool_f64(
 trait PoolElem: Copy + PartialOrd {
     const NEG_INF: Self;
     fn nan(self) -> bool;
+    /// `if take { a } else { b }` through bit masks, which keeps [`pool_plane`]'s lane loop
+    /// free of branches, so vectorised (written as an `if`, it ran at half the speed).
+    fn pick(take: bool, a: Self, b: Self) -> Self;
 }
 impl PoolElem for f32 {
     const NEG_INF: f32 = f32::NEG_INFINITY;
     fn nan(self) -> bool {
         self.is_nan()
+    }
+    fn pick(take: bool, a: f32, b: f32) -> f32 {
+        let mask = 0u32.wrapping_sub(u32::from(take));
+        f32::from_bits((a.to_bits() & mask) | (b.to_bits() & !mask))
     }
 }
 impl PoolElem for f64 {
@@ -165,6 +172,16 @@ impl PoolElem for f64 {
     fn nan(self) -> bool {
         self.is_nan()
     }
+    fn pick(take: bool, a: f64, b: f64) -> f64 {
+        let mask = 0u64.wrapping_sub(u64::from(take));
+        f64::from_bits((a.to_bits() & mask) | (b.to_bits() & !mask))
+    }
+}
+
+/// `if take { a } else { b }` for positions, through a bit mask (see [`PoolElem::pick`]).
+fn pick_index(take: bool, a: i64, b: i64) -> i64 {
+    let mask = 0i64.wrapping_sub(i64::from(take));
+    (a & mask) | (b & !mask)
 }
 
 /// Pools of fewer output elements than this run on one thread.
@@ -172,8 +189,7 @@ const PARALLEL_POOL: usize = 1 << 14;
 
 /// Every plane's maxima and their positions into `out` and `idx` (`np * oh * ow` each),
 /// planes shared among the rank's threads when large. Each window keeps its first maximum
-/// (or last NaN) in window order whichever thread runs it, and picks it without a branch per
-/// element (a max pool's comparisons go either way about as often, so a branch mispredicts).
+/// (or last NaN) in window order whichever thread runs it ([`pool_plane`]).
 #[allow(clippy::too_many_arguments)]
 fn pool_planes<T: PoolElem + Send + Sync>(
     xs: &[T],
@@ -218,7 +234,14 @@ fn pool_planes<T: PoolElem + Send + Sync>(
     }
 }
 
-/// One plane `x` (`[h, w]`) into its `out` and `idx` rows of `ow`.
+/// One plane `x` (`[h, w]`) into its `out` and `idx` rows of `ow`. The columns whose windows
+/// lie inside the row are swept a window position at a time over up to [`LANES`] outputs: the
+/// values gathered contiguous, then a compare-and-select per output, a loop the compiler
+/// vectorises, so without a branch (after a ReLU half the inputs tie at zero, and a branch on
+/// the comparison mispredicts about as often as not) and without a chain from one comparison
+/// to the next. One output at a time, ResNet-18-64's stem pool took 4.1 ms a step; 2.0 so. The
+/// edge columns, whose windows the padding clips, go one at a time. Both visit each window in
+/// the same order, so the first maximum (or the last NaN) is kept either way.
 fn pool_plane<T: PoolElem>(
     x: &[T],
     p: &Pool2d,
@@ -231,15 +254,24 @@ fn pool_plane<T: PoolElem>(
     let [sh, sw] = p.stride;
     let [ph, pw] = p.padding;
     let [dh, dw] = p.dilation;
+    // columns `j` whose window `j * sw - pw + c * dw` (c < kw) lies in `0..w`
+    let span = (kw - 1) * dw;
+    let inner_lo = pw.div_ceil(sw).min(ow);
+    let inner_hi = if w + pw > span {
+        ((w + pw - span - 1) / sw + 1).clamp(inner_lo, ow)
+    } else {
+        inner_lo
+    };
     for (i, (orow, irow)) in out.chunks_mut(ow).zip(idx.chunks_mut(ow)).enumerate() {
         let mut h0 = (i * sh) as i64 - ph as i64;
         let h1 = (h0 + ((kh - 1) * dh) as i64 + 1).min(h as i64);
         while h0 < 0 {
             h0 += dh as i64;
         }
-        for (j, (o, ix)) in orow.iter_mut().zip(irow.iter_mut()).enumerate() {
+        let edges = (0..inner_lo).chain(inner_hi..ow);
+        for j in edges {
             let mut w0 = (j * sw) as i64 - pw as i64;
-            let w1 = (w0 + ((kw - 1) * dw) as i64 + 1).min(w as i64);
+            let w1 = (w0 + span as i64 + 1).min(w as i64);
             while w0 < 0 {
                 w0 += dw as i64;
             }
@@ -253,17 +285,54 @@ fn pool_plane<T: PoolElem>(
                     let v = x[k as usize];
                     // a NaN wins (the window's last, as PyTorch's `val > max || isnan(val)`)
                     let take = (v > max) | v.nan();
-                    max = if take { v } else { max };
-                    best = if take { k } else { best };
+                    max = T::pick(take, v, max);
+                    best = pick_index(take, k, best);
                     c += dw as i64;
                 }
                 r += dh as i64;
             }
-            *o = max;
-            *ix = best;
+            orow[j] = max;
+            irow[j] = best;
+        }
+        if inner_lo == inner_hi {
+            continue;
+        }
+        let (o, ix) = (&mut orow[inner_lo..inner_hi], &mut irow[inner_lo..inner_hi]);
+        let first = h0 as usize * w + inner_lo * sw - pw;
+        for (chunk, (oc, ic)) in o.chunks_mut(LANES).zip(ix.chunks_mut(LANES)).enumerate() {
+            let q0 = first + chunk * LANES * sw;
+            oc.fill(T::NEG_INF);
+            for (l, b) in ic.iter_mut().enumerate() {
+                *b = (q0 + l * sw) as i64;
+            }
+            // the window position's values for the chunk's outputs, gathered contiguous so
+            // that the update below is a plain loop over lanes, which the compiler vectorises
+            let mut vals = [T::NEG_INF; LANES];
+            let vals = &mut vals[..oc.len()];
+            let mut r = h0 as usize;
+            while (r as i64) < h1 {
+                for c in 0..kw {
+                    let start = q0 + (r - h0 as usize) * w + c * dw;
+                    let row = &x[start..start + (vals.len() - 1) * sw + 1];
+                    for (l, v) in vals.iter_mut().enumerate() {
+                        *v = row[l * sw];
+                    }
+                    for (l, ((m, b), &v)) in
+                        oc.iter_mut().zip(ic.iter_mut()).zip(&*vals).enumerate()
+                    {
+                        let take = (v > *m) | v.nan();
+                        *m = T::pick(take, v, *m);
+                        *b = pick_index(take, (start + l * sw) as i64, *b);
+                    }
+                }
+                r += dh;
+            }
         }
     }
 }
+
+/// Outputs of a row swept together by [`pool_plane`] (a stack buffer of this many values).
+const LANES: usize = 64;
 
 /// `max_pool2d_with_indices_backward(grad, x, ..., indices)`: each output gradient added to
 /// the input position its index names, within its plane.
@@ -349,7 +418,7 @@ mod tests {
                             continue;
                         }
                         let v = x[(r * w as i64 + c) as usize];
-                        if best.is_none_or(|(m, _)| v > m) {
+                        if best.is_none_or(|(m, _)| v > m || v.is_nan()) {
                             best = Some((v, r * w as i64 + c));
                         }
                     }
@@ -391,6 +460,47 @@ mod tests {
         let (o, _) = max_pool2d_with_indices(&x, &pool(3, &[3], 0, 1, false)).expect("ok");
         assert_eq!(&o.shape()[2..], &[2, 2]);
         assert!(Pool2d::new(&[2], &[], &[2], &[1], false).is_err());
+    }
+
+    /// Planes wide enough for the row sweep of the inner columns, with ties, NaNs and
+    /// infinities: the same maxima and first positions as the definition, on every geometry.
+    #[test]
+    fn the_row_sweep_keeps_the_first_maximum_and_the_last_nan() {
+        // 141 columns: more than `LANES` outputs a row at stride 1
+        let (h, w) = (11, 141);
+        let data: Vec<f64> = (0..2 * h * w)
+            .map(|i| match i % 41 {
+                7 => f64::NAN,
+                11 | 12 => f64::NEG_INFINITY,
+                _ => ((i * 37) % 13) as f64,
+            })
+            .collect();
+        let x = Tensor::from_f64(vec![1, 2, h, w], data.clone());
+        let x32 = Tensor::from_f32(vec![1, 2, h, w], data.iter().map(|&v| v as f32).collect());
+        for p in [
+            pool(3, &[2], 1, 1, false),
+            pool(2, &[], 0, 1, false),
+            pool(3, &[1], 1, 1, false),
+            pool(3, &[2], 1, 2, false),
+            pool(3, &[2], 1, 1, true),
+            pool(5, &[3], 2, 1, true),
+            pool(4, &[3], 0, 3, false),
+        ] {
+            for x in [&x, &x32] {
+                let (o, i) = max_pool2d_with_indices(x, &p).expect("ok");
+                let (oh, ow) = (o.shape()[2], o.shape()[3]);
+                let (mut want_o, mut want_i) = (vec![], vec![]);
+                for plane in 0..2 {
+                    let (a, b) = naive(&data[plane * h * w..(plane + 1) * h * w], h, w, &p, oh, ow);
+                    want_o.extend(a);
+                    want_i.extend(b);
+                }
+                let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+                let got = o.to_f64_vec();
+                assert!(got.iter().zip(&want_o).all(|(&a, &b)| same(a, b)), "{p:?}");
+                assert_eq!(i.to_i64_vec(), want_i, "{p:?}");
+            }
+        }
     }
 
     /// Central differences of L(x) = sum(maxpool(x) * g) match the backward (inputs distinct,
