@@ -51,7 +51,7 @@ pub fn run_fused(f: &FusedLoop, inputs: &[Input<'_, Tensor>]) -> Result<Tensor, 
                 continue;
             };
             let last: usize = f
-                .shape
+                .dims
                 .iter()
                 .zip(strides)
                 .map(|(&n, &s)| n.saturating_sub(1) * s)
@@ -127,7 +127,7 @@ fn run_range(f: &FusedLoop, sources: &[Source<'_>], first: usize, dst: &mut [f32
                         LaneOp::Load { .. } | LaneOp::Const(_) if f.reads[k] != LaneRead::Lane => {}
                         LaneOp::Load { input, strides } => match &sources[*input] {
                             Source::Number(x) => out.fill(*x),
-                            Source::Elems(v) => load(v, &f.shape, strides, start, out),
+                            Source::Elems(v) => load(v, &f.dims, strides, start, out),
                         },
                         LaneOp::Const(x) => out.fill(f32::of(*x)),
                         LaneOp::Unary(u, a) => match operand(*a) {

@@ -59,8 +59,14 @@ pub enum LaneOp {
 /// A region as one loop over its output: `ops` in order, the last one the result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FusedLoop {
-    /// The output's shape: the loop's index space.
+    /// The output's shape.
     pub shape: Vec<usize>,
+    /// The loop's index space: `shape` with its dims of size one dropped and each run of
+    /// dims that every load reads as one merged into one dim (a per-channel vector over
+    /// `[N, C, H, W]` reads `[N, C, H * W]` with strides `[0, 1, 0]`), so that a backend walks
+    /// long runs. The same elements in the same row-major order as `shape`.
+    pub dims: Vec<usize>,
+    /// The loads' strides are over `dims`.
     pub ops: Vec<LaneOp>,
     /// Per op, where a reader finds its value ([`FusedLoop::new`] derives it from `ops`).
     pub reads: Vec<LaneRead>,
@@ -80,19 +86,25 @@ pub enum LaneRead {
 }
 
 impl FusedLoop {
-    /// The loop of `ops` over `shape`.
-    pub fn new(shape: Vec<usize>, ops: Vec<LaneOp>) -> FusedLoop {
+    /// The loop of `ops` over `shape` (the loads' strides over `shape`).
+    pub fn new(shape: Vec<usize>, mut ops: Vec<LaneOp>) -> FusedLoop {
+        let dims = merge_dims(&shape, &mut ops);
         let reads = ops
             .iter()
             .map(|op| match op {
                 LaneOp::Const(x) => LaneRead::Const(*x),
-                LaneOp::Load { input, strides } if in_loop_order(&shape, strides) => {
+                LaneOp::Load { input, strides } if in_loop_order(&dims, strides) => {
                     LaneRead::InOrder(*input)
                 }
                 _ => LaneRead::Lane,
             })
             .collect();
-        FusedLoop { shape, ops, reads }
+        FusedLoop {
+            shape,
+            dims,
+            ops,
+            reads,
+        }
     }
 
     /// How many elements the loop computes.
@@ -363,6 +375,57 @@ fn fused_loop(
     Some(FusedLoop::new(shape, ops))
 }
 
+/// The index space [`FusedLoop::dims`] of a loop over `shape`, rewriting the loads' strides to
+/// it: dims of size one dropped, and a dim merged into the next inner one when every load
+/// steps over it as over the whole inner one (its stride is the inner's times the inner's
+/// size; both zero included). At least one dim is left.
+fn merge_dims(shape: &[usize], ops: &mut [LaneOp]) -> Vec<usize> {
+    let loads = |ops: &[LaneOp]| -> Vec<usize> {
+        ops.iter()
+            .enumerate()
+            .filter(|(_, op)| matches!(op, LaneOp::Load { .. }))
+            .map(|(k, _)| k)
+            .collect()
+    };
+    let at = loads(ops);
+    let stride = |ops: &[LaneOp], k: usize, d: usize| match &ops[k] {
+        LaneOp::Load { strides, .. } => strides.get(d).copied().unwrap_or(0),
+        _ => 0,
+    };
+    // built from the innermost dim out: (size, each load's stride)
+    let mut merged: Vec<(usize, Vec<usize>)> = Vec::new();
+    for d in (0..shape.len()).rev() {
+        let n = shape[d];
+        if n == 1 {
+            continue;
+        }
+        let strides: Vec<usize> = at.iter().map(|&k| stride(ops, k, d)).collect();
+        match merged.last_mut() {
+            Some((size, inner))
+                if n != 0
+                    && *size != 0
+                    && strides
+                        .iter()
+                        .zip(inner.iter())
+                        .all(|(&s, &i)| s == i * *size) =>
+            {
+                *size *= n;
+            }
+            _ => merged.push((n, strides)),
+        }
+    }
+    if merged.is_empty() {
+        merged.push((1, vec![0; at.len()]));
+    }
+    merged.reverse();
+    for (j, &k) in at.iter().enumerate() {
+        if let LaneOp::Load { strides, .. } = &mut ops[k] {
+            *strides = merged.iter().map(|(_, s)| s[j]).collect();
+        }
+    }
+    merged.into_iter().map(|(n, _)| n).collect()
+}
+
 /// Whether `strides` over `shape` address the elements in row-major loop order (dims of size
 /// one excepted).
 fn in_loop_order(shape: &[usize], strides: &[usize]) -> bool {
@@ -374,4 +437,69 @@ fn in_loop_order(shape: &[usize], strides: &[usize]) -> bool {
         step *= n;
     }
     strides.len() == shape.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(input: usize, strides: &[usize]) -> LaneOp {
+        LaneOp::Load {
+            input,
+            strides: strides.to_vec(),
+        }
+    }
+
+    fn strides(f: &FusedLoop, k: usize) -> &[usize] {
+        match &f.ops[k] {
+            LaneOp::Load { strides, .. } => strides,
+            other => panic!("op {k} is {other:?}"),
+        }
+    }
+
+    #[test]
+    fn dims_every_load_reads_as_one_are_merged() {
+        let add = LaneOp::Binary {
+            op: BinaryOp::Add,
+            a: 0,
+            b: 1,
+            alpha: 1.0,
+        };
+        // a BatchNorm-style per-channel vector over NCHW: H and W merge, N and C do not
+        let f = FusedLoop::new(
+            vec![8, 64, 16, 16],
+            vec![
+                load(0, &[16384, 256, 16, 1]),
+                load(1, &[0, 1, 0, 0]),
+                add.clone(),
+            ],
+        );
+        assert_eq!(f.dims, [8, 64, 256]);
+        assert_eq!(strides(&f, 0), [16384, 256, 1]);
+        assert_eq!(strides(&f, 1), [0, 1, 0]);
+        assert_eq!(f.shape, [8, 64, 16, 16]);
+        assert_eq!(f.reads[0], LaneRead::InOrder(0));
+        // a bias over [B, T, C] merges B and T; dims of size one go
+        let f = FusedLoop::new(
+            vec![4, 1, 128, 384],
+            vec![
+                load(0, &[49152, 49152, 384, 1]),
+                load(1, &[0, 0, 0, 1]),
+                add.clone(),
+            ],
+        );
+        assert_eq!(f.dims, [512, 384]);
+        assert_eq!(strides(&f, 1), [0, 1]);
+        // a transposed read merges nothing
+        let f = FusedLoop::new(
+            vec![2, 3],
+            vec![load(0, &[3, 1]), load(1, &[1, 2]), add.clone()],
+        );
+        assert_eq!(f.dims, [2, 3]);
+        assert_eq!(strides(&f, 1), [1, 2]);
+        // one element: one dim of one
+        let f = FusedLoop::new(vec![1, 1], vec![load(0, &[1, 1]), load(1, &[0, 0]), add]);
+        assert_eq!((f.dims.as_slice(), strides(&f, 1)), (&[1][..], &[0][..]));
+        assert_eq!(f.numel(), 1);
+    }
 }
