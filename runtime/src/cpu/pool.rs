@@ -431,6 +431,24 @@ mod tests {
         (o, ix)
     }
 
+    /// [`naive`] over each of `planes` planes of `data`, at the output size `o` has.
+    fn naive_planes(
+        data: &[f64],
+        planes: usize,
+        (h, w): (usize, usize),
+        p: &Pool2d,
+        o: &Tensor,
+    ) -> (Vec<f64>, Vec<i64>) {
+        let (oh, ow) = (o.shape()[2], o.shape()[3]);
+        let (mut want_o, mut want_i) = (vec![], vec![]);
+        for plane in data.chunks(h * w).take(planes) {
+            let (a, b) = naive(plane, h, w, p, oh, ow);
+            want_o.extend(a);
+            want_i.extend(b);
+        }
+        (want_o, want_i)
+    }
+
     #[test]
     fn matches_the_definition_for_strides_padding_dilation_and_ceil() {
         let (h, w) = (7, 6);
@@ -444,13 +462,7 @@ mod tests {
             pool(3, &[3], 0, 1, true),
         ] {
             let (o, i) = max_pool2d_with_indices(&x, &p).expect("ok");
-            let (oh, ow) = (o.shape()[2], o.shape()[3]);
-            let (mut want_o, mut want_i) = (vec![], vec![]);
-            for plane in 0..6 {
-                let (a, b) = naive(&data[plane * h * w..(plane + 1) * h * w], h, w, &p, oh, ow);
-                want_o.extend(a);
-                want_i.extend(b);
-            }
+            let (want_o, want_i) = naive_planes(&data, 6, (h, w), &p, &o);
             assert_eq!(o.to_f64_vec(), want_o, "{p:?}");
             assert_eq!(i.to_i64_vec(), want_i, "{p:?}");
         }
@@ -488,13 +500,7 @@ mod tests {
         ] {
             for x in [&x, &x32] {
                 let (o, i) = max_pool2d_with_indices(x, &p).expect("ok");
-                let (oh, ow) = (o.shape()[2], o.shape()[3]);
-                let (mut want_o, mut want_i) = (vec![], vec![]);
-                for plane in 0..2 {
-                    let (a, b) = naive(&data[plane * h * w..(plane + 1) * h * w], h, w, &p, oh, ow);
-                    want_o.extend(a);
-                    want_i.extend(b);
-                }
+                let (want_o, want_i) = naive_planes(&data, 2, (h, w), &p, &o);
                 let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
                 let got = o.to_f64_vec();
                 assert!(got.iter().zip(&want_o).all(|(&a, &b)| same(a, b)), "{p:?}");
