@@ -732,7 +732,8 @@ fn linear_typed<T: Gemm>(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Resul
         ));
     }
     let n = w.shape()[0];
-    let m = x.numel() / k.max(1);
+    // the leading dims' product, not `numel / k`: that is 0 for `k = 0` with rows present
+    let m: usize = xs[..xs.len() - 1].iter().product();
     let x2 = if xs.len() == 2 {
         x.clone()
     } else {
@@ -1030,5 +1031,47 @@ mod tests {
                 assert!((par[i * n + j] - want).abs() < 1e-3, "{i},{j}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod zero_size_tests {
+    use crate::cpu::CpuBackend;
+    use crate::exec::{Backend, Input, Kernel};
+    use crate::tensor::Tensor;
+
+    fn filled(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::from_f32(shape, (0..n).map(|i| i as f32 * 0.25 - 1.0).collect())
+    }
+
+    fn run(k: &Kernel, inputs: &[Tensor]) -> Tensor {
+        let args: Vec<Input<'_, Tensor>> = inputs.iter().map(Input::Tensor).collect();
+        CpuBackend
+            .run(k, &args)
+            .expect("a zero-size product is defined")
+    }
+
+    /// Products with an empty dimension: `k = 0` gives zeros (plus the bias), an empty `m` or
+    /// batch gives an empty result. The GPU check runs the same cases against these.
+    #[test]
+    fn products_with_an_empty_dimension_are_zeros_or_empty() {
+        let c = run(&Kernel::Matmul, &[filled(&[4, 0]), filled(&[0, 3])]);
+        assert_eq!(c.shape(), &[4, 3]);
+        assert!(c.to_f64_vec().iter().all(|&x| x == 0.0));
+        let bias = filled(&[6]);
+        let c = run(
+            &Kernel::Linear { bias: true },
+            &[filled(&[5, 0]), filled(&[6, 0]), bias.clone()],
+        );
+        assert_eq!(c.shape(), &[5, 6]);
+        let want = bias.to_f64_vec();
+        for row in c.to_f64_vec().chunks(6) {
+            assert_eq!(row, &want[..]);
+        }
+        let c = run(&Kernel::Matmul, &[filled(&[0, 4]), filled(&[4, 3])]);
+        assert_eq!(c.shape(), &[0, 3]);
+        let c = run(&Kernel::Matmul, &[filled(&[2, 0, 4]), filled(&[4, 3])]);
+        assert_eq!(c.shape(), &[2, 0, 3]);
     }
 }

@@ -173,6 +173,8 @@ fn reduce_typed<T: Real>(
     keepdim: bool,
 ) -> Result<Tensor, String> {
     let shape = x.shape();
+    // elements each output folds: 0 where a reduced dim is empty
+    let count: usize = dims.iter().filter_map(|&d| shape.get(d)).product();
     let v = T::elems(x);
     let init = match op {
         ReduceOp::Amax => T::of(f64::NEG_INFINITY),
@@ -195,7 +197,7 @@ fn reduce_typed<T: Real>(
     }?;
     crate::cpu::buffer_pool::give_cow(v);
     if op == ReduceOp::Mean {
-        let count = (x.numel() / acc.len().max(1)).max(1);
+        // a mean over nothing is 0 / 0 = NaN, as PyTorch's
         let c = T::of(count as f64);
         acc.iter_mut().for_each(|a| *a = *a / c);
     }
@@ -400,6 +402,21 @@ fn reduce_int(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reductions_over_an_empty_dimension_follow_pytorch() {
+        let x = Tensor::from_f32([3usize, 0], Vec::new());
+        let sum = reduce(&x, ReduceOp::Sum, &[1], false, DType::F32).expect("sum");
+        assert_eq!(sum.shape(), &[3]);
+        assert!(sum.to_f64_vec().iter().all(|&v| v == 0.0));
+        let mean = reduce(&x, ReduceOp::Mean, &[1], false, DType::F32).expect("mean");
+        assert!(mean.to_f64_vec().iter().all(|v| v.is_nan()), "0 / 0");
+        let err = reduce(&x, ReduceOp::Amax, &[1], false, DType::F32).unwrap_err();
+        assert!(err.contains("no elements"), "{err}");
+        // over the non-empty dim the result is itself empty, which is fine
+        let amax = reduce(&x, ReduceOp::Amax, &[0], false, DType::F32).expect("empty result");
+        assert_eq!(amax.shape(), &[0]);
+    }
 
     #[test]
     fn a_rank_with_threads_gives_the_one_thread_bits_and_the_right_sums() {
