@@ -38,6 +38,7 @@ kit=target/gpu-kit
 out=${OUT:-/tmp/gpu-kit-out}
 mkdir -p "$out"
 nvidia-smi -L
+nvidia-smi --query-gpu=driver_version,compute_cap,memory.total --format=csv,noheader
 [ -x "$kit/xtask" ] || xz -dc "$kit/bin.tar.xz" | tar -C "$kit" -xf -
 for z in "$kit"/exports/*/params.safetensors.xz; do
     [ -f "$z" ] && [ ! -f "${z%.xz}" ] && xz -T0 -dc "$z" >"${z%.xz}"

@@ -278,7 +278,7 @@ pub fn bench() -> Result<Vec<Row>> {
     }
 
     let env = DistEnv::from_lookup(|_| None)?;
-    println!("\n| model | steps/s (1 GPU) |\n|---|---|");
+    println!("\n| model | steps/s, steady (1 GPU) | steps/s, whole run |\n|---|---|---|");
     for (label, m, steps) in [
         ("seed MLP", ModelSource::Seed, 200usize),
         (
@@ -298,15 +298,24 @@ pub fn bench() -> Result<Vec<Row>> {
             ..TrainConfig::default()
         };
         let r = tracepass_runtime::cuda::train(&cfg, &env, &|_, _| {})?;
-        let sps = steps as f64 / r.wall.as_secs_f64();
-        println!("| {label} | {sps:.1} |");
+        let whole = steps as f64 / r.wall.as_secs_f64();
+        let steady = steady_steps_per_s(&r.metrics[0]);
+        println!("| {label} | {steady:.1} | {whole:.1} |");
         summary.push(row(
             format!("steps/s {label}"),
-            format!("{sps:.1}"),
-            "1 GPU",
+            format!("{steady:.1}"),
+            format!("1 GPU, the second half of {steps} steps; {whole:.1} over the whole run (NVRTC compiles, uploads)"),
         ));
     }
     Ok(summary)
+}
+
+/// Steps per second over the second half of a run's steps: the first steps compile kernels
+/// (NVRTC) and fill the caches, which a steady figure leaves out.
+fn steady_steps_per_s(steps: &[tracepass_runtime::exec::StepMetrics]) -> f64 {
+    let tail = &steps[steps.len() / 2..];
+    let secs: f64 = tail.iter().map(|m| m.step_s).sum();
+    tail.len() as f64 / secs.max(f64::MIN_POSITIVE)
 }
 
 /// The workspace root (commands and model paths are relative to it): where xtask was built, or
@@ -384,12 +393,17 @@ const FUSED_PIPELINE: &str = "remat,ddp(world_size=1),fuse-elementwise,sort-wait
 /// The GPU test binaries of `tracepass-runtime` (`runtime/tests/<name>.rs`).
 const GPU_TESTS: [&str; 3] = ["cuda", "cuda_model_ops", "cuda_nvrtc"];
 
-/// A model on one GPU against the CPU, under the default pipeline or `passes`: the verdict row.
-fn check_model(dir: &Path, steps: usize, passes: Option<&str>) -> Row {
-    let name = match passes {
+/// A model's row in the table: its folder, and the pipeline when not the default.
+fn model_row_name(dir: &Path, passes: Option<&str>) -> String {
+    match passes {
         Some(p) => format!("model {} ({p})", dir.display()),
         None => format!("model {}", dir.display()),
-    };
+    }
+}
+
+/// A model on one GPU against the CPU, under the default pipeline or `passes`: the verdict row.
+fn check_model(dir: &Path, steps: usize, passes: Option<&str>) -> Row {
+    let name = model_row_name(dir, passes);
     let passes = match passes.map(tracepass_passes::parse_pipeline).transpose() {
         Ok(p) => p,
         Err(e) => return row(name, "FAIL", e.to_string()),
@@ -441,11 +455,23 @@ fn check_model(dir: &Path, steps: usize, passes: Option<&str>) -> Row {
         .map(|(g, c)| (g - c).abs() / c.abs().max(1.0))
         .fold(0.0f64, f64::max);
     let same_len = gpu.losses.len() == cpu.losses.len();
-    if same_len && worst <= 1e-3 {
+    // a bf16 or f16 model's values carry 8 or 11 significant bits, and the GPU rounds them at
+    // other points (cuBLAS, fused kernels): the bar is the one the corpus test holds the CPU
+    // to against PyTorch
+    let low_precision = tracepass_runtime::train::Model::load(&cfg.model).is_ok_and(|m| {
+        m.program.params.iter().any(|p| {
+            matches!(
+                p.dtype,
+                tracepass_ir::DType::BF16 | tracepass_ir::DType::F16
+            )
+        })
+    });
+    let bar = if low_precision { 1e-2 } else { 1e-3 };
+    if same_len && worst <= bar {
         row(
             name,
             "pass",
-            format!("{steps} steps, loss within {worst:.1e} of the CPU"),
+            format!("{steps} steps, loss within {worst:.1e} of the CPU (bar {bar:.0e})"),
         )
     } else {
         row(
@@ -454,6 +480,27 @@ fn check_model(dir: &Path, steps: usize, passes: Option<&str>) -> Row {
             format!("losses gpu {:?} vs cpu {:?}", gpu.losses, cpu.losses),
         )
     }
+}
+
+/// The longest one GPU test binary may run in `gpu-check`.
+const STEP_LIMIT: Duration = Duration::from_secs(150);
+
+/// The longest one corpus model's check (CPU and GPU run together) may take in `gpu-check`.
+const MODEL_LIMIT: Duration = Duration::from_secs(60);
+
+/// [`check_model`] on a thread of its own, given up as FAIL after `limit`: a model that hangs
+/// on the GPU (a wait that never completes) must not stop the check of the others. The thread
+/// given up on is left running; the process ends when the check does.
+fn check_model_within(dir: &Path, steps: usize, passes: Option<&str>, limit: Duration) -> Row {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (d, p) = (dir.to_path_buf(), passes.map(str::to_owned));
+    std::thread::spawn(move || {
+        let _ = tx.send(check_model(&d, steps, p.as_deref()));
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| {
+        let detail = format!("no result within {} s", limit.as_secs());
+        row(model_row_name(dir, passes), "FAIL", detail)
+    })
 }
 
 /// `cargo xtask gpu-check`. With `prebuilt`, a folder holding the GPU test binaries (built
@@ -515,7 +562,8 @@ pub fn gpu_check(
         steps.push((format!("GPU tests ({})", GPU_TESTS.join(", ")), test));
     }
     for (what, mut cmd) in steps {
-        let (r, pass) = run_step(&what, &mut cmd, left(start));
+        // capped, so that a hung test leaves time for the models and the benchmark
+        let (r, pass) = run_step(&what, &mut cmd, left(start).min(STEP_LIMIT));
         rows.push(r);
         ok &= pass;
     }
@@ -535,7 +583,7 @@ pub fn gpu_check(
     }
     for dir in dirs {
         for passes in [None, Some(FUSED_PIPELINE)] {
-            let r = check_model(&dir, 3, passes);
+            let r = check_model_within(&dir, 3, passes, MODEL_LIMIT);
             ok &= r.1 != "FAIL";
             println!("{} | {} | {}", r.0, r.1, r.2);
             rows.push(r);
