@@ -25,11 +25,12 @@ rm "$kit/build.json"
 # compressed, so that the kit and an export fit the 64 MiB that travels to a lent machine
 tar -C "$kit" -cf - tracepass xtask cuda cuda_model_ops cuda_nvrtc | xz -T2 -6 >"$kit/bin.tar.xz"
 (cd "$kit" && rm tracepass xtask cuda cuda_model_ops cuda_nvrtc)
-# each export named on the command line: its traces, data and xz-compressed parameters
+# each export named on the command line: its traces and data, not its parameters (random
+# floats do not compress, and the repository and kit must fit the 64 MiB that travels);
+# run.sh makes them there from the model's own initialisation with PyTorch
 for d in "$@"; do
     mkdir -p "$kit/exports/$(basename "$d")"
     cp "$d"/*.trace "$d"/export.json "$d"/data.safetensors "$kit/exports/$(basename "$d")/"
-    xz -T2 -6 -c "$d/params.safetensors" >"$kit/exports/$(basename "$d")/params.safetensors.xz"
 done
 cat >"$kit/run.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -40,9 +41,6 @@ mkdir -p "$out"
 nvidia-smi -L
 nvidia-smi --query-gpu=driver_version,compute_cap,memory.total --format=csv,noheader
 [ -x "$kit/xtask" ] || xz -dc "$kit/bin.tar.xz" | tar -C "$kit" -xf -
-for z in "$kit"/exports/*/params.safetensors.xz; do
-    [ -f "$z" ] && [ ! -f "${z%.xz}" ] && xz -T0 -dc "$z" >"${z%.xz}"
-done
 # cudarc opens libnvrtc.so, libcublas.so and libnccl.so (wheels ship libnccl.so.2 and
 # libnvrtc.so.13 only): link each under its plain name and add the folders it lives in
 libs=/tmp/gpu-kit-libs
@@ -68,6 +66,13 @@ echo "gpu-check exit: ${PIPESTATUS[0]}"
 fused="remat,ddp(world_size=1),fuse-elementwise,sort-waits"
 for d in "$kit"/exports/*/; do
     [ -f "$d/forward.trace" ] || continue
+    # the parameters from the model's own initialisation, and PyTorch eager's steps/s on the
+    # GPU with them (torch alone is needed there; the models come from python/)
+    echo "### $d (PyTorch eager, cuda)"
+    PYTHONPATH=python timeout 120 python3 -m tracepass.export.bench_torch "$d" --ranks 1 \
+        --device cuda --init-params --warmup 5 --steps 30 >"$out/$(basename "$d")-torch.log" 2>&1
+    echo "exit $?"
+    grep -v -i warn "$out/$(basename "$d")-torch.log" | tail -3
     for p in default fused; do
         args=(train --device cuda --model "$d" --steps 30 --metrics)
         [ "$p" = fused ] && args+=(--passes "$fused")

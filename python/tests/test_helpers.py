@@ -147,3 +147,49 @@ def test_bench_batches_and_params():
         load_params(m, {"nope.weight": torch.zeros(1)})
     with pytest.raises(BenchError, match="shape"):
         load_params(m, {"emb.weight": torch.zeros(2)})
+
+
+def test_init_params_writes_what_both_readers_load_alike(tmp_path, monkeypatch):
+    import builtins
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from tracepass.export.bench_torch import init_params, load_tensors
+    from tracepass.export.models import MODELS
+
+    d = tmp_path / "mlp"
+    d.mkdir()
+    shutil.copy("testdata/models/mlp/export.json", d / "export.json")
+    written = init_params(d)
+    torch.manual_seed(0)
+    want = MODELS["mlp"].factory().state_dict()
+    got = load_file(str(written))
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+    # a second call would overwrite: refused
+    with pytest.raises(BenchError, match="exists"):
+        init_params(d)
+    # the reader without the safetensors package gives the same tensors
+    real_import = builtins.__import__
+
+    def no_safetensors(name, *args, **kwargs):
+        if name.startswith("safetensors"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_safetensors)
+    fallback = load_tensors(written)
+    monkeypatch.undo()
+    assert set(fallback) == set(got)
+    for k, v in got.items():
+        assert fallback[k].dtype == v.dtype and torch.equal(fallback[k], v), k
+    # the data file (int64 tokens, several dtypes) through the fallback too
+    data = "testdata/models/nanogpt/data.safetensors"
+    monkeypatch.setattr(builtins, "__import__", no_safetensors)
+    fb = load_tensors(Path(data))
+    monkeypatch.undo()
+    ref = load_file(data)
+    assert set(fb) == set(ref) and all(torch.equal(fb[k], ref[k]) for k in ref)

@@ -1,6 +1,7 @@
 """PyTorch baseline: training steps/s of each corpus model, eager and DistributedDataParallel.
 
     python -m tracepass.export.bench_torch testdata/models [--ranks 1,2,4] [--steps 30] [--json FILE]
+        [--device cuda] [--init-params]
 
 For every plain export directory given (or found below a folder; `-ddp` exports are the same
 models and are skipped), and every world size: one process per rank (spawned), gloo,
@@ -75,10 +76,87 @@ def load_params(model, params: dict) -> None:
             dst.copy_(t)
 
 
-def _worker(rank, world, port, export_dir, warmup, steps, result_dir, threads=1):
+_SAFETENSORS_DTYPES = {"F32": "float32", "F64": "float64", "BF16": "bfloat16", "F16": "float16", "I64": "int64",
+                       "I32": "int32", "BOOL": "bool", "U8": "uint8"}
+
+
+def load_tensors(path: Path) -> dict:
+    """A safetensors file as {name: tensor}: through the `safetensors` package, or where it is not
+    installed (a lent GPU machine has torch alone), by reading the format itself: an 8-byte
+    little-endian header length, a JSON header, then each tensor's little-endian bytes."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        pass
+    else:
+        return load_file(str(path))
+    import struct
+
+    import torch
+
+    raw = path.read_bytes()
+    if len(raw) < 8:
+        raise BenchError(f"{path}: not a safetensors file (shorter than its header length)")
+    (n,) = struct.unpack("<Q", raw[:8])
+    try:
+        header = json.loads(raw[8 : 8 + n])
+    except ValueError as e:
+        raise BenchError(f"{path}: unreadable safetensors header: {e}") from e
+    header.pop("__metadata__", None)
+    out = {}
+    for name, info in header.items():
+        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise BenchError(f"{path}: `{name}` has dtype {info['dtype']}, which this reader does not know")
+        lo, hi = info["data_offsets"]
+        buf = bytearray(raw[8 + n + lo : 8 + n + hi])
+        t = torch.frombuffer(buf, dtype=getattr(torch, dtype)) if buf else torch.empty(0, dtype=getattr(torch, dtype))
+        out[name] = t.reshape(info["shape"])
+    return out
+
+
+def init_params(export_dir: Path) -> Path:
+    """Writes the export's `params.safetensors` from the model's own initialisation (seed 0):
+    every state-dict entry, tied names and buffers included, as the exporter saves them. For an
+    export folder shipped without its parameters (the GPU kit leaves them out, to fit the 64 MiB
+    a lent machine takes); an existing file is never overwritten."""
+    import ctypes
+    import struct
+
+    import torch
+
+    from .mid_models import MID_MODELS
+    from .models import MODELS
+
+    meta = load_export(export_dir)
+    spec = {**MODELS, **MID_MODELS}.get(meta["model"])
+    if spec is None:
+        raise BenchError(f"{export_dir}: model `{meta['model']}` is not in the corpus registry")
+    dst = export_dir / "params.safetensors"
+    if dst.exists():
+        raise BenchError(f"{dst} exists; --init-params writes only a missing file")
+    torch.manual_seed(0)
+    names = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+    header, blobs, at = {}, [], 0
+    for name, t in spec.factory().state_dict().items():
+        t = t.detach().cpu().clone().contiguous()
+        # the bytes as they lie (little-endian here), without numpy, which torch may lack
+        b = ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b""
+        header[name] = {"dtype": names[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
+                        "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    tmp = dst.with_suffix(".partial")
+    tmp.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+    tmp.replace(dst)
+    return dst
+
+
+def _worker(rank, world, port, export_dir, warmup, steps, result_dir, threads=1, device="cpu"):
     import torch
     import torch.distributed as tdist
-    from safetensors.torch import load_file
 
     from .exporter import compute_loss, pick_output
     from .mid_models import MID_MODELS
@@ -90,6 +168,8 @@ def _worker(rank, world, port, export_dir, warmup, steps, result_dir, threads=1)
     spec = {**MODELS, **MID_MODELS}.get(meta["model"])
     if spec is None:
         raise BenchError(f"{d}: model `{meta['model']}` is not in the corpus registry")
+    if device != "cpu" and world > 1:
+        raise BenchError("--device cuda times one rank only")
     if world > 1:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
@@ -97,12 +177,20 @@ def _worker(rank, world, port, export_dir, warmup, steps, result_dir, threads=1)
     try:
         torch.manual_seed(0)
         model = spec.factory()
-        load_params(model, load_file(str(d / "params.safetensors")))
+        load_params(model, load_tensors(d / "params.safetensors"))
+        model.to(device)
         model.train()
         ddp_model = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-        data = batches_of(load_file(str(d / "data.safetensors")), rank)
+        data = [
+            ({k: v.to(device) for k, v in args.items()}, None if t is None else t.to(device))
+            for args, t in batches_of(load_tensors(d / "data.safetensors"), rank)
+        ]
         losses = []
+
+        def sync() -> None:
+            if device != "cpu":
+                torch.cuda.synchronize()
 
         def step(i: int) -> None:
             args, targets = data[i % len(data)]
@@ -112,18 +200,22 @@ def _worker(rank, world, port, export_dir, warmup, steps, result_dir, threads=1)
             loss = compute_loss(meta["loss"], out, targets)
             loss.backward()
             opt.step()
-            losses.append(float(loss.detach()))
+            # kept on the device: reading it back each step would time the round trip
+            losses.append(loss.detach())
 
         for i in range(warmup):
             step(i)
         if world > 1:
             tdist.barrier()
+        sync()
         t0 = time.perf_counter()
         for i in range(steps):
             step(warmup + i)
         if world > 1:
             tdist.barrier()
+        sync()
         dt = time.perf_counter() - t0
+        losses = [float(x) for x in losses]
         if rank == 0:
             import resource
 
@@ -137,7 +229,7 @@ def _worker(rank, world, port, export_dir, warmup, steps, result_dir, threads=1)
             tdist.destroy_process_group()
 
 
-def bench_one(export_dir: Path, world: int, warmup: int, steps: int, threads: int = 1) -> dict:
+def bench_one(export_dir: Path, world: int, warmup: int, steps: int, threads: int = 1, device: str = "cpu") -> dict:
     import torch.multiprocessing as mp
 
     from .exporter import free_port
@@ -146,7 +238,7 @@ def bench_one(export_dir: Path, world: int, warmup: int, steps: int, threads: in
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
             _worker,
-            args=(world, free_port(), str(export_dir), warmup, steps, tmp, threads),
+            args=(world, free_port(), str(export_dir), warmup, steps, tmp, threads, device),
             nprocs=world,
             join=True,
             start_method="spawn",
@@ -183,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per process")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where one rank trains")
+    ap.add_argument(
+        "--init-params",
+        action="store_true",
+        help="first write a missing params.safetensors from the model's own initialisation (seed 0)",
+    )
     a = ap.parse_args(argv)
 
     import torch
@@ -197,13 +295,23 @@ def main(argv: list[str] | None = None) -> int:
     if not dirs:
         print(f"error: no plain export directory under {', '.join(map(str, a.roots))}", file=sys.stderr)
         return 1
+    if a.init_params:
+        for d in dirs:
+            if not (d / "params.safetensors").exists():
+                try:
+                    print(f"wrote {init_params(d)}")
+                except BenchError as e:
+                    print(f"error: {e}", file=sys.stderr)
+                    return 1
+    if a.device != "cpu" and worlds != [1]:
+        ap.error("--device cuda times one rank: pass --ranks 1")
     results = []
     load_start = os.getloadavg()[0]
     print(f"{'model':<12} {'ranks':>5} {'steps/s':>9} {'ms/step':>9} {'loss0':>8} {'loss_end':>8}")
     for d in dirs:
         for w in worlds:
             try:
-                r = bench_one(d, w, a.warmup, a.steps, a.threads)
+                r = bench_one(d, w, a.warmup, a.steps, a.threads, a.device)
             except BenchError as e:
                 print(f"error: {d}: {e}", file=sys.stderr)
                 return 1
@@ -215,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     doc = {
-        "what": "PyTorch eager (1 rank) and DistributedDataParallel (gloo) training steps/s, "
+        "what": f"PyTorch eager (1 rank, on {a.device}) and DistributedDataParallel (gloo) training steps/s, "
         f"one process per rank, torch.set_num_threads({a.threads}), AdamW lr 1e-3, each export's own batches",
         "torch": torch.__version__.split("+")[0],
         "python": platform.python_version(),
