@@ -1098,3 +1098,112 @@ fn sort_argsort_and_topk_give_the_cpus_order() {
         }
     }
 }
+
+/// i32 tensors (HF models' position ids: `Tensor.int()`, then adds, products and casts) are
+/// storage on the GPU: their arithmetic runs in i64 and is cast back. That must give the CPU's
+/// bits, wrapping at i32's range included.
+#[test]
+fn i32_tensors_run_as_the_cpu_runs_them() {
+    let Some(g) = gpu() else { return };
+    // spread over i32's range, with values near its ends so that sums and products wrap
+    let wide: Vec<i64> = (0..60i64)
+        .map(|i| match i % 4 {
+            0 => i32::MAX as i64 - i,
+            1 => i32::MIN as i64 + i,
+            _ => (i * 7919) % 201 - 100,
+        })
+        .collect();
+    let a = Tensor::from_i64(vec![3, 20], wide)
+        .to_dtype(DType::I32)
+        .unwrap();
+    let b = Tensor::from_i64(vec![3, 20], (0..60i64).map(|i| (i * 37) % 19 - 9).collect())
+        .to_dtype(DType::I32)
+        .unwrap();
+    let mask = Tensor::from_bool(vec![3, 20], (0..60).map(|i| i % 3 != 0).collect());
+    let big = Tensor::from_i64(vec![4], vec![1 << 40, -(1 << 33) - 5, 7, -7]);
+    let floats = Tensor::from_f32(vec![5], vec![3.7, -2.5, 3e9, -1e12, f32::NAN]);
+    // conversions: bool, i64 past i32's range (wraps), floats (truncate through i64)
+    for (x, what) in [(&mask, "bool"), (&big, "i64"), (&floats, "f32")] {
+        check_exact(
+            &g,
+            &Kernel::Convert(DType::I32),
+            std::slice::from_ref(x),
+            what,
+        );
+    }
+    for to in [DType::I64, DType::F32, DType::BF16, DType::Bool] {
+        check_exact(
+            &g,
+            &Kernel::Convert(to),
+            std::slice::from_ref(&a),
+            "from i32",
+        );
+    }
+    for op in [
+        BinaryOp::Add,
+        BinaryOp::Mul,
+        BinaryOp::Sub,
+        BinaryOp::Maximum,
+    ] {
+        let k = Kernel::Binary {
+            op,
+            a: Side::Input(0),
+            b: Side::Input(1),
+            alpha: 1.0,
+        };
+        check_exact(&g, &k, &[a.clone(), b.clone()], &format!("{op:?}"));
+        check_exact(
+            &g,
+            &k,
+            &[a.clone(), mask.clone()],
+            &format!("{op:?} with bool"),
+        );
+    }
+    let plus_number = Kernel::Binary {
+        op: BinaryOp::Add,
+        a: Side::Input(0),
+        b: Side::Scalar(3.0),
+        alpha: 1.0,
+    };
+    check_exact(&g, &plus_number, std::slice::from_ref(&a), "add a number");
+    for dtype in [DType::I32, DType::I64] {
+        let k = Kernel::Cumsum { dim: 1, dtype };
+        check_exact(&g, &k, std::slice::from_ref(&a), "cumsum");
+        let k = Kernel::Reduce {
+            op: ReduceOp::Sum,
+            dims: vec![1],
+            keepdim: false,
+            dtype,
+        };
+        check_exact(&g, &k, std::slice::from_ref(&a), "sum");
+    }
+    let k = Kernel::Compare {
+        op: CompareOp::Lt,
+        a: Side::Input(0),
+        b: Side::Input(1),
+    };
+    check_exact(&g, &k, &[a.clone(), b.clone()], "lt");
+    let k = Kernel::ArgExtremum {
+        max: true,
+        dim: Some(1),
+        keepdim: false,
+    };
+    check_exact(&g, &k, std::slice::from_ref(&a), "argmax");
+    let k = Kernel::Sort {
+        dim: 1,
+        descending: true,
+    };
+    check_exact(&g, &k, std::slice::from_ref(&b), "sort");
+    check_exact(
+        &g,
+        &Kernel::BitwiseNot,
+        std::slice::from_ref(&a),
+        "bitwise_not",
+    );
+    check_exact(
+        &g,
+        &Kernel::Permute(vec![1, 0]),
+        std::slice::from_ref(&a),
+        "permute",
+    );
+}

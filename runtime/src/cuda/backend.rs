@@ -27,6 +27,7 @@ pub enum DevBuf {
     BF16(CudaSlice<bf16>),
     F16(CudaSlice<f16>),
     I64(CudaSlice<i64>),
+    I32(CudaSlice<i32>),
     Bool(CudaSlice<bool>),
 }
 
@@ -38,6 +39,7 @@ impl DevBuf {
             DevBuf::BF16(s) => (s.len(), s.stream()),
             DevBuf::F16(s) => (s.len(), s.stream()),
             DevBuf::I64(s) => (s.len(), s.stream()),
+            DevBuf::I32(s) => (s.len(), s.stream()),
             DevBuf::Bool(s) => (s.len(), s.stream()),
         }
     }
@@ -47,6 +49,7 @@ impl DevBuf {
             DevBuf::BF16(_) => DType::BF16,
             DevBuf::F16(_) => DType::F16,
             DevBuf::I64(_) => DType::I64,
+            DevBuf::I32(_) => DType::I32,
             DevBuf::Bool(_) => DType::Bool,
         }
     }
@@ -58,6 +61,7 @@ impl DevBuf {
             DevBuf::BF16(s) => s.device_ptr(stream).0,
             DevBuf::F16(s) => s.device_ptr(stream).0,
             DevBuf::I64(s) => s.device_ptr(stream).0,
+            DevBuf::I32(s) => s.device_ptr(stream).0,
             DevBuf::Bool(s) => s.device_ptr(stream).0,
         }
     }
@@ -404,12 +408,13 @@ impl CudaBackend {
                 }
                 DType::F16 => DevBuf::F16(self.stream.alloc::<f16>(n).map_err(kerr("cudaMalloc"))?),
                 DType::I64 => DevBuf::I64(self.stream.alloc::<i64>(n).map_err(kerr("cudaMalloc"))?),
+                DType::I32 => DevBuf::I32(self.stream.alloc::<i32>(n).map_err(kerr("cudaMalloc"))?),
                 DType::Bool => {
                     DevBuf::Bool(self.stream.alloc::<bool>(n).map_err(kerr("cudaMalloc"))?)
                 }
                 other => {
                     return Err(KernelError(format!(
-                        "dtype {other} is not supported on cuda (f32, bf16, f16, i64, bool)"
+                        "dtype {other} is not supported on cuda (f32, bf16, f16, i64, i32, bool)"
                     )))
                 }
             }
@@ -893,6 +898,11 @@ impl CudaBackend {
         dtype: DType,
     ) -> Result<CudaTensor, KernelError> {
         crate::cpu::reduce::check_extremum(&x.shape, op, dims).map_err(KernelError)?;
+        if dtype == DType::I32 && op != ReduceOp::Mean {
+            // as the CPU: computed in i64, then cast (wrapping)
+            let r = self.reduce(x, op, dims, keepdim, DType::I64)?;
+            return self.convert_to(&r, DType::I32);
+        }
         if dtype == DType::I64 {
             // as the CPU: sums and maxima into i64 are exact (wrapping) over the input's
             // values as i64 (bools 0 or 1, floats truncated); a mean of integers is refused
@@ -1003,12 +1013,11 @@ impl CudaBackend {
                     .clone_htod(&v[o..o + n])
                     .map_err(kerr("upload"))?,
             ),
-            Storage::I32(_) => {
-                return Err(KernelError(format!(
-                    "{} tensors are not supported on cuda",
-                    t.dtype()
-                )))
-            }
+            Storage::I32(v) => DevBuf::I32(
+                self.stream
+                    .clone_htod(&v[o..o + n])
+                    .map_err(kerr("upload"))?,
+            ),
         })
     }
 }
@@ -1084,10 +1093,11 @@ pub fn value_bits(value: f64, dtype: DType) -> Result<u64, KernelError> {
         Storage::BF16(v) => u64::from(v[0].to_bits()),
         Storage::F16(v) => u64::from(v[0].to_bits()),
         Storage::I64(v) => v[0] as u64,
+        Storage::I32(v) => u64::from(v[0] as u32),
         Storage::Bool(v) => u64::from(v[0]),
         _ => {
             return Err(KernelError(format!(
-                "dtype {dtype} is not supported on cuda (f32, bf16, f16, i64, bool)"
+                "dtype {dtype} is not supported on cuda (f32, bf16, f16, i64, i32, bool)"
             )))
         }
     })
@@ -1187,7 +1197,7 @@ impl CudaBackend {
         };
         let conv = |t: Option<&CudaTensor>| -> Result<Option<CudaTensor>, KernelError> {
             let Some(t) = t else { return Ok(None) };
-            if !logical && !matches!(t.dtype, DType::I64 | DType::Bool) {
+            if !logical && !matches!(t.dtype, DType::I64 | DType::I32 | DType::Bool) {
                 return Err(KernelError(format!(
                     "bitwise_{}: dtype {} is not an integer or bool type",
                     op.name(),
@@ -2773,6 +2783,7 @@ impl Backend for CudaBackend {
                         DevBuf::BF16(s) => s.len() == total,
                         DevBuf::F16(s) => s.len() == total,
                         DevBuf::I64(s) => s.len() == total,
+                        DevBuf::I32(s) => s.len() == total,
                         DevBuf::Bool(s) => s.len() == total,
                     }
             });
@@ -2867,6 +2878,11 @@ impl Backend for CudaBackend {
                     .map_err(kerr("download"))?,
             ),
             DevBuf::I64(s) => Storage::I64(
+                self.stream
+                    .clone_dtoh(&s.slice(o..o + n))
+                    .map_err(kerr("download"))?,
+            ),
+            DevBuf::I32(s) => Storage::I32(
                 self.stream
                     .clone_dtoh(&s.slice(o..o + n))
                     .map_err(kerr("download"))?,

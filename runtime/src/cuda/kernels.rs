@@ -434,15 +434,16 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
     let v = match kernel {
         Kernel::Unary(op) => vec![unary(*op, d)],
         // floats compute here; integers (and bools, as i64) in wrapping i64, divisions of
-        // integers in f32 after a conversion
-        Kernel::Binary { op, .. } => vec![
-            binary(*op, d),
-            if d == DType::I64 {
-                m::binary_int(*op)
-            } else {
-                None
-            },
-        ],
+        // integers in f32 after a conversion; i32 converted to i64 and back
+        Kernel::Binary { op, .. } => match d {
+            DType::I64 => vec![binary(*op, d), m::binary_int(*op)],
+            DType::I32 => vec![
+                convert(d, DType::I64),
+                m::binary_int(*op),
+                convert(DType::I64, d),
+            ],
+            _ => vec![binary(*op, d)],
+        },
         Kernel::Identity | Kernel::Reshape(_) | Kernel::Matmul => vec![],
         // views: a shape on the same buffer
         Kernel::Squeeze(_) | Kernel::Unsqueeze(_) => vec![],
@@ -460,13 +461,14 @@ pub fn sources(kernel: &Kernel, d: DType) -> Vec<Source> {
             }
         }
         // the reduced dimensions are permuted last first; bools and integers sum and max in
-        // i64 (bools converted first)
+        // i64 (bools and i32 converted first, an i32 result cast back)
         Kernel::Reduce { op, .. } => {
-            if matches!(d, DType::I64 | DType::Bool) {
+            if matches!(d, DType::I64 | DType::I32 | DType::Bool) {
                 vec![
                     convert(d, DType::I64),
                     permute(DType::I64),
                     m::reduce_int(*op),
+                    convert(DType::I64, DType::I32),
                 ]
             } else {
                 vec![permute(d), reduce(*op, d)]
@@ -903,7 +905,7 @@ pub fn every_kernel() -> Vec<Kernel> {
     }));
     ks.extend(model_kernels::ACTIVATIONS.map(Kernel::Activation));
     ks.extend(
-        [DType::F32, DType::BF16, DType::F16, DType::I64]
+        [DType::F32, DType::BF16, DType::F16, DType::I64, DType::I32]
             .map(|dtype| Kernel::Cumsum { dim: 0, dtype }),
     );
     for op in [BitOp::And, BitOp::Or, BitOp::Xor] {
@@ -982,9 +984,10 @@ mod tests {
             + converts
             + INT_OPS.len()
             + 4 // integer sum, amax, amin and prod
-            + 3 // i64 cumsum, argmax and argmin
+            + 2 * 3 // i64 and i32 cumsum, argmax and argmin
             + 2 * 4 // and, or, xor, not on i64 and bool
-            + 3 // i64 scatter_add, index_add and sort_rank
+            + 1 // not on i32 (its and, or, xor run in i64)
+            + 2 * 3 // i64 and i32 scatter_add, index_add and sort_rank
             + 1 // index_check
             + 1 // embedding_count
             + 2; // the fusion regions of `region::catalog`

@@ -13,8 +13,17 @@ use super::kernels::{ctype, Source, MAX_RANK, PRELUDE};
 use crate::exec::kernel::{Activation, BinaryOp, BitOp, CompareOp, ReduceOp};
 use tracepass_ir::DType;
 
-/// Every dtype a CUDA tensor can have: the float types, i64 (indices) and bool (masks).
-pub const ALL_DTYPES: [DType; 5] = [DType::F32, DType::BF16, DType::F16, DType::I64, DType::Bool];
+/// Every dtype a CUDA tensor can have: the float types, i64 (indices), i32 (HF models' position
+/// ids, `Tensor.int()`) and bool (masks). i32 is storage: its arithmetic runs in i64 and is
+/// cast back (wrapping), which gives i32's own wrapping results, as the CPU's.
+pub const ALL_DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::BF16,
+    DType::F16,
+    DType::I64,
+    DType::I32,
+    DType::Bool,
+];
 
 /// Most spatial dimensions of a convolution.
 pub const MAX_SPATIAL: usize = 4;
@@ -25,9 +34,15 @@ pub fn elem(d: DType) -> Option<&'static str> {
         DType::F32 => "float",
         DType::BF16 | DType::F16 => "unsigned short",
         DType::I64 => "long long",
+        DType::I32 => "int",
         DType::Bool => "unsigned char",
         _ => return None,
     })
+}
+
+/// Whether `d` is an integer dtype (computed in wrapping i64).
+fn is_int(d: DType) -> bool {
+    matches!(d, DType::I64 | DType::I32)
 }
 
 /// The integer ops (wrapping i64 arithmetic, as `cpu::integer::binary_int`).
@@ -181,16 +196,18 @@ pub fn activation(act: Activation, d: DType) -> Option<Source> {
 
 /// `cumsum` along the middle dimension of `[outer, len, inner]`, one thread per line (the host
 /// casts the input to the result's dtype first): f32 accumulates in f64 and bf16/f16 in f32,
-/// each partial sum rounded to the dtype, as `cpu::cumsum::cumsum`; i64 wraps.
+/// each partial sum rounded to the dtype, as `cpu::cumsum::cumsum`; i64 and i32 wrap.
 pub fn cumsum(d: DType) -> Option<Source> {
     let (t, load, acc, store) = match (ctype(d), d) {
         (Some((t, ld, st)), DType::F32) => (t, ld, "double", format!("{st}(out, at, (float)acc);")),
         (Some((t, ld, st)), _) => (t, ld, "float", format!("{st}(out, at, acc);")),
         (None, DType::I64) => ("long long", "", "long long", "out[at] = acc;".to_string()),
+        (None, DType::I32) => ("int", "", "long long", "out[at] = (int)acc;".to_string()),
         (None, _) => return None,
     };
-    let add = if d == DType::I64 {
-        "acc = (long long)((unsigned long long)acc + (unsigned long long)in[at]);".to_string()
+    let add = if is_int(d) {
+        "acc = (long long)((unsigned long long)acc + (unsigned long long)(long long)in[at]);"
+            .to_string()
     } else {
         format!("acc += {load}(in, at);")
     };
@@ -206,11 +223,12 @@ pub fn cumsum(d: DType) -> Option<Source> {
 
 /// `argmax` (`max`) or `argmin` along the middle dimension of `[outer, len > 0, inner]`, one
 /// thread per line, into i64: the first extremum, the first NaN beating everything (as
-/// `cpu::arg_extremum`). Floats compare in f32 (exact for the dtypes), i64 exactly.
+/// `cpu::arg_extremum`). Floats compare in f32 (exact for the dtypes), integers exactly.
 pub fn arg_extremum(max: bool, d: DType) -> Option<Source> {
     let (t, ct, load) = match ctype(d) {
         Some((t, ld, _)) => (t, "float", format!("{ld}(in, at)")),
         None if d == DType::I64 => ("long long", "long long", "in[at]".to_string()),
+        None if d == DType::I32 => ("int", "long long", "(long long)in[at]".to_string()),
         None => return None,
     };
     let cmp = if max { ">" } else { "<" };
@@ -247,10 +265,11 @@ pub fn bitwise(op: BitOp, d: DType) -> Option<Source> {
     })
 }
 
-/// `bitwise_not`: `~x` for i64, logical not for bool (0/1 bytes).
+/// `bitwise_not`: `~x` for i64 and i32, logical not for bool (0/1 bytes).
 pub fn bitwise_not(d: DType) -> Option<Source> {
     let (t, expr) = match d {
         DType::I64 => ("long long", "~in[i]"),
+        DType::I32 => ("int", "~in[i]"),
         DType::Bool => ("unsigned char", "(unsigned char)(in[i] ^ 1)"),
         _ => return None,
     };
@@ -297,7 +316,8 @@ pub fn adaptive_avg_pool2d_backward(d: DType) -> Option<Source> {
 }
 
 /// Converts between any two different dtypes of [`ALL_DTYPES`]: floats to integers truncate
-/// (saturating, NaN to 0, as Rust's `as` and the GPU's `cvt.rzi`), anything to bool is `!= 0`
+/// (saturating, NaN to 0, as Rust's `as` and the GPU's `cvt.rzi`; to i32 through i64, then
+/// wrapping, as `Tensor::to_dtype`), anything to bool is `!= 0`
 /// (NaN is true), bool to anything is 0 or 1.
 pub fn convert(from: DType, to: DType) -> Option<Source> {
     if from == to {
@@ -307,12 +327,14 @@ pub fn convert(from: DType, to: DType) -> Option<Source> {
     let to_t = elem(to)?;
     let load = match ctype(from) {
         Some((_, ld, _)) => format!("float v = {ld}(in, i);"),
-        None if from == DType::I64 => "long long v = in[i];".to_string(),
+        None if is_int(from) => "long long v = in[i];".to_string(),
         None => "unsigned char v = in[i];".to_string(),
     };
     let store = match ctype(to) {
         Some((_, _, st)) => format!("{st}(out, i, (float)v);"),
         None if to == DType::I64 => "out[i] = (long long)v;".to_string(),
+        // through i64, as the CPU: floats truncate (saturating at i64's range), then wrap
+        None if to == DType::I32 => "out[i] = (int)(long long)v;".to_string(),
         None => "out[i] = (unsigned char)(v != 0);".to_string(),
     };
     let name = lower(format!("convert_{from}_{to}"));
@@ -387,6 +409,8 @@ pub fn arange(d: DType) -> Option<Source> {
     let store = match ctype(d) {
         Some((_, _, st)) => format!("{st}(out, i, (float)v);"),
         None if d == DType::I64 => "out[i] = (long long)v;".to_string(),
+        // straight from the double (saturating), as the CPU's `v as i32`
+        None if d == DType::I32 => "out[i] = (int)v;".to_string(),
         None => "out[i] = (unsigned char)(v != 0.0);".to_string(),
     };
     let name = lower(format!("arange_{d}"));
@@ -780,6 +804,13 @@ fn add_parts(d: DType) -> Option<(&'static str, String, String, String)> {
             "acc = (long long)((unsigned long long)acc + (unsigned long long)src[at]);".to_string(),
             "out[e] = acc;".to_string(),
         ),
+        (None, DType::I32) => (
+            "int",
+            "long long acc = a[e];".to_string(),
+            "acc = (long long)((unsigned long long)acc + (unsigned long long)(long long)src[at]);"
+                .to_string(),
+            "out[e] = (int)acc;".to_string(),
+        ),
         (None, _) => return None,
     })
 }
@@ -826,10 +857,11 @@ pub fn sort_rank(d: DType) -> Option<Source> {
     let (t, kt, load) = match ctype(d) {
         Some((t, ld, _)) => (t, "float", format!("{ld}(in, ")),
         None if d == DType::I64 => ("long long", "long long", "(in[".to_string()),
+        None if d == DType::I32 => ("int", "long long", "(in[".to_string()),
         None => return None,
     };
-    let close = if d == DType::I64 { "])" } else { ")" };
-    let less = if d == DType::I64 {
+    let close = if is_int(d) { "])" } else { ")" };
+    let less = if is_int(d) {
         "__device__ __forceinline__ bool sort_less(long long a, long long b) { return a < b; }"
     } else {
         "__device__ __forceinline__ bool sort_less(float a, float b) { return !(a != a) && ((b != b) || a < b); }"
