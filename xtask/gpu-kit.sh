@@ -25,6 +25,16 @@ rm "$kit/build.json"
 # compressed, so that the kit and an export fit the 64 MiB that travels to a lent machine
 tar -C "$kit" -cf - tracepass xtask cuda cuda_model_ops cuda_nvrtc | xz -T2 -6 >"$kit/bin.tar.xz"
 (cd "$kit" && rm tracepass xtask cuda cuda_model_ops cuda_nvrtc)
+# the export package's models build nanoGPT from Thunder's copy of Karpathy's model.py (MIT),
+# a file of torch alone: it travels (Thunder itself is not there), when this machine's
+# TRACEPASS_PYTHON has Thunder
+nanogpt=$("${TRACEPASS_PYTHON:-python3}" -c \
+    'import importlib.util as u; print(u.find_spec("thunder.tests.nanogpt_model").origin)' 2>/dev/null || true)
+if [ -f "$nanogpt" ]; then
+    mkdir -p "$kit/py/thunder/tests"
+    touch "$kit/py/thunder/__init__.py" "$kit/py/thunder/tests/__init__.py"
+    cp "$nanogpt" "$kit/py/thunder/tests/nanogpt_model.py"
+fi
 # each export named on the command line: its traces and data, not its parameters (random
 # floats do not compress, and the repository and kit must fit the 64 MiB that travels);
 # run.sh makes them there from the model's own initialisation with PyTorch
@@ -67,9 +77,13 @@ fused="remat,ddp(world_size=1),fuse-elementwise,sort-waits"
 for d in "$kit"/exports/*/; do
     [ -f "$d/forward.trace" ] || continue
     # the parameters from the model's own initialisation, and PyTorch eager's steps/s on the
-    # GPU with them (torch alone is needed there; the models come from python/)
+    # GPU with them: torch alone is needed there. The export subpackage is self-contained and
+    # runs as a package of its own (`tracepass` itself needs its native module, not built
+    # there).
     echo "### $d (PyTorch eager, cuda)"
-    PYTHONPATH=python timeout 120 python3 -m tracepass.export.bench_torch "$d" --ranks 1 \
+    py=/tmp/gpu-kit-py
+    mkdir -p "$py" && rm -rf "$py/tracepass_export" && cp -r python/tracepass/export "$py/tracepass_export"
+    PYTHONPATH="$py:$PWD/$kit/py" timeout 120 python3 -m tracepass_export.bench_torch "$d" --ranks 1 \
         --device cuda --init-params --warmup 5 --steps 30 >"$out/$(basename "$d")-torch.log" 2>&1
     echo "exit $?"
     grep -v -i warn "$out/$(basename "$d")-torch.log" | tail -3
