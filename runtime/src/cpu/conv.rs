@@ -540,6 +540,8 @@ fn conv_typed<T: Gemm + Default>(
 /// 512: with two threads each product shares out its unfolding and its rows (two hand-offs
 /// between threads each), and fewer, wider products made ResNet-18-64 at one rank and two
 /// threads 10-20% faster (`xtask bench-mid-one`, alternated), at one thread the same.
+/// Evenly shared: ResNet-18-64's layer-3 weight gradients (256 samples of 9 positions) took
+/// 3.4-3.5 ms each as 228 + 28 samples, 2.5 as 128 + 128 (one thread, `--timeline`).
 fn samples_per_product(n: usize, op: usize, kc: usize) -> usize {
     const WANT_COLUMNS: usize = 2048;
     const MAX_COL_ELEMS: usize = 1 << 22;
@@ -548,7 +550,10 @@ fn samples_per_product(n: usize, op: usize, kc: usize) -> usize {
     }
     let by_width = WANT_COLUMNS.div_ceil(op.max(1));
     let by_memory = (MAX_COL_ELEMS / (kc * op).max(1)).max(1);
-    by_width.min(by_memory).min(n)
+    let most = by_width.min(by_memory).min(n);
+    // as many products as `most` needs, sharing the samples evenly: 256 samples of 9
+    // positions go as 128 + 128, not 228 + 28, whose second product is a narrow one
+    n.div_ceil(n.div_ceil(most))
 }
 
 /// [`conv_typed`] with `batch` samples unfolded side by side into one `[K, batch * P]` matrix
@@ -779,6 +784,25 @@ pub(crate) fn f32_elems(t: &Tensor) -> std::borrow::Cow<'_, [f32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn samples_are_shared_evenly_among_products() {
+        // 256 samples of 9 positions: at most 228 a product, so two of 128 (not 228 + 28)
+        assert_eq!(samples_per_product(256, 9, 128), 128);
+        // what fits in one product stays one; a wide sample is one a product
+        assert_eq!(samples_per_product(8, 16, 2304), 8);
+        assert_eq!(samples_per_product(8, 4096, 27), 1);
+        // every sample is covered, and no product exceeds the width the rule allows
+        for (n, op) in [(7, 300), (100, 50), (513, 4), (3, 2047)] {
+            let per = samples_per_product(n, op, 64);
+            let products = n.div_ceil(per);
+            assert!(
+                per * products >= n && per * (products - 1) < n,
+                "{n} x {op}"
+            );
+            assert!(per <= 2048usize.div_ceil(op), "{n} x {op}");
+        }
+    }
 
     /// The definition, for any number of spatial dims, in f64.
     #[allow(clippy::too_many_arguments)]
