@@ -541,7 +541,7 @@ fn conv_typed<T: Gemm + Default>(
 /// between threads each), and fewer, wider products made ResNet-18-64 at one rank and two
 /// threads 10-20% faster (`xtask bench-mid-one`, alternated), at one thread the same.
 /// Evenly shared: ResNet-18-64's layer-3 weight gradients (256 samples of 9 positions) took
-/// 3.4-3.5 ms each as 228 + 28 samples, 2.5 as 128 + 128 (one thread, `--timeline`).
+/// 2.7-3.5 ms each as 228 + 28 samples, 2.4-2.6 as 128 + 128 (one thread, `--timeline`).
 fn samples_per_product(n: usize, op: usize, kc: usize) -> usize {
     const WANT_COLUMNS: usize = 2048;
     const MAX_COL_ELEMS: usize = 1 << 22;

@@ -239,9 +239,9 @@ fn pool_planes<T: PoolElem + Send + Sync>(
 /// values gathered contiguous, then a compare-and-select per output, a loop the compiler
 /// vectorises, so without a branch (after a ReLU half the inputs tie at zero, and a branch on
 /// the comparison mispredicts about as often as not) and without a chain from one comparison
-/// to the next. One output at a time, ResNet-18-64's stem pool took 4.1 ms a step; 2.4-2.6 ms so. The
-/// edge columns, whose windows the padding clips, go one at a time. Both visit each window in
-/// the same order, so the first maximum (or the last NaN) is kept either way.
+/// to the next. One output at a time, ResNet-18-64's stem pool took 4.1 ms a step; 2.4-2.6 ms
+/// so. The edge columns, whose windows the padding clips, go one at a time. Both visit each
+/// window in the same order, so the first maximum (or the last NaN) is kept either way.
 fn pool_plane<T: PoolElem>(
     x: &[T],
     p: &Pool2d,
