@@ -1206,4 +1206,12 @@ fn i32_tensors_run_as_the_cpu_runs_them() {
         std::slice::from_ref(&a),
         "permute",
     );
+    // past i32's range arange wraps, as in PyTorch
+    let ar = Kernel::Arange {
+        start: 2147483640.0,
+        end: 2147483660.0,
+        step: 3.0,
+        dtype: DType::I32,
+    };
+    check_exact(&g, &ar, &[], "arange");
 }

@@ -19,14 +19,36 @@ pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor, S
         ));
     }
     let n = ((end - start) / step).ceil().max(0.0) as usize;
+    if dtype == DType::I32 {
+        // as PyTorch: computed in i64, then cast, which wraps past i32's range (a direct
+        // `as i32` would saturate)
+        let v: Vec<i32> = (0..n)
+            .map(|i| (start + i as f64 * step) as i64 as i32)
+            .collect();
+        return Ok(Tensor::new([n], crate::tensor::Storage::I32(v)));
+    }
     with_elem!(dtype, T => {
         let v: Vec<T> = crate::cpu::buffer_pool::collect(n, (0..n).map(|i| T::from_f64(start + i as f64 * step)));
         Ok(Tensor::new([n], T::wrap(v)))
     }, other => Err(format!("arange: dtype {other} is not supported by the cpu backend")))
 }
 
-/// `torch.full(shape, value, dtype=)`.
+/// `torch.full(shape, value, dtype=)`. An integer dtype refuses a value outside its range (and
+/// NaN or an infinity), as PyTorch does ("value cannot be converted ... without overflow"),
+/// rather than saturate it; a fraction truncates, as in PyTorch.
 pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Tensor, String> {
+    let range = match dtype {
+        DType::I64 => Some((i64::MIN as f64, i64::MAX as f64)),
+        DType::I32 => Some((f64::from(i32::MIN), f64::from(i32::MAX))),
+        _ => None,
+    };
+    if let Some((lo, hi)) = range {
+        if !(lo..=hi).contains(&value) {
+            return Err(format!(
+                "full: {value} cannot be converted to {dtype} without overflow"
+            ));
+        }
+    }
     let n = shape.iter().product();
     with_elem!(dtype, T => Ok(Tensor::new(shape, T::wrap(crate::cpu::buffer_pool::filled(n, T::from_f64(value))))),
         other => Err(format!("full: dtype {other} is not supported by the cpu backend")))
@@ -48,6 +70,29 @@ mod tests {
         assert_eq!(arange(3.0, 3.0, 1.0, DType::F32).expect("ok").numel(), 0);
         assert!(arange(0.0, 1.0, 0.0, DType::F32).is_err());
         assert!(arange(0.0, 1.0, -1.0, DType::F32).is_err());
+    }
+
+    #[test]
+    fn integers_wrap_in_arange_and_overflow_is_refused_in_full() {
+        // PyTorch: arange(2147483646, 2147483650, dtype=int32) wraps past i32::MAX
+        let a = arange(2147483646.0, 2147483650.0, 1.0, DType::I32).expect("ok");
+        assert_eq!(
+            a.to_i64_vec(),
+            vec![2147483646, 2147483647, -2147483648, -2147483647]
+        );
+        for (v, d) in [
+            (3e9, DType::I32),
+            (f64::NAN, DType::I32),
+            (f64::INFINITY, DType::I64),
+            (1e20, DType::I64),
+        ] {
+            let err = full(&[2], v, d).unwrap_err();
+            assert!(err.contains("without overflow"), "{v} in {d}: {err}");
+        }
+        let t = full(&[1], -2.7, DType::I64).expect("a fraction truncates");
+        assert_eq!(t.to_i64_vec(), vec![-2]);
+        let t = full(&[1], f64::from(i32::MIN), DType::I32).expect("the range's end fits");
+        assert_eq!(t.to_i64_vec(), vec![i64::from(i32::MIN)]);
     }
 
     #[test]

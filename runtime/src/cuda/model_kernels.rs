@@ -409,8 +409,8 @@ pub fn arange(d: DType) -> Option<Source> {
     let store = match ctype(d) {
         Some((_, _, st)) => format!("{st}(out, i, (float)v);"),
         None if d == DType::I64 => "out[i] = (long long)v;".to_string(),
-        // straight from the double (saturating), as the CPU's `v as i32`
-        None if d == DType::I32 => "out[i] = (int)v;".to_string(),
+        // through i64, then wrapping, as the CPU (and PyTorch)
+        None if d == DType::I32 => "out[i] = (int)(long long)v;".to_string(),
         None => "out[i] = (unsigned char)(v != 0.0);".to_string(),
     };
     let name = lower(format!("arange_{d}"));
