@@ -273,6 +273,13 @@ pub fn where_(
     let shape = broadcast_all(&shapes)?;
     let c = broadcast_to(cond, &shape)?;
     let c = c.elems::<bool>().ok_or("where: condition storage")?;
+    // a number becomes an element of the result: one an integer dtype cannot hold is refused,
+    // as PyTorch refuses it (a comparison's numbers, which become no element, are not)
+    for o in [a, b] {
+        if let Operand::Scalar(x) = o {
+            crate::cpu::fill::check_fits(x, dtype).map_err(|e| format!("where: {e}"))?;
+        }
+    }
     with_elem!(dtype, T => {
         let (x, y) = (source::<T>(a, dtype, &shape)?, source::<T>(b, dtype, &shape)?);
         // the operand kinds matched once, outside the loop
@@ -399,5 +406,10 @@ mod tests {
         let i = Tensor::from_i64(vec![1], vec![5]);
         let w = where_(&m, Operand::Tensor(&i), Operand::Scalar(-1.0), DType::I64).expect("ok");
         assert_eq!(w.to_i64_vec(), vec![5, -1]);
+        // a number an integer result cannot hold is refused, as PyTorch refuses it
+        let i32s = i.to_dtype(DType::I32).expect("i32");
+        let err = where_(&m, Operand::Tensor(&i32s), Operand::Scalar(3e9), DType::I32)
+            .expect_err("3e9 does not fit i32");
+        assert!(err.contains("without overflow"), "{err}");
     }
 }

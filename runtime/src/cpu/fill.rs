@@ -37,21 +37,29 @@ pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor, S
 /// NaN or an infinity), as PyTorch does ("value cannot be converted ... without overflow"),
 /// rather than saturate it; a fraction truncates, as in PyTorch.
 pub fn full(shape: &[usize], value: f64, dtype: DType) -> Result<Tensor, String> {
-    let range = match dtype {
-        DType::I64 => Some((i64::MIN as f64, i64::MAX as f64)),
-        DType::I32 => Some((f64::from(i32::MIN), f64::from(i32::MAX))),
-        _ => None,
-    };
-    if let Some((lo, hi)) = range {
-        if !(lo..=hi).contains(&value) {
-            return Err(format!(
-                "full: {value} cannot be converted to {dtype} without overflow"
-            ));
-        }
-    }
+    check_fits(value, dtype).map_err(|e| format!("full: {e}"))?;
     let n = shape.iter().product();
     with_elem!(dtype, T => Ok(Tensor::new(shape, T::wrap(crate::cpu::buffer_pool::filled(n, T::from_f64(value))))),
         other => Err(format!("full: dtype {other} is not supported by the cpu backend")))
+}
+
+/// Refuses a number an integer `dtype` cannot hold (NaN, an infinity, or outside its range),
+/// as PyTorch refuses it where a number becomes a tensor's element (`full`, `fill_`,
+/// `masked_fill`, `where`: "value cannot be converted to type int without overflow"). Float
+/// dtypes take every number.
+pub(crate) fn check_fits(value: f64, dtype: DType) -> Result<(), String> {
+    let range = match dtype {
+        DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+        DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
+        _ => return Ok(()),
+    };
+    if (range.0..=range.1).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{value} cannot be converted to {dtype} without overflow"
+        ))
+    }
 }
 
 #[cfg(test)]
