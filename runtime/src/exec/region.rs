@@ -380,34 +380,29 @@ fn fused_loop(
 /// steps over it as over the whole inner one (its stride is the inner's times the inner's
 /// size; both zero included). At least one dim is left.
 fn merge_dims(shape: &[usize], ops: &mut [LaneOp]) -> Vec<usize> {
-    let loads = |ops: &[LaneOp]| -> Vec<usize> {
-        ops.iter()
-            .enumerate()
-            .filter(|(_, op)| matches!(op, LaneOp::Load { .. }))
-            .map(|(k, _)| k)
-            .collect()
-    };
-    let at = loads(ops);
-    let stride = |ops: &[LaneOp], k: usize, d: usize| match &ops[k] {
-        LaneOp::Load { strides, .. } => strides.get(d).copied().unwrap_or(0),
-        _ => 0,
-    };
+    // each load's strides, in op order (a load of a number has none: stride 0 everywhere)
+    let mut loads: Vec<&mut Vec<usize>> = ops
+        .iter_mut()
+        .filter_map(|op| match op {
+            LaneOp::Load { strides, .. } => Some(strides),
+            _ => None,
+        })
+        .collect();
     // built from the innermost dim out: (size, each load's stride)
     let mut merged: Vec<(usize, Vec<usize>)> = Vec::new();
-    for d in (0..shape.len()).rev() {
-        let n = shape[d];
+    for (d, &n) in shape.iter().enumerate().rev() {
         if n == 1 {
             continue;
         }
-        let strides: Vec<usize> = at.iter().map(|&k| stride(ops, k, d)).collect();
+        let strides: Vec<usize> = loads
+            .iter()
+            .map(|s| s.get(d).copied().unwrap_or(0))
+            .collect();
         match merged.last_mut() {
             Some((size, inner))
                 if n != 0
                     && *size != 0
-                    && strides
-                        .iter()
-                        .zip(inner.iter())
-                        .all(|(&s, &i)| s == i * *size) =>
+                    && strides.iter().zip(&*inner).all(|(&s, &i)| s == i * *size) =>
             {
                 *size *= n;
             }
@@ -415,13 +410,11 @@ fn merge_dims(shape: &[usize], ops: &mut [LaneOp]) -> Vec<usize> {
         }
     }
     if merged.is_empty() {
-        merged.push((1, vec![0; at.len()]));
+        merged.push((1, vec![0; loads.len()]));
     }
     merged.reverse();
-    for (j, &k) in at.iter().enumerate() {
-        if let LaneOp::Load { strides, .. } = &mut ops[k] {
-            *strides = merged.iter().map(|(_, s)| s[j]).collect();
-        }
+    for (j, strides) in loads.iter_mut().enumerate() {
+        **strides = merged.iter().map(|(_, s)| s[j]).collect();
     }
     merged.into_iter().map(|(n, _)| n).collect()
 }
@@ -457,48 +450,36 @@ mod tests {
         }
     }
 
-    #[test]
-    fn dims_every_load_reads_as_one_are_merged() {
+    /// The loop of `a + b` over `shape`, the operands read with these strides.
+    fn sum(shape: &[usize], a: &[usize], b: &[usize]) -> FusedLoop {
         let add = LaneOp::Binary {
             op: BinaryOp::Add,
             a: 0,
             b: 1,
             alpha: 1.0,
         };
+        FusedLoop::new(shape.to_vec(), vec![load(0, a), load(1, b), add])
+    }
+
+    #[test]
+    fn dims_every_load_reads_as_one_are_merged() {
         // a BatchNorm-style per-channel vector over NCHW: H and W merge, N and C do not
-        let f = FusedLoop::new(
-            vec![8, 64, 16, 16],
-            vec![
-                load(0, &[16384, 256, 16, 1]),
-                load(1, &[0, 1, 0, 0]),
-                add.clone(),
-            ],
-        );
+        let f = sum(&[8, 64, 16, 16], &[16384, 256, 16, 1], &[0, 1, 0, 0]);
         assert_eq!(f.dims, [8, 64, 256]);
         assert_eq!(strides(&f, 0), [16384, 256, 1]);
         assert_eq!(strides(&f, 1), [0, 1, 0]);
         assert_eq!(f.shape, [8, 64, 16, 16]);
         assert_eq!(f.reads[0], LaneRead::InOrder(0));
         // a bias over [B, T, C] merges B and T; dims of size one go
-        let f = FusedLoop::new(
-            vec![4, 1, 128, 384],
-            vec![
-                load(0, &[49152, 49152, 384, 1]),
-                load(1, &[0, 0, 0, 1]),
-                add.clone(),
-            ],
-        );
+        let f = sum(&[4, 1, 128, 384], &[49152, 49152, 384, 1], &[0, 0, 0, 1]);
         assert_eq!(f.dims, [512, 384]);
         assert_eq!(strides(&f, 1), [0, 1]);
         // a transposed read merges nothing
-        let f = FusedLoop::new(
-            vec![2, 3],
-            vec![load(0, &[3, 1]), load(1, &[1, 2]), add.clone()],
-        );
+        let f = sum(&[2, 3], &[3, 1], &[1, 2]);
         assert_eq!(f.dims, [2, 3]);
         assert_eq!(strides(&f, 1), [1, 2]);
         // one element: one dim of one
-        let f = FusedLoop::new(vec![1, 1], vec![load(0, &[1, 1]), load(1, &[0, 0]), add]);
+        let f = sum(&[1, 1], &[1, 1], &[0, 0]);
         assert_eq!((f.dims.as_slice(), strides(&f, 1)), (&[1][..], &[0][..]));
         assert_eq!(f.numel(), 1);
     }
