@@ -201,8 +201,10 @@ pub fn cumsum(d: DType) -> Option<Source> {
     let (t, load, acc, store) = match (ctype(d), d) {
         (Some((t, ld, st)), DType::F32) => (t, ld, "double", format!("{st}(out, at, (float)acc);")),
         (Some((t, ld, st)), _) => (t, ld, "float", format!("{st}(out, at, acc);")),
-        (None, DType::I64) => ("long long", "", "long long", "out[at] = acc;".to_string()),
-        (None, DType::I32) => ("int", "", "long long", "out[at] = (int)acc;".to_string()),
+        (None, _) if is_int(d) => {
+            let t = elem(d)?;
+            (t, "", "long long", format!("out[at] = ({t})acc;"))
+        }
         (None, _) => return None,
     };
     let add = if is_int(d) {
@@ -227,8 +229,7 @@ pub fn cumsum(d: DType) -> Option<Source> {
 pub fn arg_extremum(max: bool, d: DType) -> Option<Source> {
     let (t, ct, load) = match ctype(d) {
         Some((t, ld, _)) => (t, "float", format!("{ld}(in, at)")),
-        None if d == DType::I64 => ("long long", "long long", "in[at]".to_string()),
-        None if d == DType::I32 => ("int", "long long", "(long long)in[at]".to_string()),
+        None if is_int(d) => (elem(d)?, "long long", "(long long)in[at]".to_string()),
         None => return None,
     };
     let cmp = if max { ">" } else { "<" };
@@ -268,8 +269,7 @@ pub fn bitwise(op: BitOp, d: DType) -> Option<Source> {
 /// `bitwise_not`: `~x` for i64 and i32, logical not for bool (0/1 bytes).
 pub fn bitwise_not(d: DType) -> Option<Source> {
     let (t, expr) = match d {
-        DType::I64 => ("long long", "~in[i]"),
-        DType::I32 => ("int", "~in[i]"),
+        _ if is_int(d) => (elem(d)?, "~in[i]"),
         DType::Bool => ("unsigned char", "(unsigned char)(in[i] ^ 1)"),
         _ => return None,
     };
@@ -332,9 +332,8 @@ pub fn convert(from: DType, to: DType) -> Option<Source> {
     };
     let store = match ctype(to) {
         Some((_, _, st)) => format!("{st}(out, i, (float)v);"),
-        None if to == DType::I64 => "out[i] = (long long)v;".to_string(),
-        // through i64, as the CPU: floats truncate (saturating at i64's range), then wrap
-        None if to == DType::I32 => "out[i] = (int)(long long)v;".to_string(),
+        // through i64, as the CPU: floats truncate (saturating at i64's range), then i32 wraps
+        None if is_int(to) => format!("out[i] = ({to_t})(long long)v;"),
         None => "out[i] = (unsigned char)(v != 0);".to_string(),
     };
     let name = lower(format!("convert_{from}_{to}"));
@@ -408,9 +407,8 @@ pub fn arange(d: DType) -> Option<Source> {
     let t = elem(d)?;
     let store = match ctype(d) {
         Some((_, _, st)) => format!("{st}(out, i, (float)v);"),
-        None if d == DType::I64 => "out[i] = (long long)v;".to_string(),
-        // through i64, then wrapping, as the CPU (and PyTorch)
-        None if d == DType::I32 => "out[i] = (int)(long long)v;".to_string(),
+        // through i64, then i32 wraps, as the CPU (and PyTorch)
+        None if is_int(d) => format!("out[i] = ({t})(long long)v;"),
         None => "out[i] = (unsigned char)(v != 0.0);".to_string(),
     };
     let name = lower(format!("arange_{d}"));
@@ -798,19 +796,16 @@ fn add_parts(d: DType) -> Option<(&'static str, String, String, String)> {
             format!("acc += {ld}(src, at);"),
             format!("{st}(out, e, acc);"),
         ),
-        (None, DType::I64) => (
-            "long long",
-            "long long acc = a[e];".to_string(),
-            "acc = (long long)((unsigned long long)acc + (unsigned long long)src[at]);".to_string(),
-            "out[e] = acc;".to_string(),
-        ),
-        (None, DType::I32) => (
-            "int",
-            "long long acc = a[e];".to_string(),
-            "acc = (long long)((unsigned long long)acc + (unsigned long long)(long long)src[at]);"
-                .to_string(),
-            "out[e] = (int)acc;".to_string(),
-        ),
+        (None, _) if is_int(d) => {
+            let t = elem(d)?;
+            (
+                t,
+                "long long acc = a[e];".to_string(),
+                "acc = (long long)((unsigned long long)acc + (unsigned long long)(long long)src[at]);"
+                    .to_string(),
+                format!("out[e] = ({t})acc;"),
+            )
+        }
         (None, _) => return None,
     })
 }
@@ -856,8 +851,7 @@ pub fn index_add(d: DType) -> Option<Source> {
 pub fn sort_rank(d: DType) -> Option<Source> {
     let (t, kt, load) = match ctype(d) {
         Some((t, ld, _)) => (t, "float", format!("{ld}(in, ")),
-        None if d == DType::I64 => ("long long", "long long", "(in[".to_string()),
-        None if d == DType::I32 => ("int", "long long", "(in[".to_string()),
+        None if is_int(d) => (elem(d)?, "long long", "(in[".to_string()),
         None => return None,
     };
     let close = if is_int(d) { "])" } else { ")" };
