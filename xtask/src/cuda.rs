@@ -463,13 +463,12 @@ fn check_model(dir: &Path, steps: usize, passes: Option<&str>) -> Row {
     // a bf16 or f16 model's values carry 8 or 11 significant bits, and the GPU rounds them at
     // other points (cuBLAS, fused kernels): the bar is the one the corpus test holds the CPU
     // to against PyTorch
-    let low_precision = tracepass_runtime::train::Model::load(&cfg.model).is_ok_and(|m| {
-        m.program.params.iter().any(|p| {
-            matches!(
-                p.dtype,
-                tracepass_ir::DType::BF16 | tracepass_ir::DType::F16
-            )
-        })
+    // (the CPU run's parameters tell, without loading the model again)
+    let low_precision = cpu.params.iter().flatten().any(|p| {
+        matches!(
+            p.dtype(),
+            tracepass_ir::DType::BF16 | tracepass_ir::DType::F16
+        )
     });
     let bar = if low_precision { 1e-2 } else { 1e-3 };
     if same_len && worst <= bar {
