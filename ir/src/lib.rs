@@ -42,6 +42,7 @@ pub mod error;
 pub mod export;
 pub mod fsio;
 pub mod fusion;
+pub mod lowering;
 mod meta;
 mod name_table;
 mod name_text;

@@ -74,7 +74,7 @@ fn parse_lines(
     let mut p = Parser::new(text, registry);
     p.line_no = line_no.clone();
     let first = match p.run() {
-        Ok(t) => return Ok(t),
+        Ok(t) => return lowered(t, text, &line_no, registry),
         Err(Failure::UnknownOps(e)) => e,
         Err(Failure::Other(e)) => return Err(e),
     };
@@ -85,7 +85,8 @@ fn parse_lines(
     }
     let physical = |l: usize| line_no.get(l).copied().unwrap_or(l);
     let mut p = Parser::new(&inlined_text, registry);
-    p.line_no = map.iter().map(|&l| physical(l)).collect();
+    let p_line_no: Vec<usize> = map.iter().map(|&l| physical(l)).collect();
+    p.line_no = p_line_no.clone();
     let mut trace = match p.run() {
         Ok(t) => t,
         // the op stays unknown, named where the user wrote it; the body's gap is said too
@@ -121,7 +122,38 @@ fn parse_lines(
         pass: format!("{}{}", crate::decomposition::PROVENANCE, ops.join(", ")),
         millis: None,
     });
-    Ok(trace)
+    lowered(trace, &inlined_text, &p_line_no, registry)
+}
+
+/// The trace with the ops [`crate::lowering`] rewrites rewritten; an error names the line of
+/// the statement (found by the name it defines in `text`, whose line `i` is `line_no[i]`).
+fn lowered(
+    mut trace: Trace,
+    text: &str,
+    line_no: &[usize],
+    registry: &OpRegistry,
+) -> Result<Trace, ParseError> {
+    match crate::lowering::lower(&mut trace, registry) {
+        Ok(()) => Ok(trace),
+        Err(e) => {
+            let line = text
+                .lines()
+                .position(|l| {
+                    let l = l.trim_start();
+                    !l.starts_with('#')
+                        && l.split(" = ").next().is_some_and(|lhs| {
+                            lhs.split(['(', ')', ',', ' ']).any(|n| n == e.output)
+                        })
+                })
+                .unwrap_or(0);
+            Err(ParseError {
+                line: line_no.get(line).copied().unwrap_or(line) + 1,
+                col: 1,
+                message: e.message,
+                text: text.lines().nth(line).unwrap_or_default().to_string(),
+            })
+        }
+    }
 }
 
 /// Why a parse failed: ops no registry entry knows (which a printed decomposition may

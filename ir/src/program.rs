@@ -390,18 +390,23 @@ impl Program {
         let order = |fqn: &str| prologue.tensors.iter().position(|t| t.fqn == fqn);
         for group in ties {
             let mut members: Vec<usize> = Vec::new();
+            let mut unread = None;
             for fqn in group {
                 match params.iter().position(|p| &p.fqn == fqn && !p.buffer) {
                     Some(i) => members.push(i),
                     // fetched by the prologue but not passed to the forward: nothing to tie
                     None if order(fqn).is_some() => continue,
-                    None => {
-                        return Err(ProgramError::TieUnknown {
-                            group: group.clone(),
-                            fqn: fqn.clone(),
-                        })
-                    }
+                    None => unread = unread.or(Some(fqn)),
                 }
+            }
+            // a name neither fetched nor passed is one the model never reads the tensor by
+            // (T5's `encoder.embed_tokens.weight` is read as `shared.weight`): harmless when
+            // the forward takes the tensor under another name of the group, an error otherwise
+            if let (Some(fqn), true) = (unread, members.is_empty()) {
+                return Err(ProgramError::TieUnknown {
+                    group: group.clone(),
+                    fqn: fqn.clone(),
+                });
             }
             members.sort_by_key(|i| order(&params[*i].fqn));
             let Some((&primary, rest)) = members.split_first() else {

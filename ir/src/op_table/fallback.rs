@@ -125,6 +125,13 @@ const OPS: &[OpSpec] = &[
     op("ltorch.pixel_shuffle_vjp", &["pixel_shuffle_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.pixel_unshuffle_vjp", &["pixel_unshuffle_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.roll_vjp", &["roll_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    // rewritten into table ops as the trace is read (`crate::lowering`)
+    op("ltorch.mm_vjp", &["mm_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.addmm_vjp", &["addmm_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.diff_vjp", &["diff_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.reshape_as_vjp", &["reshape_as_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.vector_norm_vjp", &["vector_norm_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
+    op("ltorch.norm_vjp", &["norm_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.adaptive_avg_pool1d_vjp", &["adaptive_avg_pool1d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.adaptive_max_pool1d_vjp", &["adaptive_max_pool1d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),
     op("ltorch.adaptive_max_pool2d_vjp", &["adaptive_max_pool2d_vjp"], Pure, "saved_for_backward, *grad_output", Meta, torch_fallback_vjp),

@@ -17,6 +17,7 @@ pub mod fallback;
 mod fusion;
 mod grouped_mm;
 mod indexing;
+pub(crate) mod lowered;
 mod nn;
 mod prims;
 mod python;
@@ -45,6 +46,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static OpSpec> {
         grouped_mm::PARTS,
         setitem::PARTS,
         prims::PARTS,
+        lowered::PARTS,
     ]
     .into_iter()
     .flatten()

@@ -731,6 +731,106 @@ def batch_encdec(gen: torch.Generator) -> Batch:
     return OrderedDict(idx=idx), targets
 
 
+
+# ---- HF models whose traces hold ops Thunder runs through PyTorch ------------------------------
+
+
+def _hf_masks_by_broadcasting() -> None:
+    """transformers 4.57 builds attention masks with `torch.vmap` (`masking_utils`), which
+    Thunder 0.2.6 cannot trace; the mask functions are elementwise index arithmetic, so
+    broadcasting the indices gives the same mask, as the library's non-vmap path does."""
+    import transformers.masking_utils as mu
+
+    def expand(mask_function, bh_indices=True):
+        def f(b, h, q, kv):
+            if bh_indices:
+                out = mask_function(b[:, None, None, None], h[None, :, None, None], q[None, None, :, None], kv[None, None, None, :])
+                return out.expand(b.shape[0], h.shape[0], q.shape[0], kv.shape[0])
+            return mask_function(None, None, q[:, None], kv[None, :]).expand(q.shape[0], kv.shape[0])
+
+        return f
+
+    mu._vmap_for_bhqkv = expand
+
+
+class Seq2SeqLogits(nn.Module):
+    """`.logits` of an HF encoder-decoder fed `input_ids` and `decoder_input_ids`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
+
+
+HF_VOCAB, HF_SEQ = 96, 12
+
+
+def make_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _hf_masks_by_broadcasting()
+    cfg = GPT2Config(
+        vocab_size=HF_VOCAB,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="eager",
+        use_cache=False,
+    )
+    m = GPT2LMHeadModel(cfg)
+    m.config.use_cache = False
+    return Logits(m)
+
+
+def batch_hf_lm(gen: torch.Generator) -> Batch:
+    ids = torch.randint(0, HF_VOCAB, (2, HF_SEQ), generator=gen)
+    return OrderedDict(input_ids=ids), torch.randint(0, HF_VOCAB, (2, HF_SEQ), generator=gen)
+
+
+def make_t5() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(
+        vocab_size=HF_VOCAB,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        attn_implementation="eager",
+        use_cache=False,
+    )
+    m = T5ForConditionalGeneration(cfg)
+    m.config.use_cache = False
+    return Seq2SeqLogits(m)
+
+
+def batch_t5(gen: torch.Generator) -> Batch:
+    ids = torch.randint(0, HF_VOCAB, (2, HF_SEQ), generator=gen)
+    dec = torch.randint(0, HF_VOCAB, (2, HF_SEQ - 4), generator=gen)
+    return OrderedDict(input_ids=ids, decoder_input_ids=dec), torch.randint(0, HF_VOCAB, (2, HF_SEQ - 4), generator=gen)
+
+
+def make_convnextv2() -> nn.Module:
+    from transformers import ConvNextV2Config, ConvNextV2ForImageClassification
+
+    cfg = ConvNextV2Config(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32, num_labels=3)
+    return Logits(ConvNextV2ForImageClassification(cfg))
+
+
+def batch_image32(gen: torch.Generator) -> Batch:
+    return OrderedDict(pixel_values=torch.randn(2, 3, 32, 32, generator=gen)), torch.randint(
+        0, 3, (2,), generator=gen
+    )
+
 class LossZoo(nn.Module):
     """Returns its own loss, a sum of five of `torch.nn.functional`'s losses that Thunder keeps
     as single symbols (`kl_div`, `smooth_l1_loss`, `binary_cross_entropy_with_logits`,
@@ -1471,6 +1571,28 @@ MODELS: dict[str, ModelSpec] = {
             batch_image16,
             description="ConvNeXt block: Conv2d(3,16,4,stride 4), channels-last LayerNorm, depthwise Conv2d(16,16,7), "
             "LayerNorm, Linear(16,64), GELU, Linear(64,16), layer scale, residual, mean, Linear(16,10)",
+        ),
+        ModelSpec(
+            "gpt2",
+            make_gpt2,
+            batch_hf_lm,
+            description="HF GPT2LMHeadModel, 2 layers, n_embd 32, 4 heads, vocab 96: `Conv1D` layers as `torch.addmm`, "
+            "causal and padding masks through `torch.diff` and `Tensor.new_ones`",
+            notes=["masks built by broadcasting instead of torch.vmap, which Thunder cannot trace"],
+        ),
+        ModelSpec(
+            "t5",
+            make_t5,
+            batch_t5,
+            description="HF T5ForConditionalGeneration, 2 + 2 layers, d_model 32: relative position buckets, T5 "
+            "LayerNorm (RMS), the shared embedding tied to the encoder's and decoder's",
+        ),
+        ModelSpec(
+            "convnextv2",
+            make_convnextv2,
+            batch_image32,
+            description="HF ConvNextV2ForImageClassification, two stages of 8 and 16 channels: global response "
+            "normalization through `torch.linalg.vector_norm`",
         ),
         ModelSpec(
             "densenet",

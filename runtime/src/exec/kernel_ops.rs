@@ -51,6 +51,9 @@ const ELEMENTWISE_FN: &str = "no CPU kernel computes this elementwise function: 
      UnaryOp/BinaryOp lack it, and a new one needs the CUDA backend's kernel too";
 const TERNARY: &str = "a three-operand elementwise op: no CPU kernel (the kernel set's \
      elementwise kernels take two operands)";
+/// Why an op the parser rewrites has no kernel: only a node built by hand can reach one.
+const LOWERED: &str = "rewritten into table ops when a trace is read (`tracepass_ir::lowering`); \
+                       build the table ops instead";
 const NORM: &str = "a normalization composite with no fused CPU kernel: Thunder's traces of \
      the corpus decompose it into reductions and elementwise ops, which have kernels";
 const LOSS: &str = "a loss composite with no CPU kernel: the trainer computes the loss outside \
@@ -469,6 +472,24 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.nll_loss", Unsupported { reason: LOSS }),
         ("ltorch.mse_loss", Unsupported { reason: LOSS }),
         ("ltorch.one_hot", Cpu(one_hot)),
+        // read as table ops (`tracepass_ir::lowering`), so never decoded from a parsed trace
+        ("ltorch.mm", Unsupported { reason: LOWERED }),
+        ("ltorch.mm_vjp", Unsupported { reason: LOWERED }),
+        ("ltorch.addmm", Unsupported { reason: LOWERED }),
+        ("ltorch.addmm_vjp", Unsupported { reason: LOWERED }),
+        ("ltorch.diff", Unsupported { reason: LOWERED }),
+        ("ltorch.diff_vjp", Unsupported { reason: LOWERED }),
+        ("ltorch.new_ones", Unsupported { reason: LOWERED }),
+        ("ltorch.new_zeros", Unsupported { reason: LOWERED }),
+        ("ltorch.new_empty", Unsupported { reason: LOWERED }),
+        ("ltorch.new_full", Unsupported { reason: LOWERED }),
+        ("ltorch.tensor", Unsupported { reason: LOWERED }),
+        ("ltorch.reshape_as", Unsupported { reason: LOWERED }),
+        ("ltorch.reshape_as_vjp", Unsupported { reason: LOWERED }),
+        ("ltorch.vector_norm", Unsupported { reason: LOWERED }),
+        ("ltorch.vector_norm_vjp", Unsupported { reason: LOWERED }),
+        ("ltorch.norm", Unsupported { reason: LOWERED }),
+        ("ltorch.norm_vjp", Unsupported { reason: LOWERED }),
         // ----- reductions -----
         ("ltorch.sum", Cpu(|o| reduce(o, ReduceOp::Sum))),
         ("prims.sum", Cpu(|o| reduce(o, ReduceOp::Sum))),

@@ -1,0 +1,255 @@
+//! The torch ops Thunder runs without a decomposition of its own that tracepass reads by
+//! rewriting them into table ops (`ir/src/lowering.rs`: `addmm`, `mm`, `diff`, `new_*`,
+//! `torch.tensor` of a list, `reshape_as`, `linalg.vector_norm`, `norm`, and their `*_vjp`
+//! backward halves), run on the CPU against PyTorch's definitions written out element by
+//! element here; a linear op's gradient against its Jacobian applied column by column.
+
+mod common;
+use common::{run_trace, values};
+use tracepass_ir::{parse_trace, DType};
+use tracepass_runtime::tensor::Tensor;
+
+fn run(text: &str, inputs: &[Tensor]) -> Vec<Tensor> {
+    let t = parse_trace(text).unwrap_or_else(|e| panic!("{e}"));
+    // only ops of the table remain, and the provenance says which were rewritten
+    for &i in t.schedule() {
+        let op = t.node(i).unwrap().op.as_str();
+        assert!(!tracepass_ir::lowering::LOWERED.contains(&op), "{op} left");
+    }
+    assert!(t
+        .provenance
+        .iter()
+        .any(|p| p.pass.starts_with(tracepass_ir::lowering::PROVENANCE)));
+    tracepass_ir::verify(&t).unwrap();
+    run_trace(&t, inputs)
+}
+
+fn close(got: &Tensor, want: &[f64], what: &str) {
+    let got = got.to_f64_vec();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs {w}"
+        );
+    }
+}
+
+#[test]
+fn addmm_and_its_gradients_follow_pytorch() {
+    let text = "def f(b, x, w, g):
+  # b: \"cpu f64[3]\"
+  # x: \"cpu f64[2, 4]\"
+  # w: \"cpu f64[4, 3]\"
+  # g: \"cpu f64[2, 3]\"
+  y = torch.addmm(b, x, w, beta=0.5, alpha=2.0)  # y: \"cpu f64[2, 3]\"
+  (gb, gx, gw) = addmm_vjp(((b, x, w), {'beta': 0.5, 'alpha': 2.0}), g)
+  m = torch.mm(x, w)  # m: \"cpu f64[2, 3]\"
+  (mx, mw) = mm_vjp(((x, w), {}), g)
+  return (y, gb, gx, gw, m, mx, mw)
+";
+    let (b, x, w, g) = (values(3, 1), values(8, 2), values(12, 3), values(6, 4));
+    let outs = run(
+        text,
+        &[
+            Tensor::from_f64([3], b.clone()),
+            Tensor::from_f64([2, 4], x.clone()),
+            Tensor::from_f64([4, 3], w.clone()),
+            Tensor::from_f64([2, 3], g.clone()),
+        ],
+    );
+    let xw = |i: usize, j: usize| (0..4).map(|k| x[i * 4 + k] * w[k * 3 + j]).sum::<f64>();
+    let y: Vec<f64> = (0..6)
+        .map(|e| 0.5 * b[e % 3] + 2.0 * xw(e / 3, e % 3))
+        .collect();
+    close(&outs[0], &y, "addmm");
+    let gb: Vec<f64> = (0..3).map(|j| 0.5 * (g[j] + g[3 + j])).collect();
+    close(&outs[1], &gb, "d input");
+    let gx: Vec<f64> = (0..8)
+        .map(|e| {
+            (0..3)
+                .map(|j| g[(e / 4) * 3 + j] * w[(e % 4) * 3 + j])
+                .sum()
+        })
+        .collect();
+    let gw: Vec<f64> = (0..12)
+        .map(|e| (0..2).map(|i| x[i * 4 + e / 3] * g[i * 3 + e % 3]).sum())
+        .collect();
+    close(
+        &outs[2],
+        &gx.iter().map(|v| 2.0 * v).collect::<Vec<_>>(),
+        "d mat1",
+    );
+    close(
+        &outs[3],
+        &gw.iter().map(|v| 2.0 * v).collect::<Vec<_>>(),
+        "d mat2",
+    );
+    close(
+        &outs[4],
+        &(0..6).map(|e| xw(e / 3, e % 3)).collect::<Vec<_>>(),
+        "mm",
+    );
+    close(&outs[5], &gx, "mm d input");
+    close(&outs[6], &gw, "mm d mat2");
+}
+
+/// `diff(x, n, dim=1, prepend=p)` of a `[2, L]` row pair, written out.
+fn diff_rows(p: &[f64], x: &[f64], lp: usize, lx: usize, n: usize) -> Vec<f64> {
+    let mut rows: Vec<Vec<f64>> = (0..2)
+        .map(|r| {
+            let mut z = p[r * lp..(r + 1) * lp].to_vec();
+            z.extend_from_slice(&x[r * lx..(r + 1) * lx]);
+            z
+        })
+        .collect();
+    for _ in 0..n {
+        rows = rows
+            .iter()
+            .map(|z| z.windows(2).map(|w| w[1] - w[0]).collect())
+            .collect();
+    }
+    rows.concat()
+}
+
+#[test]
+fn diff_with_prepend_and_its_gradient_follow_pytorch() {
+    let text = "def f(p, x, g, i, b):
+  # p: \"cpu f64[2, 1]\"
+  # x: \"cpu f64[2, 4]\"
+  # g: \"cpu f64[2, 3]\"
+  # i: \"cpu i64[5]\"
+  # b: \"cpu b8[4]\"
+  y = torch.diff(x, 2, dim=-1, prepend=p)  # y: \"cpu f64[2, 3]\"
+  (gx, _, _, gp) = diff_vjp(((x, 2, -1, p), {}), g)
+  di = Tensor.diff(i)  # di: \"cpu i64[4]\"
+  db = torch.diff(b)  # db: \"cpu b8[3]\"
+  return (y, gx, di, db, gp)
+";
+    let (p, x, g) = (values(2, 5), values(8, 6), values(6, 7));
+    let outs = run(
+        text,
+        &[
+            Tensor::from_f64([2, 1], p.clone()),
+            Tensor::from_f64([2, 4], x.clone()),
+            Tensor::from_f64([2, 3], g.clone()),
+            Tensor::from_i64([5], vec![3, -1, 4, 4, 10]),
+            Tensor::from_bool([4], vec![true, true, false, true]),
+        ],
+    );
+    close(&outs[0], &diff_rows(&p, &x, 1, 4, 2), "diff");
+    // diff is linear in x: the gradient is the Jacobian's transpose applied to g
+    let gx: Vec<f64> = (0..8)
+        .map(|e| {
+            let mut unit = vec![0.0; 8];
+            unit[e] = 1.0;
+            let col = diff_rows(&[0.0, 0.0], &unit, 1, 4, 2);
+            col.iter().zip(&g).map(|(c, g)| c * g).sum()
+        })
+        .collect();
+    close(&outs[1], &gx, "d input");
+    let gp: Vec<f64> = (0..2)
+        .map(|e| {
+            let mut unit = vec![0.0; 2];
+            unit[e] = 1.0;
+            let col = diff_rows(&unit, &[0.0; 8], 1, 4, 2);
+            col.iter().zip(&g).map(|(c, g)| c * g).sum()
+        })
+        .collect();
+    close(&outs[4], &gp, "d prepend");
+    assert_eq!(outs[2].to_f64_vec(), [-4.0, 5.0, 0.0, 6.0]);
+    assert_eq!(outs[3].dtype(), DType::Bool);
+    assert_eq!(outs[3].to_f64_vec(), [0.0, 1.0, 1.0]);
+}
+
+#[test]
+fn new_tensors_and_list_literals_take_pytorch_dtypes() {
+    let text = "def f(x):
+  # x: \"cpu f32[2, 3]\"
+  a = Tensor.new_ones(x, (2, 2))  # a: \"cpu f32[2, 2]\"
+  b = Tensor.new_zeros(x, 3, dtype=torch.int64)  # b: \"cpu i64[3]\"
+  c = Tensor.new_full(x, (1, 2), 7.5)  # c: \"cpu f32[1, 2]\"
+  d = Tensor.new_ones(x, (), dtype=torch.bool)  # d: \"cpu b8[]\"
+  e = torch.tensor([[-2, 5], [1, 0]], device=torch.device(\"cpu\"), dtype=torch.int64)  # e: \"cpu i64[2, 2]\"
+  h = torch.tensor([0.5, 1.5, 2.5])  # h: \"cpu f32[3]\"
+  return (a, b, c, d, e, h)
+";
+    let outs = run(text, &[Tensor::from_f32([2, 3], vec![0.0; 6])]);
+    let dtypes: Vec<DType> = outs.iter().map(|t| t.dtype()).collect();
+    use DType::*;
+    assert_eq!(dtypes, [F32, I64, F32, Bool, I64, F32]);
+    assert_eq!(outs[0].to_f64_vec(), [1.0; 4]);
+    assert_eq!(outs[1].to_f64_vec(), [0.0; 3]);
+    assert_eq!(outs[2].to_f64_vec(), [7.5, 7.5]);
+    assert_eq!(outs[3].to_f64_vec(), [1.0]);
+    assert_eq!(outs[4].to_f64_vec(), [-2.0, 5.0, 1.0, 0.0]);
+    assert_eq!(outs[5].to_f64_vec(), [0.5, 1.5, 2.5]);
+}
+
+#[test]
+fn norms_reshape_as_and_their_gradients_follow_pytorch() {
+    let text = "def f(x, g, o, h):
+  # x: \"cpu f64[3, 2, 2]\"
+  # g: \"cpu f64[3, 1, 1]\"
+  # o: \"cpu f64[6, 2]\"
+  # h: \"cpu f64[3]\"
+  n = torch.linalg.vector_norm(x, ord=2, dim=(1, 2), keepdim=True)  # n: \"cpu f64[3, 1, 1]\"
+  (gn,) = vector_norm_vjp(((x,), {'ord': 2, 'dim': (1, 2), 'keepdim': True}), g)
+  l = Tensor.norm(x, p=1, dim=(-1, -2))  # l: \"cpu f64[3]\"
+  (gl,) = norm_vjp(((x,), {'p': 1, 'dim': (-1, -2)}), h)
+  r = Tensor.reshape_as(x, o)  # r: \"cpu f64[6, 2]\"
+  (gr, go) = reshape_as_vjp(((x, o), {}), o)
+  return (n, gn, l, gl, r, gr, go)
+";
+    // the last 2 x 2 block is all zeros: its norm is 0 and so is its 2-norm's gradient
+    let mut x = values(12, 8);
+    x[8..].fill(0.0);
+    let (g, o, h) = (values(3, 9), values(12, 10), values(3, 11));
+    let outs = run(
+        text,
+        &[
+            Tensor::from_f64([3, 2, 2], x.clone()),
+            Tensor::from_f64([3, 1, 1], g.clone()),
+            Tensor::from_f64([6, 2], o.clone()),
+            Tensor::from_f64([3], h.clone()),
+        ],
+    );
+    let block = |b: usize| &x[b * 4..(b + 1) * 4];
+    let n2: Vec<f64> = (0..3)
+        .map(|b| block(b).iter().map(|v| v * v).sum::<f64>().sqrt())
+        .collect();
+    close(&outs[0], &n2, "2-norm");
+    let gn: Vec<f64> = (0..12)
+        .map(|e| match n2[e / 4] {
+            0.0 => 0.0,
+            n => g[e / 4] * x[e] / n,
+        })
+        .collect();
+    close(&outs[1], &gn, "2-norm gradient");
+    assert_eq!(&gn[8..], [0.0; 4]);
+    let n1: Vec<f64> = (0..3)
+        .map(|b| block(b).iter().map(|v| v.abs()).sum())
+        .collect();
+    close(&outs[2], &n1, "1-norm");
+    let gl: Vec<f64> = (0..12)
+        .map(|e| h[e / 4] * x[e].signum() * (x[e] != 0.0) as u8 as f64)
+        .collect();
+    close(&outs[3], &gl, "1-norm gradient");
+    assert_eq!(outs[4].shape(), [6, 2]);
+    close(&outs[4], &x, "reshape_as");
+    assert_eq!(outs[5].shape(), [3, 2, 2]);
+    close(&outs[5], &o, "reshape_as d input");
+    close(&outs[6], &[0.0; 12], "reshape_as d other");
+}
+
+#[test]
+fn an_order_the_rewrite_does_not_read_is_an_error_naming_its_line() {
+    let text = "def f(x):
+  # x: \"cpu f32[4]\"
+  n = torch.linalg.vector_norm(x, ord=3)  # n: \"cpu f32[]\"
+  return n
+";
+    let e = parse_trace(text).unwrap_err();
+    assert_eq!(e.line, 3, "{e}");
+    assert!(e.message.contains("only the 1- and 2-norm"), "{e}");
+}
