@@ -37,6 +37,7 @@ pub const LOWERED: &[&str] = &[
     "ltorch.new_empty",
     "ltorch.new_full",
     "ltorch.tensor",
+    "prims.tensor_from_sequence",
     "ltorch.reshape_as",
     "ltorch.reshape_as_vjp",
     "ltorch.vector_norm",
@@ -44,6 +45,14 @@ pub const LOWERED: &[&str] = &[
     "ltorch.norm",
     "ltorch.norm_vjp",
 ];
+
+/// Whether this module rewrites `node`: an op of [`LOWERED`], or `div` with a rounding mode
+/// (which no kernel computes in one step; Thunder's own body is `trunc(div(a, b))`).
+pub fn is_lowered(node: &Node) -> bool {
+    let op = node.op.as_str();
+    LOWERED.contains(&op)
+        || (op == "ltorch.div" && matches!(node.kwarg("rounding_mode"), Some(Arg::Str(_))))
+}
 
 /// Why a statement could not be rewritten.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +70,7 @@ pub fn lower(t: &mut Trace, reg: &OpRegistry) -> Result<(), LowerError> {
         .schedule()
         .iter()
         .copied()
-        .filter(|&i| t.node(i).is_some_and(|n| LOWERED.contains(&n.op.as_str())))
+        .filter(|&i| t.node(i).is_some_and(is_lowered))
         .collect();
     if todo.is_empty() {
         return Ok(());
@@ -207,7 +216,8 @@ impl Emit<'_> {
             "ltorch.new_ones" => self.new_filled(node, Some(Arg::Int(1))),
             "ltorch.new_zeros" | "ltorch.new_empty" => self.new_filled(node, Some(Arg::Int(0))),
             "ltorch.new_full" => self.new_filled(node, None),
-            "ltorch.tensor" => self.tensor_literal(node),
+            "ltorch.tensor" | "prims.tensor_from_sequence" => self.tensor_literal(node),
+            "ltorch.div" => self.rounded_div(node),
             "ltorch.reshape_as" => self.reshape_as(node),
             "ltorch.reshape_as_vjp" => self.reshape_as_vjp(node),
             "ltorch.vector_norm" => self.norm(node, "ltorch.vector_norm", false),
@@ -751,6 +761,31 @@ impl Emit<'_> {
             vec![Arg::Value(x), Arg::Value(q)],
             vec![],
         )
+    }
+}
+
+impl Emit<'_> {
+    /// `div(a, b, rounding_mode=...)`: `'trunc'` is `trunc(a / b)` for floats (PyTorch's
+    /// `div_trunc`) and `prims.div` (rounding toward zero) for integers; `'floor'` is
+    /// `floor_divide`, which PyTorch defines as this very division.
+    fn rounded_div(&mut self, node: &Node) -> R<()> {
+        let out = Self::single_out(node)?;
+        let (a, b) = match node.args() {
+            [a, b] => (a.clone(), b.clone()),
+            other => return Err(format!("expects two operands, got {}", other.len())),
+        };
+        let float = self.tensor(out)?.dtype.is_float();
+        match node.kwarg("rounding_mode") {
+            Some(Arg::Str(m)) if m == "trunc" && float => {
+                let q = self.op("ltorch.true_divide", vec![a, b], vec![])?;
+                self.into(out, "ltorch.trunc", vec![Arg::Value(q)], vec![])
+            }
+            Some(Arg::Str(m)) if m == "trunc" => self.into(out, "prims.div", vec![a, b], vec![]),
+            Some(Arg::Str(m)) if m == "floor" => {
+                self.into(out, "ltorch.floor_divide", vec![a, b], vec![])
+            }
+            other => Err(format!("unknown rounding_mode {other:?}")),
+        }
     }
 }
 

@@ -265,6 +265,7 @@ const OPS: &[OpSpec] = &[
     op("ltorch.vector_norm", &["torch.linalg.vector_norm"], Pure, "x, ord=2, dim=None, keepdim=False, *, dtype=None", First, vector_norm),
     op("ltorch.norm", &["torch.norm", "Tensor.norm"], Pure, "input, p=None, dim=None, keepdim=False, dtype=None", First, norm),
     op("ltorch.tensor", &["torch.tensor"], Pure, "data, *, dtype=None, device=None, requires_grad=False, pin_memory=False", Meta, tensor),
+    op("prims.tensor_from_sequence", &[], Pure, "data, *, dtype=None, device=None", Meta, tensor),
 ];
 
 pub(crate) const PARTS: &[&[OpSpec]] = &[OPS];

@@ -735,6 +735,8 @@ const OPS: &[OpSpec] = &[
     op("ltorch.bilinear", &["torch.nn.functional.bilinear", "torch.bilinear"], Pure, "input1, input2, weight, bias=None", First, bilinear),
     op("ltorch.adaptive_avg_pool2d_backward", &["torch.torch.ops.aten._adaptive_avg_pool2d_backward", "torch.ops.aten._adaptive_avg_pool2d_backward"], Pure, "grad, a", First, adaptive_avg_pool2d_backward),
     op("ltorch.embedding", &["torch.nn.functional.embedding"], Pure, "a, /, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False", Meta, embedding),
+    // the prim: `padding_idx` keyword-only, -1 for none (it only matters to the backward)
+    op("prims.embedding", &[], Pure, "a, /, weight, *, padding_idx=-1, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False", Meta, embedding),
     op("ltorch.embedding_backward", &["prims.embedding_backward", "torch.torch.ops.aten.embedding_backward", "torch.ops.aten.embedding_backward"], Pure, "grad, indices, num_weights, padding_idx, scale_grad_by_freq, sparse", First, embedding_backward),
     op("ltorch.layer_norm", &["torch.nn.functional.layer_norm"], Pure, "a, /, normalized_shape, weight=None, bias=None, eps=1e-05", First, like_input),
     op("ltorch.rms_norm", &["torch.nn.functional.rms_norm"], Pure, "a, /, normalized_shape, weight=None, eps=None", First, like_input),

@@ -418,6 +418,7 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
             Cpu(adaptive_avg_pool2d_backward),
         ),
         ("ltorch.embedding", Cpu(embedding)),
+        ("prims.embedding", Cpu(embedding)),
         ("ltorch.take_along_dim", Cpu(take_along_dim)),
         ("ltorch.gather", Cpu(gather)),
         ("ltorch.scatter_add", Cpu(scatter_add)),
@@ -484,6 +485,10 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.new_empty", Unsupported { reason: LOWERED }),
         ("ltorch.new_full", Unsupported { reason: LOWERED }),
         ("ltorch.tensor", Unsupported { reason: LOWERED }),
+        (
+            "prims.tensor_from_sequence",
+            Unsupported { reason: LOWERED },
+        ),
         ("ltorch.reshape_as", Unsupported { reason: LOWERED }),
         ("ltorch.reshape_as_vjp", Unsupported { reason: LOWERED }),
         ("ltorch.vector_norm", Unsupported { reason: LOWERED }),
@@ -2010,14 +2015,15 @@ fn adaptive_avg_pool2d(o: &mut Ops<'_>) -> Result<Kernel, String> {
             vec![n, n]
         }
     };
-    if r < 3 || out.iter().any(|&s| s <= 0) {
+    if r < 3 || out.iter().any(|&s| s < 0) {
         return Err(format!(
             "adaptive_avg_pool2d: input {shape:?} with output size {out:?}"
         ));
     }
     let (h, w) = (shape[r - 2], shape[r - 1]);
     let (oh, ow) = (out[0] as usize, out[1] as usize);
-    if h % oh != 0 || w % ow != 0 {
+    // an output size of 0 (PyTorch allows it) gives an empty result: no windows to average
+    if oh == 0 || ow == 0 || h % oh != 0 || w % ow != 0 {
         return Ok(Kernel::AdaptiveAvgPool2d { oh, ow });
     }
     let mut split = shape[..r - 2].to_vec();
