@@ -373,7 +373,7 @@ impl Program {
                 }
                 _ => None,
             };
-            let buffer = mt.kind == TensorKind::Buffer;
+            let buffer = mt.kind != TensorKind::Parameter;
             params.push(Param {
                 fqn: mt.fqn.clone(),
                 forward_arg: i,

@@ -14,6 +14,10 @@ pub enum TensorKind {
     Parameter,
     /// `module.get_buffer(fqn)`.
     Buffer,
+    /// A tensor attribute of a sub-module that is neither (GPT-J's `attn.embed_positions`,
+    /// read as `m1.embed_positions` after `m1 = module.get_submodule('...attn')`): a constant,
+    /// never trained, handled as a buffer the forward does not update.
+    Attribute,
 }
 
 /// A parameter or buffer the prologue fetches.
@@ -39,6 +43,8 @@ pub struct Prologue {
     pub inputs: Vec<(String, String)>,
     /// The names the prologue returns for the computation, in order.
     pub returns: Vec<String>,
+    /// Sub-modules it fetches (`m1 = module.get_submodule('path')`): name and path.
+    pub submodules: Vec<(String, String)>,
 }
 
 impl Prologue {
@@ -102,10 +108,10 @@ pub fn parse_prologue(text: &str) -> Result<Prologue, ParseError> {
         }
         match toks {
             // name: "type" = expr
-            [(Tok::Name(name), _), (Tok::Punct(':'), _), (Tok::Str(_), _), (Tok::Punct('='), _), rhs @ ..]
+            [(Tok::Name(name), _), (Tok::Punct(':'), _), (Tok::Str(ty), _), (Tok::Punct('='), _), rhs @ ..]
                 if is_ident(name) && !rhs.is_empty() =>
             {
-                binding(&mut p, name, rhs).map_err(|m| err(&lines, ln, ind, m))?;
+                binding(&mut p, name, ty, rhs).map_err(|m| err(&lines, ln, ind, m))?;
             }
             // check_xxx(...)
             [(Tok::Name(callee), _), (Tok::Punct('('), _), args @ .., (Tok::Punct(')'), _)]
@@ -154,7 +160,7 @@ pub fn parse_prologue(text: &str) -> Result<Prologue, ParseError> {
 
 /// `module.get_parameter('fqn')`, `module.get_buffer('fqn')`, `args[i]`, `kwargs['k']`;
 /// other right-hand sides (attribute reads, sub-modules, cache info) bind guards only.
-fn binding(p: &mut Prologue, name: &str, rhs: &[(Tok<'_>, usize)]) -> Result<(), String> {
+fn binding(p: &mut Prologue, name: &str, ty: &str, rhs: &[(Tok<'_>, usize)]) -> Result<(), String> {
     let kind = match rhs {
         [(Tok::Name(f), _), (Tok::Punct('('), _), (Tok::Str(fqn), _), (Tok::Punct(')'), _)] => {
             match *f {
@@ -165,13 +171,40 @@ fn binding(p: &mut Prologue, name: &str, rhs: &[(Tok<'_>, usize)]) -> Result<(),
         }
         _ => None,
     };
+    if let Some(("module.get_submodule", path)) = match rhs {
+        [(Tok::Name(f), _), (Tok::Punct('('), _), (Tok::Str(path), _), (Tok::Punct(')'), _)] => {
+            Some((*f, path))
+        }
+        _ => None,
+    } {
+        p.submodules.push((name.to_string(), path.clone()));
+        return Ok(());
+    }
+    // `m1.attr`, a tensor attribute of a sub-module fetched above
+    let attribute = match rhs {
+        [(Tok::Name(read), _)] if is_tensor_type(ty) => {
+            read.split_once('.').and_then(|(m, attr)| {
+                let (_, path) = p.submodules.iter().find(|(n, _)| n == m)?;
+                let fqn = if path.is_empty() {
+                    attr.to_string()
+                } else {
+                    format!("{path}.{attr}")
+                };
+                (!attr.contains('.')).then_some(fqn)
+            })
+        }
+        _ => None,
+    };
+    let kind = kind
+        .map(|(k, f)| (k, f.clone()))
+        .or(attribute.map(|f| (TensorKind::Attribute, f)));
     if let Some((kind, fqn)) = kind {
         if p.tensors.iter().any(|t| t.name == name) {
             return Err(format!("`{name}` is bound twice"));
         }
         p.tensors.push(ModuleTensor {
             name: name.to_string(),
-            fqn: fqn.clone(),
+            fqn,
             kind,
             requires_grad: None,
         });
@@ -188,6 +221,14 @@ fn binding(p: &mut Prologue, name: &str, rhs: &[(Tok<'_>, usize)]) -> Result<(),
         p.inputs.push((name.to_string(), format!("{src}[{key}]")));
     }
     Ok(())
+}
+
+/// Whether a binding's type comment is a tensor's (`cpu f32[32, 4]`), not `Any` or a number.
+fn is_tensor_type(ty: &str) -> bool {
+    matches!(
+        crate::types::Type::parse(ty),
+        Some(crate::types::Type::Tensor(_))
+    )
 }
 
 /// `check_tensor_metadata(name, shape, device, dtype, requires_grad)`.
@@ -236,6 +277,22 @@ def prologue(*args, **kwargs):
   i0: "bool True" = module.training
   return ((x, t_bn1_running_mean, weight, t_fc_weight), ())
 "#;
+
+    #[test]
+    fn tensor_attributes_of_sub_modules_are_constants_under_their_fqn() {
+        let text = PRO.replace(
+            "  i0: \"bool True\" = module.training\n",
+            "  m1: \"Any\" = module.get_submodule('h.0.attn')\n  \
+             pos: \"cpu f32[32, 4]\" = m1.embed_positions\n  \
+             i0: \"bool True\" = m1.training\n",
+        );
+        let p = parse_prologue(&text).unwrap();
+        let pos = p.tensor("pos").unwrap();
+        assert_eq!(pos.fqn, "h.0.attn.embed_positions");
+        assert_eq!(pos.kind, TensorKind::Attribute);
+        // a number attribute binds a guard only
+        assert!(p.tensor("i0").is_none());
+    }
 
     #[test]
     fn reads_parameters_buffers_and_inputs() {

@@ -427,7 +427,7 @@ fn rewritten_backwards_snapshot() {
 
 /// Parameter names come from the prologue: bare `weight`/`bias` arguments (the CNN's first
 /// conv) and names Thunder made up (`param`, MPNet's last LayerNorm bias) are parameters too,
-/// each the module path the prologue fetched it by.
+/// each the module path the prologue fetched it by (a tensor attribute's: its sub-module's).
 #[test]
 fn parameters_come_from_the_prologue_not_from_names() {
     for (name, e) in corpus() {
@@ -438,9 +438,13 @@ fn parameters_come_from_the_prologue_not_from_names() {
             if let Some(p) = e.program.params.iter().find(|p| p.forward_arg == i) {
                 assert!(!p.fqn.is_empty());
                 if !arg.starts_with("t_") {
+                    // `module.get_parameter('fqn')`, or a sub-module's tensor attribute
+                    // (`embed_positions: ... = m1.embed_positions`, GPT-J's constants)
                     let fetched = prologue.lines().any(|l| {
+                        let attr = l.rsplit_once(" = ").and_then(|(_, r)| r.split_once('.'));
                         l.trim_start().starts_with(&format!("{arg}: "))
-                            && l.contains(&format!("('{}')", p.fqn))
+                            && (l.contains(&format!("('{}')", p.fqn))
+                                || attr.is_some_and(|(_, a)| p.fqn.ends_with(&format!(".{a}"))))
                     });
                     assert!(fetched, "{name}: {arg} -> {}", p.fqn);
                 }

@@ -147,3 +147,28 @@ def test_ddp_export(tmp_path):
     assert timing["world_size"] == 2
     assert timing["ddp_trace_transforms"]["ddp_pass"]["calls"] == 1
     assert timing["thunder"]["total_s"] > 0 and timing["plain_thunder"]["total_s"] > 0
+
+
+class AttributeTensor(nn.Module):
+    """A tensor kept as a plain attribute (neither parameter nor buffer), as GPT-J keeps its
+    rotary table `embed_positions`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.fc.offset = torch.arange(3, dtype=torch.float32)
+
+    def forward(self, x):
+        return self.fc(x) + self.fc.offset
+
+
+def test_tensor_attributes_are_saved_as_constants(tmp_path):
+    def batch(gen):
+        return OrderedDict(x=torch.randn(2, 4, generator=gen)), torch.randn(2, 3, generator=gen)
+
+    out = tmp_path / "attr"
+    export(AttributeTensor, batch, "mse", out, name="attr", steps=1, ranks=1)
+    pro = (out / "prologue.trace").read_text()
+    assert "fc.offset" in prologue_state_names(pro).values()
+    params = load_file(str(out / "params.safetensors"))
+    assert params["fc.offset"].tolist() == [0.0, 1.0, 2.0]

@@ -148,9 +148,35 @@ def computation_args(forward_text: str) -> list[str]:
 
 
 def prologue_state_names(prologue_text: str) -> dict[str, str]:
-    """Prologue variable -> FQN for every `module.get_parameter/get_buffer('fqn')` line."""
+    """Prologue variable -> FQN for every `module.get_parameter/get_buffer('fqn')` line, and for
+    every tensor attribute of a sub-module it reads (`x: "cpu f32[32, 4]" = m1.embed_positions`
+    after `m1: "Any" = module.get_submodule('h.0.attn')`: `h.0.attn.embed_positions`)."""
     pat = re.compile(r"^\s*(\w+)(?::\s*\"[^\"]*\")?\s*=\s*\w+\.get_(?:parameter|buffer)\('([^']+)'\)", re.M)
-    return {m.group(1): m.group(2) for m in pat.finditer(prologue_text)}
+    names = {m.group(1): m.group(2) for m in pat.finditer(prologue_text)}
+    return {**names, **prologue_attribute_names(prologue_text)}
+
+
+def prologue_attribute_names(prologue_text: str) -> dict[str, str]:
+    """Prologue variable -> FQN of the tensor attributes of sub-modules it reads (neither
+    parameters nor buffers: GPT-J's `embed_positions`), as `ir/src/prologue.rs` reads them."""
+    subs = dict(re.findall(r"^\s*(\w+): \"[^\"]*\" = module\.get_submodule\('([^']*)'\)", prologue_text, re.M))
+    out = {}
+    for name, ty, mod, attr in re.findall(r"^\s*(\w+): \"([^\"]*)\" = (\w+)\.(\w+)\s*$", prologue_text, re.M):
+        if mod in subs and "[" in ty:
+            out[name] = f"{subs[mod]}.{attr}" if subs[mod] else attr
+    return out
+
+
+def add_attribute_tensors(state: dict, model: nn.Module, prologue_text: str) -> None:
+    """Saves the tensor attributes the prologue reads under their FQNs, beside the state."""
+    for fqn in prologue_attribute_names(prologue_text).values():
+        if fqn in state:
+            continue
+        path, _, attr = fqn.rpartition(".")
+        t = getattr(model.get_submodule(path), attr)
+        if not isinstance(t, torch.Tensor):
+            raise ExportError(f"the prologue reads `{fqn}` as a tensor, but it is a {type(t).__name__}")
+        state[fqn] = t.detach().clone().contiguous()
 
 
 def check_signature(forward_text: str, prologue_text: str, data_names: list[str], state: dict) -> None:
@@ -485,6 +511,7 @@ def export(
         res = run_plain(model_factory, args0, targets0, loss, output, seed)
         expected = eager_grads
     tr = res["traces"]
+    add_attribute_tensors(state, model, tr["prologue"])
     check_signature(tr["forward"], tr["prologue"], list(args0.keys()), state)
 
     if set(res["grads"]) != set(expected):

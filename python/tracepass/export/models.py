@@ -788,6 +788,28 @@ def make_gpt2() -> nn.Module:
     return Logits(m)
 
 
+def make_gptj() -> nn.Module:
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    _hf_masks_by_broadcasting()
+    cfg = GPTJConfig(
+        vocab_size=HF_VOCAB,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        rotary_dim=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="eager",
+        use_cache=False,
+    )
+    m = GPTJForCausalLM(cfg)
+    m.config.use_cache = False
+    return Logits(m)
+
+
 def batch_hf_lm(gen: torch.Generator) -> Batch:
     ids = torch.randint(0, HF_VOCAB, (2, HF_SEQ), generator=gen)
     return OrderedDict(input_ids=ids), torch.randint(0, HF_VOCAB, (2, HF_SEQ), generator=gen)
@@ -1578,6 +1600,14 @@ MODELS: dict[str, ModelSpec] = {
             batch_hf_lm,
             description="HF GPT2LMHeadModel, 2 layers, n_embd 32, 4 heads, vocab 96: `Conv1D` layers as `torch.addmm`, "
             "causal and padding masks through `torch.diff` and `Tensor.new_ones`",
+            notes=["masks built by broadcasting instead of torch.vmap, which Thunder cannot trace"],
+        ),
+        ModelSpec(
+            "gptj",
+            make_gptj,
+            batch_hf_lm,
+            description="HF GPTJForCausalLM, 2 layers, n_embd 32, rotary dim 4: its rotary table `embed_positions` and "
+            "`scale_attn` are plain tensor attributes (neither parameters nor buffers), saved as constants",
             notes=["masks built by broadcasting instead of torch.vmap, which Thunder cannot trace"],
         ),
         ModelSpec(
