@@ -4,7 +4,7 @@
 //! with `torch.autograd` (`thunder/torch/default_torch_ops.py`): the trace prints them bare,
 //! with no decomposition below (`t = torch.addmm(b, x, w)`, and in the backward
 //! `(gb, gx, gw) = addmm_vjp(((b, x, w), {}), g)`). For the ones real models call
-//! ([`crate::op_table`]'s `lowered.rs`) this module writes PyTorch's definition, and its
+//! (`ir/src/op_table/lowered.rs`) this module writes PyTorch's definition, and its
 //! gradient, in ops every backend and pass already knows: `addmm` becomes `matmul` and `add`,
 //! its vjp two products of transposes and a sum to the bias's shape. Every statement so read
 //! keeps its names (a saved value stays the value the backward reads), each result is checked
