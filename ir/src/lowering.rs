@@ -13,7 +13,7 @@
 use crate::arg::{Arg, DTypeSpelling, DeviceSpelling};
 use crate::node::{LhsSlot, Node};
 use crate::op_table::fallback::saved_operands;
-use crate::op_table::lowered::nested_numbers;
+use crate::op_table::lowered::{nested_numbers, ALIASES};
 use crate::registry::{MetaOut, OpRegistry};
 use crate::rewriter::Rewriter;
 use crate::trace::{Provenance, Trace};
@@ -44,13 +44,42 @@ pub const LOWERED: &[&str] = &[
     "ltorch.vector_norm_vjp",
     "ltorch.norm",
     "ltorch.norm_vjp",
+    "ltorch.ravel",
+    "ltorch.ravel_vjp",
+    "ltorch.narrow",
+    "ltorch.narrow_vjp",
+    "ltorch.tile",
+    "ltorch.tile_vjp",
 ];
+
+/// The backward halves of the aliases (`op_table/lowered.rs`): each vjp and the alias it differentiates
+/// (`swapdims` is read as `swapaxes`).
+pub const ALIAS_VJPS: &[(&str, &str)] = &[
+    ("ltorch.swapaxes_vjp", "ltorch.swapaxes"),
+    ("ltorch.swapdims_vjp", "ltorch.swapaxes"),
+    ("ltorch.moveaxis_vjp", "ltorch.moveaxis"),
+    ("ltorch.multiply_vjp", "ltorch.multiply"),
+    ("ltorch.subtract_vjp", "ltorch.subtract"),
+    ("ltorch.divide_vjp", "ltorch.divide"),
+    ("ltorch.negative_vjp", "ltorch.negative"),
+    ("ltorch.absolute_vjp", "ltorch.absolute"),
+    ("ltorch.clip_vjp", "ltorch.clip"),
+    ("ltorch.fix_vjp", "ltorch.fix"),
+];
+
+/// Whether this module rewrites every node of the canonical op `op` (`div` only with a
+/// rounding mode, see [`is_lowered`]).
+pub fn lowers_op(op: &str) -> bool {
+    LOWERED.contains(&op)
+        || ALIASES.iter().any(|(a, _)| *a == op)
+        || ALIAS_VJPS.iter().any(|(v, _)| *v == op)
+}
 
 /// Whether this module rewrites `node`: an op of [`LOWERED`], or `div` with a rounding mode
 /// (which no kernel computes in one step; Thunder's own body is `trunc(div(a, b))`).
 pub fn is_lowered(node: &Node) -> bool {
     let op = node.op.as_str();
-    LOWERED.contains(&op)
+    lowers_op(op)
         || (op == "ltorch.div" && matches!(node.kwarg("rounding_mode"), Some(Arg::Str(_))))
 }
 
@@ -224,7 +253,20 @@ impl Emit<'_> {
             "ltorch.norm" => self.norm(node, "ltorch.norm", false),
             "ltorch.vector_norm_vjp" => self.norm(node, "ltorch.vector_norm", true),
             "ltorch.norm_vjp" => self.norm(node, "ltorch.norm", true),
-            other => Err(format!("no rewrite for {other}")),
+            "ltorch.ravel" => self.ravel(node),
+            "ltorch.narrow" => self.narrow(node),
+            "ltorch.tile" => self.tile(node),
+            "ltorch.ravel_vjp" | "ltorch.narrow_vjp" | "ltorch.tile_vjp" => self.shape_vjp(node),
+            op => {
+                if let Some((_, target)) = ALIASES.iter().find(|(a, _)| *a == op) {
+                    let out = Self::single_out(node)?;
+                    return self.into(out, target, node.args().to_vec(), node.kwargs().to_vec());
+                }
+                match ALIAS_VJPS.iter().find(|(v, _)| *v == op) {
+                    Some((_, forward)) => self.alias_vjp(node, forward),
+                    None => Err(format!("no rewrite for {op}")),
+                }
+            }
         }
     }
 
@@ -785,6 +827,273 @@ impl Emit<'_> {
                 self.into(out, "ltorch.floor_divide", vec![a, b], vec![])
             }
             other => Err(format!("unknown rounding_mode {other:?}")),
+        }
+    }
+}
+
+impl Emit<'_> {
+    /// `ravel(a)`: `a` as one dimension.
+    fn ravel(&mut self, node: &Node) -> R<()> {
+        let out = Self::single_out(node)?;
+        let b = self.bind("ltorch.ravel", node.args(), node.kwargs())?;
+        let a = b.value("a")?;
+        let n = self.tensor(a)?.numel();
+        self.into(
+            out,
+            "ltorch.reshape",
+            vec![Arg::Value(a), Self::shape_arg(&[n])],
+            vec![],
+        )
+    }
+
+    /// `narrow(a, dim, start, length)` and its dimension and range (`start` made non-negative).
+    fn narrow_range(&self, b: &Bound) -> R<(ValueId, usize, usize, usize)> {
+        let a = b.value("a")?;
+        let shape = self.tensor(a)?.shape.to_vec();
+        let d = b.int("dim")?;
+        let rank = shape.len() as i64;
+        let dim = usize::try_from(if d < 0 { d + rank } else { d }).map_err(|_| "bad dim")?;
+        let size = *shape.get(dim).ok_or("dim out of range")? as i64;
+        let start = b.int("start")?;
+        let start = usize::try_from(if start < 0 { start + size } else { start })
+            .map_err(|_| "bad start")?;
+        let len = usize::try_from(b.int("length")?).map_err(|_| "negative length")?;
+        Ok((a, dim, start, len))
+    }
+
+    /// `narrow`: a slice of `dim`.
+    fn narrow(&mut self, node: &Node) -> R<()> {
+        let out = Self::single_out(node)?;
+        let b = self.bind("ltorch.narrow", node.args(), node.kwargs())?;
+        let (a, dim, start, len) = self.narrow_range(&b)?;
+        let v = self.slice(a, dim, start, start + len)?;
+        self.alias(out, v)
+    }
+
+    /// `tile(a, dims)`'s shapes: `a`'s and the repeats, both padded with leading 1s to one rank.
+    fn tile_shapes(&self, b: &Bound) -> R<(ValueId, Vec<usize>, Vec<usize>)> {
+        let a = b.value("a")?;
+        let shape = self.tensor(a)?.shape.to_vec();
+        let reps: Vec<usize> = match b.get("dims")? {
+            Arg::Tuple(v) | Arg::List(v) => {
+                let flat = match &v[..] {
+                    [Arg::Tuple(inner) | Arg::List(inner)] => inner,
+                    _ => v,
+                };
+                flat.iter()
+                    .map(|x| x.as_int().and_then(|i| usize::try_from(i).ok()))
+                    .collect::<Option<_>>()
+                    .ok_or("repeats must be non-negative integers")?
+            }
+            other => vec![other
+                .as_int()
+                .and_then(|i| usize::try_from(i).ok())
+                .ok_or("repeats must be integers")?],
+        };
+        let rank = shape.len().max(reps.len());
+        let pad = |v: &[usize]| {
+            let mut p = vec![1; rank - v.len()];
+            p.extend_from_slice(v);
+            p
+        };
+        Ok((a, pad(&shape), pad(&reps)))
+    }
+
+    /// `tile`: `a` as `[1, s0, 1, s1, ...]`, expanded to `[r0, s0, r1, s1, ...]`, merged.
+    fn tile(&mut self, node: &Node) -> R<()> {
+        let out = Self::single_out(node)?;
+        let b = self.bind("ltorch.tile", node.args(), node.kwargs())?;
+        let (a, shape, reps) = self.tile_shapes(&b)?;
+        let split: Vec<usize> = shape.iter().flat_map(|&s| [1, s]).collect();
+        let wide: Vec<usize> = shape
+            .iter()
+            .zip(&reps)
+            .flat_map(|(&s, &r)| [r, s])
+            .collect();
+        let final_shape: Vec<usize> = shape.iter().zip(&reps).map(|(s, r)| s * r).collect();
+        let v = self.op(
+            "ltorch.reshape",
+            vec![Arg::Value(a), Self::shape_arg(&split)],
+            vec![],
+        )?;
+        let v = self.op(
+            "ltorch.expand",
+            vec![Arg::Value(v), Self::shape_arg(&wide)],
+            vec![],
+        )?;
+        self.into(
+            out,
+            "ltorch.reshape",
+            vec![Arg::Value(v), Self::shape_arg(&final_shape)],
+            vec![],
+        )
+    }
+
+    /// The gradients of `ravel` (`g` in `a`'s shape), `narrow` (`g` padded back with zeros)
+    /// and `tile` (the sum over the copies).
+    fn shape_vjp(&mut self, node: &Node) -> R<()> {
+        let forward = node.op.as_str().trim_end_matches("_vjp").to_string();
+        let (args, kwargs, g) = fallback_parts(node)?;
+        let b = self.bind(&forward, &args, &kwargs)?;
+        let outs = named_gradients(node, args.len())?;
+        let Some(out) = outs.first().copied().flatten() else {
+            return Ok(());
+        };
+        let a_shape = self.tensor(b.value("a")?)?.shape.to_vec();
+        match forward.as_str() {
+            "ltorch.ravel" => self.into(
+                out,
+                "ltorch.reshape",
+                vec![Arg::Value(g), Self::shape_arg(&a_shape)],
+                vec![],
+            ),
+            "ltorch.narrow" => {
+                let (_, dim, start, len) = self.narrow_range(&b)?;
+                let cfg = (0..a_shape.len())
+                    .map(|d| {
+                        let (lo, hi) = if d == dim {
+                            (start, a_shape[d] - start - len)
+                        } else {
+                            (0, 0)
+                        };
+                        Arg::Tuple(vec![Arg::Int(lo as i64), Arg::Int(hi as i64), Arg::Int(0)])
+                    })
+                    .collect();
+                self.into(
+                    out,
+                    "prims.pad",
+                    vec![Arg::Value(g), Arg::Float(0.0), Arg::List(cfg)],
+                    vec![],
+                )
+            }
+            _ => {
+                let (_, shape, reps) = self.tile_shapes(&b)?;
+                let wide: Vec<usize> = shape
+                    .iter()
+                    .zip(&reps)
+                    .flat_map(|(&s, &r)| [r, s])
+                    .collect();
+                let v = self.op(
+                    "ltorch.reshape",
+                    vec![Arg::Value(g), Self::shape_arg(&wide)],
+                    vec![],
+                )?;
+                let dims = Arg::List((0..shape.len()).map(|i| Arg::Int(2 * i as i64)).collect());
+                let v = self.op(
+                    "ltorch.sum",
+                    vec![Arg::Value(v), dims, Arg::Bool(false)],
+                    vec![],
+                )?;
+                self.into(
+                    out,
+                    "ltorch.reshape",
+                    vec![Arg::Value(v), Self::shape_arg(&a_shape)],
+                    vec![],
+                )
+            }
+        }
+    }
+
+    /// The gradients of the elementwise and layout aliases, PyTorch's derivatives: each
+    /// operand's summed to its shape where it was broadcast.
+    fn alias_vjp(&mut self, node: &Node, forward: &str) -> R<()> {
+        let (args, kwargs, g) = fallback_parts(node)?;
+        let b = self.bind(forward, &args, &kwargs)?;
+        let outs = named_gradients(node, args.len())?;
+        let operand = |i: usize| args.get(i).cloned().unwrap_or(Arg::None);
+        for (i, out) in outs.into_iter().enumerate() {
+            let Some(out) = out else { continue };
+            let Arg::Value(x) = operand(i) else {
+                return Err(format!("operand {i} gets a gradient but is not a tensor"));
+            };
+            let target = self.tensor(x)?.shape.to_vec();
+            let gv = Arg::Value(g);
+            // the gradient before it is summed to the operand's shape
+            let full = match (forward, i) {
+                ("ltorch.swapaxes", 0) => {
+                    let (d0, d1) = (b.get("dim0")?.clone(), b.get("dim1")?.clone());
+                    return self.into(out, "ltorch.transpose", vec![gv, d0, d1], vec![]);
+                }
+                ("ltorch.moveaxis", 0) => {
+                    let (src, dst) = (b.get("source")?.clone(), b.get("destination")?.clone());
+                    return self.into(out, "ltorch.movedim", vec![gv, dst, src], vec![]);
+                }
+                ("ltorch.negative", 0) => return self.into(out, "ltorch.neg", vec![gv], vec![]),
+                ("ltorch.absolute", 0) => {
+                    let s = self.op("ltorch.sign", vec![Arg::Value(x)], vec![])?;
+                    return self.into(out, "ltorch.mul", vec![gv, Arg::Value(s)], vec![]);
+                }
+                ("ltorch.fix", 0) => {
+                    let ty = self.tensor(x)?;
+                    return self.full_of(out, &ty, Arg::Float(0.0));
+                }
+                ("ltorch.clip", 0) => return self.clip_vjp(out, x, g, &b),
+                ("ltorch.multiply", k) => {
+                    let other = operand(1 - k);
+                    self.op("ltorch.mul", vec![gv, other], vec![])?
+                }
+                ("ltorch.subtract", 0) => g,
+                ("ltorch.subtract", 1) => {
+                    let alpha = b.number("alpha").unwrap_or(Arg::Int(1));
+                    let neg = match alpha {
+                        Arg::Int(a) => Arg::Int(-a),
+                        Arg::Float(a) => Arg::Float(-a),
+                        _ => Arg::Int(-1),
+                    };
+                    self.op("ltorch.mul", vec![gv, neg], vec![])?
+                }
+                ("ltorch.divide", k) => {
+                    if !matches!(b.get("rounding_mode"), Err(_) | Ok(Arg::None)) {
+                        let ty = self.tensor(x)?;
+                        return self.full_of(out, &ty, Arg::Float(0.0));
+                    }
+                    let (num, den) = (operand(0), operand(1));
+                    let q = self.op("ltorch.true_divide", vec![gv, den.clone()], vec![])?;
+                    if k == 0 {
+                        q
+                    } else {
+                        // d(a / b)/db = -a / b^2: -(g / b) * (a / b)
+                        let r = self.op("ltorch.true_divide", vec![num, den], vec![])?;
+                        let p =
+                            self.op("ltorch.mul", vec![Arg::Value(q), Arg::Value(r)], vec![])?;
+                        self.op("ltorch.neg", vec![Arg::Value(p)], vec![])?
+                    }
+                }
+                (f, k) => return Err(format!("no gradient of {f} for operand {k}")),
+            };
+            self.sum_to(full, &target, Some(out))?;
+        }
+        Ok(())
+    }
+
+    /// `clip(a, min, max)`'s gradient: `g` where `min <= a <= max`, else 0 (PyTorch's
+    /// inclusive bounds); the bounds must be numbers.
+    fn clip_vjp(&mut self, out: ValueId, x: ValueId, g: ValueId, b: &Bound) -> R<()> {
+        let mut mask: Option<ValueId> = None;
+        for (bound, cmp) in [("min", "ltorch.ge"), ("max", "ltorch.le")] {
+            let v = match b.get(bound) {
+                Err(_) | Ok(Arg::None) => continue,
+                Ok(a @ (Arg::Int(_) | Arg::Float(_))) => a.clone(),
+                Ok(other) => return Err(format!("`{bound}` must be a number, got {other:?}")),
+            };
+            let m = self.op(cmp, vec![Arg::Value(x), v], vec![])?;
+            mask = Some(match mask {
+                None => m,
+                Some(prev) => self.op(
+                    "ltorch.logical_and",
+                    vec![Arg::Value(prev), Arg::Value(m)],
+                    vec![],
+                )?,
+            });
+        }
+        match mask {
+            None => self.alias(out, g),
+            Some(m) => self.into(
+                out,
+                "ltorch.where",
+                vec![Arg::Value(m), Arg::Value(g), Arg::Float(0.0)],
+                vec![],
+            ),
         }
     }
 }

@@ -288,3 +288,189 @@ fn division_with_a_rounding_mode_follows_pytorch() {
     assert_eq!(outs[2].to_f64_vec(), [3.0, -3.0, -3.0, 3.0]);
     assert_eq!(outs[3].to_f64_vec(), [3.0, -4.0, -4.0, 3.0]);
 }
+
+/// Runs `fwd` (one statement defining `y`) and `vjp` (binding `grads`) on seeded inputs, and
+/// checks each gradient against central differences of `y` weighted by the cotangent `g`.
+fn gradients_match_differences(
+    decls: &[(&str, &[usize])],
+    out: &[usize],
+    fwd: &str,
+    vjp: &str,
+    grads: &[&str],
+) {
+    let ty = |s: &[usize]| {
+        let dims: Vec<String> = s.iter().map(usize::to_string).collect();
+        format!("\"cpu f64[{}]\"", dims.join(", "))
+    };
+    let names: Vec<&str> = decls.iter().map(|(n, _)| *n).collect();
+    let header: String = decls
+        .iter()
+        .map(|(n, s)| format!("  # {n}: {}\n", ty(s)))
+        .collect();
+    let both = format!(
+        "def f({}, g):\n{header}  # g: {}\n  {fwd}\n  {vjp}\n  return ({},)\n",
+        names.join(", "),
+        ty(out),
+        grads.join(", ")
+    );
+    let only = format!(
+        "def f({}):\n{header}  {fwd}\n  return y\n",
+        names.join(", ")
+    );
+    let numel = |s: &[usize]| s.iter().product::<usize>();
+    // operands away from 0 (divisors, `abs`, the clip bounds at +-0.3/0.4 are crossed by few)
+    let inputs: Vec<Vec<f64>> = decls
+        .iter()
+        .enumerate()
+        .map(|(i, (_, s))| {
+            values(numel(s), 20 + i as u64)
+                .iter()
+                .map(|v| v + v.signum() * 0.5)
+                .collect()
+        })
+        .collect();
+    let g = values(numel(out), 7);
+    let tensors = |ins: &[Vec<f64>]| -> Vec<Tensor> {
+        ins.iter()
+            .zip(decls)
+            .map(|(v, (_, s))| Tensor::from_f64(*s, v.clone()))
+            .collect()
+    };
+    let mut with_g = tensors(&inputs);
+    with_g.push(Tensor::from_f64(out, g.clone()));
+    let got = run(&both, &with_g);
+    let fwd_trace = parse_trace(&only).unwrap_or_else(|e| panic!("{e}"));
+    let h = 1e-6;
+    for (k, grad) in grads.iter().enumerate() {
+        let arg = names
+            .iter()
+            .position(|n| grad.ends_with(n))
+            .expect("grad named after its operand");
+        let want: Vec<f64> = (0..inputs[arg].len())
+            .map(|e| {
+                let at = |d: f64| {
+                    let mut ins = inputs.clone();
+                    ins[arg][e] += d;
+                    run_trace(&fwd_trace, &tensors(&ins))[0].to_f64_vec()
+                };
+                let (p, m) = (at(h), at(-h));
+                p.iter()
+                    .zip(&m)
+                    .zip(&g)
+                    .map(|((p, m), g)| g * (p - m) / (2.0 * h))
+                    .sum()
+            })
+            .collect();
+        let got = got[k].to_f64_vec();
+        for (e, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() < 1e-6,
+                "{vjp}: {grad}[{e}] = {a}, differences give {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn alias_gradients_match_central_differences() {
+    let c = gradients_match_differences;
+    c(
+        &[("a", &[2, 3]), ("b", &[3])],
+        &[2, 3],
+        "y = torch.multiply(a, b)  # y: \"cpu f64[2, 3]\"",
+        "(ga, gb) = multiply_vjp(((a, b), {}), g)",
+        &["ga", "gb"],
+    );
+    c(
+        &[("a", &[2, 3]), ("b", &[1, 3])],
+        &[2, 3],
+        "y = torch.subtract(a, b, alpha=2.0)  # y: \"cpu f64[2, 3]\"",
+        "(ga, gb) = subtract_vjp(((a, b), {'alpha': 2.0}), g)",
+        &["ga", "gb"],
+    );
+    c(
+        &[("a", &[2, 3]), ("b", &[2, 1])],
+        &[2, 3],
+        "y = Tensor.divide(a, b)  # y: \"cpu f64[2, 3]\"",
+        "(ga, gb) = divide_vjp(((a, b), {}), g)",
+        &["ga", "gb"],
+    );
+    c(
+        &[("a", &[2, 3])],
+        &[2, 3],
+        "y = torch.negative(a)  # y: \"cpu f64[2, 3]\"",
+        "(ga,) = negative_vjp(((a,), {}), g)",
+        &["ga"],
+    );
+    c(
+        &[("a", &[2, 3])],
+        &[2, 3],
+        "y = torch.absolute(a)  # y: \"cpu f64[2, 3]\"",
+        "(ga,) = absolute_vjp(((a,), {}), g)",
+        &["ga"],
+    );
+    c(
+        &[("a", &[2, 3])],
+        &[2, 3],
+        "y = Tensor.clip(a, -0.9, 1.1)  # y: \"cpu f64[2, 3]\"",
+        "(ga, _, _) = clip_vjp(((a, -0.9, 1.1), {}), g)",
+        &["ga"],
+    );
+    c(
+        &[("a", &[2, 3, 4])],
+        &[4, 3, 2],
+        "y = torch.swapaxes(a, 0, 2)  # y: \"cpu f64[4, 3, 2]\"",
+        "(ga, _, _) = swapaxes_vjp(((a, 0, 2), {}), g)",
+        &["ga"],
+    );
+    c(
+        &[("a", &[2, 3, 4])],
+        &[3, 4, 2],
+        "y = Tensor.moveaxis(a, 0, -1)  # y: \"cpu f64[3, 4, 2]\"",
+        "(ga, _, _) = moveaxis_vjp(((a, 0, -1), {}), g)",
+        &["ga"],
+    );
+    c(
+        &[("a", &[2, 3])],
+        &[6],
+        "y = torch.ravel(a)  # y: \"cpu f64[6]\"",
+        "(ga,) = ravel_vjp(((a,), {}), g)",
+        &["ga"],
+    );
+    c(
+        &[("a", &[2, 4])],
+        &[2, 2],
+        "y = torch.narrow(a, 1, -3, 2)  # y: \"cpu f64[2, 2]\"",
+        "(ga, _, _, _) = narrow_vjp(((a, 1, -3, 2), {}), g)",
+        &["ga"],
+    );
+    c(
+        &[("a", &[2, 3])],
+        &[2, 2, 9],
+        "y = Tensor.tile(a, (2, 1, 3))  # y: \"cpu f64[2, 2, 9]\"",
+        "(ga, _) = tile_vjp(((a, (2, 1, 3)), {}), g)",
+        &["ga"],
+    );
+}
+
+#[test]
+fn layout_ops_follow_pytorch() {
+    let text = "def f(a):
+  # a: \"cpu f64[2, 3]\"
+  t = Tensor.tile(a, (2, 2))  # t: \"cpu f64[4, 6]\"
+  n = Tensor.narrow(a, -1, 1, 2)  # n: \"cpu f64[2, 2]\"
+  r = torch.ravel(a)  # r: \"cpu f64[6]\"
+  s = torch.swapdims(a, 0, 1)  # s: \"cpu f64[3, 2]\"
+  c = torch.greater_equal(a, 3.0)  # c: \"cpu b8[2, 3]\"
+  return (t, n, r, s, c)
+";
+    let a: Vec<f64> = (1..=6).map(f64::from).collect();
+    let outs = run(text, &[Tensor::from_f64([2, 3], a.clone())]);
+    let row = |r: usize| a[r * 3..r * 3 + 3].repeat(2);
+    let tile: Vec<f64> = [row(0), row(1), row(0), row(1)].concat();
+    assert_eq!(outs[0].to_f64_vec(), tile);
+    assert_eq!(outs[1].to_f64_vec(), [2.0, 3.0, 5.0, 6.0]);
+    assert_eq!(outs[2].to_f64_vec(), a);
+    assert_eq!(outs[3].to_f64_vec(), [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    assert_eq!(outs[4].to_f64_vec(), [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]);
+}

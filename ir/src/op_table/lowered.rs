@@ -252,6 +252,83 @@ fn norm_of(cx: &MetaCx, input: &str, order: &str) -> R {
     one(TensorType::new(shape, x.dtype, x.device))
 }
 
+/// Thunder's automatically registered spellings of ops the table knows under another name,
+/// read as that op (`torch.swapaxes` is `transpose`): the canonical name of each, and its
+/// target. Their operands are the target's, by position (keywords by the target's names).
+pub const ALIASES: &[(&str, &str)] = &[
+    ("ltorch.swapaxes", "ltorch.transpose"),
+    ("ltorch.moveaxis", "ltorch.movedim"),
+    ("ltorch.multiply", "ltorch.mul"),
+    ("ltorch.subtract", "ltorch.sub"),
+    ("ltorch.divide", "ltorch.div"),
+    ("ltorch.negative", "ltorch.neg"),
+    ("ltorch.absolute", "ltorch.abs"),
+    ("ltorch.clip", "ltorch.clamp"),
+    ("ltorch.fix", "ltorch.trunc"),
+    ("ltorch.greater", "ltorch.gt"),
+    ("ltorch.greater_equal", "ltorch.ge"),
+    ("ltorch.less", "ltorch.lt"),
+    ("ltorch.less_equal", "ltorch.le"),
+    ("ltorch.not_equal", "ltorch.ne"),
+];
+
+/// An alias's meta: its target's, on the same operands.
+fn alias(cx: &MetaCx) -> R {
+    let target = ALIASES
+        .iter()
+        .find(|(a, _)| *a == cx.op)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| format!("{} is no alias", cx.op))?;
+    crate::registry::OpRegistry::builtin().infer(cx.trace, target, cx.args, cx.kwargs)
+}
+
+/// `ravel(a)`: `a` flattened.
+fn ravel(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("a")?;
+    one(TensorType::new([a.numel()], a.dtype, a.device))
+}
+
+/// `narrow(a, dim, start, length)`: `length` elements of `dim` from `start`.
+fn narrow(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("a")?;
+    let d = dim_of(cx, cx.int_param("dim")?, a.shape.len())?;
+    let (start, len) = (cx.int_param("start")?, cx.int_param("length")?);
+    let size = a.shape[d] as i64;
+    let start = if start < 0 { start + size } else { start };
+    if start < 0 || len < 0 || start + len > size {
+        return Err(format!(
+            "{}: start {start} and length {len} do not fit dim {d} of size {size}",
+            cx.op
+        ));
+    }
+    let mut shape = a.shape.to_vec();
+    shape[d] = len as usize;
+    one(TensorType::new(shape, a.dtype, a.device))
+}
+
+/// `tile(a, dims)`: `a` repeated `dims` times along each dimension (`dims` padded with
+/// leading 1s to `a`'s rank, or `a`'s shape with leading 1s to `dims`' length).
+fn tile(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("a")?;
+    let reps = cx.ints_param("dims")?;
+    if reps.iter().any(|&r| r < 0) {
+        return Err(format!("{}: negative repeats {reps:?}", cx.op));
+    }
+    let rank = a.shape.len().max(reps.len());
+    let shape: Vec<usize> = (0..rank)
+        .map(|i| {
+            let s = (i + a.shape.len())
+                .checked_sub(rank)
+                .map_or(1, |j| a.shape[j]);
+            let r = (i + reps.len())
+                .checked_sub(rank)
+                .map_or(1, |j| reps[j] as usize);
+            s * r
+        })
+        .collect();
+    one(TensorType::new(shape, a.dtype, a.device))
+}
+
 #[rustfmt::skip]
 const OPS: &[OpSpec] = &[
     op("ltorch.mm", &["torch.mm", "Tensor.mm"], Pure, "input, mat2, /", First, mm),
@@ -264,6 +341,23 @@ const OPS: &[OpSpec] = &[
     op("ltorch.reshape_as", &["Tensor.reshape_as"], Pure, "a, other, /", First, reshape_as),
     op("ltorch.vector_norm", &["torch.linalg.vector_norm"], Pure, "x, ord=2, dim=None, keepdim=False, *, dtype=None", First, vector_norm),
     op("ltorch.norm", &["torch.norm", "Tensor.norm"], Pure, "input, p=None, dim=None, keepdim=False, dtype=None", First, norm),
+    op("ltorch.swapaxes", &["torch.swapaxes", "Tensor.swapaxes", "torch.swapdims", "Tensor.swapdims"], Pure, "a, /, dim0, dim1", Meta, alias),
+    op("ltorch.moveaxis", &["torch.moveaxis", "Tensor.moveaxis"], Pure, "a, /, source, destination", Meta, alias),
+    op("ltorch.multiply", &["torch.multiply", "Tensor.multiply"], Pure, "a, b, /", Meta, alias),
+    op("ltorch.subtract", &["torch.subtract", "Tensor.subtract"], Pure, "a, b, /, *, alpha=None", Meta, alias),
+    op("ltorch.divide", &["torch.divide", "Tensor.divide"], Pure, "a, b, /, *, rounding_mode=None", Meta, alias),
+    op("ltorch.negative", &["torch.negative", "Tensor.negative"], Pure, "a, /", Meta, alias),
+    op("ltorch.absolute", &["torch.absolute", "Tensor.absolute"], Pure, "a, /", Meta, alias),
+    op("ltorch.clip", &["Tensor.clip"], Pure, "a, /, min=None, max=None", Meta, alias),
+    op("ltorch.fix", &["torch.fix", "Tensor.fix"], Pure, "a, /", Meta, alias),
+    op("ltorch.greater", &["torch.greater", "Tensor.greater"], Pure, "a, b, /", Meta, alias),
+    op("ltorch.greater_equal", &["torch.greater_equal", "Tensor.greater_equal"], Pure, "a, b, /", Meta, alias),
+    op("ltorch.less", &["torch.less", "Tensor.less"], Pure, "a, b, /", Meta, alias),
+    op("ltorch.less_equal", &["torch.less_equal", "Tensor.less_equal"], Pure, "a, b, /", Meta, alias),
+    op("ltorch.not_equal", &["torch.not_equal", "Tensor.not_equal"], Pure, "a, b, /", Meta, alias),
+    op("ltorch.ravel", &["torch.ravel", "Tensor.ravel"], Pure, "a, /", First, ravel),
+    op("ltorch.narrow", &["torch.narrow", "Tensor.narrow"], Pure, "a, /, dim, start, length", First, narrow),
+    op("ltorch.tile", &["torch.tile", "Tensor.tile"], Pure, "a, /, *dims", First, tile),
     op("ltorch.tensor", &["torch.tensor"], Pure, "data, *, dtype=None, device=None, requires_grad=False, pin_memory=False", Meta, tensor),
     op("prims.tensor_from_sequence", &[], Pure, "data, *, dtype=None, device=None", Meta, tensor),
 ];

@@ -473,28 +473,6 @@ pub static KERNELS: &[(&str, KernelEntry)] = {
         ("ltorch.nll_loss", Unsupported { reason: LOSS }),
         ("ltorch.mse_loss", Unsupported { reason: LOSS }),
         ("ltorch.one_hot", Cpu(one_hot)),
-        // read as table ops (`tracepass_ir::lowering`), so never decoded from a parsed trace
-        ("ltorch.mm", Unsupported { reason: LOWERED }),
-        ("ltorch.mm_vjp", Unsupported { reason: LOWERED }),
-        ("ltorch.addmm", Unsupported { reason: LOWERED }),
-        ("ltorch.addmm_vjp", Unsupported { reason: LOWERED }),
-        ("ltorch.diff", Unsupported { reason: LOWERED }),
-        ("ltorch.diff_vjp", Unsupported { reason: LOWERED }),
-        ("ltorch.new_ones", Unsupported { reason: LOWERED }),
-        ("ltorch.new_zeros", Unsupported { reason: LOWERED }),
-        ("ltorch.new_empty", Unsupported { reason: LOWERED }),
-        ("ltorch.new_full", Unsupported { reason: LOWERED }),
-        ("ltorch.tensor", Unsupported { reason: LOWERED }),
-        (
-            "prims.tensor_from_sequence",
-            Unsupported { reason: LOWERED },
-        ),
-        ("ltorch.reshape_as", Unsupported { reason: LOWERED }),
-        ("ltorch.reshape_as_vjp", Unsupported { reason: LOWERED }),
-        ("ltorch.vector_norm", Unsupported { reason: LOWERED }),
-        ("ltorch.vector_norm_vjp", Unsupported { reason: LOWERED }),
-        ("ltorch.norm", Unsupported { reason: LOWERED }),
-        ("ltorch.norm_vjp", Unsupported { reason: LOWERED }),
         // ----- reductions -----
         ("ltorch.sum", Cpu(|o| reduce(o, ReduceOp::Sum))),
         ("prims.sum", Cpu(|o| reduce(o, ReduceOp::Sum))),
@@ -609,6 +587,11 @@ pub fn kernel_entry(canonical: &str) -> Option<KernelEntry> {
         .get_or_init(|| KERNELS.iter().copied().collect())
         .get(canonical)
         .copied()
+        // read as table ops when a trace is parsed, so never decoded from a parsed trace
+        .or_else(|| {
+            tracepass_ir::lowering::lowers_op(canonical)
+                .then_some(KernelEntry::Unsupported { reason: LOWERED })
+        })
 }
 
 /// Decodes a compute node: its op resolved to the op table's canonical name, then that name's
