@@ -77,6 +77,7 @@ pub use export::{is_export_dir, load_export, load_export_with, Export, ExportInf
 pub use fusion::{inline_fusion_regions, FusionRegion};
 pub use node::{Edge, Lhs, LhsSlot, Node, SubSymbol};
 pub use op_name::OpName;
+pub use op_table::fallback::saved_call as fallback_call;
 pub use op_table::fallback::saved_operands as fallback_operands;
 pub use parse::{parse_trace, parse_trace_with, ParseError};
 pub use petgraph::stable_graph::NodeIndex;

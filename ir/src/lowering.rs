@@ -12,7 +12,7 @@
 
 use crate::arg::{Arg, DTypeSpelling, DeviceSpelling};
 use crate::node::{LhsSlot, Node};
-use crate::op_table::fallback::saved_operands;
+use crate::op_table::fallback::saved_call;
 use crate::op_table::lowered::{nested_numbers, ALIASES};
 use crate::registry::{MetaOut, OpRegistry};
 use crate::rewriter::Rewriter;
@@ -1104,16 +1104,9 @@ type FallbackParts = (Vec<Arg>, Vec<(String, Arg)>, ValueId);
 /// A fallback vjp's forward operands (positional and keyword) and the output's gradient.
 fn fallback_parts(node: &Node) -> R<FallbackParts> {
     let saved = node.args().first().ok_or("no saved operands")?;
-    let (args, kwargs) = saved_operands(saved)?;
-    let kwargs = kwargs
-        .iter()
-        .map(|(k, v)| match k {
-            Arg::Str(k) => Ok((k.clone(), v.clone())),
-            other => Err(format!("the forward's keyword {other:?} is not a string")),
-        })
-        .collect::<R<Vec<_>>>()?;
+    let (args, kwargs) = saved_call(saved)?;
     match node.args() {
-        [_, Arg::Value(g)] => Ok((args.to_vec(), kwargs, *g)),
+        [_, Arg::Value(g)] => Ok((args, kwargs, *g)),
         other => Err(format!(
             "expects the forward's operands and one gradient, got {} operands",
             other.len()

@@ -48,6 +48,23 @@ pub fn saved_operands(saved: &Arg) -> Result<SavedOperands<'_>, String> {
     }
 }
 
+/// The forward's positional operands, and its keyword operands by name.
+pub type SavedCall = (Vec<Arg>, Vec<(String, Arg)>);
+
+/// The forward's positional operands and its keywords by name, from a fallback statement's
+/// first operand `((args...), {kwargs})`.
+pub fn saved_call(saved: &Arg) -> Result<SavedCall, String> {
+    let (args, kwargs) = saved_operands(saved)?;
+    let kwargs = kwargs
+        .iter()
+        .map(|(k, v)| match k {
+            Arg::Str(k) => Ok((k.clone(), v.clone())),
+            other => Err(format!("the forward's keyword {other:?} is not a string")),
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok((args.to_vec(), kwargs))
+}
+
 /// `X_vjp(((args...), {kwargs}), *grads)`: a gradient for each floating-point tensor leaf of
 /// `args`, `None` for every other leaf, nested as `args` is.
 fn torch_fallback_vjp(cx: &MetaCx) -> R {

@@ -18,7 +18,7 @@ mod prims;
 mod setitem;
 mod vocab;
 use std::sync::OnceLock;
-use tracepass_ir::{fallback_operands, ops, Arg, DType, LhsSlot, Node, OpRegistry, Trace, ValueId};
+use tracepass_ir::{fallback_call, ops, Arg, DType, LhsSlot, Node, OpRegistry, Trace, ValueId};
 
 /// Reads a node's operands and gives its kernel.
 pub type Decoder = fn(&mut Ops<'_>) -> Result<Kernel, String>;
@@ -1284,15 +1284,8 @@ fn conv_transpose_vjp(o: &mut Ops<'_>, forward: &'static str) -> Result<Kernel, 
 /// rebuilt as a node of `forward`, so that op's own decoder reads its operands.
 fn fallback_forward(node: &Node, forward: &'static str) -> Result<Node, String> {
     let saved = node.args().first().ok_or("no saved operands")?;
-    let (args, kwargs) = fallback_operands(saved)?;
-    let kwargs = kwargs
-        .iter()
-        .map(|(k, v)| match k {
-            Arg::Str(k) => Ok((k.clone(), v.clone())),
-            other => Err(format!("the forward's keyword {other:?} is not a string")),
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    let mut fwd = Node::new(forward, args.to_vec(), Vec::new());
+    let (args, kwargs) = fallback_call(saved)?;
+    let mut fwd = Node::new(forward, args, Vec::new());
     fwd.set_kwargs(kwargs);
     Ok(fwd)
 }
