@@ -127,7 +127,65 @@ def make(name: str):
         return Logits(tf.FunnelForSequenceClassification(tf.FunnelConfig(vocab_size=V, block_sizes=[1, 1], d_model=32, n_head=4, d_head=8, d_inner=64, num_labels=3, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0))), cls_batch
     if name == "mobilebert":
         return Logits(tf.MobileBertForSequenceClassification(tf.MobileBertConfig(vocab_size=V, hidden_size=32, embedding_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32, intra_bottleneck_size=16, max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))), cls_batch
+    if name in CAUSAL:
+        cfg, model, extra = CAUSAL[name]
+        base = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    max_position_embeddings=32)
+        return Logits(getattr(tf, model)(getattr(tf, cfg)(**{**base, **extra}))), lm_batch
+    if name in ENCODERS:
+        cfg, model, extra = ENCODERS[name]
+        base = small(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     max_position_embeddings=40, num_labels=3)
+        return Logits(getattr(tf, model)(getattr(tf, cfg)(**{**base, **extra}))), cls_batch
+    if name in VISION:
+        cfg, model, extra = VISION[name]
+        return Logits(getattr(tf, model)(getattr(tf, cfg)(num_labels=3, **extra))), img_batch
     raise KeyError(name)
+
+
+# decoder LMs built from a shared small config: (config class, model class, overrides)
+CAUSAL = {
+    "codegen": ("CodeGenConfig", "CodeGenForCausalLM", dict(n_embd=32, n_layer=2, n_head=4, n_positions=32, rotary_dim=4, n_ctx=32)),
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(n_embd=32, n_layer=2, n_head=4, n_positions=32, multi_query=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=4, embed_dropout=0.0, attention_dropout=0.0, resid_dropout=0.0)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=2, pad_token_id=0)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(num_key_value_heads=2, partial_rotary_factor=0.5)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_key_value_heads=2, pad_token_id=0)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=2, head_dim=8)),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(num_key_value_heads=2)),
+    "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", dict()),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(num_key_value_heads=2, pad_token_id=0)),
+    "mpt": ("MptConfig", "MptForCausalLM", dict(d_model=32, n_heads=4, n_layers=2, max_seq_len=32)),
+    "xglm": ("XGLMConfig", "XGLMForCausalLM", dict(d_model=32, ffn_dim=64, num_layers=2, attention_heads=4, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)),
+    "biogpt": ("BioGptConfig", "BioGptForCausalLM", small()),
+    "ctrl": ("CTRLConfig", "CTRLLMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, dff=64, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0)),
+}
+
+# encoders with a sequence-classification head: (config class, model class, overrides)
+ENCODERS = {
+    "xlm_roberta": ("XLMRobertaConfig", "XLMRobertaForSequenceClassification", dict(pad_token_id=1)),
+    "roformer": ("RoFormerConfig", "RoFormerForSequenceClassification", dict(embedding_size=32)),
+    "megatron_bert": ("MegatronBertConfig", "MegatronBertForSequenceClassification", dict()),
+    "nystromformer": ("NystromformerConfig", "NystromformerForSequenceClassification", dict(num_landmarks=4, segment_means_seq_len=12)),
+    "canine": ("CanineConfig", "CanineForSequenceClassification", dict(downsampling_rate=2, num_hash_buckets=64, local_transformer_stride=4)),
+    "ibert": ("IBertConfig", "IBertForSequenceClassification", dict(quant_mode=False)),
+    "data2vec_text": ("Data2VecTextConfig", "Data2VecTextForSequenceClassification", dict()),
+    "layoutlm": ("LayoutLMConfig", "LayoutLMForSequenceClassification", dict()),
+}
+
+# image classifiers on 32x32 inputs: (config class, model class, overrides)
+VISION = {
+    "beit": ("BeitConfig", "BeitForImageClassification", dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, use_relative_position_bias=True)),
+    "deit": ("DeiTConfig", "DeiTForImageClassification", dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)),
+    "swinv2": ("Swinv2Config", "Swinv2ForImageClassification", dict(image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=4, drop_path_rate=0.0)),
+    "mobilevit": ("MobileViTConfig", "MobileViTForImageClassification", dict(image_size=32, hidden_sizes=[16, 16, 16], neck_hidden_sizes=[8, 8, 16, 16, 16, 16, 32], num_attention_heads=2)),
+    "bit": ("BitConfig", "BitForImageClassification", dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="bottleneck", global_padding="SAME")),
+    "resnet_hf": ("ResNetConfig", "ResNetForImageClassification", dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1])),
+    "convnext": ("ConvNextConfig", "ConvNextForImageClassification", dict(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2)),
+    "vit_hybrid": ("ViTHybridConfig", "ViTHybridForImageClassification", dict(image_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)),
+    "efficientformer": ("EfficientFormerConfig", "EfficientFormerForImageClassification", dict(image_size=32, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], num_meta3d_blocks=1, dim=32, key_dim=8, attention_ratio=2, resolution=2)),
+    "cvt": ("CvtConfig", "CvtForImageClassification", dict(embed_dim=[8, 16], num_heads=[1, 2], depth=[1, 1], patch_sizes=[7, 3], patch_stride=[4, 2], patch_padding=[2, 1], mlp_ratio=[2.0, 2.0], attention_drop_rate=[0.0, 0.0], drop_rate=[0.0, 0.0], drop_path_rate=[0.0, 0.0], qkv_bias=[True, True], cls_token=[False, True], qkv_projection_method=["dw_bn", "dw_bn"], kernel_qkv=[3, 3], padding_kv=[1, 1], stride_kv=[2, 2], padding_q=[1, 1], stride_q=[1, 1])),
+}
 
 
 def build(name: str) -> nn.Module:
@@ -143,6 +201,7 @@ NAMES = [
     "deberta", "t5", "bart", "mobilenetv2", "convnextv2", "segformer", "regnet", "efficientnet", "poolformer",
     "levit", "dinov2", "squeezebert", "funnel", "mobilebert",
 ]
+NAMES += [*CAUSAL, *ENCODERS, *VISION]
 
 
 def export_one(name: str, out: str) -> dict:
