@@ -109,29 +109,26 @@ pub fn lower(t: &mut Trace, reg: &OpRegistry) -> Result<(), LowerError> {
     for idx in todo {
         let node = t.node(idx).expect("scheduled").clone();
         let callee = node.callee_name().to_string();
-        let base = node
+        let output = node
             .outputs()
             .first()
             .map(|&o| t.name(o))
-            .unwrap_or_else(|| "lw".into());
+            .unwrap_or_default();
         let mut e = Emit {
             t,
             reg,
             rw: &mut rw,
             anchor: idx,
             made: 0,
-            base,
+            base: if output.is_empty() {
+                "lw".into()
+            } else {
+                output.clone()
+            },
         };
-        e.lower(&node).map_err(|m| {
-            let output = node
-                .outputs()
-                .first()
-                .map(|&o| e.t.name(o))
-                .unwrap_or_default();
-            LowerError {
-                message: format!("`{callee}` (defining `{output}`): {m}"),
-                output,
-            }
+        e.lower(&node).map_err(|m| LowerError {
+            message: format!("`{callee}` (defining `{output}`): {m}"),
+            output,
         })?;
         rw.erase(idx);
         match counts.iter_mut().find(|(c, _)| *c == callee) {
@@ -256,7 +253,9 @@ impl Emit<'_> {
             "ltorch.ravel" => self.ravel(node),
             "ltorch.narrow" => self.narrow(node),
             "ltorch.tile" => self.tile(node),
-            "ltorch.ravel_vjp" | "ltorch.narrow_vjp" | "ltorch.tile_vjp" => self.shape_vjp(node),
+            "ltorch.ravel_vjp" => self.shape_vjp(node, "ltorch.ravel"),
+            "ltorch.narrow_vjp" => self.shape_vjp(node, "ltorch.narrow"),
+            "ltorch.tile_vjp" => self.shape_vjp(node, "ltorch.tile"),
             op => {
                 if let Some((_, target)) = ALIASES.iter().find(|(a, _)| *a == op) {
                     let out = Self::single_out(node)?;
@@ -475,32 +474,43 @@ impl Emit<'_> {
         }
     }
 
-    fn slice(&mut self, v: ValueId, dim: usize, start: usize, end: usize) -> R<ValueId> {
+    /// `prims.slice_prim`'s operands for `v[start..end]` along `dim`.
+    fn slice_args(&self, v: ValueId, dim: usize, start: usize, end: usize) -> R<Vec<Arg>> {
         let shape = self.tensor(v)?.shape.to_vec();
-        let starts = (0..shape.len()).map(|d| if d == dim { start } else { 0 });
-        let ends = (0..shape.len()).map(|d| if d == dim { end } else { shape[d] });
-        let list = |it: &mut dyn Iterator<Item = usize>| {
-            Arg::List(it.map(|x| Arg::Int(x as i64)).collect())
+        let ints = |f: &dyn Fn(usize) -> usize| {
+            Arg::List((0..shape.len()).map(|d| Arg::Int(f(d) as i64)).collect())
         };
-        let args = vec![
+        Ok(vec![
             Arg::Value(v),
-            list(&mut starts.into_iter()),
-            list(&mut ends.into_iter()),
-            Arg::List(vec![Arg::Int(1); shape.len()]),
-        ];
+            ints(&|d| if d == dim { start } else { 0 }),
+            ints(&|d| if d == dim { end } else { shape[d] }),
+            ints(&|_| 1),
+        ])
+    }
+
+    fn slice(&mut self, v: ValueId, dim: usize, start: usize, end: usize) -> R<ValueId> {
+        let args = self.slice_args(v, dim, start, end)?;
         self.op("prims.slice_prim", args, vec![])
     }
 
+    /// `v[start..end]` along `dim`, as the value `out`.
+    fn slice_into(
+        &mut self,
+        out: ValueId,
+        v: ValueId,
+        dim: usize,
+        start: usize,
+        end: usize,
+    ) -> R<()> {
+        let args = self.slice_args(v, dim, start, end)?;
+        self.into(out, "prims.slice_prim", args, vec![])
+    }
+
     fn diff_dim(&self, b: &Bound) -> R<(usize, usize)> {
-        let x = self.tensor(b.value("input")?)?;
-        let d = b.int("dim")?;
-        let rank = x.shape.len() as i64;
-        let dim = if d < 0 { d + rank } else { d };
-        if !(0..rank).contains(&dim) {
-            return Err(format!("dim {d} out of range for rank {rank}"));
-        }
+        let rank = self.tensor(b.value("input")?)?.shape.len();
+        let dim = crate::meta::norm_dim(b.int("dim")?, rank, "diff")?;
         let n = usize::try_from(b.int("n")?).map_err(|_| "negative order n".to_string())?;
-        Ok((dim as usize, n))
+        Ok((dim, n))
     }
 
     /// `diff`: `n` rounds of `z[1:] - z[:-1]` along `dim` (`!=` for bool) over the joined
@@ -532,9 +542,8 @@ impl Emit<'_> {
             z = self.op(step_op, args, vec![])?;
         }
         // fewer elements than rounds: an empty result
-        let shape = self.tensor(out)?.shape.to_vec();
-        let empty = self.slice(z, dim, 0, shape[dim])?;
-        self.alias(out, empty)
+        let len = self.tensor(out)?.shape[dim];
+        self.slice_into(out, z, dim, 0, len)
     }
 
     /// `diff`'s gradient: each round's adjoint, `pad(g, before 1) - pad(g, after 1)` along
@@ -584,8 +593,7 @@ impl Emit<'_> {
                 Some(&"append") => 2,
                 other => return Err(format!("no gradient for operand {other:?}")),
             };
-            let part = self.slice(grad, dim, starts[k], starts[k] + lens[k])?;
-            self.alias(out, part)?;
+            self.slice_into(out, grad, dim, starts[k], starts[k] + lens[k])?;
         }
         Ok(())
     }
@@ -614,8 +622,14 @@ impl Emit<'_> {
         self.full_of(out, &ty, value)
     }
 
+    /// `full(shape, value)` in `ty`'s dtype and device, as the value `out` of type `ty`.
     fn full_of(&mut self, out: ValueId, ty: &TensorType, value: Arg) -> R<()> {
-        let shape = Arg::Tuple(ty.shape.iter().map(|&d| Arg::Int(d as i64)).collect());
+        let (args, kwargs) = Self::full_args(&ty.shape, value, ty);
+        self.into(out, "ltorch.full", args, kwargs)
+    }
+
+    /// `ltorch.full`'s operands: `shape`, `value`, and `ty`'s device and dtype.
+    fn full_args(shape: &[usize], value: Arg, ty: &TensorType) -> (Vec<Arg>, Vec<(String, Arg)>) {
         let kwargs = vec![
             (
                 "device".to_string(),
@@ -626,7 +640,7 @@ impl Emit<'_> {
                 Arg::DType(ty.dtype, DTypeSpelling::Torch),
             ),
         ];
-        self.into(out, "ltorch.full", vec![shape, value], kwargs)
+        (vec![Self::shape_arg(shape), value], kwargs)
     }
 
     /// `torch.tensor` of a nested list: one `full` for one number, else a `full` of each
@@ -640,26 +654,10 @@ impl Emit<'_> {
         if numbers.len() == 1 || numbers.iter().all(|n| *n == numbers[0]) && !numbers.is_empty() {
             return self.full_of(out, &ty, numbers[0].clone());
         }
-        let one = TensorType::new([1usize], ty.dtype, ty.device);
-        let flat = TensorType::new([numbers.len()], ty.dtype, ty.device);
         let mut parts = Vec::new();
-        for n in numbers.iter() {
-            let shape = Arg::Tuple(vec![Arg::Int(1)]);
-            let kwargs = vec![
-                (
-                    "device".to_string(),
-                    Arg::Device(one.device, DeviceSpelling::Torch),
-                ),
-                (
-                    "dtype".to_string(),
-                    Arg::DType(one.dtype, DTypeSpelling::Torch),
-                ),
-            ];
-            parts.push(Arg::Value(self.op(
-                "ltorch.full",
-                vec![shape, (*n).clone()],
-                kwargs,
-            )?));
+        for n in numbers {
+            let (args, kwargs) = Self::full_args(&[1], n.clone(), &ty);
+            parts.push(Arg::Value(self.op("ltorch.full", args, kwargs)?));
         }
         if parts.is_empty() {
             return self.full_of(out, &ty, Arg::Int(0));
@@ -673,8 +671,7 @@ impl Emit<'_> {
             );
         }
         let joined = self.op("ltorch.cat", vec![Arg::List(parts), Arg::Int(0)], vec![])?;
-        debug_assert_eq!(self.tensor(joined)?, flat);
-        let shape = Arg::Tuple(ty.shape.iter().map(|&d| Arg::Int(d as i64)).collect());
+        let shape = Self::shape_arg(&ty.shape);
         self.into(
             out,
             "ltorch.reshape",
@@ -846,19 +843,18 @@ impl Emit<'_> {
         )
     }
 
-    /// `narrow(a, dim, start, length)` and its dimension and range (`start` made non-negative).
+    /// `narrow(a, dim, start, length)`: `a`, and its dimension, start and length.
     fn narrow_range(&self, b: &Bound) -> R<(ValueId, usize, usize, usize)> {
         let a = b.value("a")?;
         let shape = self.tensor(a)?.shape.to_vec();
-        let d = b.int("dim")?;
-        let rank = shape.len() as i64;
-        let dim = usize::try_from(if d < 0 { d + rank } else { d }).map_err(|_| "bad dim")?;
-        let size = *shape.get(dim).ok_or("dim out of range")? as i64;
-        let start = b.int("start")?;
-        let start = usize::try_from(if start < 0 { start + size } else { start })
-            .map_err(|_| "bad start")?;
-        let len = usize::try_from(b.int("length")?).map_err(|_| "negative length")?;
-        Ok((a, dim, start, len))
+        let (d, start, len) = crate::op_table::lowered::narrow_range(
+            "narrow",
+            &shape,
+            b.int("dim")?,
+            b.int("start")?,
+            b.int("length")?,
+        )?;
+        Ok((a, d, start, len))
     }
 
     /// `narrow`: a slice of `dim`.
@@ -866,37 +862,17 @@ impl Emit<'_> {
         let out = Self::single_out(node)?;
         let b = self.bind("ltorch.narrow", node.args(), node.kwargs())?;
         let (a, dim, start, len) = self.narrow_range(&b)?;
-        let v = self.slice(a, dim, start, start + len)?;
-        self.alias(out, v)
+        self.slice_into(out, a, dim, start, start + len)
     }
 
-    /// `tile(a, dims)`'s shapes: `a`'s and the repeats, both padded with leading 1s to one rank.
+    /// `tile(a, dims)`: `a`, and its shape and the repeats padded to one rank.
     fn tile_shapes(&self, b: &Bound) -> R<(ValueId, Vec<usize>, Vec<usize>)> {
         let a = b.value("a")?;
         let shape = self.tensor(a)?.shape.to_vec();
-        let reps: Vec<usize> = match b.get("dims")? {
-            Arg::Tuple(v) | Arg::List(v) => {
-                let flat = match &v[..] {
-                    [Arg::Tuple(inner) | Arg::List(inner)] => inner,
-                    _ => v,
-                };
-                flat.iter()
-                    .map(|x| x.as_int().and_then(|i| usize::try_from(i).ok()))
-                    .collect::<Option<_>>()
-                    .ok_or("repeats must be non-negative integers")?
-            }
-            other => vec![other
-                .as_int()
-                .and_then(|i| usize::try_from(i).ok())
-                .ok_or("repeats must be integers")?],
-        };
-        let rank = shape.len().max(reps.len());
-        let pad = |v: &[usize]| {
-            let mut p = vec![1; rank - v.len()];
-            p.extend_from_slice(v);
-            p
-        };
-        Ok((a, pad(&shape), pad(&reps)))
+        let reps = crate::meta::flat_ints(b.get("dims")?, Arg::as_int)
+            .ok_or("repeats must be integers")?;
+        let (shape, reps) = crate::op_table::lowered::tile_shapes("tile", &shape, &reps)?;
+        Ok((a, shape, reps))
     }
 
     /// `tile`: `a` as `[1, s0, 1, s1, ...]`, expanded to `[r0, s0, r1, s1, ...]`, merged.
@@ -931,16 +907,15 @@ impl Emit<'_> {
 
     /// The gradients of `ravel` (`g` in `a`'s shape), `narrow` (`g` padded back with zeros)
     /// and `tile` (the sum over the copies).
-    fn shape_vjp(&mut self, node: &Node) -> R<()> {
-        let forward = node.op.as_str().trim_end_matches("_vjp").to_string();
+    fn shape_vjp(&mut self, node: &Node, forward: &str) -> R<()> {
         let (args, kwargs, g) = fallback_parts(node)?;
-        let b = self.bind(&forward, &args, &kwargs)?;
+        let b = self.bind(forward, &args, &kwargs)?;
         let outs = named_gradients(node, args.len())?;
         let Some(out) = outs.first().copied().flatten() else {
             return Ok(());
         };
         let a_shape = self.tensor(b.value("a")?)?.shape.to_vec();
-        match forward.as_str() {
+        match forward {
             "ltorch.ravel" => self.into(
                 out,
                 "ltorch.reshape",

@@ -144,21 +144,8 @@ impl<'a> MetaCx<'a> {
     /// (`reshape(t, (2, 3))` and `reshape(t, 2, 3)` read alike).
     pub fn ints_param(&self, name: &str) -> R<Vec<i64>> {
         let a = self.param(name)?;
-        let flat = match a {
-            Arg::Tuple(items) | Arg::List(items) if items.len() == 1 => match &items[0] {
-                inner @ (Arg::Tuple(_) | Arg::List(_)) => inner,
-                _ => a,
-            },
-            _ => a,
-        };
-        match flat {
-            Arg::Tuple(items) | Arg::List(items) => items
-                .iter()
-                .map(|x| self.known_int(x))
-                .collect::<Option<Vec<_>>>(),
-            other => self.known_int(other).map(|i| vec![i]),
-        }
-        .ok_or_else(|| format!("{}: `{name}` must be integers, got {a:?}", self.op))
+        flat_ints(a, |x| self.known_int(x))
+            .ok_or_else(|| format!("{}: `{name}` must be integers, got {a:?}", self.op))
     }
     /// A dtype operand by name (`dtype=torch.float32`), if given.
     pub fn dtype_param(&self, name: &str) -> Option<DType> {
@@ -177,6 +164,22 @@ impl<'a> MetaCx<'a> {
                 .ok_or_else(|| format!("{}: unknown device `{s}`", self.op)),
             Some(other) => Err(format!("{}: `{name}` is not a device: {other:?}", self.op)),
         }
+    }
+}
+
+/// Integers given as one int, a tuple/list of them, or `*args` collected into a tuple holding
+/// one tuple, each read by `int`; `None` when one is not an integer.
+pub(crate) fn flat_ints(a: &Arg, int: impl Fn(&Arg) -> Option<i64>) -> Option<Vec<i64>> {
+    let flat = match a {
+        Arg::Tuple(items) | Arg::List(items) if items.len() == 1 => match &items[0] {
+            inner @ (Arg::Tuple(_) | Arg::List(_)) => inner,
+            _ => a,
+        },
+        _ => a,
+    };
+    match flat {
+        Arg::Tuple(items) | Arg::List(items) => items.iter().map(int).collect(),
+        other => int(other).map(|i| vec![i]),
     }
 }
 

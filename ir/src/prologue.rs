@@ -162,42 +162,32 @@ pub fn parse_prologue(text: &str) -> Result<Prologue, ParseError> {
 /// other right-hand sides (attribute reads, sub-modules, cache info) bind guards only.
 fn binding(p: &mut Prologue, name: &str, ty: &str, rhs: &[(Tok<'_>, usize)]) -> Result<(), String> {
     let kind = match rhs {
+        // `module.get_parameter('fqn')` and its kin
         [(Tok::Name(f), _), (Tok::Punct('('), _), (Tok::Str(fqn), _), (Tok::Punct(')'), _)] => {
             match *f {
-                "module.get_parameter" => Some((TensorKind::Parameter, fqn)),
-                "module.get_buffer" => Some((TensorKind::Buffer, fqn)),
+                "module.get_parameter" => Some((TensorKind::Parameter, fqn.clone())),
+                "module.get_buffer" => Some((TensorKind::Buffer, fqn.clone())),
+                "module.get_submodule" => {
+                    p.submodules.push((name.to_string(), fqn.clone()));
+                    return Ok(());
+                }
                 _ => None,
             }
         }
-        _ => None,
-    };
-    if let Some(("module.get_submodule", path)) = match rhs {
-        [(Tok::Name(f), _), (Tok::Punct('('), _), (Tok::Str(path), _), (Tok::Punct(')'), _)] => {
-            Some((*f, path))
-        }
-        _ => None,
-    } {
-        p.submodules.push((name.to_string(), path.clone()));
-        return Ok(());
-    }
-    // `m1.attr`, a tensor attribute of a sub-module fetched above
-    let attribute = match rhs {
-        [(Tok::Name(read), _)] if is_tensor_type(ty) => {
-            read.split_once('.').and_then(|(m, attr)| {
+        // `m1.attr`, a tensor attribute of a sub-module fetched above
+        [(Tok::Name(read), _)] if is_tensor_type(ty) => read
+            .split_once('.')
+            .filter(|(_, attr)| !attr.contains('.'))
+            .and_then(|(m, attr)| {
                 let (_, path) = p.submodules.iter().find(|(n, _)| n == m)?;
-                let fqn = if path.is_empty() {
-                    attr.to_string()
-                } else {
-                    format!("{path}.{attr}")
+                let fqn = match path.is_empty() {
+                    true => attr.to_string(),
+                    false => format!("{path}.{attr}"),
                 };
-                (!attr.contains('.')).then_some(fqn)
-            })
-        }
+                Some((TensorKind::Attribute, fqn))
+            }),
         _ => None,
     };
-    let kind = kind
-        .map(|(k, f)| (k, f.clone()))
-        .or(attribute.map(|f| (TensorKind::Attribute, f)));
     if let Some((kind, fqn)) = kind {
         if p.tensors.iter().any(|t| t.name == name) {
             return Err(format!("`{name}` is bound twice"));

@@ -288,45 +288,65 @@ fn ravel(cx: &MetaCx) -> R {
     one(TensorType::new([a.numel()], a.dtype, a.device))
 }
 
-/// `narrow(a, dim, start, length)`: `length` elements of `dim` from `start`.
-fn narrow(cx: &MetaCx) -> R {
-    let a = cx.tensor_param("a")?;
-    let d = dim_of(cx, cx.int_param("dim")?, a.shape.len())?;
-    let (start, len) = (cx.int_param("start")?, cx.int_param("length")?);
-    let size = a.shape[d] as i64;
+/// `narrow`'s dimension, start (a negative one counts from the end) and length on a tensor
+/// of `shape`, checked to fit.
+pub(crate) fn narrow_range(
+    op: &str,
+    shape: &[usize],
+    dim: i64,
+    start: i64,
+    len: i64,
+) -> Result<(usize, usize, usize), String> {
+    let d = crate::meta::norm_dim(dim, shape.len(), op)?;
+    let size = *shape
+        .get(d)
+        .ok_or_else(|| format!("{op}: a 0-d tensor has nothing to narrow"))? as i64;
     let start = if start < 0 { start + size } else { start };
     if start < 0 || len < 0 || start + len > size {
         return Err(format!(
-            "{}: start {start} and length {len} do not fit dim {d} of size {size}",
-            cx.op
+            "{op}: start {start} and length {len} do not fit dim {d} of size {size}"
         ));
     }
+    Ok((d, start as usize, len as usize))
+}
+
+/// `narrow(a, dim, start, length)`: `length` elements of `dim` from `start`.
+fn narrow(cx: &MetaCx) -> R {
+    let a = cx.tensor_param("a")?;
+    let (start, len) = (cx.int_param("start")?, cx.int_param("length")?);
+    let (d, _, len) = narrow_range(cx.op, &a.shape, cx.int_param("dim")?, start, len)?;
     let mut shape = a.shape.to_vec();
-    shape[d] = len as usize;
+    shape[d] = len;
     one(TensorType::new(shape, a.dtype, a.device))
+}
+
+/// `tile`'s input shape and repeats, both padded with leading 1s to one rank; negative
+/// repeats are an error.
+pub(crate) fn tile_shapes(
+    op: &str,
+    shape: &[usize],
+    reps: &[i64],
+) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let reps = reps
+        .iter()
+        .map(|&r| usize::try_from(r).map_err(|_| format!("{op}: negative repeats {reps:?}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rank = shape.len().max(reps.len());
+    let pad = |v: &[usize]| {
+        let mut p = vec![1; rank - v.len()];
+        p.extend_from_slice(v);
+        p
+    };
+    Ok((pad(shape), pad(&reps)))
 }
 
 /// `tile(a, dims)`: `a` repeated `dims` times along each dimension (`dims` padded with
 /// leading 1s to `a`'s rank, or `a`'s shape with leading 1s to `dims`' length).
 fn tile(cx: &MetaCx) -> R {
     let a = cx.tensor_param("a")?;
-    let reps = cx.ints_param("dims")?;
-    if reps.iter().any(|&r| r < 0) {
-        return Err(format!("{}: negative repeats {reps:?}", cx.op));
-    }
-    let rank = a.shape.len().max(reps.len());
-    let shape: Vec<usize> = (0..rank)
-        .map(|i| {
-            let s = (i + a.shape.len())
-                .checked_sub(rank)
-                .map_or(1, |j| a.shape[j]);
-            let r = (i + reps.len())
-                .checked_sub(rank)
-                .map_or(1, |j| reps[j] as usize);
-            s * r
-        })
-        .collect();
-    one(TensorType::new(shape, a.dtype, a.device))
+    let (shape, reps) = tile_shapes(cx.op, &a.shape, &cx.ints_param("dims")?)?;
+    let tiled: Vec<usize> = shape.iter().zip(&reps).map(|(s, r)| s * r).collect();
+    one(TensorType::new(tiled, a.dtype, a.device))
 }
 
 #[rustfmt::skip]

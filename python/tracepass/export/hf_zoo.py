@@ -23,9 +23,18 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 
-from .models import Logits, Seq2SeqLogits, _hf_masks_by_broadcasting
+from .models import (
+    HF_SEQ,
+    HF_VOCAB,
+    Logits,
+    Seq2SeqLogits,
+    _hf_masks_by_broadcasting,
+    batch_hf_lm,
+    batch_image32,
+    batch_t5,
+)
 
-V, T = 96, 12
+V, T = HF_VOCAB, HF_SEQ
 
 
 def _eager_configs(tf) -> None:
@@ -43,11 +52,6 @@ def _eager_configs(tf) -> None:
     tf.PretrainedConfig.__init__ = init
 
 
-def lm_batch(gen):
-    ids = torch.randint(0, V, (2, T), generator=gen)
-    return OrderedDict(input_ids=ids), torch.randint(0, V, (2, T), generator=gen)
-
-
 def cls_batch(gen):
     ids = torch.randint(0, V, (2, T), generator=gen)
     m = torch.ones(2, T, dtype=torch.int64)
@@ -55,16 +59,8 @@ def cls_batch(gen):
     return OrderedDict(input_ids=ids, attention_mask=m), torch.randint(0, 3, (2,), generator=gen)
 
 
-def img_batch(gen):
-    return OrderedDict(pixel_values=torch.randn(2, 3, 32, 32, generator=gen)), torch.randint(0, 3, (2,), generator=gen)
-
-
-def seq2seq_batch(gen):
-    ids = torch.randint(0, V, (2, T), generator=gen)
-    dec = torch.randint(0, V, (2, T - 4), generator=gen)
-    return OrderedDict(input_ids=ids, decoder_input_ids=dec), torch.randint(0, V, (2, T - 4), generator=gen)
-
-
+# the corpus's HF batches: token ids of HF_VOCAB x HF_SEQ, 3-class 32x32 images, a decoder half
+lm_batch, img_batch, seq2seq_batch = batch_hf_lm, batch_image32, batch_t5
 Seq2Seq = Seq2SeqLogits
 
 
